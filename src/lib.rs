@@ -1,0 +1,1 @@
+//! meshgate: a multi-tenant gateway node.

@@ -1,1 +1,31 @@
-//! meshgate: a multi-tenant gateway node.
+//! meshgate: a multi-tenant gateway node built on actors. One process hosts many
+//! namespaces; for each it runs WASM functions, carries pub/sub between WebSocket
+//! clients, and guards every request with one fixed middleware chain.
+//!
+//! # Layout
+//! - `actors/`: the node supervisor, one supervisor per namespace (its KV, and
+//!   the hooks functions and pub/sub plug into), and per-actor instrumentation.
+//! - `http/`: the listener, the request chain of DESIGN.md §2 (one function per
+//!   step), route policies, the error envelope, and the route handlers.
+//! - `auth/`: pure identity primitives: API key format, grants and roles, EdDSA
+//!   JWTs, refresh rotation rules, wallet challenges, the cluster hop MAC.
+//! - `identity.rs`: the store-backed side of identity (key records, refresh
+//!   families, wallet nonces).
+//! - `storage/`: the ordered-KV trait and its sled backend.
+//! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
+//! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
+//! - `metrics.rs`: every Prometheus metric, in one registry.
+//! - `node.rs`: start-up, the node's shared handle, and the drain.
+//! - `cli.rs`: the `meshgate` command line, server and client.
+#![forbid(unsafe_code)]
+
+pub mod actors;
+pub mod auth;
+pub mod cli;
+mod cli_client;
+pub mod config;
+pub mod http;
+pub mod identity;
+pub mod metrics;
+pub mod node;
+pub mod storage;

@@ -1,0 +1,16 @@
+//! The actor topology of DESIGN.md §1: the node supervisor, one supervisor per
+//! namespace, and the instrumentation every actor reports through.
+
+mod namespace;
+mod node;
+mod stats;
+
+pub use namespace::{
+    Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
+    MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceSupervisor, NsError,
+    NsResult, ns_key,
+};
+pub use node::{
+    ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,
+};
+pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile};

@@ -1,0 +1,234 @@
+//! `NodeSupervisor`: starts namespace supervisors lazily (one per namespace, spread
+//! over the node's actor threads) and forgets them when a namespace is deleted.
+//! Handlers find a running supervisor in the shared [`Namespaces`] directory
+//! without a hop; only a first use goes through this actor.
+
+use super::namespace::{NamespaceRecord, NamespaceSupervisor, NsError, ns_key};
+use super::stats::{ActorDirectory, ActorStats, AskError, ask};
+use crate::metrics::Metrics;
+use crate::storage::Store;
+use actix::dev::ToEnvelope;
+use actix::prelude::*;
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a handler waits for a namespace supervisor's answer.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running namespace supervisor: its address and its stats.
+#[derive(Clone)]
+pub struct NsHandle {
+    pub name: Arc<str>,
+    pub addr: Addr<NamespaceSupervisor>,
+    pub stats: Arc<ActorStats>,
+}
+
+impl NsHandle {
+    /// Sends a message through the bounded mailbox and awaits the reply.
+    pub async fn ask<M>(&self, msg: M) -> Result<M::Result, AskError>
+    where
+        NamespaceSupervisor: Handler<M>,
+        <NamespaceSupervisor as Actor>::Context: ToEnvelope<NamespaceSupervisor, M>,
+        M: Message + Send + 'static,
+        M::Result: Send,
+    {
+        ask(&self.addr, &self.stats, msg, ASK_TIMEOUT).await
+    }
+}
+
+/// The directory of running namespace supervisors, shared with handlers.
+#[derive(Clone, Default)]
+pub struct Namespaces(Arc<RwLock<HashMap<String, NsHandle>>>);
+
+impl Namespaces {
+    pub fn get(&self, name: &str) -> Option<NsHandle> {
+        self.0.read().get(name).cloned()
+    }
+    pub fn names(&self) -> Vec<String> {
+        self.0.read().keys().cloned().collect()
+    }
+    pub fn len(&self) -> usize {
+        self.0.read().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The node's top actor.
+pub struct NodeSupervisor {
+    store: Store,
+    metrics: Metrics,
+    directory: ActorDirectory,
+    namespaces: Namespaces,
+    arbiters: Vec<ArbiterHandle>,
+    mailbox_capacity: usize,
+    stats: Arc<ActorStats>,
+}
+
+impl NodeSupervisor {
+    pub fn new(
+        store: Store,
+        metrics: Metrics,
+        directory: ActorDirectory,
+        namespaces: Namespaces,
+        actor_threads: usize,
+        mailbox_capacity: usize,
+    ) -> Self {
+        let arbiters = (0..actor_threads.max(1))
+            .map(|_| Arbiter::new().handle())
+            .collect();
+        let stats = directory.register(&metrics, "node", "", mailbox_capacity);
+        Self {
+            store,
+            metrics,
+            directory,
+            namespaces,
+            arbiters,
+            mailbox_capacity,
+            stats,
+        }
+    }
+
+    fn arbiter_for(&self, name: &str) -> &ArbiterHandle {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        &self.arbiters[(h.finish() as usize) % self.arbiters.len()]
+    }
+
+    fn start_namespace(&mut self, name: &str) -> NsHandle {
+        let stats =
+            self.directory
+                .register(&self.metrics, "namespace", name, self.mailbox_capacity);
+        let (n, store, s, cap) = (
+            name.to_string(),
+            self.store.clone(),
+            stats.clone(),
+            self.mailbox_capacity,
+        );
+        let addr = Supervisor::start_in_arbiter(self.arbiter_for(name), move |_| {
+            NamespaceSupervisor::new(n, store, s, cap)
+        });
+        let handle = NsHandle {
+            name: name.into(),
+            addr,
+            stats,
+        };
+        self.namespaces
+            .0
+            .write()
+            .insert(name.to_string(), handle.clone());
+        tracing::debug!(namespace = %name, "Namespace supervisor started.");
+        handle
+    }
+}
+
+impl Actor for NodeSupervisor {
+    type Context = Context<Self>;
+}
+
+/// Sent by handlers the first time they need a namespace on this node; replies
+/// with its running supervisor (started now if the namespace exists) or NotFound.
+#[derive(Message)]
+#[rtype(result = "Result<NsHandle, NsError>")]
+pub struct Locate {
+    pub name: String,
+}
+
+impl Handler<Locate> for NodeSupervisor {
+    type Result = ResponseActFuture<Self, Result<NsHandle, NsError>>;
+    fn handle(&mut self, msg: Locate, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        if let Some(h) = self.namespaces.get(&msg.name) {
+            return Box::pin(actix::fut::ready(Ok(h)));
+        }
+        let store = self.store.clone();
+        let key = ns_key(&msg.name);
+        Box::pin(
+            async move { store.get_json::<NamespaceRecord>(&key).await }
+                .into_actor(self)
+                .map(move |res, act, _| match res? {
+                    None => Err(NsError::NotFound),
+                    // Another Locate may have started it while we read the store.
+                    Some(_) => Ok(act
+                        .namespaces
+                        .get(&msg.name)
+                        .unwrap_or_else(|| act.start_namespace(&msg.name))),
+                }),
+        )
+    }
+}
+
+/// Sent when a namespace is deleted: its supervisor stops and is forgotten.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Forget {
+    pub name: String,
+}
+
+impl Handler<Forget> for NodeSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: Forget, _: &mut Context<Self>) {
+        let _t = self.stats.begin();
+        if let Some(h) = self.namespaces.0.write().remove(&msg.name) {
+            h.addr.do_send(Stop);
+        }
+    }
+}
+
+/// Sent by the node supervisor to stop a namespace supervisor for good.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+impl Handler<Stop> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        // Supervisor restarts a stopped actor; terminate ends it without restart.
+        ctx.terminate();
+    }
+}
+
+/// The node's own bounded admission for `Locate`.
+pub async fn locate(
+    node: &Addr<NodeSupervisor>,
+    node_stats: &ActorStats,
+    namespaces: &Namespaces,
+    name: &str,
+) -> Result<NsHandle, LocateError> {
+    if let Some(h) = namespaces.get(name) {
+        return Ok(h);
+    }
+    match ask(
+        node,
+        node_stats,
+        Locate {
+            name: name.to_string(),
+        },
+        ASK_TIMEOUT,
+    )
+    .await
+    {
+        Ok(Ok(h)) => Ok(h),
+        Ok(Err(e)) => Err(LocateError::Ns(e)),
+        Err(e) => Err(LocateError::Ask(e)),
+    }
+}
+
+/// Why a namespace supervisor could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    #[error(transparent)]
+    Ns(NsError),
+    #[error(transparent)]
+    Ask(AskError),
+}
+
+impl NodeSupervisor {
+    pub fn stats(&self) -> Arc<ActorStats> {
+        self.stats.clone()
+    }
+}

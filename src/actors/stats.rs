@@ -1,0 +1,206 @@
+//! Per-actor instrumentation: bounded admission (the explicit overload answer),
+//! mailbox depth, messages handled and handling time, all kept in the node's
+//! Prometheus registry, and a directory of live actors for the dashboard.
+
+use crate::metrics::Metrics;
+use actix::dev::ToEnvelope;
+use actix::{Actor, Addr, Handler, Message};
+use parking_lot::Mutex;
+use prometheus::{Histogram, IntCounter, IntGauge};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Why a request to an actor got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    /// The mailbox is at capacity: answer 503 OVERLOADED.
+    #[error("the actor's mailbox is full")]
+    Overloaded,
+    /// The actor stopped before answering.
+    #[error("the actor stopped")]
+    Gone,
+    /// No answer within the deadline.
+    #[error("the actor did not answer in time")]
+    Timeout,
+}
+
+/// Numbers one actor reports.
+pub struct ActorStats {
+    pub id: u64,
+    pub kind: &'static str,
+    pub namespace: String,
+    capacity: i64,
+    depth: AtomicI64,
+    depth_gauge: IntGauge,
+    handled: IntCounter,
+    handling: Histogram,
+    restarts: IntCounter,
+    overloaded: IntCounter,
+    restarts_local: AtomicU64,
+}
+
+/// Records one message's handling time when dropped.
+pub struct HandleTimer {
+    stats: Arc<ActorStats>,
+    start: Instant,
+}
+
+impl Drop for HandleTimer {
+    fn drop(&mut self) {
+        self.stats.handled.inc();
+        self.stats
+            .handling
+            .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+impl ActorStats {
+    /// Takes a mailbox slot; false when the mailbox is full.
+    pub fn admit(&self) -> bool {
+        let before = self.depth.fetch_add(1, Ordering::AcqRel);
+        if before >= self.capacity {
+            self.depth.fetch_sub(1, Ordering::AcqRel);
+            self.overloaded.inc();
+            return false;
+        }
+        self.depth_gauge.inc();
+        true
+    }
+
+    /// Gives back a slot whose message was never handled.
+    pub fn cancel(&self) {
+        self.depth.fetch_sub(1, Ordering::AcqRel);
+        self.depth_gauge.dec();
+    }
+
+    /// Called by a handler as it takes a message out of the mailbox.
+    pub fn begin(self: &Arc<Self>) -> HandleTimer {
+        self.cancel();
+        HandleTimer {
+            stats: self.clone(),
+            start: Instant::now(),
+        }
+    }
+
+    /// Counts a restart.
+    pub fn restarted(&self) {
+        self.restarts.inc();
+        self.restarts_local.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn depth(&self) -> i64 {
+        self.depth.load(Ordering::Relaxed).max(0)
+    }
+    pub fn handled(&self) -> u64 {
+        self.handled.get()
+    }
+    pub fn restarts(&self) -> u64 {
+        self.restarts_local.load(Ordering::Relaxed)
+    }
+    /// Handling time quantile estimated from this actor's histogram (seconds).
+    pub fn handling_quantile(&self, q: f64) -> f64 {
+        histogram_quantile(&self.handling, q)
+    }
+}
+
+/// A quantile estimated from a Prometheus histogram's cumulative buckets.
+pub fn histogram_quantile(h: &Histogram, q: f64) -> f64 {
+    use prometheus::core::Collector;
+    let families = h.collect();
+    let Some(m) = families.first().and_then(|f| f.get_metric().first()) else {
+        return 0.0;
+    };
+    let hist = m.get_histogram();
+    let total = hist.get_sample_count();
+    if total == 0 {
+        return 0.0;
+    }
+    let rank = q * total as f64;
+    let mut prev_bound = 0.0;
+    let mut prev_count = 0u64;
+    for b in hist.get_bucket() {
+        let count = b.cumulative_count();
+        if count as f64 >= rank {
+            let in_bucket = (count - prev_count).max(1) as f64;
+            let frac = (rank - prev_count as f64) / in_bucket;
+            return prev_bound + (b.upper_bound() - prev_bound) * frac.clamp(0.0, 1.0);
+        }
+        prev_bound = b.upper_bound();
+        prev_count = count;
+    }
+    prev_bound
+}
+
+/// Every live actor's stats, for the dashboard and `/v1/status`.
+#[derive(Clone, Default)]
+pub struct ActorDirectory {
+    actors: Arc<Mutex<Vec<Weak<ActorStats>>>>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl ActorDirectory {
+    /// Creates and lists the stats of a new actor.
+    pub fn register(
+        &self,
+        metrics: &Metrics,
+        kind: &'static str,
+        namespace: &str,
+        capacity: usize,
+    ) -> Arc<ActorStats> {
+        let label = metrics.ns_label(namespace);
+        let labels = [kind, label.as_str()];
+        let stats = Arc::new(ActorStats {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            kind,
+            namespace: namespace.to_string(),
+            capacity: capacity as i64,
+            depth: AtomicI64::new(0),
+            depth_gauge: metrics.actor_mailbox_depth.with_label_values(&labels),
+            handled: metrics.actor_handled.with_label_values(&labels),
+            handling: metrics.actor_handling_seconds.with_label_values(&labels),
+            restarts: metrics.actor_restarts.with_label_values(&labels),
+            overloaded: metrics.actor_overloaded.with_label_values(&labels),
+            restarts_local: AtomicU64::new(0),
+        });
+        let mut list = self.actors.lock();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&stats));
+        stats
+    }
+
+    /// The stats of every actor still alive.
+    pub fn snapshot(&self) -> Vec<Arc<ActorStats>> {
+        self.actors
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}
+
+/// Sends `msg` through the actor's bounded admission and awaits its reply.
+pub async fn ask<A, M>(
+    addr: &Addr<A>,
+    stats: &ActorStats,
+    msg: M,
+    timeout: Duration,
+) -> Result<M::Result, AskError>
+where
+    A: Actor + Handler<M>,
+    A::Context: ToEnvelope<A, M>,
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    if !stats.admit() {
+        return Err(AskError::Overloaded);
+    }
+    match addr.send(msg).timeout(timeout).await {
+        Ok(r) => Ok(r),
+        Err(actix::MailboxError::Timeout) => Err(AskError::Timeout),
+        Err(actix::MailboxError::Closed) => {
+            stats.cancel();
+            Err(AskError::Gone)
+        }
+    }
+}

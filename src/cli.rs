@@ -1,0 +1,170 @@
+//! The `meshgate` command line: `serve` runs a node; the other commands are a
+//! client of a running node's HTTP API.
+
+use crate::config::{Config, Overrides};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "meshgate",
+    version,
+    about = "A multi-tenant gateway node: WASM functions, pub/sub, one middleware chain."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+    /// Manage namespaces (operator key).
+    #[command(subcommand)]
+    Ns(NsCommand),
+    /// Manage API keys of a namespace.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Path of config.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Listen address (host:port).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Data folder.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Log format: pretty or json.
+    #[arg(long)]
+    pub log_format: Option<String>,
+}
+
+/// Where the node is and which credential to use.
+#[derive(Args, Clone)]
+pub struct ClientArgs {
+    /// Base URL of the node.
+    #[arg(long, env = "MESHGATE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Credential: an API key, a JWT or the operator key (default: MESHGATE_KEY,
+    /// then MESHGATE_OPERATOR_KEY, then ./data/operator.key).
+    #[arg(long, env = "MESHGATE_KEY")]
+    pub key: Option<String>,
+    /// Act on this namespace (operators must name one for namespace routes).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum NsCommand {
+    /// Create a namespace; prints its first owner API key.
+    Create {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List namespaces.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a namespace and all its data.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum KeysCommand {
+    /// Create an API key; prints it once.
+    Create {
+        /// Role: owner, admin, developer, runtime, reader.
+        #[arg(long)]
+        role: Option<String>,
+        /// Explicit grant (domain:action:resource), repeatable.
+        #[arg(long = "grant")]
+        grants: Vec<String>,
+        /// Days until it expires (default 90, at most 365).
+        #[arg(long)]
+        days: Option<u64>,
+        /// A name to recognise it by.
+        #[arg(long, default_value = "")]
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the namespace's keys (never the secrets).
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Revoke a key by id.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        other => crate::cli_client::run(other),
+    }
+}
+
+fn init_logging(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("MESHGATE_"))
+        .collect();
+    let overrides = Overrides {
+        listen: args.listen,
+        data_dir: args.data_dir,
+        log_format: args.log_format,
+    };
+    let config = match Config::load(args.config.as_deref(), &env, &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("meshgate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&config.server.log_format);
+    let system = actix_web::rt::System::new();
+    let result = system.block_on(async move {
+        let running = crate::node::start(config).await?;
+        // Scripts and tests read this line to find the bound port.
+        println!("meshgate listening on http://{}", running.addr);
+        tracing::info!(addr = %running.addr, "Listening.");
+        running.run_until_signal().await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("meshgate: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

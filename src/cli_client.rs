@@ -1,0 +1,128 @@
+//! The client half of the CLI: each command is one or two HTTP calls.
+
+use crate::cli::{ClientArgs, Command, KeysCommand, NsCommand};
+use serde_json::{Value, json};
+use std::process::ExitCode;
+
+/// Runs a client command in its own actix system.
+pub fn run(cmd: Command) -> ExitCode {
+    let system = actix_web::rt::System::new();
+    match system.block_on(dispatch(cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("meshgate: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn credential(c: &ClientArgs) -> Option<String> {
+    c.key
+        .clone()
+        .or_else(|| std::env::var("MESHGATE_OPERATOR_KEY").ok())
+        .or_else(|| {
+            std::fs::read_to_string("data/operator.key")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+}
+
+/// One HTTP call; a non-2xx answer becomes the error envelope's message.
+pub async fn call(
+    c: &ClientArgs,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, String> {
+    let client = awc::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .finish();
+    let url = format!("{}{}", c.url.trim_end_matches('/'), path);
+    let mut req = client.request(method.parse().map_err(|_| "bad method")?, &url);
+    if let Some(k) = credential(c) {
+        req = req.insert_header(("authorization", format!("Bearer {k}")));
+    }
+    if let Some(ns) = &c.namespace {
+        req = req.insert_header(("x-namespace", ns.as_str()));
+    }
+    let mut resp = match body {
+        Some(b) => req.send_json(&b).await,
+        None => req.send().await,
+    }
+    .map_err(|e| format!("cannot reach {url}: {e}"))?;
+    let bytes = resp
+        .body()
+        .limit(64 << 20)
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    if resp.status().is_success() {
+        Ok(v)
+    } else {
+        let code = v
+            .pointer("/error/code")
+            .and_then(Value::as_str)
+            .unwrap_or("ERROR");
+        let msg = v
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        Err(format!("{} {code}: {msg}", resp.status().as_u16()))
+    }
+}
+
+fn print(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn dispatch(cmd: Command) -> Result<(), String> {
+    match cmd {
+        Command::Serve(_) => unreachable!("handled by cli::main"),
+        Command::Ns(NsCommand::Create { name, client }) => {
+            let v = call(
+                &client,
+                "POST",
+                "/v1/namespaces",
+                Some(json!({"name": name})),
+            )
+            .await?;
+            eprintln!("namespace {name} created; its owner API key (shown once):");
+            println!("{}", v["api_key"].as_str().unwrap_or_default());
+        }
+        Command::Ns(NsCommand::List { client }) => {
+            print(&call(&client, "GET", "/v1/namespaces", None).await?)
+        }
+        Command::Ns(NsCommand::Delete { name, client }) => {
+            print(&call(&client, "DELETE", &format!("/v1/namespaces/{name}"), None).await?)
+        }
+        Command::Keys(KeysCommand::Create {
+            role,
+            grants,
+            days,
+            name,
+            client,
+        }) => {
+            let mut body = json!({"name": name, "grants": grants});
+            if let Some(r) = role {
+                body["role"] = json!(r);
+            }
+            if let Some(d) = days {
+                body["expires_in_days"] = json!(d);
+            }
+            let v = call(&client, "POST", "/v1/auth/api-keys", Some(body)).await?;
+            eprintln!(
+                "key {} created (shown once):",
+                v["record"]["id"].as_str().unwrap_or_default()
+            );
+            println!("{}", v["key"].as_str().unwrap_or_default());
+        }
+        Command::Keys(KeysCommand::List { client }) => {
+            print(&call(&client, "GET", "/v1/auth/api-keys", None).await?)
+        }
+        Command::Keys(KeysCommand::Revoke { id, client }) => {
+            print(&call(&client, "DELETE", &format!("/v1/auth/api-keys/{id}"), None).await?)
+        }
+    }
+    Ok(())
+}

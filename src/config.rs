@@ -1,0 +1,493 @@
+//! Node configuration: `config.toml`, then `MESHGATE_<SECTION>_<KEY>` environment
+//! overrides, then CLI flags. Unknown keys are rejected and every problem is
+//! reported at once.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Every problem found in a configuration, reported together.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+pub struct ConfigError(pub Vec<String>);
+
+/// The whole node configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub rate_limit: RateLimitConfig,
+    pub cors: CorsConfig,
+    pub auth: AuthConfig,
+    pub functions: FunctionsConfig,
+    pub pubsub: PubSubConfig,
+    pub debug: DebugConfig,
+}
+
+/// `[server]`: the listener, the data folder and the node's limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address the HTTP listener binds (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// Folder of the embedded store, keys and the compiled-module cache.
+    pub data_dir: PathBuf,
+    /// Largest accepted JSON or raw request body, in bytes (larger: 413).
+    pub max_body_bytes: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
+    pub drain_grace_seconds: u64,
+    /// HTTP worker threads; 0 means one per core.
+    pub workers: usize,
+    /// Threads hosting the namespace supervisors; 0 means one per core.
+    pub actor_threads: usize,
+    /// Mailbox capacity of each namespace supervisor (beyond it: 503 OVERLOADED).
+    pub mailbox_capacity: usize,
+    /// Base domain for namespace hosts (`ns-<name>.<base_domain>`).
+    pub base_domain: String,
+    /// Log format: `pretty` or `json`.
+    pub log_format: String,
+    /// JWT issuer and audience.
+    pub public_url: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            data_dir: PathBuf::from("./data"),
+            max_body_bytes: 1 << 20,
+            drain_grace_seconds: 30,
+            workers: 0,
+            actor_threads: 0,
+            mailbox_capacity: 1024,
+            base_domain: "localhost".into(),
+            log_format: "pretty".into(),
+            public_url: "meshgate".into(),
+        }
+    }
+}
+
+/// `[rate_limit]`: GCRA buckets (DESIGN.md §2). Rates are per minute.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// General client bucket: requests per minute per client network.
+    pub general_per_minute: u32,
+    /// General client bucket: burst size.
+    pub general_burst: u32,
+    /// Credential endpoints (challenge, verify, token, refresh, api-key) per minute.
+    pub credential_per_minute: u32,
+    /// Credential endpoints: burst size.
+    pub credential_burst: u32,
+    /// `/v1/auth/challenge` per wallet, per minute.
+    pub wallet_per_minute: u32,
+    /// `/v1/auth/challenge` per wallet: burst size.
+    pub wallet_burst: u32,
+    /// Default per-namespace bucket, per minute.
+    pub namespace_per_minute: u32,
+    /// Default per-namespace bucket: burst size.
+    pub namespace_burst: u32,
+    /// Peers whose `X-Forwarded-For` (last entry) is believed.
+    pub trusted_proxies: Vec<String>,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            general_per_minute: 10_000,
+            general_burst: 5_000,
+            credential_per_minute: 30,
+            credential_burst: 10,
+            wallet_per_minute: 10,
+            wallet_burst: 5,
+            namespace_per_minute: 60_000,
+            namespace_burst: 10_000,
+            trusted_proxies: Vec::new(),
+        }
+    }
+}
+
+/// `[cors]`: cross-origin requests.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct CorsConfig {
+    /// Allowed origins (`*` allows any).
+    pub allowed_origins: Vec<String>,
+}
+
+/// `[auth]`: credential lifetimes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Default API key lifetime in days (at most 365).
+    pub api_key_default_days: u32,
+    /// Access token lifetime in seconds.
+    pub access_token_seconds: u64,
+    /// Refresh token lifetime in days.
+    pub refresh_token_days: u32,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            api_key_default_days: 90,
+            access_token_seconds: 900,
+            refresh_token_days: 30,
+        }
+    }
+}
+
+/// `[functions]`: the WASM sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FunctionsConfig {
+    /// WASM worker threads; 0 means one per core.
+    pub workers: usize,
+    /// Invocations queued node-wide before 503 OVERLOADED.
+    pub queue: usize,
+    /// Running plus queued invocations per namespace before 429 FUNCTION_BUSY.
+    pub namespace_concurrency: usize,
+    /// Largest module accepted by a deploy, in bytes.
+    pub max_module_bytes: usize,
+}
+
+impl Default for FunctionsConfig {
+    fn default() -> Self {
+        Self {
+            workers: 0,
+            queue: 256,
+            namespace_concurrency: 4,
+            max_module_bytes: 16 << 20,
+        }
+    }
+}
+
+/// `[pubsub]`: sockets and fan-out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PubSubConfig {
+    /// Frames queued per connection before it is closed as a slow consumer (4008).
+    pub outbound_queue_messages: usize,
+    /// Bytes queued per connection before it is closed as a slow consumer (4008).
+    pub outbound_queue_bytes: usize,
+    /// Largest frame a client may send, in bytes.
+    pub max_frame_bytes: usize,
+    /// Seconds between server pings.
+    pub ping_interval_seconds: u64,
+    /// Seconds without any client frame before the socket is closed.
+    pub read_timeout_seconds: u64,
+}
+
+impl Default for PubSubConfig {
+    fn default() -> Self {
+        Self {
+            outbound_queue_messages: 1024,
+            outbound_queue_bytes: 4 << 20,
+            max_frame_bytes: 1 << 20,
+            ping_interval_seconds: 30,
+            read_timeout_seconds: 75,
+        }
+    }
+}
+
+/// `[debug]`: switches for tests; keep them off in production.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct DebugConfig {
+    /// Enables `POST /v1/namespaces/{name}/debug/panic` (operator only) to test supervision.
+    pub fault_injection: bool,
+    /// Milliseconds `GET /v1/debug/sleep` may wait at most (0 disables the route).
+    pub max_sleep_ms: u64,
+    /// Milliseconds the node stays in its starting phase after binding (probe tests).
+    pub startup_delay_ms: u64,
+}
+
+/// Command-line overrides, applied last.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub log_format: Option<String>,
+}
+
+impl Config {
+    /// Reads `path` (if any), applies environment and CLI overrides, validates.
+    pub fn load(
+        path: Option<&Path>,
+        env: &[(String, String)],
+        cli: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let mut table = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| ConfigError(vec![format!("cannot read {}: {e}", p.display())]))?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| ConfigError(vec![format!("{}: {}", p.display(), e.message())]))?
+            }
+            None => toml::Table::new(),
+        };
+        let defaults = toml::Table::try_from(Config::default()).expect("defaults serialize");
+        let mut errors = Vec::new();
+        apply_env(&mut table, &defaults, env, &mut errors);
+        if let Some(v) = &cli.listen {
+            set(
+                &mut table,
+                "server",
+                "listen",
+                toml::Value::String(v.clone()),
+            );
+        }
+        if let Some(v) = &cli.data_dir {
+            set(
+                &mut table,
+                "server",
+                "data_dir",
+                toml::Value::String(v.display().to_string()),
+            );
+        }
+        if let Some(v) = &cli.log_format {
+            set(
+                &mut table,
+                "server",
+                "log_format",
+                toml::Value::String(v.clone()),
+            );
+        }
+        check_keys(&table, &defaults, &mut errors);
+        if !errors.is_empty() {
+            return Err(ConfigError(errors));
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError(vec![e.message().to_string()]))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Semantic checks, all at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut errors = Vec::new();
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            errors.push(format!(
+                "server.listen: {:?} is not host:port",
+                self.server.listen
+            ));
+        }
+        if !matches!(self.server.log_format.as_str(), "pretty" | "json") {
+            errors.push(format!(
+                "server.log_format: {:?} must be \"pretty\" or \"json\"",
+                self.server.log_format
+            ));
+        }
+        if self.server.max_body_bytes == 0 {
+            errors.push("server.max_body_bytes: must be > 0".into());
+        }
+        if self.server.mailbox_capacity == 0 {
+            errors.push("server.mailbox_capacity: must be > 0".into());
+        }
+        let rl = &self.rate_limit;
+        for (name, v) in [
+            ("general_per_minute", rl.general_per_minute),
+            ("general_burst", rl.general_burst),
+            ("credential_per_minute", rl.credential_per_minute),
+            ("credential_burst", rl.credential_burst),
+            ("wallet_per_minute", rl.wallet_per_minute),
+            ("wallet_burst", rl.wallet_burst),
+            ("namespace_per_minute", rl.namespace_per_minute),
+            ("namespace_burst", rl.namespace_burst),
+        ] {
+            if v == 0 {
+                errors.push(format!("rate_limit.{name}: must be > 0"));
+            }
+        }
+        for p in &rl.trusted_proxies {
+            if p.parse::<std::net::IpAddr>().is_err() {
+                errors.push(format!(
+                    "rate_limit.trusted_proxies: {p:?} is not an IP address"
+                ));
+            }
+        }
+        if self.auth.api_key_default_days == 0 || self.auth.api_key_default_days > 365 {
+            errors.push("auth.api_key_default_days: must be 1..=365".into());
+        }
+        if self.functions.namespace_concurrency == 0 || self.functions.queue == 0 {
+            errors.push("functions.namespace_concurrency and functions.queue: must be > 0".into());
+        }
+        if self.pubsub.outbound_queue_messages == 0 || self.pubsub.ping_interval_seconds == 0 {
+            errors.push(
+                "pubsub.outbound_queue_messages and pubsub.ping_interval_seconds: must be > 0"
+                    .into(),
+            );
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(errors))
+        }
+    }
+
+    /// The bound address to listen on.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.server.listen.parse().expect("validated")
+    }
+}
+
+fn set(table: &mut toml::Table, section: &str, key: &str, value: toml::Value) {
+    let entry = table
+        .entry(section.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let toml::Value::Table(t) = entry {
+        t.insert(key.to_string(), value);
+    }
+}
+
+/// `MESHGATE_<SECTION>_<KEY>=value`; the value is read as TOML when it parses, else as a string.
+fn apply_env(
+    table: &mut toml::Table,
+    defaults: &toml::Table,
+    env: &[(String, String)],
+    errors: &mut Vec<String>,
+) {
+    for (section, keys) in defaults {
+        let toml::Value::Table(keys) = keys else {
+            continue;
+        };
+        for (key, default) in keys {
+            let name = format!("MESHGATE_{}_{}", section.to_uppercase(), key.to_uppercase());
+            let Some((_, raw)) = env.iter().find(|(k, _)| *k == name) else {
+                continue;
+            };
+            let value = match default {
+                toml::Value::String(_) => toml::Value::String(raw.clone()),
+                _ => match format!("v = {raw}").parse::<toml::Table>() {
+                    Ok(mut t) => t.remove("v").expect("parsed"),
+                    Err(_) => {
+                        errors.push(format!(
+                            "{name}: {raw:?} is not a valid value for {section}.{key}"
+                        ));
+                        continue;
+                    }
+                },
+            };
+            set(table, section, key, value);
+        }
+    }
+}
+
+/// Finds every unknown section or key and every value of the wrong type.
+fn check_keys(table: &toml::Table, defaults: &toml::Table, errors: &mut Vec<String>) {
+    for (section, value) in table {
+        let Some(toml::Value::Table(default_keys)) = defaults.get(section) else {
+            errors.push(format!("unknown section [{section}]"));
+            continue;
+        };
+        let toml::Value::Table(keys) = value else {
+            errors.push(format!("[{section}] must be a table"));
+            continue;
+        };
+        for (key, v) in keys {
+            if !default_keys.contains_key(key) {
+                errors.push(format!("unknown key {section}.{key}"));
+                continue;
+            }
+            // Deserialize the defaults with only this key replaced, so each bad value is named.
+            let mut probe = defaults.clone();
+            set(&mut probe, section, key, v.clone());
+            if let Err(e) = toml::Value::Table(probe).try_into::<Config>() {
+                errors.push(format!("{section}.{key}: {}", e.message()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, text).unwrap();
+        let env: Vec<_> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(Some(&path), &env, &Overrides::default())
+    }
+
+    /// No file at all gives the documented single-node defaults.
+    #[test]
+    fn defaults_without_file() {
+        let c = Config::load(None, &[], &Overrides::default()).unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:8080");
+        assert_eq!(c.server.data_dir, PathBuf::from("./data"));
+        assert_eq!(c.rate_limit.general_per_minute, 10_000);
+    }
+
+    /// Unknown keys and bad values are all reported in one error.
+    #[test]
+    fn every_problem_reported_at_once() {
+        let err = load_str(
+            "[server]\nlisten = 5\nbogus = 1\n[rate_limit]\ngeneral_burst = \"x\"\n[nope]\na = 1\n",
+            &[],
+        )
+        .unwrap_err();
+        let all = err.0.join("\n");
+        assert!(all.contains("server.listen"), "{all}");
+        assert!(all.contains("unknown key server.bogus"), "{all}");
+        assert!(all.contains("rate_limit.general_burst"), "{all}");
+        assert!(all.contains("unknown section [nope]"), "{all}");
+        assert_eq!(err.0.len(), 4, "{all}");
+    }
+
+    /// Environment variables override the file, typed by the default's type.
+    #[test]
+    fn env_overrides_file() {
+        let c = load_str(
+            "[server]\nlisten = \"127.0.0.1:9000\"\n",
+            &[
+                ("MESHGATE_SERVER_LISTEN", "127.0.0.1:9001"),
+                ("MESHGATE_RATE_LIMIT_GENERAL_BURST", "7"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:9001");
+        assert_eq!(c.rate_limit.general_burst, 7);
+        let err = load_str("", &[("MESHGATE_RATE_LIMIT_GENERAL_BURST", "many")]).unwrap_err();
+        assert!(
+            err.0[0].contains("MESHGATE_RATE_LIMIT_GENERAL_BURST"),
+            "{:?}",
+            err.0
+        );
+    }
+
+    /// The example `config.toml` at the repository root lists every key with its default.
+    #[test]
+    fn example_config_is_complete_and_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
+        let c = Config::load(Some(&path), &[], &Overrides::default()).unwrap();
+        let example = toml::Table::try_from(&c).unwrap();
+        let defaults = toml::Table::try_from(Config::default()).unwrap();
+        assert_eq!(example, defaults);
+        let text: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+        for (section, keys) in &defaults {
+            for key in keys.as_table().unwrap().keys() {
+                assert!(
+                    text.get(section).and_then(|s| s.get(key)).is_some(),
+                    "config.toml lacks {section}.{key}"
+                );
+            }
+        }
+    }
+
+    /// Semantic validation names each bad value.
+    #[test]
+    fn validation_of_values() {
+        let err = load_str(
+            "[server]\nlisten = \"nowhere\"\nlog_format = \"xml\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 2, "{:?}", err.0);
+    }
+}

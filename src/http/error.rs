@@ -1,0 +1,222 @@
+//! The one place errors become HTTP answers (DESIGN.md §9): every error body is
+//! `{"ok":false,"error":{"code","message","retryable"}}` with a stable code.
+
+use crate::actors::{AskError, LocateError, NsError};
+use crate::storage::StoreError;
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+use std::fmt;
+
+/// An error answer: status, stable code, message, and whether retrying may help.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<u64>,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code, message)
+    }
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, code, message)
+    }
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, message)
+    }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", message)
+    }
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", message).retry_after(1)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", message)
+    }
+    pub fn rate_limited(code: &'static str, retry_after: u64) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            code,
+            "rate limit exceeded; retry later",
+        )
+        .retry_after(retry_after)
+    }
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds.max(1));
+        self
+    }
+    /// Whether the same request may succeed later (server-side or rate-limit trouble).
+    pub fn retryable(&self) -> bool {
+        self.status == StatusCode::TOO_MANY_REQUESTS
+            || self.status.is_server_error() && self.code != "FUNCTION_TRAPPED"
+    }
+    /// The JSON envelope.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"ok": false, "error": {"code": self.code, "message": self.message, "retryable": self.retryable()}})
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+    fn error_response(&self) -> HttpResponse {
+        let mut r = HttpResponse::build(self.status);
+        if let Some(s) = self.retry_after {
+            r.insert_header((header::RETRY_AFTER, HeaderValue::from(s)));
+        }
+        r.insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-store")));
+        r.json(self.body())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "STORE_UNAVAILABLE",
+                e.to_string(),
+            )
+            .retry_after(1),
+            _ => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<NsError> for ApiError {
+    fn from(e: NsError) -> Self {
+        match e {
+            NsError::NotFound => ApiError::not_found("NAMESPACE_NOT_FOUND", "namespace not found"),
+            NsError::BadInput(m) => ApiError::bad_request("BAD_REQUEST", m),
+            NsError::Store(s) => s.into(),
+            NsError::Panicked => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<AskError> for ApiError {
+    fn from(e: AskError) -> Self {
+        match e {
+            AskError::Overloaded => {
+                ApiError::overloaded("the namespace is overloaded; retry later")
+            }
+            AskError::Gone => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "RESTARTING", e.to_string())
+                    .retry_after(1)
+            }
+            AskError::Timeout => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "TIMEOUT", e.to_string())
+            }
+        }
+    }
+}
+
+impl From<LocateError> for ApiError {
+    fn from(e: LocateError) -> Self {
+        match e {
+            LocateError::Ns(e) => e.into(),
+            LocateError::Ask(e) => e.into(),
+        }
+    }
+}
+
+/// Turns actix's own extractor errors (bad JSON, oversized bodies...) into the envelope.
+pub fn json_config(limit: usize) -> actix_web::web::JsonConfig {
+    actix_web::web::JsonConfig::default()
+        .limit(limit)
+        .error_handler(|err, _| {
+            use actix_web::error::JsonPayloadError as J;
+            let api = match &err {
+                J::OverflowKnownLength { .. } | J::Overflow { .. } => {
+                    ApiError::too_large(err.to_string())
+                }
+                J::ContentType => ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UNSUPPORTED_MEDIA_TYPE",
+                    "expected Content-Type: application/json",
+                ),
+                J::Deserialize(e) => ApiError::bad_request("MALFORMED_JSON", e.to_string()),
+                _ => ApiError::bad_request("MALFORMED_BODY", err.to_string()),
+            };
+            api.into()
+        })
+}
+
+/// The same for raw bodies (`web::Bytes`).
+pub fn payload_config(limit: usize) -> actix_web::web::PayloadConfig {
+    actix_web::web::PayloadConfig::new(limit)
+}
+
+/// The same for query strings.
+pub fn query_config() -> actix_web::web::QueryConfig {
+    actix_web::web::QueryConfig::default()
+        .error_handler(|err, _| ApiError::bad_request("BAD_QUERY", err.to_string()).into())
+}
+
+/// The same for path parameters.
+pub fn path_config() -> actix_web::web::PathConfig {
+    actix_web::web::PathConfig::default()
+        .error_handler(|err, _| ApiError::bad_request("BAD_PATH", err.to_string()).into())
+}
+
+impl From<crate::auth::AuthError> for ApiError {
+    fn from(e: crate::auth::AuthError) -> Self {
+        if e.is_node_fault() {
+            return ApiError::internal(e.to_string());
+        }
+        let status = if e.is_bad_input() {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl From<crate::identity::IdentityError> for ApiError {
+    fn from(e: crate::identity::IdentityError) -> Self {
+        use crate::identity::IdentityError as I;
+        match e {
+            I::Auth(a) => a.into(),
+            I::Store(s) => s.into(),
+            I::BadInput(m) => ApiError::bad_request("BAD_REQUEST", m),
+            I::NotFound => ApiError::not_found("NOT_FOUND", "no such key"),
+            I::TooManyChallenges => ApiError::rate_limited("TOO_MANY_CHALLENGES", 60),
+            I::KeyRevoked => ApiError::unauthorized("API_KEY_REVOKED", e.to_string()),
+            I::KeyExpired => ApiError::unauthorized("API_KEY_EXPIRED", e.to_string()),
+        }
+    }
+}

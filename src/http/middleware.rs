@@ -1,0 +1,295 @@
+//! The request chain of DESIGN.md §2, one function per step, outermost first.
+//! [`super::serve`] wraps them in this order; a test drives the order from outside.
+
+use super::error::ApiError;
+use super::policy::{Policy, PolicyMap};
+use crate::node::{Node, Phase};
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::{Error, HttpMessage, HttpResponse, web};
+use std::time::Instant;
+
+/// The request id (`X-Request-ID`), generated when the client sent none.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const INTERNAL_PREFIX: &str = "x-internal-auth-";
+
+fn node(req: &ServiceRequest) -> Node {
+    req.app_data::<web::Data<Node>>()
+        .expect("node data")
+        .get_ref()
+        .clone()
+}
+
+fn short_circuit<B>(req: ServiceRequest, err: ApiError) -> ServiceResponse<EitherBody<B>> {
+    req.into_response(err.error_response_owned())
+        .map_into_right_body()
+}
+
+/// Probes and `/metrics`: answered before anything else, outside the chain and
+/// not counted in request metrics.
+pub async fn probes(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    let path = req.path();
+    if !matches!(path, "/livez" | "/readyz" | "/startupz" | "/metrics")
+        || req.method() != actix_web::http::Method::GET
+    {
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body);
+    }
+    let node = node(&req);
+    let resp = match path {
+        "/livez" => HttpResponse::Ok().json(serde_json::json!({"status": "alive"})),
+        "/startupz" => HttpResponse::Ok().json(serde_json::json!({"status": "started"})),
+        "/readyz" => match node.phase() {
+            Phase::Ready => HttpResponse::Ok().json(serde_json::json!({"status": "ready"})),
+            Phase::Starting => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "STARTING",
+                "the node is starting",
+            )
+            .error_response_owned(),
+            Phase::Draining => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "DRAINING",
+                "the node is draining",
+            )
+            .error_response_owned(),
+        },
+        _ => HttpResponse::Ok()
+            .content_type("text/plain; version=0.0.4")
+            .body(node.metrics.render()),
+    };
+    Ok(req.into_response(resp).map_into_right_body())
+}
+
+/// Refuses new work while the node starts or drains; counts requests in flight
+/// (the drain waits for them) and records request metrics.
+pub async fn admission(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    let node = node(&req);
+    match node.phase() {
+        Phase::Ready => {}
+        Phase::Starting => {
+            let e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "STARTING",
+                "the node is starting",
+            )
+            .retry_after(1);
+            return Ok(short_circuit(req, e));
+        }
+        Phase::Draining => {
+            let e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "DRAINING",
+                "the node is draining",
+            )
+            .retry_after(1);
+            let mut res = short_circuit(req, e);
+            res.response_mut()
+                .head_mut()
+                .set_connection_type(actix_web::http::ConnectionType::Close);
+            return Ok(res);
+        }
+    }
+    let start = Instant::now();
+    node.metrics.http_in_flight.inc();
+    let res = next.call(req).await;
+    node.metrics.http_in_flight.dec();
+    let status = match &res {
+        Ok(r) => r.status(),
+        Err(e) => e.as_response_error().status_code(),
+    };
+    let class = match status.as_u16() / 100 {
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    };
+    node.metrics.http_requests.with_label_values(&[class]).inc();
+    node.metrics
+        .http_duration_seconds
+        .with_label_values(&[class])
+        .observe(start.elapsed().as_secs_f64());
+    res.map(ServiceResponse::map_into_left_body)
+}
+
+/// Step 1: deletes every `X-Internal-Auth-*` header unless a valid hop MAC came
+/// with it (checked by the cluster module when this node is in a cluster).
+pub async fn internal_auth_gate(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let node = node(&req);
+    let has_internal = req
+        .headers()
+        .keys()
+        .any(|k| k.as_str().starts_with(INTERNAL_PREFIX));
+    if has_internal {
+        let hop = crate::http::hop::verify_hop(&node, &req);
+        if let Some(identity) = hop {
+            req.extensions_mut().insert(identity);
+        }
+        let names: Vec<HeaderName> = req
+            .headers()
+            .keys()
+            .filter(|k| k.as_str().starts_with(INTERNAL_PREFIX))
+            .cloned()
+            .collect();
+        let headers = req.headers_mut();
+        for n in names {
+            headers.remove(n);
+        }
+    }
+    next.call(req).await
+}
+
+/// Step 2: puts the matched route's policy on the request.
+pub async fn route_policy(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    if let Some(map) = req.app_data::<web::Data<PolicyMap>>()
+        && let Some(pattern) = req.match_pattern()
+        && let Some(policy) = map.get(req.method(), &pattern)
+    {
+        let p = policy.clone();
+        req.extensions_mut().insert(p);
+    }
+    next.call(req).await
+}
+
+/// Step 3: one tracing span per request with method, path, status, duration and
+/// the request id (generated when absent, echoed in the response).
+pub async fn logger(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let id = req
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| hex::encode(crate::node::random_bytes::<12>()));
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
+    let start = Instant::now();
+    let res = tracing::Instrument::instrument(next.call(req), span.clone()).await;
+    let _e = span.enter();
+    match res {
+        Ok(mut r) => {
+            let status = r.status().as_u16();
+            let ms = start.elapsed().as_secs_f64() * 1000.0;
+            if status >= 500 {
+                tracing::warn!(status, duration_ms = ms, "Request failed.");
+            } else {
+                tracing::info!(status, duration_ms = ms, "Request served.");
+            }
+            if let Ok(v) = HeaderValue::from_str(&id) {
+                r.headers_mut().insert(REQUEST_ID, v);
+            }
+            Ok(r)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Turns every error answer that is not already the JSON envelope (extractor
+/// errors, 404s of unknown routes, 413s) into it.
+pub async fn envelope(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    let res = next.call(req).await?;
+    let status = res.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return Ok(res.map_into_left_body());
+    }
+    let is_envelope = match res.response().error() {
+        Some(e) => e.as_error::<ApiError>().is_some(),
+        None => res
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json")),
+    };
+    if is_envelope {
+        return Ok(res.map_into_left_body());
+    }
+    let message = res
+        .response()
+        .error()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    let (code, message) = match status {
+        StatusCode::NOT_FOUND => ("NOT_FOUND", "no such route".to_string()),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "PAYLOAD_TOO_LARGE",
+            or(message, "the request body is too large"),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "METHOD_NOT_ALLOWED",
+            "this route does not take that method".into(),
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "UNSUPPORTED_MEDIA_TYPE",
+            or(message, "unsupported content type"),
+        ),
+        s if s.is_client_error() => ("BAD_REQUEST", or(message, "bad request")),
+        _ => ("INTERNAL", or(message, "internal error")),
+    };
+    let api = ApiError::new(status, code, message);
+    let (req, old) = res.into_parts();
+    let mut new = api.error_response_owned();
+    for (k, v) in old.headers() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            new.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    Ok(ServiceResponse::new(req, new).map_into_right_body())
+}
+
+fn or(s: String, default: &str) -> String {
+    if s.is_empty() { default.to_string() } else { s }
+}
+
+/// Step 4: security headers; `/v1/*` answers are `Cache-Control: no-store`
+/// unless the handler set one.
+pub async fn security_headers(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let v1 = req.path().starts_with("/v1/");
+    let mut res = next.call(req).await?;
+    let h = res.headers_mut();
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    if v1 && !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    Ok(res)
+}
+
+/// The policy the route-policy step put on the request (unknown routes have none).
+pub fn policy_of(req: &ServiceRequest) -> Option<Policy> {
+    req.extensions().get::<Policy>().cloned()
+}

@@ -1,0 +1,88 @@
+//! HTTP: the listener, the middleware chain of DESIGN.md §2 and the routes of §10.
+
+mod chain;
+mod error;
+mod hop;
+mod middleware;
+mod policy;
+mod routes;
+
+pub use chain::{Identity, Target};
+pub use error::{ApiError, ApiResult};
+pub use middleware::RequestId;
+pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
+
+use crate::node::Node;
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
+use std::net::SocketAddr;
+
+/// Builds the route table of every capability.
+pub fn route_table() -> RouteTable {
+    let mut t = RouteTable::default();
+    routes::register(&mut t);
+    t
+}
+
+/// Binds the listener and returns the (not yet awaited) server and its address.
+pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)> {
+    // Fail start-up now if any route lacks a policy.
+    route_table().build()?;
+    let cfg = node.config.clone();
+    let workers = if cfg.server.workers == 0 {
+        crate::node::num_cpus()
+    } else {
+        cfg.server.workers
+    };
+    let data = web::Data::new(node.clone());
+    let limiters = web::Data::new(chain::Limiters::new(&cfg));
+    let max_body = cfg.server.max_body_bytes;
+    let server = HttpServer::new(move || {
+        let (resources, policies) = route_table().build().expect("checked at start-up");
+        let mut app = App::new()
+            .app_data(data.clone())
+            .app_data(limiters.clone())
+            .app_data(web::Data::new(policies))
+            .app_data(error::json_config(max_body))
+            .app_data(error::payload_config(max_body))
+            .app_data(error::query_config())
+            .app_data(error::path_config())
+            .default_service(web::to(|| async {
+                ApiError::not_found("NOT_FOUND", "no such route").error_response_owned()
+            }));
+        for r in resources {
+            app = app.service(r);
+        }
+        // `wrap` makes the last one outermost: listed here innermost first.
+        app.wrap(from_fn(chain::namespace_rate_limit))
+            .wrap(from_fn(chain::scope_gate))
+            .wrap(from_fn(chain::authorization))
+            .wrap(from_fn(chain::authentication))
+            .wrap(from_fn(chain::domain_routing))
+            .wrap(from_fn(chain::cors))
+            .wrap(from_fn(chain::client_rate_limit))
+            .wrap(from_fn(middleware::security_headers))
+            .wrap(from_fn(middleware::envelope))
+            .wrap(from_fn(middleware::logger))
+            .wrap(from_fn(middleware::route_policy))
+            .wrap(from_fn(middleware::internal_auth_gate))
+            .wrap(from_fn(middleware::admission))
+            .wrap(actix_web::middleware::Compress::default())
+            .wrap(from_fn(middleware::probes))
+    })
+    .workers(workers)
+    .disable_signals()
+    .shutdown_timeout(cfg.server.drain_grace_seconds.max(1));
+    let server = server.bind(cfg.listen_addr()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            anyhow::anyhow!(
+                "cannot listen on {}: the address is already in use",
+                cfg.server.listen
+            )
+        } else {
+            anyhow::anyhow!("cannot listen on {}: {e}", cfg.server.listen)
+        }
+    })?;
+    let addr = server.addrs()[0];
+    Ok((server.run(), addr))
+}

@@ -1,0 +1,367 @@
+//! `/v1/auth/*`: token exchange, refresh rotation, logout, whoami, wallet sign-in
+//! and API keys (DESIGN.md §3), plus the authentication step's credential check.
+
+use super::{NsCtx, now};
+use crate::auth::{self, Claims, Grant, KeyKind, Role};
+use crate::http::chain::Identity;
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::policy::{Policy, RouteTable};
+use crate::identity::{self, NewKey};
+use crate::node::Node;
+use actix_web::http::Method;
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+
+pub fn register(t: &mut RouteTable) {
+    t.add(
+        Method::POST,
+        "/v1/auth/token",
+        Policy::Credential,
+        web::post().to(token),
+    )
+    .add(
+        Method::POST,
+        "/v1/auth/refresh",
+        Policy::Credential,
+        web::post().to(refresh),
+    )
+    .add(
+        Method::POST,
+        "/v1/auth/logout",
+        Policy::Credential,
+        web::post().to(logout),
+    )
+    .add(
+        Method::POST,
+        "/v1/auth/challenge",
+        Policy::Credential,
+        web::post().to(challenge),
+    )
+    .add(
+        Method::POST,
+        "/v1/auth/verify",
+        Policy::Credential,
+        web::post().to(verify),
+    )
+    .add(
+        Method::GET,
+        "/v1/auth/whoami",
+        Policy::ns("", ""),
+        web::get().to(whoami),
+    )
+    .add(
+        Method::POST,
+        "/v1/auth/api-keys",
+        Policy::NsCredential {
+            domain: "keys",
+            action: "write",
+        },
+        web::post().to(create_key),
+    )
+    .add(
+        Method::GET,
+        "/v1/auth/api-keys",
+        Policy::ns("keys", "read"),
+        web::get().to(list_keys),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/auth/api-keys/{id}",
+        Policy::ns("keys", "write"),
+        web::delete().to(revoke_key),
+    );
+}
+
+/// The authentication step's check of a presented credential: the operator key,
+/// an API key (checksum first, then the record), or a JWT.
+pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
+    if node.secrets.is_operator_key(cred) {
+        return Ok(Identity {
+            subject: "operator".into(),
+            namespace: None,
+            grants: Vec::new(),
+            operator: true,
+            kind: "operator",
+            custom: serde_json::Value::Null,
+            jti: None,
+            exp: None,
+            iat: None,
+        });
+    }
+    if cred.starts_with("mg_") {
+        let r = identity::lookup_key(&node.store, &node.secrets.server_secret, cred, now()).await?;
+        return Ok(Identity {
+            subject: format!("key:{}", r.id),
+            namespace: Some(r.namespace.clone()),
+            grants: r.parsed_grants(),
+            operator: false,
+            kind: "api_key",
+            custom: serde_json::Value::Null,
+            jti: None,
+            exp: None,
+            iat: None,
+        });
+    }
+    if cred.starts_with("mgop_") {
+        return Err(ApiError::unauthorized(
+            "INVALID_OPERATOR_KEY",
+            "the operator key is wrong",
+        ));
+    }
+    let iss = &node.config.server.public_url;
+    let c = node.jwt.verify(cred, now(), iss, iss)?;
+    Ok(Identity {
+        subject: c.sub.clone(),
+        namespace: Some(c.namespace.clone()),
+        grants: c.grants.iter().filter_map(|g| g.parse().ok()).collect(),
+        operator: false,
+        kind: "jwt",
+        custom: c.custom.clone(),
+        jti: Some(c.jti.clone()),
+        exp: Some(c.exp),
+        iat: Some(c.iat),
+    })
+}
+
+/// Signs an access token and opens a refresh family; the token-pair answer.
+async fn token_pair(
+    node: &Node,
+    ns: &str,
+    subject: &str,
+    grants: Vec<String>,
+) -> ApiResult<HttpResponse> {
+    let t = now();
+    let iss = &node.config.server.public_url;
+    let mut claims = Claims::new(iss, iss, subject, ns, grants.clone(), t)?;
+    let ttl = node.config.auth.access_token_seconds;
+    claims.exp = t + ttl;
+    let access = node.jwt.sign(&claims);
+    let refresh = identity::issue_refresh(
+        &node.store,
+        &node.secrets.server_secret,
+        ns,
+        subject,
+        grants,
+        t,
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "access_token": access, "token_type": "Bearer", "expires_in": ttl, "refresh_token": refresh,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRequest {
+    api_key: String,
+}
+
+async fn token(node: web::Data<Node>, body: web::Json<TokenRequest>) -> ApiResult<HttpResponse> {
+    let r = identity::lookup_key(
+        &node.store,
+        &node.secrets.server_secret,
+        body.api_key.trim(),
+        now(),
+    )
+    .await?;
+    token_pair(&node, &r.namespace, &format!("key:{}", r.id), r.grants).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefreshRequest {
+    refresh_token: String,
+}
+
+async fn refresh(
+    node: web::Data<Node>,
+    body: web::Json<RefreshRequest>,
+) -> ApiResult<HttpResponse> {
+    let t = now();
+    let (record, new_refresh) = identity::rotate_refresh(
+        &node.store,
+        &node.secrets.server_secret,
+        &body.refresh_token,
+        t,
+    )
+    .await?;
+    let iss = &node.config.server.public_url;
+    let mut claims = Claims::new(
+        iss,
+        iss,
+        &record.subject,
+        &record.namespace,
+        record.grants.clone(),
+        t,
+    )?;
+    claims.exp = t + node.config.auth.access_token_seconds;
+    Ok(HttpResponse::Ok().json(json!({
+        "access_token": node.jwt.sign(&claims), "token_type": "Bearer",
+        "expires_in": node.config.auth.access_token_seconds, "refresh_token": new_refresh,
+    })))
+}
+
+async fn logout(node: web::Data<Node>, body: web::Json<RefreshRequest>) -> ApiResult<HttpResponse> {
+    identity::logout(
+        &node.store,
+        &node.secrets.server_secret,
+        &body.refresh_token,
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true})))
+}
+
+async fn whoami(ctx: NsCtx) -> ApiResult<HttpResponse> {
+    let id = ctx
+        .identity
+        .ok_or_else(|| ApiError::unauthorized("MISSING_CREDENTIAL", "no credential"))?;
+    Ok(HttpResponse::Ok().json(json!({
+        "subject": id.subject, "namespace": ctx.name, "kind": id.kind, "operator": id.operator,
+        "grants": id.grants.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
+        "custom": id.custom, "exp": id.exp,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChallengeRequest {
+    wallet: String,
+    namespace: String,
+}
+
+async fn challenge(
+    node: web::Data<Node>,
+    limiters: web::Data<std::sync::Arc<crate::http::chain::Limiters>>,
+    body: web::Json<ChallengeRequest>,
+) -> ApiResult<HttpResponse> {
+    let wallet = auth::normalize_wallet(&body.wallet)?;
+    if let Err(after) = limiters.check_wallet(&wallet) {
+        node.metrics
+            .rate_limited
+            .with_label_values(&["wallet"])
+            .inc();
+        return Err(ApiError::rate_limited("WALLET_RATE_LIMITED", after));
+    }
+    if node
+        .store
+        .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(&body.namespace))
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::not_found(
+            "NAMESPACE_NOT_FOUND",
+            "namespace not found",
+        ));
+    }
+    let message = identity::open_challenge(&node.store, &wallet, &body.namespace, now()).await?;
+    Ok(HttpResponse::Ok().json(json!({"message": message, "expires_in": auth::NONCE_TTL})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyRequest {
+    message: String,
+    signature: String,
+}
+
+/// Wallet sign-ins get the `runtime` role's grants in the challenge's namespace.
+async fn verify(node: web::Data<Node>, body: web::Json<VerifyRequest>) -> ApiResult<HttpResponse> {
+    let ch = identity::verify_challenge(&node.store, &body.message, &body.signature, now()).await?;
+    let grants = Role::Runtime
+        .grant_strs()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    token_pair(
+        &node,
+        &ch.namespace,
+        &format!("wallet:{}", ch.wallet),
+        grants,
+    )
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateKeyRequest {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    grants: Vec<String>,
+    #[serde(default)]
+    expires_in_days: Option<u64>,
+    /// `sk` (default) or `rk`.
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+async fn create_key(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    body: web::Json<CreateKeyRequest>,
+) -> ApiResult<HttpResponse> {
+    let caller = ctx
+        .identity
+        .clone()
+        .ok_or_else(|| ApiError::unauthorized("MISSING_CREDENTIAL", "no credential"))?;
+    let role = body.role.as_deref().map(str::parse::<Role>).transpose()?;
+    let grants: Vec<Grant> = auth::parse_grants(&body.grants)?;
+    if role.is_none() && grants.is_empty() {
+        return Err(ApiError::bad_request(
+            "BAD_REQUEST",
+            "give a role or at least one grant",
+        ));
+    }
+    let mut requested = role.map(|r| r.grants()).unwrap_or_default();
+    requested.extend(grants.iter().cloned());
+    if !caller.operator && !auth::grants_cover(&caller.grants, &requested) {
+        return Err(ApiError::forbidden(
+            "GRANT_ESCALATION",
+            "a key cannot be given grants its creator lacks",
+        ));
+    }
+    let kind = match body.kind.as_deref() {
+        None | Some("sk") => KeyKind::Secret,
+        Some("rk") => KeyKind::Runtime,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "BAD_REQUEST",
+                format!("kind {other:?} is not sk or rk"),
+            ));
+        }
+    };
+    let (key, record) = identity::create_key(
+        &node.store,
+        &node.secrets.server_secret,
+        NewKey {
+            namespace: &ctx.name,
+            name: &body.name,
+            kind,
+            role,
+            grants,
+            expires_in_days: body
+                .expires_in_days
+                .unwrap_or(node.config.auth.api_key_default_days as u64),
+        },
+        now(),
+    )
+    .await?;
+    Ok(HttpResponse::Created().json(json!({"key": key, "api_key": key, "record": record})))
+}
+
+async fn list_keys(node: web::Data<Node>, ctx: NsCtx) -> ApiResult<HttpResponse> {
+    let keys = identity::list_keys(&node.store, &ctx.name).await?;
+    Ok(HttpResponse::Ok().json(json!({"keys": keys})))
+}
+
+async fn revoke_key(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    identity::revoke_key(&node.store, &ctx.name, &id).await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "revoked": id.into_inner()})))
+}

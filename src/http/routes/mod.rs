@@ -1,0 +1,100 @@
+//! Route handlers, one file per capability, and the shared extractors.
+
+mod auth;
+mod kv;
+mod namespaces;
+mod system;
+
+pub use auth::authenticate;
+
+use super::chain::{Identity, Target};
+use super::error::ApiError;
+use super::policy::RouteTable;
+use crate::actors::{NsHandle, locate};
+use crate::node::Node;
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
+use std::future::Future;
+use std::pin::Pin;
+
+/// Registers every capability's routes with their policies.
+pub fn register(t: &mut RouteTable) {
+    system::register(t);
+    namespaces::register(t);
+    auth::register(t);
+    kv::register(t);
+}
+
+/// Namespace names: 1–63 of `a-z`, `0-9`, `-`, starting with a letter or digit.
+pub fn valid_namespace_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+}
+
+/// Unix seconds now.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// The target namespace of an `ns` route, its running supervisor and the caller.
+pub struct NsCtx {
+    pub name: String,
+    pub handle: NsHandle,
+    pub identity: Option<Identity>,
+}
+
+impl NsCtx {
+    /// Checks the caller's grant on one resource (the scope gate checked the domain and action).
+    pub fn require(&self, domain: &str, action: &str, resource: &str) -> Result<(), ApiError> {
+        match &self.identity {
+            Some(i) if i.allows(domain, action, resource) => Ok(()),
+            Some(_) => Err(ApiError::forbidden(
+                "MISSING_GRANT",
+                format!("the credential lacks {domain}:{action}:{resource}"),
+            )),
+            None => Err(ApiError::unauthorized(
+                "MISSING_CREDENTIAL",
+                "this route needs a credential",
+            )),
+        }
+    }
+}
+
+impl FromRequest for NsCtx {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<NsCtx, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let node = req
+            .app_data::<web::Data<Node>>()
+            .expect("node")
+            .get_ref()
+            .clone();
+        let target = req.extensions().get::<Target>().map(|t| t.0.clone());
+        let identity = req.extensions().get::<Identity>().cloned();
+        Box::pin(async move {
+            let name = target.ok_or_else(|| {
+                ApiError::bad_request("NAMESPACE_REQUIRED", "no target namespace")
+            })?;
+            let handle = locate(
+                &node.supervisor,
+                &node.supervisor_stats,
+                &node.namespaces,
+                &name,
+            )
+            .await?;
+            Ok(NsCtx {
+                name,
+                handle,
+                identity,
+            })
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! `/v1/namespaces`: created, listed, shown and deleted by the operator.
+
+use super::{now, valid_namespace_name};
+use crate::actors::{Forget, GetInfo, InjectPanic, NamespaceRecord, locate, ns_key};
+use crate::auth::{KeyKind, Role};
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::policy::{Policy, RouteTable};
+use crate::identity::{self, NewKey};
+use crate::node::Node;
+use crate::storage::{BatchOp, OrderedKv};
+use actix_web::http::Method;
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+
+pub fn register(t: &mut RouteTable) {
+    t.add(
+        Method::POST,
+        "/v1/namespaces",
+        Policy::Operator,
+        web::post().to(create),
+    )
+    .add(
+        Method::GET,
+        "/v1/namespaces",
+        Policy::Operator,
+        web::get().to(list),
+    )
+    .add(
+        Method::GET,
+        "/v1/namespaces/{name}",
+        Policy::Operator,
+        web::get().to(show),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/namespaces/{name}",
+        Policy::Operator,
+        web::delete().to(delete),
+    )
+    .add(
+        Method::POST,
+        "/v1/namespaces/{name}/debug/panic",
+        Policy::Operator,
+        web::post().to(panic),
+    );
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRequest {
+    name: String,
+    #[serde(default)]
+    members: Vec<String>,
+    #[serde(default)]
+    rate_per_minute: Option<u32>,
+    #[serde(default)]
+    rate_burst: Option<u32>,
+}
+
+/// Creates a namespace and its first owner API key (shown once).
+async fn create(node: web::Data<Node>, body: web::Json<CreateRequest>) -> ApiResult<HttpResponse> {
+    let body = body.into_inner();
+    if !valid_namespace_name(&body.name) {
+        return Err(ApiError::bad_request(
+            "INVALID_NAMESPACE_NAME",
+            "a namespace name is 1-63 of a-z, 0-9 and '-', not starting with '-'",
+        ));
+    }
+    if body.rate_per_minute == Some(0) || body.rate_burst == Some(0) {
+        return Err(ApiError::bad_request(
+            "BAD_REQUEST",
+            "rate limits must be > 0",
+        ));
+    }
+    let t = now();
+    let record = NamespaceRecord {
+        name: body.name.clone(),
+        created_at: t,
+        members: body.members,
+        rate_per_minute: body.rate_per_minute,
+        rate_burst: body.rate_burst,
+        claims_provider: None,
+    };
+    let (key, key_record, mut ops) = identity::prepare_key(
+        &node.secrets.server_secret,
+        NewKey {
+            namespace: &body.name,
+            name: "owner",
+            kind: KeyKind::Secret,
+            role: Some(Role::Owner),
+            grants: Vec::new(),
+            expires_in_days: node.config.auth.api_key_default_days as u64,
+        },
+        t,
+    )?;
+    // Claim the name first (compare-and-swap), then write the key.
+    let rec_bytes = serde_json::to_vec(&record).expect("json");
+    if !node
+        .store
+        .compare_and_swap(&ns_key(&body.name), None, Some(&rec_bytes), None)
+        .await?
+    {
+        return Err(ApiError::conflict(
+            "NAMESPACE_EXISTS",
+            format!("namespace {:?} already exists", body.name),
+        ));
+    }
+    if let Err(e) = node.store.apply_batch(std::mem::take(&mut ops)).await {
+        let _ = node.store.delete(&ns_key(&body.name)).await;
+        return Err(e.into());
+    }
+    tracing::info!(namespace = %body.name, "Namespace created.");
+    Ok(HttpResponse::Created().json(json!({
+        "namespace": record, "api_key": key, "key_id": key_record.id,
+    })))
+}
+
+async fn list(node: web::Data<Node>) -> ApiResult<HttpResponse> {
+    let rows = node.store.scan_all(b"ns/").await?;
+    let list: Vec<NamespaceRecord> = rows
+        .iter()
+        .filter_map(|(_, v)| serde_json::from_slice(v).ok())
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"namespaces": list})))
+}
+
+async fn show(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
+    let h = locate(
+        &node.supervisor,
+        &node.supervisor_stats,
+        &node.namespaces,
+        &name,
+    )
+    .await?;
+    let info = h.ask(GetInfo).await??;
+    Ok(HttpResponse::Ok().json(info))
+}
+
+/// Store prefixes holding a namespace's data; all removed together on delete.
+pub fn namespace_prefixes(ns: &str) -> Vec<String> {
+    ["kv", "fn", "fnver", "log", "secret", "dep", "nskeys"]
+        .iter()
+        .map(|p| format!("{p}/{ns}/"))
+        .collect()
+}
+
+/// Deletes a namespace whole, in one atomic batch, and stops its supervisor.
+async fn delete(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
+    let name = name.into_inner();
+    if node.store.get(&ns_key(&name)).await?.is_none() {
+        return Err(ApiError::not_found(
+            "NAMESPACE_NOT_FOUND",
+            "namespace not found",
+        ));
+    }
+    let mut ops = vec![BatchOp::Delete(ns_key(&name))];
+    for k in identity::namespace_identity_keys(&node.store, &name).await? {
+        ops.push(BatchOp::Delete(k));
+    }
+    for p in namespace_prefixes(&name) {
+        for (k, _) in node.store.scan_all(p.as_bytes()).await? {
+            ops.push(BatchOp::Delete(k));
+        }
+    }
+    node.store.apply_batch(ops).await?;
+    node.supervisor.do_send(Forget { name: name.clone() });
+    tracing::info!(namespace = %name, "Namespace deleted.");
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name})))
+}
+
+/// Fault injection (`[debug] fault_injection`): makes the namespace's supervisor
+/// panic so supervision can be observed. 404 when switched off.
+async fn panic(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
+    if !node.config.debug.fault_injection {
+        return Err(ApiError::not_found("NOT_FOUND", "no such route"));
+    }
+    let h = locate(
+        &node.supervisor,
+        &node.supervisor_stats,
+        &node.namespaces,
+        &name,
+    )
+    .await?;
+    let r = h.ask(InjectPanic).await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "panicked": r.is_err()})))
+}

@@ -1,0 +1,99 @@
+//! `/v1/health`, `/v1/status`, `/v1/version`, the JWKS, and the debug sleep route.
+
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::policy::{Policy, RouteTable};
+use crate::node::Node;
+use actix_web::http::Method;
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+
+pub fn register(t: &mut RouteTable) {
+    t.add(
+        Method::GET,
+        "/v1/health",
+        Policy::Public,
+        web::get().to(health),
+    )
+    .add(
+        Method::GET,
+        "/v1/status",
+        Policy::Public,
+        web::get().to(status),
+    )
+    .add(
+        Method::GET,
+        "/v1/version",
+        Policy::Public,
+        web::get().to(version),
+    )
+    .add(
+        Method::GET,
+        "/v1/auth/jwks",
+        Policy::Public,
+        web::get().to(jwks),
+    )
+    .add(
+        Method::GET,
+        "/.well-known/jwks.json",
+        Policy::Public,
+        web::get().to(jwks),
+    )
+    .add(
+        Method::GET,
+        "/v1/debug/sleep",
+        Policy::Public,
+        web::get().to(sleep),
+    );
+}
+
+async fn health(node: web::Data<Node>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({"ok": true, "status": "healthy", "phase": format!("{:?}", node.phase()).to_lowercase()}))
+}
+
+async fn version() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"name": "meshgate", "version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// Node status: uptime, namespaces running here, actors and their restarts.
+async fn status(node: web::Data<Node>) -> HttpResponse {
+    let actors: Vec<_> = node
+        .directory
+        .snapshot()
+        .iter()
+        .map(|a| {
+            json!({"id": a.id, "kind": a.kind, "namespace": a.namespace, "mailbox_depth": a.depth(),
+                   "handled": a.handled(), "restarts": a.restarts()})
+        })
+        .collect();
+    HttpResponse::Ok().json(json!({
+        "ok": true,
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": node.metrics.started.elapsed().as_secs(),
+        "namespaces_running": node.namespaces.len(),
+        "actors": actors,
+        "breakers": [],
+    }))
+}
+
+async fn jwks(node: web::Data<Node>) -> HttpResponse {
+    HttpResponse::Ok()
+        .insert_header(("cache-control", "public, max-age=300"))
+        .json(node.jwt.jwks())
+}
+
+#[derive(Deserialize)]
+struct SleepQuery {
+    ms: u64,
+}
+
+/// Holds the request `ms` milliseconds (at most `[debug] max_sleep_ms`; 404 when 0):
+/// lets tests watch a drain wait for an in-flight request.
+async fn sleep(node: web::Data<Node>, q: web::Query<SleepQuery>) -> ApiResult<HttpResponse> {
+    let max = node.config.debug.max_sleep_ms;
+    if max == 0 {
+        return Err(ApiError::not_found("NOT_FOUND", "no such route"));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(q.ms.min(max))).await;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "slept_ms": q.ms.min(max)})))
+}

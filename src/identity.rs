@@ -1,0 +1,391 @@
+//! Store-backed identity: API key records, refresh token families and wallet
+//! nonces (DESIGN.md §3, §8). The pure formats and checks live in [`crate::auth`].
+
+use crate::auth::{self, AuthError, Grant, KeyKind, RefreshDecision, RefreshRecord, Role};
+use crate::storage::{BatchOp, OrderedKv, Store, StoreError};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What identity operations can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    BadInput(String),
+    #[error("not found")]
+    NotFound,
+    #[error("too many open challenges for this wallet")]
+    TooManyChallenges,
+    #[error("the API key was revoked")]
+    KeyRevoked,
+    #[error("the API key expired")]
+    KeyExpired,
+}
+
+pub type IdResult<T> = Result<T, IdentityError>;
+
+/// A stored API key (`keys/<hex hmac>`); the key itself is never stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiKeyRecord {
+    pub id: String,
+    pub namespace: String,
+    pub name: String,
+    /// `sk` (control plane) or `rk` (data plane).
+    pub kind: String,
+    pub role: Option<String>,
+    pub grants: Vec<String>,
+    pub created_at: u64,
+    pub expires_at: u64,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+impl ApiKeyRecord {
+    pub fn parsed_grants(&self) -> Vec<Grant> {
+        self.grants.iter().filter_map(|g| g.parse().ok()).collect()
+    }
+}
+
+fn key_record_key(hash_hex: &str) -> Vec<u8> {
+    format!("keys/{hash_hex}").into_bytes()
+}
+
+/// Index of a namespace's keys: `nskeys/<ns>/<id>` → hash hex.
+fn ns_key_index(ns: &str, id: &str) -> Vec<u8> {
+    format!("nskeys/{ns}/{id}").into_bytes()
+}
+
+/// What a new key is for.
+pub struct NewKey<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub kind: KeyKind,
+    pub role: Option<Role>,
+    pub grants: Vec<Grant>,
+    pub expires_in_days: u64,
+}
+
+/// The writes that store a new key, and the key (shown once) with its record.
+pub fn prepare_key(
+    secret: &[u8],
+    new: NewKey<'_>,
+    now: u64,
+) -> IdResult<(String, ApiKeyRecord, Vec<BatchOp>)> {
+    if new.expires_in_days == 0 || new.expires_in_days > auth::API_KEY_MAX_TTL_DAYS {
+        return Err(IdentityError::BadInput(format!(
+            "expires_in_days must be 1..={}",
+            auth::API_KEY_MAX_TTL_DAYS
+        )));
+    }
+    if new.name.len() > 128 {
+        return Err(IdentityError::BadInput(
+            "name is at most 128 characters".into(),
+        ));
+    }
+    let key = auth::generate_api_key(new.kind)?;
+    let hash = auth::hash_api_key(secret, &key);
+    let id = auth::key_id(&hash);
+    let mut grants: Vec<String> = new
+        .role
+        .map(|r| r.grant_strs().iter().map(|s| s.to_string()).collect())
+        .unwrap_or_default();
+    grants.extend(new.grants.iter().map(|g| g.to_string()));
+    let record = ApiKeyRecord {
+        id: id.clone(),
+        namespace: new.namespace.to_string(),
+        name: new.name.to_string(),
+        kind: new.kind.tag().to_string(),
+        role: new.role.map(|r| r.as_str().to_string()),
+        grants,
+        created_at: now,
+        expires_at: now + new.expires_in_days * 86_400,
+        revoked: false,
+    };
+    let hash_hex = hex::encode(hash);
+    let ops = vec![
+        BatchOp::Put(
+            key_record_key(&hash_hex),
+            serde_json::to_vec(&record).expect("json"),
+        ),
+        BatchOp::Put(ns_key_index(new.namespace, &id), hash_hex.into_bytes()),
+    ];
+    Ok((key, record, ops))
+}
+
+/// Creates and stores a key; returns it (shown once) and its record.
+pub async fn create_key(
+    store: &Store,
+    secret: &[u8],
+    new: NewKey<'_>,
+    now: u64,
+) -> IdResult<(String, ApiKeyRecord)> {
+    let (key, record, ops) = prepare_key(secret, new, now)?;
+    store.apply_batch(ops).await?;
+    Ok((key, record))
+}
+
+/// Checks an API key: format and checksum first (no lookup for a mistyped key),
+/// then the stored record: present, not revoked, not expired.
+pub async fn lookup_key(
+    store: &Store,
+    secret: &[u8],
+    key: &str,
+    now: u64,
+) -> IdResult<ApiKeyRecord> {
+    auth::parse_api_key(key)?;
+    let hash = hex::encode(auth::hash_api_key(secret, key));
+    let record: ApiKeyRecord = store
+        .get_json(&key_record_key(&hash))
+        .await?
+        .ok_or(IdentityError::Auth(AuthError::InvalidApiKey))?;
+    if record.revoked {
+        return Err(IdentityError::KeyRevoked);
+    }
+    if record.expires_at <= now {
+        return Err(IdentityError::KeyExpired);
+    }
+    Ok(record)
+}
+
+/// A namespace's keys (never the secrets).
+pub async fn list_keys(store: &Store, ns: &str) -> IdResult<Vec<ApiKeyRecord>> {
+    let mut out = Vec::new();
+    for (_, hash) in store.scan_all(format!("nskeys/{ns}/").as_bytes()).await? {
+        let hash = String::from_utf8_lossy(&hash).into_owned();
+        if let Some(r) = store
+            .get_json::<ApiKeyRecord>(&key_record_key(&hash))
+            .await?
+        {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Revokes a key of a namespace by id; effective on the next request.
+pub async fn revoke_key(store: &Store, ns: &str, id: &str) -> IdResult<()> {
+    let hash = store
+        .get(&ns_key_index(ns, id))
+        .await?
+        .ok_or(IdentityError::NotFound)?;
+    let hash = String::from_utf8_lossy(&hash).into_owned();
+    let k = key_record_key(&hash);
+    let mut record: ApiKeyRecord = store.get_json(&k).await?.ok_or(IdentityError::NotFound)?;
+    record.revoked = true;
+    store.put_json(&k, &record).await?;
+    Ok(())
+}
+
+/// Every store key a namespace's identity data occupies (for namespace deletion).
+pub async fn namespace_identity_keys(store: &Store, ns: &str) -> IdResult<Vec<Vec<u8>>> {
+    let mut keys = Vec::new();
+    for (idx, hash) in store.scan_all(format!("nskeys/{ns}/").as_bytes()).await? {
+        keys.push(key_record_key(&String::from_utf8_lossy(&hash)));
+        keys.push(idx);
+    }
+    Ok(keys)
+}
+
+fn refresh_key(hash_hex: &str) -> Vec<u8> {
+    format!("rt/{hash_hex}").into_bytes()
+}
+
+fn family_key(family: &str, hash_hex: &str) -> Vec<u8> {
+    format!("rtfam/{family}/{hash_hex}").into_bytes()
+}
+
+/// Issues the first refresh token of a new family.
+pub async fn issue_refresh(
+    store: &Store,
+    secret: &[u8],
+    ns: &str,
+    subject: &str,
+    grants: Vec<String>,
+    now: u64,
+) -> IdResult<String> {
+    let record = RefreshRecord::new_family(ns, subject, grants, now)?;
+    store_refresh(store, secret, &record).await
+}
+
+async fn store_refresh(store: &Store, secret: &[u8], record: &RefreshRecord) -> IdResult<String> {
+    let token = auth::new_refresh_token()?;
+    let hash = hex::encode(auth::hash_refresh_token(secret, &token));
+    let ttl = Duration::from_secs(record.expires_at.saturating_sub(record.issued_at).max(1));
+    store
+        .put_ttl(
+            &refresh_key(&hash),
+            &serde_json::to_vec(record).expect("json"),
+            ttl,
+        )
+        .await?;
+    store
+        .put_ttl(&family_key(&record.family, &hash), b"", ttl)
+        .await?;
+    Ok(token)
+}
+
+/// Revokes every token of a family.
+async fn revoke_family(store: &Store, family: &str) -> IdResult<()> {
+    for (k, _) in store
+        .scan_all(format!("rtfam/{family}/").as_bytes())
+        .await?
+    {
+        let hash = String::from_utf8_lossy(&k[format!("rtfam/{family}/").len()..]).into_owned();
+        let rk = refresh_key(&hash);
+        if let Some(mut r) = store.get_json::<RefreshRecord>(&rk).await? {
+            r.revoked = true;
+            store.put_json(&rk, &r).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Rotates a refresh token: returns the record it speaks for and its successor.
+/// A reuse after the grace window revokes the whole family. The rotation is a
+/// compare-and-swap on the record, so two racing uses cannot both rotate.
+pub async fn rotate_refresh(
+    store: &Store,
+    secret: &[u8],
+    token: &str,
+    now: u64,
+) -> IdResult<(RefreshRecord, String)> {
+    if !auth::is_refresh_token_shaped(token) {
+        return Err(AuthError::InvalidRefreshToken.into());
+    }
+    let hash = hex::encode(auth::hash_refresh_token(secret, token));
+    let key = refresh_key(&hash);
+    loop {
+        let raw = store
+            .get(&key)
+            .await?
+            .ok_or(IdentityError::Auth(AuthError::InvalidRefreshToken))?;
+        let record: RefreshRecord = serde_json::from_slice(&raw)
+            .map_err(|_| StoreError::Corrupt("refresh record".into()))?;
+        let decision = auth::decide_refresh(&record, now);
+        match decision {
+            RefreshDecision::Rotate | RefreshDecision::GraceReuse => {
+                let successor = record.successor(now);
+                let mut updated = record.clone();
+                if decision == RefreshDecision::GraceReuse {
+                    updated.grace_used = true;
+                    // The successor the client never saw is withdrawn.
+                    if let Some(prev) = &record.successor_hash {
+                        let pk = refresh_key(prev);
+                        if let Some(mut p) = store.get_json::<RefreshRecord>(&pk).await? {
+                            p.revoked = true;
+                            store.put_json(&pk, &p).await?;
+                        }
+                    }
+                }
+                let new_token = auth::new_refresh_token()?;
+                let new_hash = hex::encode(auth::hash_refresh_token(secret, &new_token));
+                updated.mark_rotated(&new_hash, now);
+                let ttl = Duration::from_secs(record.expires_at.saturating_sub(now).max(1));
+                let swapped = store
+                    .compare_and_swap(
+                        &key,
+                        Some(&raw),
+                        Some(&serde_json::to_vec(&updated).expect("json")),
+                        Some(ttl),
+                    )
+                    .await?;
+                if !swapped {
+                    continue;
+                }
+                let sttl = Duration::from_secs(successor.expires_at.saturating_sub(now).max(1));
+                store
+                    .put_ttl(
+                        &refresh_key(&new_hash),
+                        &serde_json::to_vec(&successor).expect("json"),
+                        sttl,
+                    )
+                    .await?;
+                store
+                    .put_ttl(&family_key(&successor.family, &new_hash), b"", sttl)
+                    .await?;
+                return Ok((successor, new_token));
+            }
+            RefreshDecision::ReuseDetected => {
+                revoke_family(store, &record.family).await?;
+                return Err(AuthError::RefreshTokenReused.into());
+            }
+            RefreshDecision::Expired | RefreshDecision::Revoked => {
+                return Err(decision
+                    .error()
+                    .unwrap_or(AuthError::InvalidRefreshToken)
+                    .into());
+            }
+        }
+    }
+}
+
+/// Logout: revokes the family of a refresh token.
+pub async fn logout(store: &Store, secret: &[u8], token: &str) -> IdResult<()> {
+    if !auth::is_refresh_token_shaped(token) {
+        return Err(AuthError::InvalidRefreshToken.into());
+    }
+    let hash = hex::encode(auth::hash_refresh_token(secret, token));
+    let record: RefreshRecord = store
+        .get_json(&refresh_key(&hash))
+        .await?
+        .ok_or(IdentityError::Auth(AuthError::InvalidRefreshToken))?;
+    revoke_family(store, &record.family).await
+}
+
+fn nonce_key(wallet: &str, nonce: &str) -> Vec<u8> {
+    format!("nonce/{wallet}/{nonce}").into_bytes()
+}
+
+/// Opens a wallet challenge: at most [`auth::MAX_OPEN_NONCES`] open per wallet.
+pub async fn open_challenge(store: &Store, wallet: &str, ns: &str, now: u64) -> IdResult<String> {
+    let wallet = auth::normalize_wallet(wallet)?;
+    let open = store
+        .scan_prefix(
+            format!("nonce/{wallet}/").as_bytes(),
+            auth::MAX_OPEN_NONCES + 1,
+        )
+        .await?;
+    if open.len() >= auth::MAX_OPEN_NONCES {
+        return Err(IdentityError::TooManyChallenges);
+    }
+    let nonce = auth::new_nonce()?;
+    let message = auth::challenge_message(&wallet, ns, &nonce, now, now + auth::NONCE_TTL);
+    store
+        .put_ttl(
+            &nonce_key(&wallet, &nonce),
+            ns.as_bytes(),
+            Duration::from_secs(auth::NONCE_TTL),
+        )
+        .await?;
+    Ok(message)
+}
+
+/// Verifies a signed challenge and spends its nonce by compare-and-swap, so a
+/// signature logs in once. Returns the challenge.
+pub async fn verify_challenge(
+    store: &Store,
+    message: &str,
+    signature: &str,
+    now: u64,
+) -> IdResult<auth::Challenge> {
+    let ch = auth::parse_challenge(message)?;
+    if ch.is_expired(now) {
+        return Err(AuthError::ChallengeExpired.into());
+    }
+    auth::verify_wallet_signature(&ch.wallet, message.as_bytes(), signature)?;
+    let spent = store
+        .compare_and_swap(
+            &nonce_key(&ch.wallet, &ch.nonce),
+            Some(ch.namespace.as_bytes()),
+            None,
+            None,
+        )
+        .await?;
+    if !spent {
+        return Err(AuthError::NonceSpent.into());
+    }
+    Ok(ch)
+}

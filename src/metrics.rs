@@ -1,0 +1,284 @@
+//! Every metric the node exports, defined in one place (`/metrics`, and read by
+//! the dashboard: one source of truth). Namespace labels are capped at
+//! [`MAX_NAMESPACE_LABELS`]; later namespaces share the label `_other`.
+
+use parking_lot::Mutex;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Namespaces that get their own label value; the rest are `_other`.
+pub const MAX_NAMESPACE_LABELS: usize = 200;
+
+/// The node's metrics. Cheap to clone.
+#[derive(Clone)]
+pub struct Metrics(Arc<Inner>);
+
+pub struct Inner {
+    pub registry: Registry,
+    labelled: Mutex<HashSet<String>>,
+    pub started: std::time::Instant,
+    // Actors.
+    pub actor_mailbox_depth: IntGaugeVec,
+    pub actor_handled: IntCounterVec,
+    pub actor_handling_seconds: HistogramVec,
+    pub actor_restarts: IntCounterVec,
+    pub actor_overloaded: IntCounterVec,
+    // HTTP.
+    pub http_requests: IntCounterVec,
+    pub http_duration_seconds: HistogramVec,
+    pub http_in_flight: IntGauge,
+    pub rate_limited: IntCounterVec,
+    // Namespaces.
+    pub publishes: IntCounterVec,
+    pub invocations: IntCounterVec,
+    pub invocation_errors: IntCounterVec,
+    pub ws_connections: IntGauge,
+    pub ws_subscribers: IntGaugeVec,
+    pub pubsub_delivered: IntCounter,
+    pub pubsub_dropped: IntCounterVec,
+    pub slow_consumers_closed: IntCounter,
+    pub invocation_records_dropped: IntCounter,
+    pub wasm_pool_busy: IntGauge,
+    pub wasm_pool_queued: IntGauge,
+    pub wasm_pool_workers: IntGauge,
+    pub breaker_state: IntGaugeVec,
+}
+
+const ACTOR_LABELS: &[&str] = &["kind", "namespace"];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m;
+                registry
+                    .register(Box::new(m.clone()))
+                    .expect("metric registered once");
+                m
+            }};
+        }
+        let latency = vec![
+            0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5,
+            1.0, 5.0,
+        ];
+        let inner = Inner {
+            labelled: Mutex::new(HashSet::new()),
+            started: std::time::Instant::now(),
+            actor_mailbox_depth: reg!(
+                IntGaugeVec::new(
+                    Opts::new(
+                        "meshgate_actor_mailbox_depth",
+                        "Messages waiting in actor mailboxes"
+                    ),
+                    ACTOR_LABELS
+                )
+                .unwrap()
+            ),
+            actor_handled: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_actor_messages_handled_total",
+                        "Messages handled by actors"
+                    ),
+                    ACTOR_LABELS
+                )
+                .unwrap()
+            ),
+            actor_handling_seconds: reg!(
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "meshgate_actor_handling_seconds",
+                        "Time an actor spends handling one message"
+                    )
+                    .buckets(latency.clone()),
+                    ACTOR_LABELS
+                )
+                .unwrap()
+            ),
+            actor_restarts: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_actor_restarts_total",
+                        "Actor restarts after a panic"
+                    ),
+                    ACTOR_LABELS
+                )
+                .unwrap()
+            ),
+            actor_overloaded: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_actor_overloaded_total",
+                        "Messages refused because a mailbox was full"
+                    ),
+                    ACTOR_LABELS
+                )
+                .unwrap()
+            ),
+            http_requests: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_http_requests_total",
+                        "HTTP requests by status class"
+                    ),
+                    &["class"]
+                )
+                .unwrap()
+            ),
+            http_duration_seconds: reg!(
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "meshgate_http_request_duration_seconds",
+                        "HTTP request duration"
+                    )
+                    .buckets(latency),
+                    &["class"]
+                )
+                .unwrap()
+            ),
+            http_in_flight: reg!(
+                IntGauge::new("meshgate_http_in_flight", "HTTP requests in flight").unwrap()
+            ),
+            rate_limited: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_rate_limited_total",
+                        "Requests refused by a rate limit"
+                    ),
+                    &["bucket"]
+                )
+                .unwrap()
+            ),
+            publishes: reg!(
+                IntCounterVec::new(
+                    Opts::new("meshgate_pubsub_published_total", "Messages published"),
+                    &["namespace"]
+                )
+                .unwrap()
+            ),
+            invocations: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_function_invocations_total",
+                        "Function invocations"
+                    ),
+                    &["namespace"]
+                )
+                .unwrap()
+            ),
+            invocation_errors: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_function_errors_total",
+                        "Function invocations that failed"
+                    ),
+                    &["namespace"]
+                )
+                .unwrap()
+            ),
+            ws_connections: reg!(
+                IntGauge::new("meshgate_ws_connections", "Open WebSocket connections").unwrap()
+            ),
+            ws_subscribers: reg!(
+                IntGaugeVec::new(
+                    Opts::new("meshgate_ws_subscribers", "Live topic subscriptions"),
+                    &["namespace"]
+                )
+                .unwrap()
+            ),
+            pubsub_delivered: reg!(
+                IntCounter::new(
+                    "meshgate_pubsub_delivered_total",
+                    "Frames handed to subscriber queues"
+                )
+                .unwrap()
+            ),
+            pubsub_dropped: reg!(
+                IntCounterVec::new(
+                    Opts::new("meshgate_pubsub_dropped_total", "Frames dropped"),
+                    &["reason"]
+                )
+                .unwrap()
+            ),
+            slow_consumers_closed: reg!(
+                IntCounter::new(
+                    "meshgate_ws_slow_consumers_closed_total",
+                    "Sockets closed with 4008"
+                )
+                .unwrap()
+            ),
+            invocation_records_dropped: reg!(
+                IntCounter::new(
+                    "meshgate_invocation_records_dropped_total",
+                    "Invocation records dropped because the log queue was full"
+                )
+                .unwrap()
+            ),
+            wasm_pool_busy: reg!(
+                IntGauge::new("meshgate_wasm_pool_busy", "WASM workers running a guest").unwrap()
+            ),
+            wasm_pool_queued: reg!(
+                IntGauge::new(
+                    "meshgate_wasm_pool_queued",
+                    "Invocations waiting for a worker"
+                )
+                .unwrap()
+            ),
+            wasm_pool_workers: reg!(
+                IntGauge::new("meshgate_wasm_pool_workers", "WASM worker threads").unwrap()
+            ),
+            breaker_state: reg!(
+                IntGaugeVec::new(
+                    Opts::new(
+                        "meshgate_breaker_state",
+                        "Breaker state per member (0 closed, 1 half-open, 2 open)"
+                    ),
+                    &["namespace", "member"]
+                )
+                .unwrap()
+            ),
+            registry,
+        };
+        Metrics(Arc::new(inner))
+    }
+
+    /// The label value for a namespace, capped so label cardinality stays bounded.
+    pub fn ns_label(&self, namespace: &str) -> String {
+        let mut set = self.0.labelled.lock();
+        if set.contains(namespace) {
+            return namespace.to_string();
+        }
+        if set.len() < MAX_NAMESPACE_LABELS {
+            set.insert(namespace.to_string());
+            return namespace.to_string();
+        }
+        "_other".to_string()
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.0.registry.gather(), &mut buf)
+            .expect("text encoding");
+        String::from_utf8(buf).expect("utf-8")
+    }
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}

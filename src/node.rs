@@ -1,0 +1,287 @@
+//! The node: what one `meshgate serve` process holds, its start-up and its drain.
+
+use crate::actors::{ActorDirectory, ActorStats, Namespaces, NodeSupervisor};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::storage::{Store, StoreError};
+use actix::Actor;
+use anyhow::Context as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+/// Where the node is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Listener bound, not yet accepting work (`/readyz` 503).
+    Starting = 0,
+    /// Accepting work.
+    Ready = 1,
+    /// Draining after SIGTERM/SIGINT: new work refused, in-flight work finishing.
+    Draining = 2,
+}
+
+/// Everything the node's handlers share. Holds no namespace state.
+pub struct NodeInner {
+    pub config: Config,
+    pub store: Store,
+    pub metrics: Metrics,
+    pub directory: ActorDirectory,
+    pub namespaces: Namespaces,
+    pub supervisor: actix::Addr<NodeSupervisor>,
+    pub supervisor_stats: Arc<ActorStats>,
+    pub secrets: Secrets,
+    /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
+    pub jwt: crate::auth::JwtKeys,
+    phase: AtomicU8,
+    /// Flips to true when the drain starts; sockets watch it to send close frames.
+    pub draining: tokio::sync::watch::Sender<bool>,
+}
+
+/// The node's handle, cloned into every handler.
+#[derive(Clone)]
+pub struct Node(pub Arc<NodeInner>);
+
+impl std::ops::Deref for Node {
+    type Target = NodeInner;
+    fn deref(&self) -> &NodeInner {
+        &self.0
+    }
+}
+
+impl Node {
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Starting,
+            1 => Phase::Ready,
+            _ => Phase::Draining,
+        }
+    }
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Release);
+        if p == Phase::Draining {
+            let _ = self.draining.send(true);
+        }
+    }
+}
+
+/// Node secrets kept in the data folder (mode 0600).
+pub struct Secrets {
+    /// Keys API keys and refresh tokens are HMAC'd with.
+    pub server_secret: Vec<u8>,
+    /// HMAC of the operator key (the key itself is never kept in memory).
+    pub operator_key_hash: [u8; 32],
+}
+
+impl Secrets {
+    /// Whether `candidate` is the operator key (constant time).
+    pub fn is_operator_key(&self, candidate: &str) -> bool {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.server_secret);
+        ring::hmac::verify(&key, candidate.as_bytes(), &self.operator_key_hash).is_ok()
+    }
+}
+
+/// HMAC-SHA256.
+pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    ring::hmac::sign(&k, data)
+        .as_ref()
+        .try_into()
+        .expect("32 bytes")
+}
+
+/// Random bytes from the OS CSPRNG.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; N];
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .expect("OS randomness");
+    b
+}
+
+/// Writes a file readable by the owner only.
+pub fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+fn load_secrets(data_dir: &Path, operator_env: Option<String>) -> anyhow::Result<Secrets> {
+    let secret_path = data_dir.join("server.secret");
+    let server_secret = match std::fs::read(&secret_path) {
+        Ok(b) if b.len() == 32 => b,
+        Ok(_) => anyhow::bail!("{} is damaged (expected 32 bytes)", secret_path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let b = random_bytes::<32>().to_vec();
+            write_private(&secret_path, &b)
+                .with_context(|| format!("cannot write {}", secret_path.display()))?;
+            b
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", secret_path.display())),
+    };
+    let key_path = data_dir.join("operator.key");
+    let operator_key = match operator_env.filter(|k| !k.is_empty()) {
+        Some(k) => k,
+        None => match std::fs::read_to_string(&key_path) {
+            Ok(k) => k.trim().to_string(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let k = format!("mgop_{}", hex::encode(random_bytes::<32>()));
+                write_private(&key_path, k.as_bytes())
+                    .with_context(|| format!("cannot write {}", key_path.display()))?;
+                // Printed once, on first start only.
+                eprintln!("operator key (also in {}): {k}", key_path.display());
+                k
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", key_path.display())),
+        },
+    };
+    let operator_key_hash = hmac(&server_secret, operator_key.as_bytes());
+    Ok(Secrets {
+        server_secret,
+        operator_key_hash,
+    })
+}
+
+/// A started node: its bound address and the server, until it is stopped.
+pub struct RunningNode {
+    pub addr: SocketAddr,
+    pub node: Node,
+    server: Option<actix_web::dev::Server>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+/// Opens the store, starts the actors, binds the listener. Must run inside an actix System.
+pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
+    let data_dir = config.server.data_dir.clone();
+    let store = Store::open_sled(&data_dir).map_err(|e| match e {
+        StoreError::Locked(_) => {
+            anyhow::anyhow!("{e}; stop the other node or pick another --data-dir")
+        }
+        other => anyhow::anyhow!(other),
+    })?;
+    let secrets = load_secrets(&data_dir, std::env::var("MESHGATE_OPERATOR_KEY").ok())?;
+    let jwt = crate::auth::JwtKeys::load_or_generate(&data_dir.join("jwt.key"))
+        .map_err(|e| anyhow::anyhow!("cannot load the JWT signing key: {e}"))?;
+    let metrics = Metrics::new();
+    let directory = ActorDirectory::default();
+    let namespaces = Namespaces::default();
+    let threads = if config.server.actor_threads == 0 {
+        num_cpus()
+    } else {
+        config.server.actor_threads
+    };
+    let sup = NodeSupervisor::new(
+        store.clone(),
+        metrics.clone(),
+        directory.clone(),
+        namespaces.clone(),
+        threads,
+        config.server.mailbox_capacity,
+    );
+    let supervisor_stats = sup.stats();
+    let supervisor = sup.start();
+    let (draining, _) = tokio::sync::watch::channel(false);
+    let node = Node(Arc::new(NodeInner {
+        config,
+        store: store.clone(),
+        metrics,
+        directory,
+        namespaces,
+        supervisor,
+        supervisor_stats,
+        secrets,
+        jwt,
+        phase: AtomicU8::new(Phase::Starting as u8),
+        draining,
+    }));
+    let (server, addr) = crate::http::serve(node.clone())?;
+    spawn_sweeper(store);
+    let handle = server.handle();
+    Ok(RunningNode {
+        addr,
+        node,
+        server: Some(server),
+        handle,
+    })
+}
+
+fn spawn_sweeper(store: Store) {
+    actix_web::rt::spawn(async move {
+        let mut tick = tokio::time::interval(crate::storage::SWEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            let Store::Sled(s) = &store;
+            let s = s.clone();
+            let _ = tokio::task::spawn_blocking(move || s.sweep_expired()).await;
+        }
+    });
+}
+
+pub fn num_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}
+
+impl RunningNode {
+    /// Finishes start-up work, then serves until SIGTERM or SIGINT, then drains.
+    pub async fn run_until_signal(mut self) -> anyhow::Result<()> {
+        let delay = self.node.config.debug.startup_delay_ms;
+        let node = self.node.clone();
+        actix_web::rt::spawn(async move {
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            if node.phase() == Phase::Starting {
+                node.set_phase(Phase::Ready);
+                tracing::info!("Node ready.");
+            }
+        });
+        let server = self.server.take().expect("run once");
+        let serving = actix_web::rt::spawn(server);
+        wait_for_signal().await;
+        self.drain().await;
+        let _ = serving.await;
+        Ok(())
+    }
+
+    /// The drain of DESIGN.md §11: readyz 503 at once, new work refused, in-flight
+    /// requests given the grace period, sockets closed, store flushed.
+    pub async fn drain(&self) {
+        let grace = Duration::from_secs(self.node.config.server.drain_grace_seconds);
+        tracing::info!(grace_seconds = grace.as_secs(), "Draining.");
+        self.node.set_phase(Phase::Draining);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.node.metrics.http_in_flight.get() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Give sockets a moment to send their close frames.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.handle.stop(true).await;
+        if let Err(e) = crate::storage::OrderedKv::flush(&self.node.store).await {
+            tracing::error!(error = %e, "Store flush failed during drain.");
+        }
+        tracing::info!("Drained; bye.");
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received."),
+        _ = int.recv() => tracing::info!("SIGINT received."),
+    }
+}

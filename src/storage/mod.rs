@@ -1,0 +1,156 @@
+//! The ordered key-value store every piece of node state lives in (DESIGN.md §6, §8).
+//!
+//! One trait, [`OrderedKv`], with get, put, delete, prefix scan, compare-and-swap,
+//! put with a time to live and atomic batches. [`Store`] is the node's handle: the
+//! embedded sled backend on a single node. Nothing above this module knows which
+//! backend it has.
+
+mod sled_store;
+
+pub use sled_store::{SWEEP_INTERVAL, SledStore};
+
+use std::future::Future;
+use std::time::Duration;
+
+/// What the store can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The data folder is held by another meshgate process.
+    #[error("the data folder {0} is in use by another meshgate process")]
+    Locked(String),
+    /// The data folder cannot be created or written.
+    #[error("the data folder {path} is not usable: {reason}")]
+    Unusable { path: String, reason: String },
+    /// The backend is unreachable or failed; the operation may be retried.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A stored value does not decode.
+    #[error("corrupt value under {0}")]
+    Corrupt(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// One write of an atomic batch.
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+/// The ordered-KV contract shared by every backend. Writes are durable when
+/// their future resolves.
+pub trait OrderedKv: Send + Sync {
+    fn get(&self, key: &[u8]) -> impl Future<Output = StoreResult<Option<Vec<u8>>>> + Send;
+    fn put(&self, key: &[u8], value: &[u8]) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Like `put`, but the key vanishes after `ttl`.
+    fn put_ttl(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Returns whether the key existed.
+    fn delete(&self, key: &[u8]) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// Keys starting with `prefix`, in byte order, at most `limit`.
+    fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<(Vec<u8>, Vec<u8>)>>> + Send;
+    /// Sets `key` to `new` (None deletes) only if it currently holds `expected`
+    /// (None: absent). Returns whether the swap happened.
+    fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// Applies every op or none.
+    fn apply_batch(&self, ops: Vec<BatchOp>) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Makes every acknowledged write durable.
+    fn flush(&self) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// The node's store handle (cheap to clone).
+#[derive(Clone)]
+pub enum Store {
+    Sled(SledStore),
+}
+
+impl Store {
+    /// Opens the embedded store under `data_dir/db`.
+    pub fn open_sled(data_dir: &std::path::Path) -> StoreResult<Store> {
+        Ok(Store::Sled(SledStore::open(data_dir)?))
+    }
+
+    /// Scans every key under a prefix (no limit).
+    pub async fn scan_all(&self, prefix: &[u8]) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.scan_prefix(prefix, usize::MAX).await
+    }
+
+    /// Reads and JSON-decodes a value.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+    ) -> StoreResult<Option<T>> {
+        match self.get(key).await? {
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|_| StoreError::Corrupt(String::from_utf8_lossy(key).into_owned())),
+            None => Ok(None),
+        }
+    }
+
+    /// JSON-encodes and writes a value.
+    pub async fn put_json<T: serde::Serialize>(&self, key: &[u8], value: &T) -> StoreResult<()> {
+        self.put(key, &serde_json::to_vec(value).expect("serializable"))
+            .await
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            Store::Sled($s) => $e,
+        }
+    };
+}
+
+impl OrderedKv for Store {
+    async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        delegate!(self, s => s.get(key).await)
+    }
+    async fn put(&self, key: &[u8], value: &[u8]) -> StoreResult<()> {
+        delegate!(self, s => s.put(key, value).await)
+    }
+    async fn put_ttl(&self, key: &[u8], value: &[u8], ttl: Duration) -> StoreResult<()> {
+        delegate!(self, s => s.put_ttl(key, value, ttl).await)
+    }
+    async fn delete(&self, key: &[u8]) -> StoreResult<bool> {
+        delegate!(self, s => s.delete(key).await)
+    }
+    async fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+    ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        delegate!(self, s => s.scan_prefix(prefix, limit).await)
+    }
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        ttl: Option<Duration>,
+    ) -> StoreResult<bool> {
+        delegate!(self, s => s.compare_and_swap(key, expected, new, ttl).await)
+    }
+    async fn apply_batch(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+        delegate!(self, s => s.apply_batch(ops).await)
+    }
+    async fn flush(&self) -> StoreResult<()> {
+        delegate!(self, s => s.flush().await)
+    }
+}

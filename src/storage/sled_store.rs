@@ -1,0 +1,339 @@
+//! The embedded single-node backend: sled, flushed before a write is acknowledged.
+//!
+//! Values carry a one-byte header: `0` plain, `1` followed by an 8-byte big-endian
+//! expiry (unix milliseconds). Expired values read as absent and are swept.
+
+use super::{BatchOp, OrderedKv, StoreError, StoreResult};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const PLAIN: u8 = 0;
+const EXPIRING: u8 = 1;
+/// How often expired keys are removed in the background.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+#[derive(Clone)]
+pub struct SledStore {
+    db: sled::Db,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+fn encode(value: &[u8], ttl: Option<Duration>) -> Vec<u8> {
+    match ttl {
+        None => {
+            let mut v = Vec::with_capacity(value.len() + 1);
+            v.push(PLAIN);
+            v.extend_from_slice(value);
+            v
+        }
+        Some(ttl) => {
+            let mut v = Vec::with_capacity(value.len() + 9);
+            v.push(EXPIRING);
+            v.extend_from_slice(&(now_ms() + ttl.as_millis() as u64).to_be_bytes());
+            v.extend_from_slice(value);
+            v
+        }
+    }
+}
+
+/// The live value inside a raw record, or None if it expired.
+fn decode(raw: &[u8], now: u64) -> Option<&[u8]> {
+    match raw.first()? {
+        &PLAIN => Some(&raw[1..]),
+        &EXPIRING if raw.len() >= 9 => {
+            let exp = u64::from_be_bytes(raw[1..9].try_into().ok()?);
+            (exp > now).then_some(&raw[9..])
+        }
+        _ => None,
+    }
+}
+
+fn unavailable(e: sled::Error) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the store under `data_dir/db`. A second process on
+    /// the same folder gets [`StoreError::Locked`].
+    pub fn open(data_dir: &Path) -> StoreResult<SledStore> {
+        let unusable = |reason: String| StoreError::Unusable {
+            path: data_dir.display().to_string(),
+            reason,
+        };
+        std::fs::create_dir_all(data_dir).map_err(|e| unusable(e.to_string()))?;
+        // Probe writability first so a read-only folder is reported as such.
+        let probe = data_dir.join(".write-probe");
+        std::fs::write(&probe, b"ok").map_err(|e| unusable(e.to_string()))?;
+        let _ = std::fs::remove_file(&probe);
+        let path = data_dir.join("db");
+        let db = sled::Config::new()
+            .path(&path)
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Io(io)
+                    if io.kind() == std::io::ErrorKind::WouldBlock
+                        || io.to_string().contains("lock") =>
+                {
+                    StoreError::Locked(data_dir.display().to_string())
+                }
+                other => unusable(other.to_string()),
+            })?;
+        Ok(SledStore { db })
+    }
+
+    /// Removes expired keys; returns how many.
+    pub fn sweep_expired(&self) -> usize {
+        let now = now_ms();
+        let mut removed = 0;
+        for (k, v) in self.db.iter().flatten() {
+            if v.first() == Some(&EXPIRING) && decode(&v, now).is_none() {
+                // Only remove the exact expired value, never a fresh write.
+                if let Ok(Ok(())) = self
+                    .db
+                    .compare_and_swap(&k, Some(&v), None as Option<&[u8]>)
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
+    async fn durable(&self) -> StoreResult<()> {
+        self.db.flush_async().await.map(|_| ()).map_err(unavailable)
+    }
+}
+
+impl OrderedKv for SledStore {
+    async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        let raw = self.db.get(key).map_err(unavailable)?;
+        Ok(raw.and_then(|r| decode(&r, now_ms()).map(<[u8]>::to_vec)))
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> StoreResult<()> {
+        self.db
+            .insert(key, encode(value, None))
+            .map_err(unavailable)?;
+        self.durable().await
+    }
+
+    async fn put_ttl(&self, key: &[u8], value: &[u8], ttl: Duration) -> StoreResult<()> {
+        self.db
+            .insert(key, encode(value, Some(ttl)))
+            .map_err(unavailable)?;
+        self.durable().await
+    }
+
+    async fn delete(&self, key: &[u8]) -> StoreResult<bool> {
+        let old = self.db.remove(key).map_err(unavailable)?;
+        self.durable().await?;
+        Ok(old.is_some_and(|r| decode(&r, now_ms()).is_some()))
+    }
+
+    async fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+    ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let now = now_ms();
+        let mut out = Vec::new();
+        for item in self.db.scan_prefix(prefix) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(unavailable)?;
+            if let Some(v) = decode(&v, now) {
+                out.push((k.to_vec(), v.to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        ttl: Option<Duration>,
+    ) -> StoreResult<bool> {
+        loop {
+            let raw = self.db.get(key).map_err(unavailable)?;
+            let current = raw.as_deref().and_then(|r| decode(r, now_ms()));
+            if current != expected {
+                return Ok(false);
+            }
+            let new_raw = new.map(|v| encode(v, ttl));
+            match self
+                .db
+                .compare_and_swap(key, raw.as_deref(), new_raw)
+                .map_err(unavailable)?
+            {
+                Ok(()) => {
+                    self.durable().await?;
+                    return Ok(true);
+                }
+                // Someone changed the raw record between our read and swap: look again.
+                Err(_) => continue,
+            }
+        }
+    }
+
+    async fn apply_batch(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+        let mut batch = sled::Batch::default();
+        for op in ops {
+            match op {
+                BatchOp::Put(k, v) => batch.insert(k, encode(&v, None)),
+                BatchOp::Delete(k) => batch.remove(k),
+            }
+        }
+        self.db.apply_batch(batch).map_err(unavailable)?;
+        self.durable().await
+    }
+
+    async fn flush(&self) -> StoreResult<()> {
+        self.durable().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn store() -> (tempfile::TempDir, SledStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStore::open(dir.path()).unwrap();
+        (dir, s)
+    }
+
+    /// Of many concurrent writers doing CAS from the same expected value, exactly one wins.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn cas_exactly_one_winner() {
+        let (_d, s) = store();
+        s.put(b"slot", b"free").await.unwrap();
+        let s = Arc::new(s);
+        let mut tasks = Vec::new();
+        for i in 0..32u32 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.compare_and_swap(
+                    b"slot",
+                    Some(b"free"),
+                    Some(format!("w{i}").as_bytes()),
+                    None,
+                )
+                .await
+                .unwrap()
+            }));
+        }
+        let mut wins = 0;
+        for t in tasks {
+            wins += t.await.unwrap() as usize;
+        }
+        assert_eq!(wins, 1);
+        assert!(s.get(b"slot").await.unwrap().unwrap().starts_with(b"w"));
+    }
+
+    /// CAS on an absent key succeeds once; CAS with the wrong expected value fails.
+    #[tokio::test]
+    async fn cas_absent_and_mismatch() {
+        let (_d, s) = store();
+        assert!(
+            s.compare_and_swap(b"k", None, Some(b"1"), None)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.compare_and_swap(b"k", None, Some(b"2"), None)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.compare_and_swap(b"k", Some(b"9"), Some(b"2"), None)
+                .await
+                .unwrap()
+        );
+        assert!(
+            s.compare_and_swap(b"k", Some(b"1"), None, None)
+                .await
+                .unwrap()
+        );
+        assert_eq!(s.get(b"k").await.unwrap(), None);
+    }
+
+    /// A value put with a TTL is readable before it expires and gone after; the sweep removes it.
+    #[tokio::test]
+    async fn ttl_expiry() {
+        let (_d, s) = store();
+        s.put_ttl(b"t", b"v", Duration::from_millis(150))
+            .await
+            .unwrap();
+        s.put(b"keep", b"v").await.unwrap();
+        assert_eq!(s.get(b"t").await.unwrap().as_deref(), Some(&b"v"[..]));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(s.get(b"t").await.unwrap(), None);
+        assert!(s.scan_prefix(b"t", 10).await.unwrap().is_empty());
+        assert_eq!(s.sweep_expired(), 1);
+        assert_eq!(s.get(b"keep").await.unwrap().as_deref(), Some(&b"v"[..]));
+        // An expired key counts as absent for CAS.
+        s.put_ttl(b"lease", b"a", Duration::from_millis(1))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            s.compare_and_swap(b"lease", None, Some(b"b"), None)
+                .await
+                .unwrap()
+        );
+    }
+
+    /// Prefix scans return keys in byte order and stop at the prefix's end and the limit.
+    #[tokio::test]
+    async fn prefix_scan_order() {
+        let (_d, s) = store();
+        for k in ["a/3", "a/1", "b/1", "a/2", "a/10", "a"] {
+            s.put(k.as_bytes(), b"x").await.unwrap();
+        }
+        let keys: Vec<String> = s
+            .scan_prefix(b"a/", 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| String::from_utf8(k).unwrap())
+            .collect();
+        assert_eq!(keys, ["a/1", "a/10", "a/2", "a/3"]);
+        assert_eq!(s.scan_prefix(b"a/", 2).await.unwrap().len(), 2);
+    }
+
+    /// A batch applies all its writes together.
+    #[tokio::test]
+    async fn batch_is_applied_whole() {
+        let (_d, s) = store();
+        s.put(b"old", b"1").await.unwrap();
+        s.apply_batch(vec![
+            BatchOp::Put(b"new".to_vec(), b"2".to_vec()),
+            BatchOp::Delete(b"old".to_vec()),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(s.get(b"old").await.unwrap(), None);
+        assert_eq!(s.get(b"new").await.unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// A second open of the same folder is refused with a clear error.
+    #[test]
+    fn second_open_is_locked() {
+        let (d, _s) = store();
+        match SledStore::open(d.path()) {
+            Err(StoreError::Locked(_)) => {}
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("second open succeeded"),
+        }
+    }
+}

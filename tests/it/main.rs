@@ -1,0 +1,4 @@
+//! Integration tests: each drives a real `meshgate` process over HTTP.
+
+mod common;
+mod node;

@@ -1,0 +1,367 @@
+//! The node foundation: probes, drain, metrics, restarts, supervision, and bad input.
+
+use crate::common::*;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn status(node: &TestNode, path: &str) -> u16 {
+    http("GET", &node.url(path), &[], None).0
+}
+
+/// Probes while starting (startupz 200, readyz 503), running (all 200) and
+/// draining (readyz 503, livez 200, new work refused).
+#[test]
+fn probes_while_starting_running_draining() {
+    let mut node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[debug]\nstartup_delay_ms = 1500\nmax_sleep_ms = 5000\n"),
+        no_wait_ready: true,
+        ..Default::default()
+    });
+    assert_eq!(status(&node, "/startupz"), 200);
+    assert_eq!(status(&node, "/livez"), 200);
+    assert_eq!(status(&node, "/readyz"), 503, "ready too early");
+    let (s, _, b) = http("GET", &node.url("/v1/health"), &[], None);
+    assert_eq!(s, 503, "work accepted while starting");
+    assert!(String::from_utf8_lossy(&b).contains("STARTING"));
+    node.wait_ready();
+    assert_eq!(status(&node, "/readyz"), 200);
+    assert_eq!(status(&node, "/v1/health"), 200);
+    // Drain with a request in flight so the drain window is observable.
+    let url = node.url("/v1/debug/sleep?ms=1500");
+    let inflight = std::thread::spawn(move || http("GET", &url, &[], None).0);
+    std::thread::sleep(Duration::from_millis(300));
+    node.signal(15);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        status(&node, "/readyz"),
+        503,
+        "readyz must turn 503 at once"
+    );
+    assert_eq!(
+        status(&node, "/livez"),
+        200,
+        "livez stays 200 while draining"
+    );
+    let (s, _, b) = http("GET", &node.url("/v1/health"), &[], None);
+    assert_eq!(s, 503);
+    assert!(String::from_utf8_lossy(&b).contains("DRAINING"));
+    assert_eq!(
+        inflight.join().unwrap(),
+        200,
+        "the in-flight request must finish"
+    );
+    assert_eq!(
+        node.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "drain must exit 0"
+    );
+}
+
+/// SIGINT drains too, and a drain with nothing in flight exits promptly with 0.
+#[test]
+fn sigint_drains_and_exits_zero() {
+    let mut node = TestNode::start();
+    node.signal(2);
+    assert_eq!(node.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+/// `/metrics` is Prometheus text, and probes are not counted as requests.
+#[test]
+fn metrics_parse_as_prometheus_text_and_skip_probes() {
+    let node = TestNode::start();
+    let count = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("meshgate_http_requests_total"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    let (_, _, m1) = http("GET", &node.url("/metrics"), &[], None);
+    let m1 = String::from_utf8(m1).unwrap();
+    for _ in 0..5 {
+        status(&node, "/livez");
+        status(&node, "/readyz");
+    }
+    status(&node, "/v1/health");
+    let (s, h, m2) = http("GET", &node.url("/metrics"), &[], None);
+    assert_eq!(s, 200);
+    assert!(
+        header(&h, "content-type")
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let m2 = String::from_utf8(m2).unwrap();
+    // Every line is a comment or `name{labels} value`.
+    for line in m2.lines().filter(|l| !l.is_empty()) {
+        if line.starts_with('#') {
+            assert!(
+                line.starts_with("# HELP ") || line.starts_with("# TYPE "),
+                "{line}"
+            );
+            continue;
+        }
+        let (name, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line}"));
+        assert!(
+            value.parse::<f64>().is_ok() || value == "+Inf" || value == "NaN",
+            "{line}"
+        );
+        let bare = name.split('{').next().unwrap();
+        assert!(
+            bare.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "{line}"
+        );
+    }
+    assert_eq!(count(&m2) - count(&m1), 1.0, "only /v1/health counts");
+    assert!(m2.contains("meshgate_actor_mailbox_depth"));
+}
+
+/// Data written before a restart is there after it.
+#[test]
+fn restart_keeps_stored_data() {
+    let mut node = TestNode::start();
+    let key = node.create_namespace("keep");
+    assert_eq!(
+        node.with_key(&key, "PUT", "/v1/kv/a", Some(b"durable")).0,
+        200
+    );
+    let dir = node.dir.clone();
+    node.signal(15);
+    assert_eq!(node.wait_exit(Duration::from_secs(20)), Some(0));
+    let tmp_keepalive = std::mem::replace(&mut node.child, None);
+    drop(tmp_keepalive);
+    let node2 = TestNode::start_with(NodeOpts {
+        config: TEST_CONFIG.into(),
+        data_dir: Some(dir),
+        ..Default::default()
+    });
+    let (s, b) = node2.with_key(&key, "GET", "/v1/kv/a", None);
+    assert_eq!((s, b.as_str()), (200, "durable"));
+    drop(node);
+}
+
+/// An acknowledged write survives SIGKILL right after the acknowledgement.
+#[test]
+fn acknowledged_write_survives_sigkill() {
+    let mut node = TestNode::start();
+    let key = node.create_namespace("crash");
+    for i in 0..20 {
+        let v = format!("value-{i}");
+        assert_eq!(
+            node.with_key(&key, "PUT", &format!("/v1/kv/k{i}"), Some(v.as_bytes()))
+                .0,
+            200
+        );
+    }
+    node.kill9();
+    let dir = node.dir.clone();
+    let node2 = TestNode::start_with(NodeOpts {
+        config: TEST_CONFIG.into(),
+        data_dir: Some(dir),
+        ..Default::default()
+    });
+    for i in 0..20 {
+        let (s, b) = node2.with_key(&key, "GET", &format!("/v1/kv/k{i}"), None);
+        assert_eq!((s, b), (200, format!("value-{i}")));
+    }
+    drop(node);
+}
+
+/// A panic in a namespace supervisor restarts it, reloads its state, and counts it.
+#[test]
+fn supervisor_panic_restarts_and_counts() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[debug]\nfault_injection = true\n"),
+        ..Default::default()
+    });
+    let key = node.create_namespace("fragile");
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/x", Some(b"1")).0, 200);
+    let (s, b) = node.op("POST", "/v1/namespaces/fragile/debug/panic", None);
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["panicked"], true);
+    // The same address answers again, with its record reloaded from the store.
+    let (s, b) = node.op("GET", "/v1/namespaces/fragile", None);
+    assert_eq!(s, 200, "{b}");
+    let info = json(&b);
+    assert_eq!(info["restarts"], 1);
+    assert_eq!(info["record"]["name"], "fragile");
+    assert_eq!(
+        node.with_key(&key, "GET", "/v1/kv/x", None),
+        (200, "1".into())
+    );
+    let (_, _, m) = http("GET", &node.url("/metrics"), &[], None);
+    let m = String::from_utf8(m).unwrap();
+    assert!(
+        m.lines().any(|l| l.starts_with(
+            "meshgate_actor_restarts_total{kind=\"namespace\",namespace=\"fragile\"} 1"
+        )),
+        "{m}"
+    );
+    // Switched off, the route does not exist.
+    let plain = TestNode::start();
+    plain.create_namespace("solid");
+    assert_eq!(
+        plain.op("POST", "/v1/namespaces/solid/debug/panic", None).0,
+        404
+    );
+}
+
+fn run_serve(args: &[&str], env: &[(&str, &str)], within: Duration) -> (Option<i32>, String) {
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env("RUST_LOG", "error");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (s.code(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return (None, String::new());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A config with an unknown key and bad values lists every problem and exits non-zero.
+#[test]
+fn bad_config_lists_every_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        "[server]\nlisten = 12\ncolour = \"blue\"\n[rate_limit]\ngeneral_burst = -1\n",
+    )
+    .unwrap();
+    let (code, err) = run_serve(
+        &["--config", cfg.to_str().unwrap()],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("server.listen"), "{err}");
+    assert!(err.contains("unknown key server.colour"), "{err}");
+    assert!(err.contains("rate_limit.general_burst"), "{err}");
+    // A bad environment override is reported the same way.
+    let (code, err) = run_serve(
+        &[],
+        &[("MESHGATE_SERVER_MAX_BODY_BYTES", "lots")],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("MESHGATE_SERVER_MAX_BODY_BYTES"), "{err}");
+}
+
+/// A port already in use, an unwritable data folder and a second node on the
+/// same data folder each fail start-up with a clear message.
+#[test]
+fn start_up_failures_are_clear() {
+    let node = TestNode::start();
+    let other = tempfile::tempdir().unwrap();
+    let (code, err) = run_serve(
+        &[
+            "--listen",
+            &node.addr,
+            "--data-dir",
+            other.path().join("d").to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("already in use"), "{err}");
+
+    let file = other.path().join("plainfile");
+    std::fs::write(&file, "x").unwrap();
+    let (code, err) = run_serve(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            file.join("data").to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("not usable"), "{err}");
+
+    let (code, err) = run_serve(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            node.dir.to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("in use by another meshgate process"), "{err}");
+    // The first node is unharmed.
+    assert_eq!(status(&node, "/readyz"), 200);
+}
+
+/// An oversized body is 413, malformed JSON 400, an unknown route 404: each the JSON envelope.
+#[test]
+fn bad_requests_get_the_envelope() {
+    let node = TestNode::start();
+    let key = node.create_namespace("bodies");
+    let big = vec![b'x'; (1 << 20) + 10];
+    let (s, b) = node.with_key(&key, "PUT", "/v1/kv/big", Some(&big));
+    assert_eq!(s, 413, "{b}");
+    assert_eq!(json(&b)["error"]["code"], "PAYLOAD_TOO_LARGE");
+    assert_eq!(
+        node.with_key(&key, "GET", "/v1/kv/big", None).0,
+        404,
+        "nothing stored"
+    );
+
+    let (s, b) = node.op("POST", "/v1/namespaces", Some("{\"name\": "));
+    assert_eq!(s, 400, "{b}");
+    let v = json(&b);
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["error"]["code"], "MALFORMED_JSON");
+    assert_eq!(v["error"]["retryable"], false);
+
+    let (s, h, b) = http(
+        "GET",
+        &node.url("/v1/nope"),
+        &[("x-request-id", "abc-123")],
+        None,
+    );
+    assert_eq!(s, 404);
+    assert_eq!(
+        json(&String::from_utf8_lossy(&b))["error"]["code"],
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        header(&h, "x-request-id"),
+        Some("abc-123"),
+        "request id echoed"
+    );
+    let (_, h, _) = http("GET", &node.url("/v1/health"), &[], None);
+    assert_eq!(
+        header(&h, "x-request-id").map(str::len),
+        Some(24),
+        "request id generated"
+    );
+    assert_eq!(header(&h, "x-content-type-options"), Some("nosniff"));
+    assert_eq!(header(&h, "cache-control"), Some("no-store"));
+}

@@ -7,7 +7,7 @@ mod middleware;
 mod policy;
 mod routes;
 
-pub use chain::{Identity, Target};
+pub use chain::{Identity, Limiters, Target};
 pub use error::{ApiError, ApiResult};
 pub use middleware::RequestId;
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};

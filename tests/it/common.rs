@@ -277,9 +277,12 @@ pub fn http_from(
         .unwrap();
     let body = body.unwrap_or(&[]);
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {hostport}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("host: {hostport}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }

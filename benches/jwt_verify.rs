@@ -32,11 +32,17 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.bench_function("verify_bad_signature", |b| {
-        b.iter(|| keys.verify(black_box(&forged), NOW, "meshgate", "meshgate-api").is_err())
+        b.iter(|| {
+            keys.verify(black_box(&forged), NOW, "meshgate", "meshgate-api")
+                .is_err()
+        })
     });
     g.bench_function("verify_alg_none", |b| {
         let none = "eyJhbGciOiJub25lIn0.e30.";
-        b.iter(|| keys.verify(black_box(none), NOW, "meshgate", "meshgate-api").is_err())
+        b.iter(|| {
+            keys.verify(black_box(none), NOW, "meshgate", "meshgate-api")
+                .is_err()
+        })
     });
     g.bench_function("sign", |b| b.iter(|| keys.sign(black_box(&claims))));
     g.finish();
@@ -44,12 +50,17 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("other");
     g.throughput(Throughput::Elements(1));
     let key = meshgate::auth::generate_api_key(meshgate::auth::KeyKind::Secret).expect("key");
-    g.bench_function("api_key_parse", |b| b.iter(|| parse_api_key(black_box(&key)).is_ok()));
+    g.bench_function("api_key_parse", |b| {
+        b.iter(|| parse_api_key(black_box(&key)).is_ok())
+    });
     let hop = HopKey::from_secret(b"0123456789abcdef0123456789abcdef");
     let id = HopIdentity::from_claims(&claims);
     let mac = hop.sign(HopVersion::V2, "GET", "/v1/kv/x", &id, NOW);
     g.bench_function("hop_mac_verify", |b| {
-        b.iter(|| hop.verify(black_box(&[mac.as_str()]), "GET", "/v1/kv/x", &id, NOW).is_ok())
+        b.iter(|| {
+            hop.verify(black_box(&[mac.as_str()]), "GET", "/v1/kv/x", &id, NOW)
+                .is_ok()
+        })
     });
     g.finish();
 }

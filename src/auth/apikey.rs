@@ -102,8 +102,8 @@ pub fn parse(s: &str) -> Result<ParsedKey> {
     let Some(rest) = s.strip_prefix(PREFIX) else {
         return Err(AuthError::MalformedKey("must start with mg_"));
     };
-    let kind = KeyKind::from_tag(&rest[..2])
-        .ok_or(AuthError::MalformedKey("kind must be sk or rk"))?;
+    let kind =
+        KeyKind::from_tag(&rest[..2]).ok_or(AuthError::MalformedKey("kind must be sk or rk"))?;
     let rest = &rest[2..];
     let bytes = rest.as_bytes();
     if bytes[0] != b'_' || bytes[1 + BODY_LEN] != b'_' {
@@ -287,7 +287,10 @@ mod tests {
             assert_eq!(s.len(), BODY_LEN);
             assert_eq!(base62_decode::<24>(&s), Some(bytes));
         }
-        assert_eq!(base62_encode(&u32::MAX.to_be_bytes(), CRC_LEN).len(), CRC_LEN);
+        assert_eq!(
+            base62_encode(&u32::MAX.to_be_bytes(), CRC_LEN).len(),
+            CRC_LEN
+        );
     }
 
     proptest! {

@@ -69,7 +69,8 @@ impl Grant {
 
     /// Whether this grant permits `action` in `domain` on some resource.
     pub fn allows_action(&self, domain: &str, action: &str) -> bool {
-        (self.domain == "*" || self.domain == domain) && (self.action == "*" || self.action == action)
+        (self.domain == "*" || self.domain == domain)
+            && (self.action == "*" || self.action == action)
     }
 
     /// Whether everything `other` permits is also permitted by `self`.
@@ -111,7 +112,8 @@ impl FromStr for Grant {
             reason,
         };
         let mut parts = s.splitn(3, ':');
-        let (Some(domain), Some(action), Some(resource)) = (parts.next(), parts.next(), parts.next())
+        let (Some(domain), Some(action), Some(resource)) =
+            (parts.next(), parts.next(), parts.next())
         else {
             return Err(bad("expected domain:action:resource"));
         };
@@ -137,7 +139,9 @@ impl FromStr for Grant {
             .chars()
             .any(|c| c == ',' || c.is_whitespace() || c.is_control())
         {
-            return Err(bad("resource contains a comma, whitespace or control character"));
+            return Err(bad(
+                "resource contains a comma, whitespace or control character",
+            ));
         }
         Ok(Grant {
             domain: domain.to_owned(),
@@ -319,7 +323,12 @@ mod tests {
     /// Parsing and printing round-trip; serde uses the string form.
     #[test]
     fn parse_display_serde() {
-        for s in ["pubsub:publish:chat.*", "functions:invoke:*", "kv:read:user:42", "*:*:*"] {
+        for s in [
+            "pubsub:publish:chat.*",
+            "functions:invoke:*",
+            "kv:read:user:42",
+            "*:*:*",
+        ] {
             let grant = g(s);
             assert_eq!(grant.to_string(), s);
             let json = serde_json::to_string(&grant).unwrap();
@@ -350,13 +359,21 @@ mod tests {
                 other => panic!("{s:?} -> {other:?}"),
             }
         }
-        assert!(format!("kv:read:{}", "a".repeat(300)).parse::<Grant>().is_err());
+        assert!(
+            format!("kv:read:{}", "a".repeat(300))
+                .parse::<Grant>()
+                .is_err()
+        );
     }
 
     /// Wildcards in each part.
     #[test]
     fn matching() {
-        let grants = vec![g("pubsub:publish:chat.*"), g("functions:invoke:*"), g("kv:read:user-?")];
+        let grants = vec![
+            g("pubsub:publish:chat.*"),
+            g("functions:invoke:*"),
+            g("kv:read:user-?"),
+        ];
         assert!(allows(&grants, "pubsub", "publish", "chat.room1"));
         assert!(allows(&grants, "pubsub", "publish", "chat."));
         assert!(!allows(&grants, "pubsub", "publish", "chat"));
@@ -394,7 +411,10 @@ mod tests {
             assert_eq!(r.grants().len(), r.grant_strs().len());
         }
         assert_eq!(" Owner ".parse::<Role>().unwrap(), Role::Owner);
-        assert!(matches!("root".parse::<Role>(), Err(AuthError::UnknownRole(_))));
+        assert!(matches!(
+            "root".parse::<Role>(),
+            Err(AuthError::UnknownRole(_))
+        ));
 
         let admin = Role::Admin.grants();
         assert!(allows(&admin, "keys", "write", "x"));
@@ -426,7 +446,10 @@ mod tests {
         assert!(grants_cover(&admin, &Role::Developer.grants()));
         assert!(grants_cover(&admin, &Role::Runtime.grants()));
         assert!(!grants_cover(&Role::Developer.grants(), &admin));
-        assert!(!grants_cover(&Role::Runtime.grants(), &Role::Reader.grants()));
+        assert!(!grants_cover(
+            &Role::Runtime.grants(),
+            &Role::Reader.grants()
+        ));
         assert!(g("pubsub:publish:chat.*").covers(&g("pubsub:publish:chat.room.*")));
         assert!(g("pubsub:publish:chat.*").covers(&g("pubsub:publish:chat.x")));
         assert!(!g("pubsub:publish:chat.*").covers(&g("pubsub:publish:*")));

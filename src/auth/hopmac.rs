@@ -175,7 +175,9 @@ impl HopIdentity {
             self.device.as_deref(),
             self.session.as_deref(),
         ];
-        strs.into_iter().flatten().all(|s| !s.contains(['\n', '\r']))
+        strs.into_iter()
+            .flatten()
+            .all(|s| !s.contains(['\n', '\r']))
             && self.grants.iter().all(|g| !g.contains(['\n', '\r', ',']))
     }
 }
@@ -211,7 +213,10 @@ impl HopKey {
         id: &HopIdentity,
         now: u64,
     ) -> String {
-        let tag = hmac::sign(&self.0, mac_input(version, method, path, id, now).as_bytes());
+        let tag = hmac::sign(
+            &self.0,
+            mac_input(version, method, path, id, now).as_bytes(),
+        );
         format!("{now}.{}", hex::encode(tag.as_ref()))
     }
 
@@ -249,7 +254,9 @@ impl HopKey {
             return Err(AuthError::MacExpired);
         }
         if !id.is_macable() {
-            return Err(AuthError::MalformedMac("newline or comma in an identity field"));
+            return Err(AuthError::MalformedMac(
+                "newline or comma in an identity field",
+            ));
         }
         let versions = [HopVersion::V3, HopVersion::V2, HopVersion::V1];
         let mut matched = None;
@@ -455,12 +462,23 @@ mod tests {
         let k = key();
         for (v, ident) in [
             (HopVersion::V1, id()),
-            (HopVersion::V2, HopIdentity { exp: Some(1), iat: Some(2), jti: Some("j".into()), ..id() }),
+            (
+                HopVersion::V2,
+                HopIdentity {
+                    exp: Some(1),
+                    iat: Some(2),
+                    jti: Some("j".into()),
+                    ..id()
+                },
+            ),
             (HopVersion::V3, id_v3()),
         ] {
             let mac = k.sign(v, "POST", "/v1/kv/x", &ident, NOW);
             assert!(mac.starts_with(&format!("{NOW}.")));
-            assert_eq!(k.verify(&[&mac], "POST", "/v1/kv/x", &ident, NOW).unwrap(), v);
+            assert_eq!(
+                k.verify(&[&mac], "POST", "/v1/kv/x", &ident, NOW).unwrap(),
+                v
+            );
         }
     }
 
@@ -468,22 +486,48 @@ mod tests {
     #[test]
     fn missing_mac() {
         let k = key();
-        assert!(matches!(k.verify(&[], "GET", "/", &id(), NOW), Err(AuthError::MissingMac)));
-        assert!(matches!(k.verify(&["", " , "], "GET", "/", &id(), NOW), Err(AuthError::MissingMac)));
+        assert!(matches!(
+            k.verify(&[], "GET", "/", &id(), NOW),
+            Err(AuthError::MissingMac)
+        ));
+        assert!(matches!(
+            k.verify(&["", " , "], "GET", "/", &id(), NOW),
+            Err(AuthError::MissingMac)
+        ));
     }
 
     /// Malformed values and wrong tags.
     #[test]
     fn bad_mac() {
         let k = key();
-        for bad in ["abc", "123", "x.00", &format!("{NOW}.zz"), &format!("{NOW}.{}", "0".repeat(63)), &format!("-1.{}", "0".repeat(64))] {
-            assert!(matches!(k.verify(&[bad], "GET", "/", &id(), NOW), Err(AuthError::MalformedMac(_))), "{bad}");
+        for bad in [
+            "abc",
+            "123",
+            "x.00",
+            &format!("{NOW}.zz"),
+            &format!("{NOW}.{}", "0".repeat(63)),
+            &format!("-1.{}", "0".repeat(64)),
+        ] {
+            assert!(
+                matches!(
+                    k.verify(&[bad], "GET", "/", &id(), NOW),
+                    Err(AuthError::MalformedMac(_))
+                ),
+                "{bad}"
+            );
         }
         let wrong = format!("{NOW}.{}", "0".repeat(64));
-        assert!(matches!(k.verify(&[&wrong], "GET", "/", &id(), NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&wrong], "GET", "/", &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
         // Signed by another cluster.
-        let other = HopKey::from_secret(b"another-secret").sign(HopVersion::V1, "GET", "/", &id(), NOW);
-        assert!(matches!(k.verify(&[&other], "GET", "/", &id(), NOW), Err(AuthError::BadMac)));
+        let other =
+            HopKey::from_secret(b"another-secret").sign(HopVersion::V1, "GET", "/", &id(), NOW);
+        assert!(matches!(
+            k.verify(&[&other], "GET", "/", &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
     }
 
     /// Older than the window, newer than the window, and the edges.
@@ -493,8 +537,14 @@ mod tests {
         let mac = k.sign(HopVersion::V1, "GET", "/", &id(), NOW);
         assert!(k.verify(&[&mac], "GET", "/", &id(), NOW + 60).is_ok());
         assert!(k.verify(&[&mac], "GET", "/", &id(), NOW - 60).is_ok());
-        assert!(matches!(k.verify(&[&mac], "GET", "/", &id(), NOW + 61), Err(AuthError::MacExpired)));
-        assert!(matches!(k.verify(&[&mac], "GET", "/", &id(), NOW - 61), Err(AuthError::MacExpired)));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/", &id(), NOW + 61),
+            Err(AuthError::MacExpired)
+        ));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/", &id(), NOW - 61),
+            Err(AuthError::MacExpired)
+        ));
     }
 
     /// A MAC for another path, method, or identity does not verify.
@@ -502,14 +552,26 @@ mod tests {
     fn bound_to_request() {
         let k = key();
         let mac = k.sign(HopVersion::V1, "GET", "/v1/kv/a", &id(), NOW);
-        assert!(matches!(k.verify(&[&mac], "GET", "/v1/kv/b", &id(), NOW), Err(AuthError::BadMac)));
-        assert!(matches!(k.verify(&[&mac], "PUT", "/v1/kv/a", &id(), NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/v1/kv/b", &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
+        assert!(matches!(
+            k.verify(&[&mac], "PUT", "/v1/kv/a", &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
         let mut other = id();
         other.grants.push("*:*:*".into());
-        assert!(matches!(k.verify(&[&mac], "GET", "/v1/kv/a", &other, NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/v1/kv/a", &other, NOW),
+            Err(AuthError::BadMac)
+        ));
         let mut other = id();
         other.namespace = "evil".into();
-        assert!(matches!(k.verify(&[&mac], "GET", "/v1/kv/a", &other, NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/v1/kv/a", &other, NOW),
+            Err(AuthError::BadMac)
+        ));
     }
 
     /// The newest MAC is judged alone: a bad newest fails even beside a
@@ -519,19 +581,34 @@ mod tests {
         let k = key();
         let good_old = k.sign(HopVersion::V1, "GET", "/", &id(), NOW - 10);
         let bad_new = format!("{}.{}", NOW - 5, "ab".repeat(32));
-        assert!(matches!(k.verify(&[&good_old, &bad_new], "GET", "/", &id(), NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&good_old, &bad_new], "GET", "/", &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
         let joined = format!("{good_old}, {bad_new}");
-        assert!(matches!(k.verify(&[&joined], "GET", "/", &id(), NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&joined], "GET", "/", &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
 
         let good_new = k.sign(HopVersion::V1, "GET", "/", &id(), NOW);
         let bad_old = format!("{}.{}", NOW - 5, "ab".repeat(32));
-        assert!(k.verify(&[&bad_old, &good_new], "GET", "/", &id(), NOW).is_ok());
+        assert!(
+            k.verify(&[&bad_old, &good_new], "GET", "/", &id(), NOW)
+                .is_ok()
+        );
         // The newest outside the window fails.
         let stale = k.sign(HopVersion::V1, "GET", "/", &id(), NOW - 100);
-        assert!(matches!(k.verify(&[&stale], "GET", "/", &id(), NOW), Err(AuthError::MacExpired)));
+        assert!(matches!(
+            k.verify(&[&stale], "GET", "/", &id(), NOW),
+            Err(AuthError::MacExpired)
+        ));
         // A future-dated bad MAC outranks a good current one.
         let future_bad = format!("{}.{}", NOW + 30, "cd".repeat(32));
-        assert!(matches!(k.verify(&[&good_new, &future_bad], "GET", "/", &id(), NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&good_new, &future_bad], "GET", "/", &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
     }
 
     /// A v1 MAC cannot vouch for v2/v3 fields added by an attacker.
@@ -541,14 +618,26 @@ mod tests {
         let mac = k.sign(HopVersion::V1, "GET", "/", &id(), NOW);
         let mut with_device = id();
         with_device.device = Some("stolen".into());
-        assert!(matches!(k.verify(&[&mac], "GET", "/", &with_device, NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/", &with_device, NOW),
+            Err(AuthError::BadMac)
+        ));
         let mut with_exp = id();
         with_exp.exp = Some(NOW + 999);
-        assert!(matches!(k.verify(&[&mac], "GET", "/", &with_exp, NOW), Err(AuthError::BadMac)));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/", &with_exp, NOW),
+            Err(AuthError::BadMac)
+        ));
         // A v3 MAC over empty v3 fields does not verify once one is added.
         let mac3 = k.sign(HopVersion::V3, "GET", "/", &id(), NOW);
-        assert_eq!(k.verify(&[&mac3], "GET", "/", &id(), NOW).unwrap(), HopVersion::V3);
-        assert!(matches!(k.verify(&[&mac3], "GET", "/", &with_device, NOW), Err(AuthError::BadMac)));
+        assert_eq!(
+            k.verify(&[&mac3], "GET", "/", &id(), NOW).unwrap(),
+            HopVersion::V3
+        );
+        assert!(matches!(
+            k.verify(&[&mac3], "GET", "/", &with_device, NOW),
+            Err(AuthError::BadMac)
+        ));
     }
 
     /// Fields with newlines are refused rather than MACed ambiguously.
@@ -558,7 +647,10 @@ mod tests {
         let mut bad = id();
         bad.subject = "a\nb".into();
         let mac = k.sign(HopVersion::V1, "GET", "/", &bad, NOW);
-        assert!(matches!(k.verify(&[&mac], "GET", "/", &bad, NOW), Err(AuthError::MalformedMac(_))));
+        assert!(matches!(
+            k.verify(&[&mac], "GET", "/", &bad, NOW),
+            Err(AuthError::MalformedMac(_))
+        ));
     }
 
     /// Headers round-trip through `to_headers` / `from_headers` and verify.
@@ -568,10 +660,20 @@ mod tests {
         for (v, ident) in [(HopVersion::V1, id()), (HopVersion::V3, id_v3())] {
             let mac = k.sign(v, "GET", "/x", &ident, NOW);
             let headers = to_headers(&ident, v, &mac);
-            let map: HashMap<String, String> =
-                headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.clone())).collect();
-            assert!(headers.iter().all(|(n, _)| n.to_ascii_lowercase().starts_with(HOP_HEADER_PREFIX)));
-            assert!(headers.iter().all(|(_, v)| v.bytes().all(|b| (0x20..0x7f).contains(&b))));
+            let map: HashMap<String, String> = headers
+                .iter()
+                .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
+                .collect();
+            assert!(
+                headers
+                    .iter()
+                    .all(|(n, _)| n.to_ascii_lowercase().starts_with(HOP_HEADER_PREFIX))
+            );
+            assert!(
+                headers
+                    .iter()
+                    .all(|(_, v)| v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            );
             let back = from_headers(|n| map.get(&n.to_ascii_lowercase()).cloned()).unwrap();
             assert_eq!(back, ident);
             let got = map.get("x-internal-auth-mac").unwrap();
@@ -579,22 +681,30 @@ mod tests {
         }
         // v1 headers leave the v3 fields out.
         let h = to_headers(&id_v3(), HopVersion::V1, "m");
-        assert!(!h.iter().any(|(n, _)| *n == HOP_DEVICE_HEADER || *n == HOP_EXP_HEADER));
+        assert!(
+            !h.iter()
+                .any(|(n, _)| *n == HOP_DEVICE_HEADER || *n == HOP_EXP_HEADER)
+        );
         // Missing subject, or a bad number.
         assert!(from_headers(|n| (n == HOP_NAMESPACE_HEADER).then(|| "a".into())).is_none());
-        assert!(from_headers(|n| match n {
-            HOP_EXP_HEADER => Some("soon".into()),
-            HOP_CUSTOM_HEADER => Some(String::new()),
-            _ => Some("x".into()),
-        })
-        .is_none());
+        assert!(
+            from_headers(|n| match n {
+                HOP_EXP_HEADER => Some("soon".into()),
+                HOP_CUSTOM_HEADER => Some(String::new()),
+                _ => Some("x".into()),
+            })
+            .is_none()
+        );
     }
 
     /// Canonical JSON sorts keys at every level.
     #[test]
     fn canonical() {
         let v = serde_json::json!({"b":1,"a":{"d":[{"y":1,"x":"é\n"}],"c":null}});
-        assert_eq!(canonical_json(&v), r#"{"a":{"c":null,"d":[{"x":"é\n","y":1}]},"b":1}"#);
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"a":{"c":null,"d":[{"x":"é\n","y":1}]},"b":1}"#
+        );
         assert!(!canonical_json(&v).contains('\n'));
     }
 

@@ -134,8 +134,8 @@ impl JwtKeys {
     /// A fresh key pair, kept only in memory (tests, benches); returns
     /// the PKCS#8 document too so a caller can persist it.
     pub fn generate() -> Result<(Self, Vec<u8>)> {
-        let der = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
-            .map_err(|_| AuthError::Random)?;
+        let der =
+            Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).map_err(|_| AuthError::Random)?;
         let der = der.as_ref().to_vec();
         Ok((Self::from_pkcs8(&der)?, der))
     }
@@ -188,7 +188,9 @@ impl JwtKeys {
     /// (a previous signer, or another node's). Returns its `kid`.
     pub fn add_verifying_key(&mut self, public_key: &[u8]) -> Result<String> {
         if public_key.len() != 32 {
-            return Err(AuthError::BadKey("an Ed25519 public key is 32 bytes".into()));
+            return Err(AuthError::BadKey(
+                "an Ed25519 public key is 32 bytes".into(),
+            ));
         }
         let kid = kid_for(public_key);
         if !self.verifiers.iter().any(|v| v.kid == kid) {
@@ -261,7 +263,9 @@ impl JwtKeys {
         let (Some(h64), Some(p64), Some(s64), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
-            return Err(AuthError::MalformedToken("expected three dot-separated parts"));
+            return Err(AuthError::MalformedToken(
+                "expected three dot-separated parts",
+            ));
         };
         let decode = |s: &str, part| {
             URL_SAFE_NO_PAD
@@ -277,7 +281,9 @@ impl JwtKeys {
             reason: e.to_string(),
         })?;
         if header.alg != ALG {
-            return Err(AuthError::UnsupportedAlg(header.alg.chars().take(16).collect()));
+            return Err(AuthError::UnsupportedAlg(
+                header.alg.chars().take(16).collect(),
+            ));
         }
         let kid = header.kid.ok_or(AuthError::MissingKid)?;
         let key = self
@@ -290,10 +296,11 @@ impl JwtKeys {
             .verify(signed.as_bytes(), &sig)
             .map_err(|_| AuthError::BadSignature)?;
 
-        let claims: Claims = serde_json::from_slice(&payload).map_err(|e| AuthError::TokenJson {
-            part: TokenPart::Payload,
-            reason: e.to_string(),
-        })?;
+        let claims: Claims =
+            serde_json::from_slice(&payload).map_err(|e| AuthError::TokenJson {
+                part: TokenPart::Payload,
+                reason: e.to_string(),
+            })?;
         if now > claims.exp.saturating_add(JWT_LEEWAY) {
             return Err(AuthError::TokenExpired);
         }
@@ -335,7 +342,9 @@ impl JwtKeys {
 /// 16 random bytes as hex: token ids.
 fn random_id() -> Result<String> {
     let mut b = [0u8; 16];
-    SystemRandom::new().fill(&mut b).map_err(|_| AuthError::Random)?;
+    SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| AuthError::Random)?;
     Ok(hex::encode(b))
 }
 
@@ -354,7 +363,8 @@ mod tests {
     }
 
     fn claims() -> Claims {
-        let mut c = Claims::new(ISS, AUD, "key_abc", "acme", vec!["kv:read:*".into()], NOW).unwrap();
+        let mut c =
+            Claims::new(ISS, AUD, "key_abc", "acme", vec!["kv:read:*".into()], NOW).unwrap();
         c.custom = serde_json::json!({"tier": "gold"});
         c
     }
@@ -376,7 +386,10 @@ mod tests {
         assert_eq!(k.verify(&t, NOW, ISS, AUD).unwrap(), c);
         let h: serde_json::Value =
             serde_json::from_slice(&URL_SAFE_NO_PAD.decode(&parts(&t)[0]).unwrap()).unwrap();
-        assert_eq!(h, serde_json::json!({"alg":"EdDSA","typ":"JWT","kid":k.kid()}));
+        assert_eq!(
+            h,
+            serde_json::json!({"alg":"EdDSA","typ":"JWT","kid":k.kid()})
+        );
         assert_eq!(c.exp - c.iat, ACCESS_TOKEN_TTL);
     }
 
@@ -398,12 +411,23 @@ mod tests {
         for bad in [String::new(), "a.b".into(), format!("{t}.x"), "...".into()] {
             let e = k.verify(&bad, NOW, ISS, AUD).unwrap_err();
             assert!(
-                matches!(e, AuthError::MalformedToken(_) | AuthError::TokenEncoding(_) | AuthError::TokenJson { .. }),
+                matches!(
+                    e,
+                    AuthError::MalformedToken(_)
+                        | AuthError::TokenEncoding(_)
+                        | AuthError::TokenJson { .. }
+                ),
                 "{bad:?}: {e:?}"
             );
         }
-        assert!(matches!(k.verify("a.b", NOW, ISS, AUD), Err(AuthError::MalformedToken(_))));
-        assert!(matches!(k.verify(&format!("{t}.x"), NOW, ISS, AUD), Err(AuthError::MalformedToken(_))));
+        assert!(matches!(
+            k.verify("a.b", NOW, ISS, AUD),
+            Err(AuthError::MalformedToken(_))
+        ));
+        assert!(matches!(
+            k.verify(&format!("{t}.x"), NOW, ISS, AUD),
+            Err(AuthError::MalformedToken(_))
+        ));
         assert!(matches!(
             k.verify(&"a".repeat(MAX_TOKEN_LEN + 1), NOW, ISS, AUD),
             Err(AuthError::MalformedToken(_))
@@ -419,7 +443,10 @@ mod tests {
             (format!("{}!.{}.{}", p[0], p[1], p[2]), TokenPart::Header),
             (format!("{}.{}*.{}", p[0], p[1], p[2]), TokenPart::Payload),
             (format!("{}.{}.{}=", p[0], p[1], p[2]), TokenPart::Signature),
-            (format!("{}.{}.+{}", p[0], p[1], &p[2][1..]), TokenPart::Signature),
+            (
+                format!("{}.{}.+{}", p[0], p[1], &p[2][1..]),
+                TokenPart::Signature,
+            ),
         ];
         for (t, part) in cases {
             match k.verify(&t, NOW, ISS, AUD) {
@@ -439,7 +466,10 @@ mod tests {
             assert!(
                 matches!(
                     k.verify(&t, NOW, ISS, AUD),
-                    Err(AuthError::TokenJson { part: TokenPart::Header, .. })
+                    Err(AuthError::TokenJson {
+                        part: TokenPart::Header,
+                        ..
+                    })
                 ),
                 "{h}"
             );
@@ -454,7 +484,10 @@ mod tests {
             let t = k.sign_raw(p);
             assert!(matches!(
                 k.verify(&t, NOW, ISS, AUD),
-                Err(AuthError::TokenJson { part: TokenPart::Payload, .. })
+                Err(AuthError::TokenJson {
+                    part: TokenPart::Payload,
+                    ..
+                })
             ));
         }
     }
@@ -465,8 +498,13 @@ mod tests {
         let k = keys();
         let p = parts(&k.sign(&claims()));
         let h = format!(r#"{{"alg":"none","typ":"JWT","kid":"{}"}}"#, k.kid());
-        for t in [format!("{}.{}.", b64(&h), p[1]), format!("{}.{}.{}", b64(&h), p[1], p[2])] {
-            assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::UnsupportedAlg(a)) if a == "none"));
+        for t in [
+            format!("{}.{}.", b64(&h), p[1]),
+            format!("{}.{}.{}", b64(&h), p[1], p[2]),
+        ] {
+            assert!(
+                matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::UnsupportedAlg(a)) if a == "none")
+            );
         }
     }
 
@@ -478,9 +516,14 @@ mod tests {
         let p = parts(&k.sign(&claims()));
         let h = format!(r#"{{"alg":"HS256","typ":"JWT","kid":"{}"}}"#, k.kid());
         let signed = format!("{}.{}", b64(&h), p[1]);
-        let mac = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, k.public_key()), signed.as_bytes());
+        let mac = hmac::sign(
+            &hmac::Key::new(hmac::HMAC_SHA256, k.public_key()),
+            signed.as_bytes(),
+        );
         let t = format!("{signed}.{}", URL_SAFE_NO_PAD.encode(mac.as_ref()));
-        assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::UnsupportedAlg(a)) if a == "HS256"));
+        assert!(
+            matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::UnsupportedAlg(a)) if a == "HS256")
+        );
     }
 
     /// Missing and unknown `kid`.
@@ -488,13 +531,32 @@ mod tests {
     fn kid_missing_or_unknown() {
         let k = keys();
         let p = parts(&k.sign(&claims()));
-        let t = format!("{}.{}.{}", b64(r#"{"alg":"EdDSA","typ":"JWT"}"#), p[1], p[2]);
-        assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::MissingKid)));
-        let t = format!("{}.{}.{}", b64(r#"{"alg":"EdDSA","kid":"ed_0000000000000000"}"#), p[1], p[2]);
-        assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::UnknownKid(_))));
+        let t = format!(
+            "{}.{}.{}",
+            b64(r#"{"alg":"EdDSA","typ":"JWT"}"#),
+            p[1],
+            p[2]
+        );
+        assert!(matches!(
+            k.verify(&t, NOW, ISS, AUD),
+            Err(AuthError::MissingKid)
+        ));
+        let t = format!(
+            "{}.{}.{}",
+            b64(r#"{"alg":"EdDSA","kid":"ed_0000000000000000"}"#),
+            p[1],
+            p[2]
+        );
+        assert!(matches!(
+            k.verify(&t, NOW, ISS, AUD),
+            Err(AuthError::UnknownKid(_))
+        ));
         // A token from another node's key is an unknown kid here.
         let other = keys().sign(&claims());
-        assert!(matches!(k.verify(&other, NOW, ISS, AUD), Err(AuthError::UnknownKid(_))));
+        assert!(matches!(
+            k.verify(&other, NOW, ISS, AUD),
+            Err(AuthError::UnknownKid(_))
+        ));
     }
 
     /// Changing one claim breaks the signature.
@@ -506,10 +568,16 @@ mod tests {
         c.grants = vec!["*:*:*".into()];
         let forged = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&c).unwrap());
         let t = format!("{}.{}.{}", p[0], forged, p[2]);
-        assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::BadSignature)));
+        assert!(matches!(
+            k.verify(&t, NOW, ISS, AUD),
+            Err(AuthError::BadSignature)
+        ));
         // A truncated signature too.
         let t = format!("{}.{}.{}", p[0], p[1], &p[2][..20]);
-        assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::BadSignature)));
+        assert!(matches!(
+            k.verify(&t, NOW, ISS, AUD),
+            Err(AuthError::BadSignature)
+        ));
     }
 
     /// `exp` is honoured up to the leeway and not one second more.
@@ -520,7 +588,10 @@ mod tests {
         let t = k.sign(&c);
         assert!(k.verify(&t, c.exp, ISS, AUD).is_ok());
         assert!(k.verify(&t, c.exp + JWT_LEEWAY, ISS, AUD).is_ok());
-        assert!(matches!(k.verify(&t, c.exp + JWT_LEEWAY + 1, ISS, AUD), Err(AuthError::TokenExpired)));
+        assert!(matches!(
+            k.verify(&t, c.exp + JWT_LEEWAY + 1, ISS, AUD),
+            Err(AuthError::TokenExpired)
+        ));
     }
 
     /// `nbf` and `iat` in the future are refused beyond the leeway.
@@ -530,14 +601,23 @@ mod tests {
         let mut c = claims();
         c.nbf = NOW + 300;
         let t = k.sign(&c);
-        assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::TokenNotYetValid)));
-        assert!(matches!(k.verify(&t, NOW + 239, ISS, AUD), Err(AuthError::TokenNotYetValid)));
+        assert!(matches!(
+            k.verify(&t, NOW, ISS, AUD),
+            Err(AuthError::TokenNotYetValid)
+        ));
+        assert!(matches!(
+            k.verify(&t, NOW + 239, ISS, AUD),
+            Err(AuthError::TokenNotYetValid)
+        ));
         assert!(k.verify(&t, NOW + 240, ISS, AUD).is_ok());
 
         let mut c = claims();
         c.iat = NOW + JWT_LEEWAY + 1;
         let t = k.sign(&c);
-        assert!(matches!(k.verify(&t, NOW, ISS, AUD), Err(AuthError::TokenIssuedInFuture)));
+        assert!(matches!(
+            k.verify(&t, NOW, ISS, AUD),
+            Err(AuthError::TokenIssuedInFuture)
+        ));
         c.iat = NOW + JWT_LEEWAY;
         assert!(k.verify(&k.sign(&c), NOW, ISS, AUD).is_ok());
     }
@@ -547,8 +627,14 @@ mod tests {
     fn wrong_iss_aud() {
         let k = keys();
         let t = k.sign(&claims());
-        assert!(matches!(k.verify(&t, NOW, "other", AUD), Err(AuthError::WrongIssuer)));
-        assert!(matches!(k.verify(&t, NOW, ISS, "other"), Err(AuthError::WrongAudience)));
+        assert!(matches!(
+            k.verify(&t, NOW, "other", AUD),
+            Err(AuthError::WrongIssuer)
+        ));
+        assert!(matches!(
+            k.verify(&t, NOW, ISS, "other"),
+            Err(AuthError::WrongAudience)
+        ));
     }
 
     /// After rotation, old tokens still verify; the JWKS lists both keys.
@@ -570,7 +656,9 @@ mod tests {
         assert_eq!(list[0]["crv"], "Ed25519");
         assert_eq!(list[0]["alg"], "EdDSA");
         assert_eq!(list[0]["use"], "sig");
-        let x = URL_SAFE_NO_PAD.decode(list[0]["x"].as_str().unwrap()).unwrap();
+        let x = URL_SAFE_NO_PAD
+            .decode(list[0]["x"].as_str().unwrap())
+            .unwrap();
         assert_eq!(x, k.public_key());
     }
 
@@ -580,9 +668,15 @@ mod tests {
         let mut k = keys();
         let other = keys();
         let t = other.sign(&claims());
-        assert_eq!(k.add_verifying_key(other.public_key()).unwrap(), other.kid());
+        assert_eq!(
+            k.add_verifying_key(other.public_key()).unwrap(),
+            other.kid()
+        );
         assert!(k.verify(&t, NOW, ISS, AUD).is_ok());
-        assert!(matches!(k.add_verifying_key(&[0; 31]), Err(AuthError::BadKey(_))));
+        assert!(matches!(
+            k.add_verifying_key(&[0; 31]),
+            Err(AuthError::BadKey(_))
+        ));
     }
 
     /// The key file is created with mode 0600 and loaded on the next start.
@@ -598,7 +692,10 @@ mod tests {
         assert_eq!(a.kid(), b.kid());
         assert_eq!(fs::read_dir(path.parent().unwrap()).unwrap().count(), 1);
         fs::write(&path, b"garbage").unwrap();
-        assert!(matches!(JwtKeys::load_or_generate(&path), Err(AuthError::BadKey(_))));
+        assert!(matches!(
+            JwtKeys::load_or_generate(&path),
+            Err(AuthError::BadKey(_))
+        ));
     }
 
     proptest! {

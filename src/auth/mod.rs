@@ -22,15 +22,13 @@ pub use self::{
         parse as parse_api_key,
     },
     error::{AuthError, Result, TokenPart},
-    grants::{
-        ACTIONS, DOMAINS, Grant, Role, allows, allows_action, grants_cover, parse_grants,
-    },
+    grants::{ACTIONS, DOMAINS, Grant, Role, allows, allows_action, grants_cover, parse_grants},
     hopmac::{
-        HOP_CUSTOM_HEADER, HOP_DEVICE_HEADER, HOP_EXP_HEADER, HOP_GRANTS_HEADER,
-        HOP_HEADER_PREFIX, HOP_HEADERS, HOP_IAT_HEADER, HOP_JTI_HEADER, HOP_MAC_HEADER,
-        HOP_MAC_WINDOW, HOP_NAMESPACE_HEADER, HOP_SESSION_HEADER, HOP_SUBJECT_HEADER,
-        HOP_VERSION_HEADER, HopIdentity, HopKey, HopVersion, canonical_json,
-        from_headers as hop_from_headers, to_headers as hop_to_headers,
+        HOP_CUSTOM_HEADER, HOP_DEVICE_HEADER, HOP_EXP_HEADER, HOP_GRANTS_HEADER, HOP_HEADER_PREFIX,
+        HOP_HEADERS, HOP_IAT_HEADER, HOP_JTI_HEADER, HOP_MAC_HEADER, HOP_MAC_WINDOW,
+        HOP_NAMESPACE_HEADER, HOP_SESSION_HEADER, HOP_SUBJECT_HEADER, HOP_VERSION_HEADER,
+        HopIdentity, HopKey, HopVersion, canonical_json, from_headers as hop_from_headers,
+        to_headers as hop_to_headers,
     },
     jwt::{ACCESS_TOKEN_TTL, Claims, JWT_LEEWAY, JwtKeys, MAX_TOKEN_LEN, kid_for},
     refresh::{

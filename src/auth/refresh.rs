@@ -48,10 +48,23 @@ pub struct RefreshRecord {
 
 impl RefreshRecord {
     /// The record of the first token of a new family, issued `now`.
-    pub fn new_family(namespace: &str, subject: &str, grants: Vec<String>, now: u64) -> Result<Self> {
+    pub fn new_family(
+        namespace: &str,
+        subject: &str,
+        grants: Vec<String>,
+        now: u64,
+    ) -> Result<Self> {
         let mut b = [0u8; 16];
-        SystemRandom::new().fill(&mut b).map_err(|_| AuthError::Random)?;
-        Ok(Self::issued(hex::encode(b), namespace, subject, grants, now))
+        SystemRandom::new()
+            .fill(&mut b)
+            .map_err(|_| AuthError::Random)?;
+        Ok(Self::issued(
+            hex::encode(b),
+            namespace,
+            subject,
+            grants,
+            now,
+        ))
     }
 
     /// The record of the token that replaces `self` (same family and
@@ -72,7 +85,13 @@ impl RefreshRecord {
         self.successor_hash = Some(successor_hash.to_owned());
     }
 
-    fn issued(family: String, namespace: &str, subject: &str, grants: Vec<String>, now: u64) -> Self {
+    fn issued(
+        family: String,
+        namespace: &str,
+        subject: &str,
+        grants: Vec<String>,
+        now: u64,
+    ) -> Self {
         RefreshRecord {
             family,
             namespace: namespace.to_owned(),
@@ -120,16 +139,18 @@ impl RefreshDecision {
 /// `mgr_` + 32 random bytes in base64url.
 pub fn new_refresh_token() -> Result<String> {
     let mut b = [0u8; 32];
-    SystemRandom::new().fill(&mut b).map_err(|_| AuthError::Random)?;
+    SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| AuthError::Random)?;
     Ok(format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(b)))
 }
 
 /// Whether `token` has the shape of a refresh token (checked before any
 /// lookup).
 pub fn is_refresh_token_shaped(token: &str) -> bool {
-    token.strip_prefix(PREFIX).is_some_and(|b| {
-        b.len() == 43 && URL_SAFE_NO_PAD.decode(b).is_ok_and(|d| d.len() == 32)
-    })
+    token
+        .strip_prefix(PREFIX)
+        .is_some_and(|b| b.len() == 43 && URL_SAFE_NO_PAD.decode(b).is_ok_and(|d| d.len() == 32))
 }
 
 /// HMAC-SHA256(secret, token): the only form a refresh token is stored in.
@@ -190,7 +211,10 @@ mod tests {
         assert_eq!(decide(&r, NOW), RefreshDecision::Rotate);
         assert_eq!(decide(&r, r.expires_at - 1), RefreshDecision::Rotate);
         assert_eq!(decide(&r, r.expires_at), RefreshDecision::Expired);
-        assert_eq!(RefreshDecision::Expired.error().unwrap().code(), "REFRESH_TOKEN_EXPIRED");
+        assert_eq!(
+            RefreshDecision::Expired.error().unwrap().code(),
+            "REFRESH_TOKEN_EXPIRED"
+        );
     }
 
     /// The rotated token is accepted once within 60 s, then never.
@@ -205,7 +229,10 @@ mod tests {
         assert_eq!(decide(&r, NOW + 160), RefreshDecision::GraceReuse);
         r.grace_used = true;
         assert_eq!(decide(&r, NOW + 110), RefreshDecision::ReuseDetected);
-        assert_eq!(RefreshDecision::ReuseDetected.error().unwrap().code(), "REFRESH_TOKEN_REUSED");
+        assert_eq!(
+            RefreshDecision::ReuseDetected.error().unwrap().code(),
+            "REFRESH_TOKEN_REUSED"
+        );
     }
 
     /// Reuse after the window revokes the family.

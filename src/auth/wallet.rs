@@ -50,7 +50,9 @@ impl Challenge {
 /// 32 random bytes as lower-case hex.
 pub fn new_nonce() -> Result<String> {
     let mut b = [0u8; 32];
-    SystemRandom::new().fill(&mut b).map_err(|_| AuthError::Random)?;
+    SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| AuthError::Random)?;
     Ok(hex::encode(b))
 }
 
@@ -93,7 +95,18 @@ pub fn parse_challenge(message: &str) -> Result<Challenge> {
         return Err(bad("too long"));
     }
     let lines: Vec<&str> = message.split('\n').collect();
-    let [title, "", intro, "", wallet, namespace, nonce, issued, expires] = lines[..] else {
+    let [
+        title,
+        "",
+        intro,
+        "",
+        wallet,
+        namespace,
+        nonce,
+        issued,
+        expires,
+    ] = lines[..]
+    else {
         return Err(bad("wrong number of lines"));
     };
     if title != TITLE || intro != INTRO {
@@ -106,7 +119,11 @@ pub fn parse_challenge(message: &str) -> Result<Challenge> {
             .ok_or(AuthError::MalformedChallenge("missing field"))
     };
     let wallet = field("Wallet: ", wallet)?;
-    if wallet.len() != 64 || !wallet.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+    if wallet.len() != 64
+        || !wallet
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return Err(bad("wallet is not 64 lower-case hex characters"));
     }
     let namespace = field("Namespace: ", namespace)?;
@@ -117,7 +134,11 @@ pub fn parse_challenge(message: &str) -> Result<Challenge> {
         return Err(bad("bad namespace"));
     }
     let nonce = field("Nonce: ", nonce)?;
-    if nonce.len() != 64 || !nonce.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+    if nonce.len() != 64
+        || !nonce
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return Err(bad("nonce is not 64 lower-case hex characters"));
     }
     let time = |s: String| -> Result<u64> {
@@ -218,7 +239,13 @@ mod tests {
         let (_, w) = wallet();
         let nonce = new_nonce().unwrap();
         let m = challenge_message(&w, "acme", &nonce, NOW, NOW + NONCE_TTL);
-        for part in [w.as_str(), "acme", nonce.as_str(), "1700000000", "2023-11-14T22:13:20Z"] {
+        for part in [
+            w.as_str(),
+            "acme",
+            nonce.as_str(),
+            "1700000000",
+            "2023-11-14T22:13:20Z",
+        ] {
             assert!(m.contains(part), "{part}");
         }
         let c = parse_challenge(&m).unwrap();
@@ -255,7 +282,10 @@ mod tests {
             challenge_message(&w, "acme", &"0".repeat(64), NOW, NOW),
         ];
         for c in cases {
-            assert!(matches!(parse_challenge(&c), Err(AuthError::MalformedChallenge(_))), "{c:?}");
+            assert!(
+                matches!(parse_challenge(&c), Err(AuthError::MalformedChallenge(_))),
+                "{c:?}"
+            );
         }
     }
 
@@ -268,7 +298,12 @@ mod tests {
         verify_signature(&w, m.as_bytes(), &hex::encode(sig.as_ref())).unwrap();
         verify_signature(&w, m.as_bytes(), &STANDARD.encode(sig.as_ref())).unwrap();
         verify_signature(&w, m.as_bytes(), &URL_SAFE_NO_PAD.encode(sig.as_ref())).unwrap();
-        verify_signature(&format!("0x{}", w.to_uppercase()), m.as_bytes(), &hex::encode(sig.as_ref())).unwrap();
+        verify_signature(
+            &format!("0x{}", w.to_uppercase()),
+            m.as_bytes(),
+            &hex::encode(sig.as_ref()),
+        )
+        .unwrap();
     }
 
     /// A signature by another wallet, over another message, or garbage.
@@ -278,9 +313,15 @@ mod tests {
         let (other, _) = wallet();
         let m = message(&w);
         let by_other = hex::encode(other.sign(m.as_bytes()).as_ref());
-        assert!(matches!(verify_signature(&w, m.as_bytes(), &by_other), Err(AuthError::BadWalletSignature)));
+        assert!(matches!(
+            verify_signature(&w, m.as_bytes(), &by_other),
+            Err(AuthError::BadWalletSignature)
+        ));
         let other_msg = hex::encode(kp.sign(message(&w).as_bytes()).as_ref());
-        assert!(matches!(verify_signature(&w, m.as_bytes(), &other_msg), Err(AuthError::BadWalletSignature)));
+        assert!(matches!(
+            verify_signature(&w, m.as_bytes(), &other_msg),
+            Err(AuthError::BadWalletSignature)
+        ));
         let mut flipped = kp.sign(m.as_bytes()).as_ref().to_vec();
         flipped[0] ^= 1;
         assert!(matches!(
@@ -288,9 +329,18 @@ mod tests {
             Err(AuthError::BadWalletSignature)
         ));
         for junk in ["", "zz", &"0".repeat(126), &STANDARD.encode([0u8; 63])] {
-            assert!(matches!(verify_signature(&w, m.as_bytes(), junk), Err(AuthError::MalformedSignature)), "{junk}");
+            assert!(
+                matches!(
+                    verify_signature(&w, m.as_bytes(), junk),
+                    Err(AuthError::MalformedSignature)
+                ),
+                "{junk}"
+            );
         }
-        assert!(matches!(verify_signature("abc", m.as_bytes(), &by_other), Err(AuthError::InvalidWallet(_))));
+        assert!(matches!(
+            verify_signature("abc", m.as_bytes(), &by_other),
+            Err(AuthError::InvalidWallet(_))
+        ));
     }
 
     /// Nonces are 64 lower-case hex and distinct.

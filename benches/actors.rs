@@ -4,7 +4,9 @@
 
 use actix::prelude::*;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use meshgate::actors::{ActorDirectory, GetInfo, NamespaceRecord, NamespaceSupervisor, ask, ns_key};
+use meshgate::actors::{
+    ActorDirectory, GetInfo, NamespaceRecord, NamespaceSupervisor, ask, ns_key,
+};
 use meshgate::metrics::Metrics;
 use meshgate::storage::{OrderedKv, Store};
 use std::time::{Duration, Instant};
@@ -35,7 +37,8 @@ fn round_trips(c: &mut Criterion) {
         rate_burst: None,
         claims_provider: None,
     };
-    sys.block_on(store.put_json(&ns_key("bench"), &record)).unwrap();
+    sys.block_on(store.put_json(&ns_key("bench"), &record))
+        .unwrap();
     let metrics = Metrics::new();
     let directory = ActorDirectory::default();
     let stats = directory.register(&metrics, "namespace", "bench", 1024);
@@ -70,7 +73,10 @@ fn round_trips(c: &mut Criterion) {
             sys.block_on(async {
                 let t = Instant::now();
                 for _ in 0..iters {
-                    ask(&ns, &stats, GetInfo, Duration::from_secs(10)).await.unwrap().unwrap();
+                    ask(&ns, &stats, GetInfo, Duration::from_secs(10))
+                        .await
+                        .unwrap()
+                        .unwrap();
                 }
                 t.elapsed()
             })
@@ -81,9 +87,13 @@ fn round_trips(c: &mut Criterion) {
     let mut g = c.benchmark_group("store");
     g.throughput(Throughput::Elements(1));
     sys.block_on(store.put(b"kv/bench/k", &[7u8; 128])).unwrap();
-    g.bench_function("get_128b", |b| b.iter(|| sys.block_on(store.get(b"kv/bench/k")).unwrap()));
+    g.bench_function("get_128b", |b| {
+        b.iter(|| sys.block_on(store.get(b"kv/bench/k")).unwrap())
+    });
     g.sample_size(20);
-    g.bench_function("put_128b_durable", |b| b.iter(|| sys.block_on(store.put(b"kv/bench/p", &[1u8; 128])).unwrap()));
+    g.bench_function("put_128b_durable", |b| {
+        b.iter(|| sys.block_on(store.put(b"kv/bench/p", &[1u8; 128])).unwrap())
+    });
     g.finish();
 }
 

@@ -17,8 +17,22 @@ use std::time::{Duration, Instant};
 const CONNECTIONS: usize = 32;
 
 async fn bare_kv(node: web::Data<Node>, key: web::Path<String>) -> HttpResponse {
-    let h = locate(&node.supervisor, &node.supervisor_stats, &node.namespaces, "bench").await.unwrap();
-    match h.ask(KvGet { key: key.into_inner() }).await.unwrap().unwrap() {
+    let h = locate(
+        &node.supervisor,
+        &node.supervisor_stats,
+        &node.namespaces,
+        "bench",
+    )
+    .await
+    .unwrap();
+    match h
+        .ask(KvGet {
+            key: key.into_inner(),
+        })
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Some(v) => HttpResponse::Ok().body(v),
         None => HttpResponse::NotFound().finish(),
     }
@@ -32,7 +46,9 @@ async fn load(url: String, auth: Option<String>, secs: f64) -> f64 {
     for _ in 0..CONNECTIONS {
         let (url, auth, done) = (url.clone(), auth.clone(), done.clone());
         tasks.push(actix_web::rt::spawn(async move {
-            let client = awc::Client::builder().connector(awc::Connector::new().limit(1)).finish();
+            let client = awc::Client::builder()
+                .connector(awc::Connector::new().limit(1))
+                .finish();
             while Instant::now() < end {
                 let mut req = client.get(&url);
                 if let Some(a) = &auth {

@@ -134,7 +134,7 @@ impl TestNode {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("node never became ready");
+        panic!("node never became ready: {}", self.stderr.lock().unwrap());
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -213,10 +213,6 @@ impl TestNode {
             body,
         );
         (s, String::from_utf8_lossy(&b).into_owned())
-    }
-
-    pub fn data_dir(&self) -> &Path {
-        &self.dir
     }
 }
 

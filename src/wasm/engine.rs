@@ -279,6 +279,9 @@ impl WasmEngine {
     }
 
     /// Validates, compiles (or loads from the artifact cache) and links a module.
+    ///
+    /// Compiling is CPU-bound (milliseconds to seconds): call it from a
+    /// blocking context (`spawn_blocking`, `web::block`), not on an event loop.
     pub fn compile(&self, wasm: &[u8]) -> Result<Arc<CompiledModule>> {
         let inner = &*self.inner;
         if wasm.len() > inner.max_module_bytes {

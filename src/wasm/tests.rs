@@ -707,3 +707,17 @@ async fn env_and_no_preopens() {
     assert_eq!(word(4), "A=1\0SECRET=xyz\0".len() as u32);
     assert_eq!(word(8), 8, "fd 3 is not preopened: EBADF");
 }
+
+proptest::proptest! {
+    /// Guest (ptr, len) pairs never panic the host and never leave the memory.
+    #[test]
+    fn guest_range_stays_in_bounds(ptr: i32, len: i32, size in 0usize..(1 << 33)) {
+        if let Some(r) = super::host::guest_range(ptr, len, size) {
+            proptest::prop_assert!(r.start <= r.end && r.end <= size);
+            proptest::prop_assert_eq!(r.start, ptr as u32 as usize);
+            proptest::prop_assert_eq!(r.len(), len as u32 as usize);
+        } else {
+            proptest::prop_assert!(ptr as u32 as u64 + len as u32 as u64 > size as u64);
+        }
+    }
+}

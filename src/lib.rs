@@ -17,7 +17,7 @@
 //! - `metrics.rs`: every Prometheus metric, in one registry.
 //! - `node.rs`: start-up, the node's shared handle, and the drain.
 //! - `cli.rs`: the `meshgate` command line, server and client.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod actors;
 pub mod auth;
@@ -29,3 +29,4 @@ pub mod identity;
 pub mod metrics;
 pub mod node;
 pub mod storage;
+pub mod wasm;

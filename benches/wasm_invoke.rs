@@ -1,0 +1,124 @@
+//! Warm no-op invocation: raw wasmtime vs `WasmEngine`.
+//!
+//! - `raw_wasmtime`: `InstancePre::instantiate` + call of `_start` in a minimal
+//!   `Store<()>`, on the same wasmtime `Engine` (same pooling allocator and
+//!   settings) as the `WasmEngine`.
+//! - `engine_inline`: the `WasmEngine` path of one invocation (store, limiter,
+//!   deadline, lazy WASI, instantiate, call, output collection) on the
+//!   current thread: the cost the design bounds at 1.5x raw.
+//! - `engine_invoke`: `WasmEngine::invoke` end to end: the above plus the
+//!   queue hand-off to a worker thread and the oneshot back.
+//!
+//! Run: `CARGO_TARGET_DIR=/work/target-wasm cargo bench --bench wasm_invoke`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use meshgate::wasm::{
+    CompiledModule, HostApi, HostError, Invocation, ResolvedFunction, WasmConfig, WasmEngine,
+};
+
+const NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
+
+struct NoopHost;
+
+impl HostApi for NoopHost {
+    fn kv_get(&self, _: &[u8]) -> Result<Option<Vec<u8>>, HostError> {
+        Ok(None)
+    }
+    fn kv_put(&self, _: &[u8], _: &[u8]) -> Result<(), HostError> {
+        Ok(())
+    }
+    fn kv_delete(&self, _: &[u8]) -> Result<(), HostError> {
+        Ok(())
+    }
+    fn publish(&self, _: &str, _: &[u8]) -> Result<(), HostError> {
+        Ok(())
+    }
+    fn resolve(&self, _: &str) -> Result<ResolvedFunction, HostError> {
+        Err(HostError::NotFound)
+    }
+}
+
+fn raw_call(engine: &wasmtime::Engine, pre: &wasmtime::InstancePre<()>) {
+    let mut store = wasmtime::Store::new(engine, ());
+    store.set_epoch_deadline(1_000);
+    let instance = pre.instantiate(&mut store).expect("instantiate");
+    let start = instance
+        .get_typed_func::<(), ()>(&mut store, "_start")
+        .expect("_start");
+    start.call(&mut store, ()).expect("call");
+}
+
+fn mean_of(iters: u32, mut f: impl FnMut()) -> Duration {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    t.elapsed() / iters
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = WasmConfig {
+        workers: 1,
+        ..WasmConfig::default()
+    };
+    let engine = WasmEngine::new(cfg, dir.path().to_path_buf()).expect("engine");
+    let module: Arc<CompiledModule> = engine.compile(NOOP.as_bytes()).expect("compile");
+    let host: Arc<dyn HostApi> = Arc::new(NoopHost);
+    let call = Invocation::new("bench", "noop", Vec::new());
+
+    let raw_engine = engine.wasmtime_engine().clone();
+    let raw_module = wasmtime::Module::new(&raw_engine, NOOP).expect("raw module");
+    let pre = wasmtime::Linker::<()>::new(&raw_engine)
+        .instantiate_pre(&raw_module)
+        .expect("raw pre");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("tokio");
+
+    let mut group = c.benchmark_group("noop_invoke");
+    group.bench_function("raw_wasmtime", |b| b.iter(|| raw_call(&raw_engine, &pre)));
+    group.bench_function("engine_inline", |b| {
+        b.iter(|| {
+            engine
+                .invoke_inline_for_bench(module.clone(), call.clone(), host.clone())
+                .expect("invoke")
+        })
+    });
+    group.bench_function("engine_invoke", |b| {
+        b.iter(|| {
+            rt.block_on(engine.invoke(module.clone(), call.clone(), host.clone()))
+                .expect("invoke")
+        })
+    });
+    group.finish();
+
+    // The same three, measured back to back for a direct ratio.
+    let n = 20_000;
+    let raw = mean_of(n, || raw_call(&raw_engine, &pre));
+    let inline = mean_of(n, || {
+        engine
+            .invoke_inline_for_bench(module.clone(), call.clone(), host.clone())
+            .expect("invoke");
+    });
+    let pooled = mean_of(n / 4, || {
+        rt.block_on(engine.invoke(module.clone(), call.clone(), host.clone()))
+            .expect("invoke");
+    });
+    let ratio = |d: Duration| d.as_secs_f64() / raw.as_secs_f64();
+    println!(
+        "\nnoop invoke, mean of {n}: raw wasmtime {raw:?}; WasmEngine inline {inline:?} ({:.2}x raw); \
+         WasmEngine::invoke via the pool {pooled:?} ({:.2}x raw)",
+        ratio(inline),
+        ratio(pooled)
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,479 @@
+//! The engine: one wasmtime `Engine` per node, compilation with the artifact
+//! cache, and running one invocation in a fresh `Store`.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use wasmtime::{
+    Config, Engine, Extern, ExternType, InstanceAllocationStrategy, InstancePre, Linker, Module,
+    ModuleExport, OptLevel, PoolingAllocationConfig, Store, Trap,
+};
+
+use super::cache::ArtifactCache;
+use super::error::{Result, WasmError};
+use super::host::{HostApi, HostState, ResolvedFunction, build_linker};
+use super::limits::{
+    DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, MAX_DEPTH, MAX_INPUT_BYTES, MAX_MEMORY_MB,
+    MAX_OUTPUT_BYTES, MAX_TABLE_ELEMENTS, MAX_WASM_STACK,
+};
+use super::pool::{Pool, PoolStats};
+
+/// The entry point of a WASI command module.
+const ENTRY_POINT: &str = "_start";
+/// Most pooled instance slots, whatever the worker count.
+const MAX_POOL_SLOTS: usize = 1_000;
+
+/// Settings of the [`WasmEngine`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WasmConfig {
+    /// Worker threads running guests; default: the number of CPUs.
+    pub workers: usize,
+    /// Invocations that may wait for a worker, node-wide; default 256.
+    pub queue: usize,
+    /// Running + queued invocations allowed per namespace; default 4.
+    pub namespace_concurrency: usize,
+    /// Largest module accepted, in bytes; default 16 MiB.
+    pub max_module_bytes: usize,
+    /// Epoch tick, in milliseconds: the granularity of deadlines; default 5.
+    pub epoch_tick_ms: u64,
+}
+
+impl Default for WasmConfig {
+    fn default() -> Self {
+        Self {
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            queue: 256,
+            namespace_concurrency: 4,
+            max_module_bytes: 16 << 20,
+            epoch_tick_ms: 5,
+        }
+    }
+}
+
+/// One call of a function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// The namespace the function belongs to (the unit of the concurrency cap).
+    pub namespace: String,
+    /// The function's name.
+    pub function: String,
+    /// The function's version.
+    pub version: u64,
+    /// The guest's stdin (at most 1 MiB).
+    pub input: Vec<u8>,
+    /// Environment variables (env vars and secrets).
+    pub env: Vec<(String, String)>,
+    /// Memory cap, in MiB (1 to 256).
+    pub memory_limit_mb: u32,
+    /// Wall-clock deadline, counted from when a worker starts the call.
+    pub timeout: Duration,
+    /// What the `caller` import returns.
+    pub caller_json: Vec<u8>,
+    /// Nesting depth: 0 for a top-level call.
+    pub depth: u32,
+}
+
+impl Invocation {
+    /// A top-level call with the default limits (64 MiB, 10 s), no env.
+    pub fn new(namespace: impl Into<String>, function: impl Into<String>, input: Vec<u8>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            function: function.into(),
+            version: 1,
+            input,
+            env: Vec::new(),
+            memory_limit_mb: DEFAULT_MEMORY_MB,
+            timeout: DEFAULT_TIMEOUT,
+            caller_json: b"{}".to_vec(),
+            depth: 0,
+        }
+    }
+}
+
+/// What a successful invocation produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InvokeOutput {
+    /// What the guest wrote to stdout.
+    pub stdout: Vec<u8>,
+    /// stderr lines and `log` calls, in order (nested calls' included).
+    pub logs: Vec<LogLine>,
+    /// Time from the start of the store to the end of the guest.
+    pub duration: Duration,
+    /// Publishes made, nested calls' included.
+    pub publishes: u32,
+}
+
+/// One log line of a guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    /// The line, lossily decoded as UTF-8, at most 16 KiB.
+    pub message: String,
+}
+
+/// A validated, compiled and linked module, ready to instantiate.
+pub struct CompiledModule {
+    pre: InstancePre<HostState>,
+    entry: ModuleExport,
+    sha256: [u8; 32],
+}
+
+impl CompiledModule {
+    /// SHA-256 of the module's bytes.
+    pub fn sha256(&self) -> [u8; 32] {
+        self.sha256
+    }
+
+    /// SHA-256 of the module's bytes, as lowercase hex.
+    pub fn sha256_hex(&self) -> String {
+        hex::encode(self.sha256)
+    }
+}
+
+impl std::fmt::Debug for CompiledModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledModule")
+            .field("sha256", &self.sha256_hex())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a running store needs from the engine.
+pub(crate) struct Runtime {
+    engine: Engine,
+    tick_ms: u64,
+}
+
+struct Inner {
+    runtime: Arc<Runtime>,
+    linker: Linker<HostState>,
+    /// Every import the linker satisfies, as `module::name`.
+    known_imports: HashSet<String>,
+    cache: ArtifactCache,
+    pool: Pool,
+    max_module_bytes: usize,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The node's WASM engine: compile modules, run invocations on the pool.
+#[derive(Clone)]
+pub struct WasmEngine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for WasmEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmEngine")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves no namespace: the store used to list the linker's imports.
+struct NoHost;
+
+impl HostApi for NoHost {
+    fn kv_get(&self, _: &[u8]) -> Result<Option<Vec<u8>>, super::HostError> {
+        Err(super::HostError::Denied)
+    }
+    fn kv_put(&self, _: &[u8], _: &[u8]) -> Result<(), super::HostError> {
+        Err(super::HostError::Denied)
+    }
+    fn kv_delete(&self, _: &[u8]) -> Result<(), super::HostError> {
+        Err(super::HostError::Denied)
+    }
+    fn publish(&self, _: &str, _: &[u8]) -> Result<(), super::HostError> {
+        Err(super::HostError::Denied)
+    }
+    fn resolve(&self, _: &str) -> Result<ResolvedFunction, super::HostError> {
+        Err(super::HostError::NotFound)
+    }
+}
+
+fn wasmtime_config(workers: usize) -> Config {
+    // A worker holds at most MAX_DEPTH + 1 live instances (nested calls run
+    // inline), so this many slots can never run out.
+    let slots = (workers.max(1) * (MAX_DEPTH as usize + 1) + 4).min(MAX_POOL_SLOTS) as u32;
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_core_instances(slots)
+        .total_memories(slots)
+        .total_tables(slots)
+        .total_stacks(slots)
+        .max_memories_per_module(1)
+        .max_tables_per_module(1)
+        .table_elements(MAX_TABLE_ELEMENTS)
+        .max_memory_size((MAX_MEMORY_MB as usize) << 20)
+        // Reset small memories with memset instead of madvise: cheaper for
+        // the many short calls a gateway sees.
+        .linear_memory_keep_resident(64 << 10)
+        .table_keep_resident(16 << 10);
+    let mut config = Config::new();
+    config
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+        .memory_init_cow(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(MAX_WASM_STACK)
+        .cranelift_opt_level(OptLevel::Speed)
+        .parallel_compilation(true);
+    config
+}
+
+impl WasmEngine {
+    /// Starts the engine: wasmtime, the epoch ticker and the worker pool.
+    pub fn new(cfg: WasmConfig, cache_dir: PathBuf) -> Result<Self> {
+        let engine = Engine::new(&wasmtime_config(cfg.workers))
+            .map_err(|e| WasmError::Internal(format!("cannot start wasmtime: {e:#}")))?;
+        let tick_ms = cfg.epoch_tick_ms.max(1);
+        let runtime = Arc::new(Runtime {
+            engine: engine.clone(),
+            tick_ms,
+        });
+        let linker = build_linker(&engine)
+            .map_err(|e| WasmError::Internal(format!("cannot build the linker: {e:#}")))?;
+        let known_imports = {
+            let call = Invocation::new("", "", Vec::new());
+            let state = HostState::new(runtime.clone(), call, Arc::new(NoHost), Instant::now());
+            let mut store = Store::new(&engine, state);
+            linker
+                .iter(&mut store)
+                .map(|(module, name, _)| format!("{module}::{name}"))
+                .collect()
+        };
+        let cache = ArtifactCache::new(&engine, cache_dir)?;
+        let pool = Pool::new(cfg.workers, cfg.queue, cfg.namespace_concurrency)?;
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        {
+            let stop = ticker_stop.clone();
+            let tick = Duration::from_millis(tick_ms);
+            std::thread::Builder::new()
+                .name("wasm-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(tick);
+                        engine.increment_epoch();
+                    }
+                })
+                .map_err(|e| WasmError::Internal(format!("cannot spawn the epoch ticker: {e}")))?;
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                runtime,
+                linker,
+                known_imports,
+                cache,
+                pool,
+                max_module_bytes: cfg.max_module_bytes,
+                ticker_stop,
+            }),
+        })
+    }
+
+    /// Validates, compiles (or loads from the artifact cache) and links a module.
+    ///
+    /// Compiling is CPU-bound (milliseconds to seconds): call it from a
+    /// blocking context (`spawn_blocking`, `web::block`), not on an event loop.
+    pub fn compile(&self, wasm: &[u8]) -> Result<Arc<CompiledModule>> {
+        let inner = &*self.inner;
+        if wasm.len() > inner.max_module_bytes {
+            return Err(WasmError::ModuleTooLarge {
+                size: wasm.len(),
+                max: inner.max_module_bytes,
+            });
+        }
+        let engine = &inner.runtime.engine;
+        let digest = ring::digest::digest(&ring::digest::SHA256, wasm);
+        let mut sha256 = [0u8; 32];
+        sha256.copy_from_slice(digest.as_ref());
+
+        let (module, cached) = match inner.cache.load(engine, &sha256) {
+            Some(module) => (module, true),
+            None => {
+                let module = Module::new(engine, wasm)
+                    .map_err(|e| WasmError::InvalidModule(format!("{e:#}")))?;
+                (module, false)
+            }
+        };
+        for import in module.imports() {
+            let key = format!("{}::{}", import.module(), import.name());
+            if !inner.known_imports.contains(&key) {
+                return Err(WasmError::UnknownImport(key));
+            }
+        }
+        match module.get_export(ENTRY_POINT) {
+            Some(ExternType::Func(f)) if f.params().len() == 0 && f.results().len() == 0 => {}
+            _ => {
+                return Err(WasmError::InvalidModule(format!(
+                    "no `{ENTRY_POINT}: func()` export: not a WASI command module"
+                )));
+            }
+        }
+        let entry = module
+            .get_export_index(ENTRY_POINT)
+            .ok_or_else(|| WasmError::InvalidModule(format!("no `{ENTRY_POINT}` export")))?;
+        // Link once: every invocation of this module reuses the resolved imports.
+        let pre = inner
+            .linker
+            .instantiate_pre(&module)
+            .map_err(|e| WasmError::InvalidModule(format!("{e:#}")))?;
+        if !cached {
+            // Only modules that passed every check reach the cache.
+            inner.cache.store(&module, &sha256);
+        }
+        Ok(Arc::new(CompiledModule { pre, entry, sha256 }))
+    }
+
+    /// Runs `call` on the worker pool and waits for it.
+    pub async fn invoke(
+        &self,
+        module: Arc<CompiledModule>,
+        call: Invocation,
+        host: Arc<dyn HostApi>,
+    ) -> Result<InvokeOutput> {
+        if call.input.len() > MAX_INPUT_BYTES {
+            return Err(WasmError::InputTooLarge);
+        }
+        if call.depth > MAX_DEPTH {
+            return Err(WasmError::DepthExceeded);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let runtime = self.inner.runtime.clone();
+        let namespace = call.namespace.clone();
+        let job = Box::new(move || {
+            // The caller gave up while this waited in the queue.
+            if tx.is_closed() {
+                return;
+            }
+            let _ = tx.send(execute(&runtime, &module, call, host, None));
+        });
+        self.inner.pool.submit(&namespace, job)?;
+        rx.await
+            .map_err(|_| WasmError::Internal("the WASM worker dropped the invocation".into()))?
+    }
+
+    /// A snapshot of the worker pool.
+    pub fn stats(&self) -> PoolStats {
+        self.inner.pool.stats()
+    }
+
+    /// Modules loaded from the artifact cache since start.
+    pub fn cache_hits(&self) -> u64 {
+        self.inner.cache.hits()
+    }
+
+    /// Modules compiled (not found in the artifact cache) since start.
+    pub fn cache_misses(&self) -> u64 {
+        self.inner.cache.misses()
+    }
+
+    /// Runs `call` on the current thread, bypassing the pool: for benchmarks
+    /// only (the node must use [`WasmEngine::invoke`]).
+    #[doc(hidden)]
+    pub fn invoke_inline_for_bench(
+        &self,
+        module: Arc<CompiledModule>,
+        call: Invocation,
+        host: Arc<dyn HostApi>,
+    ) -> Result<InvokeOutput> {
+        execute(&self.inner.runtime, &module, call, host, None)
+    }
+
+    /// The underlying wasmtime engine (for benchmarks against raw wasmtime).
+    #[doc(hidden)]
+    pub fn wasmtime_engine(&self) -> &Engine {
+        &self.inner.runtime.engine
+    }
+}
+
+/// Runs one invocation in a fresh store on the current thread.
+///
+/// `deadline_cap` is the caller's deadline for a nested call.
+pub(crate) fn execute(
+    runtime: &Arc<Runtime>,
+    module: &CompiledModule,
+    call: Invocation,
+    host: Arc<dyn HostApi>,
+    deadline_cap: Option<Instant>,
+) -> Result<InvokeOutput> {
+    if call.input.len() > MAX_INPUT_BYTES {
+        return Err(WasmError::InputTooLarge);
+    }
+    if call.depth > MAX_DEPTH {
+        return Err(WasmError::DepthExceeded);
+    }
+    if !Engine::same(module.pre.module().engine(), &runtime.engine) {
+        return Err(WasmError::Internal(
+            "module compiled by another engine".into(),
+        ));
+    }
+    let start = Instant::now();
+    let mut deadline = start
+        .checked_add(call.timeout)
+        .unwrap_or(start + Duration::from_secs(3600));
+    if let Some(cap) = deadline_cap {
+        deadline = deadline.min(cap);
+    }
+    let ticks = deadline.saturating_duration_since(start).as_millis() as u64 / runtime.tick_ms + 1;
+
+    let state = HostState::new(runtime.clone(), call, host, deadline);
+    let mut store = Store::new(&runtime.engine, state);
+    store.limiter(|s| &mut s.limiter);
+    store.set_epoch_deadline(ticks);
+
+    let outcome = module.pre.instantiate(&mut store).and_then(|instance| {
+        match instance.get_module_export(&mut store, &module.entry) {
+            Some(Extern::Func(f)) => f.typed::<(), ()>(&store)?.call(&mut store, ()),
+            _ => Err(wasmtime::format_err!("`{ENTRY_POINT}` is not a function")),
+        }
+    });
+    let duration = start.elapsed();
+    let mut state = store.into_data();
+    let stdout = state.take_stdout();
+    let logs = state.logs.lock().finish();
+
+    if stdout.len() > MAX_OUTPUT_BYTES {
+        return Err(WasmError::OutputTooLarge);
+    }
+    if let Err(err) = outcome {
+        classify(err, state.limiter.memory_refused)?;
+    }
+    Ok(InvokeOutput {
+        stdout,
+        logs,
+        duration,
+        publishes: state.publishes.saturating_add(state.nested_publishes),
+    })
+}
+
+/// Maps a failed run to its error, or `Ok` for `proc_exit(0)`.
+fn classify(err: wasmtime::Error, memory_refused: bool) -> Result<()> {
+    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return match exit.0 {
+            0 => Ok(()),
+            _ if memory_refused => Err(WasmError::MemoryLimit),
+            code => Err(WasmError::Trapped(format!("exit code {code}"))),
+        };
+    }
+    if let Some(trap) = err.downcast_ref::<Trap>() {
+        if *trap == Trap::Interrupt {
+            return Err(WasmError::Timeout);
+        }
+        if memory_refused {
+            return Err(WasmError::MemoryLimit);
+        }
+        return Err(WasmError::Trapped(trap.to_string()));
+    }
+    if memory_refused {
+        return Err(WasmError::MemoryLimit);
+    }
+    Err(WasmError::Trapped(format!("{:#}", err)))
+}

@@ -1,0 +1,499 @@
+//! What a guest can reach: the node's [`HostApi`], the `meshgate` imports,
+//! WASI preview 1 (built lazily) and the per-store state behind them.
+
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use wasmtime::{Caller, Extern, Linker, Memory};
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+use super::engine::{CompiledModule, Invocation, LogLine, Runtime, execute};
+use super::error::{HostError, WasmError, codes};
+use super::limits::{
+    MAX_DEPTH, MAX_INPUT_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_OUTPUT_BYTES, MAX_PUBLISHES,
+    StoreLimiter,
+};
+
+/// The node's services for the guests of one namespace.
+///
+/// Called synchronously from the worker thread running the guest, so an
+/// implementation must not block for long (no waiting on the async runtime
+/// that is itself waiting for this invocation).
+pub trait HostApi: Send + Sync {
+    /// Reads `key` from the namespace KV.
+    fn kv_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, HostError>;
+    /// Writes `key` in the namespace KV.
+    fn kv_put(&self, key: &[u8], value: &[u8]) -> Result<(), HostError>;
+    /// Deletes `key` from the namespace KV.
+    fn kv_delete(&self, key: &[u8]) -> Result<(), HostError>;
+    /// Publishes `data` to `topic` of the namespace.
+    fn publish(&self, topic: &str, data: &[u8]) -> Result<(), HostError>;
+    /// Resolves another function of the SAME namespace for a nested `invoke`.
+    /// The engine runs it inline on the same worker thread at depth + 1, so
+    /// nested calls can never deadlock the pool.
+    fn resolve(&self, name: &str) -> Result<ResolvedFunction, HostError>;
+}
+
+/// A function found by [`HostApi::resolve`], with its settings.
+#[derive(Clone)]
+pub struct ResolvedFunction {
+    /// The compiled current version.
+    pub module: Arc<CompiledModule>,
+    /// Its version number.
+    pub version: u64,
+    /// Its environment (env vars and secrets).
+    pub env: Vec<(String, String)>,
+    /// Its memory limit, in MiB.
+    pub memory_limit_mb: u32,
+    /// Its own timeout (capped by what is left of the caller's).
+    pub timeout: Duration,
+}
+
+/// Log lines of one invocation: stderr lines and the `log` import, in order.
+#[derive(Default)]
+pub(crate) struct LogBuf {
+    partial: Vec<u8>,
+    lines: Vec<LogLine>,
+    dropped: u64,
+}
+
+impl LogBuf {
+    pub(crate) fn push(&mut self, level: &str, message: &[u8]) {
+        if self.lines.len() >= MAX_LOG_LINES {
+            self.dropped += 1;
+            return;
+        }
+        let cut = &message[..message.len().min(MAX_LOG_LINE_BYTES)];
+        self.lines.push(LogLine {
+            level: level.to_owned(),
+            message: String::from_utf8_lossy(cut).into_owned(),
+        });
+    }
+
+    pub(crate) fn extend(&mut self, lines: Vec<LogLine>) {
+        for line in lines {
+            if self.lines.len() >= MAX_LOG_LINES {
+                self.dropped += 1;
+            } else {
+                self.lines.push(line);
+            }
+        }
+    }
+
+    fn write_stderr(&mut self, mut bytes: &[u8]) {
+        while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
+            let (line, rest) = bytes.split_at(nl);
+            if self.partial.is_empty() {
+                self.push("info", line);
+            } else {
+                self.partial.extend_from_slice(line);
+                let full = std::mem::take(&mut self.partial);
+                self.push("info", &full);
+            }
+            bytes = &rest[1..];
+        }
+        // Keep at most one line's worth of an unterminated line.
+        let room = MAX_LOG_LINE_BYTES.saturating_sub(self.partial.len());
+        self.partial
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    /// The lines, with any unterminated stderr line flushed.
+    pub(crate) fn finish(&mut self) -> Vec<LogLine> {
+        if !self.partial.is_empty() {
+            let full = std::mem::take(&mut self.partial);
+            self.push("info", &full);
+        }
+        if self.dropped > 0 {
+            tracing::debug!(dropped = self.dropped, "Guest log lines dropped.");
+        }
+        std::mem::take(&mut self.lines)
+    }
+}
+
+/// The guest's stderr: every line becomes a log line.
+#[derive(Clone)]
+struct StderrSink(Arc<Mutex<LogBuf>>);
+
+impl IsTerminal for StderrSink {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for StderrSink {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for StderrSink {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for StderrSink {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.0.lock().write_stderr(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+impl tokio::io::AsyncWrite for StderrSink {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.0.lock().write_stderr(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The data of one invocation's `Store`.
+pub(crate) struct HostState {
+    /// Built on the first WASI call: a guest that never touches WASI pays nothing.
+    wasi: Option<WasiP1Ctx>,
+    stdin: Vec<u8>,
+    env: Vec<(String, String)>,
+    stdout: Option<MemoryOutputPipe>,
+    pub(crate) logs: Arc<Mutex<LogBuf>>,
+    pub(crate) limiter: StoreLimiter,
+    host: Arc<dyn HostApi>,
+    runtime: Arc<Runtime>,
+    namespace: String,
+    caller_json: Vec<u8>,
+    pub(crate) publishes: u32,
+    pub(crate) nested_publishes: u32,
+    depth: u32,
+    deadline: Instant,
+}
+
+impl HostState {
+    pub(crate) fn new(
+        runtime: Arc<Runtime>,
+        call: Invocation,
+        host: Arc<dyn HostApi>,
+        deadline: Instant,
+    ) -> Self {
+        Self {
+            wasi: None,
+            stdin: call.input,
+            env: call.env,
+            stdout: None,
+            logs: Arc::new(Mutex::new(LogBuf::default())),
+            limiter: StoreLimiter::new(call.memory_limit_mb),
+            host,
+            runtime,
+            namespace: call.namespace,
+            caller_json: call.caller_json,
+            publishes: 0,
+            nested_publishes: 0,
+            depth: call.depth,
+            deadline,
+        }
+    }
+
+    fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
+        let Self {
+            wasi,
+            stdin,
+            env,
+            stdout,
+            logs,
+            ..
+        } = self;
+        wasi.get_or_insert_with(|| {
+            let out = MemoryOutputPipe::new(MAX_OUTPUT_BYTES + 1);
+            *stdout = Some(out.clone());
+            WasiCtxBuilder::new()
+                .stdin(MemoryInputPipe::new(std::mem::take(stdin)))
+                .stdout(out)
+                .stderr(StderrSink(logs.clone()))
+                .envs(env)
+                .allow_tcp(false)
+                .allow_udp(false)
+                .allow_ip_name_lookup(false)
+                .build_p1()
+        })
+    }
+
+    /// What the guest wrote to stdout (at most `MAX_OUTPUT_BYTES + 1` bytes).
+    pub(crate) fn take_stdout(&mut self) -> Vec<u8> {
+        // Drop the WASI context first so the pipe's only owner is `stdout`.
+        self.wasi = None;
+        match self.stdout.take() {
+            Some(pipe) => match pipe.try_into_inner() {
+                Some(bytes) => bytes.into(),
+                None => Vec::new(),
+            },
+            None => Vec::new(),
+        }
+    }
+}
+
+/// Builds the linker shared by every module: WASI preview 1 and `meshgate`.
+pub(crate) fn build_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, HostState::wasi_ctx)?;
+    linker.func_wrap("meshgate", "publish", publish)?;
+    linker.func_wrap("meshgate", "kv_get", kv_get)?;
+    linker.func_wrap("meshgate", "kv_put", kv_put)?;
+    linker.func_wrap("meshgate", "kv_delete", kv_delete)?;
+    linker.func_wrap("meshgate", "invoke", invoke)?;
+    linker.func_wrap("meshgate", "caller", caller_info)?;
+    linker.func_wrap("meshgate", "log", log)?;
+    Ok(linker)
+}
+
+fn guest_memory(caller: &mut Caller<'_, HostState>) -> Option<Memory> {
+    match caller.get_export("memory") {
+        Some(Extern::Memory(m)) => Some(m),
+        _ => None,
+    }
+}
+
+/// The bytes `[ptr, ptr + len)` as a range of a memory of `size` bytes, if in bounds.
+/// Pointers and lengths are unsigned 32-bit values passed as `i32`.
+pub(crate) fn guest_range(ptr: i32, len: i32, size: usize) -> Option<Range<usize>> {
+    let start = ptr as u32 as usize;
+    let end = start.checked_add(len as u32 as usize)?;
+    (end <= size).then_some(start..end)
+}
+
+/// The `kv_get` protocol: write `value` only if it fits, return its length.
+fn write_out(data: &mut [u8], out: Range<usize>, value: &[u8]) -> i64 {
+    if value.len() <= out.len() {
+        data[out.start..out.start + value.len()].copy_from_slice(value);
+    }
+    value.len() as i64
+}
+
+fn publish(
+    mut caller: Caller<'_, HostState>,
+    topic_ptr: i32,
+    topic_len: i32,
+    data_ptr: i32,
+    data_len: i32,
+) -> i32 {
+    let Some(mem) = guest_memory(&mut caller) else {
+        return codes::BAD_ARGUMENT;
+    };
+    let (data, state) = mem.data_and_store_mut(&mut caller);
+    let (Some(t), Some(d)) = (
+        guest_range(topic_ptr, topic_len, data.len()),
+        guest_range(data_ptr, data_len, data.len()),
+    ) else {
+        return codes::BAD_ARGUMENT;
+    };
+    let Ok(topic) = std::str::from_utf8(&data[t]) else {
+        return codes::BAD_ARGUMENT;
+    };
+    if topic.is_empty() {
+        return codes::BAD_ARGUMENT;
+    }
+    if state.publishes >= MAX_PUBLISHES {
+        return codes::LIMIT;
+    }
+    state.publishes += 1;
+    match state.host.publish(topic, &data[d]) {
+        Ok(()) => 0,
+        Err(e) => e.code(),
+    }
+}
+
+fn kv_get(
+    mut caller: Caller<'_, HostState>,
+    key_ptr: i32,
+    key_len: i32,
+    out_ptr: i32,
+    out_cap: i32,
+) -> i64 {
+    let Some(mem) = guest_memory(&mut caller) else {
+        return codes::BAD_ARGUMENT.into();
+    };
+    let (data, state) = mem.data_and_store_mut(&mut caller);
+    let (Some(k), Some(out)) = (
+        guest_range(key_ptr, key_len, data.len()),
+        guest_range(out_ptr, out_cap, data.len()),
+    ) else {
+        return codes::BAD_ARGUMENT.into();
+    };
+    match state.host.kv_get(&data[k]) {
+        Ok(Some(value)) => write_out(data, out, &value),
+        Ok(None) => codes::NOT_FOUND.into(),
+        Err(e) => e.code().into(),
+    }
+}
+
+fn kv_put(
+    mut caller: Caller<'_, HostState>,
+    key_ptr: i32,
+    key_len: i32,
+    val_ptr: i32,
+    val_len: i32,
+) -> i32 {
+    let Some(mem) = guest_memory(&mut caller) else {
+        return codes::BAD_ARGUMENT;
+    };
+    let (data, state) = mem.data_and_store_mut(&mut caller);
+    let (Some(k), Some(v)) = (
+        guest_range(key_ptr, key_len, data.len()),
+        guest_range(val_ptr, val_len, data.len()),
+    ) else {
+        return codes::BAD_ARGUMENT;
+    };
+    match state.host.kv_put(&data[k], &data[v]) {
+        Ok(()) => 0,
+        Err(e) => e.code(),
+    }
+}
+
+fn kv_delete(mut caller: Caller<'_, HostState>, key_ptr: i32, key_len: i32) -> i32 {
+    let Some(mem) = guest_memory(&mut caller) else {
+        return codes::BAD_ARGUMENT;
+    };
+    let (data, state) = mem.data_and_store_mut(&mut caller);
+    let Some(k) = guest_range(key_ptr, key_len, data.len()) else {
+        return codes::BAD_ARGUMENT;
+    };
+    match state.host.kv_delete(&data[k]) {
+        Ok(()) => 0,
+        Err(e) => e.code(),
+    }
+}
+
+fn caller_info(mut caller: Caller<'_, HostState>, out_ptr: i32, out_cap: i32) -> i64 {
+    let Some(mem) = guest_memory(&mut caller) else {
+        return codes::BAD_ARGUMENT.into();
+    };
+    let (data, state) = mem.data_and_store_mut(&mut caller);
+    let Some(out) = guest_range(out_ptr, out_cap, data.len()) else {
+        return codes::BAD_ARGUMENT.into();
+    };
+    write_out(data, out, &state.caller_json)
+}
+
+fn log(mut caller: Caller<'_, HostState>, level: i32, msg_ptr: i32, msg_len: i32) -> i32 {
+    let level = match level {
+        0 => "debug",
+        1 => "info",
+        2 => "warn",
+        3 => "error",
+        _ => return codes::BAD_ARGUMENT,
+    };
+    let Some(mem) = guest_memory(&mut caller) else {
+        return codes::BAD_ARGUMENT;
+    };
+    let (data, state) = mem.data_and_store_mut(&mut caller);
+    let Some(m) = guest_range(msg_ptr, msg_len, data.len()) else {
+        return codes::BAD_ARGUMENT;
+    };
+    state.logs.lock().push(level, &data[m]);
+    0
+}
+
+fn invoke(
+    mut caller: Caller<'_, HostState>,
+    name_ptr: i32,
+    name_len: i32,
+    in_ptr: i32,
+    in_len: i32,
+    out_ptr: i32,
+    out_cap: i32,
+) -> i64 {
+    let Some(mem) = guest_memory(&mut caller) else {
+        return codes::BAD_ARGUMENT.into();
+    };
+    let (name, input, out) = {
+        let data = mem.data(&caller);
+        let (Some(n), Some(i), Some(out)) = (
+            guest_range(name_ptr, name_len, data.len()),
+            guest_range(in_ptr, in_len, data.len()),
+            guest_range(out_ptr, out_cap, data.len()),
+        ) else {
+            return codes::BAD_ARGUMENT.into();
+        };
+        let Ok(name) = std::str::from_utf8(&data[n]) else {
+            return codes::BAD_ARGUMENT.into();
+        };
+        if name.is_empty() || i.len() > MAX_INPUT_BYTES {
+            return codes::BAD_ARGUMENT.into();
+        }
+        (name.to_owned(), data[i].to_vec(), out)
+    };
+    let state = caller.data_mut();
+    if state.depth >= MAX_DEPTH {
+        return codes::LIMIT.into();
+    }
+    let resolved = match state.host.resolve(&name) {
+        Ok(r) => r,
+        Err(e) => return e.code().into(),
+    };
+    let call = Invocation {
+        namespace: state.namespace.clone(),
+        function: name,
+        version: resolved.version,
+        input,
+        env: resolved.env,
+        memory_limit_mb: resolved.memory_limit_mb,
+        timeout: resolved.timeout,
+        caller_json: state.caller_json.clone(),
+        depth: state.depth + 1,
+    };
+    let function = call.function.clone();
+    // Inline on this worker thread: a nested call never waits for the pool.
+    let result = execute(
+        &state.runtime,
+        &resolved.module,
+        call,
+        state.host.clone(),
+        Some(state.deadline),
+    );
+    match result {
+        Ok(output) => {
+            state.logs.lock().extend(output.logs);
+            state.nested_publishes = state.nested_publishes.saturating_add(output.publishes);
+            let data = mem.data_mut(&mut caller);
+            if out.end > data.len() {
+                return codes::BAD_ARGUMENT.into();
+            }
+            write_out(data, out, &output.stdout)
+        }
+        Err(WasmError::DepthExceeded) => codes::LIMIT.into(),
+        Err(WasmError::InputTooLarge) => codes::BAD_ARGUMENT.into(),
+        Err(e) => {
+            let line = format!("nested invoke of {function} failed: {e}");
+            state.logs.lock().push("error", line.as_bytes());
+            codes::INTERNAL.into()
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! The WASM sandbox: compile guest modules and run them on a bounded pool.
+//!
+//! One wasmtime `Engine` per node (pooling allocator, copy-on-write memory
+//! images, epoch interruption driven by a ticker thread), one `InstancePre`
+//! per module, a fresh `Store` per invocation with a deadline and a memory
+//! limiter. Guests are WASI preview 1 command modules that may also import
+//! the `meshgate` host functions (see `docs/guest-abi.md`).
+//!
+//! - `engine`: [`WasmEngine`], compilation and running one invocation.
+//! - `host`: [`HostApi`], the `meshgate` imports and the store state.
+//! - `pool`: the worker threads, the queue and the namespace cap.
+//! - `cache`: compiled artifacts on disk.
+//! - `limits`: the fixed limits and the resource limiter.
+//! - `error`: [`WasmError`], [`HostError`] and the guest error codes.
+
+mod cache;
+mod engine;
+mod error;
+mod host;
+mod limits;
+mod pool;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::{
+    engine::{CompiledModule, Invocation, InvokeOutput, LogLine, WasmConfig, WasmEngine},
+    error::{HostError, Result, WasmError, codes},
+    host::{HostApi, ResolvedFunction},
+    limits::{MAX_DEPTH, MAX_INPUT_BYTES, MAX_OUTPUT_BYTES, MAX_PUBLISHES},
+    pool::{NamespaceStats, PoolStats},
+};

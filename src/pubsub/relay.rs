@@ -196,8 +196,9 @@ impl Conn {
                     .inc_by(o.queue.len() as u64);
             }
             o.queue.clear();
-            o.bytes = 0;
-            o.queue.push_back(close_frame(code, reason));
+            let f = close_frame(code, reason);
+            o.bytes = f.len();
+            o.queue.push_back(f);
             o.state = State::Closing;
             if let Some(w) = o.waker.take() {
                 w.wake();
@@ -215,7 +216,9 @@ impl Conn {
         if o.state != State::Open {
             return;
         }
-        o.queue.push_back(close_frame(code, reason));
+        let f = close_frame(code, reason);
+        o.bytes += f.len();
+        o.queue.push_back(f);
         o.state = State::Closing;
         o.session = None;
         if let Some(w) = o.waker.take() {

@@ -2,3 +2,4 @@
 
 mod common;
 mod node;
+mod pubsub;

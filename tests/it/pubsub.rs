@@ -725,3 +725,45 @@ async fn drain_closes_sockets_with_1001() {
     assert_eq!(close_code(&mut b).await, 1001);
     assert_eq!(node.wait_exit(Duration::from_secs(20)), Some(0));
 }
+
+/// The CLI: `meshgate sub TOPIC` prints what `meshgate pub TOPIC DATA` and
+/// `meshgate pub TOPIC` (standard input) publish.
+#[test]
+fn cli_pub_and_sub() {
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let node = TestNode::start();
+    let key = node.create_namespace("cli");
+    let mut sub = Command::new(bin())
+        .args(["sub", "news", "--url", &node.base, "--key", &key])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, b) = node.with_key(&key, "GET", "/v1/pubsub/topics", None);
+        if json(&b)["topics"].as_array().is_some_and(|t| !t.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "meshgate sub never subscribed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new(bin())
+        .args(["pub", "news", "hello", "--url", &node.base, "--key", &key])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut p = Command::new(bin())
+        .args(["pub", "news", "--url", &node.base, "--key", &key])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin.take().unwrap().write_all(b"from stdin").unwrap();
+    assert!(p.wait().unwrap().success());
+    let mut lines = std::io::BufReader::new(sub.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "hello");
+    assert_eq!(lines.next().unwrap().unwrap(), "from stdin");
+    let _ = sub.kill();
+    let _ = sub.wait();
+}

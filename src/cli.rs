@@ -27,6 +27,22 @@ pub enum Command {
     /// Manage API keys of a namespace.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Publish one message to a topic (DATA, or standard input when absent).
+    Pub {
+        topic: String,
+        data: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Subscribe to a topic and print each message's data on its own line.
+    Sub {
+        topic: String,
+        /// Print each message as its JSON frame (topic, data_base64, timestamp).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Args)]

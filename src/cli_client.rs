@@ -123,6 +123,97 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         Command::Keys(KeysCommand::Revoke { id, client }) => {
             print(&call(&client, "DELETE", &format!("/v1/auth/api-keys/{id}"), None).await?)
         }
+        Command::Pub {
+            topic,
+            data,
+            client,
+        } => {
+            use base64::Engine as _;
+            let data = match data {
+                Some(d) => d.into_bytes(),
+                None => {
+                    let mut b = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+                        .map_err(|e| format!("cannot read standard input: {e}"))?;
+                    b
+                }
+            };
+            let body = json!({
+                "topic": topic,
+                "data_base64": base64::engine::general_purpose::STANDARD.encode(data),
+            });
+            call(&client, "POST", "/v1/pubsub/publish", Some(body)).await?;
+        }
+        Command::Sub {
+            topic,
+            json,
+            client,
+        } => subscribe(&client, &topic, json).await?,
     }
     Ok(())
+}
+
+/// `meshgate sub`: one simple socket; prints messages until the node closes it.
+async fn subscribe(c: &ClientArgs, topic: &str, as_json: bool) -> Result<(), String> {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use std::io::Write as _;
+    let base = c.url.trim_end_matches('/');
+    let ws_base = base
+        .strip_prefix("https://")
+        .map(|r| format!("wss://{r}"))
+        .or_else(|| base.strip_prefix("http://").map(|r| format!("ws://{r}")))
+        .ok_or_else(|| format!("not an http(s) URL: {base}"))?;
+    let format = if as_json { "json" } else { "binary" };
+    let mut url = format!(
+        "{ws_base}/v1/pubsub/ws?topic={}&format={format}",
+        urlencode(topic)
+    );
+    if let Some(ns) = &c.namespace {
+        url.push_str(&format!("&namespace={}", urlencode(ns)));
+    }
+    let mut req = awc::Client::new().ws(&url).max_frame_size(64 << 20);
+    if let Some(k) = credential(c) {
+        req = req.bearer_auth(k);
+    }
+    let (_, mut socket) = req
+        .connect()
+        .await
+        .map_err(|e| format!("cannot subscribe at {url}: {e}"))?;
+    let mut out = std::io::stdout();
+    while let Some(frame) = socket.next().await {
+        match frame.map_err(|e| e.to_string())? {
+            awc::ws::Frame::Binary(b) | awc::ws::Frame::Text(b) => {
+                let _ = out.write_all(&b);
+                let _ = out.write_all(b"\n");
+                let _ = out.flush();
+            }
+            awc::ws::Frame::Ping(p) => {
+                let _ = socket.send(awc::ws::Message::Pong(p)).await;
+            }
+            awc::ws::Frame::Close(r) => {
+                return match r {
+                    Some(r) if u16::from(r.code) != 1000 => Err(format!(
+                        "closed by the node: {} {}",
+                        u16::from(r.code),
+                        r.description.unwrap_or_default()
+                    )),
+                    _ => Ok(()),
+                };
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Percent-encodes a query value.
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -12,6 +12,8 @@
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
 //! - `storage/`: the ordered-KV trait and its sled backend.
+//! - `pubsub/`: the node's delivery service, per-worker relays with bounded
+//!   socket queues, the `WsSession` actor, topic tables, the socket protocol.
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
@@ -28,5 +30,6 @@ pub mod http;
 pub mod identity;
 pub mod metrics;
 pub mod node;
+pub mod pubsub;
 pub mod storage;
 pub mod wasm;

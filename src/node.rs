@@ -41,6 +41,8 @@ pub struct NodeInner {
     phase: AtomicU8,
     /// Flips to true when the drain starts; sockets watch it to send close frames.
     pub draining: tokio::sync::watch::Sender<bool>,
+    /// The node's single pub/sub delivery path.
+    pub pubsub: crate::pubsub::PubSubService,
 }
 
 /// The node's handle, cloned into every handler.
@@ -199,6 +201,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     } else {
         config.server.actor_threads
     };
+    let (draining, draining_rx) = tokio::sync::watch::channel(false);
+    let pubsub =
+        crate::pubsub::PubSubService::new(metrics.clone(), config.pubsub.clone(), draining_rx);
     let sup = NodeSupervisor::new(
         store.clone(),
         metrics.clone(),
@@ -206,10 +211,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         namespaces.clone(),
         threads,
         config.server.mailbox_capacity,
-    );
+    )
+    .with_pubsub(pubsub.clone());
     let supervisor_stats = sup.stats();
     let supervisor = sup.start();
-    let (draining, _) = tokio::sync::watch::channel(false);
     let node = Node(Arc::new(NodeInner {
         config,
         store: store.clone(),
@@ -223,6 +228,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         hop_key,
         phase: AtomicU8::new(Phase::Starting as u8),
         draining,
+        pubsub,
     }));
     let (server, addr) = crate::http::serve(node.clone())?;
     spawn_sweeper(store);

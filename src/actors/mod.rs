@@ -4,6 +4,7 @@
 mod namespace;
 mod node;
 mod stats;
+mod topics;
 
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
@@ -14,3 +15,4 @@ pub use node::{
     ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,
 };
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile};
+pub use topics::{Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscribe, UnsubscribeAll};

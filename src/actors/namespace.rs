@@ -68,6 +68,9 @@ pub struct NamespaceSupervisor {
     pub stats: Arc<ActorStats>,
     pub record: Option<NamespaceRecord>,
     mailbox_capacity: usize,
+    /// Live topics, local subscribers and presence (`actors/topics.rs`). Kept
+    /// across a restart: it describes live sockets, which did not restart.
+    pub topics: crate::pubsub::TopicTable,
 }
 
 impl NamespaceSupervisor {
@@ -83,7 +86,14 @@ impl NamespaceSupervisor {
             stats,
             record: None,
             mailbox_capacity,
+            topics: Default::default(),
         }
+    }
+
+    /// Connects the topic table to the node's pub/sub delivery service.
+    pub fn with_pubsub(mut self, service: crate::pubsub::PubSubService) -> Self {
+        self.topics = crate::pubsub::TopicTable::new(service);
+        self
     }
 
     /// Loads the namespace's state from the store (at start and after a restart).
@@ -101,7 +111,7 @@ impl NamespaceSupervisor {
     }
 
     /// Runs a handler body, turning a panic into a restart instead of a dead actor.
-    fn guarded<R>(
+    pub(super) fn guarded<R>(
         &mut self,
         ctx: &mut Context<Self>,
         f: impl FnOnce(&mut Self) -> NsResult<R>,

@@ -66,6 +66,7 @@ pub struct NodeSupervisor {
     arbiters: Vec<ArbiterHandle>,
     mailbox_capacity: usize,
     stats: Arc<ActorStats>,
+    pubsub: crate::pubsub::PubSubService,
 }
 
 impl NodeSupervisor {
@@ -89,7 +90,14 @@ impl NodeSupervisor {
             arbiters,
             mailbox_capacity,
             stats,
+            pubsub: Default::default(),
         }
+    }
+
+    /// Gives every namespace supervisor the node's pub/sub delivery service.
+    pub fn with_pubsub(mut self, pubsub: crate::pubsub::PubSubService) -> Self {
+        self.pubsub = pubsub;
+        self
     }
 
     fn arbiter_for(&self, name: &str) -> &ArbiterHandle {
@@ -103,14 +111,15 @@ impl NodeSupervisor {
         let stats =
             self.directory
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
-        let (n, store, s, cap) = (
+        let (n, store, s, cap, pubsub) = (
             name.to_string(),
             self.store.clone(),
             stats.clone(),
             self.mailbox_capacity,
+            self.pubsub.clone(),
         );
         let addr = Supervisor::start_in_arbiter(self.arbiter_for(name), move |_| {
-            NamespaceSupervisor::new(n, store, s, cap)
+            NamespaceSupervisor::new(n, store, s, cap).with_pubsub(pubsub)
         });
         let handle = NsHandle {
             name: name.into(),

@@ -68,6 +68,13 @@ impl ActorStats {
         true
     }
 
+    /// Takes a slot even past capacity: for cleanup messages that must not be
+    /// refused (a closed socket's unsubscribe), never for client requests.
+    pub fn admit_always(&self) {
+        self.depth.fetch_add(1, Ordering::AcqRel);
+        self.depth_gauge.inc();
+    }
+
     /// Gives back a slot whose message was never handled.
     pub fn cancel(&self) {
         self.depth.fetch_sub(1, Ordering::AcqRel);

@@ -3,3 +3,4 @@
 mod chain;
 mod common;
 mod node;
+mod pubsub;

@@ -3,6 +3,7 @@
 mod auth;
 mod kv;
 mod namespaces;
+mod pubsub;
 mod system;
 
 pub use auth::authenticate;
@@ -23,6 +24,7 @@ pub fn register(t: &mut RouteTable) {
     namespaces::register(t);
     auth::register(t);
     kv::register(t);
+    pubsub::register(t);
 }
 
 /// Namespace names: 1–63 of `a-z`, `0-9`, `-`, starting with a letter or digit.

@@ -1,0 +1,487 @@
+//! Fan-out load bench: drives a running meshgate node and a running
+//! nats-server over real WebSockets with the same client (this file's small
+//! WebSocket client on tokio), doing the same job: 1 publisher, SUBS
+//! subscribers on one topic, PAYLOAD-byte messages, a window of in-flight
+//! publishes. Then opens IDLE idle subscribers and reads each server's RSS.
+//!
+//! Run through `scripts/bench-pubsub.sh`, which starts both servers and sets:
+//! `MG_ADDR`, `MG_KEY`, `MG_PID`, `NATS_ADDR` (its websocket listener),
+//! `NATS_PID`; optional `SUBS` (1000), `MSGS` (2000), `PAYLOAD` (128),
+//! `WINDOW` (32), `IDLE` (5000). Without them it prints how to run and exits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+fn env_or(k: &str, d: usize) -> usize {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Server {
+    Meshgate,
+    Nats,
+}
+
+#[derive(Clone)]
+struct Target {
+    server: Server,
+    addr: String,
+    key: String,
+    pid: u32,
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        match self.server {
+            Server::Meshgate => "meshgate",
+            Server::Nats => "nats-server",
+        }
+    }
+}
+
+// ---- A minimal WebSocket client (RFC 6455), the same for both servers. ----
+
+/// A masked client frame.
+fn frame(op: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(payload.len() + 14);
+    f.push(0x80 | op);
+    let len = payload.len();
+    if len < 126 {
+        f.push(0x80 | len as u8);
+    } else if len <= 65535 {
+        f.push(0x80 | 126);
+        f.extend_from_slice(&(len as u16).to_be_bytes());
+    } else {
+        f.push(0x80 | 127);
+        f.extend_from_slice(&(len as u64).to_be_bytes());
+    }
+    let mask = [0x12u8, 0x34, 0x56, 0x78];
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
+    f
+}
+
+/// One server frame at the start of `b`: (opcode, payload range, bytes used).
+fn parse(b: &[u8]) -> Option<(u8, std::ops::Range<usize>, usize)> {
+    if b.len() < 2 {
+        return None;
+    }
+    let (len, at) = match b[1] & 0x7f {
+        126 => (u16::from_be_bytes([*b.get(2)?, *b.get(3)?]) as usize, 4),
+        127 => (
+            u64::from_be_bytes(b.get(2..10)?.try_into().ok()?) as usize,
+            10,
+        ),
+        n => (n as usize, 2),
+    };
+    if b.len() < at + len {
+        return None;
+    }
+    Some((b[0] & 0x0f, at..at + len, at + len))
+}
+
+struct Ws {
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Ws {
+    async fn connect(addr: &str, path: &str) -> std::io::Result<Ws> {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::with_capacity(4096);
+        let mut chunk = [0u8; 2048];
+        let end = loop {
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::Error::other("closed during handshake"));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        if !buf.starts_with(b"HTTP/1.1 101") {
+            return Err(std::io::Error::other(
+                String::from_utf8_lossy(&buf[..end]).to_string(),
+            ));
+        }
+        buf.drain(..end);
+        let (rd, wr) = s.into_split();
+        Ok(Ws {
+            rd,
+            wr,
+            buf,
+            pos: 0,
+        })
+    }
+
+    async fn send(&mut self, op: u8, payload: &[u8]) -> std::io::Result<()> {
+        self.wr.write_all(&frame(op, payload)).await
+    }
+
+    /// Calls `f(opcode, payload)` for every complete frame, reading once if none is buffered.
+    async fn read_frames(&mut self, mut f: impl FnMut(u8, &[u8])) -> std::io::Result<()> {
+        let mut any = false;
+        loop {
+            while let Some((op, range, used)) = parse(&self.buf[self.pos..]) {
+                let base = self.pos;
+                f(op, &self.buf[base + range.start..base + range.end]);
+                self.pos += used;
+                any = true;
+            }
+            if self.pos > 0 {
+                self.buf.drain(..self.pos);
+                self.pos = 0;
+            }
+            if any {
+                return Ok(());
+            }
+            let old = self.buf.len();
+            self.buf.resize(old + 65536, 0);
+            let n = self.rd.read(&mut self.buf[old..]).await?;
+            self.buf.truncate(old + n);
+            if n == 0 {
+                return Err(std::io::Error::other("connection closed"));
+            }
+        }
+    }
+}
+
+/// NATS protocol inside WebSocket frames: counts MSGs, notes PINGs and PONGs.
+#[derive(Default)]
+struct NatsParser {
+    buf: Vec<u8>,
+}
+
+#[derive(Default)]
+struct NatsEvents {
+    msgs: u64,
+    pings: u64,
+    pongs: u64,
+}
+
+impl NatsParser {
+    fn feed(&mut self, data: &[u8], ev: &mut NatsEvents) {
+        self.buf.extend_from_slice(data);
+        let mut at = 0;
+        loop {
+            let rest = &self.buf[at..];
+            let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+                break;
+            };
+            let line = &rest[..eol];
+            if line.starts_with(b"MSG ") {
+                let size: usize = std::str::from_utf8(line)
+                    .ok()
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                if rest.len() < eol + 2 + size + 2 {
+                    break;
+                }
+                ev.msgs += 1;
+                at += eol + 2 + size + 2;
+            } else {
+                if line == b"PING" {
+                    ev.pings += 1;
+                } else if line == b"PONG" {
+                    ev.pongs += 1;
+                } else if line.starts_with(b"-ERR") {
+                    eprintln!("nats: {}", String::from_utf8_lossy(line));
+                }
+                at += eol + 2;
+            }
+        }
+        self.buf.drain(..at);
+    }
+}
+
+/// Opens a subscriber on `topic` and waits until the server has it.
+async fn subscribe(t: &Target, topic: &str) -> std::io::Result<Ws> {
+    match t.server {
+        Server::Meshgate => {
+            let path = format!("/v1/pubsub/ws?topic={topic}&format=binary&token={}", t.key);
+            // The subscription is live once the 101 arrives.
+            Ws::connect(&t.addr, &path).await
+        }
+        Server::Nats => {
+            let mut ws = Ws::connect(&t.addr, "/").await?;
+            let cmd = format!(
+                "CONNECT {{\"verbose\":false,\"pedantic\":false,\"protocol\":1}}\r\nSUB {topic} 1\r\nPING\r\n"
+            );
+            ws.send(0x2, cmd.as_bytes()).await?;
+            let mut p = NatsParser::default();
+            let mut ev = NatsEvents::default();
+            while ev.pongs == 0 {
+                ws.read_frames(|_, d| p.feed(d, &mut ev)).await?;
+            }
+            Ok(ws)
+        }
+    }
+}
+
+/// Reads until `want` messages arrived, adding each batch to `total`.
+async fn drain(t: Server, mut ws: Ws, want: u64, total: Arc<AtomicU64>) -> std::io::Result<Ws> {
+    let mut got = 0u64;
+    let mut p = NatsParser::default();
+    while got < want {
+        let mut ev = NatsEvents::default();
+        let mut pings = 0u64;
+        ws.read_frames(|op, d| match (t, op) {
+            (Server::Meshgate, 0x2) => ev.msgs += 1,
+            (Server::Meshgate, 0x9) => pings += 1,
+            (Server::Nats, 0x1 | 0x2) => p.feed(d, &mut ev),
+            _ => {}
+        })
+        .await?;
+        for _ in 0..pings {
+            ws.send(0xA, b"").await?;
+        }
+        for _ in 0..ev.pings {
+            ws.send(0x2, b"PONG\r\n").await?;
+        }
+        got += ev.msgs;
+        total.fetch_add(ev.msgs, Ordering::Relaxed);
+    }
+    Ok(ws)
+}
+
+struct FanoutResult {
+    delivered_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    complete: bool,
+}
+
+async fn fanout(
+    t: &Target,
+    subs: usize,
+    msgs: usize,
+    payload: usize,
+    window: usize,
+) -> FanoutResult {
+    let topic = "bench";
+    let total = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::with_capacity(subs);
+    let conns = futures_util::future::join_all((0..subs).map(|_| subscribe(t, topic))).await;
+    for c in conns {
+        let ws = c.expect("subscriber connects");
+        readers.push(tokio::spawn(drain(
+            t.server,
+            ws,
+            msgs as u64,
+            total.clone(),
+        )));
+    }
+    // The publisher.
+    let mut publisher = match t.server {
+        Server::Meshgate => Ws::connect(&t.addr, &format!("/v1/ws?token={}", t.key))
+            .await
+            .expect("publisher connects"),
+        Server::Nats => {
+            let mut ws = Ws::connect(&t.addr, "/").await.expect("publisher connects");
+            ws.send(
+                0x2,
+                b"CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1}\r\n",
+            )
+            .await
+            .unwrap();
+            ws
+        }
+    };
+    let data = vec![b'x'; payload];
+    let b64 = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(&data)
+    };
+    let mut sent_at: Vec<Instant> = Vec::with_capacity(msgs);
+    let mut latencies: Vec<f64> = Vec::with_capacity(msgs);
+    let mut acked = 0usize;
+    let mut parser = NatsParser::default();
+    let start = Instant::now();
+    while acked < msgs {
+        // Fill the window.
+        let mut out = Vec::new();
+        while sent_at.len() < msgs && sent_at.len() - acked < window {
+            let i = sent_at.len();
+            match t.server {
+                Server::Meshgate => out.extend(frame(
+                    0x1,
+                    format!("{{\"id\":{i},\"type\":\"publish\",\"topic\":\"{topic}\",\"data_base64\":\"{b64}\"}}")
+                        .as_bytes(),
+                )),
+                Server::Nats => {
+                    let mut p = format!("PUB {topic} {payload}\r\n").into_bytes();
+                    p.extend_from_slice(&data);
+                    p.extend_from_slice(b"\r\nPING\r\n");
+                    out.extend(frame(0x2, &p));
+                }
+            }
+            sent_at.push(Instant::now());
+        }
+        if !out.is_empty() {
+            publisher.wr.write_all(&out).await.unwrap();
+        }
+        // Read acks (in order).
+        let mut acks = 0usize;
+        let mut ev = NatsEvents::default();
+        publisher
+            .read_frames(|op, d| match t.server {
+                Server::Meshgate if op == 0x1 => {
+                    if d.starts_with(b"{\"id\"") && memchr_ok(d) {
+                        acks += 1;
+                    }
+                }
+                Server::Nats => parser.feed(d, &mut ev),
+                _ => {}
+            })
+            .await
+            .unwrap();
+        if t.server == Server::Nats {
+            acks = ev.pongs as usize;
+        }
+        let now = Instant::now();
+        for i in acked..acked + acks {
+            latencies.push((now - sent_at[i]).as_secs_f64() * 1000.0);
+        }
+        acked += acks;
+    }
+    // Wait for every subscriber (bounded).
+    let want = (msgs * subs) as u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while total.load(Ordering::Relaxed) < want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let got = total.load(Ordering::Relaxed);
+    for r in readers {
+        r.abort();
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    FanoutResult {
+        delivered_per_s: got as f64 / elapsed,
+        p50_ms: q(0.50),
+        p99_ms: q(0.99),
+        complete: got == want,
+    }
+}
+
+/// Whether an ack frame says ok (a refused publish would be an error).
+fn memchr_ok(d: &[u8]) -> bool {
+    let ok = d.windows(9).any(|w| w == b"\"ok\":true");
+    if !ok {
+        eprintln!("publish refused: {}", String::from_utf8_lossy(d));
+    }
+    ok
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// RSS growth per idle subscriber, in bytes.
+async fn idle(t: &Target, n: usize) -> (f64, usize) {
+    let before = rss_kib(t.pid);
+    let mut conns = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(200) {
+        let batch =
+            futures_util::future::join_all(chunk.iter().map(|_| subscribe(t, "idle"))).await;
+        for c in batch {
+            match c {
+                Ok(ws) => conns.push(ws),
+                Err(e) => eprintln!("{}: idle connect failed: {e}", t.name()),
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kib(t.pid);
+    let open = conns.len();
+    drop(conns);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (
+        (after.saturating_sub(before) as f64 * 1024.0) / open.max(1) as f64,
+        open,
+    )
+}
+
+fn main() {
+    let (Ok(mg_addr), Ok(nats_addr)) = (std::env::var("MG_ADDR"), std::env::var("NATS_ADDR"))
+    else {
+        println!("pubsub_fanout: run scripts/bench-pubsub.sh (it starts meshgate and nats-server)");
+        return;
+    };
+    let subs = env_or("SUBS", 1000);
+    let msgs = env_or("MSGS", 2000);
+    let payload = env_or("PAYLOAD", 128);
+    let window = env_or("WINDOW", 32);
+    let idle_n = env_or("IDLE", 5000);
+    let mg = Target {
+        server: Server::Meshgate,
+        addr: mg_addr,
+        key: std::env::var("MG_KEY").unwrap_or_default(),
+        pid: env_or("MG_PID", 0) as u32,
+    };
+    let nats = Target {
+        server: Server::Nats,
+        addr: nats_addr,
+        key: String::new(),
+        pid: env_or("NATS_PID", 0) as u32,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        println!(
+            "1 publisher, {subs} subscribers, {msgs} messages of {payload} B, window {window}"
+        );
+        let mut rows = Vec::new();
+        for t in [&mg, &nats] {
+            let r = fanout(t, subs, msgs, payload, window).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let (per_idle, open) = idle(t, idle_n).await;
+            rows.push((t.name(), r, per_idle, open));
+        }
+        println!();
+        println!(
+            "| server | delivered msgs/s | publish-ack p50 | publish-ack p99 | all delivered | RSS per idle subscriber ({idle_n} conns) |"
+        );
+        println!("|---|---:|---:|---:|---|---:|");
+        for (name, r, per_idle, open) in &rows {
+            println!(
+                "| {name} | {:.0} | {:.2} ms | {:.2} ms | {} | {:.1} KiB ({open} open) |",
+                r.delivered_per_s,
+                r.p50_ms,
+                r.p99_ms,
+                if r.complete { "yes" } else { "NO" },
+                per_idle / 1024.0
+            );
+        }
+        let ratio = rows[0].1.delivered_per_s / rows[1].1.delivered_per_s.max(1.0);
+        println!();
+        println!("meshgate / nats-server delivered msgs/s: {ratio:.2} (goal >= 1.0)");
+    });
+}

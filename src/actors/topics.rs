@@ -1,0 +1,218 @@
+//! The pub/sub messages of a namespace's supervisor (DESIGN.md §5): it owns the
+//! namespace's [`TopicTable`](crate::pubsub::TopicTable) (`self.topics`) and is
+//! the one place a publish is accepted, so one client's publishes are handled,
+//! delivered and acknowledged in the order it sent them.
+
+use super::namespace::{NamespaceSupervisor, NsError, NsResult};
+use crate::pubsub::{Member, Origin, PresenceEvent, SubscriberRef, TopicInfo};
+use actix::prelude::*;
+use bytes::Bytes;
+
+impl NamespaceSupervisor {
+    /// Hands one message to the node's delivery path (local fan-out + mesh).
+    fn deliver(&self, topic: &str, data: &Bytes) {
+        let targets = self.topics.targets(topic);
+        self.topics
+            .service
+            .deliver(&self.name, topic, data, targets, Origin::Local);
+    }
+
+    fn deliver_presence(&self, events: impl IntoIterator<Item = PresenceEvent>) {
+        for ev in events {
+            self.deliver(&ev.topic, &ev.data);
+        }
+    }
+
+    /// The hook the namespace's pub/sub triggers plug into: called once for
+    /// every accepted client publish (not for presence events), after local
+    /// delivery, with the trigger depth of the publisher (0 for clients; a
+    /// function publishing from a trigger passes its depth + 1, and triggers
+    /// stop at depth 5). A no-op until the functions issue fills it.
+    pub fn on_published(
+        &mut self,
+        _ctx: &mut Context<Self>,
+        _topic: &str,
+        _data: &Bytes,
+        _depth: u8,
+    ) {
+    }
+
+    fn subscriber_gauge(&self, delta: i64) {
+        if delta != 0 {
+            let m = &self.topics.service.metrics;
+            m.ws_subscribers
+                .with_label_values(&[m.ns_label(&self.name).as_str()])
+                .add(delta);
+        }
+    }
+
+    fn exists(&self) -> NsResult<()> {
+        self.record.as_ref().map(|_| ()).ok_or(NsError::NotFound)
+    }
+}
+
+/// Sent by a `WsSession` to subscribe its connection to a topic (with an
+/// optional presence member); replies once the subscription is live.
+#[derive(Message)]
+#[rtype(result = "NsResult<()>")]
+pub struct Subscribe {
+    pub topic: String,
+    pub sub: SubscriberRef,
+    pub presence: Option<(String, Option<String>)>,
+}
+
+impl Handler<Subscribe> for NamespaceSupervisor {
+    type Result = NsResult<()>;
+    fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        self.guarded(ctx, |act| {
+            act.exists()?;
+            let before = act.topics.subscriptions();
+            let joined = act.topics.subscribe(&msg.topic, msg.sub, msg.presence);
+            act.subscriber_gauge(act.topics.subscriptions() as i64 - before as i64);
+            act.deliver_presence(joined);
+            Ok(())
+        })
+    }
+}
+
+/// Sent by a `WsSession` (`unsubscribe` frame); replies once it is gone.
+#[derive(Message)]
+#[rtype(result = "NsResult<()>")]
+pub struct Unsubscribe {
+    pub topic: String,
+    pub conn: u64,
+}
+
+impl Handler<Unsubscribe> for NamespaceSupervisor {
+    type Result = NsResult<()>;
+    fn handle(&mut self, msg: Unsubscribe, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        self.guarded(ctx, |act| {
+            let before = act.topics.subscriptions();
+            let left = act.topics.unsubscribe(&msg.topic, msg.conn);
+            act.subscriber_gauge(act.topics.subscriptions() as i64 - before as i64);
+            act.deliver_presence(left);
+            Ok(())
+        })
+    }
+}
+
+/// Sent by a `WsSession` as it stops, however its socket ended: removes every
+/// subscription and presence of the connection (leave events are published).
+/// Sent past admission (it must never be refused); no reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct UnsubscribeAll {
+    pub conn: u64,
+}
+
+impl Handler<UnsubscribeAll> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: UnsubscribeAll, ctx: &mut Context<Self>) {
+        let _t = self.stats.begin();
+        let _ = self.guarded(ctx, |act| {
+            let before = act.topics.subscriptions();
+            let left = act.topics.unsubscribe_all(msg.conn);
+            act.subscriber_gauge(act.topics.subscriptions() as i64 - before as i64);
+            act.deliver_presence(left);
+            Ok(())
+        });
+    }
+}
+
+/// Sent by `POST /v1/pubsub/publish` and socket publishes; replies once the
+/// message is accepted (handed to the delivery path; delivery is at most once).
+#[derive(Message)]
+#[rtype(result = "NsResult<()>")]
+pub struct Publish {
+    pub topic: String,
+    pub data: Bytes,
+    /// Trigger depth of the publisher (0 for clients).
+    pub depth: u8,
+}
+
+impl Handler<Publish> for NamespaceSupervisor {
+    type Result = NsResult<()>;
+    fn handle(&mut self, msg: Publish, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        self.guarded(ctx, |act| {
+            act.exists()?;
+            act.deliver(&msg.topic, &msg.data);
+            Ok(())
+        })?;
+        self.count_publishes(1);
+        self.on_published(ctx, &msg.topic, &msg.data, msg.depth);
+        Ok(())
+    }
+}
+
+/// Sent by `POST /v1/pubsub/publish-batch` (already validated, ≤ 100
+/// messages); replies with the number accepted, all of them or none.
+#[derive(Message)]
+#[rtype(result = "NsResult<usize>")]
+pub struct PublishBatch {
+    pub messages: Vec<(String, Bytes)>,
+}
+
+impl Handler<PublishBatch> for NamespaceSupervisor {
+    type Result = NsResult<usize>;
+    fn handle(&mut self, msg: PublishBatch, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        self.guarded(ctx, |act| {
+            act.exists()?;
+            for (topic, data) in &msg.messages {
+                act.deliver(topic, data);
+            }
+            Ok(())
+        })?;
+        self.count_publishes(msg.messages.len() as u64);
+        for (topic, data) in &msg.messages {
+            self.on_published(ctx, topic, data, 0);
+        }
+        Ok(msg.messages.len())
+    }
+}
+
+impl NamespaceSupervisor {
+    fn count_publishes(&self, n: u64) {
+        let m = &self.topics.service.metrics;
+        m.publishes
+            .with_label_values(&[m.ns_label(&self.name).as_str()])
+            .inc_by(n);
+    }
+}
+
+/// Sent by `GET /v1/pubsub/presence`; replies with the topic's members.
+#[derive(Message)]
+#[rtype(result = "NsResult<Vec<Member>>")]
+pub struct Presence {
+    pub topic: String,
+}
+
+impl Handler<Presence> for NamespaceSupervisor {
+    type Result = NsResult<Vec<Member>>;
+    fn handle(&mut self, msg: Presence, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        self.guarded(ctx, |act| {
+            act.exists()?;
+            Ok(act.topics.presence(&msg.topic))
+        })
+    }
+}
+
+/// Sent by `GET /v1/pubsub/topics`; replies with the live topics.
+#[derive(Message)]
+#[rtype(result = "NsResult<Vec<TopicInfo>>")]
+pub struct Topics;
+
+impl Handler<Topics> for NamespaceSupervisor {
+    type Result = NsResult<Vec<TopicInfo>>;
+    fn handle(&mut self, _: Topics, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        self.guarded(ctx, |act| {
+            act.exists()?;
+            Ok(act.topics.list())
+        })
+    }
+}

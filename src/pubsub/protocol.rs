@@ -1,0 +1,406 @@
+//! The wire protocol of the two sockets (docs/pubsub.md): topic rules, close
+//! codes, the frames the server sends (encoded once into shared bytes) and the
+//! frames a `/v1/ws` client sends.
+
+use base64::Engine as _;
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Serialize;
+use serde_json::Value;
+
+/// Longest topic name, in bytes.
+pub const MAX_TOPIC_BYTES: usize = 256;
+/// Topics under this prefix are reserved for the node (403 for clients).
+pub const RESERVED_PREFIX: &str = "_mg/";
+/// Most messages one `publish-batch` takes.
+pub const MAX_BATCH: usize = 100;
+/// Longest presence member id, in bytes.
+pub const MAX_MEMBER_ID: usize = 128;
+/// Longest presence metadata, in bytes.
+pub const MAX_MEMBER_META: usize = 1024;
+
+/// Close codes the server sends (documented in docs/pubsub.md).
+pub mod close {
+    /// The client closed, or the server ended the socket normally.
+    pub const NORMAL: u16 = 1000;
+    /// The node is draining (SIGTERM).
+    pub const GOING_AWAY: u16 = 1001;
+    /// The client broke the WebSocket framing rules.
+    pub const PROTOCOL_ERROR: u16 = 1002;
+    /// A client frame was larger than `pubsub.max_frame_bytes`.
+    pub const TOO_BIG: u16 = 1009;
+    /// The namespace was deleted or its supervisor is gone.
+    pub const NAMESPACE_GONE: u16 = 4004;
+    /// No frame from the client within `pubsub.read_timeout_seconds`.
+    pub const READ_TIMEOUT: u16 = 4000;
+    /// The outbound queue overflowed: a slow consumer.
+    pub const SLOW_CONSUMER: u16 = 4008;
+}
+
+/// Why a topic name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopicError {
+    #[error("a topic is 1 to {MAX_TOPIC_BYTES} bytes without spaces or control characters")]
+    Invalid,
+    #[error("topics under _mg/ are reserved")]
+    Reserved,
+}
+
+/// Checks a topic a client names.
+pub fn check_topic(topic: &str) -> Result<(), TopicError> {
+    if topic.is_empty()
+        || topic.len() > MAX_TOPIC_BYTES
+        || topic.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(TopicError::Invalid);
+    }
+    if topic.starts_with(RESERVED_PREFIX) {
+        return Err(TopicError::Reserved);
+    }
+    Ok(())
+}
+
+/// How a subscriber wants its messages framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// The simple socket: text `{"topic","data_base64","timestamp"}`.
+    Simple,
+    /// The full socket: text `{"type":"message","topic","data_base64","timestamp"}`.
+    Full,
+    /// The simple socket with `format=binary`: one binary frame, the raw payload.
+    Binary,
+}
+
+impl FrameKind {
+    pub const ALL: [FrameKind; 3] = [FrameKind::Simple, FrameKind::Full, FrameKind::Binary];
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// WebSocket opcodes of the frames the server writes.
+#[derive(Clone, Copy)]
+pub enum Opcode {
+    Text = 0x1,
+    Binary = 0x2,
+    Close = 0x8,
+    Ping = 0x9,
+    Pong = 0xA,
+}
+
+/// Encodes one complete, unmasked server frame (RFC 6455 §5.2): header and
+/// payload in one buffer, so every subscriber can be handed the same bytes.
+pub fn ws_frame(op: Opcode, payload: &[u8]) -> Bytes {
+    let len = payload.len();
+    let mut b = BytesMut::with_capacity(len + 10);
+    b.put_u8(0x80 | op as u8);
+    if len < 126 {
+        b.put_u8(len as u8);
+    } else if len <= u16::MAX as usize {
+        b.put_u8(126);
+        b.put_u16(len as u16);
+    } else {
+        b.put_u8(127);
+        b.put_u64(len as u64);
+    }
+    b.extend_from_slice(payload);
+    b.freeze()
+}
+
+/// A close frame with a code and a short reason.
+pub fn close_frame(code: u16, reason: &str) -> Bytes {
+    let mut p = Vec::with_capacity(2 + reason.len());
+    p.extend_from_slice(&code.to_be_bytes());
+    p.extend_from_slice(&reason.as_bytes()[..reason.len().min(120)]);
+    ws_frame(Opcode::Close, &p)
+}
+
+/// A text frame holding `v` as JSON.
+pub fn json_frame(v: &impl Serialize) -> Bytes {
+    ws_frame(Opcode::Text, &serde_json::to_vec(v).unwrap_or_default())
+}
+
+/// The message frame of `kind`, encoded once per publish and shared by every
+/// subscriber of that kind.
+pub fn message_frame(kind: FrameKind, topic: &str, data: &[u8], timestamp: u64) -> Bytes {
+    #[derive(Serialize)]
+    struct Out<'a> {
+        #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+        kind: Option<&'static str>,
+        topic: &'a str,
+        data_base64: String,
+        timestamp: u64,
+    }
+    match kind {
+        FrameKind::Binary => ws_frame(Opcode::Binary, data),
+        FrameKind::Simple | FrameKind::Full => json_frame(&Out {
+            kind: (kind == FrameKind::Full).then_some("message"),
+            topic,
+            data_base64: base64::engine::general_purpose::STANDARD.encode(data),
+            timestamp,
+        }),
+    }
+}
+
+/// An ack of a `/v1/ws` client frame: `{"id","ok":true, ...extra}`.
+pub fn ack(id: &Value, extra: Option<(&str, Value)>) -> Bytes {
+    let mut m = serde_json::Map::new();
+    m.insert("id".into(), id.clone());
+    m.insert("ok".into(), Value::Bool(true));
+    if let Some((k, v)) = extra {
+        m.insert(k.into(), v);
+    }
+    json_frame(&Value::Object(m))
+}
+
+/// An error answer: `{"id","ok":false,"error":{"code","message"}}`.
+pub fn error_frame(id: &Value, e: &FrameError) -> Bytes {
+    json_frame(&serde_json::json!({
+        "id": id,
+        "ok": false,
+        "error": {"code": e.code, "message": e.message},
+    }))
+}
+
+/// An error answered on a socket; the socket stays open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl FrameError {
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<crate::http::ApiError> for FrameError {
+    fn from(e: crate::http::ApiError) -> Self {
+        FrameError::new(e.code, e.message)
+    }
+}
+
+/// A client frame of `/v1/ws`, parsed.
+#[derive(Debug, PartialEq)]
+pub enum ClientFrame {
+    Subscribe {
+        topic: String,
+        presence: Option<(String, Option<String>)>,
+    },
+    Unsubscribe {
+        topic: String,
+    },
+    Publish {
+        topic: String,
+        data: Bytes,
+    },
+    Invoke {
+        function: String,
+        input: Bytes,
+    },
+    Ping,
+}
+
+fn str_field(v: &Value, k: &str) -> Result<String, FrameError> {
+    v.get(k)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| FrameError::new("BAD_FRAME", format!("`{k}` must be a string")))
+}
+
+fn b64_field(v: &Value, k: &str) -> Result<Bytes, FrameError> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(Bytes::new()),
+        Some(Value::String(s)) => base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map(Bytes::from)
+            .map_err(|_| FrameError::new("BAD_BASE64", format!("`{k}` is not base64"))),
+        Some(_) => Err(FrameError::new(
+            "BAD_FRAME",
+            format!("`{k}` must be a string"),
+        )),
+    }
+}
+
+/// Parses a `/v1/ws` client frame. Always yields the frame's `id` (null when
+/// it has none or is not JSON), so even a refusal is answered in order.
+pub fn parse_client_frame(text: &[u8]) -> (Value, Result<ClientFrame, FrameError>) {
+    let v: Value = match serde_json::from_slice(text) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => {
+            return (
+                Value::Null,
+                Err(FrameError::new("BAD_FRAME", "a frame is a JSON object")),
+            );
+        }
+        Err(e) => {
+            return (
+                Value::Null,
+                Err(FrameError::new("MALFORMED_JSON", e.to_string())),
+            );
+        }
+    };
+    let id = v.get("id").cloned().unwrap_or(Value::Null);
+    let frame = (|| {
+        let ty = v.get("type").and_then(Value::as_str).unwrap_or_default();
+        Ok(match ty {
+            "subscribe" => {
+                let presence = if v.get("presence").and_then(Value::as_bool) == Some(true) {
+                    let member = str_field(&v, "member_id")?;
+                    let meta = v.get("member_meta").map(|m| match m {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    });
+                    Some((member, meta))
+                } else {
+                    None
+                };
+                ClientFrame::Subscribe {
+                    topic: str_field(&v, "topic")?,
+                    presence,
+                }
+            }
+            "unsubscribe" => ClientFrame::Unsubscribe {
+                topic: str_field(&v, "topic")?,
+            },
+            "publish" => ClientFrame::Publish {
+                topic: str_field(&v, "topic")?,
+                data: b64_field(&v, "data_base64")?,
+            },
+            "invoke" => ClientFrame::Invoke {
+                function: str_field(&v, "function")?,
+                input: b64_field(&v, "input_base64")?,
+            },
+            "ping" => ClientFrame::Ping,
+            "" => return Err(FrameError::new("BAD_FRAME", "a frame needs a `type`")),
+            other => {
+                return Err(FrameError::new(
+                    "UNKNOWN_TYPE",
+                    format!(
+                        "unknown frame type {:?}",
+                        other.chars().take(64).collect::<String>()
+                    ),
+                ));
+            }
+        })
+    })();
+    (id, frame)
+}
+
+/// Checks presence options.
+pub fn check_member(member_id: &str, meta: Option<&str>) -> Result<(), FrameError> {
+    if member_id.is_empty() || member_id.len() > MAX_MEMBER_ID {
+        return Err(FrameError::new(
+            "BAD_MEMBER",
+            format!("member_id is 1 to {MAX_MEMBER_ID} bytes"),
+        ));
+    }
+    if meta.is_some_and(|m| m.len() > MAX_MEMBER_META) {
+        return Err(FrameError::new(
+            "BAD_MEMBER",
+            format!("member_meta is at most {MAX_MEMBER_META} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Frame headers use the 7-, 16- and 64-bit length forms at their edges.
+    #[test]
+    fn frame_lengths() {
+        assert_eq!(&ws_frame(Opcode::Text, &[0; 125])[..2], &[0x81, 125]);
+        assert_eq!(
+            &ws_frame(Opcode::Binary, &[0; 126])[..4],
+            &[0x82, 126, 0, 126]
+        );
+        let big = ws_frame(Opcode::Binary, &[0; 70_000]);
+        assert_eq!(&big[..2], &[0x82, 127]);
+        assert_eq!(big.len(), 70_010);
+        assert_eq!(
+            &close_frame(4008, "slow consumer")[..4],
+            &[0x88, 15, 0x0f, 0xa8]
+        );
+    }
+
+    /// Topic rules: reserved prefix, length, whitespace.
+    #[test]
+    fn topics() {
+        assert_eq!(check_topic("chat.room1"), Ok(()));
+        assert_eq!(check_topic("_mg/presence"), Err(TopicError::Reserved));
+        assert_eq!(check_topic(""), Err(TopicError::Invalid));
+        assert_eq!(check_topic("a b"), Err(TopicError::Invalid));
+        assert_eq!(check_topic(&"x".repeat(257)), Err(TopicError::Invalid));
+    }
+
+    /// Each frame type parses; errors keep the id.
+    #[test]
+    fn client_frames() {
+        let (id, f) =
+            parse_client_frame(br#"{"id":7,"type":"publish","topic":"t","data_base64":"aGk="}"#);
+        assert_eq!(id, serde_json::json!(7));
+        assert_eq!(
+            f.unwrap(),
+            ClientFrame::Publish {
+                topic: "t".into(),
+                data: Bytes::from_static(b"hi")
+            }
+        );
+        let (id, f) = parse_client_frame(br#"{"id":"a","type":"dance"}"#);
+        assert_eq!(id, serde_json::json!("a"));
+        assert_eq!(f.unwrap_err().code, "UNKNOWN_TYPE");
+        let (id, f) = parse_client_frame(b"{not json");
+        assert_eq!(id, Value::Null);
+        assert_eq!(f.unwrap_err().code, "MALFORMED_JSON");
+        let (_, f) =
+            parse_client_frame(br#"{"id":1,"type":"publish","topic":"t","data_base64":"!!"}"#);
+        assert_eq!(f.unwrap_err().code, "BAD_BASE64");
+    }
+
+    /// The message frame is a valid text frame holding the documented JSON.
+    #[test]
+    fn message_frames() {
+        let f = message_frame(FrameKind::Full, "t", b"hi", 5);
+        let v: Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type":"message","topic":"t","data_base64":"aGk=","timestamp":5})
+        );
+        let f = message_frame(FrameKind::Simple, "t", b"hi", 5);
+        let v: Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert!(v.get("type").is_none());
+        assert_eq!(
+            &message_frame(FrameKind::Binary, "t", b"hi", 5)[..],
+            &[0x82, 2, b'h', b'i']
+        );
+    }
+
+    proptest! {
+        /// The client frame parser never panics, whatever the bytes.
+        #[test]
+        fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_client_frame(&bytes);
+        }
+
+        /// Nor on JSON-shaped input with arbitrary fields.
+        #[test]
+        fn parser_json_shapes(ty in "[a-z]{0,12}", topic in ".{0,40}", d in ".{0,40}") {
+            let s = serde_json::json!({"id": 1, "type": ty, "topic": topic, "data_base64": d}).to_string();
+            let _ = parse_client_frame(s.as_bytes());
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! `PubSubService`: one per node, the single delivery path to subscribers.
+//!
+//! A publish accepted by a namespace's supervisor comes here once. The
+//! service encodes the outgoing frame once per framing in use (shared
+//! [`Bytes`]), then sends one [`Delivery`] to the relay of each worker thread
+//! that owns subscribers of the topic (one thread crossing per worker, never
+//! one per subscriber), and — the seam for the cluster issue — hands the
+//! message to the mesh ([`MeshSink`]). Messages arriving from the mesh enter
+//! through the namespace's supervisor (it owns the topic table) and come back
+//! here with [`Origin::Mesh`], so they are fanned out locally and never
+//! re-forwarded: each subscriber receives a message by exactly one path.
+
+use super::protocol::{FrameKind, message_frame};
+use crate::config::PubSubConfig;
+use crate::metrics::Metrics;
+use bytes::Bytes;
+use parking_lot::RwLock;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Per relay, the connections (id, framing) that subscribe to a topic.
+pub type Targets = Vec<(u32, Arc<Vec<(u64, FrameKind)>>)>;
+
+/// Deliveries a relay's channel holds before further ones are dropped and
+/// counted (`pubsub_dropped{reason="relay_full"}`). A relay only moves
+/// ref-counted frames into socket queues, so it drains far faster than this fills.
+pub const RELAY_QUEUE: usize = 65_536;
+
+/// One message for the subscribers one relay owns.
+pub struct Delivery {
+    /// The frame of each [`FrameKind`], encoded once (None when unused).
+    pub frames: Arc<[Option<Bytes>; 3]>,
+    pub conns: Arc<Vec<(u64, FrameKind)>>,
+}
+
+/// Where a message came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Published on this node: deliver locally and forward into the mesh.
+    Local,
+    /// Received from the mesh: deliver locally only.
+    Mesh,
+}
+
+/// The cluster mesh's side of the seam: receives every locally published
+/// message once. Single nodes have none.
+pub trait MeshSink: Send + Sync {
+    fn forward(&self, namespace: &str, topic: &str, data: &Bytes, timestamp: u64);
+}
+
+/// The node's pub/sub delivery service. Cheap to clone.
+#[derive(Clone)]
+pub struct PubSubService(Arc<Inner>);
+
+pub struct Inner {
+    pub metrics: Metrics,
+    pub config: PubSubConfig,
+    relays: RwLock<Vec<tokio::sync::mpsc::Sender<Delivery>>>,
+    next_conn: AtomicU64,
+    mesh: RwLock<Option<Arc<dyn MeshSink>>>,
+    /// Flips to true when the node drains; each relay closes its sockets (1001).
+    pub draining: tokio::sync::watch::Receiver<bool>,
+}
+
+impl std::ops::Deref for PubSubService {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl Default for PubSubService {
+    /// A service with its own metrics and default config (unit tests).
+    fn default() -> Self {
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        Self::new(Metrics::new(), PubSubConfig::default(), rx)
+    }
+}
+
+impl PubSubService {
+    pub fn new(
+        metrics: Metrics,
+        config: PubSubConfig,
+        draining: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self(Arc::new(Inner {
+            metrics,
+            config,
+            relays: RwLock::new(Vec::new()),
+            next_conn: AtomicU64::new(1),
+            mesh: RwLock::new(None),
+            draining,
+        }))
+    }
+
+    /// Plugs the cluster mesh in (the cluster issue calls this once).
+    pub fn set_mesh(&self, mesh: Arc<dyn MeshSink>) {
+        *self.0.mesh.write() = Some(mesh);
+    }
+
+    /// A fresh connection id, unique on this node.
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a worker thread's relay; returns its id.
+    pub(crate) fn add_relay(&self, tx: tokio::sync::mpsc::Sender<Delivery>) -> u32 {
+        let mut r = self.relays.write();
+        r.push(tx);
+        (r.len() - 1) as u32
+    }
+
+    /// Delivers one message: local fan-out through the relays, then (for local
+    /// publishes) the mesh. Called by namespace supervisors only, in mailbox
+    /// order, so one publisher's messages keep their order.
+    pub fn deliver(
+        &self,
+        namespace: &str,
+        topic: &str,
+        data: &Bytes,
+        targets: Option<(&Targets, [bool; 3])>,
+        origin: Origin,
+    ) {
+        let timestamp = super::protocol::now_ms();
+        if let Some((targets, kinds)) = targets {
+            let frames: Arc<[Option<Bytes>; 3]> = Arc::new(
+                FrameKind::ALL
+                    .map(|k| kinds[k.index()].then(|| message_frame(k, topic, data, timestamp))),
+            );
+            let relays = self.relays.read();
+            for (relay, conns) in targets {
+                let Some(tx) = relays.get(*relay as usize) else {
+                    continue;
+                };
+                let d = Delivery {
+                    frames: frames.clone(),
+                    conns: conns.clone(),
+                };
+                if tx.try_send(d).is_err() {
+                    self.metrics
+                        .pubsub_dropped
+                        .with_label_values(&["relay_full"])
+                        .inc_by(conns.len() as u64);
+                }
+            }
+        }
+        if origin == Origin::Local
+            && let Some(mesh) = self.0.mesh.read().as_ref()
+        {
+            mesh.forward(namespace, topic, data, timestamp);
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! `WsSession`: one actor per WebSocket connection. It owns the connection's
+//! outbound queue ([`Conn`], shared with this thread's relay), its heartbeat
+//! and read deadline, and its subscriptions; it turns client frames into typed
+//! messages to the namespace's supervisor.
+//!
+//! Order: every request a client frame causes is *enqueued* into the
+//! supervisor's mailbox while the frame is handled (not when a future first
+//! runs), and each answer fills a numbered slot; answers leave in slot order.
+//! So a client's publishes are handled, delivered and acknowledged in the
+//! order it sent them, while many are in flight.
+
+use super::protocol::{
+    self, ClientFrame, FrameError, FrameKind, Opcode, ack, close, error_frame, ws_frame,
+};
+use super::relay::{Conn, Relay};
+use super::table::SubscriberRef;
+use crate::actors::{
+    ASK_TIMEOUT, AskError, NamespaceSupervisor, NsHandle, NsResult, Publish, Subscribe,
+    Unsubscribe, UnsubscribeAll,
+};
+use crate::http::{ApiError, Identity};
+use crate::node::Node;
+use actix::prelude::*;
+use actix_ws::{AggregatedMessage, ProtocolError};
+use bytes::Bytes;
+use futures_util::future::LocalBoxFuture;
+use serde_json::Value;
+use std::collections::{HashSet, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Client frames whose answers may be pending at once; past it the session
+/// stops reading until the oldest answer is in.
+pub const MAX_IN_FLIGHT: usize = 256;
+/// Topics one `/v1/ws` connection may subscribe to.
+pub const MAX_TOPICS_PER_CONNECTION: usize = 1000;
+
+/// What kind of socket this is.
+pub enum Mode {
+    /// `/v1/pubsub/ws`: one topic; client frames are published to it.
+    Simple {
+        topic: String,
+        kind: FrameKind,
+        can_publish: bool,
+    },
+    /// `/v1/ws`: many topics, JSON frames with ids.
+    Full { topics: HashSet<String> },
+}
+
+/// The actor.
+pub struct WsSession {
+    node: Node,
+    ns: NsHandle,
+    identity: Option<Identity>,
+    relay: Rc<Relay>,
+    conn: Rc<Conn>,
+    mode: Mode,
+    last_heard: Instant,
+    /// Answers in client order: `slots[0]` answers frame number `base`.
+    slots: VecDeque<Option<Bytes>>,
+    base: u64,
+}
+
+/// Sent by the relay or the response body (same thread) when the connection
+/// must end: slow consumer, node drain, or the TCP connection is gone.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+impl WsSession {
+    pub fn new(
+        node: Node,
+        ns: NsHandle,
+        identity: Option<Identity>,
+        relay: Rc<Relay>,
+        conn: Rc<Conn>,
+        mode: Mode,
+    ) -> Self {
+        Self {
+            node,
+            ns,
+            identity,
+            relay,
+            conn,
+            mode,
+            last_heard: Instant::now(),
+            slots: VecDeque::new(),
+            base: 0,
+        }
+    }
+
+    /// Starts the actor on this thread, reading `stream`.
+    pub fn start_with(self, stream: actix_ws::MessageStream) -> Addr<WsSession> {
+        let max = self.node.config.pubsub.max_frame_bytes;
+        let stream = stream
+            .max_frame_size(max)
+            .aggregate_continuations()
+            .max_continuation_size(max);
+        WsSession::create(move |ctx| {
+            ctx.add_stream(stream);
+            self
+        })
+    }
+
+    fn ping_interval(&self) -> Duration {
+        Duration::from_secs(self.node.config.pubsub.ping_interval_seconds.max(1))
+    }
+
+    fn read_timeout(&self) -> Duration {
+        Duration::from_secs(self.node.config.pubsub.read_timeout_seconds.max(1))
+    }
+
+    /// Closes the read deadline check: re-armed for exactly the time left.
+    fn arm_deadline(&self, ctx: &mut Context<Self>, after: Duration) {
+        ctx.run_later(after, |act, ctx| {
+            let idle = act.last_heard.elapsed();
+            let limit = act.read_timeout();
+            if idle >= limit {
+                act.end(ctx, close::READ_TIMEOUT, "read timeout");
+            } else {
+                act.arm_deadline(ctx, limit - idle);
+            }
+        });
+    }
+
+    /// Ends the connection with a close frame after what is queued.
+    fn end(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str) {
+        self.conn.close_after_queue(code, reason);
+        ctx.stop();
+    }
+
+    /// Takes a slot for the next client frame.
+    fn take_slot(&mut self) -> u64 {
+        self.slots.push_back(None);
+        self.base + self.slots.len() as u64 - 1
+    }
+
+    /// Fills a slot and sends every answer that is now in order.
+    fn fill(&mut self, seq: u64, frame: Bytes) {
+        let Some(i) = seq.checked_sub(self.base) else {
+            return;
+        };
+        if let Some(s) = self.slots.get_mut(i as usize) {
+            *s = Some(frame);
+        }
+        while let Some(Some(_)) = self.slots.front() {
+            if let Some(Some(f)) = self.slots.pop_front() {
+                self.base += 1;
+                self.conn.push(f);
+            }
+        }
+    }
+
+    /// Runs a frame's answer future; the slot keeps its place in the order.
+    fn answer(&mut self, ctx: &mut Context<Self>, seq: u64, fut: LocalBoxFuture<'static, Bytes>) {
+        let f = fut
+            .into_actor(self)
+            .map(move |frame, act, _| act.fill(seq, frame));
+        if self.slots.len() > MAX_IN_FLIGHT {
+            // Back-pressure: read no further frame until this one is answered.
+            ctx.wait(f);
+        } else {
+            ctx.spawn(f);
+        }
+    }
+
+    fn on_full_frame(&mut self, ctx: &mut Context<Self>, text: &[u8]) {
+        let seq = self.take_slot();
+        let (id, parsed) = protocol::parse_client_frame(text);
+        let fut = match parsed {
+            Err(e) => {
+                self.fill(seq, error_frame(&id, &e));
+                return;
+            }
+            Ok(frame) => self.full_request(id.clone(), frame),
+        };
+        match fut {
+            Ok(fut) => self.answer(ctx, seq, fut),
+            Err(e) => self.fill(seq, error_frame(&id, &e)),
+        }
+    }
+
+    fn allows(&self, action: &str, topic: &str) -> Result<(), FrameError> {
+        match &self.identity {
+            Some(i) if i.allows("pubsub", action, topic) => Ok(()),
+            _ => Err(FrameError::new(
+                "MISSING_GRANT",
+                format!("the credential lacks pubsub:{action}:{topic}"),
+            )),
+        }
+    }
+
+    /// Turns one `/v1/ws` frame into the future of its answer. Errors found
+    /// before anything is sent are answered at once.
+    fn full_request(
+        &mut self,
+        id: Value,
+        frame: ClientFrame,
+    ) -> Result<LocalBoxFuture<'static, Bytes>, FrameError> {
+        let ok = move |id: Value, r: Result<(), FrameError>| match r {
+            Ok(()) => ack(&id, None),
+            Err(e) => error_frame(&id, &e),
+        };
+        match frame {
+            ClientFrame::Ping => Ok(Box::pin(std::future::ready(ack(
+                &id,
+                Some(("pong", Value::Bool(true))),
+            )))),
+            ClientFrame::Subscribe { topic, presence } => {
+                protocol::check_topic(&topic).map_err(topic_error)?;
+                self.allows("subscribe", &topic)?;
+                if let Some((m, meta)) = &presence {
+                    protocol::check_member(m, meta.as_deref())?;
+                }
+                let Mode::Full { topics } = &mut self.mode else {
+                    return Err(FrameError::new("BAD_FRAME", "not on this socket"));
+                };
+                if !topics.contains(&topic) && topics.len() >= MAX_TOPICS_PER_CONNECTION {
+                    return Err(FrameError::new(
+                        "TOO_MANY_TOPICS",
+                        format!("at most {MAX_TOPICS_PER_CONNECTION} topics per connection"),
+                    ));
+                }
+                // Recorded now: if the socket ends before the answer, the
+                // cleanup still covers it (unsubscribing twice is harmless).
+                topics.insert(topic.clone());
+                let sub = SubscriberRef {
+                    relay: self.relay.id,
+                    conn: self.conn.id,
+                    kind: FrameKind::Full,
+                };
+                let reply = send_now(
+                    &self.ns,
+                    Subscribe {
+                        topic,
+                        sub,
+                        presence,
+                    },
+                );
+                Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
+            }
+            ClientFrame::Unsubscribe { topic } => {
+                if let Mode::Full { topics } = &mut self.mode {
+                    topics.remove(&topic);
+                }
+                let reply = send_now(
+                    &self.ns,
+                    Unsubscribe {
+                        topic,
+                        conn: self.conn.id,
+                    },
+                );
+                Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
+            }
+            ClientFrame::Publish { topic, data } => {
+                protocol::check_topic(&topic).map_err(topic_error)?;
+                self.allows("publish", &topic)?;
+                self.check_size(&data)?;
+                let reply = send_now(
+                    &self.ns,
+                    Publish {
+                        topic,
+                        data,
+                        depth: 0,
+                    },
+                );
+                Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
+            }
+            ClientFrame::Invoke { function, input } => {
+                let fut = invoke_hook(
+                    self.node.clone(),
+                    self.ns.clone(),
+                    self.identity.clone(),
+                    function,
+                    input,
+                );
+                Ok(Box::pin(async move {
+                    match fut.await {
+                        Ok(v) => ack(&id, Some(("result", v))),
+                        Err(e) => error_frame(&id, &e),
+                    }
+                }))
+            }
+        }
+    }
+
+    fn check_size(&self, data: &Bytes) -> Result<(), FrameError> {
+        if data.len() > self.node.config.pubsub.max_frame_bytes {
+            return Err(FrameError::new(
+                "PAYLOAD_TOO_LARGE",
+                "the message is larger than pubsub.max_frame_bytes",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A frame on the simple socket: published to the socket's topic.
+    fn on_simple_frame(&mut self, ctx: &mut Context<Self>, data: Bytes) {
+        let Mode::Simple {
+            topic, can_publish, ..
+        } = &self.mode
+        else {
+            return;
+        };
+        if !can_publish {
+            let e = FrameError::new(
+                "MISSING_GRANT",
+                format!("the credential lacks pubsub:publish:{topic}"),
+            );
+            self.conn.push(error_frame(&Value::Null, &e));
+            return;
+        }
+        let reply = send_now(
+            &self.ns,
+            Publish {
+                topic: topic.clone(),
+                data,
+                depth: 0,
+            },
+        );
+        ctx.spawn(reply.into_actor(self).map(|r, act, _| {
+            if let Err(e) = flatten(r) {
+                act.conn.push(error_frame(&Value::Null, &e));
+            }
+        }));
+    }
+}
+
+fn topic_error(e: protocol::TopicError) -> FrameError {
+    match e {
+        protocol::TopicError::Reserved => FrameError::new("RESERVED_TOPIC", e.to_string()),
+        protocol::TopicError::Invalid => FrameError::new("BAD_TOPIC", e.to_string()),
+    }
+}
+
+fn flatten(r: Result<NsResult<()>, AskError>) -> Result<(), FrameError> {
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ApiError::from(e).into()),
+        Err(e) => Err(ApiError::from(e).into()),
+    }
+}
+
+/// Sends `msg` through the supervisor's bounded admission *now* (so messages
+/// keep the order frames arrived in) and returns the future of the reply.
+pub fn send_now<M>(ns: &NsHandle, msg: M) -> LocalBoxFuture<'static, Result<M::Result, AskError>>
+where
+    NamespaceSupervisor: Handler<M>,
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    if !ns.stats.admit() {
+        return Box::pin(std::future::ready(Err(AskError::Overloaded)));
+    }
+    let req = ns.addr.send(msg).timeout(ASK_TIMEOUT);
+    let stats = ns.stats.clone();
+    Box::pin(async move {
+        match req.await {
+            Ok(r) => Ok(r),
+            Err(MailboxError::Timeout) => Err(AskError::Timeout),
+            Err(MailboxError::Closed) => {
+                stats.cancel();
+                Err(AskError::Gone)
+            }
+        }
+    })
+}
+
+/// The `invoke` frame of `/v1/ws`. Functions are their own issue: this is the
+/// one seam they replace. Answers `{"id","ok":true,"result":<value>}` on success.
+pub fn invoke_hook(
+    _node: Node,
+    _ns: NsHandle,
+    _identity: Option<Identity>,
+    _function: String,
+    _input: Bytes,
+) -> LocalBoxFuture<'static, Result<Value, FrameError>> {
+    Box::pin(std::future::ready(Err(FrameError::new(
+        "NOT_IMPLEMENTED",
+        "invoking functions over /v1/ws is not available yet",
+    ))))
+}
+
+impl Actor for WsSession {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.node.metrics.ws_connections.inc();
+        self.conn.attach(ctx.address().downgrade());
+        let ping = self.ping_interval();
+        ctx.run_interval(ping, |act, _| {
+            act.conn.push(ws_frame(Opcode::Ping, b""));
+        });
+        let limit = self.read_timeout();
+        self.arm_deadline(ctx, limit);
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.node.metrics.ws_connections.dec();
+        self.relay.forget(self.conn.id);
+        // Whatever ended the socket, end the response too (no-op if closing).
+        self.conn.close_after_queue(close::NORMAL, "");
+        // The cleanup must not be refused by admission: it bypasses the bound.
+        self.ns.stats.admit_always();
+        self.ns.addr.do_send(UnsubscribeAll { conn: self.conn.id });
+    }
+}
+
+impl Handler<Shutdown> for WsSession {
+    type Result = ();
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for WsSession {
+    fn handle(&mut self, item: Result<AggregatedMessage, ProtocolError>, ctx: &mut Context<Self>) {
+        self.last_heard = Instant::now();
+        let msg = match item {
+            Ok(m) => m,
+            Err(ProtocolError::Overflow) => {
+                return self.end(ctx, close::TOO_BIG, "frame too large");
+            }
+            Err(ProtocolError::Io(e)) if e.to_string().contains("continuation size") => {
+                return self.end(ctx, close::TOO_BIG, "message too large");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "WebSocket protocol error.");
+                return self.end(ctx, close::PROTOCOL_ERROR, "protocol error");
+            }
+        };
+        match msg {
+            AggregatedMessage::Ping(p) => {
+                self.conn.push(ws_frame(Opcode::Pong, &p));
+            }
+            AggregatedMessage::Pong(_) => {}
+            AggregatedMessage::Close(reason) => {
+                // Echo the client's code, except those that must never be sent.
+                let code = reason
+                    .map(|r| u16::from(r.code))
+                    .filter(|c| (1000..5000).contains(c) && ![1005, 1006, 1015].contains(c))
+                    .unwrap_or(close::NORMAL);
+                self.end(ctx, code, "");
+            }
+            AggregatedMessage::Text(t) => match self.mode {
+                Mode::Full { .. } => self.on_full_frame(ctx, t.as_bytes()),
+                Mode::Simple { .. } => self.on_simple_frame(ctx, t.into_bytes()),
+            },
+            AggregatedMessage::Binary(b) => match self.mode {
+                Mode::Full { .. } => self.on_full_frame(ctx, &b),
+                Mode::Simple { .. } => self.on_simple_frame(ctx, b),
+            },
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        // The client's half ended (TCP closed or reset): clean up.
+        ctx.stop();
+    }
+}

@@ -1,0 +1,281 @@
+//! `TopicTable`: a namespace's live topics, their local subscribers (grouped by
+//! the relay of the worker thread that owns each socket) and presence members.
+//! Owned by the namespace's supervisor, the only code that touches it.
+//!
+//! The table is soft state describing live sockets. It is *kept* across a
+//! supervisor restart (`restarting` does not clear it): the sockets did not
+//! restart, so their subscriptions stay valid and nothing is lost. Each
+//! mutation below is complete before it returns, so a panic elsewhere in a
+//! handler cannot leave it half-updated.
+
+use super::protocol::{FrameKind, now_ms};
+use super::service::{PubSubService, Targets};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A local subscriber: which relay owns its socket, its connection id and framing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberRef {
+    pub relay: u32,
+    pub conn: u64,
+    pub kind: FrameKind,
+}
+
+/// A presence member as `GET /v1/pubsub/presence` lists it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Member {
+    pub member_id: String,
+    pub meta: Option<serde_json::Value>,
+    pub joined_at: u64,
+    /// Connections present under this id (a member may join from several).
+    pub connections: usize,
+}
+
+/// A live topic as `GET /v1/pubsub/topics` lists it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TopicInfo {
+    pub topic: String,
+    pub subscribers: usize,
+    pub members: usize,
+}
+
+#[derive(Default)]
+struct Topic {
+    subs: HashMap<u64, SubscriberRef>,
+    /// Per relay, the connections to hand a message to. Copy-on-write: a
+    /// delivery in flight holds the old list, the next one sees the new.
+    targets: Targets,
+    kinds: [usize; 3],
+    members: HashMap<String, Member>,
+    member_of_conn: HashMap<u64, String>,
+}
+
+/// A join or leave to publish on the topic (the event is the message's data).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PresenceEvent {
+    pub topic: String,
+    pub data: bytes::Bytes,
+}
+
+fn presence_event(event: &str, topic: &str, m: &Member) -> PresenceEvent {
+    let v = serde_json::json!({
+        "type": "presence",
+        "event": event,
+        "topic": topic,
+        "member_id": m.member_id,
+        "meta": m.meta,
+        "timestamp": now_ms(),
+    });
+    PresenceEvent {
+        topic: topic.to_string(),
+        data: serde_json::to_vec(&v).unwrap_or_default().into(),
+    }
+}
+
+/// The topics of one namespace.
+#[derive(Default)]
+pub struct TopicTable {
+    /// The node's delivery path (every publish goes through it).
+    pub service: PubSubService,
+    topics: HashMap<String, Topic>,
+    conn_topics: HashMap<u64, Vec<String>>,
+    count: usize,
+}
+
+impl TopicTable {
+    pub fn new(service: PubSubService) -> Self {
+        Self {
+            service,
+            ..Default::default()
+        }
+    }
+
+    /// Adds a subscriber (idempotent per connection and topic); returns the
+    /// join event when a new presence member appeared.
+    pub fn subscribe(
+        &mut self,
+        topic: &str,
+        sub: SubscriberRef,
+        presence: Option<(String, Option<String>)>,
+    ) -> Option<PresenceEvent> {
+        let t = self.topics.entry(topic.to_string()).or_default();
+        if t.subs.insert(sub.conn, sub).is_none() {
+            t.kinds[sub.kind.index()] += 1;
+            self.count += 1;
+            match t.targets.iter_mut().find(|(r, _)| *r == sub.relay) {
+                Some((_, list)) => Arc::make_mut(list).push((sub.conn, sub.kind)),
+                None => t
+                    .targets
+                    .push((sub.relay, Arc::new(vec![(sub.conn, sub.kind)]))),
+            }
+            self.conn_topics
+                .entry(sub.conn)
+                .or_default()
+                .push(topic.to_string());
+        }
+        let (member_id, meta) = presence?;
+        if t.member_of_conn.contains_key(&sub.conn) {
+            return None;
+        }
+        t.member_of_conn.insert(sub.conn, member_id.clone());
+        let meta = meta.map(|m| serde_json::from_str(&m).unwrap_or(serde_json::Value::String(m)));
+        match t.members.get_mut(&member_id) {
+            Some(m) => {
+                m.connections += 1;
+                None
+            }
+            None => {
+                let m = Member {
+                    member_id: member_id.clone(),
+                    meta,
+                    joined_at: now_ms(),
+                    connections: 1,
+                };
+                let ev = presence_event("join", topic, &m);
+                t.members.insert(member_id, m);
+                Some(ev)
+            }
+        }
+    }
+
+    /// Removes one subscription; returns the leave event when a member left.
+    pub fn unsubscribe(&mut self, topic: &str, conn: u64) -> Option<PresenceEvent> {
+        if let Some(list) = self.conn_topics.get_mut(&conn) {
+            list.retain(|t| t != topic);
+            if list.is_empty() {
+                self.conn_topics.remove(&conn);
+            }
+        }
+        self.remove(topic, conn)
+    }
+
+    /// Removes every subscription of a connection (however its socket ended);
+    /// returns the leave events.
+    pub fn unsubscribe_all(&mut self, conn: u64) -> Vec<PresenceEvent> {
+        let topics = self.conn_topics.remove(&conn).unwrap_or_default();
+        topics.iter().filter_map(|t| self.remove(t, conn)).collect()
+    }
+
+    fn remove(&mut self, topic: &str, conn: u64) -> Option<PresenceEvent> {
+        let t = self.topics.get_mut(topic)?;
+        let sub = t.subs.remove(&conn)?;
+        t.kinds[sub.kind.index()] -= 1;
+        self.count -= 1;
+        if let Some(pos) = t.targets.iter().position(|(r, _)| *r == sub.relay) {
+            let list = Arc::make_mut(&mut t.targets[pos].1);
+            list.retain(|(c, _)| *c != conn);
+            if list.is_empty() {
+                t.targets.swap_remove(pos);
+            }
+        }
+        let mut ev = None;
+        if let Some(member_id) = t.member_of_conn.remove(&conn)
+            && let Some(m) = t.members.get_mut(&member_id)
+        {
+            m.connections -= 1;
+            if m.connections == 0 {
+                let m = t.members.remove(&member_id).expect("present");
+                ev = Some(presence_event("leave", topic, &m));
+            }
+        }
+        if t.subs.is_empty() {
+            self.topics.remove(topic);
+        }
+        ev
+    }
+
+    /// Where a message on `topic` goes: per relay connection lists, and which
+    /// frame kinds are needed. None when nobody listens here.
+    pub fn targets(&self, topic: &str) -> Option<(&Targets, [bool; 3])> {
+        let t = self.topics.get(topic)?;
+        Some((&t.targets, t.kinds.map(|n| n > 0)))
+    }
+
+    /// Number of live subscriptions.
+    pub fn subscriptions(&self) -> usize {
+        self.count
+    }
+
+    /// The live topics, sorted.
+    pub fn list(&self) -> Vec<TopicInfo> {
+        let mut v: Vec<TopicInfo> = self
+            .topics
+            .iter()
+            .map(|(k, t)| TopicInfo {
+                topic: k.clone(),
+                subscribers: t.subs.len(),
+                members: t.members.len(),
+            })
+            .collect();
+        v.sort_by(|a, b| a.topic.cmp(&b.topic));
+        v
+    }
+
+    /// The presence members of a topic, sorted by id.
+    pub fn presence(&self, topic: &str) -> Vec<Member> {
+        let mut v: Vec<Member> = self
+            .topics
+            .get(topic)
+            .map(|t| t.members.values().cloned().collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.member_id.cmp(&b.member_id));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(relay: u32, conn: u64) -> SubscriberRef {
+        SubscriberRef {
+            relay,
+            conn,
+            kind: FrameKind::Full,
+        }
+    }
+
+    /// Subscribers are grouped per relay and removed cleanly; empty topics vanish.
+    #[test]
+    fn subscribe_and_unsubscribe() {
+        let mut t = TopicTable::default();
+        t.subscribe("a", sub(0, 1), None);
+        t.subscribe("a", sub(1, 2), None);
+        t.subscribe("a", sub(0, 3), None);
+        t.subscribe("a", sub(0, 3), None);
+        t.subscribe("b", sub(0, 1), None);
+        let (targets, kinds) = t.targets("a").unwrap();
+        assert_eq!(kinds, [false, true, false]);
+        let n: usize = targets.iter().map(|(_, l)| l.len()).sum();
+        assert_eq!(n, 3);
+        assert_eq!(t.subscriptions(), 4);
+        t.unsubscribe_all(1);
+        assert_eq!(t.subscriptions(), 2);
+        assert!(t.targets("b").is_none());
+        t.unsubscribe("a", 2);
+        t.unsubscribe("a", 3);
+        assert!(t.list().is_empty());
+    }
+
+    /// A member joins once, stays while any of its connections remains, then leaves.
+    #[test]
+    fn presence_refcounts_connections() {
+        let mut t = TopicTable::default();
+        let j = t.subscribe("a", sub(0, 1), Some(("m".into(), Some("{\"n\":1}".into()))));
+        assert!(j.is_some());
+        assert!(
+            t.subscribe("a", sub(0, 2), Some(("m".into(), None)))
+                .is_none()
+        );
+        assert_eq!(t.presence("a")[0].connections, 2);
+        assert_eq!(t.presence("a")[0].meta, Some(serde_json::json!({"n": 1})));
+        assert!(t.unsubscribe_all(1).is_empty());
+        let ev = t.unsubscribe_all(2);
+        assert_eq!(ev.len(), 1);
+        let v: serde_json::Value = serde_json::from_slice(&ev[0].data).unwrap();
+        assert_eq!(v["event"], "leave");
+        assert_eq!(v["member_id"], "m");
+        assert!(t.presence("a").is_empty());
+    }
+}

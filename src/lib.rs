@@ -12,6 +12,8 @@
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
 //! - `storage/`: the ordered-KV trait and its sled backend.
+//! - `dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
+//!   the JSON API and event stream, operator sessions, embedded assets.
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
@@ -24,6 +26,7 @@ pub mod auth;
 pub mod cli;
 mod cli_client;
 pub mod config;
+pub mod dashboard;
 pub mod http;
 pub mod identity;
 pub mod metrics;

@@ -39,6 +39,8 @@ pub struct NodeInner {
     phase: AtomicU8,
     /// Flips to true when the drain starts; sockets watch it to send close frames.
     pub draining: tokio::sync::watch::Sender<bool>,
+    /// The dashboard's latest frame, history and viewers.
+    pub dashboard: crate::dashboard::Dashboard,
 }
 
 /// The node's handle, cloned into every handler.
@@ -204,9 +206,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         jwt,
         phase: AtomicU8::new(Phase::Starting as u8),
         draining,
+        dashboard: Default::default(),
     }));
     let (server, addr) = crate::http::serve(node.clone())?;
     spawn_sweeper(store);
+    crate::dashboard::spawn_sampler(&node);
     let handle = server.handle();
     Ok(RunningNode {
         addr,

@@ -23,6 +23,7 @@ pub fn register(t: &mut RouteTable) {
     namespaces::register(t);
     auth::register(t);
     kv::register(t);
+    crate::dashboard::register(t);
 }
 
 /// Namespace names: 1–63 of `a-z`, `0-9`, `-`, starting with a letter or digit.

@@ -140,7 +140,8 @@ function drawChart(canvas, values, color) {
   g.fillText("now " + fmtRate(last), w - 70, 11);
   g.fillText(`${Math.round(values.length / 60 * 10) / 10} min`, 2, h - 3);
   if (values.length < 2) return;
-  const step = w / (HISTORY_MAX - 1);
+  // At least two minutes across, so a young history is not squeezed into a sliver.
+  const step = w / (Math.max(120, values.length) - 1);
   const x0 = w - (values.length - 1) * step;
   g.strokeStyle = color; g.lineWidth = 1.5; g.beginPath();
   values.forEach((v, i) => {

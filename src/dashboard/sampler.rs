@@ -15,6 +15,10 @@ use std::time::Duration;
 pub const TICK_INTERVAL: Duration = Duration::from_secs(1);
 /// History points kept for the charts: ten minutes at one per tick.
 pub const HISTORY_LEN: usize = 600;
+/// Namespaces are re-listed from the store every this many ticks.
+pub const NAMESPACE_LIST_TICKS: u64 = 5;
+/// Most idle (not running) namespaces listed from the store.
+pub const MAX_LISTED_NAMESPACES: usize = 1000;
 /// Streams open at once; more are answered 503 (each costs a socket, not a snapshot).
 pub const MAX_VIEWERS: usize = 1024;
 
@@ -115,12 +119,34 @@ pub fn spawn_sampler(node: &Node) {
         let mut prev = Previous::default();
         let mut tick = tokio::time::interval(TICK_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut known: Vec<String> = Vec::new();
+        let mut n: u64 = 0;
         loop {
             tick.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let node = Node(inner);
-            let snap = snapshot::take(&node, &mut prev);
+            if n % NAMESPACE_LIST_TICKS == 0 {
+                known = listed_namespaces(&node).await;
+            }
+            n += 1;
+            let snap = snapshot::take(&node, &mut prev, &known);
             node.dashboard.publish(snap);
         }
     });
+}
+
+/// Names of the namespaces in the store, so idle ones (no supervisor running yet)
+/// are shown too.
+async fn listed_namespaces(node: &Node) -> Vec<String> {
+    use crate::storage::OrderedKv;
+    match node.store.scan_prefix(b"ns/", MAX_LISTED_NAMESPACES).await {
+        Ok(rows) => rows
+            .into_iter()
+            .filter_map(|(k, _)| String::from_utf8(k[3..].to_vec()).ok())
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "Dashboard could not list namespaces.");
+            Vec::new()
+        }
+    }
 }

@@ -274,7 +274,8 @@ fn rate(now: u64, before: Option<u64>, secs: f64) -> f64 {
 }
 
 /// Reads every number once and derives rates against `prev` (updated in place).
-pub fn take(node: &Node, prev: &mut Previous) -> Snapshot {
+/// `known` names the namespaces in the store, listed even while idle.
+pub fn take(node: &Node, prev: &mut Previous, known: &[String]) -> Snapshot {
     let m = &node.metrics;
     let now = Instant::now();
     let secs = prev
@@ -338,6 +339,9 @@ pub fn take(node: &Node, prev: &mut Previous) -> Snapshot {
         row.handled += a.handled;
         row.handled_per_sec += a.handled_per_sec;
         row.restarts += a.restarts;
+    }
+    for name in known {
+        namespaces.entry(name.clone()).or_default();
     }
     for name in node.namespaces.names() {
         namespaces.entry(name).or_default().running = true;

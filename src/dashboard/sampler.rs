@@ -125,7 +125,7 @@ pub fn spawn_sampler(node: &Node) {
             tick.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let node = Node(inner);
-            if n % NAMESPACE_LIST_TICKS == 0 {
+            if n.is_multiple_of(NAMESPACE_LIST_TICKS) {
                 known = listed_namespaces(&node).await;
             }
             n += 1;

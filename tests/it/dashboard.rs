@@ -322,8 +322,9 @@ fn stream_sends_a_snapshot_every_tick() {
     assert!(ids.windows(2).all(|w| w[1] > w[0]), "{ids:?}");
     let last = body
         .lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
-        .last()
+        .next()
         .unwrap();
     let snap = json(last);
     assert!(

@@ -21,7 +21,17 @@ pub struct Config {
     pub auth: AuthConfig,
     pub functions: FunctionsConfig,
     pub pubsub: PubSubConfig,
+    pub cluster: ClusterConfig,
     pub debug: DebugConfig,
+}
+
+/// `[cluster]`: the shared hop-MAC secret (the rest of cluster mode is not built yet).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// File holding the cluster secret that keys the hop MAC (or set
+    /// `MESHGATE_CLUSTER_SECRET`). Empty: no hop is ever believed.
+    pub secret_file: String,
 }
 
 /// `[server]`: the listener, the data folder and the node's limits.

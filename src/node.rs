@@ -34,6 +34,8 @@ pub struct NodeInner {
     pub supervisor: actix::Addr<NodeSupervisor>,
     pub supervisor_stats: Arc<ActorStats>,
     pub secrets: Secrets,
+    /// The hop-MAC key, when this node has a cluster secret.
+    pub hop_key: Option<crate::auth::HopKey>,
     /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
     pub jwt: crate::auth::JwtKeys,
     phase: AtomicU8,
@@ -175,6 +177,22 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let secrets = load_secrets(&data_dir, std::env::var("MESHGATE_OPERATOR_KEY").ok())?;
     let jwt = crate::auth::JwtKeys::load_or_generate(&data_dir.join("jwt.key"))
         .map_err(|e| anyhow::anyhow!("cannot load the JWT signing key: {e}"))?;
+    let hop_secret = match std::env::var("MESHGATE_CLUSTER_SECRET")
+        .ok()
+        .filter(|s| !s.is_empty())
+    {
+        Some(s) => Some(s.into_bytes()),
+        None if !config.cluster.secret_file.is_empty() => {
+            Some(std::fs::read(&config.cluster.secret_file).with_context(|| {
+                format!(
+                    "cannot read cluster.secret_file {}",
+                    config.cluster.secret_file
+                )
+            })?)
+        }
+        None => None,
+    };
+    let hop_key = hop_secret.map(|s| crate::auth::HopKey::from_secret(&s));
     let metrics = Metrics::new();
     let directory = ActorDirectory::default();
     let namespaces = Namespaces::default();
@@ -204,6 +222,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         supervisor_stats,
         secrets,
         jwt,
+        hop_key,
         phase: AtomicU8::new(Phase::Starting as u8),
         draining,
         dashboard: Default::default(),

@@ -202,6 +202,13 @@ mod tests {
         }
     }
 
+    /// The example in `docs/auth.md` (made by an independent script) parses.
+    #[test]
+    fn docs_example_parses() {
+        let k = "mg_sk_04crZ4GhdmAq6HqrSj93MQXrOIprIhWsT_45jvuC";
+        assert_eq!(parse(k).unwrap().kind, KeyKind::Secret);
+    }
+
     /// Two keys differ.
     #[test]
     fn keys_are_random() {

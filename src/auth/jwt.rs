@@ -208,9 +208,9 @@ impl JwtKeys {
         let (next, der) = Self::generate()?;
         self.signer = next.signer;
         self.kid = next.kid;
+        let new_kid = self.kid.clone();
         let mut verifiers = next.verifiers;
-        let first = verifiers[0].kid.clone();
-        verifiers.extend(self.verifiers.drain(..).filter(|v| v.kid != first));
+        verifiers.extend(self.verifiers.drain(..).filter(|v| v.kid != new_kid));
         self.verifiers = verifiers;
         Ok(der)
     }

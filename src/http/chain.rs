@@ -61,6 +61,11 @@ pub struct Limiters {
     credential: DefaultKeyedRateLimiter<IpAddr>,
     pub wallet: DefaultKeyedRateLimiter<String>,
     namespace: DefaultKeyedRateLimiter<String>,
+    /// Namespaces with their own bucket (`rate_per_minute`/`rate_burst` in the
+    /// namespace record); `None` means the record has no override. Filled lazily.
+    overrides: parking_lot::RwLock<
+        std::collections::HashMap<String, Option<Arc<governor::DefaultDirectRateLimiter>>>,
+    >,
     trusted: Vec<IpAddr>,
     clock: DefaultClock,
 }
@@ -83,6 +88,7 @@ impl Limiters {
             credential: RateLimiter::keyed(quota(rl.credential_per_minute, rl.credential_burst)),
             wallet: RateLimiter::keyed(quota(rl.wallet_per_minute, rl.wallet_burst)),
             namespace: RateLimiter::keyed(quota(rl.namespace_per_minute, rl.namespace_burst)),
+            overrides: Default::default(),
             trusted: rl
                 .trusted_proxies
                 .iter()
@@ -127,6 +133,47 @@ impl Limiters {
                 .ceil()
                 .max(1.0) as u64
         })
+    }
+
+    /// Forgets what is known of a namespace's bucket (after it is created or deleted).
+    pub fn forget_namespace(&self, ns: &str) {
+        self.overrides.write().remove(ns);
+    }
+
+    /// Checks a namespace's bucket: its own when its record sets one, else the default.
+    async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
+        let known = self.overrides.read().get(ns).cloned();
+        let own = match known {
+            Some(o) => o,
+            None => {
+                let rec = node
+                    .store
+                    .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
+                    .await;
+                let own = match rec {
+                    Ok(Some(r)) if r.rate_per_minute.is_some() || r.rate_burst.is_some() => {
+                        let rl = &node.config.rate_limit;
+                        let q = quota(
+                            r.rate_per_minute.unwrap_or(rl.namespace_per_minute),
+                            r.rate_burst.unwrap_or(rl.namespace_burst),
+                        );
+                        Some(Arc::new(RateLimiter::direct(q)))
+                    }
+                    _ => None,
+                };
+                self.overrides.write().insert(ns.to_string(), own.clone());
+                own
+            }
+        };
+        match own {
+            Some(lim) => lim.check().map_err(|nu| {
+                nu.wait_time_from(self.clock.now())
+                    .as_secs_f64()
+                    .ceil()
+                    .max(1.0) as u64
+            }),
+            None => self.verdict(&self.namespace, &ns.to_string()),
+        }
     }
 
     /// Checks the per-wallet challenge bucket; Err carries Retry-After seconds.
@@ -330,12 +377,19 @@ pub async fn domain_routing<B: MessageBody + 'static>(
 /// The credential a request presents: `Authorization: Bearer`, `X-API-Key`, or
 /// `?token=` on a WebSocket upgrade.
 fn presented_credential(req: &ServiceRequest) -> Option<String> {
+    raw_credential(req).filter(|c| !c.is_empty())
+}
+
+fn raw_credential(req: &ServiceRequest) -> Option<String> {
     if let Some(v) = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
         let v = v.trim();
+        if v.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
         if let Some(t) = v
             .strip_prefix("Bearer ")
             .or_else(|| v.strip_prefix("bearer "))
@@ -524,7 +578,7 @@ pub async fn namespace_rate_limit<B: MessageBody + 'static>(
     let target = req.extensions().get::<Target>().map(|t| t.0.clone());
     if let Some(ns) = target {
         let l = limiters(&req);
-        if let Err(after) = l.verdict(&l.namespace, &ns) {
+        if let Err(after) = l.check_namespace(&node(&req), &ns).await {
             node(&req)
                 .metrics
                 .rate_limited

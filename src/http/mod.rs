@@ -7,10 +7,11 @@ mod middleware;
 mod policy;
 mod routes;
 
-pub use chain::{Identity, Target};
+pub use chain::{Identity, Limiters, Target};
 pub use error::{ApiError, ApiResult};
 pub use middleware::RequestId;
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
+pub use routes::now;
 
 use crate::node::Node;
 use actix_web::middleware::from_fn;

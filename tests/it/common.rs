@@ -2,7 +2,7 @@
 //! temporary data folder, and a small HTTP client.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -134,7 +134,7 @@ impl TestNode {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("node never became ready");
+        panic!("node never became ready: {}", self.stderr.lock().unwrap());
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -214,10 +214,6 @@ impl TestNode {
         );
         (s, String::from_utf8_lossy(&b).into_owned())
     }
-
-    pub fn data_dir(&self) -> &Path {
-        &self.dir
-    }
 }
 
 impl Drop for TestNode {
@@ -277,9 +273,12 @@ pub fn http_from(
         .unwrap();
     let body = body.unwrap_or(&[]);
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {hostport}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("host: {hostport}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }

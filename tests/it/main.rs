@@ -1,5 +1,6 @@
 //! Integration tests: each drives a real `meshgate` process over HTTP.
 
+mod chain;
 mod common;
 mod dashboard;
 mod node;

@@ -59,7 +59,11 @@ struct CreateRequest {
 }
 
 /// Creates a namespace and its first owner API key (shown once).
-async fn create(node: web::Data<Node>, body: web::Json<CreateRequest>) -> ApiResult<HttpResponse> {
+async fn create(
+    node: web::Data<Node>,
+    limiters: web::Data<std::sync::Arc<crate::http::chain::Limiters>>,
+    body: web::Json<CreateRequest>,
+) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     if !valid_namespace_name(&body.name) {
         return Err(ApiError::bad_request(
@@ -110,6 +114,7 @@ async fn create(node: web::Data<Node>, body: web::Json<CreateRequest>) -> ApiRes
         let _ = node.store.delete(&ns_key(&body.name)).await;
         return Err(e.into());
     }
+    limiters.forget_namespace(&body.name);
     tracing::info!(namespace = %body.name, "Namespace created.");
     Ok(HttpResponse::Created().json(json!({
         "namespace": record, "api_key": key, "key_id": key_record.id,
@@ -146,7 +151,11 @@ pub fn namespace_prefixes(ns: &str) -> Vec<String> {
 }
 
 /// Deletes a namespace whole, in one atomic batch, and stops its supervisor.
-async fn delete(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
+async fn delete(
+    node: web::Data<Node>,
+    limiters: web::Data<std::sync::Arc<crate::http::chain::Limiters>>,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     if node.store.get(&ns_key(&name)).await?.is_none() {
         return Err(ApiError::not_found(
@@ -165,6 +174,7 @@ async fn delete(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<Htt
     }
     node.store.apply_batch(ops).await?;
     node.supervisor.do_send(Forget { name: name.clone() });
+    limiters.forget_namespace(&name);
     tracing::info!(namespace = %name, "Namespace deleted.");
     Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name})))
 }

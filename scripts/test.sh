@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The project's test command: installs what the tests need (only what is
+# missing), then runs every test target. Used by CI (.ci/run) and by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "scripts/test.sh: installing ${need_apt[*]} (apt-get)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+if [ -f tests/e2e/package.json ] && [ ! -d tests/e2e/node_modules/playwright-core ]; then
+  echo "scripts/test.sh: installing playwright-core (npm)"
+  (cd tests/e2e && npm install --no-audit --no-fund --silent)
+fi
+
+cargo build --bins
+cargo test --all-targets "$@"

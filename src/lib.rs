@@ -14,6 +14,8 @@
 //! - `storage/`: the ordered-KV trait and its sled backend.
 //! - `pubsub/`: the node's delivery service, per-worker relays with bounded
 //!   socket queues, the `WsSession` actor, topic tables, the socket protocol.
+//! - `dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
+//!   the JSON API and event stream, operator sessions, embedded assets.
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
@@ -26,6 +28,7 @@ pub mod auth;
 pub mod cli;
 mod cli_client;
 pub mod config;
+pub mod dashboard;
 pub mod http;
 pub mod identity;
 pub mod metrics;

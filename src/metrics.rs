@@ -38,6 +38,8 @@ pub struct Inner {
     pub invocation_errors: IntCounterVec,
     pub ws_connections: IntGauge,
     pub ws_subscribers: IntGaugeVec,
+    /// Topics with at least one local subscriber, per namespace (set by pub/sub).
+    pub pubsub_topics: IntGaugeVec,
     pub pubsub_delivered: IntCounter,
     pub pubsub_dropped: IntCounterVec,
     pub slow_consumers_closed: IntCounter,
@@ -193,6 +195,13 @@ impl Metrics {
             ws_subscribers: reg!(
                 IntGaugeVec::new(
                     Opts::new("meshgate_ws_subscribers", "Live topic subscriptions"),
+                    &["namespace"]
+                )
+                .unwrap()
+            ),
+            pubsub_topics: reg!(
+                IntGaugeVec::new(
+                    Opts::new("meshgate_pubsub_topics", "Topics with local subscribers"),
                     &["namespace"]
                 )
                 .unwrap()

@@ -43,6 +43,8 @@ pub struct NodeInner {
     pub draining: tokio::sync::watch::Sender<bool>,
     /// The node's single pub/sub delivery path.
     pub pubsub: crate::pubsub::PubSubService,
+    /// The dashboard's latest frame, history and viewers.
+    pub dashboard: crate::dashboard::Dashboard,
 }
 
 /// The node's handle, cloned into every handler.
@@ -229,9 +231,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         phase: AtomicU8::new(Phase::Starting as u8),
         draining,
         pubsub,
+        dashboard: Default::default(),
     }));
     let (server, addr) = crate::http::serve(node.clone())?;
     spawn_sweeper(store);
+    crate::dashboard::spawn_sampler(&node);
     let handle = server.handle();
     Ok(RunningNode {
         addr,

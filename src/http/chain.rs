@@ -422,6 +422,15 @@ pub async fn authentication<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
 ) -> Res<B> {
+    // On `/__admin` routes only, a dashboard session cookie stands for the operator
+    // key (EventSource cannot send headers); a presented header still wins.
+    if req.extensions().get::<Identity>().is_none()
+        && !req.headers().contains_key(header::AUTHORIZATION)
+        && !req.headers().contains_key("x-api-key")
+        && let Some(id) = crate::dashboard::cookie_identity(&node(&req), req.path(), req.headers())
+    {
+        req.extensions_mut().insert(id);
+    }
     if req.extensions().get::<Identity>().is_none()
         && let Some(cred) = presented_credential(&req)
     {

@@ -2,5 +2,6 @@
 
 mod chain;
 mod common;
+mod dashboard;
 mod node;
 mod pubsub;

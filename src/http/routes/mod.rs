@@ -25,6 +25,7 @@ pub fn register(t: &mut RouteTable) {
     auth::register(t);
     kv::register(t);
     pubsub::register(t);
+    crate::dashboard::register(t);
 }
 
 /// Namespace names: 1–63 of `a-z`, `0-9`, `-`, starting with a letter or digit.

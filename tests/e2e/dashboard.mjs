@@ -1,0 +1,194 @@
+// The dashboard in a real browser: start a node, create two namespaces, drive
+// traffic through their actors, open /__admin in headless Chromium and check
+// that both namespaces show non-zero live counters that change between reads.
+// Run by scripts/e2e-dashboard.sh (which installs chromium and playwright-core).
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { createInterface } from "node:readline";
+import { chromium } from "playwright-core";
+
+const arg = (name, dflt) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? process.argv[i + 1] : dflt;
+};
+const BIN = arg("bin", "target/debug/meshgate");
+const OUT = arg("out", "target/e2e");
+const CHROMIUM = arg("chromium", "/usr/bin/chromium");
+const KEY = process.env.MESHGATE_OPERATOR_KEY || `mgop_e2e_${Math.random().toString(36).slice(2)}`;
+const NAMESPACES = ["alpha", "beta"];
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+let passed = 0;
+function check(cond, what) {
+  if (!cond) throw new Error(`check failed: ${what}`);
+  passed++;
+  console.log(`ok - ${what}`);
+}
+
+// Nothing here may hang a CI run.
+const watchdog = setTimeout(() => {
+  console.error("e2e: timed out after 180 s");
+  process.exit(1);
+}, 180_000);
+
+async function startNode() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "meshgate-e2e-"));
+  const child = spawn(BIN, ["serve", "--listen", "127.0.0.1:0", "--data-dir", path.join(dir, "data")], {
+    env: { ...process.env, MESHGATE_OPERATOR_KEY: KEY, RUST_LOG: "warn" },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  const addr = await new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error("no 'meshgate listening on' line within 60 s")), 60_000);
+    child.on("exit", (code) => reject(new Error(`meshgate exited early with ${code}`)));
+    createInterface({ input: child.stdout }).on("line", (line) => {
+      const m = line.match(/^meshgate listening on http:\/\/(\S+)/);
+      if (m) { clearTimeout(t); resolve(m[1]); }
+    });
+  });
+  const base = `http://${addr}`;
+  for (let i = 0; i < 300; i++) {
+    try { if ((await fetch(`${base}/readyz`)).status === 200) break; } catch { /* not yet */ }
+    await sleep(100);
+  }
+  return { child, base, dir };
+}
+
+async function api(base, method, p, key, body) {
+  const r = await fetch(base + p, {
+    method,
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body,
+  });
+  const text = await r.text();
+  return { status: r.status, text };
+}
+
+// Traffic: each namespace gets a steady stream of KV writes and reads, which its
+// supervisor actor handles (so its handled counters and rates move).
+function traffic(base, keys) {
+  let running = true;
+  let sent = 0;
+  const loops = [];
+  for (const [ns, key] of Object.entries(keys)) {
+    for (let w = 0; w < 2; w++) {
+      loops.push((async () => {
+        let i = 0;
+        while (running) {
+          const k = `e2e/${w}/${i++ % 50}`;
+          const put = await api(base, "PUT", `/v1/kv/${k}`, key, `value ${i}`);
+          if (put.status !== 200) throw new Error(`PUT in ${ns}: ${put.status} ${put.text}`);
+          await api(base, "GET", `/v1/kv/${k}`, key);
+          sent += 2;
+          await sleep(ns === "alpha" ? 40 : 80);
+        }
+      })());
+    }
+  }
+  return { stop: async () => { running = false; await Promise.all(loops); return sent; } };
+}
+
+async function readRow(page, ns) {
+  return page.$eval(`#ns-table tr[data-ns="${ns}"]`, (tr) => {
+    const cell = (c) => tr.querySelector(`[data-col="${c}"]`).textContent.trim();
+    const num = (s) => Number(s.replace(/,/g, "").replace(/k$/, "e3"));
+    return { handled: num(cell("handled")), rate: num(cell("handled_per_sec")), actors: num(cell("actors")) };
+  });
+}
+
+async function main() {
+  fs.mkdirSync(OUT, { recursive: true });
+  const node = await startNode();
+  let browser;
+  let page;
+  try {
+    const keys = {};
+    for (const ns of NAMESPACES) {
+      const r = await api(node.base, "POST", "/v1/namespaces", KEY, JSON.stringify({ name: ns }));
+      check(r.status === 201, `namespace ${ns} created (${r.status})`);
+      keys[ns] = JSON.parse(r.text).api_key;
+    }
+    const load = traffic(node.base, keys);
+    await sleep(2500); // a few ticks of history before the page opens
+
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      headless: true,
+      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+        "--no-first-run", "--disable-component-update", "--disable-sync"],
+    });
+    page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+    const offsite = [];
+    page.on("request", (req) => { if (!req.url().startsWith(node.base)) offsite.push(req.url()); });
+    const resp = await page.goto(`${node.base}/__admin`);
+    check(resp.status() === 200, "GET /__admin answers 200 from loopback");
+    await page.waitForSelector("#conn.on", { timeout: 15_000 });
+    check(true, "the event stream is live");
+    for (const ns of NAMESPACES) {
+      await page.waitForSelector(`#ns-table tr[data-ns="${ns}"]`, { timeout: 15_000 });
+    }
+    check(true, "both namespaces are listed");
+
+    // Two reads of the live counters, a few ticks apart.
+    await page.waitForFunction(() => {
+      const rows = [...document.querySelectorAll("#ns-table tbody tr")];
+      return rows.length >= 2 && rows.every((r) => Number(r.querySelector('[data-col="handled_per_sec"]').textContent) > 0);
+    }, null, { timeout: 15_000 });
+    const first = {};
+    for (const ns of NAMESPACES) first[ns] = await readRow(page, ns);
+    const tick1 = Number(await page.textContent("#tick"));
+    await sleep(3000);
+    const second = {};
+    for (const ns of NAMESPACES) second[ns] = await readRow(page, ns);
+    const tick2 = Number(await page.textContent("#tick"));
+    for (const ns of NAMESPACES) {
+      check(first[ns].handled > 0 && first[ns].rate > 0, `${ns}: non-zero handled (${first[ns].handled}) and handled/s (${first[ns].rate})`);
+      check(second[ns].handled > first[ns].handled, `${ns}: handled grew between reads (${first[ns].handled} -> ${second[ns].handled})`);
+      check(second[ns].actors >= 1, `${ns}: its supervisor actor is shown`);
+    }
+    check(tick2 > tick1, `the page moved on by ${tick2 - tick1} ticks`);
+    const actorRows = await page.$$eval("#actor-table tbody tr", (rs) => rs.length);
+    check(actorRows >= 3, `the actor table lists ${actorRows} actors (node + two namespaces)`);
+    const rss = await page.textContent("#n-rss");
+    check(/[KMG]iB/.test(rss), `memory RSS is shown (${rss})`);
+
+    // Screenshot with everything on.
+    const shot = path.join(OUT, "dashboard.png");
+    await page.screenshot({ path: shot, fullPage: true });
+    console.log(`screenshot: ${shot}`);
+    if (process.env.DOCS_SCREENSHOT) fs.copyFileSync(shot, process.env.DOCS_SCREENSHOT);
+
+    // The namespace filter narrows both tables.
+    await page.selectOption("#ns-filter", "beta");
+    await page.waitForFunction(() => document.querySelectorAll("#ns-table tbody tr").length === 1);
+    const filtered = await page.$$eval("#actor-table tbody tr td:nth-child(3)", (tds) => tds.map((t) => t.textContent.trim()));
+    check(filtered.length >= 1 && filtered.every((n) => n === "beta"), "the namespace filter shows only beta");
+    await page.selectOption("#ns-filter", "");
+
+    // Sorting by a column: handled/s descending puts alpha (twice the traffic) first.
+    await page.click('#ns-table th[data-key="handled"]');
+    await page.waitForTimeout(300);
+    const order = await page.$$eval("#ns-table tbody tr", (rs) => rs.map((r) => r.dataset.ns));
+    check(order[0] === "alpha", `sorting by handled puts the busiest first (${order.join(", ")})`);
+    await page.click('#ns-table th[data-key="handled"]');
+    await page.waitForTimeout(300);
+    const reversed = await page.$$eval("#ns-table tbody tr", (rs) => rs.map((r) => r.dataset.ns));
+    check(reversed[0] === "beta", "a second click reverses the order");
+
+    check(offsite.length === 0, `the page fetched nothing off the node (${offsite.join(", ") || "none"})`);
+    await load.stop();
+  } catch (e) {
+    if (page) await page.screenshot({ path: path.join(OUT, "failure.png"), fullPage: true }).catch(() => {});
+    throw e;
+  } finally {
+    if (browser) await browser.close();
+    node.child.kill("SIGKILL");
+    fs.rmSync(node.dir, { recursive: true, force: true });
+  }
+}
+
+main().then(
+  () => { clearTimeout(watchdog); console.log(`e2e dashboard: ${passed} passed, 0 failed`); process.exit(0); },
+  (e) => { console.error(e.stack || String(e)); console.log(`e2e dashboard: ${passed} passed, 1 failed`); process.exit(1); },
+);

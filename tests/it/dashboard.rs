@@ -1,0 +1,361 @@
+//! The `/__admin` dashboard: access rules, sessions, the JSON API against
+//! `/metrics`, the event stream, and the browser test.
+
+use crate::common::{NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http, json};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// A node that believes `X-Forwarded-For` from 127.0.0.1, so a test can be "another client".
+fn behind_proxy() -> TestNode {
+    TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}trusted_proxies = [\"127.0.0.1\"]\n"),
+        ..Default::default()
+    })
+}
+
+const REMOTE: (&str, &str) = ("x-forwarded-for", "203.0.113.9");
+
+fn get(n: &TestNode, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
+    let (s, h, b) = http("GET", &n.url(path), headers, None);
+    (s, h, String::from_utf8_lossy(&b).into_owned())
+}
+
+const ROUTES: &[&str] = &[
+    "/__admin",
+    "/__admin/assets/app.js",
+    "/__admin/assets/app.css",
+    "/__admin/api/snapshot",
+    "/__admin/api/node",
+    "/__admin/api/actors",
+    "/__admin/api/namespaces",
+    "/__admin/api/history",
+    "/__admin/api/stream",
+];
+
+/// A non-loopback client without the operator key gets 401 on every dashboard
+/// route, the stream and the assets included; with the key it gets 200, and with a
+/// namespace's key 403.
+#[test]
+fn non_loopback_needs_the_operator_key() {
+    let n = behind_proxy();
+    let ns_key = n.create_namespace("tenant");
+    let op = format!("Bearer {OPERATOR_KEY}");
+    let tenant = format!("Bearer {ns_key}");
+    for route in ROUTES {
+        // The stream never ends on its own: only ask for the head of it.
+        let (status, _, body) = if *route == "/__admin/api/stream" {
+            let (s, h, _) = stream_for(&n, route, &[REMOTE], Duration::from_millis(300));
+            (s, h, String::new())
+        } else {
+            get(&n, route, &[REMOTE])
+        };
+        assert_eq!(status, 401, "{route} without a key: {body}");
+        if *route != "/__admin/api/stream" {
+            assert_eq!(json(&body)["error"]["code"], "MISSING_CREDENTIAL");
+        }
+        let with_key = if *route == "/__admin/api/stream" {
+            stream_for(
+                &n,
+                route,
+                &[REMOTE, ("authorization", &op)],
+                Duration::from_millis(300),
+            )
+            .0
+        } else {
+            get(&n, route, &[REMOTE, ("authorization", &op)]).0
+        };
+        assert_eq!(with_key, 200, "{route} with the operator key");
+        if *route != "/__admin/api/stream" {
+            let (s, _, _) = get(&n, route, &[REMOTE, ("authorization", &tenant)]);
+            assert_eq!(s, 403, "{route} with a namespace key");
+        }
+    }
+    // Loopback itself needs no key.
+    assert_eq!(get(&n, "/__admin/api/node", &[]).0, 200);
+    // The sign-in page is public: it holds no numbers.
+    let (s, _, body) = get(&n, "/__admin/login", &[REMOTE]);
+    assert_eq!(s, 200);
+    assert!(body.contains("name=\"key\""), "{body}");
+}
+
+fn login(n: &TestNode, key: &str) -> (u16, Vec<(String, String)>) {
+    let body = format!("key={key}");
+    let (s, h, _) = http(
+        "POST",
+        &n.url("/__admin/login"),
+        &[
+            REMOTE,
+            ("content-type", "application/x-www-form-urlencoded"),
+        ],
+        Some(body.as_bytes()),
+    );
+    (s, h)
+}
+
+/// Signing in with the operator key gives an HttpOnly SameSite=Strict cookie that
+/// opens the dashboard (stream included) for a remote browser, and nothing else; a
+/// wrong key, or a forged cookie, opens nothing.
+#[test]
+fn sign_in_opens_a_dashboard_session() {
+    let n = behind_proxy();
+    let (s, h) = login(&n, "mgop_wrong");
+    assert_eq!(s, 303);
+    assert_eq!(header(&h, "location"), Some("/__admin/login?failed=1"));
+    assert!(header(&h, "set-cookie").unwrap().contains("Max-Age=0"));
+
+    let (s, h) = login(&n, OPERATOR_KEY);
+    assert_eq!(s, 303);
+    assert_eq!(header(&h, "location"), Some("/__admin"));
+    let set = header(&h, "set-cookie")
+        .expect("a session cookie")
+        .to_string();
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/__admin", "Max-Age="] {
+        assert!(set.contains(attr), "{attr} missing: {set}");
+    }
+    assert!(
+        !set.contains(OPERATOR_KEY),
+        "the key must not be in the cookie"
+    );
+    let cookie = set.split(';').next().unwrap().to_string();
+    let (s, _, body) = get(&n, "/__admin/api/node", &[REMOTE, ("cookie", &cookie)]);
+    assert_eq!(s, 200, "{body}");
+    let (s, _, _) = stream_for(
+        &n,
+        "/__admin/api/stream",
+        &[REMOTE, ("cookie", &cookie)],
+        Duration::from_millis(300),
+    );
+    assert_eq!(s, 200);
+    // Outside /__admin the cookie is no credential.
+    let (s, _, _) = get(&n, "/v1/namespaces", &[REMOTE, ("cookie", &cookie)]);
+    assert_eq!(s, 401);
+    // A forged or expired token is ignored, so the request stays anonymous.
+    let (exp, mac) = cookie
+        .trim_start_matches("mg_admin=")
+        .split_once('.')
+        .unwrap();
+    let forged = format!("mg_admin={}.{mac}", exp.parse::<u64>().unwrap() - 1);
+    assert_eq!(
+        get(&n, "/__admin/api/node", &[REMOTE, ("cookie", &forged)]).0,
+        401
+    );
+    let expired = "mg_admin=1000.00";
+    assert_eq!(
+        get(&n, "/__admin/api/node", &[REMOTE, ("cookie", expired)]).0,
+        401
+    );
+    // Signing out clears the cookie.
+    let (s, h, _) = http("POST", &n.url("/__admin/logout"), &[REMOTE], None);
+    assert_eq!(s, 303);
+    assert!(header(&h, "set-cookie").unwrap().contains("Max-Age=0"));
+}
+
+/// The value of one Prometheus sample in `/metrics` text.
+fn prom_value(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The page and its assets come from the binary; after traffic the JSON API shows
+/// each namespace's actor with the same totals `/metrics` exports, and rates.
+#[test]
+fn api_numbers_match_metrics() {
+    let n = TestNode::start();
+    let (s, h, page) = get(&n, "/__admin", &[]);
+    assert_eq!(s, 200);
+    assert!(header(&h, "content-type").unwrap().starts_with("text/html"));
+    let csp = header(&h, "content-security-policy").unwrap();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(page.contains("/__admin/assets/app.js"));
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no off-node assets"
+    );
+    let (s, _, js) = get(&n, "/__admin/assets/app.js", &[]);
+    assert_eq!(s, 200);
+    assert!(js.contains("EventSource"));
+    assert_eq!(get(&n, "/__admin/assets/nope.js", &[]).0, 404);
+
+    let a = n.create_namespace("alpha");
+    let b = n.create_namespace("beta");
+    for i in 0..30 {
+        let (s, _) = n.with_key(&a, "PUT", &format!("/v1/kv/k{i}"), Some(b"v"));
+        assert_eq!(s, 200);
+    }
+    for i in 0..10 {
+        assert_eq!(
+            n.with_key(&b, "PUT", &format!("/v1/kv/k{i}"), Some(b"v")).0,
+            200
+        );
+    }
+    // While traffic flows the rate is seen; then, quiet, the totals settle.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut saw_rate = false;
+    while Instant::now() < deadline && !saw_rate {
+        let _ = n.with_key(&a, "GET", "/v1/kv/k1", None);
+        let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+        saw_rate = json(&body)["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["namespace"] == "alpha" && r["handled_per_sec"].as_f64().unwrap() > 0.0);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(saw_rate, "alpha never showed a handled/s rate");
+    std::thread::sleep(Duration::from_millis(2200));
+    let (_, _, metrics) = get(&n, "/metrics", &[]);
+    let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+    let rows = json(&body)["namespaces"].as_array().unwrap().clone();
+    for ns in ["alpha", "beta"] {
+        let row = rows
+            .iter()
+            .find(|r| r["namespace"] == ns)
+            .unwrap_or_else(|| panic!("{ns} missing: {body}"));
+        let from_prom = prom_value(
+            &metrics,
+            "meshgate_actor_messages_handled_total",
+            &format!("kind=\"namespace\",namespace=\"{ns}\""),
+        )
+        .unwrap_or_else(|| panic!("no series for {ns}"));
+        assert_eq!(row["handled"].as_f64().unwrap(), from_prom, "{ns}: {row}");
+        assert!(row["running"].as_bool().unwrap());
+        assert_eq!(row["actors"], 1);
+        assert_eq!(row["handled_per_sec"].as_f64().unwrap(), 0.0, "quiet now");
+    }
+    let (_, _, body) = get(&n, "/__admin/api/actors", &[]);
+    let actors = json(&body)["actors"].as_array().unwrap().clone();
+    let alpha = actors.iter().find(|a| a["namespace"] == "alpha").unwrap();
+    assert_eq!(alpha["kind"], "namespace");
+    assert!(alpha["handled"].as_u64().unwrap() >= 31);
+    assert!(actors.iter().any(|a| a["kind"] == "node"));
+    let (_, _, body) = get(&n, "/__admin/api/node", &[]);
+    let node = &json(&body)["node"];
+    assert!(node["memory_rss_bytes"].as_u64().unwrap() > 1_000_000);
+    assert!(node["http_requests"].as_u64().unwrap() >= 40);
+    assert_eq!(node["namespaces_running"], 2);
+    let (_, _, body) = get(&n, "/__admin/api/history", &[]);
+    let h = json(&body);
+    let points = h["points"].as_array().unwrap();
+    assert!(points.len() >= 3, "{body}");
+    assert!(
+        points
+            .iter()
+            .any(|p| p["ns"]["alpha"][0].as_f64().unwrap_or(0.0) > 0.0)
+    );
+    assert_eq!(h["capacity"], 600);
+}
+
+/// Opens a raw HTTP/1.1 request and reads what arrives within `window`.
+fn stream_for(
+    n: &TestNode,
+    path: &str,
+    headers: &[(&str, &str)],
+    window: Duration,
+) -> (u16, Vec<(String, String)>, String) {
+    let addr: std::net::SocketAddr = n.addr.parse().unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut req = format!(
+        "GET {path} HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\naccept-encoding: gzip\r\n",
+        n.addr
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let end = Instant::now() + window;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    while Instant::now() < end {
+        s.set_read_timeout(Some(
+            end.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        ))
+        .unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => raw.extend_from_slice(&buf[..k]),
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let hs = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, hs, body.to_string())
+}
+
+/// The stream sends the latest snapshot at once and a new one every tick,
+/// uncompressed (a compressing encoder would hold events back) even when the
+/// client accepts gzip.
+#[test]
+fn stream_sends_a_snapshot_every_tick() {
+    let n = TestNode::start();
+    let key = n.create_namespace("alpha");
+    // A first use starts the namespace's supervisor, so the next tick lists it.
+    assert_eq!(n.with_key(&key, "PUT", "/v1/kv/a", Some(b"1")).0, 200);
+    let (s, h, body) = stream_for(&n, "/__admin/api/stream", &[], Duration::from_millis(2600));
+    assert_eq!(s, 200);
+    assert!(
+        header(&h, "content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    assert_ne!(header(&h, "content-encoding"), Some("gzip"));
+    assert!(body.contains("retry: 2000"));
+    let ids: Vec<u64> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    assert!(ids.len() >= 3, "{body}");
+    assert!(ids.windows(2).all(|w| w[1] > w[0]), "{ids:?}");
+    let last = body
+        .lines()
+        .rev()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .next()
+        .unwrap();
+    let snap = json(last);
+    assert!(
+        snap["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["namespace"] == "alpha")
+    );
+    assert!(snap["node"]["uptime_seconds"].is_u64());
+}
+
+/// The dashboard in headless Chromium (scripts/e2e-dashboard.sh): two namespaces
+/// with traffic, live counters that change between reads, filter, sorting, a
+/// screenshot under target/e2e/. Never skipped: a missing browser fails.
+#[test]
+fn dashboard_in_headless_chromium() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = std::process::Command::new("bash")
+        .arg(format!("{root}/scripts/e2e-dashboard.sh"))
+        .env("MESHGATE_BIN", env!("CARGO_BIN_EXE_meshgate"))
+        .output()
+        .expect("run scripts/e2e-dashboard.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let why = match out.status.code() {
+        Some(0) => return,
+        Some(3) => "chromium is missing and `apt-get install -y chromium` failed",
+        Some(4) => "node/npm are missing: `apt-get install -y nodejs npm`",
+        Some(5) => "`npm install` of playwright-core into tests/e2e failed",
+        _ => "the browser test failed",
+    };
+    panic!("{why}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+}

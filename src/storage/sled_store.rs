@@ -71,9 +71,9 @@ fn encode(value: &[u8], ttl: Option<Duration>) -> Vec<u8> {
 
 /// The live value inside a raw record, or None if it expired.
 fn decode(raw: &[u8], now: u64) -> Option<&[u8]> {
-    match raw.first()? {
-        &PLAIN => Some(&raw[1..]),
-        &EXPIRING if raw.len() >= 9 => {
+    match *raw.first()? {
+        PLAIN => Some(&raw[1..]),
+        EXPIRING if raw.len() >= 9 => {
             let exp = u64::from_be_bytes(raw[1..9].try_into().ok()?);
             (exp > now).then_some(&raw[9..])
         }

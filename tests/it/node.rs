@@ -129,8 +129,7 @@ fn restart_keeps_stored_data() {
     let dir = node.dir.clone();
     node.signal(15);
     assert_eq!(node.wait_exit(Duration::from_secs(20)), Some(0));
-    let tmp_keepalive = std::mem::replace(&mut node.child, None);
-    drop(tmp_keepalive);
+    drop(node.child.take());
     let node2 = TestNode::start_with(NodeOpts {
         config: TEST_CONFIG.into(),
         data_dir: Some(dir),

@@ -341,10 +341,8 @@ async fn fanout(
         let mut ev = NatsEvents::default();
         publisher
             .read_frames(|op, d| match t.server {
-                Server::Meshgate if op == 0x1 => {
-                    if d.starts_with(b"{\"id\"") && memchr_ok(d) {
-                        acks += 1;
-                    }
+                Server::Meshgate if op == 0x1 && d.starts_with(b"{\"id\"") && memchr_ok(d) => {
+                    acks += 1;
                 }
                 Server::Nats => parser.feed(d, &mut ev),
                 _ => {}
@@ -355,8 +353,8 @@ async fn fanout(
             acks = ev.pongs as usize;
         }
         let now = Instant::now();
-        for i in acked..acked + acks {
-            latencies.push((now - sent_at[i]).as_secs_f64() * 1000.0);
+        for t0 in &sent_at[acked..acked + acks] {
+            latencies.push((now - *t0).as_secs_f64() * 1000.0);
         }
         acked += acks;
     }

@@ -467,7 +467,7 @@ fn dashboard_in_headless_chromium() {
         Some(0) => return,
         Some(3) => "chromium is missing and `apt-get install -y chromium` failed",
         Some(4) => "node/npm are missing: `apt-get install -y nodejs npm`",
-        Some(5) => "`npm install` of playwright-core into tests/e2e failed",
+        Some(5) => "`npm install` of playwright-core and ws into tests/e2e failed",
         _ => "the browser test failed",
     };
     panic!("{why}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");

@@ -49,6 +49,10 @@ try { WebSocket = require("ws"); } catch {
 const TARGET = process.env.CARGO_TARGET_DIR || path.join(ROOT, "target");
 const BIN = arg("bin", fs.existsSync(`${TARGET}/release/meshgate`) ? `${TARGET}/release/meshgate` : `${TARGET}/debug/meshgate`);
 const PROFILE = /\/release\//.test(BIN) ? "release" : /\/debug\//.test(BIN) ? "debug" : "given";
+if (!fs.existsSync(BIN)) {
+  console.error(`bench: no binary at ${BIN}: cargo build [--release] --bin meshgate, or pass --bin`);
+  process.exit(2);
+}
 const SECONDS = Number(arg("seconds", 8));
 const ROUNDS = Number(arg("rounds", 4));
 const CLIENTS = Number(arg("clients", 32));

@@ -2,13 +2,13 @@
 # End-to-end test of the /__admin dashboard in headless Chromium.
 #
 # Installs what it needs only when missing: Debian's chromium (apt-get) and
-# playwright-core (npm, into tests/e2e/). Then runs tests/e2e/dashboard.mjs
+# playwright-core and ws (npm, into tests/e2e/). Then runs tests/e2e/dashboard.mjs
 # against the debug binary: it starts a node, creates two namespaces, generates
 # traffic, opens the page and checks the live counters; screenshots go to
 # target/e2e/ (E2E_OUT overrides; DOCS_SCREENSHOT=path also copies one there).
 #
 # Exit codes: 0 passed, 1 failed, 3 chromium could not be installed,
-# 4 node/npm missing, 5 playwright-core could not be installed.
+# 4 node/npm missing, 5 playwright-core or ws could not be installed.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 E2E="$ROOT/tests/e2e"
@@ -25,10 +25,10 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "e2e: INSTALL STEP MISSING: node and npm (apt-get install -y nodejs npm)" >&2
   exit 4
 fi
-if [ ! -f "$E2E/node_modules/playwright-core/package.json" ]; then
-  echo "e2e: playwright-core missing; running: npm install (in tests/e2e)" >&2
+if [ ! -f "$E2E/node_modules/playwright-core/package.json" ] || [ ! -f "$E2E/node_modules/ws/package.json" ]; then
+  echo "e2e: playwright-core or ws missing; running: npm install (in tests/e2e)" >&2
   if ! (cd "$E2E" && npm install --no-audit --no-fund --loglevel=error) >&2; then
-    echo "e2e: INSTALL STEP FAILED: npm install playwright-core (in tests/e2e)" >&2
+    echo "e2e: INSTALL STEP FAILED: npm install playwright-core ws (in tests/e2e)" >&2
     exit 5
   fi
 fi

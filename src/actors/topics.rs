@@ -37,12 +37,24 @@ impl NamespaceSupervisor {
     ) {
     }
 
-    fn subscriber_gauge(&self, delta: i64) {
-        if delta != 0 {
-            let m = &self.topics.service.metrics;
-            m.ws_subscribers
-                .with_label_values(&[m.ns_label(&self.name).as_str()])
-                .add(delta);
+    /// What the pub/sub gauges count now: (subscriptions, topics).
+    fn gauge_base(&self) -> (usize, usize) {
+        (self.topics.subscriptions(), self.topics.topic_count())
+    }
+
+    /// Moves `meshgate_ws_subscribers` and `meshgate_pubsub_topics` by what a
+    /// table change did since `before` (deltas: namespaces may share a capped label).
+    fn pubsub_gauges(&self, before: (usize, usize)) {
+        let (subs, topics) = self.gauge_base();
+        let m = &self.topics.service.metrics;
+        let label = m.ns_label(&self.name);
+        let d = subs as i64 - before.0 as i64;
+        if d != 0 {
+            m.ws_subscribers.with_label_values(&[label.as_str()]).add(d);
+        }
+        let d = topics as i64 - before.1 as i64;
+        if d != 0 {
+            m.pubsub_topics.with_label_values(&[label.as_str()]).add(d);
         }
     }
 
@@ -67,9 +79,9 @@ impl Handler<Subscribe> for NamespaceSupervisor {
         let _t = self.stats.begin();
         self.guarded(ctx, |act| {
             act.exists()?;
-            let before = act.topics.subscriptions();
+            let before = act.gauge_base();
             let joined = act.topics.subscribe(&msg.topic, msg.sub, msg.presence);
-            act.subscriber_gauge(act.topics.subscriptions() as i64 - before as i64);
+            act.pubsub_gauges(before);
             act.deliver_presence(joined);
             Ok(())
         })
@@ -89,9 +101,9 @@ impl Handler<Unsubscribe> for NamespaceSupervisor {
     fn handle(&mut self, msg: Unsubscribe, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
         self.guarded(ctx, |act| {
-            let before = act.topics.subscriptions();
+            let before = act.gauge_base();
             let left = act.topics.unsubscribe(&msg.topic, msg.conn);
-            act.subscriber_gauge(act.topics.subscriptions() as i64 - before as i64);
+            act.pubsub_gauges(before);
             act.deliver_presence(left);
             Ok(())
         })
@@ -112,9 +124,9 @@ impl Handler<UnsubscribeAll> for NamespaceSupervisor {
     fn handle(&mut self, msg: UnsubscribeAll, ctx: &mut Context<Self>) {
         let _t = self.stats.begin();
         let _ = self.guarded(ctx, |act| {
-            let before = act.topics.subscriptions();
+            let before = act.gauge_base();
             let left = act.topics.unsubscribe_all(msg.conn);
-            act.subscriber_gauge(act.topics.subscriptions() as i64 - before as i64);
+            act.pubsub_gauges(before);
             act.deliver_presence(left);
             Ok(())
         });

@@ -197,6 +197,11 @@ impl TopicTable {
         self.count
     }
 
+    /// Number of topics with at least one local subscriber.
+    pub fn topic_count(&self) -> usize {
+        self.topics.len()
+    }
+
     /// The live topics, sorted.
     pub fn list(&self) -> Vec<TopicInfo> {
         let mut v: Vec<TopicInfo> = self

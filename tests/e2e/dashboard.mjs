@@ -1,13 +1,16 @@
 // The dashboard in a real browser: start a node, create two namespaces, drive
-// traffic through their actors, open /__admin in headless Chromium and check
-// that both namespaces show non-zero live counters that change between reads.
-// Run by scripts/e2e-dashboard.sh (which installs chromium and playwright-core).
+// traffic through their actors (KV requests, WebSocket subscribers, publishes
+// over HTTP), open /__admin in headless Chromium and check that both namespaces
+// show non-zero live counters (handled, subscribers, topics, publishes/s) that
+// change between reads.
+// Run by scripts/e2e-dashboard.sh (which installs chromium, playwright-core and ws).
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
+import WebSocket from "ws";
 
 const arg = (name, dflt) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -18,6 +21,8 @@ const OUT = arg("out", "target/e2e");
 const CHROMIUM = arg("chromium", "/usr/bin/chromium");
 const KEY = process.env.MESHGATE_OPERATOR_KEY || `mgop_e2e_${Math.random().toString(36).slice(2)}`;
 const NAMESPACES = ["alpha", "beta"];
+// WebSocket subscribers per namespace, as topic names: alpha 3 on 2 topics, beta 2 on 1.
+const SUBSCRIBERS = { alpha: ["room.1", "room.1", "room.2"], beta: ["room.1", "room.1"] };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 let passed = 0;
@@ -65,35 +70,74 @@ async function api(base, method, p, key, body) {
   return { status: r.status, text };
 }
 
-// Traffic: each namespace gets a steady stream of KV writes and reads, which its
-// supervisor actor handles (so its handled counters and rates move).
+// One subscriber on `GET /v1/pubsub/ws?topic=T` (the key as `?token=`, as a
+// browser would send it); resolves once the socket is open, i.e. the
+// subscription is live. Counts the messages it receives.
+function subscribe(base, key, topic, format) {
+  const url = `${base.replace(/^http/, "ws")}/v1/pubsub/ws?topic=${encodeURIComponent(topic)}&token=${key}` +
+    (format ? `&format=${format}` : "");
+  const ws = new WebSocket(url);
+  const sub = { ws, received: 0 };
+  ws.on("message", () => { sub.received++; });
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`subscribe ${topic}: no open within 10 s`)), 10_000);
+    ws.once("open", () => { clearTimeout(t); resolve(sub); });
+    ws.once("error", (e) => { clearTimeout(t); reject(e); });
+    ws.once("unexpected-response", (_req, res) => { clearTimeout(t); reject(new Error(`subscribe ${topic}: ${res.statusCode}`)); });
+  });
+}
+
+// Traffic: each namespace gets a steady stream of KV writes and reads and of
+// publishes over HTTP to its subscribed topics, all handled by its supervisor
+// actor (so its handled counters and rates move). alpha gets twice beta's.
 function traffic(base, keys) {
   let running = true;
-  let sent = 0;
+  let sent = 0, published = 0;
   const loops = [];
   for (const [ns, key] of Object.entries(keys)) {
-    for (let w = 0; w < 2; w++) {
-      loops.push((async () => {
-        let i = 0;
-        while (running) {
-          const k = `e2e/${w}/${i++ % 50}`;
-          const put = await api(base, "PUT", `/v1/kv/${k}`, key, `value ${i}`);
-          if (put.status !== 200) throw new Error(`PUT in ${ns}: ${put.status} ${put.text}`);
-          await api(base, "GET", `/v1/kv/${k}`, key);
-          sent += 2;
-          await sleep(ns === "alpha" ? 40 : 80);
-        }
-      })());
-    }
+    const pause = ns === "alpha" ? 40 : 80;
+    loops.push((async () => {
+      let i = 0;
+      while (running) {
+        const k = `e2e/${i++ % 50}`;
+        const put = await api(base, "PUT", `/v1/kv/${k}`, key, `value ${i}`);
+        if (put.status !== 200) throw new Error(`PUT in ${ns}: ${put.status} ${put.text}`);
+        await api(base, "GET", `/v1/kv/${k}`, key);
+        sent += 2;
+        await sleep(pause);
+      }
+    })());
+    const topics = [...new Set(SUBSCRIBERS[ns])];
+    loops.push((async () => {
+      let i = 0;
+      while (running) {
+        const topic = topics[i % topics.length];
+        const data = Buffer.from(`message ${i++} to ${ns}/${topic}`).toString("base64");
+        const r = await api(base, "POST", "/v1/pubsub/publish", key, JSON.stringify({ topic, data_base64: data }));
+        if (r.status !== 200) throw new Error(`publish in ${ns}: ${r.status} ${r.text}`);
+        published++;
+        await sleep(pause);
+      }
+    })());
   }
-  return { stop: async () => { running = false; await Promise.all(loops); return sent; } };
+  const all = Promise.all(loops);
+  const state = { error: null };
+  all.catch((e) => { running = false; state.error = e; });
+  return { state, stop: async () => { running = false; await all; return { sent, published }; } };
 }
 
 async function readRow(page, ns) {
   return page.$eval(`#ns-table tr[data-ns="${ns}"]`, (tr) => {
     const cell = (c) => tr.querySelector(`[data-col="${c}"]`).textContent.trim();
     const num = (s) => Number(s.replace(/,/g, "").replace(/k$/, "e3"));
-    return { handled: num(cell("handled")), rate: num(cell("handled_per_sec")), actors: num(cell("actors")) };
+    const pub = tr.querySelector('[data-col="publishes_per_sec"]');
+    return {
+      handled: num(cell("handled")), rate: num(cell("handled_per_sec")), actors: num(cell("actors")),
+      subscribers: num(cell("subscribers")), topics: num(cell("topics")),
+      pubRate: num(cell("publishes_per_sec")),
+      // The cell's tooltip holds the total ("1,234 published since the node started").
+      published: num((pub.getAttribute("title") || "").split(" ")[0]),
+    };
   });
 }
 
@@ -102,6 +146,8 @@ async function main() {
   const node = await startNode();
   let browser;
   let page;
+  let load;
+  const subs = {};
   try {
     const keys = {};
     for (const ns of NAMESPACES) {
@@ -109,7 +155,11 @@ async function main() {
       check(r.status === 201, `namespace ${ns} created (${r.status})`);
       keys[ns] = JSON.parse(r.text).api_key;
     }
-    const load = traffic(node.base, keys);
+    for (const ns of NAMESPACES) {
+      subs[ns] = await Promise.all(SUBSCRIBERS[ns].map((t, i) => subscribe(node.base, keys[ns], t, i % 2 ? "binary" : "")));
+      check(subs[ns].length > 0, `${ns}: ${subs[ns].length} WebSocket subscribers open`);
+    }
+    load = traffic(node.base, keys);
     await sleep(2500); // a few ticks of history before the page opens
 
     browser = await chromium.launch({
@@ -133,7 +183,8 @@ async function main() {
     // Two reads of the live counters, a few ticks apart.
     await page.waitForFunction(() => {
       const rows = [...document.querySelectorAll("#ns-table tbody tr")];
-      return rows.length >= 2 && rows.every((r) => Number(r.querySelector('[data-col="handled_per_sec"]').textContent) > 0);
+      const n = (r, c) => Number(r.querySelector(`[data-col="${c}"]`).textContent.replace(/,/g, "").replace(/k$/, "e3"));
+      return rows.length >= 2 && rows.every((r) => n(r, "handled_per_sec") > 0 && n(r, "publishes_per_sec") > 0 && n(r, "subscribers") > 0);
     }, null, { timeout: 15_000 });
     const first = {};
     for (const ns of NAMESPACES) first[ns] = await readRow(page, ns);
@@ -146,7 +197,21 @@ async function main() {
       check(first[ns].handled > 0 && first[ns].rate > 0, `${ns}: non-zero handled (${first[ns].handled}) and handled/s (${first[ns].rate})`);
       check(second[ns].handled > first[ns].handled, `${ns}: handled grew between reads (${first[ns].handled} -> ${second[ns].handled})`);
       check(second[ns].actors >= 1, `${ns}: its supervisor actor is shown`);
+      const want = SUBSCRIBERS[ns];
+      check(first[ns].subscribers === want.length && second[ns].subscribers === want.length,
+        `${ns}: ${want.length} subscribers shown (${first[ns].subscribers}, then ${second[ns].subscribers})`);
+      check(second[ns].topics === new Set(want).size, `${ns}: topics shown: ${second[ns].topics}`);
+      check(first[ns].pubRate > 0 && second[ns].pubRate > 0,
+        `${ns}: non-zero publishes/s at both reads (${first[ns].pubRate}, ${second[ns].pubRate})`);
+      check(second[ns].published > first[ns].published && first[ns].published > 0,
+        `${ns}: publishes total grew between reads (${first[ns].published} -> ${second[ns].published})`);
+      const got = subs[ns].map((x) => x.received);
+      check(got.every((n) => n > 0), `${ns}: every subscriber received messages (${got.join(", ")})`);
     }
+    const nodeSubs = Number((await page.textContent("#n-subs")).replace(/,/g, ""));
+    const nodeConns = Number((await page.textContent("#n-conn")).replace(/,/g, ""));
+    const allSubs = NAMESPACES.reduce((a, ns) => a + SUBSCRIBERS[ns].length, 0);
+    check(nodeSubs === allSubs && nodeConns >= allSubs, `the node shows ${nodeSubs} subscribers on ${nodeConns} WebSocket connections`);
     check(tick2 > tick1, `the page moved on by ${tick2 - tick1} ticks`);
     const actorRows = await page.$$eval("#actor-table tbody tr", (rs) => rs.length);
     check(actorRows >= 3, `the actor table lists ${actorRows} actors (node + two namespaces)`);
@@ -177,11 +242,19 @@ async function main() {
     check(reversed[0] === "beta", "a second click reverses the order");
 
     check(offsite.length === 0, `the page fetched nothing off the node (${offsite.join(", ") || "none"})`);
-    await load.stop();
+    const totals = await load.stop();
+    console.log(`traffic: ${totals.sent} KV requests, ${totals.published} publishes`);
+    // Closing the sockets takes the subscribers off the page.
+    for (const ns of NAMESPACES) for (const x of subs[ns]) x.ws.close();
+    await page.waitForFunction(() => [...document.querySelectorAll('#ns-table tbody [data-col="subscribers"]')]
+      .every((td) => td.textContent.trim() === "0"), null, { timeout: 15_000 });
+    check(true, "subscribers fall to 0 once the sockets close");
   } catch (e) {
+    if (load && load.state.error) console.error(`traffic failed first: ${load.state.error.stack || load.state.error}`);
     if (page) await page.screenshot({ path: path.join(OUT, "failure.png"), fullPage: true }).catch(() => {});
     throw e;
   } finally {
+    for (const list of Object.values(subs)) for (const x of list) x.ws.terminate();
     if (browser) await browser.close();
     node.child.kill("SIGKILL");
     fs.rmSync(node.dir, { recursive: true, force: true });

@@ -247,6 +247,119 @@ fn api_numbers_match_metrics() {
     assert_eq!(h["capacity"], 600);
 }
 
+/// A subscriber on `GET /v1/pubsub/ws?topic=T` over a plain socket: the
+/// subscription is live once the 101 is read, and lasts while the socket is held.
+fn ws_subscriber(n: &TestNode, key: &str, topic: &str) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(n.addr.as_str()).unwrap();
+    let req = format!(
+        "GET /v1/pubsub/ws?topic={topic}&token={key} HTTP/1.1\r\nhost: {}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
+        n.addr
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).unwrap(), 1, "closed during the handshake");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s
+}
+
+/// Pub/sub numbers per namespace: subscribers, topics and publishes in the JSON
+/// API equal the `/metrics` series they come from, publishes/s moves while
+/// messages flow, and the gauges fall back when the sockets close.
+#[test]
+fn pubsub_numbers_match_metrics() {
+    let n = TestNode::start();
+    let a = n.create_namespace("alpha");
+    let b = n.create_namespace("beta");
+    // alpha: 3 subscribers on 2 topics; beta: 1 on 1.
+    let socks = vec![
+        ws_subscriber(&n, &a, "t1"),
+        ws_subscriber(&n, &a, "t1"),
+        ws_subscriber(&n, &a, "t2"),
+        ws_subscriber(&n, &b, "t1"),
+    ];
+    let publish = |key: &str, topic: &str| {
+        let body = format!("{{\"topic\":\"{topic}\",\"data_base64\":\"aGk=\"}}");
+        let (s, body) = n.with_key(key, "POST", "/v1/pubsub/publish", Some(body.as_bytes()));
+        assert_eq!(s, 200, "{body}");
+    };
+    let row = |ns: &str| -> serde_json::Value {
+        let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+        json(&body)["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["namespace"] == ns)
+            .cloned()
+            .unwrap_or_else(|| panic!("{ns} missing: {body}"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut saw_a, mut saw_b) = (false, false);
+    while Instant::now() < deadline && !(saw_a && saw_b) {
+        publish(&a, "t1");
+        publish(&a, "t2");
+        publish(&b, "t1");
+        // Before the first tick lists them the rows are missing: keep publishing.
+        let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+        let moving = |ns: &str| {
+            json(&body)["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["namespace"] == ns && r["publishes_per_sec"].as_f64().unwrap() > 0.0)
+        };
+        saw_a |= moving("alpha");
+        saw_b |= moving("beta");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        saw_a && saw_b,
+        "publishes/s never moved (alpha {saw_a}, beta {saw_b})"
+    );
+    // Quiet: the next tick holds the final totals.
+    std::thread::sleep(Duration::from_millis(2200));
+    let (_, _, metrics) = get(&n, "/metrics", &[]);
+    for (ns, subs, topics) in [("alpha", 3.0, 2.0), ("beta", 1.0, 1.0)] {
+        let r = row(ns);
+        let l = format!("namespace=\"{ns}\"");
+        assert_eq!(
+            prom_value(&metrics, "meshgate_ws_subscribers", &l),
+            Some(subs),
+            "{ns}"
+        );
+        assert_eq!(
+            prom_value(&metrics, "meshgate_pubsub_topics", &l),
+            Some(topics),
+            "{ns}"
+        );
+        assert_eq!(r["subscribers"].as_f64(), Some(subs), "{ns}: {r}");
+        assert_eq!(r["topics"].as_f64(), Some(topics), "{ns}: {r}");
+        let published = prom_value(&metrics, "meshgate_pubsub_published_total", &l).unwrap();
+        assert!(published > 0.0);
+        assert_eq!(r["publishes"].as_f64(), Some(published), "{ns}: {r}");
+    }
+    let (_, _, body) = get(&n, "/__admin/api/node", &[]);
+    assert_eq!(json(&body)["node"]["ws_subscribers"], 4, "{body}");
+    assert_eq!(json(&body)["node"]["ws_connections"], 4, "{body}");
+    // Closing the sockets brings subscribers and topics back to zero.
+    drop(socks);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ra, rb) = (row("alpha"), row("beta"));
+        let zero = |r: &serde_json::Value| r["subscribers"] == 0 && r["topics"] == 0;
+        if zero(&ra) && zero(&rb) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "gauges stayed up: {ra} {rb}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Opens a raw HTTP/1.1 request and reads what arrives within `window`.
 fn stream_for(
     n: &TestNode,
@@ -354,7 +467,7 @@ fn dashboard_in_headless_chromium() {
         Some(0) => return,
         Some(3) => "chromium is missing and `apt-get install -y chromium` failed",
         Some(4) => "node/npm are missing: `apt-get install -y nodejs npm`",
-        Some(5) => "`npm install` of playwright-core into tests/e2e failed",
+        Some(5) => "`npm install` of playwright-core and ws into tests/e2e failed",
         _ => "the browser test failed",
     };
     panic!("{why}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");

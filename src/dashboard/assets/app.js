@@ -103,7 +103,7 @@ function renderNamespaces(rows) {
       <td data-col="handled_per_sec">${fmtRate(r.handled_per_sec)}</td>
       <td data-col="subscribers">${fmtInt(r.subscribers)}</td>
       <td data-col="topics">${fmtInt(r.topics)}</td>
-      <td data-col="publishes_per_sec">${fmtRate(r.publishes_per_sec)}</td>
+      <td data-col="publishes_per_sec" title="${fmtInt(r.publishes)} published since the node started">${fmtRate(r.publishes_per_sec)}</td>
       <td data-col="invocations_per_sec">${fmtRate(r.invocations_per_sec)}</td>
       <td data-col="errors" class="${r.errors > 0 ? "hot" : ""}">${fmtInt(r.errors)}</td>
       <td data-col="restarts" class="${r.restarts > 0 ? "hot" : ""}">${r.restarts}</td>

@@ -196,6 +196,8 @@ pub struct Stop;
 impl Handler<Stop> for NamespaceSupervisor {
     type Result = ();
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        // The namespace is gone: its sockets are closed (4004), not left mute.
+        self.topics.close_all_sockets();
         // Supervisor restarts a stopped actor; terminate ends it without restart.
         ctx.terminate();
     }

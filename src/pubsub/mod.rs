@@ -13,6 +13,6 @@ pub use protocol::{
     check_topic, close, parse_client_frame,
 };
 pub use relay::{Conn, OutBody, Relay};
-pub use service::{Delivery, MeshSink, Origin, PubSubService, Targets};
+pub use service::{Delivery, MeshSink, Origin, PubSubService, RelayMsg, Targets};
 pub use session::{MAX_IN_FLIGHT, Mode, Shutdown, WsSession, invoke_hook, send_now};
 pub use table::{Member, PresenceEvent, SubscriberRef, TopicInfo, TopicTable};

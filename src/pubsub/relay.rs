@@ -15,7 +15,7 @@
 //! stop. Nobody else waits for it.
 
 use super::protocol::{close, close_frame};
-use super::service::{Delivery, PubSubService, RELAY_QUEUE};
+use super::service::{Delivery, PubSubService, RELAY_QUEUE, RelayMsg};
 use super::session::{Shutdown, WsSession};
 use bytes::Bytes;
 use std::cell::RefCell;
@@ -95,11 +95,25 @@ impl Relay {
     }
 }
 
-async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<Delivery>) {
+async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
     let mut batch = Vec::with_capacity(64);
     while rx.recv_many(&mut batch, 64).await > 0 {
-        for d in batch.drain(..) {
-            relay.deliver(d);
+        for m in batch.drain(..) {
+            match m {
+                RelayMsg::Deliver(d) => relay.deliver(d),
+                RelayMsg::Close { conns, code } => {
+                    let found: Vec<Rc<Conn>> = {
+                        let map = relay.conns.borrow();
+                        conns
+                            .iter()
+                            .filter_map(|(id, _)| map.get(id).cloned())
+                            .collect()
+                    };
+                    for c in found {
+                        c.shutdown(code, "namespace deleted");
+                    }
+                }
+            }
         }
     }
 }

@@ -33,6 +33,17 @@ pub struct Delivery {
     pub conns: Arc<Vec<(u64, FrameKind)>>,
 }
 
+/// What a relay's channel carries.
+pub enum RelayMsg {
+    /// A message for some of the relay's sockets.
+    Deliver(Delivery),
+    /// Close these sockets with `code` (their namespace was deleted).
+    Close {
+        conns: Arc<Vec<(u64, FrameKind)>>,
+        code: u16,
+    },
+}
+
 /// Where a message came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -55,7 +66,7 @@ pub struct PubSubService(Arc<Inner>);
 pub struct Inner {
     pub metrics: Metrics,
     pub config: PubSubConfig,
-    relays: RwLock<Vec<tokio::sync::mpsc::Sender<Delivery>>>,
+    relays: RwLock<Vec<tokio::sync::mpsc::Sender<RelayMsg>>>,
     next_conn: AtomicU64,
     mesh: RwLock<Option<Arc<dyn MeshSink>>>,
     /// Flips to true when the node drains; each relay closes its sockets (1001).
@@ -104,7 +115,7 @@ impl PubSubService {
     }
 
     /// Registers a worker thread's relay; returns its id.
-    pub(crate) fn add_relay(&self, tx: tokio::sync::mpsc::Sender<Delivery>) -> u32 {
+    pub(crate) fn add_relay(&self, tx: tokio::sync::mpsc::Sender<RelayMsg>) -> u32 {
         let mut r = self.relays.write();
         r.push(tx);
         (r.len() - 1) as u32
@@ -132,10 +143,10 @@ impl PubSubService {
                 let Some(tx) = relays.get(*relay as usize) else {
                     continue;
                 };
-                let d = Delivery {
+                let d = RelayMsg::Deliver(Delivery {
                     frames: frames.clone(),
                     conns: conns.clone(),
-                };
+                });
                 if tx.try_send(d).is_err() {
                     self.metrics
                         .pubsub_dropped
@@ -148,6 +159,19 @@ impl PubSubService {
             && let Some(mesh) = self.0.mesh.read().as_ref()
         {
             mesh.forward(namespace, topic, data, timestamp);
+        }
+    }
+
+    /// Closes every socket in `targets` with `code` (best effort, bounded).
+    pub fn close_all(&self, targets: &Targets, code: u16) {
+        let relays = self.relays.read();
+        for (relay, conns) in targets {
+            if let Some(tx) = relays.get(*relay as usize) {
+                let _ = tx.try_send(RelayMsg::Close {
+                    conns: conns.clone(),
+                    code,
+                });
+            }
         }
     }
 }

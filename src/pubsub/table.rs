@@ -87,7 +87,9 @@ impl TopicTable {
     pub fn new(service: PubSubService) -> Self {
         Self {
             service,
-            ..Default::default()
+            topics: HashMap::new(),
+            conn_topics: HashMap::new(),
+            count: 0,
         }
     }
 
@@ -226,6 +228,25 @@ impl TopicTable {
             .unwrap_or_default();
         v.sort_by(|a, b| a.member_id.cmp(&b.member_id));
         v
+    }
+}
+
+impl TopicTable {
+    /// The namespace is gone: closes its sockets with 4004 rather than
+    /// leaving them mute. Their sessions then unsubscribe as usual, which
+    /// keeps the subscriber gauge right.
+    pub fn close_all_sockets(&self) {
+        for t in self.topics.values() {
+            self.service
+                .close_all(&t.targets, super::protocol::close::NAMESPACE_GONE);
+        }
+    }
+}
+
+impl Drop for TopicTable {
+    /// The namespace's supervisor ended for good: same as a deleted namespace.
+    fn drop(&mut self) {
+        self.close_all_sockets();
     }
 }
 

@@ -767,3 +767,14 @@ fn cli_pub_and_sub() {
     let _ = sub.kill();
     let _ = sub.wait();
 }
+
+/// Deleting a namespace closes its sockets with 4004 instead of leaving them mute.
+#[actix_rt::test]
+async fn namespace_deleted_closes_sockets_4004() {
+    let node = TestNode::start();
+    let key = node.create_namespace("doomed");
+    let mut s = connect(&ws_url(&node, "/v1/pubsub/ws?topic=t", &key)).await;
+    let (st, b) = node.op("DELETE", "/v1/namespaces/doomed", None);
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(close_code(&mut s).await, 4004);
+}

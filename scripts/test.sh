@@ -12,8 +12,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
-if [ -f tests/e2e/package.json ] && [ ! -d tests/e2e/node_modules/playwright-core ]; then
-  echo "scripts/test.sh: installing playwright-core (npm)"
+if [ -f tests/e2e/package.json ] && { [ ! -d tests/e2e/node_modules/playwright-core ] || [ ! -d tests/e2e/node_modules/ws ]; }; then
+  echo "scripts/test.sh: installing playwright-core and ws (npm)"
   (cd tests/e2e && npm install --no-audit --no-fund --silent)
 fi
 

@@ -29,6 +29,7 @@ pub mod cli;
 mod cli_client;
 pub mod config;
 pub mod dashboard;
+pub mod functions;
 pub mod http;
 pub mod identity;
 pub mod metrics;

@@ -171,7 +171,10 @@ async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployR
                             "true" | "1" | "yes" => true,
                             "false" | "0" | "no" | "" => false,
                             _ => {
-                                return Err(bad("INVALID_FIELD", "is_public must be true or false"));
+                                return Err(bad(
+                                    "INVALID_FIELD",
+                                    "is_public must be true or false",
+                                ));
                             }
                         })
                     }

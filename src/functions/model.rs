@@ -57,6 +57,9 @@ pub struct VersionMeta {
     pub created_at: u64,
 }
 
+/// Checked metadata: env vars, pub/sub patterns, cron expressions.
+pub type ValidMetadata = (BTreeMap<String, String>, Vec<String>, Vec<String>);
+
 /// The `metadata` part of a deploy.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
@@ -88,7 +91,7 @@ impl CronList {
 
 impl FunctionMetadata {
     /// Checks every field; the first problem is reported.
-    pub fn validate(self) -> FnResult<(BTreeMap<String, String>, Vec<String>, Vec<String>)> {
+    pub fn validate(self) -> FnResult<ValidMetadata> {
         if self.env_vars.len() > MAX_ENV_VARS {
             return Err(FnError::bad(
                 "INVALID_METADATA",

@@ -378,6 +378,9 @@ fn functions_namespace_cap_does_not_starve_others() {
     assert_eq!(invoke(&node, &ka, "echo", b"a").0, 200);
 }
 
+/// A bad deploy: its parts, the status and code it must get.
+type Case<'a> = (Vec<(&'a str, &'a [u8])>, u16, &'a str);
+
 /// Bad deploys: each refused with a clear code, and nothing is stored.
 #[test]
 fn functions_bad_deploys_store_nothing() {
@@ -386,7 +389,7 @@ fn functions_bad_deploys_store_nothing() {
     let echo = echo_wasm();
     let unknown = r#"(module (import "env" "nope" (func)) (func (export "_start")))"#;
     let big = vec![0u8; 70_000];
-    let cases: Vec<(Vec<(&str, &[u8])>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             vec![("name", b"f"), ("wasm", b"hello, not wasm")],
             400,

@@ -12,6 +12,7 @@ mod error;
 mod invoker;
 mod model;
 mod secrets;
+mod ws;
 
 #[cfg(test)]
 mod tests;
@@ -27,4 +28,5 @@ pub use self::{
         InvocationRecord, MAX_VERSIONS, MEMORY_MB_RANGE, TIMEOUT_RANGE, VersionMeta, parse_cron,
         topic_matches, valid_function_name, valid_secret_name,
     },
+    ws::ws_invoke,
 };

@@ -241,6 +241,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let (server, addr) = crate::http::serve(node.clone())?;
     spawn_sweeper(store);
     crate::dashboard::spawn_sampler(&node);
+    crate::functions::wake_namespaces_with_functions(&node);
     let handle = server.handle();
     Ok(RunningNode {
         addr,

@@ -256,6 +256,38 @@ impl FunctionsService {
     }
 }
 
+/// Starts, after a restart, the supervisor of every namespace that has
+/// functions, so their cron triggers tick without waiting for a request.
+pub fn wake_namespaces_with_functions(node: &crate::node::Node) {
+    let node = node.clone();
+    actix_web::rt::spawn(async move {
+        let rows = match node.store.scan_all(b"fn/").await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "Functions could not be listed at start.");
+                return;
+            }
+        };
+        let mut names: Vec<String> = rows
+            .iter()
+            .filter_map(|(k, _)| {
+                let k = std::str::from_utf8(k).ok()?;
+                Some(k.strip_prefix("fn/")?.split('/').next()?.to_string())
+            })
+            .collect();
+        names.dedup();
+        for ns in names {
+            let _ = crate::actors::locate(
+                &node.supervisor,
+                &node.supervisor_stats,
+                &node.namespaces,
+                &ns,
+            )
+            .await;
+        }
+    });
+}
+
 /// Writes invocation records in batches until the node stops.
 async fn write_records(store: Store, mut rx: mpsc::Receiver<(Vec<u8>, Vec<u8>)>) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);

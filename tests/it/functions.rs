@@ -610,3 +610,97 @@ fn functions_crash_during_deploy_and_warm_restart() {
     assert!(metric(&node, "meshgate_wasm_cache_hits_total") >= 1);
     drop(tmp);
 }
+
+/// Cron: a 6-field every-second schedule fires the function, and keeps firing
+/// after a restart without any request touching the namespace.
+#[test]
+fn functions_cron_trigger() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = NodeOpts {
+        config: config(""),
+        data_dir: Some(tmp.path().join("data")),
+        ..Default::default()
+    };
+    let mut node = TestNode::start_with(opts.clone());
+    let key = node.create_namespace("cron");
+    deploy(
+        &node,
+        &key,
+        "tick",
+        MARK_HIT.as_bytes(),
+        &[("metadata", r#"{"cron":"* * * * * *"}"#)],
+    );
+    let wait_hit = |node: &TestNode| {
+        let deadline = Instant::now() + Duration::from_secs(6);
+        while node.with_key(&key, "GET", "/v1/kv/hit", None).0 != 200 {
+            assert!(Instant::now() < deadline, "cron never fired");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_hit(&node);
+    node.kill9();
+    // After a restart no request touches the namespace: only /metrics is read.
+    let node = TestNode::start_with(opts);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    loop {
+        let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+        let text = String::from_utf8_lossy(&b).into_owned();
+        let fired = text
+            .lines()
+            .find(|l| l.starts_with("meshgate_function_invocations_total{namespace=\"cron\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if fired >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cron did not fire after the restart"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The CLI deploys, lists, invokes and deletes.
+#[test]
+fn functions_cli() {
+    let node = start("");
+    let key = node.create_namespace("cli");
+    let run = |args: &[&str], stdin: Option<&[u8]>| {
+        use std::io::Write;
+        let mut c = std::process::Command::new(crate::common::bin())
+            .args(args)
+            .args(["--url", node.base.as_str(), "--key", key.as_str()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(i) = stdin {
+            c.stdin.take().unwrap().write_all(i).unwrap();
+        }
+        drop(c.stdin.take());
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let echo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/functions/echo.wasm");
+    let out = run(
+        &["fn", "deploy", echo, "--name", "echo", "--timeout", "5"],
+        None,
+    );
+    assert!(out.contains("\"version\": 1"), "{out}");
+    assert!(run(&["fn", "list"], None).contains("\"echo\""));
+    assert_eq!(run(&["fn", "invoke", "echo", "hello"], None), "hello");
+    assert_eq!(
+        run(&["fn", "invoke", "echo"], Some(b"from stdin")),
+        "from stdin"
+    );
+    let _ = run(&["fn", "logs", "echo"], None);
+    run(&["fn", "delete", "echo"], None);
+    assert!(!run(&["fn", "list"], None).contains("\"echo\""));
+}

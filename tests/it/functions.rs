@@ -704,3 +704,50 @@ fn functions_cli() {
     run(&["fn", "delete", "echo"], None);
     assert!(!run(&["fn", "list"], None).contains("\"echo\""));
 }
+
+/// Publishes "loop" again whenever it runs (a trigger that feeds itself).
+const REPUBLISH: &str = r#"(module
+  (import "meshgate" "publish" (func $publish (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 512) "loop")
+  (func (export "_start")
+    (drop (call $publish (i32.const 512) (i32.const 4) (i32.const 512) (i32.const 4)))))"#;
+
+fn invocations(node: &TestNode, ns: &str) -> u64 {
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    let prefix = format!("meshgate_function_invocations_total{{namespace=\"{ns}\"}}");
+    String::from_utf8_lossy(&b)
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// Trigger depth: a function triggered by the topic it publishes to runs
+/// exactly 5 times for one client publish (depths 1 to 5), then the chain stops.
+#[test]
+fn functions_pubsub_trigger_depth_is_bounded() {
+    let node = start("");
+    let key = node.create_namespace("loopns");
+    deploy(
+        &node,
+        &key,
+        "again",
+        REPUBLISH.as_bytes(),
+        &[("metadata", r#"{"pubsub_topics":["loop"]}"#)],
+    );
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(br#"{"topic":"loop","data_base64":"eA=="}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while invocations(&node, "loopns") < 5 {
+        assert!(Instant::now() < deadline, "chain stalled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(invocations(&node, "loopns"), 5);
+}

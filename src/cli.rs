@@ -27,6 +27,9 @@ pub enum Command {
     /// Manage API keys of a namespace.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Deploy, list, invoke, inspect and delete WASM functions.
+    #[command(subcommand)]
+    Fn(FnCommand),
     /// Publish one message to a topic (DATA, or standard input when absent).
     Pub {
         topic: String,
@@ -183,4 +186,54 @@ fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+#[derive(Subcommand)]
+pub enum FnCommand {
+    /// Deploy a WASM module as the function's next version.
+    Deploy {
+        /// The `.wasm` file (WAT text is accepted too).
+        file: PathBuf,
+        /// Function name.
+        #[arg(long)]
+        name: String,
+        /// Memory limit in MiB (1-256, default 64).
+        #[arg(long = "memory-mb")]
+        memory_mb: Option<u32>,
+        /// Timeout in seconds (1-60, default 10).
+        #[arg(long)]
+        timeout: Option<u32>,
+        /// Anyone may invoke it on /v1/invoke/{namespace}/{name}.
+        #[arg(long)]
+        public: bool,
+        /// Metadata JSON: env_vars, pubsub_topics, cron.
+        #[arg(long)]
+        metadata: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the namespace's functions.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Invoke a function (NAME or NAME@VERSION) with DATA, or standard input when absent; prints its output.
+    Invoke {
+        name: String,
+        data: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a function's newest invocation records.
+    Logs {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a function and its versions.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }

@@ -1,6 +1,6 @@
 //! The client half of the CLI: each command is one or two HTTP calls.
 
-use crate::cli::{ClientArgs, Command, KeysCommand, NsCommand};
+use crate::cli::{ClientArgs, Command, FnCommand, KeysCommand, NsCommand};
 use serde_json::{Value, json};
 use std::process::ExitCode;
 
@@ -72,6 +72,129 @@ pub async fn call(
     }
 }
 
+/// One HTTP call with a raw body; returns the raw answer of a 2xx.
+async fn call_raw(
+    c: &ClientArgs,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let client = awc::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .finish();
+    let url = format!("{}{}", c.url.trim_end_matches('/'), path);
+    let mut req = client
+        .request(method.parse().map_err(|_| "bad method")?, &url)
+        .insert_header(("content-type", content_type));
+    if let Some(k) = credential(c) {
+        req = req.insert_header(("authorization", format!("Bearer {k}")));
+    }
+    if let Some(ns) = &c.namespace {
+        req = req.insert_header(("x-namespace", ns.as_str()));
+    }
+    let mut resp = req
+        .send_body(body)
+        .await
+        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+    let bytes = resp
+        .body()
+        .limit(64 << 20)
+        .await
+        .map_err(|e| e.to_string())?;
+    if resp.status().is_success() {
+        return Ok(bytes.to_vec());
+    }
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let code = v
+        .pointer("/error/code")
+        .and_then(Value::as_str)
+        .unwrap_or("ERROR");
+    let msg = v
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    Err(format!("{} {code}: {msg}", resp.status().as_u16()))
+}
+
+/// A `multipart/form-data` body of named parts.
+fn multipart(boundary: &str, parts: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (name, data) in parts {
+        b.extend_from_slice(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n")
+                .as_bytes(),
+        );
+        b.extend_from_slice(data);
+        b.extend_from_slice(b"\r\n");
+    }
+    b.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    b
+}
+
+fn read_stdin() -> Result<Vec<u8>, String> {
+    let mut b = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+        .map_err(|e| format!("cannot read standard input: {e}"))?;
+    Ok(b)
+}
+
+async fn functions(cmd: FnCommand) -> Result<(), String> {
+    match cmd {
+        FnCommand::Deploy {
+            file,
+            name,
+            memory_mb,
+            timeout,
+            public,
+            metadata,
+            client,
+        } => {
+            let wasm =
+                std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            let mut parts = vec![("name", name.into_bytes()), ("wasm", wasm)];
+            if let Some(m) = memory_mb {
+                parts.push(("memory_limit_mb", m.to_string().into_bytes()));
+            }
+            if let Some(t) = timeout {
+                parts.push(("timeout_seconds", t.to_string().into_bytes()));
+            }
+            if public {
+                parts.push(("is_public", b"true".to_vec()));
+            }
+            if let Some(m) = metadata {
+                parts.push(("metadata", m.into_bytes()));
+            }
+            let boundary = format!("meshgate{}", hex::encode(crate::node::random_bytes::<12>()));
+            let body = multipart(&boundary, &parts);
+            let ct = format!("multipart/form-data; boundary={boundary}");
+            let out = call_raw(&client, "POST", "/v1/functions", &ct, body).await?;
+            let v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
+            print(&v);
+        }
+        FnCommand::List { client } => print(&call(&client, "GET", "/v1/functions", None).await?),
+        FnCommand::Invoke { name, data, client } => {
+            let input = match data {
+                Some(d) => d.into_bytes(),
+                None => read_stdin()?,
+            };
+            let path = format!("/v1/functions/{name}/invoke");
+            let out = call_raw(&client, "POST", &path, "application/octet-stream", input).await?;
+            use std::io::Write as _;
+            std::io::stdout()
+                .write_all(&out)
+                .map_err(|e| e.to_string())?;
+        }
+        FnCommand::Logs { name, client } => {
+            print(&call(&client, "GET", &format!("/v1/functions/{name}/logs"), None).await?)
+        }
+        FnCommand::Delete { name, client } => {
+            print(&call(&client, "DELETE", &format!("/v1/functions/{name}"), None).await?)
+        }
+    }
+    Ok(())
+}
+
 fn print(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -123,6 +246,7 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         Command::Keys(KeysCommand::Revoke { id, client }) => {
             print(&call(&client, "DELETE", &format!("/v1/auth/api-keys/{id}"), None).await?)
         }
+        Command::Fn(cmd) => functions(cmd).await?,
         Command::Pub {
             topic,
             data,

@@ -17,6 +17,8 @@
 //! - `dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
 //!   the JSON API and event stream, operator sessions, embedded assets.
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
+//! - `functions/`: deploy, versions, secrets, each namespace's invoker (the
+//!   host services of its guests), pub/sub and cron triggers, invocation records.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
 //! - `node.rs`: start-up, the node's shared handle, and the drain.
@@ -29,6 +31,7 @@ pub mod cli;
 mod cli_client;
 pub mod config;
 pub mod dashboard;
+pub mod functions;
 pub mod http;
 pub mod identity;
 pub mod metrics;

@@ -45,6 +45,8 @@ pub struct NodeInner {
     pub pubsub: crate::pubsub::PubSubService,
     /// The dashboard's latest frame, history and viewers.
     pub dashboard: crate::dashboard::Dashboard,
+    /// The WASM engine, the invocation-record queue and the secret key.
+    pub functions: crate::functions::FunctionsService,
 }
 
 /// The node's handle, cloned into every handler.
@@ -206,6 +208,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let (draining, draining_rx) = tokio::sync::watch::channel(false);
     let pubsub =
         crate::pubsub::PubSubService::new(metrics.clone(), config.pubsub.clone(), draining_rx);
+    let functions = start_functions(&config, &data_dir, &store, &metrics, &secrets)?;
     let sup = NodeSupervisor::new(
         store.clone(),
         metrics.clone(),
@@ -214,7 +217,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         threads,
         config.server.mailbox_capacity,
     )
-    .with_pubsub(pubsub.clone());
+    .with_pubsub(pubsub.clone())
+    .with_functions(functions.clone());
     let supervisor_stats = sup.stats();
     let supervisor = sup.start();
     let node = Node(Arc::new(NodeInner {
@@ -232,10 +236,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         draining,
         pubsub,
         dashboard: Default::default(),
+        functions,
     }));
     let (server, addr) = crate::http::serve(node.clone())?;
     spawn_sweeper(store);
     crate::dashboard::spawn_sampler(&node);
+    crate::functions::wake_namespaces_with_functions(&node);
     let handle = server.handle();
     Ok(RunningNode {
         addr,
@@ -243,6 +249,37 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         server: Some(server),
         handle,
     })
+}
+
+/// Starts the WASM engine (compiled artifacts cached in `<data_dir>/wasm-cache`)
+/// and the functions service.
+fn start_functions(
+    config: &Config,
+    data_dir: &Path,
+    store: &Store,
+    metrics: &Metrics,
+    secrets: &Secrets,
+) -> anyhow::Result<crate::functions::FunctionsService> {
+    let f = &config.functions;
+    let wasm = crate::wasm::WasmConfig {
+        workers: if f.workers == 0 {
+            num_cpus()
+        } else {
+            f.workers
+        },
+        queue: f.queue,
+        namespace_concurrency: f.namespace_concurrency,
+        max_module_bytes: f.max_module_bytes,
+        ..Default::default()
+    };
+    let engine = crate::wasm::WasmEngine::new(wasm, data_dir.join("wasm-cache"))
+        .map_err(|e| anyhow::anyhow!("cannot start the WASM engine: {e}"))?;
+    Ok(crate::functions::FunctionsService::start(
+        engine,
+        store.clone(),
+        metrics.clone(),
+        &secrets.server_secret,
+    ))
 }
 
 fn spawn_sweeper(store: Store) {

@@ -1,11 +1,16 @@
 //! The actor topology of DESIGN.md §1: the node supervisor, one supervisor per
 //! namespace, and the instrumentation every actor reports through.
 
+mod functions;
 mod namespace;
 mod node;
 mod stats;
 mod topics;
 
+pub use functions::{
+    CRON_TICK, DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions,
+    ListFunctions, ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
+};
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
     MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceSupervisor, NsError,

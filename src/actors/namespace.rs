@@ -71,6 +71,9 @@ pub struct NamespaceSupervisor {
     /// Live topics, local subscribers and presence (`actors/topics.rs`). Kept
     /// across a restart: it describes live sockets, which did not restart.
     pub topics: crate::pubsub::TopicTable,
+    /// The namespace's function invoker (`actors/functions.rs`); None on a
+    /// node built without the functions service.
+    pub functions: Option<crate::functions::Invoker>,
 }
 
 impl NamespaceSupervisor {
@@ -87,7 +90,14 @@ impl NamespaceSupervisor {
             record: None,
             mailbox_capacity,
             topics: Default::default(),
+            functions: None,
         }
+    }
+
+    /// Gives the namespace its invoker from the node's functions service.
+    pub fn with_functions(mut self, service: Option<crate::functions::FunctionsService>) -> Self {
+        self.functions = service.map(|s| s.invoker(&self.name));
+        self
     }
 
     /// Connects the topic table to the node's pub/sub delivery service.
@@ -134,6 +144,7 @@ impl Actor for NamespaceSupervisor {
         // The admission counter in ActorStats is the bound; this is only a backstop.
         ctx.set_mailbox_capacity(self.mailbox_capacity.saturating_mul(2).max(16));
         self.reload(ctx);
+        self.functions_started(ctx);
     }
 }
 

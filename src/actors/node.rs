@@ -67,6 +67,7 @@ pub struct NodeSupervisor {
     mailbox_capacity: usize,
     stats: Arc<ActorStats>,
     pubsub: crate::pubsub::PubSubService,
+    functions: Option<crate::functions::FunctionsService>,
 }
 
 impl NodeSupervisor {
@@ -91,7 +92,14 @@ impl NodeSupervisor {
             mailbox_capacity,
             stats,
             pubsub: Default::default(),
+            functions: None,
         }
+    }
+
+    /// Gives every namespace supervisor an invoker from the node's functions service.
+    pub fn with_functions(mut self, functions: crate::functions::FunctionsService) -> Self {
+        self.functions = Some(functions);
+        self
     }
 
     /// Gives every namespace supervisor the node's pub/sub delivery service.
@@ -111,15 +119,18 @@ impl NodeSupervisor {
         let stats =
             self.directory
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
-        let (n, store, s, cap, pubsub) = (
+        let (n, store, s, cap, pubsub, functions) = (
             name.to_string(),
             self.store.clone(),
             stats.clone(),
             self.mailbox_capacity,
             self.pubsub.clone(),
+            self.functions.clone(),
         );
         let addr = Supervisor::start_in_arbiter(self.arbiter_for(name), move |_| {
-            NamespaceSupervisor::new(n, store, s, cap).with_pubsub(pubsub)
+            NamespaceSupervisor::new(n, store, s, cap)
+                .with_pubsub(pubsub)
+                .with_functions(functions)
         });
         let handle = NsHandle {
             name: name.into(),

@@ -27,14 +27,9 @@ impl NamespaceSupervisor {
     /// every accepted client publish (not for presence events), after local
     /// delivery, with the trigger depth of the publisher (0 for clients; a
     /// function publishing from a trigger passes its depth + 1, and triggers
-    /// stop at depth 5). A no-op until the functions issue fills it.
-    pub fn on_published(
-        &mut self,
-        _ctx: &mut Context<Self>,
-        _topic: &str,
-        _data: &Bytes,
-        _depth: u8,
-    ) {
+    /// stop at depth 5). Fires the namespace's pub/sub triggers (`actors/functions.rs`).
+    pub fn on_published(&mut self, _ctx: &mut Context<Self>, topic: &str, data: &Bytes, depth: u8) {
+        self.fire_pubsub_triggers(topic, data, depth);
     }
 
     /// What the pub/sub gauges count now: (subscriptions, topics).

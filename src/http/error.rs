@@ -68,7 +68,14 @@ impl ApiError {
     /// Whether the same request may succeed later (server-side or rate-limit trouble).
     pub fn retryable(&self) -> bool {
         self.status == StatusCode::TOO_MANY_REQUESTS
-            || self.status.is_server_error() && self.code != "FUNCTION_TRAPPED"
+            || self.status.is_server_error()
+                && !matches!(
+                    self.code,
+                    "FUNCTION_TRAPPED"
+                        | "FUNCTION_MEMORY_LIMIT"
+                        | "OUTPUT_TOO_LARGE"
+                        | "DEPTH_EXCEEDED"
+                )
     }
     /// The JSON envelope.
     pub fn body(&self) -> serde_json::Value {
@@ -217,6 +224,45 @@ impl From<crate::identity::IdentityError> for ApiError {
             I::TooManyChallenges => ApiError::rate_limited("TOO_MANY_CHALLENGES", 60),
             I::KeyRevoked => ApiError::unauthorized("API_KEY_REVOKED", e.to_string()),
             I::KeyExpired => ApiError::unauthorized("API_KEY_EXPIRED", e.to_string()),
+        }
+    }
+}
+
+impl From<crate::wasm::WasmError> for ApiError {
+    fn from(e: crate::wasm::WasmError) -> Self {
+        use crate::wasm::WasmError as W;
+        let code = crate::functions::wasm_error_code(&e);
+        let status = match &e {
+            W::InvalidModule(_) | W::UnknownImport(_) => StatusCode::BAD_REQUEST,
+            W::ModuleTooLarge { .. } | W::InputTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            W::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            W::Busy => StatusCode::TOO_MANY_REQUESTS,
+            W::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            W::OutputTooLarge
+            | W::Trapped(_)
+            | W::MemoryLimit
+            | W::DepthExceeded
+            | W::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let api = ApiError::new(status, code, e.to_string());
+        match e {
+            W::Busy | W::Overloaded => api.retry_after(1),
+            _ => api,
+        }
+    }
+}
+
+impl From<crate::functions::FnError> for ApiError {
+    fn from(e: crate::functions::FnError) -> Self {
+        use crate::functions::FnError as F;
+        match e {
+            F::NotFound(m) => ApiError::not_found("FUNCTION_NOT_FOUND", m),
+            F::BadInput { code, message } => ApiError::bad_request(code, message),
+            F::Denied(m) => ApiError::forbidden("FUNCTION_NOT_PUBLIC", m),
+            F::NamespaceGone => ApiError::not_found("NAMESPACE_NOT_FOUND", "namespace not found"),
+            F::Wasm(w) => w.into(),
+            F::Store(s) => s.into(),
+            F::Internal(m) => ApiError::internal(m),
         }
     }
 }

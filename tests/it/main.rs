@@ -3,5 +3,6 @@
 mod chain;
 mod common;
 mod dashboard;
+mod functions;
 mod node;
 mod pubsub;

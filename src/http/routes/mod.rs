@@ -1,6 +1,7 @@
 //! Route handlers, one file per capability, and the shared extractors.
 
 mod auth;
+mod functions;
 mod kv;
 mod namespaces;
 mod pubsub;
@@ -24,6 +25,7 @@ pub fn register(t: &mut RouteTable) {
     namespaces::register(t);
     auth::register(t);
     kv::register(t);
+    functions::register(t);
     pubsub::register(t);
     crate::dashboard::register(t);
 }

@@ -1,0 +1,231 @@
+//! The functions messages of a namespace's supervisor (DESIGN.md §4). The
+//! supervisor owns its namespace's [`Invoker`]; handlers check the namespace
+//! still exists and return the invoker's work as a future, so slow store
+//! work never holds the mailbox and guests never run on the actor's thread
+//! (they run on the engine's worker pool).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::namespace::NamespaceSupervisor;
+use crate::functions::{
+    CallerInfo, DeployRequest, Deployed, FnError, FnResult, FunctionRecord, InvocationRecord,
+    Invoker, Prepared, Trigger, VersionMeta,
+};
+use crate::wasm::CompiledModule;
+use actix::prelude::*;
+use bytes::Bytes;
+
+/// How often the supervisor checks its functions' cron schedules.
+pub const CRON_TICK: Duration = Duration::from_secs(1);
+
+impl NamespaceSupervisor {
+    /// The invoker, if the namespace exists and the node runs functions.
+    fn invoker(&self) -> FnResult<Invoker> {
+        if self.record.is_none() {
+            return Err(FnError::NamespaceGone);
+        }
+        self.functions
+            .clone()
+            .ok_or_else(|| FnError::Internal("functions are not enabled on this node".into()))
+    }
+
+    /// Called from `started`: attaches the invoker to this actor (its guests
+    /// publish through it), loads the triggers and starts the cron tick.
+    pub(super) fn functions_started(&mut self, ctx: &mut Context<Self>) {
+        let Some(inv) = self.functions.clone() else {
+            return;
+        };
+        inv.attach(ctx.address(), self.stats.clone());
+        let name = self.name.clone();
+        ctx.spawn(
+            async move {
+                if let Err(e) = inv.load_triggers().await {
+                    tracing::warn!(namespace = %name, error = %e, "Function triggers could not be loaded.");
+                }
+            }
+            .into_actor(self),
+        );
+        ctx.run_interval(CRON_TICK, |act, _| {
+            if let Some(inv) = &act.functions {
+                inv.cron_tick();
+            }
+        });
+    }
+
+    /// The pub/sub trigger path: fires the functions whose patterns match.
+    pub(super) fn fire_pubsub_triggers(&self, topic: &str, data: &Bytes, depth: u8) {
+        if let Some(inv) = &self.functions {
+            inv.on_published(topic, data, depth);
+        }
+    }
+}
+
+/// Sent by `POST /v1/functions` with a module already validated and compiled;
+/// replies with the new version once it is durable and current.
+#[derive(Message)]
+#[rtype(result = "FnResult<Deployed>")]
+pub struct DeployFunction {
+    pub req: DeployRequest,
+    pub module: Arc<CompiledModule>,
+}
+
+impl Handler<DeployFunction> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<Deployed>>;
+    fn handle(&mut self, msg: DeployFunction, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.deploy(msg.req, msg.module).await })
+    }
+}
+
+/// Sent by `GET /v1/functions`; replies with every function record.
+#[derive(Message)]
+#[rtype(result = "FnResult<Vec<FunctionRecord>>")]
+pub struct ListFunctions;
+
+impl Handler<ListFunctions> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<Vec<FunctionRecord>>>;
+    fn handle(&mut self, _: ListFunctions, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.list().await })
+    }
+}
+
+/// Sent by `GET /v1/functions/{name}`; replies with the record, the current
+/// version's settings and the engine's cache counters.
+#[derive(Message)]
+#[rtype(result = "FnResult<serde_json::Value>")]
+pub struct ShowFunction {
+    pub name: String,
+}
+
+impl Handler<ShowFunction> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<serde_json::Value>>;
+    fn handle(&mut self, msg: ShowFunction, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.show(&msg.name).await })
+    }
+}
+
+/// Sent by `GET /v1/functions/{name}/versions`; replies with the kept versions.
+#[derive(Message)]
+#[rtype(result = "FnResult<Vec<VersionMeta>>")]
+pub struct FunctionVersions {
+    pub name: String,
+}
+
+impl Handler<FunctionVersions> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<Vec<VersionMeta>>>;
+    fn handle(&mut self, msg: FunctionVersions, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.versions(&msg.name).await })
+    }
+}
+
+/// Sent by `DELETE /v1/functions/{name}`; replies once it is gone.
+#[derive(Message)]
+#[rtype(result = "FnResult<()>")]
+pub struct DeleteFunction {
+    pub name: String,
+}
+
+impl Handler<DeleteFunction> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<()>>;
+    fn handle(&mut self, msg: DeleteFunction, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.delete(&msg.name).await })
+    }
+}
+
+/// Sent by the invoke routes and `/v1/ws`; replies with the call resolved in
+/// THIS namespace and ready to run (the sender runs it on the worker pool).
+#[derive(Message)]
+#[rtype(result = "FnResult<Prepared>")]
+pub struct PrepareInvoke {
+    pub name: String,
+    pub version: Option<u64>,
+    pub input: Vec<u8>,
+    pub caller: CallerInfo,
+    pub trigger: Trigger,
+}
+
+impl Handler<PrepareInvoke> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<Prepared>>;
+    fn handle(&mut self, msg: PrepareInvoke, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move {
+            inv?.prepare(msg.name, msg.version, msg.input, msg.caller, msg.trigger, 0)
+                .await
+        })
+    }
+}
+
+/// Sent by `GET /v1/functions/{name}/logs`; replies with the newest records.
+#[derive(Message)]
+#[rtype(result = "FnResult<Vec<InvocationRecord>>")]
+pub struct FunctionLogs {
+    pub name: String,
+    pub limit: usize,
+}
+
+impl Handler<FunctionLogs> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<Vec<InvocationRecord>>>;
+    fn handle(&mut self, msg: FunctionLogs, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.logs(&msg.name, msg.limit).await })
+    }
+}
+
+/// Sent by `PUT /v1/functions/secrets`; replies once the sealed value is durable.
+#[derive(Message)]
+#[rtype(result = "FnResult<()>")]
+pub struct PutSecret {
+    pub key: String,
+    pub value: String,
+}
+
+impl Handler<PutSecret> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<()>>;
+    fn handle(&mut self, msg: PutSecret, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.put_secret(&msg.key, &msg.value).await })
+    }
+}
+
+/// Sent by `GET /v1/functions/secrets`; replies with secret names (never values).
+#[derive(Message)]
+#[rtype(result = "FnResult<Vec<String>>")]
+pub struct ListSecrets;
+
+impl Handler<ListSecrets> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<Vec<String>>>;
+    fn handle(&mut self, _: ListSecrets, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.list_secrets().await })
+    }
+}
+
+/// Sent by `DELETE /v1/functions/secrets/{key}`; replies once it is gone (NotFound if absent).
+#[derive(Message)]
+#[rtype(result = "FnResult<()>")]
+pub struct DeleteSecret {
+    pub key: String,
+}
+
+impl Handler<DeleteSecret> for NamespaceSupervisor {
+    type Result = ResponseFuture<FnResult<()>>;
+    fn handle(&mut self, msg: DeleteSecret, _: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let inv = self.invoker();
+        Box::pin(async move { inv?.delete_secret(&msg.key).await })
+    }
+}

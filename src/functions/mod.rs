@@ -1,0 +1,32 @@
+//! Functions (DESIGN.md §4): deploy, versions, secrets, the per-namespace
+//! invoker and its triggers, on top of the sandbox in `crate::wasm`.
+//!
+//! - `model`: stored records, store keys, validation of names and metadata,
+//!   topic globs and cron expressions.
+//! - `secrets`: AES-256-GCM sealing of function secrets.
+//! - `invoker`: [`FunctionsService`] (one per node: engine, record queue) and
+//!   [`Invoker`] (one per namespace, owned by its supervisor).
+//! - `error`: [`FnError`].
+
+mod error;
+mod invoker;
+mod model;
+mod secrets;
+mod ws;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::{
+    error::{FnError, FnResult, wasm_error_code},
+    invoker::{
+        CallerInfo, DeployRequest, Deployed, FunctionsService, Invoker, MAX_LOGS,
+        MAX_TRIGGER_DEPTH, Prepared, Reply, Trigger, wake_namespaces_with_functions,
+    },
+    model::{
+        DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_SECONDS, FunctionMetadata, FunctionRecord,
+        InvocationRecord, MAX_VERSIONS, MEMORY_MB_RANGE, TIMEOUT_RANGE, VersionMeta, parse_cron,
+        topic_matches, valid_function_name, valid_secret_name,
+    },
+    ws::ws_invoke,
+};

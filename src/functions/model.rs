@@ -1,0 +1,280 @@
+//! What is stored for a function, under which keys, and the checks on what a
+//! deployer sends.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{FnError, FnResult};
+
+/// Versions kept per function; deploying the eleventh drops the oldest.
+pub const MAX_VERSIONS: usize = 10;
+/// Memory limit range, in MiB.
+pub const MEMORY_MB_RANGE: (u32, u32) = (1, 256);
+/// Default memory limit, in MiB.
+pub const DEFAULT_MEMORY_MB: u32 = 64;
+/// Timeout range, in seconds.
+pub const TIMEOUT_RANGE: (u32, u32) = (1, 60);
+/// Default timeout, in seconds.
+pub const DEFAULT_TIMEOUT_SECONDS: u32 = 10;
+/// Most environment variables per function.
+pub const MAX_ENV_VARS: usize = 64;
+/// Most pub/sub patterns per function.
+pub const MAX_TOPICS: usize = 16;
+/// Most cron expressions per function.
+pub const MAX_CRONS: usize = 8;
+/// Longest env var value or secret, in bytes.
+pub const MAX_VALUE_BYTES: usize = 16 * 1024;
+
+/// The function record, `fn/<ns>/<name>`: what is current.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FunctionRecord {
+    pub name: String,
+    pub current_version: u64,
+    pub is_public: bool,
+    /// Versions kept, oldest first (at most [`MAX_VERSIONS`]).
+    pub versions: Vec<u64>,
+    pub created_at: u64,
+    pub updated_at: u64,
+}
+
+/// One version, `fnver/<ns>/<name>/<version>`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VersionMeta {
+    pub version: u64,
+    /// SHA-256 of the module: its bytes are `blob/<sha256>`.
+    pub sha256: String,
+    pub size_bytes: usize,
+    pub memory_limit_mb: u32,
+    pub timeout_seconds: u32,
+    #[serde(default)]
+    pub env_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    pub pubsub_topics: Vec<String>,
+    #[serde(default)]
+    pub cron: Vec<String>,
+    pub created_at: u64,
+}
+
+/// Checked metadata: env vars, pub/sub patterns, cron expressions.
+pub type ValidMetadata = (BTreeMap<String, String>, Vec<String>, Vec<String>);
+
+/// The `metadata` part of a deploy.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FunctionMetadata {
+    pub env_vars: BTreeMap<String, String>,
+    pub pubsub_topics: Vec<String>,
+    pub cron: CronList,
+}
+
+/// One cron expression or a list of them.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum CronList {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+impl CronList {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            CronList::None => Vec::new(),
+            CronList::One(s) => vec![s],
+            CronList::Many(v) => v,
+        }
+    }
+}
+
+impl FunctionMetadata {
+    /// Checks every field; the first problem is reported.
+    pub fn validate(self) -> FnResult<ValidMetadata> {
+        if self.env_vars.len() > MAX_ENV_VARS {
+            return Err(FnError::bad(
+                "INVALID_METADATA",
+                format!("at most {MAX_ENV_VARS} env_vars"),
+            ));
+        }
+        for (k, v) in &self.env_vars {
+            if !valid_env_name(k) {
+                return Err(FnError::bad(
+                    "INVALID_METADATA",
+                    format!("env var name {k:?} must be [A-Za-z_][A-Za-z0-9_]*"),
+                ));
+            }
+            if v.len() > MAX_VALUE_BYTES {
+                return Err(FnError::bad(
+                    "INVALID_METADATA",
+                    format!("env var {k} is longer than {MAX_VALUE_BYTES} bytes"),
+                ));
+            }
+        }
+        if self.pubsub_topics.len() > MAX_TOPICS {
+            return Err(FnError::bad(
+                "INVALID_METADATA",
+                format!("at most {MAX_TOPICS} pubsub_topics"),
+            ));
+        }
+        for t in &self.pubsub_topics {
+            if t.is_empty() || t.len() > 256 {
+                return Err(FnError::bad(
+                    "INVALID_METADATA",
+                    "a pubsub_topics pattern is 1 to 256 bytes",
+                ));
+            }
+        }
+        let cron = self.cron.into_vec();
+        if cron.len() > MAX_CRONS {
+            return Err(FnError::bad(
+                "INVALID_METADATA",
+                format!("at most {MAX_CRONS} cron expressions"),
+            ));
+        }
+        for c in &cron {
+            parse_cron(c)?;
+        }
+        Ok((self.env_vars, self.pubsub_topics, cron))
+    }
+}
+
+/// One invocation record, `log/<ns>/<name>/<time>`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InvocationRecord {
+    pub request_id: String,
+    pub function: String,
+    pub version: u64,
+    /// `http`, `public`, `ws`, `pubsub`, `cron`.
+    pub trigger: String,
+    /// `ok` or the error code.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+    pub timestamp_ms: u64,
+    pub logs: Vec<LogEntry>,
+}
+
+/// One guest log line in a record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LogEntry {
+    pub level: String,
+    pub message: String,
+}
+
+/// Function names: 1–63 of `a-z`, `0-9`, `-`, `_`, starting with a letter or digit.
+pub fn valid_function_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+/// Secret names are environment variable names.
+pub fn valid_secret_name(name: &str) -> bool {
+    valid_env_name(name)
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit()
+}
+
+/// Parses a cron expression of 5 fields (minute precision) or 6 (with
+/// seconds), UTC. The `cron` crate wants seconds first, so a 5-field
+/// expression gets a `0 ` prefix.
+pub fn parse_cron(expr: &str) -> FnResult<cron::Schedule> {
+    let fields = expr.split_whitespace().count();
+    let full = match fields {
+        5 => format!("0 {expr}"),
+        6 => expr.to_string(),
+        _ => {
+            return Err(FnError::bad(
+                "INVALID_CRON",
+                format!("cron {expr:?}: expected 5 or 6 fields, got {fields}"),
+            ));
+        }
+    };
+    cron::Schedule::from_str(&full)
+        .map_err(|e| FnError::bad("INVALID_CRON", format!("cron {expr:?}: {e}")))
+}
+
+/// Glob match of a topic against a trigger pattern: `*` any run of
+/// characters (including none), `?` one character, everything else literal.
+pub fn topic_matches(pattern: &str, topic: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), topic.as_bytes());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
+/// `fn/<ns>/<name>`.
+pub fn fn_key(ns: &str, name: &str) -> Vec<u8> {
+    format!("fn/{ns}/{name}").into_bytes()
+}
+
+/// `fn/<ns>/`.
+pub fn fn_prefix(ns: &str) -> Vec<u8> {
+    format!("fn/{ns}/").into_bytes()
+}
+
+/// `fnver/<ns>/<name>/<version>` (zero-padded so versions sort).
+pub fn ver_key(ns: &str, name: &str, version: u64) -> Vec<u8> {
+    format!("fnver/{ns}/{name}/{version:010}").into_bytes()
+}
+
+/// `blob/<sha256>`.
+pub fn blob_key(sha256_hex: &str) -> Vec<u8> {
+    format!("blob/{sha256_hex}").into_bytes()
+}
+
+/// `secret/<ns>/<key>`.
+pub fn secret_key(ns: &str, key: &str) -> Vec<u8> {
+    format!("secret/{ns}/{key}").into_bytes()
+}
+
+/// `secret/<ns>/`.
+pub fn secret_prefix(ns: &str) -> Vec<u8> {
+    format!("secret/{ns}/").into_bytes()
+}
+
+/// `log/<ns>/<name>/`.
+pub fn log_prefix(ns: &str, name: &str) -> Vec<u8> {
+    format!("log/{ns}/{name}/").into_bytes()
+}
+
+/// `log/<ns>/<name>/<time>-<request id>`.
+pub fn log_key(ns: &str, name: &str, timestamp_ms: u64, request_id: &str) -> Vec<u8> {
+    format!("log/{ns}/{name}/{timestamp_ms:016}-{request_id}").into_bytes()
+}
+
+/// `log/<ns>/~cron/<name>/<slot>`: the claim of one cron slot (a name never starts with `~`).
+pub fn cron_claim_key(ns: &str, name: &str, slot: i64) -> Vec<u8> {
+    format!("log/{ns}/~cron/{name}/{slot}").into_bytes()
+}
+
+/// `kv/<ns>/`: the namespace KV, the same keys `/v1/kv` uses.
+pub fn kv_prefix(ns: &str) -> Vec<u8> {
+    format!("kv/{ns}/").into_bytes()
+}

@@ -1,0 +1,459 @@
+//! Functions (DESIGN.md §4): deploy (multipart), list, show, versions, delete,
+//! invoke, logs, secrets, and the by-namespace invoke route that a public
+//! function answers without a credential. Every call goes through the target
+//! namespace's supervisor, which owns the namespace's invoker.
+
+use super::NsCtx;
+use crate::actors::{
+    DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
+    ListSecrets, PrepareInvoke, PutSecret, ShowFunction, locate,
+};
+use crate::functions::{
+    CallerInfo, DeployRequest, FunctionMetadata, MAX_LOGS, Reply, Trigger, valid_function_name,
+};
+use crate::http::chain::Identity;
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::middleware::RequestId;
+use crate::http::policy::{Policy, RouteTable};
+use crate::node::Node;
+use crate::wasm::MAX_INPUT_BYTES;
+use actix_multipart::Multipart;
+use actix_web::http::{Method, StatusCode};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+/// Largest non-module part of a deploy (`name`, limits, `metadata`).
+const MAX_FIELD_BYTES: usize = 64 * 1024;
+/// Names that would shadow a route.
+const RESERVED_NAMES: &[&str] = &["secrets"];
+
+pub fn register(t: &mut RouteTable) {
+    t.add(
+        Method::POST,
+        "/v1/functions",
+        Policy::ns("functions", "deploy"),
+        web::post().to(deploy),
+    )
+    .add(
+        Method::GET,
+        "/v1/functions",
+        Policy::ns("functions", "read"),
+        web::get().to(list),
+    )
+    .add(
+        Method::PUT,
+        "/v1/functions/secrets",
+        Policy::ns("functions", "write"),
+        web::put().to(put_secret),
+    )
+    .add(
+        Method::GET,
+        "/v1/functions/secrets",
+        Policy::ns("functions", "read"),
+        web::get().to(list_secrets),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/functions/secrets/{key}",
+        Policy::ns("functions", "write"),
+        web::delete().to(delete_secret),
+    )
+    .add(
+        Method::GET,
+        "/v1/functions/{name}",
+        Policy::ns("functions", "read"),
+        web::get().to(show),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/functions/{name}",
+        Policy::ns("functions", "deploy"),
+        web::delete().to(delete),
+    )
+    .add(
+        Method::GET,
+        "/v1/functions/{name}/versions",
+        Policy::ns("functions", "read"),
+        web::get().to(versions),
+    )
+    .add(
+        Method::POST,
+        "/v1/functions/{name}/invoke",
+        Policy::ns("functions", "invoke"),
+        web::post().to(invoke),
+    )
+    .add(
+        Method::GET,
+        "/v1/functions/{name}/logs",
+        Policy::ns("functions", "read"),
+        web::get().to(logs),
+    )
+    .add(
+        Method::POST,
+        "/v1/invoke/{namespace}/{name}",
+        Policy::NsOrAnonymous {
+            domain: "functions",
+            action: "invoke",
+        },
+        web::post().to(invoke_by_namespace),
+    );
+}
+
+fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(code, message)
+}
+
+/// Reads one multipart field whole, refusing more than `limit` bytes with 413.
+async fn read_field(
+    field: &mut actix_multipart::Field,
+    limit: usize,
+    code: &'static str,
+) -> ApiResult<Vec<u8>> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = field.next().await {
+        let chunk = chunk.map_err(|e| bad("MALFORMED_MULTIPART", e.to_string()))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                code,
+                format!("the part is larger than {limit} bytes"),
+            ));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf)
+}
+
+fn field_text(bytes: Vec<u8>, part: &str) -> ApiResult<String> {
+    String::from_utf8(bytes)
+        .map(|s| s.trim().to_string())
+        .map_err(|_| bad("MALFORMED_MULTIPART", format!("part {part:?} is not UTF-8")))
+}
+
+fn parse_range(text: &str, part: &str, lo: u32, hi: u32) -> ApiResult<u32> {
+    match text.parse::<u32>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(bad(
+            "INVALID_LIMIT",
+            format!("{part} must be an integer from {lo} to {hi}, got {text:?}"),
+        )),
+    }
+}
+
+/// Parses and checks every part of a deploy; nothing is stored here.
+async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployRequest> {
+    let (mut wasm, mut name, mut mem, mut timeout, mut public, mut meta) =
+        (None, None, None, None, None, None);
+    while let Some(field) = mp.next().await {
+        let mut field = field.map_err(|e| bad("MALFORMED_MULTIPART", e.to_string()))?;
+        let part = field.name().unwrap_or_default().to_string();
+        match part.as_str() {
+            "wasm" => wasm = Some(read_field(&mut field, max_module, "MODULE_TOO_LARGE").await?),
+            "name" | "memory_limit_mb" | "timeout_seconds" | "is_public" | "metadata" => {
+                let text = field_text(
+                    read_field(&mut field, MAX_FIELD_BYTES, "PAYLOAD_TOO_LARGE").await?,
+                    &part,
+                )?;
+                match part.as_str() {
+                    "name" => name = Some(text),
+                    "memory_limit_mb" => {
+                        let (lo, hi) = crate::functions::MEMORY_MB_RANGE;
+                        mem = Some(parse_range(&text, &part, lo, hi)?)
+                    }
+                    "timeout_seconds" => {
+                        let (lo, hi) = crate::functions::TIMEOUT_RANGE;
+                        timeout = Some(parse_range(&text, &part, lo, hi)?)
+                    }
+                    "is_public" => {
+                        public = Some(match text.as_str() {
+                            "true" | "1" | "yes" => true,
+                            "false" | "0" | "no" | "" => false,
+                            _ => {
+                                return Err(bad(
+                                    "INVALID_FIELD",
+                                    "is_public must be true or false",
+                                ));
+                            }
+                        })
+                    }
+                    _ => {
+                        meta = Some(
+                            serde_json::from_str::<FunctionMetadata>(&text)
+                                .map_err(|e| bad("INVALID_METADATA", e.to_string()))?,
+                        )
+                    }
+                }
+            }
+            other => return Err(bad("UNKNOWN_PART", format!("unknown part {other:?}"))),
+        }
+    }
+    let name = name.ok_or_else(|| bad("MISSING_PART", "the `name` part is required"))?;
+    if !valid_function_name(&name) || RESERVED_NAMES.contains(&name.as_str()) {
+        return Err(bad(
+            "INVALID_NAME",
+            "a function name is 1 to 63 of a-z, 0-9, '-', '_', starting with a letter or digit",
+        ));
+    }
+    let wasm = wasm.ok_or_else(|| bad("MISSING_PART", "the `wasm` part is required"))?;
+    if wasm.is_empty() {
+        return Err(bad("INVALID_MODULE", "the `wasm` part is empty"));
+    }
+    let (env_vars, pubsub_topics, cron) = meta.unwrap_or_default().validate()?;
+    Ok(DeployRequest {
+        name,
+        wasm,
+        memory_limit_mb: mem.unwrap_or(crate::functions::DEFAULT_MEMORY_MB),
+        timeout_seconds: timeout.unwrap_or(crate::functions::DEFAULT_TIMEOUT_SECONDS),
+        is_public: public.unwrap_or(false),
+        env_vars,
+        pubsub_topics,
+        cron,
+    })
+}
+
+async fn deploy(node: web::Data<Node>, ctx: NsCtx, mp: Multipart) -> ApiResult<HttpResponse> {
+    let req = parse_deploy(mp, node.config.functions.max_module_bytes).await?;
+    ctx.require("functions", "deploy", &req.name)?;
+    // Validate and compile before anything is written.
+    let module = node.functions.compile(req.wasm.clone()).await?;
+    let deployed = ctx.handle.ask(DeployFunction { req, module }).await??;
+    Ok(HttpResponse::Created().json(json!({"ok": true, "function": deployed})))
+}
+
+async fn list(ctx: NsCtx) -> ApiResult<HttpResponse> {
+    let functions = ctx.handle.ask(ListFunctions).await??;
+    Ok(HttpResponse::Ok().json(json!({"functions": functions})))
+}
+
+async fn show(ctx: NsCtx, name: web::Path<String>) -> ApiResult<HttpResponse> {
+    ctx.require("functions", "read", &name)?;
+    let v = ctx
+        .handle
+        .ask(ShowFunction {
+            name: name.into_inner(),
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(v))
+}
+
+async fn versions(ctx: NsCtx, name: web::Path<String>) -> ApiResult<HttpResponse> {
+    ctx.require("functions", "read", &name)?;
+    let v = ctx
+        .handle
+        .ask(FunctionVersions {
+            name: name.into_inner(),
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(json!({"versions": v})))
+}
+
+async fn delete(ctx: NsCtx, name: web::Path<String>) -> ApiResult<HttpResponse> {
+    ctx.require("functions", "deploy", &name)?;
+    ctx.handle
+        .ask(DeleteFunction {
+            name: name.into_inner(),
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(json!({"ok": true})))
+}
+
+#[derive(Deserialize)]
+struct LogsQuery {
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default, rename = "namespace")]
+    _namespace: Option<String>,
+}
+
+async fn logs(
+    ctx: NsCtx,
+    name: web::Path<String>,
+    q: web::Query<LogsQuery>,
+) -> ApiResult<HttpResponse> {
+    ctx.require("functions", "read", &name)?;
+    let records = ctx
+        .handle
+        .ask(FunctionLogs {
+            name: name.into_inner(),
+            limit: q.limit.unwrap_or(MAX_LOGS),
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(json!({"logs": records})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretBody {
+    key: String,
+    value: String,
+}
+
+async fn put_secret(ctx: NsCtx, body: web::Json<SecretBody>) -> ApiResult<HttpResponse> {
+    let b = body.into_inner();
+    ctx.require("functions", "write", &b.key)?;
+    ctx.handle
+        .ask(PutSecret {
+            key: b.key,
+            value: b.value,
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(json!({"ok": true})))
+}
+
+async fn list_secrets(ctx: NsCtx) -> ApiResult<HttpResponse> {
+    let names = ctx.handle.ask(ListSecrets).await??;
+    Ok(HttpResponse::Ok().json(json!({"secrets": names})))
+}
+
+async fn delete_secret(ctx: NsCtx, key: web::Path<String>) -> ApiResult<HttpResponse> {
+    ctx.require("functions", "write", &key)?;
+    ctx.handle
+        .ask(DeleteSecret {
+            key: key.into_inner(),
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(json!({"ok": true})))
+}
+
+/// `name` or `name@version`.
+fn split_version(target: &str) -> ApiResult<(String, Option<u64>)> {
+    match target.split_once('@') {
+        None => Ok((target.to_string(), None)),
+        Some((name, v)) => match v.parse::<u64>() {
+            Ok(v) => Ok((name.to_string(), Some(v))),
+            Err(_) => Err(bad("BAD_VERSION", format!("version {v:?} is not a number"))),
+        },
+    }
+}
+
+/// Reads the raw body up to the 1 MiB input limit (413 above).
+async fn read_input(mut payload: web::Payload) -> ApiResult<Vec<u8>> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| bad("MALFORMED_BODY", e.to_string()))?;
+        if buf.len() + chunk.len() > MAX_INPUT_BYTES {
+            return Err(ApiError::too_large(format!(
+                "the input is larger than {MAX_INPUT_BYTES} bytes"
+            )));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf)
+}
+
+fn request_id(req: &HttpRequest) -> String {
+    req.extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_else(|| hex::encode(crate::node::random_bytes::<12>()))
+}
+
+/// The guest's stdout, typed JSON when it parses as JSON.
+pub fn reply(r: Reply) -> HttpResponse {
+    let is_json = serde_json::from_slice::<serde::de::IgnoredAny>(&r.output).is_ok();
+    HttpResponse::Ok()
+        .content_type(if is_json {
+            "application/json"
+        } else {
+            "application/octet-stream"
+        })
+        .insert_header(("x-duration-ms", r.duration.as_millis().to_string()))
+        .insert_header(("x-function-version", r.version.to_string()))
+        .insert_header(("x-request-id", r.request_id))
+        .body(r.output)
+}
+
+async fn invoke(
+    req: HttpRequest,
+    ctx: NsCtx,
+    target: web::Path<String>,
+    payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    let (name, version) = split_version(&target)?;
+    ctx.require("functions", "invoke", &name)?;
+    let input = read_input(payload).await?;
+    let caller = CallerInfo {
+        subject: ctx.identity.as_ref().map(|i| i.subject.clone()),
+        request_id: request_id(&req),
+    };
+    let prepared = ctx
+        .handle
+        .ask(PrepareInvoke {
+            name,
+            version,
+            input,
+            caller,
+            trigger: Trigger::Http,
+        })
+        .await??;
+    Ok(reply(prepared.run().await?))
+}
+
+/// `POST /v1/invoke/{namespace}/{name}`: a credential of that namespace (or
+/// the operator) with `functions:invoke` may call any of its functions; anyone
+/// else only a function deployed public.
+async fn invoke_by_namespace(
+    req: HttpRequest,
+    node: web::Data<Node>,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    let (ns, target) = path.into_inner();
+    if !super::valid_namespace_name(&ns) {
+        return Err(ApiError::not_found(
+            "NAMESPACE_NOT_FOUND",
+            "namespace not found",
+        ));
+    }
+    let (name, version) = split_version(&target)?;
+    let identity = req.extensions().get::<Identity>().cloned();
+    let member = match &identity {
+        Some(i) if i.operator => true,
+        Some(i) if i.namespace.as_deref() == Some(ns.as_str()) => {
+            if !i.allows("functions", "invoke", &name) {
+                return Err(ApiError::forbidden(
+                    "MISSING_GRANT",
+                    format!("the credential lacks functions:invoke:{name}"),
+                ));
+            }
+            true
+        }
+        _ => false,
+    };
+    let input = read_input(payload).await?;
+    let handle = locate(
+        &node.supervisor,
+        &node.supervisor_stats,
+        &node.namespaces,
+        &ns,
+    )
+    .await?;
+    let caller = CallerInfo {
+        subject: identity.as_ref().map(|i| i.subject.clone()),
+        request_id: request_id(&req),
+    };
+    let prepared = handle
+        .ask(PrepareInvoke {
+            name,
+            version,
+            input,
+            caller,
+            trigger: Trigger::Public,
+        })
+        .await??;
+    if !member && !prepared.is_public {
+        return Err(match identity {
+            None => ApiError::unauthorized(
+                "MISSING_CREDENTIAL",
+                "this function is not public; it needs a credential of its namespace",
+            ),
+            Some(_) => ApiError::forbidden(
+                "NAMESPACE_MISMATCH",
+                "the credential belongs to another namespace and the function is not public",
+            ),
+        });
+    }
+    Ok(reply(prepared.run().await?))
+}

@@ -1,0 +1,753 @@
+//! Functions (DESIGN.md §4): deploy, invoke, limits as obeyed/violated pairs,
+//! bad deploys, isolation between namespaces, crash safety of a deploy and
+//! the compiled-artifact cache across a restart. Each test drives a real node.
+
+use crate::common::{NodeOpts, TEST_CONFIG, TestNode, header, http, json};
+use std::time::{Duration, Instant};
+
+/// Two workers so a stuck guest never holds the whole pool in these tests.
+fn config(extra: &str) -> String {
+    format!("{TEST_CONFIG}\n[functions]\nworkers = 2\n{extra}\n")
+}
+
+fn start(extra: &str) -> TestNode {
+    TestNode::start_with(NodeOpts {
+        config: config(extra),
+        ..Default::default()
+    })
+}
+
+fn echo_wasm() -> Vec<u8> {
+    std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/functions/echo.wasm"
+    ))
+    .unwrap()
+}
+
+const BOUNDARY: &str = "mgtestboundary7d3a91";
+
+/// A `multipart/form-data` body built by hand.
+fn multipart(parts: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (name, data) in parts {
+        b.extend_from_slice(format!("--{BOUNDARY}\r\n").as_bytes());
+        if *name == "wasm" {
+            b.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"{name}\"; filename=\"m.wasm\"\r\nContent-Type: application/wasm\r\n\r\n").as_bytes(),
+            );
+        } else {
+            b.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n").as_bytes(),
+            );
+        }
+        b.extend_from_slice(data);
+        b.extend_from_slice(b"\r\n");
+    }
+    b.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
+    b
+}
+
+fn deploy_parts(node: &TestNode, key: &str, parts: &[(&str, &[u8])]) -> (u16, String) {
+    let auth = format!("Bearer {key}");
+    let ct = format!("multipart/form-data; boundary={BOUNDARY}");
+    let (s, _, b) = http(
+        "POST",
+        &node.url("/v1/functions"),
+        &[("authorization", &auth), ("content-type", &ct)],
+        Some(&multipart(parts)),
+    );
+    (s, String::from_utf8_lossy(&b).into_owned())
+}
+
+fn deploy(node: &TestNode, key: &str, name: &str, wasm: &[u8], extra: &[(&str, &str)]) -> u64 {
+    let mut parts: Vec<(&str, &[u8])> = vec![("name", name.as_bytes()), ("wasm", wasm)];
+    for (k, v) in extra {
+        parts.push((k, v.as_bytes()));
+    }
+    let (s, b) = deploy_parts(node, key, &parts);
+    assert_eq!(s, 201, "deploy {name}: {b}");
+    json(&b)["function"]["version"].as_u64().unwrap()
+}
+
+/// Invokes `path` (a function name, maybe `@version`); returns status, headers, body.
+fn invoke(
+    node: &TestNode,
+    key: &str,
+    name: &str,
+    input: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let auth = format!("Bearer {key}");
+    http(
+        "POST",
+        &node.url(&format!("/v1/functions/{name}/invoke")),
+        &[("authorization", &auth)],
+        Some(input),
+    )
+}
+
+fn code(body: &[u8]) -> String {
+    json(&String::from_utf8_lossy(body))["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn function_names(node: &TestNode, key: &str) -> Vec<String> {
+    let (s, b) = node.with_key(key, "GET", "/v1/functions", None);
+    assert_eq!(s, 200, "{b}");
+    json(&b)["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn metric(node: &TestNode, name: &str) -> u64 {
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    let text = String::from_utf8_lossy(&b).into_owned();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+const LOOP: &str = r#"(module (func (export "_start") (loop (br 0))))"#;
+
+/// Grows memory 1 MiB at a time until refused, then insists (traps).
+const MEMORY_BOMB: &str = r#"(module (memory (export "memory") 1)
+  (func (export "_start")
+    (loop (br_if 0 (i32.ne (memory.grow (i32.const 16)) (i32.const -1))))
+    unreachable))"#;
+
+/// Grows memory by 1 MiB once; traps if refused.
+const MEMORY_ONE_MIB: &str = r#"(module (memory (export "memory") 1)
+  (func (export "_start")
+    (if (i32.eq (memory.grow (i32.const 16)) (i32.const -1)) (then unreachable))))"#;
+
+const STACK_OVERFLOW: &str = r#"(module (func $f (export "_start") (call $f)))"#;
+
+/// Recurses 1,000 deep and returns.
+const STACK_BOUNDED: &str = r#"(module
+  (func $r (param i32) (if (local.get 0) (then (call $r (i32.sub (local.get 0) (i32.const 1))))))
+  (func (export "_start") (call $r (i32.const 1000))))"#;
+
+/// Invokes itself ("chain"): the innermost refused call writes '0' - code,
+/// each level above appends '.'.
+const CHAIN: &str = r#"(module
+  (import "meshgate" "invoke" (func $invoke (param i32 i32 i32 i32 i32 i32) (result i64)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 512) "chain")
+  (func (export "_start")
+    (local $r i64) (local $len i32)
+    (local.set $r (call $invoke (i32.const 512) (i32.const 5) (i32.const 0) (i32.const 0) (i32.const 1024) (i32.const 4096)))
+    (if (i64.ge_s (local.get $r) (i64.const 0))
+      (then
+        (local.set $len (i32.wrap_i64 (local.get $r)))
+        (i32.store8 (i32.add (i32.const 1024) (local.get $len)) (i32.const 46))
+        (local.set $len (i32.add (local.get $len) (i32.const 1))))
+      (else
+        (i32.store8 (i32.const 1024) (i32.sub (i32.const 48) (i32.wrap_i64 (local.get $r))))
+        (local.set $len (i32.const 1))))
+    (i32.store (i32.const 0) (i32.const 1024))
+    (i32.store (i32.const 4) (local.get $len))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))"#;
+
+/// Tries B's KV key "secret", publishes "t1", invokes "btrig"; writes the
+/// three results as '0' - code (so "101": not found, published, not found).
+const PROBE: &str = r#"(module
+  (import "meshgate" "kv_get" (func $kv_get (param i32 i32 i32 i32) (result i64)))
+  (import "meshgate" "publish" (func $publish (param i32 i32 i32 i32) (result i32)))
+  (import "meshgate" "invoke" (func $invoke (param i32 i32 i32 i32 i32 i32) (result i64)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 512) "secret")
+  (data (i32.const 528) "t1")
+  (data (i32.const 544) "x")
+  (data (i32.const 560) "btrig")
+  (func $put (param $at i32) (param $r i64)
+    (i32.store8 (i32.add (i32.const 1024) (local.get $at))
+      (i32.sub (i32.const 48) (i32.wrap_i64 (local.get $r)))))
+  (func (export "_start")
+    (call $put (i32.const 0) (call $kv_get (i32.const 512) (i32.const 6) (i32.const 2048) (i32.const 64)))
+    (call $put (i32.const 1) (i64.extend_i32_s (call $publish (i32.const 528) (i32.const 2) (i32.const 544) (i32.const 1))))
+    (call $put (i32.const 2) (call $invoke (i32.const 560) (i32.const 5) (i32.const 0) (i32.const 0) (i32.const 2048) (i32.const 64)))
+    (i32.store (i32.const 0) (i32.const 1024))
+    (i32.store (i32.const 4) (i32.const 3))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))"#;
+
+/// Writes "1" to its namespace's KV key "hit" (a pub/sub trigger target).
+const MARK_HIT: &str = r#"(module
+  (import "meshgate" "kv_put" (func $kv_put (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 512) "hit")
+  (data (i32.const 528) "1")
+  (func (export "_start")
+    (drop (call $kv_put (i32.const 512) (i32.const 3) (i32.const 528) (i32.const 1)))))"#;
+
+/// Deploy → invoke (JSON and raw answers, headers), versions, pinning, logs, delete.
+#[test]
+fn functions_deploy_invoke_versions_logs() {
+    let node = start("");
+    let key = node.create_namespace("fa");
+    assert_eq!(deploy(&node, &key, "echo", &echo_wasm(), &[]), 1);
+    let (s, h, b) = invoke(&node, &key, "echo", br#"{"hello":1}"#);
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(b, br#"{"hello":1}"#);
+    assert_eq!(header(&h, "content-type"), Some("application/json"));
+    assert!(header(&h, "x-request-id").is_some());
+    assert!(header(&h, "x-duration-ms").is_some());
+    let (_, h, b) = invoke(&node, &key, "echo", b"raw bytes");
+    assert_eq!(b, b"raw bytes");
+    assert_eq!(header(&h, "content-type"), Some("application/octet-stream"));
+
+    // Version 2 is another module; @1 still runs the first.
+    assert_eq!(
+        deploy(&node, &key, "echo", STACK_BOUNDED.as_bytes(), &[]),
+        2
+    );
+    let (s, _, b) = invoke(&node, &key, "echo", b"x");
+    assert_eq!((s, b.as_slice()), (200, &b""[..]));
+    let (s, _, b) = invoke(&node, &key, "echo@1", b"x");
+    assert_eq!((s, b.as_slice()), (200, &b"x"[..]));
+    let (s, b) = node.with_key(&key, "GET", "/v1/functions/echo/versions", None);
+    assert_eq!(s, 200);
+    assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 2);
+
+    // Records arrive through the queue.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (s, b) = node.with_key(&key, "GET", "/v1/functions/echo/logs", None);
+        assert_eq!(s, 200);
+        if json(&b)["logs"].as_array().unwrap().len() >= 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no records: {b}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Unknown function and unknown version: 404.
+    assert_eq!(invoke(&node, &key, "nope", b"").0, 404);
+    assert_eq!(invoke(&node, &key, "echo@9", b"").0, 404);
+    // Input over 1 MiB: 413.
+    assert_eq!(
+        invoke(&node, &key, "echo", &vec![b'a'; (1 << 20) + 1]).0,
+        413
+    );
+
+    let (s, _) = node.with_key(&key, "DELETE", "/v1/functions/echo", None);
+    assert_eq!(s, 200);
+    assert_eq!(invoke(&node, &key, "echo", b"").0, 404);
+    assert!(function_names(&node, &key).is_empty());
+}
+
+/// Timeout pair: an infinite loop is 504 FUNCTION_TIMEOUT at its 1 s deadline
+/// while another invoke of the namespace succeeds meanwhile.
+#[test]
+fn functions_timeout_obeyed_and_violated() {
+    let node = start("");
+    let key = node.create_namespace("ft");
+    deploy(
+        &node,
+        &key,
+        "spin",
+        LOOP.as_bytes(),
+        &[("timeout_seconds", "1")],
+    );
+    deploy(&node, &key, "echo", &echo_wasm(), &[]);
+    let (n2, k2) = (node.base.clone(), key.clone());
+    let spin = std::thread::spawn(move || {
+        let t = Instant::now();
+        let auth = format!("Bearer {k2}");
+        let (s, _, b) = http(
+            "POST",
+            &format!("{n2}/v1/functions/spin/invoke"),
+            &[("authorization", &auth)],
+            Some(b""),
+        );
+        (s, b, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let (s, _, b) = invoke(&node, &key, "echo", b"still here");
+    assert_eq!((s, b.as_slice()), (200, &b"still here"[..]));
+    let (s, b, took) = spin.join().unwrap();
+    assert_eq!(s, 504, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(code(&b), "FUNCTION_TIMEOUT");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "took {took:?}"
+    );
+}
+
+/// Memory pair: 1 MiB of growth under a 4 MiB cap runs; a bomb under a 2 MiB
+/// cap is stopped with FUNCTION_MEMORY_LIMIT.
+#[test]
+fn functions_memory_obeyed_and_violated() {
+    let node = start("");
+    let key = node.create_namespace("fm");
+    deploy(
+        &node,
+        &key,
+        "grow",
+        MEMORY_ONE_MIB.as_bytes(),
+        &[("memory_limit_mb", "4")],
+    );
+    deploy(
+        &node,
+        &key,
+        "bomb",
+        MEMORY_BOMB.as_bytes(),
+        &[("memory_limit_mb", "2")],
+    );
+    assert_eq!(invoke(&node, &key, "grow", b"").0, 200);
+    let (s, _, b) = invoke(&node, &key, "bomb", b"");
+    assert_eq!(s, 500, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(code(&b), "FUNCTION_MEMORY_LIMIT");
+}
+
+/// Stack pair: 1,000-deep recursion runs; unbounded recursion is 500 FUNCTION_TRAPPED.
+#[test]
+fn functions_stack_obeyed_and_violated() {
+    let node = start("");
+    let key = node.create_namespace("fs");
+    deploy(&node, &key, "deep", STACK_BOUNDED.as_bytes(), &[]);
+    deploy(&node, &key, "overflow", STACK_OVERFLOW.as_bytes(), &[]);
+    assert_eq!(invoke(&node, &key, "deep", b"").0, 200);
+    let (s, _, b) = invoke(&node, &key, "overflow", b"");
+    assert_eq!(s, 500);
+    assert_eq!(code(&b), "FUNCTION_TRAPPED");
+    assert!(
+        String::from_utf8_lossy(&b).contains("stack"),
+        "{}",
+        String::from_utf8_lossy(&b)
+    );
+}
+
+/// Depth pair: a self-invoking chain runs at depths 0..=5 and the call that
+/// would be depth 6 is refused with LIMIT (-4): the answer is "4" + 5 dots.
+#[test]
+fn functions_invoke_depth_limit() {
+    let node = start("");
+    let key = node.create_namespace("fd");
+    deploy(&node, &key, "chain", CHAIN.as_bytes(), &[]);
+    let (s, _, b) = invoke(&node, &key, "chain", b"");
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(String::from_utf8_lossy(&b), "4.....");
+}
+
+/// Concurrency pair: namespace A at its cap (1) answers 429 FUNCTION_BUSY with
+/// Retry-After, while namespace B's invokes still succeed.
+#[test]
+fn functions_namespace_cap_does_not_starve_others() {
+    let node = start("namespace_concurrency = 1");
+    let ka = node.create_namespace("ca");
+    let kb = node.create_namespace("cb");
+    deploy(
+        &node,
+        &ka,
+        "spin",
+        LOOP.as_bytes(),
+        &[("timeout_seconds", "2")],
+    );
+    deploy(&node, &ka, "echo", &echo_wasm(), &[]);
+    deploy(&node, &kb, "echo", &echo_wasm(), &[]);
+    let (n2, k2) = (node.base.clone(), ka.clone());
+    let spin = std::thread::spawn(move || {
+        let auth = format!("Bearer {k2}");
+        http(
+            "POST",
+            &format!("{n2}/v1/functions/spin/invoke"),
+            &[("authorization", &auth)],
+            Some(b""),
+        )
+        .0
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (s, h, b) = invoke(&node, &ka, "echo", b"a");
+    assert_eq!(s, 429, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(code(&b), "FUNCTION_BUSY");
+    assert!(header(&h, "retry-after").is_some());
+    let (s, _, b) = invoke(&node, &kb, "echo", b"b");
+    assert_eq!((s, b.as_slice()), (200, &b"b"[..]));
+    assert_eq!(spin.join().unwrap(), 504);
+    // Once the slot is free, A is served again.
+    assert_eq!(invoke(&node, &ka, "echo", b"a").0, 200);
+}
+
+/// A bad deploy: its parts, the status and code it must get.
+type Case<'a> = (Vec<(&'a str, &'a [u8])>, u16, &'a str);
+
+/// Bad deploys: each refused with a clear code, and nothing is stored.
+#[test]
+fn functions_bad_deploys_store_nothing() {
+    let node = start("max_module_bytes = 65536");
+    let key = node.create_namespace("fb");
+    let echo = echo_wasm();
+    let unknown = r#"(module (import "env" "nope" (func)) (func (export "_start")))"#;
+    let big = vec![0u8; 70_000];
+    let cases: Vec<Case> = vec![
+        (
+            vec![("name", b"f"), ("wasm", b"hello, not wasm")],
+            400,
+            "INVALID_MODULE",
+        ),
+        (
+            vec![("name", b"f"), ("wasm", &echo[..100])],
+            400,
+            "INVALID_MODULE",
+        ),
+        (
+            vec![("name", b"f"), ("wasm", unknown.as_bytes())],
+            400,
+            "UNKNOWN_IMPORT",
+        ),
+        (vec![("name", b"f")], 400, "MISSING_PART"),
+        (vec![("wasm", &echo)], 400, "MISSING_PART"),
+        (
+            vec![("name", b"f"), ("wasm", &echo), ("memory_limit_mb", b"0")],
+            400,
+            "INVALID_LIMIT",
+        ),
+        (
+            vec![("name", b"f"), ("wasm", &echo), ("memory_limit_mb", b"257")],
+            400,
+            "INVALID_LIMIT",
+        ),
+        (
+            vec![("name", b"f"), ("wasm", &echo), ("timeout_seconds", b"61")],
+            400,
+            "INVALID_LIMIT",
+        ),
+        (
+            vec![
+                ("name", b"f"),
+                ("wasm", &echo),
+                ("metadata", br#"{"cron":"* *"}"#),
+            ],
+            400,
+            "INVALID_CRON",
+        ),
+        (
+            vec![("name", b"f"), ("wasm", &echo), ("metadata", b"{nope")],
+            400,
+            "INVALID_METADATA",
+        ),
+        (
+            vec![("name", b"Bad/Name"), ("wasm", &echo)],
+            400,
+            "INVALID_NAME",
+        ),
+        (
+            vec![("name", b"f"), ("wasm", &big)],
+            413,
+            "MODULE_TOO_LARGE",
+        ),
+    ];
+    for (parts, status, want) in cases {
+        let (s, b) = deploy_parts(&node, &key, &parts);
+        assert_eq!((s, code(b.as_bytes()).as_str()), (status, want), "{b}");
+        if want == "UNKNOWN_IMPORT" {
+            assert!(b.contains("env::nope"), "the import is named: {b}");
+        }
+        assert!(
+            function_names(&node, &key).is_empty(),
+            "stored after {want}"
+        );
+    }
+    // Not multipart at all.
+    let (s, _) = node.with_key(&key, "POST", "/v1/functions", Some(b"{}"));
+    assert_eq!(s, 400);
+    assert!(function_names(&node, &key).is_empty());
+}
+
+/// Isolation: A's function reaches neither B's KV, nor B's topics (B's
+/// trigger does not fire), nor B's functions, by nested invoke or HTTP.
+#[test]
+fn functions_namespaces_are_isolated() {
+    let node = start("");
+    let ka = node.create_namespace("ia");
+    let kb = node.create_namespace("ib");
+    let (s, _) = node.with_key(&kb, "PUT", "/v1/kv/secret", Some(b"b-data"));
+    assert_eq!(s, 200);
+    deploy(
+        &node,
+        &kb,
+        "btrig",
+        MARK_HIT.as_bytes(),
+        &[("metadata", r#"{"pubsub_topics":["t*"]}"#)],
+    );
+    deploy(&node, &ka, "probe", PROBE.as_bytes(), &[]);
+
+    let (s, _, b) = invoke(&node, &ka, "probe", b"");
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(
+        String::from_utf8_lossy(&b),
+        "101",
+        "not found, published, not found"
+    );
+
+    // HTTP: A's credential cannot call B's function by either route.
+    assert_eq!(invoke(&node, &ka, "btrig", b"").0, 404);
+    let auth = format!("Bearer {ka}");
+    let (s, _, _) = http(
+        "POST",
+        &node.url("/v1/invoke/ib/btrig"),
+        &[("authorization", &auth)],
+        Some(b""),
+    );
+    assert_eq!(s, 403);
+    let (s, _, _) = http("POST", &node.url("/v1/invoke/ib/btrig"), &[], Some(b""));
+    assert_eq!(s, 401, "not public: anonymous refused");
+
+    // A's publish of "t1" did not fire B's trigger.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(node.with_key(&kb, "GET", "/v1/kv/hit", None).0, 404);
+
+    // The pair: a publish in B fires B's trigger.
+    let (s, b) = node.with_key(
+        &kb,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(br#"{"topic":"t1","data_base64":"eA=="}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while node.with_key(&kb, "GET", "/v1/kv/hit", None).0 != 200 {
+        assert!(Instant::now() < deadline, "B's trigger never fired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A public function answers anonymous callers on /v1/invoke/{namespace}/{name}.
+#[test]
+fn functions_public_route() {
+    let node = start("");
+    let key = node.create_namespace("pub");
+    deploy(&node, &key, "echo", &echo_wasm(), &[("is_public", "true")]);
+    let (s, _, b) = http("POST", &node.url("/v1/invoke/pub/echo"), &[], Some(b"hi"));
+    assert_eq!((s, b.as_slice()), (200, &b"hi"[..]));
+    let (s, _, _) = http("POST", &node.url("/v1/invoke/pub/none"), &[], Some(b"hi"));
+    assert_eq!(s, 404);
+}
+
+/// Secrets are listed by name only and reach the guest as env vars (not shown here:
+/// the C echo does not print env); deleting one makes it 404.
+#[test]
+fn functions_secrets() {
+    let node = start("");
+    let key = node.create_namespace("sec");
+    let (s, b) = node.with_key(
+        &key,
+        "PUT",
+        "/v1/functions/secrets",
+        Some(br#"{"key":"API_TOKEN","value":"hunter2"}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = node.with_key(&key, "GET", "/v1/functions/secrets", None);
+    assert_eq!(s, 200);
+    assert_eq!(json(&b)["secrets"], serde_json::json!(["API_TOKEN"]));
+    assert!(!b.contains("hunter2"));
+    let (s, _) = node.with_key(&key, "DELETE", "/v1/functions/secrets/API_TOKEN", None);
+    assert_eq!(s, 200);
+    let (s, _) = node.with_key(&key, "DELETE", "/v1/functions/secrets/API_TOKEN", None);
+    assert_eq!(s, 404);
+}
+
+/// SIGKILL in the middle of a deploy: after a restart the function is at its
+/// old version or its new one and answers; the restart serves the first
+/// invoke from the artifact cache (no compile).
+#[test]
+fn functions_crash_during_deploy_and_warm_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let opts = NodeOpts {
+        config: config(""),
+        data_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let mut node = TestNode::start_with(opts.clone());
+    let key = node.create_namespace("crash");
+    deploy(&node, &key, "f", &echo_wasm(), &[]);
+    for (i, delay_ms) in [0u64, 5, 20, 60].into_iter().enumerate() {
+        // A different module each round, so every deploy compiles and stores a blob.
+        let wat = format!(r#"(module (func (export "_start")) (func (export "round_{i}")))"#);
+        let body = multipart(&[("name", b"f"), ("wasm", wat.as_bytes())]);
+        let url = node.url("/v1/functions");
+        let auth = format!("Bearer {key}");
+        let t = std::thread::spawn(move || {
+            let ct = format!("multipart/form-data; boundary={BOUNDARY}");
+            std::panic::catch_unwind(|| {
+                http(
+                    "POST",
+                    &url,
+                    &[("authorization", &auth), ("content-type", &ct)],
+                    Some(&body),
+                )
+            })
+            .ok()
+        });
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        node.kill9();
+        let _ = t.join();
+        node = TestNode::start_with(opts.clone());
+        let (s, b) = node.with_key(&key, "GET", "/v1/functions/f", None);
+        assert_eq!(s, 200, "{b}");
+        let v = json(&b)["function"]["current_version"].as_u64().unwrap();
+        assert!(v >= 1 && v <= 2 + i as u64, "version {v}");
+        let (s, _, b) = invoke(&node, &key, "f", b"ping");
+        assert_eq!(s, 200, "round {i}: {}", String::from_utf8_lossy(&b));
+    }
+    // A clean restart: the first invoke loads the compiled artifact.
+    node.kill9();
+    let node = TestNode::start_with(opts);
+    let (s, _, _) = invoke(&node, &key, "f", b"ping");
+    assert_eq!(s, 200);
+    assert_eq!(metric(&node, "meshgate_wasm_cache_misses_total"), 0);
+    assert!(metric(&node, "meshgate_wasm_cache_hits_total") >= 1);
+    drop(tmp);
+}
+
+/// Cron: a 6-field every-second schedule fires the function, and keeps firing
+/// after a restart without any request touching the namespace.
+#[test]
+fn functions_cron_trigger() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = NodeOpts {
+        config: config(""),
+        data_dir: Some(tmp.path().join("data")),
+        ..Default::default()
+    };
+    let mut node = TestNode::start_with(opts.clone());
+    let key = node.create_namespace("cron");
+    deploy(
+        &node,
+        &key,
+        "tick",
+        MARK_HIT.as_bytes(),
+        &[("metadata", r#"{"cron":"* * * * * *"}"#)],
+    );
+    let wait_hit = |node: &TestNode| {
+        let deadline = Instant::now() + Duration::from_secs(6);
+        while node.with_key(&key, "GET", "/v1/kv/hit", None).0 != 200 {
+            assert!(Instant::now() < deadline, "cron never fired");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_hit(&node);
+    node.kill9();
+    // After a restart no request touches the namespace: only /metrics is read.
+    let node = TestNode::start_with(opts);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    loop {
+        let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+        let text = String::from_utf8_lossy(&b).into_owned();
+        let fired = text
+            .lines()
+            .find(|l| l.starts_with("meshgate_function_invocations_total{namespace=\"cron\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if fired >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cron did not fire after the restart"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The CLI deploys, lists, invokes and deletes.
+#[test]
+fn functions_cli() {
+    let node = start("");
+    let key = node.create_namespace("cli");
+    let run = |args: &[&str], stdin: Option<&[u8]>| {
+        use std::io::Write;
+        let mut c = std::process::Command::new(crate::common::bin())
+            .args(args)
+            .args(["--url", node.base.as_str(), "--key", key.as_str()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(i) = stdin {
+            c.stdin.take().unwrap().write_all(i).unwrap();
+        }
+        drop(c.stdin.take());
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let echo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/functions/echo.wasm");
+    let out = run(
+        &["fn", "deploy", echo, "--name", "echo", "--timeout", "5"],
+        None,
+    );
+    assert!(out.contains("\"version\": 1"), "{out}");
+    assert!(run(&["fn", "list"], None).contains("\"echo\""));
+    assert_eq!(run(&["fn", "invoke", "echo", "hello"], None), "hello");
+    assert_eq!(
+        run(&["fn", "invoke", "echo"], Some(b"from stdin")),
+        "from stdin"
+    );
+    let _ = run(&["fn", "logs", "echo"], None);
+    run(&["fn", "delete", "echo"], None);
+    assert!(!run(&["fn", "list"], None).contains("\"echo\""));
+}
+
+/// Publishes "loop" again whenever it runs (a trigger that feeds itself).
+const REPUBLISH: &str = r#"(module
+  (import "meshgate" "publish" (func $publish (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 512) "loop")
+  (func (export "_start")
+    (drop (call $publish (i32.const 512) (i32.const 4) (i32.const 512) (i32.const 4)))))"#;
+
+fn invocations(node: &TestNode, ns: &str) -> u64 {
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    let prefix = format!("meshgate_function_invocations_total{{namespace=\"{ns}\"}}");
+    String::from_utf8_lossy(&b)
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// Trigger depth: a function triggered by the topic it publishes to runs
+/// exactly 5 times for one client publish (depths 1 to 5), then the chain stops.
+#[test]
+fn functions_pubsub_trigger_depth_is_bounded() {
+    let node = start("");
+    let key = node.create_namespace("loopns");
+    deploy(
+        &node,
+        &key,
+        "again",
+        REPUBLISH.as_bytes(),
+        &[("metadata", r#"{"pubsub_topics":["loop"]}"#)],
+    );
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(br#"{"topic":"loop","data_base64":"eA=="}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while invocations(&node, "loopns") < 5 {
+        assert!(Instant::now() < deadline, "chain stalled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(invocations(&node, "loopns"), 5);
+}

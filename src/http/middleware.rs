@@ -31,6 +31,9 @@ fn short_circuit<B>(req: ServiceRequest, err: ApiError) -> ServiceResponse<Eithe
         .map_into_right_body()
 }
 
+/// Bodies smaller than this are sent uncompressed.
+const SMALL_BODY: u64 = 1024;
+
 /// Probes and `/metrics`: answered before anything else, outside the chain and
 /// not counted in request metrics.
 pub async fn probes(
@@ -41,10 +44,17 @@ pub async fn probes(
     if !matches!(path, "/livez" | "/readyz" | "/startupz" | "/metrics")
         || req.method() != actix_web::http::Method::GET
     {
-        return next
-            .call(req)
-            .await
-            .map(ServiceResponse::map_into_left_body);
+        let mut res = next.call(req).await?;
+        // The marker set by `admission` kept Compress off a small body; the
+        // client never sees it.
+        if res
+            .headers()
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| v == "identity")
+        {
+            res.headers_mut().remove(header::CONTENT_ENCODING);
+        }
+        return Ok(res.map_into_left_body());
     }
     let node = node(&req);
     let resp = match path {
@@ -106,8 +116,19 @@ pub async fn admission(
     }
     let start = Instant::now();
     node.metrics.http_in_flight.inc();
-    let res = next.call(req).await;
+    let mut res = next.call(req).await;
     node.metrics.http_in_flight.dec();
+    // Compressing a body under 1 KiB costs more (a fresh encoder per response)
+    // than it saves; mark it so Compress leaves it alone.
+    if let Ok(r) = &mut res
+        && matches!(r.response().body().size(), actix_web::body::BodySize::Sized(n) if n < SMALL_BODY)
+        && !r.headers().contains_key(header::CONTENT_ENCODING)
+    {
+        r.headers_mut().insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
     let status = match &res {
         Ok(r) => r.status(),
         Err(e) => e.as_response_error().status_code(),

@@ -370,15 +370,12 @@ where
 /// one seam they replace. Answers `{"id","ok":true,"result":<value>}` on success.
 pub fn invoke_hook(
     _node: Node,
-    _ns: NsHandle,
-    _identity: Option<Identity>,
-    _function: String,
-    _input: Bytes,
+    ns: NsHandle,
+    identity: Option<Identity>,
+    function: String,
+    input: Bytes,
 ) -> LocalBoxFuture<'static, Result<Value, FrameError>> {
-    Box::pin(std::future::ready(Err(FrameError::new(
-        "NOT_IMPLEMENTED",
-        "invoking functions over /v1/ws is not available yet",
-    ))))
+    crate::functions::ws_invoke(ns, identity, function, input)
 }
 
 impl Actor for WsSession {

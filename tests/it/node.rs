@@ -364,3 +364,27 @@ fn bad_requests_get_the_envelope() {
     assert_eq!(header(&h, "x-content-type-options"), Some("nosniff"));
     assert_eq!(header(&h, "cache-control"), Some("no-store"));
 }
+
+/// Compression wraps the chain: a large answer is gzipped for a client that
+/// accepts it; a small one is sent as is (an encoder per tiny body costs more
+/// than it saves).
+#[test]
+fn large_answers_compressed_small_ones_not() {
+    let node = TestNode::start();
+    let key = node.create_namespace("gz");
+    let big = vec![b'a'; 64 * 1024];
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/big", Some(&big)).0, 200);
+    let auth = format!("Bearer {key}");
+    let gz = [
+        ("authorization", auth.as_str()),
+        ("accept-encoding", "gzip"),
+    ];
+    let (s, h, body) = http("GET", &node.url("/v1/kv/big"), &gz, None);
+    assert_eq!(s, 200);
+    assert_eq!(header(&h, "content-encoding"), Some("gzip"));
+    assert!(body.len() < big.len() / 10, "{} bytes", body.len());
+    let (s, h, body) = http("GET", &node.url("/v1/health"), &gz, None);
+    assert_eq!(s, 200);
+    assert_eq!(header(&h, "content-encoding"), None);
+    assert!(body.starts_with(b"{"));
+}

@@ -611,7 +611,7 @@ async fn socket_errors_answered_as_documented() {
     let v = next_json(&mut s).await;
     assert_eq!(
         (v["id"].clone(), v["error"]["code"].clone()),
-        (5.into(), "NOT_IMPLEMENTED".into())
+        (5.into(), "FUNCTION_NOT_FOUND".into())
     );
     assert_eq!(
         next_json(&mut s).await,

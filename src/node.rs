@@ -36,6 +36,8 @@ pub struct NodeInner {
     pub secrets: Secrets,
     /// The hop-MAC key, when this node has a cluster secret.
     pub hop_key: Option<crate::auth::HopKey>,
+    /// JWTs already verified, until they expire.
+    pub token_cache: crate::http::TokenCache,
     /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
     pub jwt: crate::auth::JwtKeys,
     phase: AtomicU8,
@@ -232,6 +234,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         secrets,
         jwt,
         hop_key,
+        token_cache: Default::default(),
         phase: AtomicU8::new(Phase::Starting as u8),
         draining,
         pubsub,

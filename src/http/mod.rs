@@ -11,7 +11,7 @@ pub use chain::{Identity, Limiters, Target};
 pub use error::{ApiError, ApiResult};
 pub use middleware::RequestId;
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
-pub use routes::now;
+pub use routes::{TokenCache, now};
 
 use crate::node::Node;
 use actix_web::middleware::from_fn;

@@ -7,7 +7,7 @@ mod namespaces;
 mod pubsub;
 mod system;
 
-pub use auth::authenticate;
+pub use auth::{TokenCache, authenticate};
 
 use super::chain::{Identity, Target};
 use super::error::ApiError;

@@ -93,6 +93,8 @@ pub enum Trigger {
     Pubsub,
     /// A cron trigger.
     Cron,
+    /// The namespace's claims provider, when one of its tokens is issued.
+    Claims,
 }
 
 impl Trigger {
@@ -103,6 +105,7 @@ impl Trigger {
             Trigger::Ws => "ws",
             Trigger::Pubsub => "pubsub",
             Trigger::Cron => "cron",
+            Trigger::Claims => "claims",
         }
     }
 }

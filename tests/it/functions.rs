@@ -751,3 +751,80 @@ fn functions_pubsub_trigger_depth_is_bounded() {
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(invocations(&node, "loopns"), 5);
 }
+
+/// The claims provider: a function of the namespace adds custom claims to the
+/// namespace's tokens (at issue and at refresh); one that answers no JSON object
+/// fails the issue with 502; an unknown function cannot be named.
+#[test]
+fn claims_provider_adds_custom_claims() {
+    let node = TestNode::start();
+    let key = node.create_namespace("claims");
+    deploy(&node, &key, "echo", &echo_wasm(), &[]);
+    let (s, b) = node.op(
+        "PUT",
+        "/v1/namespaces/claims/claims-provider",
+        Some(r#"{"function":"nope"}"#),
+    );
+    assert_eq!(s, 404, "{b}");
+    let (s, b) = node.op(
+        "PUT",
+        "/v1/namespaces/claims/claims-provider",
+        Some(r#"{"function":"echo"}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    // The echo provider answers its input, a JSON object: {subject, namespace, grants}.
+    let body = format!(r#"{{"api_key":"{key}"}}"#);
+    let (s, b) = node.with_key("", "POST", "/v1/auth/token", Some(body.as_bytes()));
+    assert_eq!(s, 200, "{b}");
+    let tokens = json(&b);
+    let tok = tokens["access_token"].as_str().unwrap().to_string();
+    let (s, b) = node.with_key(&tok, "GET", "/v1/auth/whoami", None);
+    assert_eq!(s, 200, "{b}");
+    let who = json(&b);
+    assert_eq!(who["custom"]["namespace"], "claims");
+    assert_eq!(who["custom"]["subject"], who["subject"]);
+    // Refresh runs it again.
+    let rt = tokens["refresh_token"].as_str().unwrap();
+    let (s, b) = node.with_key(
+        "",
+        "POST",
+        "/v1/auth/refresh",
+        Some(format!(r#"{{"refresh_token":"{rt}"}}"#).as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    let tok2 = json(&b)["access_token"].as_str().unwrap().to_string();
+    assert_eq!(
+        json(&node.with_key(&tok2, "GET", "/v1/auth/whoami", None).1)["custom"]["namespace"],
+        "claims"
+    );
+    // A provider whose output is not a JSON object fails the issue.
+    let not_json = "(module (import \"wasi_snapshot_preview1\" \"fd_write\" (func $w (param i32 i32 i32 i32) (result i32))) (memory (export \"memory\") 1) (data (i32.const 16) \"plain\") (func (export \"_start\") (i32.store (i32.const 0) (i32.const 16)) (i32.store (i32.const 4) (i32.const 5)) (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))";
+    deploy(&node, &key, "plain", not_json.as_bytes(), &[]);
+    assert_eq!(
+        node.op(
+            "PUT",
+            "/v1/namespaces/claims/claims-provider",
+            Some(r#"{"function":"plain"}"#)
+        )
+        .0,
+        200
+    );
+    let (s, b) = node.with_key("", "POST", "/v1/auth/token", Some(body.as_bytes()));
+    assert_eq!(s, 502, "{b}");
+    assert_eq!(json(&b)["error"]["code"], "CLAIMS_PROVIDER_FAILED");
+    // Removing it restores plain tokens.
+    assert_eq!(
+        node.op(
+            "PUT",
+            "/v1/namespaces/claims/claims-provider",
+            Some(r#"{"function":null}"#)
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        node.with_key("", "POST", "/v1/auth/token", Some(body.as_bytes()))
+            .0,
+        200
+    );
+}

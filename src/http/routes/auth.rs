@@ -168,6 +168,77 @@ impl TokenCache {
     }
 }
 
+/// Largest custom-claims object a claims provider may return, in bytes.
+pub const MAX_CUSTOM_CLAIMS: usize = 4096;
+
+/// The custom claims of a token: the output of the namespace's claims provider
+/// (a function of that namespace, run in its own invoker with
+/// `{"subject","namespace","grants"}` on stdin), or null when it has none. A
+/// provider that fails or answers anything but a JSON object fails the token
+/// issue (502 `CLAIMS_PROVIDER_FAILED`): claims may carry authorization, so
+/// they are never silently dropped.
+async fn custom_claims(
+    node: &Node,
+    ns: &str,
+    subject: &str,
+    grants: &[String],
+) -> ApiResult<serde_json::Value> {
+    use crate::functions::{CallerInfo, Trigger};
+    let record = node
+        .store
+        .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
+        .await?;
+    let Some(provider) = record.and_then(|r| r.claims_provider) else {
+        return Ok(serde_json::Value::Null);
+    };
+    let failed = |m: String| {
+        ApiError::new(
+            actix_web::http::StatusCode::BAD_GATEWAY,
+            "CLAIMS_PROVIDER_FAILED",
+            m,
+        )
+    };
+    let h = crate::actors::locate(
+        &node.supervisor,
+        &node.supervisor_stats,
+        &node.namespaces,
+        ns,
+    )
+    .await?;
+    let input = json!({"subject": subject, "namespace": ns, "grants": grants})
+        .to_string()
+        .into_bytes();
+    let caller = CallerInfo {
+        subject: Some(subject.to_string()),
+        request_id: hex::encode(crate::node::random_bytes::<12>()),
+    };
+    let prepared = h
+        .ask(crate::actors::PrepareInvoke {
+            name: provider.clone(),
+            version: None,
+            input,
+            caller,
+            trigger: Trigger::Claims,
+        })
+        .await?
+        .map_err(|e| failed(format!("claims provider {provider:?}: {e}")))?;
+    let reply = prepared
+        .run()
+        .await
+        .map_err(|e| failed(format!("claims provider {provider:?}: {e}")))?;
+    if reply.output.len() > MAX_CUSTOM_CLAIMS {
+        return Err(failed(format!(
+            "the claims provider answered more than {MAX_CUSTOM_CLAIMS} bytes"
+        )));
+    }
+    match serde_json::from_slice::<serde_json::Value>(&reply.output) {
+        Ok(v) if v.is_object() => Ok(v),
+        _ => Err(failed(
+            "the claims provider did not answer a JSON object".into(),
+        )),
+    }
+}
+
 /// Signs an access token and opens a refresh family; the token-pair answer.
 async fn token_pair(
     node: &Node,
@@ -178,6 +249,7 @@ async fn token_pair(
     let t = now();
     let iss = &node.config.server.public_url;
     let mut claims = Claims::new(iss, iss, subject, ns, grants.clone(), t)?;
+    claims.custom = custom_claims(node, ns, subject, &grants).await?;
     let ttl = node.config.auth.access_token_seconds;
     claims.exp = t + ttl;
     let access = node.jwt.sign(&claims);
@@ -240,6 +312,8 @@ async fn refresh(
         t,
     )?;
     claims.exp = t + node.config.auth.access_token_seconds;
+    claims.custom =
+        custom_claims(&node, &record.namespace, &record.subject, &record.grants).await?;
     Ok(HttpResponse::Ok().json(json!({
         "access_token": node.jwt.sign(&claims), "token_type": "Bearer",
         "expires_in": node.config.auth.access_token_seconds, "refresh_token": new_refresh,

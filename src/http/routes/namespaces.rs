@@ -43,6 +43,12 @@ pub fn register(t: &mut RouteTable) {
         "/v1/namespaces/{name}/debug/panic",
         Policy::Operator,
         web::post().to(panic),
+    )
+    .add(
+        Method::PUT,
+        "/v1/namespaces/{name}/claims-provider",
+        Policy::Operator,
+        web::put().to(set_claims_provider),
     );
 }
 
@@ -194,4 +200,41 @@ async fn panic(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<Http
     .await?;
     let r = h.ask(InjectPanic).await?;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "panicked": r.is_err()})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimsProviderRequest {
+    /// A function of the namespace, or null to remove the provider.
+    function: Option<String>,
+}
+
+/// Names the function that adds custom claims to the namespace's tokens.
+async fn set_claims_provider(
+    node: web::Data<Node>,
+    name: web::Path<String>,
+    body: web::Json<ClaimsProviderRequest>,
+) -> ApiResult<HttpResponse> {
+    let key = ns_key(&name);
+    let Some(mut record) = node.store.get_json::<NamespaceRecord>(&key).await? else {
+        return Err(ApiError::not_found(
+            "NAMESPACE_NOT_FOUND",
+            "namespace not found",
+        ));
+    };
+    if let Some(f) = &body.function
+        && node
+            .store
+            .get(&crate::functions::fn_key(&name, f))
+            .await?
+            .is_none()
+    {
+        return Err(ApiError::not_found(
+            "FUNCTION_NOT_FOUND",
+            format!("no function {f:?} in {name}"),
+        ));
+    }
+    record.claims_provider = body.function.clone();
+    node.store.put_json(&key, &record).await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "namespace": record})))
 }

@@ -188,7 +188,7 @@ pub fn parse_grants<S: AsRef<str>>(grants: &[S]) -> Result<Vec<Grant>, AuthError
 
 /// `*` = any run (also empty), `?` = one character; everything else literal.
 /// Iterative with one backtrack point: O(len(pattern) * len(text)) worst case.
-fn glob_match(pattern: &str, text: &str) -> bool {
+pub fn glob_match(pattern: &str, text: &str) -> bool {
     if pattern == "*" {
         return true;
     }

@@ -22,7 +22,10 @@ pub use self::{
         parse as parse_api_key,
     },
     error::{AuthError, Result, TokenPart},
-    grants::{ACTIONS, DOMAINS, Grant, Role, allows, allows_action, grants_cover, parse_grants},
+    grants::{
+        ACTIONS, DOMAINS, Grant, Role, allows, allows_action, glob_match, grants_cover,
+        parse_grants,
+    },
     hopmac::{
         HOP_CUSTOM_HEADER, HOP_DEVICE_HEADER, HOP_EXP_HEADER, HOP_GRANTS_HEADER, HOP_HEADER_PREFIX,
         HOP_HEADERS, HOP_IAT_HEADER, HOP_JTI_HEADER, HOP_MAC_HEADER, HOP_MAC_WINDOW,

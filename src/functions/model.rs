@@ -208,25 +208,7 @@ pub fn parse_cron(expr: &str) -> FnResult<cron::Schedule> {
 /// Glob match of a topic against a trigger pattern: `*` any run of
 /// characters (including none), `?` one character, everything else literal.
 pub fn topic_matches(pattern: &str, topic: &str) -> bool {
-    let (p, t) = (pattern.as_bytes(), topic.as_bytes());
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == b'?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == b'*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&b| b == b'*')
+    crate::auth::glob_match(pattern, topic)
 }
 
 /// `fn/<ns>/<name>`.

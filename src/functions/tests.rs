@@ -15,6 +15,8 @@ fn functions_topic_globs() {
     assert!(topic_matches("a*b*c", "axxbyyc"));
     assert!(!topic_matches("a*b*c", "axxbyy"));
     assert!(topic_matches("exact", "exact"));
+    // A literal `*` in the topic does not use up the pattern's wildcard.
+    assert!(topic_matches("*x", "*ax"));
 }
 
 /// Cron takes 5 or 6 fields and refuses the rest.

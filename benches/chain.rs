@@ -7,7 +7,7 @@
 //! argument) it runs a short smoke round so the bench stays working.
 
 use actix_web::{App, HttpResponse, HttpServer, web};
-use meshgate::actors::{KvGet, locate};
+use meshgate::actors::KvGet;
 use meshgate::config::Config;
 use meshgate::node::Node;
 use std::sync::Arc;
@@ -17,14 +17,7 @@ use std::time::{Duration, Instant};
 const CONNECTIONS: usize = 32;
 
 async fn bare_kv(node: web::Data<Node>, key: web::Path<String>) -> HttpResponse {
-    let h = locate(
-        &node.supervisor,
-        &node.supervisor_stats,
-        &node.namespaces,
-        "bench",
-    )
-    .await
-    .unwrap();
+    let h = node.locate("bench").await.unwrap();
     match h
         .ask(KvGet {
             key: key.into_inner(),

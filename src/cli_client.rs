@@ -60,15 +60,7 @@ pub async fn call(
     if resp.status().is_success() {
         Ok(v)
     } else {
-        let code = v
-            .pointer("/error/code")
-            .and_then(Value::as_str)
-            .unwrap_or("ERROR");
-        let msg = v
-            .pointer("/error/message")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        Err(format!("{} {code}: {msg}", resp.status().as_u16()))
+        Err(error_text(resp.status().as_u16(), &v))
     }
 }
 
@@ -106,15 +98,7 @@ async fn call_raw(
         return Ok(bytes.to_vec());
     }
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let code = v
-        .pointer("/error/code")
-        .and_then(Value::as_str)
-        .unwrap_or("ERROR");
-    let msg = v
-        .pointer("/error/message")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    Err(format!("{} {code}: {msg}", resp.status().as_u16()))
+    Err(error_text(resp.status().as_u16(), &v))
 }
 
 /// A `multipart/form-data` body of named parts.
@@ -340,4 +324,17 @@ fn urlencode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// `STATUS CODE: message` from the JSON error envelope.
+fn error_text(status: u16, v: &Value) -> String {
+    let code = v
+        .pointer("/error/code")
+        .and_then(Value::as_str)
+        .unwrap_or("ERROR");
+    let msg = v
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    format!("{status} {code}: {msg}")
 }

@@ -63,6 +63,20 @@ impl std::ops::Deref for Node {
 }
 
 impl Node {
+    /// The running supervisor of a namespace, started now if the namespace exists.
+    pub async fn locate(
+        &self,
+        name: &str,
+    ) -> Result<crate::actors::NsHandle, crate::actors::LocateError> {
+        crate::actors::locate(
+            &self.supervisor,
+            &self.supervisor_stats,
+            &self.namespaces,
+            name,
+        )
+        .await
+    }
+
     pub fn phase(&self) -> Phase {
         match self.phase.load(Ordering::Acquire) {
             0 => Phase::Starting,

@@ -199,6 +199,14 @@ impl Handler<InjectPanic> for NamespaceSupervisor {
     }
 }
 
+/// The store key of a namespace KV key, after checking its length.
+fn kv_key(ns: &str, key: &str) -> NsResult<Vec<u8>> {
+    check_key(key)?;
+    let mut k = kv_prefix(ns);
+    k.extend_from_slice(key.as_bytes());
+    Ok(k)
+}
+
 fn check_key(key: &str) -> NsResult<()> {
     if key.is_empty() || key.len() > MAX_KV_KEY {
         return Err(NsError::BadInput(format!(
@@ -222,9 +230,7 @@ impl Handler<KvGet> for NamespaceSupervisor {
         let store = self.store.clone();
         let ns = self.name.clone();
         Box::pin(async move {
-            check_key(&msg.key)?;
-            let mut k = kv_prefix(&ns);
-            k.extend_from_slice(msg.key.as_bytes());
+            let k = kv_key(&ns, &msg.key)?;
             Ok(store.get(&k).await?)
         })
     }
@@ -245,9 +251,7 @@ impl Handler<KvPut> for NamespaceSupervisor {
         let store = self.store.clone();
         let ns = self.name.clone();
         Box::pin(async move {
-            check_key(&msg.key)?;
-            let mut k = kv_prefix(&ns);
-            k.extend_from_slice(msg.key.as_bytes());
+            let k = kv_key(&ns, &msg.key)?;
             Ok(store.put(&k, &msg.value).await?)
         })
     }
@@ -267,9 +271,7 @@ impl Handler<KvDelete> for NamespaceSupervisor {
         let store = self.store.clone();
         let ns = self.name.clone();
         Box::pin(async move {
-            check_key(&msg.key)?;
-            let mut k = kv_prefix(&ns);
-            k.extend_from_slice(msg.key.as_bytes());
+            let k = kv_key(&ns, &msg.key)?;
             Ok(store.delete(&k).await?)
         })
     }

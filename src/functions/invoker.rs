@@ -280,13 +280,7 @@ pub fn wake_namespaces_with_functions(node: &crate::node::Node) {
             .collect();
         names.dedup();
         for ns in names {
-            let _ = crate::actors::locate(
-                &node.supervisor,
-                &node.supervisor_stats,
-                &node.namespaces,
-                &ns,
-            )
-            .await;
+            let _ = node.locate(&ns).await;
         }
     });
 }

@@ -198,13 +198,7 @@ async fn custom_claims(
             m,
         )
     };
-    let h = crate::actors::locate(
-        &node.supervisor,
-        &node.supervisor_stats,
-        &node.namespaces,
-        ns,
-    )
-    .await?;
+    let h = node.locate(ns).await?;
     let input = json!({"subject": subject, "namespace": ns, "grants": grants})
         .to_string()
         .into_bytes();

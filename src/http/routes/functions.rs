@@ -6,7 +6,7 @@
 use super::NsCtx;
 use crate::actors::{
     DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
-    ListSecrets, PrepareInvoke, PutSecret, ShowFunction, locate,
+    ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
 };
 use crate::functions::{
     CallerInfo, DeployRequest, FunctionMetadata, MAX_LOGS, Reply, Trigger, valid_function_name,
@@ -423,13 +423,7 @@ async fn invoke_by_namespace(
         _ => false,
     };
     let input = read_input(payload).await?;
-    let handle = locate(
-        &node.supervisor,
-        &node.supervisor_stats,
-        &node.namespaces,
-        &ns,
-    )
-    .await?;
+    let handle = node.locate(&ns).await?;
     let caller = CallerInfo {
         subject: identity.as_ref().map(|i| i.subject.clone()),
         request_id: request_id(&req),

@@ -12,7 +12,7 @@ pub use auth::{TokenCache, authenticate};
 use super::chain::{Identity, Target};
 use super::error::ApiError;
 use super::policy::RouteTable;
-use crate::actors::{NsHandle, locate};
+use crate::actors::NsHandle;
 use crate::node::Node;
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
@@ -88,13 +88,7 @@ impl FromRequest for NsCtx {
             let name = target.ok_or_else(|| {
                 ApiError::bad_request("NAMESPACE_REQUIRED", "no target namespace")
             })?;
-            let handle = locate(
-                &node.supervisor,
-                &node.supervisor_stats,
-                &node.namespaces,
-                &name,
-            )
-            .await?;
+            let handle = node.locate(&name).await?;
             Ok(NsCtx {
                 name,
                 handle,

@@ -1,7 +1,7 @@
 //! `/v1/namespaces`: created, listed, shown and deleted by the operator.
 
 use super::{now, valid_namespace_name};
-use crate::actors::{Forget, GetInfo, InjectPanic, NamespaceRecord, locate, ns_key};
+use crate::actors::{Forget, GetInfo, InjectPanic, NamespaceRecord, ns_key};
 use crate::auth::{KeyKind, Role};
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
@@ -137,13 +137,7 @@ async fn list(node: web::Data<Node>) -> ApiResult<HttpResponse> {
 }
 
 async fn show(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
-    let h = locate(
-        &node.supervisor,
-        &node.supervisor_stats,
-        &node.namespaces,
-        &name,
-    )
-    .await?;
+    let h = node.locate(&name).await?;
     let info = h.ask(GetInfo).await??;
     Ok(HttpResponse::Ok().json(info))
 }
@@ -191,13 +185,7 @@ async fn panic(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<Http
     if !node.config.debug.fault_injection {
         return Err(ApiError::not_found("NOT_FOUND", "no such route"));
     }
-    let h = locate(
-        &node.supervisor,
-        &node.supervisor_stats,
-        &node.namespaces,
-        &name,
-    )
-    .await?;
+    let h = node.locate(&name).await?;
     let r = h.ask(InjectPanic).await?;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "panicked": r.is_err()})))
 }

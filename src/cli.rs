@@ -175,7 +175,12 @@ fn serve(args: ServeArgs) -> ExitCode {
     let result = system.block_on(async move {
         let running = crate::node::start(config).await?;
         // Scripts and tests read this line to find the bound port.
-        println!("meshgate listening on http://{}", running.addr);
+        let scheme = if running.node.config.tls.cert_file.is_empty() {
+            "http"
+        } else {
+            "https"
+        };
+        println!("meshgate listening on {scheme}://{}", running.addr);
         tracing::info!(addr = %running.addr, "Listening.");
         running.run_until_signal().await
     });

@@ -22,7 +22,66 @@ pub struct Config {
     pub functions: FunctionsConfig,
     pub pubsub: PubSubConfig,
     pub cluster: ClusterConfig,
+    pub tls: TlsConfig,
+    pub deploy: DeployConfig,
     pub debug: DebugConfig,
+}
+
+/// `[tls]`: TLS terminated by the node itself. Both files empty: plain HTTP
+/// (HTTP/1.1 and HTTP/2 with prior knowledge, h2c, on the one port).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain. Reloaded without a restart when the file changes.
+    pub cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+    /// Seconds between checks of the two files for changes.
+    pub reload_check_seconds: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: String::new(),
+            key_file: String::new(),
+            reload_check_seconds: 2,
+        }
+    }
+}
+
+/// `[deploy]`: host-routed deployments (static sites and upstream proxying).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeployConfig {
+    /// Largest static-site tarball (`.tar.gz`) accepted, in bytes.
+    pub max_site_bytes: usize,
+    /// Largest unpacked static site, in bytes.
+    pub max_site_unpacked_bytes: usize,
+    /// Most files in one static site.
+    pub max_site_files: usize,
+    /// Seconds to connect to an upstream instance.
+    pub connect_timeout_seconds: u64,
+    /// Seconds an upstream has to send its response head (then 504).
+    pub upstream_timeout_seconds: u64,
+    /// Consecutive connection failures or timeouts that mark an instance unhealthy.
+    pub unhealthy_after_failures: u32,
+    /// Seconds an unhealthy instance is skipped before it is tried again.
+    pub unhealthy_seconds: u64,
+}
+
+impl Default for DeployConfig {
+    fn default() -> Self {
+        Self {
+            max_site_bytes: 64 << 20,
+            max_site_unpacked_bytes: 256 << 20,
+            max_site_files: 10_000,
+            connect_timeout_seconds: 5,
+            upstream_timeout_seconds: 60,
+            unhealthy_after_failures: 3,
+            unhealthy_seconds: 10,
+        }
+    }
 }
 
 /// `[cluster]`: the shared hop-MAC secret (the rest of cluster mode is not built yet).
@@ -326,6 +385,24 @@ impl Config {
         if self.pubsub.outbound_queue_messages == 0 || self.pubsub.ping_interval_seconds == 0 {
             errors.push(
                 "pubsub.outbound_queue_messages and pubsub.ping_interval_seconds: must be > 0"
+                    .into(),
+            );
+        }
+        if self.tls.cert_file.is_empty() != self.tls.key_file.is_empty() {
+            errors.push("tls.cert_file and tls.key_file: set both or neither".into());
+        }
+        if self.tls.reload_check_seconds == 0 {
+            errors.push("tls.reload_check_seconds: must be > 0".into());
+        }
+        let d = &self.deploy;
+        if d.max_site_bytes == 0
+            || d.max_site_files == 0
+            || d.connect_timeout_seconds == 0
+            || d.upstream_timeout_seconds == 0
+            || d.unhealthy_after_failures == 0
+        {
+            errors.push(
+                "deploy.max_site_bytes, max_site_files, connect_timeout_seconds, upstream_timeout_seconds and unhealthy_after_failures: must be > 0"
                     .into(),
             );
         }

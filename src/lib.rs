@@ -19,6 +19,8 @@
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
 //! - `functions/`: deploy, versions, secrets, each namespace's invoker (the
 //!   host services of its guests), pub/sub and cron triggers, invocation records.
+//! - `deploy/`: host-routed deployments: static sites, the reverse proxy, the
+//!   routing index, TLS with SNI checks.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
 //! - `node.rs`: start-up, the node's shared handle, and the drain.
@@ -31,6 +33,7 @@ pub mod cli;
 mod cli_client;
 pub mod config;
 pub mod dashboard;
+pub mod deploy;
 pub mod functions;
 pub mod http;
 pub mod identity;

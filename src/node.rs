@@ -49,6 +49,8 @@ pub struct NodeInner {
     pub dashboard: crate::dashboard::Dashboard,
     /// The WASM engine, the invocation-record queue and the secret key.
     pub functions: crate::functions::FunctionsService,
+    /// Host-routed deployments: records and the routing index.
+    pub deployments: Arc<crate::deploy::Deployments>,
 }
 
 /// The node's handle, cloned into every handler.
@@ -237,6 +239,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     .with_functions(functions.clone());
     let supervisor_stats = sup.stats();
     let supervisor = sup.start();
+    let deployments = Arc::new(crate::deploy::Deployments::new(
+        store.clone(),
+        config.deploy.clone(),
+        config.server.base_domain.clone(),
+    ));
+    deployments
+        .reload()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot load the deployments: {e}"))?;
     let node = Node(Arc::new(NodeInner {
         config,
         store: store.clone(),
@@ -254,6 +265,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         pubsub,
         dashboard: Default::default(),
         functions,
+        deployments,
     }));
     let (server, addr) = crate::http::serve(node.clone())?;
     spawn_sweeper(store);

@@ -275,6 +275,8 @@ pub async fn client_rate_limit<B: MessageBody + 'static>(
 /// is answered 204 here.
 pub async fn cors<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
     let origin = req.headers().get(header::ORIGIN).cloned();
+    // A deployment answers its own CORS.
+    let origin = origin.filter(|_| policy_of(&req) != Some(Policy::Deployment));
     let Some(origin) = origin else {
         return next
             .call(req)
@@ -353,13 +355,42 @@ pub fn request_host(req: &ServiceRequest) -> Option<String> {
     Some(host)
 }
 
-/// Step 7: maps the host to a namespace (`ns-<name>.<base_domain>`) or the gateway.
+/// The TLS server name a connection presented (set when the node terminates TLS).
+#[derive(Debug, Clone)]
+pub struct Sni(pub Option<String>);
+
+/// Step 7: maps the host to a deployment, a namespace (`ns-<name>.<base_domain>`)
+/// or the gateway. On a TLS connection a host that disagrees with the SNI is 421.
 pub async fn domain_routing<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
 ) -> Res<B> {
     if let Some(host) = request_host(&req) {
+        if let Some(Sni(Some(sni))) = req.conn_data::<Sni>()
+            && !sni.eq_ignore_ascii_case(&host)
+        {
+            let e = ApiError::new(
+                actix_web::http::StatusCode::MISDIRECTED_REQUEST,
+                "MISDIRECTED_REQUEST",
+                format!("host {host} does not match the TLS server name {sni}"),
+            );
+            return Ok(refuse(req, e));
+        }
         let n = node(&req);
+        if policy_of(&req) == Some(Policy::Deployment)
+            && let Some(ns) = n.deployments.index().host_namespace(&host)
+        {
+            let ns = ns.to_string();
+            req.extensions_mut().insert(Target(ns.clone()));
+            req.extensions_mut().insert(crate::deploy::RoutedHost {
+                namespace: ns,
+                host,
+            });
+            return next
+                .call(req)
+                .await
+                .map(ServiceResponse::map_into_left_body);
+        }
         let suffix = format!(".{}", n.config.server.base_domain);
         if let Some(label) = host
             .strip_suffix(&suffix)
@@ -431,7 +462,9 @@ pub async fn authentication<B: MessageBody + 'static>(
     {
         req.extensions_mut().insert(id);
     }
+    // A deployment's Authorization header belongs to its upstream.
     if req.extensions().get::<Identity>().is_none()
+        && policy_of(&req) != Some(Policy::Deployment)
         && let Some(cred) = presented_credential(&req)
     {
         let n = node(&req);
@@ -467,7 +500,9 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
     let policy = policy_of(&req);
     let id = req.extensions().get::<Identity>().cloned();
     let check = match &policy {
-        None | Some(Policy::Public) | Some(Policy::Credential) => Ok(None),
+        None | Some(Policy::Public) | Some(Policy::Credential) | Some(Policy::Deployment) => {
+            Ok(None)
+        }
         Some(Policy::Operator) => match &id {
             Some(i) if i.operator => Ok(None),
             Some(_) => Err(ApiError::forbidden(

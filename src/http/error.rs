@@ -109,6 +109,14 @@ impl ResponseError for ApiError {
     }
 }
 
+impl From<crate::deploy::DeployError> for ApiError {
+    fn from(e: crate::deploy::DeployError) -> Self {
+        let mut a = ApiError::new(e.status, e.code, e.message);
+        a.retry_after = e.retry_after;
+        a
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {

@@ -115,9 +115,10 @@ pub async fn admission(
         }
     }
     let start = Instant::now();
-    node.metrics.http_in_flight.inc();
+    // Decremented on drop, so a panicking handler cannot hold the drain forever.
+    let in_flight = InFlight::enter(&node);
     let mut res = next.call(req).await;
-    node.metrics.http_in_flight.dec();
+    drop(in_flight);
     // Compressing a body under 1 KiB costs more (a fresh encoder per response)
     // than it saves; mark it so Compress leaves it alone.
     if let Ok(r) = &mut res
@@ -145,6 +146,22 @@ pub async fn admission(
         .with_label_values(&[class])
         .observe(start.elapsed().as_secs_f64());
     res.map(ServiceResponse::map_into_left_body)
+}
+
+/// One request in flight, counted until dropped.
+struct InFlight(prometheus::IntGauge);
+
+impl InFlight {
+    fn enter(node: &Node) -> InFlight {
+        node.metrics.http_in_flight.inc();
+        InFlight(node.metrics.http_in_flight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Step 1: deletes every `X-Internal-Auth-*` header unless a valid hop MAC came
@@ -177,12 +194,17 @@ pub async fn internal_auth_gate(
     next.call(req).await
 }
 
-/// Step 2: puts the matched route's policy on the request.
+/// Step 2: puts the matched route's policy on the request. Every path of a host
+/// routed to a deployment has the deployment policy.
 pub async fn route_policy(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
-    if let Some(map) = req.app_data::<web::Data<PolicyMap>>()
+    let deployed = crate::http::chain::request_host(&req)
+        .is_some_and(|h| node(&req).deployments.index().host_namespace(&h).is_some());
+    if deployed {
+        req.extensions_mut().insert(Policy::Deployment);
+    } else if let Some(map) = req.app_data::<web::Data<PolicyMap>>()
         && let Some(pattern) = req.match_pattern()
         && let Some(policy) = map.get(req.method(), &pattern)
     {
@@ -234,7 +256,12 @@ pub async fn envelope(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    // A deployment's answers are the upstream's own (ours are envelopes already).
+    let deployed = policy_of(&req) == Some(Policy::Deployment);
     let res = next.call(req).await?;
+    if deployed {
+        return Ok(res.map_into_left_body());
+    }
     let status = res.status();
     if !(status.is_client_error() || status.is_server_error()) {
         return Ok(res.map_into_left_body());
@@ -293,6 +320,10 @@ pub async fn security_headers(
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
     let v1 = req.path().starts_with("/v1/");
+    // A deployment's headers are its own.
+    if policy_of(&req) == Some(Policy::Deployment) {
+        return next.call(req).await;
+    }
     let mut res = next.call(req).await?;
     let h = res.headers_mut();
     h.insert(
@@ -308,6 +339,24 @@ pub async fn security_headers(
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
     Ok(res)
+}
+
+/// Step 12 for routed hosts: the deployment answers (a static file or the proxy)
+/// instead of the router.
+pub async fn deployment_dispatch(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    if policy_of(&req) != Some(Policy::Deployment) {
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body);
+    }
+    let node = node(&req);
+    let (http, payload) = req.into_parts();
+    let resp = crate::deploy::serve_routed(&node, http.clone(), payload).await;
+    Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }
 
 /// The policy the route-policy step put on the request (unknown routes have none).

@@ -6,8 +6,9 @@ mod hop;
 mod middleware;
 mod policy;
 mod routes;
+pub mod tls;
 
-pub use chain::{Identity, Limiters, Target};
+pub use chain::{ClientIp, Identity, Limiters, Sni, Target};
 pub use error::{ApiError, ApiResult};
 pub use middleware::RequestId;
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
@@ -55,7 +56,8 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             app = app.service(r);
         }
         // `wrap` makes the last one outermost: listed here innermost first.
-        app.wrap(from_fn(chain::namespace_rate_limit))
+        app.wrap(from_fn(middleware::deployment_dispatch))
+            .wrap(from_fn(chain::namespace_rate_limit))
             .wrap(from_fn(chain::scope_gate))
             .wrap(from_fn(chain::authorization))
             .wrap(from_fn(chain::authentication))
@@ -72,9 +74,10 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .wrap(from_fn(middleware::probes))
     })
     .workers(workers)
+    .on_connect(tls::on_connect)
     .disable_signals()
     .shutdown_timeout(cfg.server.drain_grace_seconds.max(1));
-    let server = server.bind(cfg.listen_addr()).map_err(|e| {
+    let in_use = |e: std::io::Error| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             anyhow::anyhow!(
                 "cannot listen on {}: the address is already in use",
@@ -83,7 +86,20 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         } else {
             anyhow::anyhow!("cannot listen on {}: {e}", cfg.server.listen)
         }
-    })?;
+    };
+    // One port for HTTP/1.1 and HTTP/2: ALPN under TLS, prior knowledge (h2c) in clear.
+    let server = if cfg.tls.cert_file.is_empty() {
+        server.bind_auto_h2c(cfg.listen_addr()).map_err(in_use)?
+    } else {
+        let tls = tls::server_config(
+            cfg.tls.cert_file.clone().into(),
+            cfg.tls.key_file.clone().into(),
+            std::time::Duration::from_secs(cfg.tls.reload_check_seconds),
+        )?;
+        server
+            .bind_rustls_0_23(cfg.listen_addr(), tls)
+            .map_err(in_use)?
+    };
     let addr = server.addrs()[0];
     Ok((server.run(), addr))
 }

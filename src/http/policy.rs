@@ -36,6 +36,10 @@ pub enum Policy {
     Internal,
     /// The dashboard: the operator key, or a loopback peer.
     Admin,
+    /// A request to a host routed to a deployment: no credential is read (the
+    /// Authorization header belongs to the upstream), the deployment's namespace
+    /// bucket applies, and the deployment answers instead of the router.
+    Deployment,
 }
 
 impl Policy {
@@ -60,6 +64,7 @@ impl Policy {
             Policy::Operator => "operator",
             Policy::Internal => "internal",
             Policy::Admin => "admin",
+            Policy::Deployment => "deployment",
         }
     }
 }

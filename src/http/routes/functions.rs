@@ -106,7 +106,7 @@ fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
 }
 
 /// Reads one multipart field whole, refusing more than `limit` bytes with 413.
-async fn read_field(
+pub(super) async fn read_field(
     field: &mut actix_multipart::Field,
     limit: usize,
     code: &'static str,
@@ -126,7 +126,7 @@ async fn read_field(
     Ok(buf)
 }
 
-fn field_text(bytes: Vec<u8>, part: &str) -> ApiResult<String> {
+pub(super) fn field_text(bytes: Vec<u8>, part: &str) -> ApiResult<String> {
     String::from_utf8(bytes)
         .map(|s| s.trim().to_string())
         .map_err(|_| bad("MALFORMED_MULTIPART", format!("part {part:?} is not UTF-8")))

@@ -1,6 +1,7 @@
 //! Route handlers, one file per capability, and the shared extractors.
 
 mod auth;
+mod deployments;
 mod functions;
 mod kv;
 mod namespaces;
@@ -27,6 +28,7 @@ pub fn register(t: &mut RouteTable) {
     kv::register(t);
     functions::register(t);
     pubsub::register(t);
+    deployments::register(t);
     crate::dashboard::register(t);
 }
 

@@ -163,6 +163,8 @@ async fn delete(
             "namespace not found",
         ));
     }
+    // Deployments first: their host claims are released with them.
+    node.deployments.delete_namespace(&name).await?;
     let mut ops = vec![BatchOp::Delete(ns_key(&name))];
     for k in identity::namespace_identity_keys(&node.store, &name).await? {
         ops.push(BatchOp::Delete(k));

@@ -1,0 +1,149 @@
+//! The routing index: host, then path segments in a trie, then method and
+//! priority. The deepest matching prefix wins; among routes on the same prefix
+//! the highest priority wins, then the deployment name.
+
+use super::model::{RouteSpec, SiteFile};
+use super::proxy::UpstreamPool;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// What serves a matched route.
+#[derive(Clone)]
+pub enum Serve {
+    Static(Arc<BTreeMap<String, SiteFile>>),
+    Upstream(Arc<UpstreamPool>),
+}
+
+/// One route of one deployment's active version.
+pub struct Bound {
+    pub namespace: String,
+    pub deployment: String,
+    pub version: u64,
+    pub route: RouteSpec,
+    pub serve: Serve,
+}
+
+#[derive(Default)]
+struct TrieNode {
+    children: HashMap<String, TrieNode>,
+    /// Sorted by priority (highest first), then deployment name.
+    routes: Vec<Arc<Bound>>,
+}
+
+/// Every host's routes.
+#[derive(Default)]
+pub struct Index {
+    hosts: HashMap<String, (String, TrieNode)>,
+}
+
+fn segments(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|s| !s.is_empty())
+}
+
+impl Index {
+    /// Adds one route under one host.
+    pub fn insert(&mut self, host: &str, bound: Arc<Bound>) {
+        let (_, root) = self
+            .hosts
+            .entry(host.to_string())
+            .or_insert_with(|| (bound.namespace.clone(), TrieNode::default()));
+        let mut node = root;
+        for seg in segments(&bound.route.path_prefix) {
+            node = node.children.entry(seg.to_string()).or_default();
+        }
+        node.routes.push(bound);
+        node.routes.sort_by(|a, b| {
+            b.route
+                .priority
+                .cmp(&a.route.priority)
+                .then_with(|| a.deployment.cmp(&b.deployment))
+        });
+    }
+
+    /// The namespace a host belongs to, when it is routed.
+    pub fn host_namespace(&self, host: &str) -> Option<&str> {
+        self.hosts.get(host).map(|(ns, _)| ns.as_str())
+    }
+
+    /// The route taking `method path` on `host`.
+    pub fn lookup(&self, host: &str, method: &str, path: &str) -> Option<Arc<Bound>> {
+        let (_, root) = self.hosts.get(host)?;
+        let mut chain = vec![root];
+        let mut node = root;
+        for seg in segments(path) {
+            match node.children.get(seg) {
+                Some(n) => {
+                    chain.push(n);
+                    node = n;
+                }
+                None => break,
+            }
+        }
+        chain.iter().rev().find_map(|n| {
+            n.routes
+                .iter()
+                .find(|b| b.route.methods.is_empty() || b.route.methods.iter().any(|m| m == method))
+                .cloned()
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound(dep: &str, prefix: &str, methods: &[&str], priority: i32) -> Arc<Bound> {
+        Arc::new(Bound {
+            namespace: "ns".into(),
+            deployment: dep.into(),
+            version: 1,
+            route: RouteSpec {
+                path_prefix: prefix.into(),
+                methods: methods.iter().map(|m| m.to_string()).collect(),
+                strip_prefix: None,
+                add_prefix: None,
+                priority,
+            },
+            serve: Serve::Static(Arc::new(BTreeMap::new())),
+        })
+    }
+
+    /// The deepest prefix wins, on segment boundaries; methods filter; no match is None.
+    #[test]
+    fn deepest_prefix_then_method() {
+        let mut ix = Index::default();
+        ix.insert("a.test", bound("root", "/", &[], 0));
+        ix.insert("a.test", bound("api", "/api", &[], 0));
+        ix.insert("a.test", bound("writes", "/api/v1", &["POST"], 0));
+        let d = |m: &str, p: &str| ix.lookup("a.test", m, p).map(|b| b.deployment.clone());
+        assert_eq!(d("GET", "/"), Some("root".into()));
+        assert_eq!(d("GET", "/api"), Some("api".into()));
+        assert_eq!(d("GET", "/api/"), Some("api".into()));
+        assert_eq!(d("GET", "/apix"), Some("root".into()));
+        assert_eq!(d("POST", "/api/v1/x"), Some("writes".into()));
+        assert_eq!(d("GET", "/api/v1/x"), Some("api".into()));
+        assert!(ix.lookup("b.test", "GET", "/").is_none());
+        let mut only = Index::default();
+        only.insert("a.test", bound("api", "/api", &["GET"], 0));
+        assert!(only.lookup("a.test", "GET", "/other").is_none());
+        assert!(only.lookup("a.test", "POST", "/api").is_none());
+    }
+
+    /// On the same prefix the higher priority wins, whatever the insertion order.
+    #[test]
+    fn priority_breaks_ties() {
+        let mut ix = Index::default();
+        ix.insert("a.test", bound("low", "/x", &[], 1));
+        ix.insert("a.test", bound("high", "/x", &[], 5));
+        ix.insert("a.test", bound("mid", "/x", &[], 3));
+        assert_eq!(ix.lookup("a.test", "GET", "/x/y").unwrap().deployment, "high");
+    }
+}

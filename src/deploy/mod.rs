@@ -1,0 +1,509 @@
+//! Deployments (DESIGN.md §7): a namespace attaches hosts to a static site or
+//! to upstream instances, and the node serves or proxies the requests of those
+//! hosts.
+//!
+//! - `model`: records, validation, store keys.
+//! - `site`: tarball unpacking and its safety checks.
+//! - `index`: the host → path-trie → method/priority routing index.
+//! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
+//! - `serve`: answering a routed request (static files or the proxy).
+//!
+//! Mutations are serialized node-wide (a host belongs to one namespace at a
+//! time, which crosses namespaces), written in one atomic batch, and then the
+//! in-memory index is rebuilt and swapped.
+
+pub mod index;
+pub mod model;
+pub mod proxy;
+mod serve;
+pub mod site;
+
+pub use serve::{RoutedHost, serve_routed};
+
+use crate::config::DeployConfig;
+use crate::storage::{BatchOp, OrderedKv, Store, StoreError};
+use actix_web::http::StatusCode;
+use index::{Bound, Index, Serve};
+use model::{
+    DeploymentRecord, DeploymentVersion, HostClaim, RouteSpec, TargetSpec, dep_key, dep_prefix,
+    host_key, ver_key, ver_prefix,
+};
+use parking_lot::{Mutex, RwLock};
+use proxy::UpstreamPool;
+use serde_json::{Value, json};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A deployment error: its HTTP status and stable code (mapped in `http::error`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct DeployError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<u64>,
+}
+
+impl DeployError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+    pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "DEPLOYMENT_NOT_FOUND", message)
+    }
+    pub fn retry_after(mut self, s: u64) -> Self {
+        self.retry_after = Some(s);
+        self
+    }
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl From<StoreError> for DeployError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(m) => DeployError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "STORE_UNAVAILABLE",
+                format!("the store is unavailable: {m}"),
+            )
+            .retry_after(1),
+            other => DeployError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL",
+                other.to_string(),
+            ),
+        }
+    }
+}
+
+pub type DeployResult<T> = Result<T, DeployError>;
+
+/// A validated deployment request.
+pub struct NewDeployment {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub routes: Vec<RouteSpec>,
+    pub target: TargetSpec,
+    /// Static-site contents by sha256, stored before the records.
+    pub blobs: Vec<(String, Vec<u8>)>,
+}
+
+/// The node's deployments: records in the store, an index in memory.
+pub struct Deployments {
+    store: Store,
+    pub config: DeployConfig,
+    /// The node's gateway hosts (`base_domain` and `ns-*.<base_domain>`) that no
+    /// deployment may take.
+    base_domain: String,
+    index: RwLock<Arc<Index>>,
+    /// Upstream pools by (namespace, deployment, version), kept across index
+    /// rebuilds so passive health survives other deployments' changes.
+    pools: Mutex<HashMap<(String, String, u64), Arc<UpstreamPool>>>,
+    writes: tokio::sync::Mutex<()>,
+}
+
+fn unix_now() -> u64 {
+    crate::http::now()
+}
+
+impl Deployments {
+    pub fn new(store: Store, config: DeployConfig, base_domain: String) -> Deployments {
+        Deployments {
+            store,
+            config,
+            base_domain,
+            index: RwLock::new(Arc::new(Index::default())),
+            pools: Mutex::new(HashMap::new()),
+            writes: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The current routing index.
+    pub fn index(&self) -> Arc<Index> {
+        self.index.read().clone()
+    }
+
+    /// Rebuilds the index from the store (at start and after every change).
+    pub async fn reload(&self) -> DeployResult<()> {
+        let heads = self.store.scan_prefix(b"dep/", usize::MAX).await?;
+        let mut ix = Index::default();
+        let mut live = BTreeSet::new();
+        for (_, v) in heads {
+            let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
+                continue;
+            };
+            let Some(ver) = self
+                .store
+                .get_json::<DeploymentVersion>(&ver_key(&rec.namespace, &rec.name, rec.active))
+                .await?
+            else {
+                continue;
+            };
+            let serve = match &ver.target {
+                TargetSpec::Static { files, .. } => Serve::Static(Arc::new(files.clone())),
+                TargetSpec::Upstream { instances } => {
+                    let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
+                    live.insert(key.clone());
+                    let pool = self
+                        .pools
+                        .lock()
+                        .entry(key)
+                        .or_insert_with(|| {
+                            Arc::new(UpstreamPool::new(
+                                instances,
+                                self.config.unhealthy_after_failures,
+                                Duration::from_secs(self.config.unhealthy_seconds),
+                            ))
+                        })
+                        .clone();
+                    Serve::Upstream(pool)
+                }
+            };
+            for route in &ver.routes {
+                let bound = Arc::new(Bound {
+                    namespace: rec.namespace.clone(),
+                    deployment: rec.name.clone(),
+                    version: ver.version,
+                    route: route.clone(),
+                    serve: serve.clone(),
+                });
+                for h in &ver.hosts {
+                    ix.insert(h, bound.clone());
+                }
+            }
+        }
+        self.pools.lock().retain(|k, _| live.contains(k));
+        *self.index.write() = Arc::new(ix);
+        Ok(())
+    }
+
+    /// Whether a host is one of the gateway's own.
+    fn reserved_host(&self, host: &str) -> bool {
+        host == self.base_domain
+            || host
+                .strip_suffix(&format!(".{}", self.base_domain))
+                .is_some_and(|l| l.starts_with("ns-") && !l.contains('.'))
+    }
+
+    /// Creates a deployment, or a new version of it, and makes it serve.
+    pub async fn create(&self, ns: &str, new: NewDeployment) -> DeployResult<Value> {
+        for h in &new.hosts {
+            if self.reserved_host(h) {
+                return Err(DeployError::invalid(
+                    "HOST_RESERVED",
+                    format!("{h} is one of the gateway's own hosts"),
+                ));
+            }
+        }
+        let _w = self.writes.lock().await;
+        self.check_hosts(ns, &new.hosts).await?;
+        let now = unix_now();
+        let head = self
+            .store
+            .get_json::<DeploymentRecord>(&dep_key(ns, &new.name))
+            .await?;
+        let version = head.as_ref().map_or(1, |h| h.latest + 1);
+        // Content-addressed blobs first: a failure after this leaves only
+        // unreferenced blobs, never a record pointing at missing bytes.
+        for (sha, bytes) in &new.blobs {
+            let key = crate::functions::blob_key(sha);
+            if self.store.get(&key).await?.is_none() {
+                self.store.put(&key, bytes).await?;
+            }
+        }
+        let ver = DeploymentVersion {
+            version,
+            hosts: new.hosts.clone(),
+            routes: new.routes,
+            target: new.target,
+            created_at: now,
+        };
+        let rec = DeploymentRecord {
+            name: new.name.clone(),
+            namespace: ns.to_string(),
+            active: version,
+            latest: version,
+            created_at: head.as_ref().map_or(now, |h| h.created_at),
+            updated_at: now,
+        };
+        let mut ops = vec![
+            BatchOp::Put(
+                ver_key(ns, &new.name, version),
+                serde_json::to_vec(&ver).expect("json"),
+            ),
+            BatchOp::Put(dep_key(ns, &new.name), serde_json::to_vec(&rec).expect("json")),
+        ];
+        ops.extend(
+            self.host_ops(ns, Some((&new.name, &new.hosts)), None)
+                .await?,
+        );
+        self.store.apply_batch(ops).await?;
+        self.reload().await?;
+        tracing::info!(namespace = ns, deployment = %new.name, version, "Deployment created.");
+        Ok(view(&rec, &ver, None))
+    }
+
+    /// Refuses hosts owned by another namespace (409).
+    async fn check_hosts(&self, ns: &str, hosts: &[String]) -> DeployResult<()> {
+        for h in hosts {
+            if let Some(c) = self.store.get_json::<HostClaim>(&host_key(h)).await?
+                && c.namespace != ns
+            {
+                return Err(DeployError::new(
+                    StatusCode::CONFLICT,
+                    "HOST_TAKEN",
+                    format!("host {h} belongs to another namespace"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The host-claim writes that make the namespace own exactly the hosts its
+    /// deployments use after a change: `changed` replaces one deployment's
+    /// hosts, `removed` drops one deployment.
+    async fn host_ops(
+        &self,
+        ns: &str,
+        changed: Option<(&str, &[String])>,
+        removed: Option<&str>,
+    ) -> DeployResult<Vec<BatchOp>> {
+        let mut used = BTreeSet::new();
+        let mut owned = BTreeSet::new();
+        for (_, v) in self.store.scan_prefix(&dep_prefix(ns), usize::MAX).await? {
+            let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
+                continue;
+            };
+            let hosts = self
+                .store
+                .get_json::<DeploymentVersion>(&ver_key(ns, &rec.name, rec.active))
+                .await?
+                .map(|v| v.hosts)
+                .unwrap_or_default();
+            owned.extend(hosts.iter().cloned());
+            if Some(rec.name.as_str()) == removed || changed.is_some_and(|(n, _)| n == rec.name) {
+                continue;
+            }
+            used.extend(hosts);
+        }
+        if let Some((_, hosts)) = changed {
+            used.extend(hosts.iter().cloned());
+        }
+        let claim = serde_json::to_vec(&HostClaim {
+            namespace: ns.to_string(),
+        })
+        .expect("json");
+        let mut ops: Vec<BatchOp> = used
+            .iter()
+            .filter(|h| !owned.contains(*h))
+            .map(|h| BatchOp::Put(host_key(h), claim.clone()))
+            .collect();
+        ops.extend(
+            owned
+                .iter()
+                .filter(|h| !used.contains(*h))
+                .map(|h| BatchOp::Delete(host_key(h))),
+        );
+        Ok(ops)
+    }
+
+    async fn head(&self, ns: &str, name: &str) -> DeployResult<DeploymentRecord> {
+        self.store
+            .get_json::<DeploymentRecord>(&dep_key(ns, name))
+            .await?
+            .ok_or_else(|| DeployError::not_found(format!("no deployment named {name}")))
+    }
+
+    async fn version(&self, ns: &str, name: &str, v: u64) -> DeployResult<DeploymentVersion> {
+        self.store
+            .get_json::<DeploymentVersion>(&ver_key(ns, name, v))
+            .await?
+            .ok_or_else(|| {
+                DeployError::new(
+                    StatusCode::NOT_FOUND,
+                    "VERSION_NOT_FOUND",
+                    format!("deployment {name} has no version {v}"),
+                )
+            })
+    }
+
+    /// The namespace's deployments with their active versions.
+    pub async fn list(&self, ns: &str) -> DeployResult<Vec<Value>> {
+        let mut out = Vec::new();
+        for (_, v) in self.store.scan_prefix(&dep_prefix(ns), usize::MAX).await? {
+            let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
+                continue;
+            };
+            if let Ok(ver) = self.version(ns, &rec.name, rec.active).await {
+                out.push(view(&rec, &ver, None));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One deployment, with the live health of its upstream instances.
+    pub async fn show(&self, ns: &str, name: &str) -> DeployResult<Value> {
+        let rec = self.head(ns, name).await?;
+        let ver = self.version(ns, name, rec.active).await?;
+        let pool = self
+            .pools
+            .lock()
+            .get(&(ns.to_string(), name.to_string(), rec.active))
+            .cloned();
+        Ok(view(&rec, &ver, pool.as_deref()))
+    }
+
+    /// Every version of a deployment, oldest first.
+    pub async fn versions(&self, ns: &str, name: &str) -> DeployResult<Vec<Value>> {
+        let rec = self.head(ns, name).await?;
+        let mut out = Vec::new();
+        for (_, v) in self
+            .store
+            .scan_prefix(&ver_prefix(ns, name), usize::MAX)
+            .await?
+        {
+            if let Ok(ver) = serde_json::from_slice::<DeploymentVersion>(&v) {
+                out.push(json!({
+                    "version": ver.version,
+                    "active": ver.version == rec.active,
+                    "hosts": ver.hosts,
+                    "kind": kind_name(&ver.target),
+                    "created_at": ver.created_at,
+                }));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes an earlier version serve again (`None`: the one before the active one).
+    pub async fn rollback(&self, ns: &str, name: &str, to: Option<u64>) -> DeployResult<Value> {
+        let _w = self.writes.lock().await;
+        let mut rec = self.head(ns, name).await?;
+        let target = match to {
+            Some(v) => v,
+            None => {
+                let mut earlier = None;
+                for (_, v) in self
+                    .store
+                    .scan_prefix(&ver_prefix(ns, name), usize::MAX)
+                    .await?
+                {
+                    if let Ok(ver) = serde_json::from_slice::<DeploymentVersion>(&v)
+                        && ver.version < rec.active
+                    {
+                        earlier = Some(ver.version);
+                    }
+                }
+                earlier.ok_or_else(|| {
+                    DeployError::new(
+                        StatusCode::CONFLICT,
+                        "NO_EARLIER_VERSION",
+                        format!("deployment {name} has no version before {}", rec.active),
+                    )
+                })?
+            }
+        };
+        let ver = self.version(ns, name, target).await?;
+        self.check_hosts(ns, &ver.hosts).await?;
+        rec.active = target;
+        rec.updated_at = unix_now();
+        let mut ops = vec![BatchOp::Put(
+            dep_key(ns, name),
+            serde_json::to_vec(&rec).expect("json"),
+        )];
+        ops.extend(self.host_ops(ns, Some((name, &ver.hosts)), None).await?);
+        self.store.apply_batch(ops).await?;
+        self.reload().await?;
+        tracing::info!(namespace = ns, deployment = name, version = target, "Deployment rolled back.");
+        Ok(view(&rec, &ver, None))
+    }
+
+    /// Deletes a deployment, its versions and the host claims no other deployment uses.
+    pub async fn delete(&self, ns: &str, name: &str) -> DeployResult<()> {
+        let _w = self.writes.lock().await;
+        self.head(ns, name).await?;
+        let mut ops = self.host_ops(ns, None, Some(name)).await?;
+        ops.push(BatchOp::Delete(dep_key(ns, name)));
+        for (k, _) in self
+            .store
+            .scan_prefix(&ver_prefix(ns, name), usize::MAX)
+            .await?
+        {
+            ops.push(BatchOp::Delete(k));
+        }
+        self.store.apply_batch(ops).await?;
+        self.reload().await
+    }
+
+    /// Deletes every deployment of a namespace (the namespace is being deleted).
+    pub async fn delete_namespace(&self, ns: &str) -> DeployResult<()> {
+        let names: Vec<String> = self
+            .store
+            .scan_prefix(&dep_prefix(ns), usize::MAX)
+            .await?
+            .into_iter()
+            .filter_map(|(_, v)| serde_json::from_slice::<DeploymentRecord>(&v).ok())
+            .map(|r| r.name)
+            .collect();
+        for n in names {
+            self.delete(ns, &n).await?;
+        }
+        Ok(())
+    }
+}
+
+fn kind_name(t: &TargetSpec) -> &'static str {
+    match t {
+        TargetSpec::Static { .. } => "static",
+        TargetSpec::Upstream { .. } => "upstream",
+    }
+}
+
+/// The JSON shape of a deployment.
+fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamPool>) -> Value {
+    let target = match &ver.target {
+        TargetSpec::Static { files, total_bytes } => json!({
+            "kind": "static",
+            "files": files.len(),
+            "total_bytes": total_bytes,
+        }),
+        TargetSpec::Upstream { instances } => {
+            let health: Vec<Value> = match pool {
+                Some(p) => p
+                    .health()
+                    .into_iter()
+                    .map(|(url, healthy, failures)| {
+                        json!({"url": url, "healthy": healthy, "consecutive_failures": failures})
+                    })
+                    .collect(),
+                None => instances.iter().map(|u| json!({"url": u})).collect(),
+            };
+            json!({"kind": "upstream", "instances": health})
+        }
+    };
+    json!({
+        "name": rec.name,
+        "namespace": rec.namespace,
+        "version": rec.active,
+        "latest_version": rec.latest,
+        "hosts": ver.hosts,
+        "routes": ver.routes,
+        "target": target,
+        "created_at": rec.created_at,
+        "updated_at": rec.updated_at,
+    })
+}

@@ -1,0 +1,518 @@
+//! The reverse proxy of upstream deployments: round-robin among healthy
+//! instances, passive health, a retry on another instance only when the
+//! connection failed before any body was sent, streamed bodies both ways, and
+//! WebSocket upgrades relayed frame by frame.
+
+use super::DeployError;
+use actix_web::body::{BodySize, BoxBody, MessageBody, SizedStream};
+use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use actix_web::http::{Method, StatusCode};
+use actix_web::{HttpRequest, HttpResponse, dev::Payload};
+use bytes::Bytes;
+use futures_util::{SinkExt, Stream, StreamExt};
+use std::cell::RefCell;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// One upstream instance and its passive health.
+pub struct Instance {
+    pub base: String,
+    failures: AtomicU32,
+    down_until_ms: AtomicU64,
+}
+
+/// The instances of one deployment version.
+pub struct UpstreamPool {
+    pub instances: Vec<Instance>,
+    next: AtomicUsize,
+    fail_after: u32,
+    down_for: Duration,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+impl UpstreamPool {
+    pub fn new(bases: &[String], fail_after: u32, down_for: Duration) -> UpstreamPool {
+        UpstreamPool {
+            instances: bases
+                .iter()
+                .map(|b| Instance {
+                    base: b.clone(),
+                    failures: AtomicU32::new(0),
+                    down_until_ms: AtomicU64::new(0),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+            fail_after: fail_after.max(1),
+            down_for,
+        }
+    }
+
+    /// Healthy instances, in the order to try them (round-robin start).
+    pub fn order(&self) -> Vec<usize> {
+        let n = self.instances.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let now = now_ms();
+        (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|&i| self.instances[i].down_until_ms.load(Ordering::Relaxed) <= now)
+            .collect()
+    }
+
+    /// A connection failure or timeout: after `fail_after` in a row the instance
+    /// is skipped for `down_for` (then tried again; one more failure skips it again).
+    pub fn failed(&self, i: usize) {
+        let inst = &self.instances[i];
+        let f = inst.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if f >= self.fail_after {
+            inst.down_until_ms.store(
+                now_ms() + self.down_for.as_millis() as u64,
+                Ordering::Relaxed,
+            );
+            tracing::warn!(instance = %inst.base, failures = f, "Upstream instance marked unhealthy.");
+        }
+    }
+
+    pub fn succeeded(&self, i: usize) {
+        let inst = &self.instances[i];
+        if inst.failures.swap(0, Ordering::Relaxed) != 0 {
+            inst.down_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether each instance is healthy now (for the API).
+    pub fn health(&self) -> Vec<(String, bool, u32)> {
+        let now = now_ms();
+        self.instances
+            .iter()
+            .map(|i| {
+                (
+                    i.base.clone(),
+                    i.down_until_ms.load(Ordering::Relaxed) <= now,
+                    i.failures.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Timeouts of the proxy.
+#[derive(Clone, Copy)]
+pub struct ProxyTimeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
+
+thread_local! {
+    static CLIENT: RefCell<Option<(Duration, awc::Client)>> = const { RefCell::new(None) };
+}
+
+/// The worker thread's client (awc is single-threaded); pooled keep-alive connections.
+fn client(t: ProxyTimeouts) -> awc::Client {
+    CLIENT.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some((ct, client)) = c.as_ref()
+            && *ct == t.connect
+        {
+            return client.clone();
+        }
+        let connector = awc::Connector::new()
+            .timeout(t.connect)
+            .max_http_version(actix_web::http::Version::HTTP_11)
+            .limit(1024)
+            .conn_keep_alive(Duration::from_secs(30));
+        let client = awc::Client::builder()
+            .connector(connector)
+            .disable_redirects()
+            .no_default_headers()
+            .timeout(t.response)
+            .finish();
+        *c = Some((t.connect, client.clone()));
+        client
+    })
+}
+
+/// Headers that belong to one hop and are never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
+];
+
+fn is_hop_by_hop(name: &HeaderName, listed: &[String]) -> bool {
+    HOP_BY_HOP.contains(&name.as_str()) || listed.iter().any(|l| l == name.as_str())
+}
+
+/// Header names the `Connection` header lists (also hop-by-hop).
+fn connection_listed(h: &HeaderMap) -> Vec<String> {
+    h.get_all(header::CONNECTION)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// What the proxy adds about the client.
+pub struct Forwarded {
+    pub client_ip: Option<std::net::IpAddr>,
+    pub proto: &'static str,
+    pub host: String,
+    pub request_id: Option<String>,
+}
+
+/// The request headers sent upstream: the client's minus hop-by-hop and Host,
+/// plus `X-Forwarded-For/Proto/Host` and `X-Request-ID`.
+fn upstream_headers(req: &HttpRequest, fwd: &Forwarded, keep_upgrade: bool) -> HeaderMap {
+    let listed = connection_listed(req.headers());
+    let mut out = HeaderMap::new();
+    for (k, v) in req.headers() {
+        if k == header::HOST || (is_hop_by_hop(k, &listed) && !(keep_upgrade && k == header::UPGRADE))
+        {
+            continue;
+        }
+        out.append(k.clone(), v.clone());
+    }
+    let xff = match (req.headers().get("x-forwarded-for").and_then(|v| v.to_str().ok()), fwd.client_ip) {
+        (Some(prev), Some(ip)) => format!("{prev}, {ip}"),
+        (None, Some(ip)) => ip.to_string(),
+        (Some(prev), None) => prev.to_string(),
+        (None, None) => String::new(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff)
+        && !xff.is_empty()
+    {
+        out.insert(HeaderName::from_static("x-forwarded-for"), v);
+    }
+    out.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static(fwd.proto),
+    );
+    if let Ok(v) = HeaderValue::from_str(&fwd.host) {
+        out.insert(HeaderName::from_static("x-forwarded-host"), v);
+    }
+    if let Some(id) = &fwd.request_id
+        && let Ok(v) = HeaderValue::from_str(id)
+    {
+        out.insert(HeaderName::from_static("x-request-id"), v);
+    }
+    out
+}
+
+/// The request body, handed to at most one upstream attempt. An attempt whose
+/// connection failed never polled it, so the next instance can still take it;
+/// once polled it is gone and no retry happens.
+struct OnceBody {
+    slot: Rc<RefCell<Option<Payload>>>,
+    taken: Option<Payload>,
+}
+
+impl Stream for OnceBody {
+    type Item = Result<Bytes, actix_web::error::PayloadError>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.taken.is_none() {
+            let p = self.slot.borrow_mut().take();
+            match p {
+                Some(p) => self.taken = Some(p),
+                None => return Poll::Ready(None),
+            }
+        }
+        Pin::new(self.taken.as_mut().expect("taken")).poll_next(cx)
+    }
+}
+
+/// How the client's body is framed.
+enum BodyKind {
+    None,
+    Sized(u64),
+    Chunked,
+}
+
+fn body_kind(req: &HttpRequest) -> BodyKind {
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return if len == 0 {
+            BodyKind::None
+        } else {
+            BodyKind::Sized(len)
+        };
+    }
+    if req.headers().contains_key(header::TRANSFER_ENCODING) || req.version() == actix_web::http::Version::HTTP_2 && !matches!(*req.method(), Method::GET | Method::HEAD) {
+        return BodyKind::Chunked;
+    }
+    BodyKind::None
+}
+
+/// Proxies one HTTP request to the pool (WebSocket upgrades go to [`proxy_ws`]).
+pub async fn proxy_http(
+    req: &HttpRequest,
+    payload: Payload,
+    pool: &UpstreamPool,
+    path_and_query: &str,
+    fwd: &Forwarded,
+    t: ProxyTimeouts,
+) -> Result<HttpResponse, DeployError> {
+    let order = pool.order();
+    if order.is_empty() {
+        return Err(DeployError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NO_HEALTHY_UPSTREAM",
+            "every instance of this upstream is unhealthy",
+        )
+        .retry_after(1));
+    }
+    let headers = upstream_headers(req, fwd, false);
+    let kind = body_kind(req);
+    let slot = Rc::new(RefCell::new(Some(payload)));
+    let client = client(t);
+    let mut last_err = None;
+    for i in order {
+        let url = format!("{}{}", pool.instances[i].base, path_and_query);
+        let mut creq = client.request(req.method().clone(), url.as_str()).no_decompress();
+        for (k, v) in &headers {
+            creq = creq.append_header((k.clone(), v.clone()));
+        }
+        let body = OnceBody {
+            slot: slot.clone(),
+            taken: None,
+        };
+        let sent = match kind {
+            BodyKind::None => creq.send().await,
+            BodyKind::Sized(n) => creq.send_body(SizedStream::new(n, body)).await,
+            BodyKind::Chunked => creq.send_stream(body).await,
+        };
+        match sent {
+            Ok(res) => {
+                pool.succeeded(i);
+                return Ok(stream_response(req, res));
+            }
+            Err(awc::error::SendRequestError::Connect(e)) => {
+                pool.failed(i);
+                tracing::warn!(instance = %pool.instances[i].base, error = %e, "Upstream connection failed.");
+                last_err = Some(format!("{e}"));
+                let body_untouched = slot.borrow().is_some() || matches!(kind, BodyKind::None);
+                if !body_untouched {
+                    break;
+                }
+            }
+            Err(awc::error::SendRequestError::Timeout) => {
+                pool.failed(i);
+                return Err(DeployError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "UPSTREAM_TIMEOUT",
+                    "the upstream did not answer in time",
+                ));
+            }
+            Err(e) => {
+                // Reached and failed: never retried.
+                tracing::warn!(instance = %pool.instances[i].base, error = %e, "Upstream request failed.");
+                return Err(DeployError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "UPSTREAM_FAILED",
+                    format!("the upstream failed: {e}"),
+                ));
+            }
+        }
+    }
+    Err(DeployError::new(
+        StatusCode::BAD_GATEWAY,
+        "UPSTREAM_UNAVAILABLE",
+        format!(
+            "no upstream instance could be reached: {}",
+            last_err.unwrap_or_default()
+        ),
+    ))
+}
+
+/// The upstream's answer, its body streamed as it arrives.
+fn stream_response<S>(req: &HttpRequest, res: awc::ClientResponse<S>) -> HttpResponse
+where
+    S: Stream<Item = Result<Bytes, actix_web::error::PayloadError>> + Unpin + 'static,
+{
+    let status = res.status();
+    let listed = connection_listed(res.headers());
+    let mut out = HttpResponse::build(status);
+    let mut len = None;
+    for (k, v) in res.headers() {
+        if k == header::CONTENT_LENGTH {
+            len = v.to_str().ok().and_then(|s| s.parse::<u64>().ok());
+            continue;
+        }
+        if is_hop_by_hop(k, &listed) {
+            continue;
+        }
+        out.append_header((k.clone(), v.clone()));
+    }
+    // Keep the upstream's bytes as they are: the node's Compress is told to skip.
+    if !res.headers().contains_key(header::CONTENT_ENCODING) {
+        out.insert_header((header::CONTENT_ENCODING, "identity"));
+    }
+    let no_body = req.method() == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status.is_informational();
+    if no_body {
+        if let Some(n) = len {
+            out.no_chunking(n);
+        }
+        return out.finish();
+    }
+    let body: BoxBody = match len {
+        Some(n) => SizedStream::new(n, res).boxed(),
+        None => actix_web::body::BodyStream::new(res).boxed(),
+    };
+    debug_assert!(!matches!(body.size(), BodySize::None));
+    out.body(body)
+}
+
+/// Relays a WebSocket upgrade: the upstream's handshake first (its refusal is
+/// passed on as an error), then frames both ways until either side closes.
+pub async fn proxy_ws(
+    req: &HttpRequest,
+    mut payload: Payload,
+    pool: &UpstreamPool,
+    path_and_query: &str,
+    fwd: &Forwarded,
+    t: ProxyTimeouts,
+) -> Result<HttpResponse, DeployError> {
+    use actix_web::FromRequest;
+    let payload = actix_web::web::Payload::from_request(req, &mut payload)
+        .await
+        .map_err(|e| DeployError::invalid("BAD_UPGRADE", e.to_string()))?;
+    let order = pool.order();
+    if order.is_empty() {
+        return Err(DeployError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NO_HEALTHY_UPSTREAM",
+            "every instance of this upstream is unhealthy",
+        ));
+    }
+    let headers = upstream_headers(req, fwd, false);
+    let client = client(t);
+    let mut last_err = String::new();
+    for i in order {
+        let base = &pool.instances[i].base;
+        let ws_base = base
+            .replacen("http://", "ws://", 1)
+            .replacen("https://", "wss://", 1);
+        let url = format!("{ws_base}{path_and_query}");
+        let mut wreq = client.ws(url.as_str()).max_frame_size(16 << 20);
+        for (k, v) in &headers {
+            let name = k.as_str();
+            if name.starts_with("sec-websocket-") && name != "sec-websocket-protocol" {
+                continue;
+            }
+            wreq = wreq.header(k.clone(), v.clone());
+        }
+        match wreq.connect().await {
+            Ok((res, framed)) => {
+                pool.succeeded(i);
+                let protocol = res.headers().get(header::SEC_WEBSOCKET_PROTOCOL).cloned();
+                let (mut resp, session, stream) = actix_ws::handle(req, payload)
+                    .map_err(|e| DeployError::invalid("BAD_UPGRADE", e.to_string()))?;
+                if let Some(p) = protocol {
+                    resp.headers_mut().insert(header::SEC_WEBSOCKET_PROTOCOL, p);
+                }
+                actix_web::rt::spawn(relay(session, stream.max_frame_size(16 << 20), framed));
+                return Ok(resp);
+            }
+            Err(awc::error::WsClientError::SendRequest(
+                awc::error::SendRequestError::Connect(e),
+            )) => {
+                pool.failed(i);
+                last_err = e.to_string();
+            }
+            Err(e) => {
+                return Err(DeployError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "UPSTREAM_FAILED",
+                    format!("the upstream refused the WebSocket upgrade: {e}"),
+                ));
+            }
+        }
+    }
+    Err(DeployError::new(
+        StatusCode::BAD_GATEWAY,
+        "UPSTREAM_UNAVAILABLE",
+        format!("no upstream instance could be reached: {last_err}"),
+    ))
+}
+
+async fn relay(
+    mut session: actix_ws::Session,
+    mut client_rx: actix_ws::MessageStream,
+    framed: actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
+) {
+    use awc::ws::{Frame, Message};
+    let (mut up_tx, mut up_rx) = framed.split();
+    loop {
+        tokio::select! {
+            m = client_rx.next() => {
+                let out = match m {
+                    Some(Ok(actix_ws::Message::Text(t))) => Message::Text(t),
+                    Some(Ok(actix_ws::Message::Binary(b))) => Message::Binary(b),
+                    Some(Ok(actix_ws::Message::Continuation(c))) => Message::Continuation(c),
+                    Some(Ok(actix_ws::Message::Ping(p))) => Message::Ping(p),
+                    Some(Ok(actix_ws::Message::Pong(p))) => Message::Pong(p),
+                    Some(Ok(actix_ws::Message::Close(r))) => {
+                        let _ = up_tx.send(Message::Close(r)).await;
+                        break;
+                    }
+                    Some(Ok(actix_ws::Message::Nop)) => continue,
+                    Some(Err(_)) | None => {
+                        let _ = up_tx.send(Message::Close(None)).await;
+                        break;
+                    }
+                };
+                if up_tx.send(out).await.is_err() {
+                    let _ = session.close(None).await;
+                    return;
+                }
+            }
+            f = up_rx.next() => {
+                let sent = match f {
+                    Some(Ok(Frame::Text(t))) => match std::str::from_utf8(&t) {
+                        Ok(s) => session.text(s.to_string()).await,
+                        Err(_) => session.binary(t).await,
+                    },
+                    Some(Ok(Frame::Binary(b))) => session.binary(b).await,
+                    Some(Ok(Frame::Continuation(c))) => session.continuation(c).await,
+                    Some(Ok(Frame::Ping(p))) => session.ping(&p).await,
+                    Some(Ok(Frame::Pong(p))) => session.pong(&p).await,
+                    Some(Ok(Frame::Close(r))) => {
+                        let _ = session.close(r).await;
+                        return;
+                    }
+                    Some(Err(_)) | None => {
+                        let _ = session.close(None).await;
+                        return;
+                    }
+                };
+                if sent.is_err() {
+                    let _ = up_tx.send(Message::Close(None)).await;
+                    return;
+                }
+            }
+        }
+    }
+    let _ = session.close(None).await;
+}

@@ -1,0 +1,292 @@
+//! Deployment routes (DESIGN.md §7, §10): create (JSON for an upstream,
+//! multipart for a static site), list, show, versions, rollback, delete.
+
+use super::NsCtx;
+use super::functions::{field_text, read_field};
+use crate::deploy::NewDeployment;
+use crate::deploy::model::{
+    MAX_HOSTS, MAX_INSTANCES, RouteSpec, TargetSpec, normalize_host, normalize_instance,
+    valid_name, validate_routes,
+};
+use crate::deploy::site::{SiteLimits, unpack};
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::policy::{Policy, RouteTable};
+use crate::node::Node;
+use actix_multipart::Multipart;
+use actix_web::http::Method;
+use actix_web::{HttpRequest, HttpResponse, web};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+pub fn register(t: &mut RouteTable) {
+    t.add(
+        Method::POST,
+        "/v1/deployments",
+        Policy::ns("deployments", "deploy"),
+        web::post().to(create),
+    )
+    .add(
+        Method::GET,
+        "/v1/deployments",
+        Policy::ns("deployments", "read"),
+        web::get().to(list),
+    )
+    .add(
+        Method::GET,
+        "/v1/deployments/{name}",
+        Policy::ns("deployments", "read"),
+        web::get().to(show),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/deployments/{name}",
+        Policy::ns("deployments", "deploy"),
+        web::delete().to(delete),
+    )
+    .add(
+        Method::GET,
+        "/v1/deployments/{name}/versions",
+        Policy::ns("deployments", "read"),
+        web::get().to(versions),
+    )
+    .add(
+        Method::POST,
+        "/v1/deployments/{name}/rollback",
+        Policy::ns("deployments", "deploy"),
+        web::post().to(rollback),
+    );
+}
+
+fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(code, message)
+}
+
+/// The JSON form of a create (an upstream deployment).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateJson {
+    name: String,
+    hosts: Vec<String>,
+    upstream: Option<UpstreamJson>,
+    #[serde(default)]
+    routes: Vec<RouteSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamJson {
+    instances: Vec<String>,
+}
+
+fn check_name(name: &str) -> ApiResult<()> {
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(bad(
+            "INVALID_NAME",
+            "a deployment name is 1 to 63 of a-z, 0-9, '-', '_', starting with a letter or digit",
+        ))
+    }
+}
+
+fn check_hosts(raw: &[String]) -> ApiResult<Vec<String>> {
+    if raw.is_empty() || raw.len() > MAX_HOSTS {
+        return Err(bad(
+            "INVALID_HOST",
+            format!("a deployment has 1 to {MAX_HOSTS} hosts"),
+        ));
+    }
+    let mut hosts = Vec::new();
+    for h in raw {
+        let h = normalize_host(h)?;
+        if !hosts.contains(&h) {
+            hosts.push(h);
+        }
+    }
+    Ok(hosts)
+}
+
+async fn create(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    let multipart = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let new = if multipart {
+        parse_static(&node, Multipart::new(req.headers(), payload)).await?
+    } else {
+        parse_upstream(&node, payload).await?
+    };
+    ctx.require("deployments", "deploy", &new.name)?;
+    let d = node.deployments.create(&ctx.name, new).await?;
+    Ok(HttpResponse::Created().json(json!({"ok": true, "deployment": d})))
+}
+
+async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<NewDeployment> {
+    let limit = node.config.server.max_body_bytes;
+    let mut body = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| bad("BAD_BODY", e.to_string()))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::too_large(format!(
+                "the body is larger than {limit} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let c: CreateJson = serde_json::from_slice(&body).map_err(|e| {
+        bad(
+            "INVALID_JSON",
+            format!("the body is not a deployment ({e}); a static site is sent as multipart"),
+        )
+    })?;
+    check_name(&c.name)?;
+    let hosts = check_hosts(&c.hosts)?;
+    let Some(up) = c.upstream else {
+        return Err(bad(
+            "MISSING_TARGET",
+            "give `upstream.instances`, or send a static site as multipart with a `tarball` part",
+        ));
+    };
+    if up.instances.is_empty() || up.instances.len() > MAX_INSTANCES {
+        return Err(bad(
+            "INVALID_UPSTREAM",
+            format!("an upstream has 1 to {MAX_INSTANCES} instances"),
+        ));
+    }
+    let instances = up
+        .instances
+        .iter()
+        .map(|i| normalize_instance(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(NewDeployment {
+        name: c.name,
+        hosts,
+        routes: validate_routes(c.routes)?,
+        target: TargetSpec::Upstream { instances },
+        blobs: Vec::new(),
+    })
+}
+
+/// Parses the parts of a static-site deploy; the tarball is checked whole
+/// before anything is stored.
+async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<NewDeployment> {
+    let cfg = &node.deployments.config;
+    let (mut name, mut hosts, mut tarball, mut routes) = (None, None, None, None);
+    while let Some(field) = mp.next().await {
+        let mut field = field.map_err(|e| bad("MALFORMED_MULTIPART", e.to_string()))?;
+        let part = field.name().unwrap_or_default().to_string();
+        match part.as_str() {
+            "tarball" => {
+                tarball =
+                    Some(read_field(&mut field, cfg.max_site_bytes, "SITE_TOO_LARGE").await?)
+            }
+            "name" | "hosts" | "routes" => {
+                let text =
+                    field_text(read_field(&mut field, 64 * 1024, "PAYLOAD_TOO_LARGE").await?, &part)?;
+                match part.as_str() {
+                    "name" => name = Some(text),
+                    "hosts" => hosts = Some(text),
+                    _ => {
+                        routes = Some(
+                            serde_json::from_str::<Vec<RouteSpec>>(&text)
+                                .map_err(|e| bad("INVALID_ROUTE", e.to_string()))?,
+                        )
+                    }
+                }
+            }
+            other => return Err(bad("UNKNOWN_PART", format!("unknown part {other:?}"))),
+        }
+    }
+    let name = name.ok_or_else(|| bad("MISSING_PART", "the `name` part is required"))?;
+    check_name(&name)?;
+    let hosts: Vec<String> = hosts
+        .ok_or_else(|| bad("MISSING_PART", "the `hosts` part is required"))?
+        .split(',')
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .collect();
+    let hosts = check_hosts(&hosts)?;
+    let tarball = tarball.ok_or_else(|| bad("MISSING_PART", "the `tarball` part is required"))?;
+    let limits = SiteLimits {
+        max_unpacked_bytes: cfg.max_site_unpacked_bytes as u64,
+        max_files: cfg.max_site_files,
+    };
+    let site = web::block(move || unpack(&tarball, limits))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(NewDeployment {
+        name,
+        hosts,
+        routes: validate_routes(routes.unwrap_or_default())?,
+        target: TargetSpec::Static {
+            files: site.files,
+            total_bytes: site.total_bytes,
+        },
+        blobs: site.blobs.into_iter().collect(),
+    })
+}
+
+async fn list(node: web::Data<Node>, ctx: NsCtx) -> ApiResult<HttpResponse> {
+    let d = node.deployments.list(&ctx.name).await?;
+    Ok(HttpResponse::Ok().json(json!({"deployments": d})))
+}
+
+async fn show(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    ctx.require("deployments", "read", &name)?;
+    Ok(HttpResponse::Ok().json(node.deployments.show(&ctx.name, &name).await?))
+}
+
+async fn versions(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    ctx.require("deployments", "read", &name)?;
+    let v = node.deployments.versions(&ctx.name, &name).await?;
+    Ok(HttpResponse::Ok().json(json!({"versions": v})))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RollbackBody {
+    version: Option<u64>,
+}
+
+async fn rollback(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+    body: web::Bytes,
+) -> ApiResult<HttpResponse> {
+    ctx.require("deployments", "deploy", &name)?;
+    let to = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        serde_json::from_slice::<RollbackBody>(&body)
+            .map_err(|e| bad("INVALID_JSON", format!("expected {{\"version\": N}}: {e}")))?
+            .version
+    };
+    let d = node.deployments.rollback(&ctx.name, &name, to).await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "deployment": d})))
+}
+
+async fn delete(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    ctx.require("deployments", "deploy", &name)?;
+    node.deployments.delete(&ctx.name, &name).await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name.into_inner()})))
+}

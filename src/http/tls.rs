@@ -1,0 +1,105 @@
+//! TLS terminated by the node (DESIGN.md §2): rustls with the ring provider, a
+//! certificate resolver that re-reads the files when they change (no restart),
+//! ALPN for HTTP/2 and HTTP/1.1, and the connection's SNI kept so that domain
+//! routing can answer 421 when a request's Host disagrees with it.
+
+use super::chain::Sni;
+use parking_lot::RwLock;
+use rustls::crypto::ring::sign::any_supported_type;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Reads a certificate chain and its key from PEM files.
+pub fn load_certified_key(cert: &Path, key: &Path) -> anyhow::Result<CertifiedKey> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| anyhow::anyhow!("cannot read tls.cert_file {}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("tls.cert_file {} is not PEM: {e}", cert.display()))?;
+    if chain.is_empty() {
+        anyhow::bail!("tls.cert_file {} holds no certificate", cert.display());
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| anyhow::anyhow!("cannot read tls.key_file {}: {e}", key.display()))?;
+    let signer = any_supported_type(&key_der)
+        .map_err(|e| anyhow::anyhow!("tls.key_file {}: {e}", key.display()))?;
+    let ck = CertifiedKey::new(chain, signer);
+    ck.keys_match()
+        .map_err(|e| anyhow::anyhow!("the TLS key does not match the certificate: {e}"))?;
+    Ok(ck)
+}
+
+/// The certificate in use, swapped when its files change.
+#[derive(Debug)]
+pub struct ReloadingResolver {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for ReloadingResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.read().clone())
+    }
+}
+
+fn mtimes(a: &Path, b: &Path) -> Option<(SystemTime, SystemTime)> {
+    let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    Some((m(a)?, m(b)?))
+}
+
+/// The server config for `cert`/`key`, and a thread that reloads them when their
+/// modification times change. A broken new pair is logged and the old one kept.
+pub fn server_config(
+    cert: PathBuf,
+    key: PathBuf,
+    check_every: Duration,
+) -> anyhow::Result<rustls::ServerConfig> {
+    let first = load_certified_key(&cert, &key)?;
+    let resolver = Arc::new(ReloadingResolver {
+        current: RwLock::new(Arc::new(first)),
+    });
+    let weak = Arc::downgrade(&resolver);
+    let mut seen = mtimes(&cert, &key);
+    std::thread::Builder::new()
+        .name("tls-reload".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(check_every);
+                let Some(r) = weak.upgrade() else { return };
+                let now = mtimes(&cert, &key);
+                if now.is_none() || now == seen {
+                    continue;
+                }
+                match load_certified_key(&cert, &key) {
+                    Ok(ck) => {
+                        *r.current.write() = Arc::new(ck);
+                        seen = now;
+                        tracing::info!(cert = %cert.display(), "TLS certificate reloaded.");
+                    }
+                    // Possibly caught between the two files being written: try again next tick.
+                    Err(e) => tracing::warn!(error = %e, "TLS certificate not reloaded."),
+                }
+            }
+        })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// Keeps the SNI of each TLS connection in its connection data.
+pub fn on_connect(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+    if let Some(tls) = conn
+        .downcast_ref::<actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>>()
+    {
+        let sni = tls.get_ref().1.server_name().map(str::to_ascii_lowercase);
+        ext.insert(Sni(sni));
+    }
+}

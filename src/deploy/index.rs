@@ -144,6 +144,9 @@ mod tests {
         ix.insert("a.test", bound("low", "/x", &[], 1));
         ix.insert("a.test", bound("high", "/x", &[], 5));
         ix.insert("a.test", bound("mid", "/x", &[], 3));
-        assert_eq!(ix.lookup("a.test", "GET", "/x/y").unwrap().deployment, "high");
+        assert_eq!(
+            ix.lookup("a.test", "GET", "/x/y").unwrap().deployment,
+            "high"
+        );
     }
 }

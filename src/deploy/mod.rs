@@ -245,7 +245,10 @@ impl Deployments {
                 ver_key(ns, &new.name, version),
                 serde_json::to_vec(&ver).expect("json"),
             ),
-            BatchOp::Put(dep_key(ns, &new.name), serde_json::to_vec(&rec).expect("json")),
+            BatchOp::Put(
+                dep_key(ns, &new.name),
+                serde_json::to_vec(&rec).expect("json"),
+            ),
         ];
         ops.extend(
             self.host_ops(ns, Some((&new.name, &new.hosts)), None)
@@ -428,7 +431,12 @@ impl Deployments {
         ops.extend(self.host_ops(ns, Some((name, &ver.hosts)), None).await?);
         self.store.apply_batch(ops).await?;
         self.reload().await?;
-        tracing::info!(namespace = ns, deployment = name, version = target, "Deployment rolled back.");
+        tracing::info!(
+            namespace = ns,
+            deployment = name,
+            version = target,
+            "Deployment rolled back."
+        );
         Ok(view(&rec, &ver, None))
     }
 

@@ -204,7 +204,8 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, DeployE
         p.starts_with('/')
             && p.len() <= 1024
             && !p.split('/').any(|s| s == ".." || s == ".")
-            && p.bytes().all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#')
+            && p.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#')
     };
     routes
         .into_iter()
@@ -312,7 +313,10 @@ mod tests {
     /// Hosts are lower-cased DNS names; ports, schemes and junk are refused.
     #[test]
     fn hosts_are_dns_names() {
-        assert_eq!(normalize_host("App.Example.TEST.").unwrap(), "app.example.test");
+        assert_eq!(
+            normalize_host("App.Example.TEST.").unwrap(),
+            "app.example.test"
+        );
         for bad in ["", "a:80", "http://a", "a..b", "-a.b", "a b", "ä.test"] {
             assert!(normalize_host(bad).is_err(), "{bad}");
         }
@@ -330,6 +334,9 @@ mod tests {
         let mut r = RouteSpec::everything();
         r.methods = vec!["get".into()];
         assert_eq!(validate_routes(vec![r]).unwrap()[0].methods, vec!["GET"]);
-        assert_eq!(validate_routes(vec![]).unwrap(), vec![RouteSpec::everything()]);
+        assert_eq!(
+            validate_routes(vec![]).unwrap(),
+            vec![RouteSpec::everything()]
+        );
     }
 }

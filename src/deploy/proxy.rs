@@ -182,13 +182,19 @@ fn upstream_headers(req: &HttpRequest, fwd: &Forwarded, keep_upgrade: bool) -> H
     let listed = connection_listed(req.headers());
     let mut out = HeaderMap::new();
     for (k, v) in req.headers() {
-        if k == header::HOST || (is_hop_by_hop(k, &listed) && !(keep_upgrade && k == header::UPGRADE))
+        if k == header::HOST
+            || (is_hop_by_hop(k, &listed) && !(keep_upgrade && k == header::UPGRADE))
         {
             continue;
         }
         out.append(k.clone(), v.clone());
     }
-    let xff = match (req.headers().get("x-forwarded-for").and_then(|v| v.to_str().ok()), fwd.client_ip) {
+    let xff = match (
+        req.headers()
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok()),
+        fwd.client_ip,
+    ) {
         (Some(prev), Some(ip)) => format!("{prev}, {ip}"),
         (None, Some(ip)) => ip.to_string(),
         (Some(prev), None) => prev.to_string(),
@@ -256,7 +262,10 @@ fn body_kind(req: &HttpRequest) -> BodyKind {
             BodyKind::Sized(len)
         };
     }
-    if req.headers().contains_key(header::TRANSFER_ENCODING) || req.version() == actix_web::http::Version::HTTP_2 && !matches!(*req.method(), Method::GET | Method::HEAD) {
+    if req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req.version() == actix_web::http::Version::HTTP_2
+            && !matches!(*req.method(), Method::GET | Method::HEAD)
+    {
         return BodyKind::Chunked;
     }
     BodyKind::None
@@ -287,7 +296,9 @@ pub async fn proxy_http(
     let mut last_err = None;
     for i in order {
         let url = format!("{}{}", pool.instances[i].base, path_and_query);
-        let mut creq = client.request(req.method().clone(), url.as_str()).no_decompress();
+        let mut creq = client
+            .request(req.method().clone(), url.as_str())
+            .no_decompress();
         for (k, v) in &headers {
             creq = creq.append_header((k.clone(), v.clone()));
         }
@@ -435,9 +446,9 @@ pub async fn proxy_ws(
                 actix_web::rt::spawn(relay(session, stream.max_frame_size(16 << 20), framed));
                 return Ok(resp);
             }
-            Err(awc::error::WsClientError::SendRequest(
-                awc::error::SendRequestError::Connect(e),
-            )) => {
+            Err(awc::error::WsClientError::SendRequest(awc::error::SendRequestError::Connect(
+                e,
+            ))) => {
                 pool.failed(i);
                 last_err = e.to_string();
             }

@@ -151,7 +151,9 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, DeployError> {
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
                     .unwrap_or_default();
                 let resolved = resolve_link(&path, &target, kind == E::Link).ok_or_else(|| {
-                    unsafe_tar(format!("link {path:?} -> {target:?} points out of the site"))
+                    unsafe_tar(format!(
+                        "link {path:?} -> {target:?} points out of the site"
+                    ))
                 })?;
                 links.push((path, resolved, kind == E::Link));
             }
@@ -166,8 +168,10 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, DeployError> {
         }
     }
     // Links resolve to files of the site (following link chains a bounded number of times).
-    let link_map: BTreeMap<String, String> =
-        links.iter().map(|(p, t, _)| (p.clone(), t.clone())).collect();
+    let link_map: BTreeMap<String, String> = links
+        .iter()
+        .map(|(p, t, _)| (p.clone(), t.clone()))
+        .collect();
     for (path, target, _) in &links {
         let mut t = target.clone();
         let mut hops = 0;
@@ -292,8 +296,14 @@ pub mod tests {
             s.files.keys().collect::<Vec<_>>(),
             ["css/app.css", "home.html", "index.html"]
         );
-        assert_eq!(s.files["index.html"].content_type, "text/html; charset=utf-8");
-        assert_eq!(s.files["css/app.css"].content_type, "text/css; charset=utf-8");
+        assert_eq!(
+            s.files["index.html"].content_type,
+            "text/html; charset=utf-8"
+        );
+        assert_eq!(
+            s.files["css/app.css"].content_type,
+            "text/css; charset=utf-8"
+        );
         assert_eq!(s.files["home.html"].sha256, s.files["index.html"].sha256);
         assert_eq!(s.blobs.len(), 2);
     }
@@ -311,7 +321,9 @@ pub mod tests {
             tarball(&[("dev", 'c', b"")]),
         ];
         for (i, t) in cases.iter().enumerate() {
-            let e = unpack(t, LIMITS).err().unwrap_or_else(|| panic!("case {i} passed"));
+            let e = unpack(t, LIMITS)
+                .err()
+                .unwrap_or_else(|| panic!("case {i} passed"));
             assert_eq!(e.code(), "UNSAFE_TARBALL", "case {i}: {e}");
         }
     }
@@ -320,14 +332,17 @@ pub mod tests {
     #[test]
     fn limits_and_garbage() {
         let big = vec![b'x'; 2 << 20];
-        let e = unpack(&tarball(&[("big", 'f', &big)]), LIMITS).err().unwrap();
+        let e = unpack(&tarball(&[("big", 'f', &big)]), LIMITS)
+            .err()
+            .unwrap();
         assert_eq!(e.code(), "SITE_TOO_LARGE");
         let e = unpack(b"not a tarball", LIMITS).err().unwrap();
         assert_eq!(e.code(), "INVALID_TARBALL");
         let e = unpack(&tarball(&[("d/", 'd', b"")]), LIMITS).err().unwrap();
         assert_eq!(e.code(), "INVALID_TARBALL");
-        let many: Vec<(String, char, &[u8])> =
-            (0..101).map(|i| (format!("f{i}"), 'f', &b"x"[..])).collect();
+        let many: Vec<(String, char, &[u8])> = (0..101)
+            .map(|i| (format!("f{i}"), 'f', &b"x"[..]))
+            .collect();
         let refs: Vec<(&str, char, &[u8])> =
             many.iter().map(|(p, k, d)| (p.as_str(), *k, *d)).collect();
         let e = unpack(&tarball(&refs), LIMITS).err().unwrap();
@@ -342,7 +357,13 @@ pub mod tests {
         std::fs::write(d.path().join("index.html"), "i").unwrap();
         std::fs::write(d.path().join("sub/a.js"), "a").unwrap();
         let s = unpack(&pack_dir(d.path()).unwrap(), LIMITS).unwrap();
-        assert_eq!(s.files.keys().collect::<Vec<_>>(), ["index.html", "sub/a.js"]);
-        assert_eq!(s.files["sub/a.js"].content_type, "text/javascript; charset=utf-8");
+        assert_eq!(
+            s.files.keys().collect::<Vec<_>>(),
+            ["index.html", "sub/a.js"]
+        );
+        assert_eq!(
+            s.files["sub/a.js"].content_type,
+            "text/javascript; charset=utf-8"
+        );
     }
 }

@@ -25,8 +25,8 @@ pub use self::{
     },
     model::{
         DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_SECONDS, FunctionMetadata, FunctionRecord,
-        InvocationRecord, MAX_VERSIONS, MEMORY_MB_RANGE, TIMEOUT_RANGE, VersionMeta, blob_key, fn_key,
-        parse_cron, topic_matches, valid_function_name, valid_secret_name,
+        InvocationRecord, MAX_VERSIONS, MEMORY_MB_RANGE, TIMEOUT_RANGE, VersionMeta, blob_key,
+        fn_key, parse_cron, topic_matches, valid_function_name, valid_secret_name,
     },
     ws::ws_invoke,
 };

@@ -98,14 +98,17 @@ impl TestNode {
         std::thread::spawn(move || {
             let mut sent = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if !sent && let Some(a) = line.strip_prefix("meshgate listening on http://") {
+                if !sent && let Some(a) = line.strip_prefix("meshgate listening on ") {
                     let _ = tx.send(a.to_string());
                     sent = true;
                 }
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(a) => a,
+        let (scheme, addr) = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => {
+                let (s, a) = a.split_once("://").expect("scheme://addr");
+                (s.to_string(), a.to_string())
+            }
             Err(_) => {
                 let _ = child.kill();
                 panic!("node did not start: {}", log.lock().unwrap());
@@ -113,7 +116,7 @@ impl TestNode {
         };
         let node = TestNode {
             child: Some(child),
-            base: format!("http://{addr}"),
+            base: format!("{scheme}://{addr}"),
             addr,
             dir,
             _tmp: tmp,

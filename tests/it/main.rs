@@ -3,6 +3,7 @@
 mod chain;
 mod common;
 mod dashboard;
+mod deploy;
 mod functions;
 mod node;
 mod pubsub;

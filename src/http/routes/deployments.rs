@@ -184,12 +184,13 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<NewDeployment
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
             "tarball" => {
-                tarball =
-                    Some(read_field(&mut field, cfg.max_site_bytes, "SITE_TOO_LARGE").await?)
+                tarball = Some(read_field(&mut field, cfg.max_site_bytes, "SITE_TOO_LARGE").await?)
             }
             "name" | "hosts" | "routes" => {
-                let text =
-                    field_text(read_field(&mut field, 64 * 1024, "PAYLOAD_TOO_LARGE").await?, &part)?;
+                let text = field_text(
+                    read_field(&mut field, 64 * 1024, "PAYLOAD_TOO_LARGE").await?,
+                    &part,
+                )?;
                 match part.as_str() {
                     "name" => name = Some(text),
                     "hosts" => hosts = Some(text),

@@ -1,0 +1,899 @@
+//! Deployments (DESIGN.md §7, docs/deployments.md): static sites, the reverse
+//! proxy and its statuses (404, 421, 502, 503, 101), streaming (SSE, a 100 MiB
+//! download with bounded memory), TLS with SNI and certificate reload, HTTP/2,
+//! and the bad inputs of a deploy.
+
+use crate::common::*;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use futures_util::{SinkExt as _, StreamExt as _};
+use std::io::{Read, Write};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An upstream app in this process: echo, SSE held open until told, a large
+/// download, a WebSocket echo. Its id tells instances apart.
+pub struct Upstream {
+    pub addr: String,
+    /// Notified by the test to let `/sse` finish.
+    pub release: Arc<tokio::sync::Notify>,
+}
+
+async fn echo(req: HttpRequest, body: web::Bytes, id: web::Data<String>) -> HttpResponse {
+    let h = |n: &str| {
+        req.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    HttpResponse::Ok().json(serde_json::json!({
+        "id": id.get_ref(),
+        "method": req.method().as_str(),
+        "path": req.uri().path_and_query().map(|p| p.as_str()).unwrap_or(""),
+        "host": h("host"),
+        "xff": h("x-forwarded-for"),
+        "xfp": h("x-forwarded-proto"),
+        "xfh": h("x-forwarded-host"),
+        "rid": h("x-request-id"),
+        "authorization": h("authorization"),
+        "keep_alive_header": h("keep-alive"),
+        "custom": h("x-custom"),
+        "body_len": body.len(),
+        "body_sha": hex::encode(ring::digest::digest(&ring::digest::SHA256, &body).as_ref()),
+    }))
+}
+
+async fn sse(release: web::Data<Arc<tokio::sync::Notify>>) -> HttpResponse {
+    let release = release.get_ref().clone();
+    let s = async_stream(release);
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(s)
+}
+
+fn async_stream(
+    release: Arc<tokio::sync::Notify>,
+) -> impl futures_util::Stream<Item = Result<web::Bytes, actix_web::Error>> {
+    futures_util::stream::unfold(0u8, move |state| {
+        let release = release.clone();
+        async move {
+            match state {
+                0 => Some((Ok(web::Bytes::from_static(b"data: first\n\n")), 1)),
+                1 => {
+                    // Held open until the test has seen the first event.
+                    let _ = tokio::time::timeout(Duration::from_secs(20), release.notified()).await;
+                    Some((Ok(web::Bytes::from_static(b"data: last\n\n")), 2))
+                }
+                _ => None,
+            }
+        }
+    })
+}
+
+const BIG: u64 = 100 << 20;
+
+async fn big() -> HttpResponse {
+    let chunk = web::Bytes::from(vec![b'z'; 64 << 10]);
+    let n = BIG / (64 << 10);
+    let s =
+        futures_util::stream::iter((0..n).map(move |_| Ok::<_, actix_web::Error>(chunk.clone())));
+    HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .no_chunking(BIG)
+        .streaming(s)
+}
+
+async fn ws_echo(req: HttpRequest, body: web::Payload) -> actix_web::Result<HttpResponse> {
+    let (resp, mut session, mut stream) = actix_ws::handle(&req, body)?;
+    actix_web::rt::spawn(async move {
+        while let Some(Ok(m)) = stream.next().await {
+            match m {
+                actix_ws::Message::Text(t) => {
+                    let _ = session.text(format!("echo:{t}")).await;
+                }
+                actix_ws::Message::Close(r) => {
+                    let _ = session.close(r).await;
+                    return;
+                }
+                _ => {}
+            }
+        }
+    });
+    Ok(resp)
+}
+
+impl Upstream {
+    pub fn start(id: &str) -> Upstream {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let release = Arc::new(tokio::sync::Notify::new());
+        let r2 = release.clone();
+        let id = id.to_string();
+        std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let srv = HttpServer::new(move || {
+                    App::new()
+                        .app_data(web::Data::new(id.clone()))
+                        .app_data(web::Data::new(r2.clone()))
+                        .app_data(web::PayloadConfig::new(64 << 20))
+                        .route("/sse", web::get().to(sse))
+                        .route("/big", web::get().to(big))
+                        .route("/ws", web::get().to(ws_echo))
+                        .default_service(web::to(echo))
+                })
+                .workers(1)
+                .bind("127.0.0.1:0")
+                .unwrap();
+                tx.send(srv.addrs()[0].to_string()).unwrap();
+                srv.run().await.unwrap();
+            });
+        });
+        Upstream {
+            addr: rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            release,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// A port nothing listens on.
+fn dead_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap().to_string();
+    drop(l);
+    format!("http://{a}")
+}
+
+fn deploy_json(node: &TestNode, key: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let (s, b) = node.with_key(
+        key,
+        "POST",
+        "/v1/deployments",
+        Some(body.to_string().as_bytes()),
+    );
+    (s, json(&b))
+}
+
+/// GET through the node with a Host header.
+fn via(
+    node: &TestNode,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut h = vec![("host", host)];
+    h.extend_from_slice(headers);
+    http(method, &node.url(path), &h, body)
+}
+
+fn code(b: &[u8]) -> String {
+    json(&String::from_utf8_lossy(b))["error"]["code"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A `.tar.gz` from (path, kind, data) entries, names written raw so hostile
+/// names can be made: 'f' file, 'd' folder, 's' symlink, 'h' hard link.
+fn tarball(entries: &[(&str, char, &[u8])]) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    for (path, kind, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.as_gnu_mut().unwrap().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.set_mode(0o644);
+        let (t, size, link) = match kind {
+            'f' => (tar::EntryType::Regular, data.len(), None),
+            'd' => (tar::EntryType::Directory, 0, None),
+            's' => (tar::EntryType::Symlink, 0, Some(*data)),
+            _ => (tar::EntryType::Link, 0, Some(*data)),
+        };
+        h.set_entry_type(t);
+        h.set_size(size as u64);
+        if let Some(l) = link {
+            h.set_link_name_literal(std::str::from_utf8(l).unwrap())
+                .unwrap();
+        }
+        h.set_cksum();
+        let content: &[u8] = if *kind == 'f' { data } else { &[] };
+        b.append(&h, content).unwrap();
+    }
+    b.into_inner().unwrap().finish().unwrap()
+}
+
+fn multipart(parts: &[(&str, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "mgdeployboundary7";
+    let mut body = Vec::new();
+    for (name, data) in parts {
+        body.extend_from_slice(
+            format!("--{boundary}\r\ncontent-disposition: form-data; name=\"{name}\"; filename=\"{name}\"\r\ncontent-type: application/octet-stream\r\n\r\n").as_bytes(),
+        );
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+fn deploy_static(node: &TestNode, key: &str, name: &str, hosts: &str, tgz: &[u8]) -> (u16, String) {
+    let (ct, body) = multipart(&[
+        ("name", name.as_bytes()),
+        ("hosts", hosts.as_bytes()),
+        ("tarball", tgz),
+    ]);
+    let auth = format!("Bearer {key}");
+    let (s, _, b) = http(
+        "POST",
+        &node.url("/v1/deployments"),
+        &[("authorization", &auth), ("content-type", &ct)],
+        Some(&body),
+    );
+    (s, String::from_utf8_lossy(&b).into_owned())
+}
+
+/// A static site: content types, index.html for folders, ETag and 304, 404 for
+/// a missing file, 405 for a write, versions and rollback.
+#[test]
+fn static_site_serves_files_with_etags() {
+    let node = TestNode::start();
+    let key = node.create_namespace("site");
+    let v1 = tarball(&[
+        ("./index.html", 'f', b"<h1>home v1</h1>"),
+        ("./docs/index.html", 'f', b"<h1>docs</h1>"),
+        ("./css/app.css", 'f', b"body{color:red}"),
+        ("./logo.svg", 'f', b"<svg/>"),
+        ("./latest.html", 's', b"index.html"),
+    ]);
+    let (s, b) = deploy_static(&node, &key, "www", "www.site.test", &v1);
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(json(&b)["deployment"]["target"]["files"], 5);
+
+    let (s, h, body) = via(&node, "WWW.site.test:8080", "GET", "/", &[], None);
+    assert_eq!((s, body.as_slice()), (200, &b"<h1>home v1</h1>"[..]));
+    assert_eq!(header(&h, "content-type"), Some("text/html; charset=utf-8"));
+    let etag = header(&h, "etag").unwrap().to_string();
+    let (s, _, body) = via(&node, "www.site.test", "GET", "/docs", &[], None);
+    assert_eq!((s, body.as_slice()), (200, &b"<h1>docs</h1>"[..]));
+    let (_, h, _) = via(&node, "www.site.test", "GET", "/css/app.css", &[], None);
+    assert_eq!(header(&h, "content-type"), Some("text/css; charset=utf-8"));
+    let (_, h, _) = via(&node, "www.site.test", "GET", "/logo.svg", &[], None);
+    assert!(
+        header(&h, "content-type")
+            .unwrap()
+            .starts_with("image/svg+xml")
+    );
+    let (s, _, body) = via(&node, "www.site.test", "GET", "/latest.html", &[], None);
+    assert_eq!((s, body.as_slice()), (200, &b"<h1>home v1</h1>"[..]));
+
+    let (s, h, body) = via(
+        &node,
+        "www.site.test",
+        "GET",
+        "/index.html",
+        &[("if-none-match", &etag)],
+        None,
+    );
+    assert_eq!(s, 304);
+    assert!(body.is_empty());
+    assert_eq!(header(&h, "etag"), Some(etag.as_str()));
+    let (s, _, body) = via(&node, "www.site.test", "GET", "/nope.html", &[], None);
+    assert_eq!((s, code(&body).as_str()), (404, "FILE_NOT_FOUND"));
+    let (s, _, _) = via(
+        &node,
+        "www.site.test",
+        "POST",
+        "/index.html",
+        &[],
+        Some(b"x"),
+    );
+    assert_eq!(s, 405);
+
+    // Version 2, then roll back to 1.
+    let v2 = tarball(&[("index.html", 'f', b"<h1>home v2</h1>")]);
+    let (s, b) = deploy_static(&node, &key, "www", "www.site.test", &v2);
+    assert_eq!(s, 201, "{b}");
+    let (_, _, body) = via(&node, "www.site.test", "GET", "/", &[], None);
+    assert_eq!(body, b"<h1>home v2</h1>");
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/www/versions", None);
+    assert_eq!(s, 200);
+    assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 2);
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/deployments/www/rollback",
+        Some(b"{\"version\": 1}"),
+    );
+    assert_eq!(s, 200, "{b}");
+    let (_, _, body) = via(&node, "www.site.test", "GET", "/", &[], None);
+    assert_eq!(body, b"<h1>home v1</h1>");
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/deployments/www/rollback",
+        Some(b"{\"version\": 9}"),
+    );
+    assert_eq!(
+        (s, json(&b)["error"]["code"].as_str()),
+        (404, Some("VERSION_NOT_FOUND"))
+    );
+    let (s, _) = node.with_key(
+        &key,
+        "POST",
+        "/v1/deployments/www/rollback",
+        Some(b"{\"version\": \"x\"}"),
+    );
+    assert_eq!(s, 400);
+
+    // Deleted: the host is the gateway's again.
+    let (s, _) = node.with_key(&key, "DELETE", "/v1/deployments/www", None);
+    assert_eq!(s, 200);
+    let (s, _, body) = via(&node, "www.site.test", "GET", "/", &[], None);
+    assert_eq!((s, code(&body).as_str()), (404, "NOT_FOUND"));
+}
+
+/// Tarballs that climb out of the site are refused and store nothing; bad
+/// upstream URLs and hosts are 400; a host of another namespace is 409.
+#[test]
+fn bad_deploys_are_refused_and_store_nothing() {
+    let node = TestNode::start();
+    let a = node.create_namespace("alpha");
+    let b = node.create_namespace("beta");
+    for (i, t) in [
+        tarball(&[("index.html", 'f', b"ok"), ("../escape.html", 'f', b"x")]),
+        tarball(&[("index.html", 'f', b"ok"), ("/etc/cron.d/x", 'f', b"x")]),
+        tarball(&[
+            ("index.html", 'f', b"ok"),
+            ("passwd", 's', b"../../../etc/passwd"),
+        ]),
+        tarball(&[("index.html", 'f', b"ok"), ("abs", 's', b"/etc/passwd")]),
+        tarball(&[("index.html", 'f', b"ok"), ("hard", 'h', b"../outside")]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (s, body) = deploy_static(&node, &a, "evil", "evil.test", t);
+        assert_eq!(s, 400, "case {i}: {body}");
+        assert_eq!(json(&body)["error"]["code"], "UNSAFE_TARBALL", "case {i}");
+    }
+    let (s, body) = deploy_static(&node, &a, "evil", "evil.test", b"garbage");
+    assert_eq!(
+        (s, json(&body)["error"]["code"].as_str()),
+        (400, Some("INVALID_TARBALL"))
+    );
+    // Nothing was stored: no deployment, the host is not routed and still free.
+    let (s, _) = node.with_key(&a, "GET", "/v1/deployments/evil", None);
+    assert_eq!(s, 404);
+    let (_, body) = node.with_key(&a, "GET", "/v1/deployments", None);
+    assert_eq!(json(&body)["deployments"].as_array().unwrap().len(), 0);
+    let (s, _, _) = via(&node, "evil.test", "GET", "/", &[], None);
+    assert_eq!(s, 404);
+
+    let up = Upstream::start("u");
+    for (bad, want) in [
+        ("ftp://127.0.0.1:21", "INVALID_UPSTREAM"),
+        ("127.0.0.1:9000", "INVALID_UPSTREAM"),
+        ("http://127.0.0.1:9000/base", "INVALID_UPSTREAM"),
+    ] {
+        let (s, v) = deploy_json(
+            &node,
+            &a,
+            serde_json::json!({"name": "api", "hosts": ["api.test"], "upstream": {"instances": [bad]}}),
+        );
+        assert_eq!((s, v["error"]["code"].as_str()), (400, Some(want)), "{bad}");
+    }
+    for bad_host in [
+        "api.test:80",
+        "http://api.test",
+        "bad host",
+        "ns-alpha.localhost",
+    ] {
+        let (s, v) = deploy_json(
+            &node,
+            &a,
+            serde_json::json!({"name": "api", "hosts": [bad_host], "upstream": {"instances": [up.url()]}}),
+        );
+        assert_eq!(s, 400, "{bad_host}: {v}");
+    }
+    let (s, v) = deploy_json(
+        &node,
+        &a,
+        serde_json::json!({"name": "api", "hosts": ["api.test"], "routes": [{"path_prefix": "x"}], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("INVALID_ROUTE"))
+    );
+    let (s, v) = deploy_json(
+        &node,
+        &a,
+        serde_json::json!({"name": "api", "hosts": ["api.test"]}),
+    );
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("MISSING_TARGET"))
+    );
+    let (s, _) = node.with_key(&a, "POST", "/v1/deployments", Some(b"{not json"));
+    assert_eq!(s, 400);
+
+    // A host belongs to one namespace at a time.
+    let (s, v) = deploy_json(
+        &node,
+        &a,
+        serde_json::json!({"name": "api", "hosts": ["api.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = deploy_json(
+        &node,
+        &b,
+        serde_json::json!({"name": "steal", "hosts": ["API.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!((s, v["error"]["code"].as_str()), (409, Some("HOST_TAKEN")));
+    let (s, t) = deploy_static(
+        &node,
+        &b,
+        "steal",
+        "api.test",
+        &tarball(&[("index.html", 'f', b"x")]),
+    );
+    assert_eq!(s, 409, "{t}");
+    // alpha's deployment still serves, beta got nothing.
+    let (s, _, body) = via(&node, "api.test", "GET", "/x", &[], None);
+    assert_eq!(s, 200);
+    assert_eq!(json(&String::from_utf8_lossy(&body))["id"], "u");
+    let (_, body) = node.with_key(&b, "GET", "/v1/deployments", None);
+    assert_eq!(json(&body)["deployments"].as_array().unwrap().len(), 0);
+    // Deleting alpha's namespace frees the host.
+    assert_eq!(node.op("DELETE", "/v1/namespaces/alpha", None).0, 200);
+    let (s, v) = deploy_json(
+        &node,
+        &b,
+        serde_json::json!({"name": "steal", "hosts": ["api.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    // Without a deployments grant a key cannot deploy.
+    let (s, body) = node.with_key(
+        &b,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"role":"runtime"}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let runtime = json(&body)["api_key"].as_str().unwrap().to_string();
+    let (s, _) = deploy_json(
+        &node,
+        &runtime,
+        serde_json::json!({"name": "x", "hosts": ["x.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 403);
+}
+
+/// The proxy: path rewriting with the query kept, forwarded headers,
+/// hop-by-hop headers removed, the upstream's Authorization untouched,
+/// round-robin, and the statuses 404, 502 and 503.
+#[test]
+fn proxy_routes_rewrites_and_balances() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[deploy]\nunhealthy_after_failures = 2\nunhealthy_seconds = 2\n"
+        ),
+        ..Default::default()
+    });
+    let key = node.create_namespace("shop");
+    let (u1, u2) = (Upstream::start("one"), Upstream::start("two"));
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "api", "hosts": ["shop.test"],
+            "upstream": {"instances": [u1.url(), u2.url()]},
+            "routes": [
+                {"path_prefix": "/api", "strip_prefix": "/api", "add_prefix": "/v2"},
+                {"path_prefix": "/api/admin", "methods": ["POST"], "priority": 1}
+            ]
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, h, body) = via(
+        &node,
+        "shop.test",
+        "GET",
+        "/api/users?page=2&q=a%20b",
+        &[
+            ("authorization", "Bearer for-the-upstream"),
+            ("x-request-id", "rid-123"),
+            ("keep-alive", "timeout=5"),
+            ("connection", "keep-alive, x-custom"),
+            ("x-custom", "hop"),
+        ],
+        None,
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    let e = json(&String::from_utf8_lossy(&body));
+    assert_eq!(e["path"], "/v2/users?page=2&q=a%20b");
+    assert_eq!(e["xfh"], "shop.test");
+    assert_eq!(e["xfp"], "http");
+    assert_eq!(e["xff"], "127.0.0.1");
+    assert_eq!(e["rid"], "rid-123");
+    assert_eq!(e["authorization"], "Bearer for-the-upstream");
+    assert_eq!(e["keep_alive_header"], serde_json::Value::Null);
+    assert_eq!(
+        e["custom"],
+        serde_json::Value::Null,
+        "listed in Connection: hop-by-hop"
+    );
+    assert_eq!(header(&h, "x-request-id"), Some("rid-123"));
+    // The more specific route takes POST /api/admin without rewriting.
+    let (_, _, body) = via(&node, "shop.test", "POST", "/api/admin/x", &[], Some(b"{}"));
+    assert_eq!(
+        json(&String::from_utf8_lossy(&body))["path"],
+        "/api/admin/x"
+    );
+    // Round-robin over both instances.
+    let ids: Vec<String> = (0..6)
+        .map(|_| {
+            let (_, _, b) = via(&node, "shop.test", "GET", "/api/x", &[], None);
+            json(&String::from_utf8_lossy(&b))["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids.iter().filter(|i| *i == "one").count(), 3, "{ids:?}");
+    assert_eq!(ids.iter().filter(|i| *i == "two").count(), 3, "{ids:?}");
+    // No route for the path: 404.
+    let (s, _, body) = via(&node, "shop.test", "GET", "/other", &[], None);
+    assert_eq!((s, code(&body).as_str()), (404, "NO_ROUTE"));
+
+    // An upstream that is down: 502 while its instances are tried, then 503
+    // once passive health has marked them all unhealthy.
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "down", "hosts": ["down.shop.test"],
+            "upstream": {"instances": [dead_port(), dead_port()]}
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, _, body) = via(&node, "down.shop.test", "GET", "/", &[], None);
+    assert_eq!((s, code(&body).as_str()), (502, "UPSTREAM_UNAVAILABLE"));
+    let (s, _, body) = via(&node, "down.shop.test", "GET", "/", &[], None);
+    assert_eq!((s, code(&body).as_str()), (502, "UPSTREAM_UNAVAILABLE"));
+    let (s, h, body) = via(&node, "down.shop.test", "GET", "/", &[], None);
+    assert_eq!((s, code(&body).as_str()), (503, "NO_HEALTHY_UPSTREAM"));
+    assert!(header(&h, "retry-after").is_some());
+    let (_, b) = node.with_key(&key, "GET", "/v1/deployments/down", None);
+    let inst = &json(&b)["target"]["instances"];
+    assert_eq!(inst[0]["healthy"], false, "{b}");
+    assert_eq!(inst[1]["healthy"], false, "{b}");
+}
+
+/// A dead instance is skipped by retrying the request (its body intact) on the
+/// next one, and then by passive health.
+#[test]
+fn failed_connection_retries_on_next_instance_with_the_body() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[deploy]\nunhealthy_after_failures = 1\nunhealthy_seconds = 60\n"
+        ),
+        ..Default::default()
+    });
+    let key = node.create_namespace("retry");
+    let up = Upstream::start("alive");
+    let dead = dead_port();
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "api", "hosts": ["retry.test"], "upstream": {"instances": [dead.clone(), up.url()]}
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let body = vec![7u8; 300_000];
+    let sha = hex::encode(ring::digest::digest(&ring::digest::SHA256, &body).as_ref());
+    for _ in 0..4 {
+        let (s, _, b) = via(&node, "retry.test", "POST", "/upload", &[], Some(&body));
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        let e = json(&String::from_utf8_lossy(&b));
+        assert_eq!(
+            (e["id"].as_str(), e["body_len"].as_u64()),
+            (Some("alive"), Some(300_000))
+        );
+        assert_eq!(e["body_sha"], sha);
+    }
+    let (_, b) = node.with_key(&key, "GET", "/v1/deployments/api", None);
+    assert_eq!(json(&b)["target"]["instances"][0]["healthy"], false, "{b}");
+}
+
+/// SSE: the first event reaches the client while the upstream still holds the
+/// stream open (nothing is buffered).
+#[test]
+fn sse_first_event_arrives_before_the_upstream_finishes() {
+    let node = TestNode::start();
+    let key = node.create_namespace("events");
+    let up = Upstream::start("sse");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "ev", "hosts": ["events.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let mut conn = std::net::TcpStream::connect(&node.addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(conn, "GET /sse HTTP/1.1\r\nhost: events.test\r\naccept: text/event-stream\r\naccept-encoding: gzip\r\nconnection: close\r\n\r\n").unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: first") {
+        let n = conn
+            .read(&mut buf)
+            .expect("the first event must arrive while the upstream is still open");
+        assert!(
+            n > 0,
+            "closed before the first event: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    assert!(
+        !head.contains("content-encoding: gzip"),
+        "SSE must not be compressed: {head}"
+    );
+    assert!(!String::from_utf8_lossy(&seen).contains("data: last"));
+    up.release.notify_one();
+    let mut rest = Vec::new();
+    let _ = conn.read_to_end(&mut rest);
+    assert!(String::from_utf8_lossy(&rest).contains("data: last"));
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// A 100 MiB download streams through the proxy: the node's peak RSS grows by
+/// far less than the body.
+#[test]
+fn large_download_streams_with_bounded_memory() {
+    let node = TestNode::start();
+    let key = node.create_namespace("files");
+    let up = Upstream::start("big");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "dl", "hosts": ["files.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let pid = node.child.as_ref().unwrap().id();
+    // Warm up the proxy path so its one-time allocations are not counted.
+    let _ = via(&node, "files.test", "GET", "/warm", &[], None);
+    let before = rss_kib(pid, "VmHWM:");
+    let mut conn = std::net::TcpStream::connect(&node.addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        conn,
+        "GET /big HTTP/1.1\r\nhost: files.test\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut total: u64 = 0;
+    let mut head_done = false;
+    let mut pending = Vec::new();
+    let mut buf = vec![0u8; 256 << 10];
+    let started = Instant::now();
+    loop {
+        let n = conn.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        if head_done {
+            total += n as u64;
+        } else {
+            pending.extend_from_slice(&buf[..n]);
+            if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&pending[..i]).to_ascii_lowercase();
+                assert!(head.starts_with("http/1.1 200"), "{head}");
+                assert!(head.contains(&format!("content-length: {BIG}")), "{head}");
+                total += (pending.len() - i - 4) as u64;
+                head_done = true;
+            }
+        }
+    }
+    assert_eq!(total, BIG);
+    let after = rss_kib(pid, "VmHWM:");
+    let grew_mib = (after.saturating_sub(before)) / 1024;
+    eprintln!(
+        "100 MiB through the proxy in {:?}; node peak RSS {} -> {} KiB (+{grew_mib} MiB)",
+        started.elapsed(),
+        before,
+        after
+    );
+    assert!(
+        grew_mib < 32,
+        "peak RSS grew by {grew_mib} MiB for a 100 MiB body"
+    );
+}
+
+/// A WebSocket upgrade through the proxy: 101, then frames both ways.
+#[actix_rt::test]
+async fn websocket_upgrade_is_relayed() {
+    let node = TestNode::start();
+    let key = node.create_namespace("sockets");
+    let up = Upstream::start("ws");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "ws", "hosts": ["ws.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let addr: std::net::SocketAddr = node.addr.parse().unwrap();
+    let (res, mut sock) = awc::Client::new()
+        .ws(format!("ws://ws.test:{}/ws", addr.port()))
+        .address(addr)
+        .connect()
+        .await
+        .expect("upgrade through the proxy");
+    assert_eq!(res.status().as_u16(), 101);
+    for i in 0..3 {
+        sock.send(awc::ws::Message::Text(format!("hello {i}").into()))
+            .await
+            .unwrap();
+        let f = tokio::time::timeout(Duration::from_secs(5), sock.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match f {
+            awc::ws::Frame::Text(t) => assert_eq!(t, format!("echo:hello {i}").as_bytes()),
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+    sock.send(awc::ws::Message::Close(None)).await.unwrap();
+}
+
+fn curl_available() {
+    for tool in ["curl", "openssl"] {
+        let ok = Command::new(tool).arg("--version").output().is_ok()
+            || Command::new(tool).arg("version").output().is_ok();
+        assert!(
+            ok,
+            "{tool} not found: run scripts/test.sh (it installs curl and openssl) or apt-get install -y curl openssl"
+        );
+    }
+}
+
+fn make_cert(dir: &std::path::Path, cn: &str) {
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+        ])
+        .arg("-keyout")
+        .arg(dir.join("key.tmp"))
+        .arg("-out")
+        .arg(dir.join("cert.tmp"))
+        .args([
+            "-subj",
+            &format!("/CN={cn}"),
+            "-addext",
+            "subjectAltName=DNS:a.test,DNS:b.test",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(dir.join("key.tmp"), dir.join("key.pem")).unwrap();
+    std::fs::rename(dir.join("cert.tmp"), dir.join("cert.pem")).unwrap();
+}
+
+/// Runs curl against the TLS node, connecting to `sni` with a `Host` header.
+fn curl(node_addr: &str, sni: &str, host: &str, extra: &[&str]) -> (String, String) {
+    let port = node_addr.rsplit(':').next().unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sk",
+            "-v",
+            "-m",
+            "10",
+            "--resolve",
+            &format!("{sni}:{port}:127.0.0.1"),
+        ])
+        .args(["-H", &format!("Host: {host}")])
+        .args(extra)
+        .args(["-o", "/dev/null", "-w", "%{http_code} %{http_version}"])
+        .arg(format!("https://{sni}:{port}/v1/health"))
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// TLS: a Host that disagrees with the SNI is 421; HTTP/2 by ALPN; h2c with
+/// prior knowledge on a plain node; the certificate is reloaded from its files
+/// without a restart.
+#[test]
+fn tls_sni_mismatch_http2_and_certificate_reload() {
+    curl_available();
+    let dir = tempfile::tempdir().unwrap();
+    make_cert(dir.path(), "first.test");
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[tls]\ncert_file = {:?}\nkey_file = {:?}\nreload_check_seconds = 1\n",
+            dir.path().join("cert.pem"),
+            dir.path().join("key.pem")
+        ),
+        no_wait_ready: true,
+        ..Default::default()
+    });
+    assert!(node.base.starts_with("https://"), "{}", node.base);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while curl(&node.addr, "a.test", "a.test", &["--http1.1"]).0 != "200 1.1" {
+        assert!(Instant::now() < deadline, "TLS node never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (out, _) = curl(&node.addr, "a.test", "a.test", &["--http2"]);
+    assert_eq!(out, "200 2");
+    let (out, _) = curl(&node.addr, "a.test", "b.test", &["--http1.1"]);
+    assert_eq!(out, "421 1.1");
+    let (out, _) = curl(&node.addr, "a.test", "b.test", &["--http2"]);
+    assert_eq!(out, "421 2");
+    let (_, verbose) = curl(&node.addr, "a.test", "a.test", &["--http1.1"]);
+    assert!(verbose.contains("CN=first.test"), "{verbose}");
+
+    // New files: served without a restart.
+    std::thread::sleep(Duration::from_millis(1100));
+    make_cert(dir.path(), "second.test");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (out, verbose) = curl(&node.addr, "a.test", "a.test", &["--http1.1"]);
+        if verbose.contains("CN=second.test") {
+            assert_eq!(out, "200 1.1");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "certificate never reloaded: {verbose}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A plain node speaks HTTP/2 with prior knowledge on the same port as HTTP/1.1.
+    let plain = TestNode::start();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{http_version}",
+        ])
+        .arg(plain.url("/v1/health"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200 2");
+}

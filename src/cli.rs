@@ -30,6 +30,9 @@ pub enum Command {
     /// Deploy, list, invoke, inspect and delete WASM functions.
     #[command(subcommand)]
     Fn(FnCommand),
+    /// Attach hosts to a static site or to upstream instances.
+    #[command(subcommand)]
+    Deploy(DeployCommand),
     /// Publish one message to a topic (DATA, or standard input when absent).
     Pub {
         topic: String,
@@ -191,6 +194,63 @@ fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+#[derive(Subcommand)]
+pub enum DeployCommand {
+    /// Pack DIR into a .tar.gz and serve it as a static site on the hosts.
+    Static {
+        dir: PathBuf,
+        /// Host to serve (repeat for several).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// Deployment name (default: the folder's name).
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Proxy the hosts to one or more http(s)://host:port instances.
+    Upstream {
+        #[arg(required = true)]
+        urls: Vec<String>,
+        /// Host to serve (repeat for several).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// Deployment name (default: the first host with dots as dashes).
+        #[arg(long)]
+        name: Option<String>,
+        /// Routes as JSON: [{"path_prefix","methods","strip_prefix","add_prefix","priority"}].
+        #[arg(long)]
+        routes: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the namespace's deployments.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a deployment with its instances' health.
+    Show {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make an earlier version serve again (default: the one before the active one).
+    Rollback {
+        name: String,
+        #[arg(long)]
+        version: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a deployment and release its hosts.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]

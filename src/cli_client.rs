@@ -1,6 +1,6 @@
 //! The client half of the CLI: each command is one or two HTTP calls.
 
-use crate::cli::{ClientArgs, Command, FnCommand, KeysCommand, NsCommand};
+use crate::cli::{ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, NsCommand};
 use serde_json::{Value, json};
 use std::process::ExitCode;
 
@@ -179,6 +179,94 @@ async fn functions(cmd: FnCommand) -> Result<(), String> {
     Ok(())
 }
 
+/// A name a deployment may take, from a folder or host name.
+fn default_name(s: &str) -> String {
+    let n: String = s
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let n = n.trim_matches('-').to_string();
+    if n.is_empty() {
+        "site".into()
+    } else {
+        n.chars().take(63).collect()
+    }
+}
+
+async fn deployments(cmd: DeployCommand) -> Result<(), String> {
+    match cmd {
+        DeployCommand::Static {
+            dir,
+            hosts,
+            name,
+            client,
+        } => {
+            if !dir.is_dir() {
+                return Err(format!("{} is not a folder", dir.display()));
+            }
+            let name = name.unwrap_or_else(|| {
+                let abs = std::fs::canonicalize(&dir).unwrap_or(dir.clone());
+                default_name(&abs.file_name().unwrap_or_default().to_string_lossy())
+            });
+            let tgz = crate::deploy::site::pack_dir(&dir)
+                .map_err(|e| format!("cannot pack {}: {e}", dir.display()))?;
+            let parts = vec![
+                ("name", name.into_bytes()),
+                ("hosts", hosts.join(",").into_bytes()),
+                ("tarball", tgz),
+            ];
+            let boundary = format!("meshgate{}", hex::encode(crate::node::random_bytes::<12>()));
+            let body = multipart(&boundary, &parts);
+            let ct = format!("multipart/form-data; boundary={boundary}");
+            let out = call_raw(&client, "POST", "/v1/deployments", &ct, body).await?;
+            print(&serde_json::from_slice(&out).unwrap_or(Value::Null));
+        }
+        DeployCommand::Upstream {
+            urls,
+            hosts,
+            name,
+            routes,
+            client,
+        } => {
+            let routes: Value = match routes {
+                Some(r) => {
+                    serde_json::from_str(&r).map_err(|e| format!("--routes is not JSON: {e}"))?
+                }
+                None => json!([]),
+            };
+            let name = name.unwrap_or_else(|| default_name(&hosts[0]));
+            let body = json!({"name": name, "hosts": hosts, "upstream": {"instances": urls}, "routes": routes});
+            print(&call(&client, "POST", "/v1/deployments", Some(body)).await?);
+        }
+        DeployCommand::List { client } => {
+            print(&call(&client, "GET", "/v1/deployments", None).await?)
+        }
+        DeployCommand::Show { name, client } => {
+            print(&call(&client, "GET", &format!("/v1/deployments/{name}"), None).await?)
+        }
+        DeployCommand::Rollback {
+            name,
+            version,
+            client,
+        } => {
+            let body = json!({"version": version});
+            let path = format!("/v1/deployments/{name}/rollback");
+            print(&call(&client, "POST", &path, Some(body)).await?)
+        }
+        DeployCommand::Delete { name, client } => {
+            print(&call(&client, "DELETE", &format!("/v1/deployments/{name}"), None).await?)
+        }
+    }
+    Ok(())
+}
+
 fn print(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -231,6 +319,7 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
             print(&call(&client, "DELETE", &format!("/v1/auth/api-keys/{id}"), None).await?)
         }
         Command::Fn(cmd) => functions(cmd).await?,
+        Command::Deploy(cmd) => deployments(cmd).await?,
         Command::Pub {
             topic,
             data,

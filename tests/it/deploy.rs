@@ -896,4 +896,35 @@ fn tls_sni_mismatch_http2_and_certificate_reload() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "200 2");
+    // ... and routes a deployment by the HTTP/2 `:authority`.
+    let key = plain.create_namespace("h2");
+    let up = Upstream::start("h2up");
+    let (s, v) = deploy_json(
+        &plain,
+        &key,
+        serde_json::json!({"name": "h2", "hosts": ["h2.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let port = plain.addr.rsplit(':').next().unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-w",
+            "\n%{http_version}",
+            "--resolve",
+            &format!("h2.test:{port}:127.0.0.1"),
+        ])
+        .arg(format!("http://h2.test:{port}/over-h2?x=1"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, version) = text.rsplit_once('\n').unwrap();
+    assert_eq!(version, "2");
+    let e = json(body);
+    assert_eq!(
+        (e["id"].as_str(), e["path"].as_str()),
+        (Some("h2up"), Some("/over-h2?x=1"))
+    );
+    assert_eq!(e["xfh"], "h2.test");
 }

@@ -102,10 +102,13 @@ impl RouteSpec {
         if let Some(a) = self.add_prefix.as_deref() {
             out.push_str(a.trim_end_matches('/'));
         }
-        if !p.starts_with('/') {
+        if !p.is_empty() && !p.starts_with('/') {
             out.push('/');
         }
         out.push_str(p);
+        if out.is_empty() {
+            out.push('/');
+        }
         out
     }
 }
@@ -283,6 +286,12 @@ mod tests {
         assert_eq!(r.rewrite("/api"), "/v2");
         assert_eq!(r.rewrite("/apix"), "/v2/apix");
         assert_eq!(RouteSpec::everything().rewrite("/a/b"), "/a/b");
+        let strip_only = RouteSpec {
+            add_prefix: None,
+            ..r
+        };
+        assert_eq!(strip_only.rewrite("/api"), "/");
+        assert_eq!(strip_only.rewrite("/api/x"), "/x");
     }
 
     /// Only http(s) instances with a host and no path are accepted.

@@ -84,17 +84,21 @@ fn start_nginx(dir: &std::path::Path, upstream: std::net::SocketAddr) -> Nginx {
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, conf).unwrap();
-    let child = Command::new(nginx_binary())
-        .arg("-c")
-        .arg(&path)
-        .arg("-p")
-        .arg(dir)
-        .spawn()
-        .expect("start nginx");
+    // Owned by the guard at once, so a failed start still stops it.
+    let nginx = Nginx(
+        Command::new(nginx_binary())
+            .arg("-c")
+            .arg(&path)
+            .arg("-p")
+            .arg(dir)
+            .spawn()
+            .expect("start nginx"),
+        port,
+    );
     // Wait until it listens.
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Nginx(child, port);
+            return nginx;
         }
         std::thread::sleep(Duration::from_millis(25));
     }

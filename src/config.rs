@@ -25,10 +25,15 @@ pub struct Config {
     pub debug: DebugConfig,
 }
 
-/// `[cluster]`: the shared hop-MAC secret (the rest of cluster mode is not built yet).
+/// `[cluster]`: the shared store and the shared hop-MAC secret (the rest of
+/// cluster mode is not built yet). With `etcd` empty the node runs alone on sled.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
+    /// etcd endpoints (`http://host:port`) holding the shared state; set, they
+    /// replace the embedded sled store (needs a build with `--features cluster`).
+    /// Empty: a single node on sled.
+    pub etcd: Vec<String>,
     /// File holding the cluster secret that keys the hop MAC (or set
     /// `MESHGATE_CLUSTER_SECRET`). Empty: no hop is ever believed.
     pub secret_file: String,
@@ -328,6 +333,14 @@ impl Config {
                 "pubsub.outbound_queue_messages and pubsub.ping_interval_seconds: must be > 0"
                     .into(),
             );
+        }
+        for e in &self.cluster.etcd {
+            let host = e.strip_prefix("http://").unwrap_or_default();
+            if host.is_empty() || host.contains('/') {
+                errors.push(format!(
+                    "cluster.etcd: {e:?} is not http://host:port (TLS to etcd is not supported yet)"
+                ));
+            }
         }
         if errors.is_empty() {
             Ok(())

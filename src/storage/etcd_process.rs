@@ -64,6 +64,26 @@ impl EtcdProcess {
         }
     }
 
+    /// Freezes etcd (SIGSTOP): its connections stay open and nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen etcd run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("etcd is running").id();
+        let status = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {sig} {pid} failed");
+    }
+
     /// Starts etcd again on the same data folder and ports and waits until it answers.
     pub fn resume(&mut self) {
         assert!(self.child.is_none(), "etcd is running");

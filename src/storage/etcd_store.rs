@@ -26,7 +26,6 @@ use etcd_client::{
     LeaseClient, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Deadline of each etcd request; past it the operation fails as unavailable.
@@ -60,21 +59,10 @@ const CHUNKED: u8 = 1;
 const GENERATION_BYTES: usize = 16;
 const HEADER_BYTES: usize = 1 + GENERATION_BYTES + 8 + 4 + 4;
 
-/// The store on an etcd cluster (cheap to clone).
+/// The store on an etcd cluster (cheap to clone). etcd-client reconnects by
+/// itself when etcd comes back (tested: `unavailable_then_recovers`).
 #[derive(Clone)]
 pub struct EtcdStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    endpoints: Vec<String>,
-    /// The clients, made on first use and dropped after a failed request so the
-    /// next operation connects afresh.
-    conn: parking_lot::Mutex<Option<Conn>>,
-}
-
-#[derive(Clone)]
-struct Conn {
     kv: KvClient,
     lease: LeaseClient,
 }
@@ -346,66 +334,30 @@ impl EtcdStore {
     /// Connects to the etcd cluster at `endpoints` (`http://host:port`) and checks
     /// that it answers, so a wrong address fails at start rather than on the first request.
     pub async fn connect(endpoints: &[String]) -> StoreResult<EtcdStore> {
-        let store = EtcdStore {
-            inner: Arc::new(Inner {
-                endpoints: endpoints.to_vec(),
-                conn: parking_lot::Mutex::new(None),
-            }),
-        };
-        let mut kv = store.conn().await?.kv;
-        store
-            .checked(rpc(
-                "probe",
-                kv.get(DATA, Some(GetOptions::new().with_count_only())),
-            ))
-            .await?;
-        Ok(store)
-    }
-
-    /// The clients, connecting first when there are none. etcd-client connects
-    /// lazily, so this does no network round trip.
-    async fn conn(&self) -> StoreResult<Conn> {
-        if let Some(c) = self.inner.conn.lock().clone() {
-            return Ok(c);
-        }
         let options = ConnectOptions::new()
             .with_timeout(REQUEST_TIMEOUT)
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT);
-        let client = rpc(
-            "connect",
-            Client::connect(&self.inner.endpoints, Some(options)),
-        )
-        .await?;
-        let conn = Conn {
+        // etcd-client connects lazily: the probe is the first round trip.
+        let client = rpc("connect", Client::connect(endpoints, Some(options))).await?;
+        let store = EtcdStore {
             kv: client
                 .kv_client()
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),
             lease: client.lease_client(),
         };
-        *self.inner.conn.lock() = Some(conn.clone());
-        Ok(conn)
-    }
-
-    /// Awaits a request; on failure drops the clients so the next operation
-    /// reconnects instead of reusing a channel that may be stuck.
-    async fn checked<T>(&self, request: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        let r = request.await;
-        if r.is_err() {
-            self.inner.conn.lock().take();
-        }
-        r
-    }
-
-    async fn kv(&self) -> StoreResult<KvClient> {
-        Ok(self.conn().await?.kv)
+        let mut kv = store.kv.clone();
+        rpc(
+            "probe",
+            kv.get(DATA, Some(GetOptions::new().with_count_only())),
+        )
+        .await?;
+        Ok(store)
     }
 
     async fn grant(&self, ttl_seconds: i64) -> StoreResult<i64> {
-        let mut lease = self.conn().await?.lease;
-        let r = self
-            .checked(rpc("lease grant", lease.grant(ttl_seconds, None)))
-            .await?;
+        let mut lease = self.lease.clone();
+        let r = rpc("lease grant", lease.grant(ttl_seconds, None)).await?;
         Ok(r.id())
     }
 
@@ -418,13 +370,8 @@ impl EtcdStore {
     /// Revokes a lease, deleting what is attached to it; a failure is only logged
     /// (the lease still runs out by itself).
     async fn revoke_quietly(&self, lease: i64) {
-        let Ok(mut client) = self.conn().await.map(|c| c.lease) else {
-            return;
-        };
-        if let Err(e) = self
-            .checked(rpc("lease revoke", client.revoke(lease)))
-            .await
-        {
+        let mut client = self.lease.clone();
+        if let Err(e) = rpc("lease revoke", client.revoke(lease)).await {
             tracing::warn!(lease, error = %e, "Lease revoke failed; it expires by itself.");
         }
     }
@@ -432,14 +379,9 @@ impl EtcdStore {
     /// Deletes the chunks of one generation; a failure is only logged.
     async fn delete_chunks_quietly(&self, generation: &[u8]) {
         let prefix = chunk_prefix(generation);
-        let Ok(mut kv) = self.kv().await else {
-            return;
-        };
+        let mut kv = self.kv.clone();
         let opts = DeleteOptions::new().with_range(prefix_end(&prefix));
-        if let Err(e) = self
-            .checked(rpc("delete chunks", kv.delete(prefix, Some(opts))))
-            .await
-        {
+        if let Err(e) = rpc("delete chunks", kv.delete(prefix, Some(opts))).await {
             tracing::warn!(
                 generation = %hex::encode(generation),
                 error = %e,
@@ -458,8 +400,8 @@ impl EtcdStore {
             txn = txn.when(vec![g]);
         }
         let txn = txn.and_then(ops.into_iter().map(Op::into_txn_op).collect::<Vec<_>>());
-        let mut kv = self.kv().await?;
-        let r = self.checked(rpc("txn", kv.txn(txn))).await?;
+        let mut kv = self.kv.clone();
+        let r = rpc("txn", kv.txn(txn)).await?;
         let mut replaced = Vec::new();
         for op in r.op_responses() {
             match op {
@@ -627,10 +569,8 @@ impl EtcdStore {
                 .with_range(end.clone())
                 .with_revision(revision)
                 .with_limit(CHUNK_PAGE);
-            let mut kv = self.kv().await?;
-            let r = self
-                .checked(rpc("get chunks", kv.get(from, Some(opts))))
-                .await?;
+            let mut kv = self.kv.clone();
+            let r = rpc("get chunks", kv.get(from, Some(opts))).await?;
             for c in r.kvs() {
                 if c.key() != chunk_key(&h.generation, index) {
                     return Err(corrupt(key));
@@ -661,8 +601,8 @@ impl EtcdStore {
     ) -> StoreResult<bool> {
         let dkey = data_key(key);
         loop {
-            let mut kv = self.kv().await?;
-            let r = self.checked(rpc("get", kv.get(dkey.clone(), None))).await?;
+            let mut kv = self.kv.clone();
+            let r = rpc("get", kv.get(dkey.clone(), None)).await?;
             let revision = r.header().map_or(0, |h| h.revision());
             let (current, guard) = match r.kvs().first() {
                 None => (
@@ -697,8 +637,8 @@ impl EtcdStore {
 impl OrderedKv for EtcdStore {
     async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         let dkey = data_key(key);
-        let mut kv = self.kv().await?;
-        let r = self.checked(rpc("get", kv.get(dkey.clone(), None))).await?;
+        let mut kv = self.kv.clone();
+        let r = rpc("get", kv.get(dkey.clone(), None)).await?;
         let revision = r.header().map_or(0, |h| h.revision());
         match r.kvs().first() {
             None => Ok(None),
@@ -745,8 +685,8 @@ impl OrderedKv for EtcdStore {
             if revision != 0 {
                 opts = opts.with_revision(revision);
             }
-            let mut kv = self.kv().await?;
-            let r = self.checked(rpc("scan", kv.get(from, Some(opts)))).await?;
+            let mut kv = self.kv.clone();
+            let r = rpc("scan", kv.get(from, Some(opts))).await?;
             if revision == 0 {
                 revision = r.header().map_or(0, |h| h.revision());
             }
@@ -811,7 +751,7 @@ mod tests {
         let opts = GetOptions::new()
             .with_range(prefix_end(prefix))
             .with_count_only();
-        let mut kv = s.kv().await.unwrap();
+        let mut kv = s.kv.clone();
         kv.get(prefix, Some(opts)).await.unwrap().count()
     }
 
@@ -1022,9 +962,9 @@ mod tests {
                         (b"m/b", b"m/a")
                     };
                     s.apply_batch(vec![
-                        BatchOp::Delete(from.to_vec()),
                         BatchOp::Put(to.to_vec(), b"x".to_vec()),
                         BatchOp::Put(b"m/big".to_vec(), big(2 << 20, i)),
+                        BatchOp::Delete(from.to_vec()),
                     ])
                     .await
                     .unwrap();
@@ -1105,7 +1045,7 @@ mod tests {
     async fn damaged_chunk_is_corrupt() {
         let (_e, s) = store().await;
         s.put(b"d", &big(3 << 20, 5)).await.unwrap();
-        let mut kv = s.kv().await.unwrap();
+        let mut kv = s.kv.clone();
         let first = kv
             .get(CHUNKS, Some(GetOptions::new().with_prefix().with_limit(1)))
             .await
@@ -1151,6 +1091,29 @@ mod tests {
         assert_eq!(s.get(b"large").await.unwrap().unwrap(), big(2 << 20, 9));
         s.put(b"k2", b"w").await.unwrap();
         assert_eq!(s.get(b"k2").await.unwrap().as_deref(), Some(&b"w"[..]));
+    }
+
+    /// etcd frozen (connections open, no answers): an operation fails as
+    /// unavailable at the request timeout, not later; thawed, the handle works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frozen_etcd_times_out() {
+        let (e, s) = store().await;
+        s.put(b"k", b"v").await.unwrap();
+        e.freeze();
+        let start = Instant::now();
+        let r = s.get(b"k").await;
+        let took = start.elapsed();
+        e.thaw();
+        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+        assert!(took < REQUEST_TIMEOUT + Duration::from_secs(1), "{took:?}");
+        let start = Instant::now();
+        loop {
+            match s.get(b"k").await {
+                Ok(v) => break assert_eq!(v.as_deref(), Some(&b"v"[..])),
+                Err(err) => assert!(start.elapsed() < Duration::from_secs(15), "{err}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// A write of chunks too large for one transaction leaves nothing when its guard fails.

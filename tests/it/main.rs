@@ -3,6 +3,8 @@
 mod chain;
 mod common;
 mod dashboard;
+#[cfg(feature = "cluster")]
+mod etcd;
 mod functions;
 mod node;
 mod pubsub;

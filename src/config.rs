@@ -503,6 +503,31 @@ mod tests {
         }
     }
 
+    /// `cluster.etcd` takes http:// endpoints (from the file or the environment) and names each bad one.
+    #[test]
+    fn etcd_endpoints() {
+        assert!(load_str("", &[]).unwrap().cluster.etcd.is_empty());
+        let c = load_str(
+            "[cluster]\netcd = [\"http://127.0.0.1:2379\", \"http://10.0.0.2:2379\"]\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.cluster.etcd.len(), 2);
+        let c = load_str("", &[("MESHGATE_CLUSTER_ETCD", "[\"http://e:2379\"]")]).unwrap();
+        assert_eq!(c.cluster.etcd, ["http://e:2379"]);
+        let err = load_str(
+            "[cluster]\netcd = [\"127.0.0.1:2379\", \"https://e:2379\", \"http://\"]\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 3, "{:?}", err.0);
+        assert!(
+            err.0.iter().all(|e| e.starts_with("cluster.etcd")),
+            "{:?}",
+            err.0
+        );
+    }
+
     /// Semantic validation names each bad value.
     #[test]
     fn validation_of_values() {

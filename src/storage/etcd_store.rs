@@ -26,6 +26,7 @@ use etcd_client::{
     LeaseClient, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Deadline of each etcd request; past it the operation fails as unavailable.
@@ -63,6 +64,11 @@ const HEADER_BYTES: usize = 1 + GENERATION_BYTES + 8 + 4 + 4;
 /// itself when etcd comes back (tested: `unavailable_then_recovers`).
 #[derive(Clone)]
 pub struct EtcdStore {
+    clients: Arc<Clients>,
+}
+
+/// Each request runs on a clone (the clients' calls take `&mut self`).
+struct Clients {
     kv: KvClient,
     lease: LeaseClient,
 }
@@ -341,12 +347,14 @@ impl EtcdStore {
         // etcd-client connects lazily: the probe is the first round trip.
         let client = rpc("connect", Client::connect(endpoints, Some(options))).await?;
         let store = EtcdStore {
-            kv: client
-                .kv_client()
-                .max_decoding_message_size(MAX_RESPONSE_BYTES),
-            lease: client.lease_client(),
+            clients: Arc::new(Clients {
+                kv: client
+                    .kv_client()
+                    .max_decoding_message_size(MAX_RESPONSE_BYTES),
+                lease: client.lease_client(),
+            }),
         };
-        let mut kv = store.kv.clone();
+        let mut kv = store.clients.kv.clone();
         rpc(
             "probe",
             kv.get(DATA, Some(GetOptions::new().with_count_only())),
@@ -356,7 +364,7 @@ impl EtcdStore {
     }
 
     async fn grant(&self, ttl_seconds: i64) -> StoreResult<i64> {
-        let mut lease = self.lease.clone();
+        let mut lease = self.clients.lease.clone();
         let r = rpc("lease grant", lease.grant(ttl_seconds, None)).await?;
         Ok(r.id())
     }
@@ -370,7 +378,7 @@ impl EtcdStore {
     /// Revokes a lease, deleting what is attached to it; a failure is only logged
     /// (the lease still runs out by itself).
     async fn revoke_quietly(&self, lease: i64) {
-        let mut client = self.lease.clone();
+        let mut client = self.clients.lease.clone();
         if let Err(e) = rpc("lease revoke", client.revoke(lease)).await {
             tracing::warn!(lease, error = %e, "Lease revoke failed; it expires by itself.");
         }
@@ -379,7 +387,7 @@ impl EtcdStore {
     /// Deletes the chunks of one generation; a failure is only logged.
     async fn delete_chunks_quietly(&self, generation: &[u8]) {
         let prefix = chunk_prefix(generation);
-        let mut kv = self.kv.clone();
+        let mut kv = self.clients.kv.clone();
         let opts = DeleteOptions::new().with_range(prefix_end(&prefix));
         if let Err(e) = rpc("delete chunks", kv.delete(prefix, Some(opts))).await {
             tracing::warn!(
@@ -400,7 +408,7 @@ impl EtcdStore {
             txn = txn.when(vec![g]);
         }
         let txn = txn.and_then(ops.into_iter().map(Op::into_txn_op).collect::<Vec<_>>());
-        let mut kv = self.kv.clone();
+        let mut kv = self.clients.kv.clone();
         let r = rpc("txn", kv.txn(txn)).await?;
         let mut replaced = Vec::new();
         for op in r.op_responses() {
@@ -569,7 +577,7 @@ impl EtcdStore {
                 .with_range(end.clone())
                 .with_revision(revision)
                 .with_limit(CHUNK_PAGE);
-            let mut kv = self.kv.clone();
+            let mut kv = self.clients.kv.clone();
             let r = rpc("get chunks", kv.get(from, Some(opts))).await?;
             for c in r.kvs() {
                 if c.key() != chunk_key(&h.generation, index) {
@@ -601,7 +609,7 @@ impl EtcdStore {
     ) -> StoreResult<bool> {
         let dkey = data_key(key);
         loop {
-            let mut kv = self.kv.clone();
+            let mut kv = self.clients.kv.clone();
             let r = rpc("get", kv.get(dkey.clone(), None)).await?;
             let revision = r.header().map_or(0, |h| h.revision());
             let (current, guard) = match r.kvs().first() {
@@ -637,7 +645,7 @@ impl EtcdStore {
 impl OrderedKv for EtcdStore {
     async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         let dkey = data_key(key);
-        let mut kv = self.kv.clone();
+        let mut kv = self.clients.kv.clone();
         let r = rpc("get", kv.get(dkey.clone(), None)).await?;
         let revision = r.header().map_or(0, |h| h.revision());
         match r.kvs().first() {
@@ -685,7 +693,7 @@ impl OrderedKv for EtcdStore {
             if revision != 0 {
                 opts = opts.with_revision(revision);
             }
-            let mut kv = self.kv.clone();
+            let mut kv = self.clients.kv.clone();
             let r = rpc("scan", kv.get(from, Some(opts))).await?;
             if revision == 0 {
                 revision = r.header().map_or(0, |h| h.revision());
@@ -751,7 +759,7 @@ mod tests {
         let opts = GetOptions::new()
             .with_range(prefix_end(prefix))
             .with_count_only();
-        let mut kv = s.kv.clone();
+        let mut kv = s.clients.kv.clone();
         kv.get(prefix, Some(opts)).await.unwrap().count()
     }
 
@@ -1045,7 +1053,7 @@ mod tests {
     async fn damaged_chunk_is_corrupt() {
         let (_e, s) = store().await;
         s.put(b"d", &big(3 << 20, 5)).await.unwrap();
-        let mut kv = s.kv.clone();
+        let mut kv = s.clients.kv.clone();
         let first = kv
             .get(CHUNKS, Some(GetOptions::new().with_prefix().with_limit(1)))
             .await

@@ -421,8 +421,9 @@ impl EtcdStore {
         Ok((r.succeeded(), replaced))
     }
 
-    /// Applies `writes` as one change, only if `guard` holds (a guard is only
-    /// given with a single write). Then removes what the write replaced.
+    /// Applies `writes` as one change, only if `guard` holds. A guard comes only
+    /// with a single write (CAS), so a failed guard means nothing was written.
+    /// Then removes what the write replaced.
     async fn commit(
         &self,
         writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
@@ -518,18 +519,25 @@ impl EtcdStore {
             })
         }
         .await;
-        if !matches!(
-            result,
+        match &result {
+            // The guard failed, so the one record was not written: its chunks go,
+            // relabelled or not.
             Ok(Committed {
-                succeeded: true,
-                ..
-            })
-        ) {
-            // Chunks not yet relabelled go with the pending lease; relabelled ones by hand.
-            for g in &p.generations {
-                self.delete_chunks_quietly(g).await;
+                succeeded: false, ..
+            }) => {
+                for g in &p.generations {
+                    self.delete_chunks_quietly(g).await;
+                }
             }
+            // The outcome of the failed request is unknown: the records may be in,
+            // so only the chunks still on the pending lease (below) may go.
+            Err(e) if !p.generations.is_empty() => {
+                tracing::warn!(error = %e, "Large write failed; relabelled chunks may be orphaned.");
+            }
+            _ => {}
         }
+        // Revoking only deletes chunks that were never relabelled, so never a
+        // record's chunks.
         if pending != 0 {
             self.revoke_quietly(pending).await;
         }
@@ -662,13 +670,11 @@ impl OrderedKv for EtcdStore {
 
     async fn put_ttl(&self, key: &[u8], value: &[u8], ttl: Duration) -> StoreResult<()> {
         let lease = self.grant_ttl(ttl).await?;
-        let r = self
-            .commit(vec![(key.to_vec(), Some(value.to_vec()))], None, lease)
-            .await;
-        if r.is_err() {
-            self.revoke_quietly(lease).await;
-        }
-        r.map(|_| ())
+        // On failure the lease is left to run out: the write may have landed, and
+        // revoking would delete it.
+        self.commit(vec![(key.to_vec(), Some(value.to_vec()))], None, lease)
+            .await
+            .map(|_| ())
     }
 
     async fn delete(&self, key: &[u8]) -> StoreResult<bool> {
@@ -719,7 +725,9 @@ impl OrderedKv for EtcdStore {
     ) -> StoreResult<bool> {
         let mut lease = 0;
         let r = self.swap(key, expected, new, ttl, &mut lease).await;
-        if lease != 0 && !matches!(r, Ok(true)) {
+        // Revoke the lease only when the swap surely did not happen; after an
+        // error the write may have landed.
+        if lease != 0 && matches!(r, Ok(false)) {
             self.revoke_quietly(lease).await;
         }
         r

@@ -12,6 +12,9 @@ command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || need_apt+=(nginx)
+# The etcd backend (feature `cluster`): etcd-client needs protoc; its tests start etcd.
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "scripts/test.sh: installing ${need_apt[*]} (apt-get)"
   apt-get update -qq
@@ -23,5 +26,5 @@ if [ -f tests/e2e/package.json ] && { [ ! -d tests/e2e/node_modules/playwright-c
   (cd tests/e2e && npm install --no-audit --no-fund --silent)
 fi
 
-cargo build --bins
-cargo test --all-targets "$@"
+cargo build --bins --features cluster
+cargo test --all-targets --features cluster "$@"

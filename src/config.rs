@@ -84,10 +84,15 @@ impl Default for DeployConfig {
     }
 }
 
-/// `[cluster]`: the shared hop-MAC secret (the rest of cluster mode is not built yet).
+/// `[cluster]`: the shared store and the shared hop-MAC secret (the rest of
+/// cluster mode is not built yet). With `etcd` empty the node runs alone on sled.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
+    /// etcd endpoints (`http://host:port`) holding the shared state; set, they
+    /// replace the embedded sled store (needs a build with `--features cluster`).
+    /// Empty: a single node on sled.
+    pub etcd: Vec<String>,
     /// File holding the cluster secret that keys the hop MAC (or set
     /// `MESHGATE_CLUSTER_SECRET`). Empty: no hop is ever believed.
     pub secret_file: String,
@@ -406,6 +411,14 @@ impl Config {
                     .into(),
             );
         }
+        for e in &self.cluster.etcd {
+            let host = e.strip_prefix("http://").unwrap_or_default();
+            if host.is_empty() || host.contains('/') {
+                errors.push(format!(
+                    "cluster.etcd: {e:?} is not http://host:port (TLS to etcd is not supported yet)"
+                ));
+            }
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -565,6 +578,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `cluster.etcd` takes http:// endpoints (from the file or the environment) and names each bad one.
+    #[test]
+    fn etcd_endpoints() {
+        assert!(load_str("", &[]).unwrap().cluster.etcd.is_empty());
+        let c = load_str(
+            "[cluster]\netcd = [\"http://127.0.0.1:2379\", \"http://10.0.0.2:2379\"]\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.cluster.etcd.len(), 2);
+        let c = load_str("", &[("MESHGATE_CLUSTER_ETCD", "[\"http://e:2379\"]")]).unwrap();
+        assert_eq!(c.cluster.etcd, ["http://e:2379"]);
+        let err = load_str(
+            "[cluster]\netcd = [\"127.0.0.1:2379\", \"https://e:2379\", \"http://\"]\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 3, "{:?}", err.0);
+        assert!(
+            err.0.iter().all(|e| e.starts_with("cluster.etcd")),
+            "{:?}",
+            err.0
+        );
     }
 
     /// Semantic validation names each bad value.

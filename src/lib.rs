@@ -11,7 +11,7 @@
 //!   JWTs, refresh rotation rules, wallet challenges, the cluster hop MAC.
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
-//! - `storage/`: the ordered-KV trait and its sled backend.
+//! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`).
 //! - `pubsub/`: the node's delivery service, per-worker relays with bounded
 //!   socket queues, the `WsSession` actor, topic tables, the socket protocol.
 //! - `dashboard/`: the live `/__admin` page: a sampler over the metrics registry,

@@ -190,12 +190,7 @@ pub struct RunningNode {
 /// Opens the store, starts the actors, binds the listener. Must run inside an actix System.
 pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let data_dir = config.server.data_dir.clone();
-    let store = Store::open_sled(&data_dir).map_err(|e| match e {
-        StoreError::Locked(_) => {
-            anyhow::anyhow!("{e}; stop the other node or pick another --data-dir")
-        }
-        other => anyhow::anyhow!(other),
-    })?;
+    let store = open_store(&config).await?;
     let secrets = load_secrets(&data_dir, std::env::var("MESHGATE_OPERATOR_KEY").ok())?;
     let jwt = crate::auth::JwtKeys::load_or_generate(&data_dir.join("jwt.key"))
         .map_err(|e| anyhow::anyhow!("cannot load the JWT signing key: {e}"))?;
@@ -268,7 +263,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         deployments,
     }));
     let (server, addr) = crate::http::serve(node.clone())?;
-    spawn_sweeper(store);
+    if let Some(sled) = store.as_sled() {
+        spawn_sweeper(sled.clone());
+    }
     crate::dashboard::spawn_sampler(&node);
     crate::functions::wake_namespaces_with_functions(&node);
     let handle = server.handle();
@@ -311,13 +308,34 @@ fn start_functions(
     ))
 }
 
-fn spawn_sweeper(store: Store) {
+/// The store: etcd when `cluster.etcd` names endpoints, else sled in the data folder.
+async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    let etcd = &config.cluster.etcd;
+    if !etcd.is_empty() {
+        #[cfg(feature = "cluster")]
+        return Store::open_etcd(etcd)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach etcd at {}: {e}", etcd.join(", ")));
+        #[cfg(not(feature = "cluster"))]
+        anyhow::bail!(
+            "cluster.etcd is set, but this meshgate was built without etcd support; \
+             rebuild it with `cargo build --features cluster`"
+        );
+    }
+    Store::open_sled(&config.server.data_dir).map_err(|e| match e {
+        StoreError::Locked(_) => {
+            anyhow::anyhow!("{e}; stop the other node or pick another --data-dir")
+        }
+        other => anyhow::anyhow!(other),
+    })
+}
+
+fn spawn_sweeper(store: crate::storage::SledStore) {
     actix_web::rt::spawn(async move {
         let mut tick = tokio::time::interval(crate::storage::SWEEP_INTERVAL);
         loop {
             tick.tick().await;
-            let Store::Sled(s) = &store;
-            let s = s.clone();
+            let s = store.clone();
             let _ = tokio::task::spawn_blocking(move || s.sweep_expired()).await;
         }
     });

@@ -2,11 +2,17 @@
 //!
 //! One trait, [`OrderedKv`], with get, put, delete, prefix scan, compare-and-swap,
 //! put with a time to live and atomic batches. [`Store`] is the node's handle: the
-//! embedded sled backend on a single node. Nothing above this module knows which
-//! backend it has.
+//! embedded sled backend on a single node, or etcd in a cluster (cargo feature
+//! `cluster`). Nothing above this module knows which backend it has.
 
+#[cfg(all(test, feature = "cluster"))]
+mod etcd_process;
+#[cfg(feature = "cluster")]
+mod etcd_store;
 mod sled_store;
 
+#[cfg(feature = "cluster")]
+pub use etcd_store::{EtcdStore, REQUEST_TIMEOUT as ETCD_REQUEST_TIMEOUT};
 pub use sled_store::{SWEEP_INTERVAL, SledStore};
 
 use std::future::Future;
@@ -77,12 +83,30 @@ pub trait OrderedKv: Send + Sync {
 #[derive(Clone)]
 pub enum Store {
     Sled(SledStore),
+    #[cfg(feature = "cluster")]
+    Etcd(EtcdStore),
 }
 
 impl Store {
     /// Opens the embedded store under `data_dir/db`.
     pub fn open_sled(data_dir: &std::path::Path) -> StoreResult<Store> {
         Ok(Store::Sled(SledStore::open(data_dir)?))
+    }
+
+    /// Connects to the etcd cluster at `endpoints` (`http://host:port`).
+    #[cfg(feature = "cluster")]
+    pub async fn open_etcd(endpoints: &[String]) -> StoreResult<Store> {
+        Ok(Store::Etcd(EtcdStore::connect(endpoints).await?))
+    }
+
+    /// The embedded backend, which needs its expired keys swept; None on etcd,
+    /// whose leases remove them.
+    pub fn as_sled(&self) -> Option<&SledStore> {
+        match self {
+            Store::Sled(s) => Some(s),
+            #[cfg(feature = "cluster")]
+            Store::Etcd(_) => None,
+        }
     }
 
     /// Scans every key under a prefix (no limit).
@@ -114,6 +138,8 @@ macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
             Store::Sled($s) => $e,
+            #[cfg(feature = "cluster")]
+            Store::Etcd($s) => $e,
         }
     };
 }

@@ -4,6 +4,8 @@ mod chain;
 mod common;
 mod dashboard;
 mod deploy;
+#[cfg(feature = "cluster")]
+mod etcd;
 mod functions;
 mod node;
 mod pubsub;

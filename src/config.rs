@@ -86,7 +86,7 @@ impl Default for DeployConfig {
 
 /// `[cluster]`: the shared store and the shared hop-MAC secret (the rest of
 /// cluster mode is not built yet). With `etcd` empty the node runs alone on sled.
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
     /// etcd endpoints (`http://host:port`) holding the shared state; set, they
@@ -96,6 +96,34 @@ pub struct ClusterConfig {
     /// File holding the cluster secret that keys the hop MAC (or set
     /// `MESHGATE_CLUSTER_SECRET`). Empty: no hop is ever believed.
     pub secret_file: String,
+    /// This node's id in the cluster (unique). Empty: the host name.
+    pub node_id: String,
+    /// Where other nodes reach this node's HTTP. Empty: `http://<listen address>`.
+    pub advertise: String,
+    /// The libp2p listen address of the pub/sub mesh.
+    pub gossip_listen: String,
+    /// Consecutive failures of a member that open its breaker.
+    pub breaker_failures: u32,
+    /// Seconds between the probes an open breaker admits.
+    pub breaker_probe_seconds: u64,
+    /// Seconds between re-registrations in the node and mesh registries
+    /// (their entries live four times as long).
+    pub register_seconds: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            etcd: Vec::new(),
+            secret_file: String::new(),
+            node_id: String::new(),
+            advertise: String::new(),
+            gossip_listen: "/ip4/127.0.0.1/tcp/0".into(),
+            breaker_failures: 5,
+            breaker_probe_seconds: 30,
+            register_seconds: 15,
+        }
+    }
 }
 
 /// `[server]`: the listener, the data folder and the node's limits.

@@ -21,6 +21,8 @@
 //!   host services of its guests), pub/sub and cron triggers, invocation records.
 //! - `deploy/`: host-routed deployments: static sites, the reverse proxy, the
 //!   routing index, TLS with SNI checks.
+//! - `placement/`: cluster placement: the node registry, namespace members,
+//!   forwarding to a member through per-(namespace, member) breakers.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
 //! - `node.rs`: start-up, the node's shared handle, and the drain.
@@ -39,6 +41,7 @@ pub mod http;
 pub mod identity;
 pub mod metrics;
 pub mod node;
+pub mod placement;
 pub mod pubsub;
 pub mod storage;
 pub mod wasm;

@@ -48,6 +48,11 @@ pub struct Inner {
     pub wasm_pool_queued: IntGauge,
     pub wasm_pool_workers: IntGauge,
     pub breaker_state: IntGaugeVec,
+    /// Requests forwarded to a member, by outcome.
+    pub forwards: IntCounterVec,
+    /// Cron slots this node tried to claim: claimed, lost (another node had
+    /// it) or error.
+    pub cron_slots: IntCounterVec,
 }
 
 const ACTOR_LABELS: &[&str] = &["kind", "namespace"];
@@ -254,6 +259,26 @@ impl Metrics {
                         "Breaker state per member (0 closed, 1 half-open, 2 open)"
                     ),
                     &["namespace", "member"]
+                )
+                .unwrap()
+            ),
+            forwards: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_forwards_total",
+                        "Requests forwarded to a namespace's member, by outcome"
+                    ),
+                    &["outcome"]
+                )
+                .unwrap()
+            ),
+            cron_slots: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_cron_slots_total",
+                        "Cron slots this node tried to claim, by outcome"
+                    ),
+                    &["outcome"]
                 )
                 .unwrap()
             ),

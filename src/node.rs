@@ -51,6 +51,9 @@ pub struct NodeInner {
     pub functions: crate::functions::FunctionsService,
     /// Host-routed deployments: records and the routing index.
     pub deployments: Arc<crate::deploy::Deployments>,
+    /// This node's view of the cluster (set once the listener is bound, in
+    /// cluster mode only: `[cluster] etcd` set).
+    pub cluster: std::sync::OnceLock<Arc<crate::placement::Cluster>>,
 }
 
 /// The node's handle, cloned into every handler.
@@ -143,9 +146,14 @@ pub fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
-fn load_secrets(data_dir: &Path, operator_env: Option<String>) -> anyhow::Result<Secrets> {
+fn load_secrets(
+    data_dir: &Path,
+    operator_env: Option<String>,
+    shared_secret: Option<Vec<u8>>,
+) -> anyhow::Result<Secrets> {
     let secret_path = data_dir.join("server.secret");
     let server_secret = match std::fs::read(&secret_path) {
+        _ if shared_secret.is_some() => shared_secret.expect("checked"),
         Ok(b) if b.len() == 32 => b,
         Ok(_) => anyhow::bail!("{} is damaged (expected 32 bytes)", secret_path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -191,9 +199,24 @@ pub struct RunningNode {
 pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let data_dir = config.server.data_dir.clone();
     let store = open_store(&config).await?;
-    let secrets = load_secrets(&data_dir, std::env::var("MESHGATE_OPERATOR_KEY").ok())?;
-    let jwt = crate::auth::JwtKeys::load_or_generate(&data_dir.join("jwt.key"))
+    let operator_env = std::env::var("MESHGATE_OPERATOR_KEY").ok();
+    let mut secrets = load_secrets(&data_dir, operator_env.clone(), None)?;
+    let mut jwt = crate::auth::JwtKeys::load_or_generate(&data_dir.join("jwt.key"))
         .map_err(|e| anyhow::anyhow!("cannot load the JWT signing key: {e}"))?;
+    if !config.cluster.etcd.is_empty() {
+        // One gateway: every node adopts the first node's server secret and JWT
+        // key from the shared store, so keys and tokens verify on any node.
+        let shared =
+            adopt_shared(&store, b"_cluster/server_secret", &secrets.server_secret).await?;
+        if shared != secrets.server_secret {
+            secrets = load_secrets(&data_dir, operator_env, Some(shared))?;
+        }
+        let local = std::fs::read(data_dir.join("jwt.key"))
+            .with_context(|| "cannot read the JWT signing key")?;
+        let shared = adopt_shared(&store, b"_cluster/jwt_key", &local).await?;
+        jwt = crate::auth::JwtKeys::from_pkcs8(&shared)
+            .map_err(|e| anyhow::anyhow!("the cluster's JWT key is damaged: {e}"))?;
+    }
     let hop_secret = match std::env::var("MESHGATE_CLUSTER_SECRET")
         .ok()
         .filter(|s| !s.is_empty())
@@ -231,7 +254,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         config.server.mailbox_capacity,
     )
     .with_pubsub(pubsub.clone())
-    .with_functions(functions.clone());
+    .with_functions(functions.clone())
+    .with_breakers(
+        config.cluster.breaker_failures,
+        Duration::from_secs(config.cluster.breaker_probe_seconds),
+    );
     let supervisor_stats = sup.stats();
     let supervisor = sup.start();
     let deployments = Arc::new(crate::deploy::Deployments::new(
@@ -261,8 +288,36 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         dashboard: Default::default(),
         functions,
         deployments,
+        cluster: std::sync::OnceLock::new(),
     }));
+    if !node.config.cluster.etcd.is_empty() && node.hop_key.is_none() {
+        anyhow::bail!(
+            "cluster mode ([cluster] etcd) needs the shared cluster secret: set [cluster] secret_file or MESHGATE_CLUSTER_SECRET"
+        );
+    }
     let (server, addr) = crate::http::serve(node.clone())?;
+    if !node.config.cluster.etcd.is_empty() {
+        let c = &node.config.cluster;
+        let id = if c.node_id.is_empty() {
+            hostname()
+        } else {
+            c.node_id.clone()
+        };
+        let advertise = if c.advertise.is_empty() {
+            format!("http://{addr}")
+        } else {
+            c.advertise.trim_end_matches('/').to_string()
+        };
+        let cluster = crate::placement::Cluster::start(
+            store.clone(),
+            id,
+            advertise,
+            Duration::from_secs(c.register_seconds.max(1)),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot join the cluster: {e}"))?;
+        let _ = node.cluster.set(cluster);
+    }
     if let Some(sled) = store.as_sled() {
         spawn_sweeper(sled.clone());
     }
@@ -309,6 +364,26 @@ fn start_functions(
 }
 
 /// The store: etcd when `cluster.etcd` names endpoints, else sled in the data folder.
+/// The cluster-wide value under `key`: this node's `local` one if it is the
+/// first to write it, else the one already there.
+async fn adopt_shared(store: &Store, key: &[u8], local: &[u8]) -> anyhow::Result<Vec<u8>> {
+    use crate::storage::OrderedKv;
+    store
+        .compare_and_swap(key, None, Some(local), None)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot share the node secrets through the store: {e}"))?;
+    store
+        .get(key)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the cluster's secrets: {e}"))?
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "the cluster's secret {} vanished",
+                String::from_utf8_lossy(key)
+            )
+        })
+}
+
 async fn open_store(config: &Config) -> anyhow::Result<Store> {
     let etcd = &config.cluster.etcd;
     if !etcd.is_empty() {
@@ -339,6 +414,15 @@ fn spawn_sweeper(store: crate::storage::SledStore) {
             let _ = tokio::task::spawn_blocking(move || s.sweep_expired()).await;
         }
     });
+}
+
+/// The machine's host name (the default node id).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "meshgate".into())
 }
 
 pub fn num_cpus() -> usize {

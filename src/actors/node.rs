@@ -23,6 +23,9 @@ pub struct NsHandle {
     pub name: Arc<str>,
     pub addr: Addr<NamespaceSupervisor>,
     pub stats: Arc<ActorStats>,
+    /// The breakers of the namespace's members (cluster forwarding), created
+    /// with the supervisor and living as long as it runs.
+    pub breakers: Arc<crate::placement::Breakers>,
 }
 
 impl NsHandle {
@@ -46,6 +49,10 @@ impl Namespaces {
     pub fn get(&self, name: &str) -> Option<NsHandle> {
         self.0.read().get(name).cloned()
     }
+    /// Every running namespace's handle.
+    pub fn handles(&self) -> Vec<NsHandle> {
+        self.0.read().values().cloned().collect()
+    }
     pub fn names(&self) -> Vec<String> {
         self.0.read().keys().cloned().collect()
     }
@@ -68,6 +75,8 @@ pub struct NodeSupervisor {
     stats: Arc<ActorStats>,
     pubsub: crate::pubsub::PubSubService,
     functions: Option<crate::functions::FunctionsService>,
+    /// Breaker threshold and probe interval of every namespace's members.
+    breaker: (u32, std::time::Duration),
 }
 
 impl NodeSupervisor {
@@ -93,7 +102,14 @@ impl NodeSupervisor {
             stats,
             pubsub: Default::default(),
             functions: None,
+            breaker: (5, std::time::Duration::from_secs(30)),
         }
+    }
+
+    /// Sets the breaker threshold and probe interval of the namespaces' members.
+    pub fn with_breakers(mut self, threshold: u32, probe_every: std::time::Duration) -> Self {
+        self.breaker = (threshold, probe_every);
+        self
     }
 
     /// Gives every namespace supervisor an invoker from the node's functions service.
@@ -136,6 +152,10 @@ impl NodeSupervisor {
             name: name.into(),
             addr,
             stats,
+            breakers: Arc::new(crate::placement::Breakers::new(
+                self.breaker.0,
+                self.breaker.1,
+            )),
         };
         self.namespaces
             .0

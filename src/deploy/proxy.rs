@@ -116,7 +116,7 @@ thread_local! {
 }
 
 /// The worker thread's client (awc is single-threaded); pooled keep-alive connections.
-fn client(t: ProxyTimeouts) -> awc::Client {
+pub(crate) fn client(t: ProxyTimeouts) -> awc::Client {
     CLIENT.with(|c| {
         let mut c = c.borrow_mut();
         if let Some((ct, client)) = c.as_ref()
@@ -154,12 +154,12 @@ const HOP_BY_HOP: &[&str] = &[
     "http2-settings",
 ];
 
-fn is_hop_by_hop(name: &HeaderName, listed: &[String]) -> bool {
+pub(crate) fn is_hop_by_hop(name: &HeaderName, listed: &[String]) -> bool {
     HOP_BY_HOP.contains(&name.as_str()) || listed.iter().any(|l| l == name.as_str())
 }
 
 /// Header names the `Connection` header lists (also hop-by-hop).
-fn connection_listed(h: &HeaderMap) -> Vec<String> {
+pub(crate) fn connection_listed(h: &HeaderMap) -> Vec<String> {
     h.get_all(header::CONNECTION)
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -223,9 +223,9 @@ fn upstream_headers(req: &HttpRequest, fwd: &Forwarded, keep_upgrade: bool) -> H
 /// The request body, handed to at most one upstream attempt. An attempt whose
 /// connection failed never polled it, so the next instance can still take it;
 /// once polled it is gone and no retry happens.
-struct OnceBody {
-    slot: Rc<RefCell<Option<Payload>>>,
-    taken: Option<Payload>,
+pub(crate) struct OnceBody {
+    pub(crate) slot: Rc<RefCell<Option<Payload>>>,
+    pub(crate) taken: Option<Payload>,
 }
 
 impl Stream for OnceBody {
@@ -243,13 +243,13 @@ impl Stream for OnceBody {
 }
 
 /// How the client's body is framed.
-enum BodyKind {
+pub(crate) enum BodyKind {
     None,
     Sized(u64),
     Chunked,
 }
 
-fn body_kind(req: &HttpRequest) -> BodyKind {
+pub(crate) fn body_kind(req: &HttpRequest) -> BodyKind {
     if let Some(len) = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -355,7 +355,7 @@ pub async fn proxy_http(
 }
 
 /// The upstream's answer, its body streamed as it arrives.
-fn stream_response<S>(req: &HttpRequest, res: awc::ClientResponse<S>) -> HttpResponse
+pub(crate) fn stream_response<S>(req: &HttpRequest, res: awc::ClientResponse<S>) -> HttpResponse
 where
     S: Stream<Item = Result<Bytes, actix_web::error::PayloadError>> + Unpin + 'static,
 {

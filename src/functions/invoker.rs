@@ -853,11 +853,22 @@ impl Invoker {
             if let Some(slot) = slot {
                 // In a cluster every member ticks: the one that claims the slot runs it.
                 let claim = cron_claim_key(&inv.ns, &name, slot);
-                match inv
+                let claimed = inv
                     .store()
                     .compare_and_swap(&claim, None, Some(b"1"), Some(CRON_CLAIM_TTL))
-                    .await
-                {
+                    .await;
+                let outcome = match &claimed {
+                    Ok(true) => "claimed",
+                    Ok(false) => "lost",
+                    Err(_) => "error",
+                };
+                inv.svc
+                    .0
+                    .metrics
+                    .cron_slots
+                    .with_label_values(&[outcome])
+                    .inc();
+                match claimed {
                     Ok(true) => {}
                     Ok(false) => return,
                     Err(e) => {

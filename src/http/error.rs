@@ -9,6 +9,9 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 use std::fmt;
 
+/// Marks a 502/503/504 the node itself produced (DESIGN.md §6 breakers).
+pub const GATEWAY_FAULT: &str = "x-meshgate-fault";
+
 /// An error answer: status, stable code, message, and whether retrying may help.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -105,6 +108,11 @@ impl ResponseError for ApiError {
             r.insert_header((header::RETRY_AFTER, HeaderValue::from(s)));
         }
         r.insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-store")));
+        // A failure of this node itself (not a function's own answer): a node
+        // forwarding here counts it against this member's breaker.
+        if matches!(self.status.as_u16(), 502..=504) && !self.code.starts_with("FUNCTION_") {
+            r.insert_header((GATEWAY_FAULT, HeaderValue::from_static("gateway")));
+        }
         r.json(self.body())
     }
 }

@@ -9,8 +9,9 @@ mod routes;
 pub mod tls;
 
 pub use chain::{ClientIp, Identity, Limiters, Sni, Target};
+pub use error::GATEWAY_FAULT;
 pub use error::{ApiError, ApiResult};
-pub use middleware::RequestId;
+pub use middleware::{RequestId, policy_of};
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
 pub use routes::{TokenCache, now};
 
@@ -57,6 +58,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         }
         // `wrap` makes the last one outermost: listed here innermost first.
         app.wrap(from_fn(middleware::deployment_dispatch))
+            .wrap(from_fn(crate::placement::forward::cluster_forward))
             .wrap(from_fn(chain::namespace_rate_limit))
             .wrap(from_fn(chain::scope_gate))
             .wrap(from_fn(chain::authorization))

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 fn start_on(etcd: &EtcdProcess) -> TestNode {
     TestNode::start_with(NodeOpts {
         config: format!("{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\n", etcd.url()),
+        env: vec![(
+            "MESHGATE_CLUSTER_SECRET".into(),
+            "etcd-test-cluster-secret".into(),
+        )],
         ..Default::default()
     })
 }
@@ -99,7 +103,8 @@ fn frozen_etcd_answers_503_at_the_timeout() {
     }
 }
 
-/// A second node on the same etcd sees what the first wrote: the state is shared.
+/// A second node on the same etcd sees what the first wrote, and accepts the
+/// first node's keys and tokens: the state and the node secrets are shared.
 #[test]
 fn two_nodes_share_etcd_state() {
     let etcd = EtcdProcess::start();
@@ -109,9 +114,26 @@ fn two_nodes_share_etcd_state() {
     let (s, body) = a.with_key(&key, "PUT", "/v1/kv/k", Some(b"from-a"));
     assert_eq!(s, 200, "{body}");
     // Node B never saw the creation: it reads the namespace record from etcd.
-    // (Namespace keys do not verify on B yet: each node has its own server secret.)
     let (s, body) = b.op("GET", "/v1/namespaces/shared", None);
     assert_eq!(s, 200, "{body}");
+    // The nodes share the server secret and the JWT key through etcd: A's
+    // namespace key and a token A issued work on B.
+    assert_eq!(
+        b.with_key(&key, "GET", "/v1/kv/k", None),
+        (200, "from-a".to_string())
+    );
+    let (s, body) = a.with_key(
+        &key,
+        "POST",
+        "/v1/auth/token",
+        Some(format!("{{\"api_key\":\"{key}\"}}").as_bytes()),
+    );
+    assert_eq!(s, 200, "{body}");
+    let token = json(&body)["access_token"].as_str().unwrap().to_string();
+    assert_eq!(
+        b.with_key(&token, "GET", "/v1/kv/k", None),
+        (200, "from-a".to_string())
+    );
 }
 
 /// Without etcd answering at start-up, the node refuses to start and says why.

@@ -1,6 +1,8 @@
 //! Integration tests: each drives a real `meshgate` process over HTTP.
 
 mod chain;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod common;
 mod dashboard;
 mod deploy;

@@ -83,11 +83,40 @@ async fn create(
             "rate limits must be > 0",
         ));
     }
+    // Members: the named nodes, else (in a cluster) three live nodes by
+    // rendezvous hashing; empty on a single node (served wherever it lands).
+    let mut members = Vec::new();
+    for m in body.members {
+        let ok = !m.is_empty()
+            && m.len() <= 128
+            && m.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !ok {
+            return Err(ApiError::bad_request(
+                "INVALID_MEMBER",
+                format!("{m:?} is not a node id"),
+            ));
+        }
+        if !members.contains(&m) {
+            members.push(m);
+        }
+    }
+    if members.len() > 16 {
+        return Err(ApiError::bad_request(
+            "INVALID_MEMBER",
+            "at most 16 members",
+        ));
+    }
+    if members.is_empty()
+        && let Some(c) = node.cluster.get()
+    {
+        members = c.place(&body.name).await;
+    }
     let t = now();
     let record = NamespaceRecord {
         name: body.name.clone(),
         created_at: t,
-        members: body.members,
+        members,
         rate_per_minute: body.rate_per_minute,
         rate_burst: body.rate_burst,
         claims_provider: None,

@@ -66,13 +66,25 @@ async fn status(node: web::Data<Node>) -> HttpResponse {
                    "handled": a.handled(), "restarts": a.restarts()})
         })
         .collect();
+    let mut breakers = Vec::new();
+    for h in node.namespaces.handles() {
+        for b in h.breakers.snapshot() {
+            breakers.push(json!({"namespace": &*h.name, "member": b.member, "state": b.state,
+                "consecutive_failures": b.consecutive_failures, "open_for_seconds": b.open_for_seconds}));
+        }
+    }
+    let cluster = node.cluster.get().map(|c| {
+        json!({"node_id": c.node_id, "advertise": c.advertise,
+               "live_nodes": c.live().into_iter().map(|n| n.id).collect::<Vec<_>>()})
+    });
     HttpResponse::Ok().json(json!({
         "ok": true,
         "version": env!("CARGO_PKG_VERSION"),
+        "cluster": cluster,
         "uptime_seconds": node.metrics.started.elapsed().as_secs(),
         "namespaces_running": node.namespaces.len(),
         "actors": actors,
-        "breakers": [],
+        "breakers": breakers,
     }))
 }
 

@@ -1,0 +1,179 @@
+//! Cluster placement (DESIGN.md §6): the node registry, where a namespace
+//! lives, and forwarding a request to a member through per-(namespace, member)
+//! breakers.
+//!
+//! - Nodes announce themselves under `_nodes/<id>` (id, advertised HTTP
+//!   address) with a time to live, refreshed every `register_seconds`.
+//! - A namespace's `members` (its record) are the nodes that serve it; empty
+//!   means every node. Created without members in a cluster, a namespace is
+//!   placed on three live nodes chosen by rendezvous hashing.
+//! - A request for a namespace this node is not a member of is forwarded
+//!   ([`forward`]): to the member the credential hashes to, then the others,
+//!   skipping open breakers, with the resolved identity under a hop MAC (V3).
+
+mod breaker;
+pub mod forward;
+
+pub use breaker::{Admit, BreakerView, Breakers};
+
+use crate::storage::{OrderedKv, Store};
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Members a namespace is placed on by default.
+pub const DEFAULT_MEMBERS: usize = 3;
+
+/// A node as announced in the registry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub id: String,
+    /// Base URL of its HTTP listener (`http://host:port`).
+    pub advertise: String,
+}
+
+fn node_key(id: &str) -> Vec<u8> {
+    format!("_nodes/{id}").into_bytes()
+}
+
+/// This node's view of the cluster.
+pub struct Cluster {
+    pub node_id: String,
+    pub advertise: String,
+    store: Store,
+    live: RwLock<Vec<NodeInfo>>,
+    every: Duration,
+}
+
+/// Rendezvous (highest random weight) order of `candidates` for `key`.
+pub fn rendezvous<'a>(candidates: &'a [String], key: &str) -> Vec<&'a String> {
+    let mut scored: Vec<(u64, &String)> = candidates
+        .iter()
+        .map(|c| {
+            let d = ring::digest::digest(&ring::digest::SHA256, format!("{c}\n{key}").as_bytes());
+            let w = u64::from_be_bytes(d.as_ref()[..8].try_into().expect("8 bytes"));
+            (w, c)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    scored.into_iter().map(|(_, c)| c).collect()
+}
+
+impl Cluster {
+    /// Announces this node now and every `every` (entries live 4 × `every`).
+    pub async fn start(
+        store: Store,
+        node_id: String,
+        advertise: String,
+        every: Duration,
+    ) -> Result<Arc<Cluster>, crate::storage::StoreError> {
+        let c = Arc::new(Cluster {
+            node_id,
+            advertise,
+            store,
+            live: RwLock::new(Vec::new()),
+            every,
+        });
+        c.announce().await?;
+        let weak = Arc::downgrade(&c);
+        actix_web::rt::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(c) = weak.upgrade() else { return };
+                if let Err(e) = c.announce().await {
+                    tracing::warn!(error = %e, "Cluster announcement failed; retrying.");
+                }
+            }
+        });
+        Ok(c)
+    }
+
+    /// Writes this node's entry and re-reads the live nodes.
+    async fn announce(&self) -> Result<(), crate::storage::StoreError> {
+        let me = NodeInfo {
+            id: self.node_id.clone(),
+            advertise: self.advertise.clone(),
+        };
+        self.store
+            .put_ttl(
+                &node_key(&self.node_id),
+                &serde_json::to_vec(&me).expect("json"),
+                self.every * 4,
+            )
+            .await?;
+        self.refresh().await
+    }
+
+    async fn refresh(&self) -> Result<(), crate::storage::StoreError> {
+        let nodes: Vec<NodeInfo> = self
+            .store
+            .scan_prefix(b"_nodes/", usize::MAX)
+            .await?
+            .into_iter()
+            .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
+            .collect();
+        *self.live.write() = nodes;
+        Ok(())
+    }
+
+    /// The live nodes, as last read.
+    pub fn live(&self) -> Vec<NodeInfo> {
+        self.live.read().clone()
+    }
+
+    /// Where a member is reached (re-reading the registry when it is unknown).
+    pub async fn address_of(&self, id: &str) -> Option<String> {
+        if let Some(n) = self.live.read().iter().find(|n| n.id == id) {
+            return Some(n.advertise.clone());
+        }
+        let _ = self.refresh().await;
+        self.live
+            .read()
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| n.advertise.clone())
+    }
+
+    /// The default members of a new namespace: three live nodes by rendezvous.
+    pub async fn place(&self, namespace: &str) -> Vec<String> {
+        let _ = self.refresh().await;
+        let ids: Vec<String> = self.live.read().iter().map(|n| n.id.clone()).collect();
+        rendezvous(&ids, namespace)
+            .into_iter()
+            .take(DEFAULT_MEMBERS)
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rendezvous order is a permutation, stable for a key, and spreads keys.
+    #[test]
+    fn rendezvous_is_stable_and_spreads() {
+        let nodes: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+        let o1 = rendezvous(&nodes, "ns-1");
+        assert_eq!(o1, rendezvous(&nodes, "ns-1"));
+        let mut sorted: Vec<&String> = o1.clone();
+        sorted.sort();
+        assert_eq!(sorted, nodes.iter().collect::<Vec<_>>());
+        let firsts: std::collections::BTreeSet<&String> = (0..64)
+            .map(|i| rendezvous(&nodes, &format!("k{i}"))[0])
+            .collect();
+        assert!(firsts.len() >= 3, "{firsts:?}");
+        // Removing a node moves only the keys that ranked it first.
+        let three: Vec<String> = nodes[..3].to_vec();
+        for i in 0..64 {
+            let k = format!("k{i}");
+            let full = rendezvous(&nodes, &k);
+            if full[0] != "d" {
+                assert_eq!(rendezvous(&three, &k)[0], full[0]);
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Three nodes on one etcd (DESIGN.md §6): forwarding to a namespace's members
+//! through per-(namespace, member) breakers, and cron slots that fire once in
+//! the whole cluster.
+
+// Only start/url/stop of the shared helper are used here.
+#[allow(dead_code)]
+#[path = "../../src/storage/etcd_process.rs"]
+mod etcd_process;
+
+use crate::common::*;
+use etcd_process::EtcdProcess;
+use std::time::{Duration, Instant};
+
+const SECRET: &str = "three-node-test-cluster-secret";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Options of cluster node `id` on a fixed port and data folder (so it can be
+/// restarted as the same member).
+fn member_opts(etcd: &EtcdProcess, id: &str, port: u16, dir: &std::path::Path) -> NodeOpts {
+    NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nbreaker_failures = 5\nbreaker_probe_seconds = 1\nregister_seconds = 1\n",
+            etcd.url()
+        ),
+        env: vec![("MESHGATE_CLUSTER_SECRET".into(), SECRET.into())],
+        data_dir: Some(dir.join(id)),
+        listen: Some(format!("127.0.0.1:{port}")),
+        ..Default::default()
+    }
+}
+
+/// The breaker of (namespace, member) as `/v1/status` shows it.
+fn breaker(node: &TestNode, ns: &str, member: &str) -> Option<serde_json::Value> {
+    let (_, _, b) = http("GET", &node.url("/v1/status"), &[], None);
+    json(&String::from_utf8_lossy(&b))["breakers"]
+        .as_array()?
+        .iter()
+        .find(|x| x["namespace"] == ns && x["member"] == member)
+        .cloned()
+}
+
+/// A KV read through `node` with the operator key; returns status and the
+/// member that served it.
+fn read_via(node: &TestNode, ns: &str) -> (u16, Option<String>, String) {
+    let auth = format!("Bearer {OPERATOR_KEY}");
+    let (s, h, b) = http(
+        "GET",
+        &node.url("/v1/kv/greeting"),
+        &[("authorization", &auth), ("x-namespace", ns)],
+        None,
+    );
+    (
+        s,
+        header(&h, "x-meshgate-member").map(str::to_string),
+        String::from_utf8_lossy(&b).into_owned(),
+    )
+}
+
+/// A namespace on members b and c, reached through a: requests are forwarded;
+/// the serving member killed, its breaker opens after 5 failures while the
+/// other member serves; the member back, the probe after the interval closes
+/// the breaker. `/v1/status` shows each state.
+#[test]
+fn forwarding_and_breakers_across_three_nodes() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let ids = ["a", "b", "c"];
+    let mut nodes: Vec<Option<TestNode>> = ids
+        .iter()
+        .zip(&ports)
+        .map(|(id, p)| Some(TestNode::start_with(member_opts(&etcd, id, *p, tmp.path()))))
+        .collect();
+    let a = nodes[0].take().unwrap();
+    let (s, b) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"shop","members":["b","c"]}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(
+        json(&b)["namespace"]["members"],
+        serde_json::json!(["b", "c"])
+    );
+    let auth = format!("Bearer {OPERATOR_KEY}");
+    let (s, h, body) = http(
+        "PUT",
+        &a.url("/v1/kv/greeting"),
+        &[("authorization", &auth), ("x-namespace", "shop")],
+        Some(b"hello"),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    let first = header(&h, "x-meshgate-member")
+        .expect("forwarded")
+        .to_string();
+    assert!(first == "b" || first == "c", "{first}");
+    let other = if first == "b" { "c" } else { "b" };
+    let (s, m, body) = read_via(&a, "shop");
+    assert_eq!(
+        (s, m.as_deref(), body.as_str()),
+        (200, Some(first.as_str()), "hello")
+    );
+
+    // Kill the member the operator's requests hash to.
+    let idx = ids.iter().position(|i| *i == first).unwrap();
+    let mut dead = nodes[idx].take().unwrap();
+    dead.kill9();
+    for i in 1..=5 {
+        let (s, m, body) = read_via(&a, "shop");
+        assert_eq!(
+            (s, m.as_deref(), body.as_str()),
+            (200, Some(other), "hello"),
+            "request {i}"
+        );
+        let br = breaker(&a, "shop", &first).expect("a breaker for the dead member");
+        if i < 5 {
+            assert_eq!(br["state"], "closed", "after {i} failures: {br}");
+            assert_eq!(br["consecutive_failures"], i, "{br}");
+        } else {
+            assert_eq!(br["state"], "open", "after 5 failures: {br}");
+        }
+    }
+    // Open: the dead member is skipped (no connection attempt, no new failure).
+    let (s, m, _) = read_via(&a, "shop");
+    assert_eq!((s, m.as_deref()), (200, Some(other)));
+    let (_, _, metrics) = http("GET", &a.url("/metrics"), &[], None);
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    assert!(
+        metrics.contains("meshgate_forwards_total{outcome=\"skipped_open\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "meshgate_breaker_state{{member=\"{first}\",namespace=\"shop\"}} 2"
+        )),
+        "{metrics}"
+    );
+
+    // The member comes back on its port; after the probe interval a request
+    // probes it, succeeds, and closes the breaker.
+    let back = TestNode::start_with(member_opts(&etcd, &first, ports[idx], tmp.path()));
+    std::thread::sleep(Duration::from_millis(1100));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, m, _) = read_via(&a, "shop");
+        assert_eq!(s, 200);
+        if m.as_deref() == Some(first.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probe never reached the member"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let br = breaker(&a, "shop", &first).unwrap();
+    assert_eq!(br["state"], "closed", "{br}");
+    assert_eq!(br["consecutive_failures"], 0, "{br}");
+    drop(back);
+}
+
+/// A request that claims to come from a peer without a valid hop MAC is
+/// served as anonymous (the forged identity is dropped), in cluster mode too.
+#[test]
+fn forged_hop_is_refused_in_a_cluster() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = TestNode::start_with(member_opts(&etcd, "a", free_port(), tmp.path()));
+    let (s, _) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"vault","members":["a"]}"#),
+    );
+    assert_eq!(s, 201);
+    let now = meshgate::http::now();
+    for mac in [
+        None,
+        Some(format!("{now}.{}", "00".repeat(32))),
+        Some(format!("{}.{}", now - 120, "11".repeat(32))),
+    ] {
+        let mut h = vec![
+            ("x-internal-auth-namespace", "vault".to_string()),
+            ("x-internal-auth-subject", "intruder".to_string()),
+            ("x-internal-auth-grants", "*:*:*".to_string()),
+            ("x-internal-auth-version", "v3".to_string()),
+        ];
+        if let Some(m) = mac {
+            h.push(("x-internal-auth-mac", m));
+        }
+        let hr: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (s, _, b) = http("GET", &a.url("/v1/kv/secret"), &hr, None);
+        assert_eq!(s, 401, "{}", String::from_utf8_lossy(&b));
+    }
+}
+
+fn metric_sum(node: &TestNode, prefix: &str) -> f64 {
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    String::from_utf8_lossy(&b)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+const EVERY_SECOND: &[u8] = include_bytes!("../../examples/functions/echo.wasm");
+
+/// A cron function in a three-node cluster: every node ticks and tries each
+/// slot, exactly one claims it, so the function fires once per slot.
+#[test]
+fn cron_fires_once_per_slot_in_the_cluster() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let ids = ["a", "b", "c"];
+    let a = TestNode::start_with(member_opts(&etcd, "a", ports[0], tmp.path()));
+    // No members named and none placed explicitly: every node serves it.
+    let (s, b) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"clock","members":["a","b","c"]}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let boundary = "mgcronboundary";
+    let mut body = Vec::new();
+    for (name, data) in [
+        ("name", &b"tick"[..]),
+        ("metadata", br#"{"cron":"* * * * * *"}"#),
+        ("wasm", EVERY_SECOND),
+    ] {
+        body.extend_from_slice(
+            format!("--{boundary}\r\ncontent-disposition: form-data; name=\"{name}\"\r\n\r\n")
+                .as_bytes(),
+        );
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    let auth = format!("Bearer {OPERATOR_KEY}");
+    let ct = format!("multipart/form-data; boundary={boundary}");
+    let (s, _, b) = http(
+        "POST",
+        &a.url("/v1/functions"),
+        &[
+            ("authorization", &auth),
+            ("x-namespace", "clock"),
+            ("content-type", &ct),
+        ],
+        Some(&body),
+    );
+    assert_eq!(s, 201, "{}", String::from_utf8_lossy(&b));
+    // B and C start after the deploy: they wake the namespace from etcd and tick too.
+    let nodes = vec![
+        a,
+        TestNode::start_with(member_opts(&etcd, ids[1], ports[1], tmp.path())),
+        TestNode::start_with(member_opts(&etcd, ids[2], ports[2], tmp.path())),
+    ];
+    // Let every node tick a few slots.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tried: Vec<f64> = nodes
+            .iter()
+            .map(|n| metric_sum(n, "meshgate_cron_slots_total"))
+            .collect();
+        if tried.iter().all(|t| *t >= 3.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every node ticked: {tried:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let start = Instant::now();
+    let claimed0: f64 = nodes
+        .iter()
+        .map(|n| metric_sum(n, "meshgate_cron_slots_total{outcome=\"claimed\""))
+        .sum();
+    let fired0: f64 = nodes
+        .iter()
+        .map(|n| metric_sum(n, "meshgate_function_invocations_total{namespace=\"clock\""))
+        .sum();
+    std::thread::sleep(Duration::from_secs(4));
+    let claimed: f64 = nodes
+        .iter()
+        .map(|n| metric_sum(n, "meshgate_cron_slots_total{outcome=\"claimed\""))
+        .sum::<f64>()
+        - claimed0;
+    let lost: f64 = nodes
+        .iter()
+        .map(|n| metric_sum(n, "meshgate_cron_slots_total{outcome=\"lost\""))
+        .sum();
+    let fired: f64 = nodes
+        .iter()
+        .map(|n| metric_sum(n, "meshgate_function_invocations_total{namespace=\"clock\""))
+        .sum::<f64>()
+        - fired0;
+    let secs = start.elapsed().as_secs_f64();
+    // One claim per slot in the whole cluster (three nodes tried each).
+    assert!(
+        claimed >= secs - 2.0 && claimed <= secs + 2.0,
+        "claimed {claimed} slots in {secs:.1} s"
+    );
+    assert!(
+        lost >= claimed,
+        "the other nodes lost their claims: lost {lost}, claimed {claimed}"
+    );
+    assert!(
+        fired <= claimed + 1.0,
+        "fired {fired} times for {claimed} slots"
+    );
+}

@@ -12,6 +12,9 @@
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
 //! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`).
+//! - `cluster/` (cargo feature `cluster`): the pub/sub mesh between nodes
+//!   (gated libp2p GossipSub, registry in the shared store, per-publisher
+//!   ordering) and the node's mesh identity.
 //! - `pubsub/`: the node's delivery service, per-worker relays with bounded
 //!   socket queues, the `WsSession` actor, topic tables, the socket protocol.
 //! - `dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
@@ -33,6 +36,8 @@ pub mod actors;
 pub mod auth;
 pub mod cli;
 mod cli_client;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod config;
 pub mod dashboard;
 pub mod deploy;

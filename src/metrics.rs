@@ -53,6 +53,20 @@ pub struct Inner {
     /// Cron slots this node tried to claim: claimed, lost (another node had
     /// it) or error.
     pub cron_slots: IntCounterVec,
+    // Cluster mesh (pub/sub between nodes).
+    /// Registered mesh peers this node is connected to.
+    pub mesh_peers: IntGauge,
+    /// Locally published messages sent into the mesh.
+    pub mesh_sent: IntCounter,
+    /// Valid messages received from the mesh (before ordering).
+    pub mesh_received: IntCounter,
+    /// Mesh messages dropped, by reason (`queue_full`, `no_peers`,
+    /// `too_large`, `publish_failed`, `decode`, `bad_origin`, `duplicate`, `stale`).
+    pub mesh_dropped: IntCounterVec,
+    /// Sequence numbers given up on after a gap timed out or a buffer filled.
+    pub mesh_gaps_skipped: IntCounter,
+    /// Mesh connections refused: unregistered peer or address.
+    pub mesh_connections_refused: IntCounter,
 }
 
 const ACTOR_LABELS: &[&str] = &["kind", "namespace"];
@@ -279,6 +293,47 @@ impl Metrics {
                         "Cron slots this node tried to claim, by outcome"
                     ),
                     &["outcome"]
+                )
+                .unwrap()
+            ),
+            mesh_peers: reg!(
+                IntGauge::new("meshgate_mesh_peers", "Registered mesh peers connected").unwrap()
+            ),
+            mesh_sent: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_messages_sent_total",
+                    "Messages published into the cluster mesh"
+                )
+                .unwrap()
+            ),
+            mesh_received: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_messages_received_total",
+                    "Valid messages received from the cluster mesh"
+                )
+                .unwrap()
+            ),
+            mesh_dropped: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_mesh_messages_dropped_total",
+                        "Cluster mesh messages dropped"
+                    ),
+                    &["reason"]
+                )
+                .unwrap()
+            ),
+            mesh_gaps_skipped: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_gaps_skipped_total",
+                    "Sequence numbers skipped after a gap timed out"
+                )
+                .unwrap()
+            ),
+            mesh_connections_refused: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_connections_refused_total",
+                    "Mesh connections refused (unregistered peer or address)"
                 )
                 .unwrap()
             ),

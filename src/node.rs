@@ -54,6 +54,9 @@ pub struct NodeInner {
     /// This node's view of the cluster (set once the listener is bound, in
     /// cluster mode only: `[cluster] etcd` set).
     pub cluster: std::sync::OnceLock<Arc<crate::placement::Cluster>>,
+    /// The pub/sub mesh between the nodes (cluster mode).
+    #[cfg(feature = "cluster")]
+    pub mesh: std::sync::OnceLock<Arc<crate::cluster::Mesh>>,
 }
 
 /// The node's handle, cloned into every handler.
@@ -289,6 +292,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         functions,
         deployments,
         cluster: std::sync::OnceLock::new(),
+        #[cfg(feature = "cluster")]
+        mesh: std::sync::OnceLock::new(),
     }));
     if !node.config.cluster.etcd.is_empty() && node.hop_key.is_none() {
         anyhow::bail!(
@@ -317,6 +322,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot join the cluster: {e}"))?;
         let _ = node.cluster.set(cluster);
+        #[cfg(feature = "cluster")]
+        start_mesh(&node, &data_dir).await?;
     }
     if let Some(sled) = store.as_sled() {
         spawn_sweeper(sled.clone());
@@ -364,6 +371,64 @@ fn start_functions(
 }
 
 /// The store: etcd when `cluster.etcd` names endpoints, else sled in the data folder.
+/// Joins the pub/sub mesh: messages published here go to the other nodes, and
+/// theirs enter each namespace's supervisor here (`FromMesh`), one at a time
+/// in arrival order (one task), so each publisher's order is kept.
+#[cfg(feature = "cluster")]
+async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
+    let c = &node.config.cluster;
+    let keypair = crate::cluster::load_or_create_keypair(data_dir)
+        .map_err(|e| anyhow::anyhow!("cannot load the mesh key: {e}"))?;
+    let listen: crate::cluster::Multiaddr = c
+        .gossip_listen
+        .parse()
+        .map_err(|e| anyhow::anyhow!("cluster.gossip_listen {:?}: {e}", c.gossip_listen))?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, String, bytes::Bytes, u64)>(65_536);
+    let metrics = node.metrics.clone();
+    let deliver: crate::cluster::DeliverFn = Arc::new(move |ns, topic, data, ts| {
+        if tx.try_send((ns, topic, data, ts)).is_err() {
+            metrics
+                .mesh_dropped
+                .with_label_values(&["queue_full"])
+                .inc();
+        }
+    });
+    let n = node.clone();
+    actix_web::rt::spawn(async move {
+        while let Some((ns, topic, data, timestamp)) = rx.recv().await {
+            match n.locate(&ns).await {
+                Ok(h) => h.addr.do_send(crate::actors::FromMesh {
+                    topic,
+                    data,
+                    timestamp,
+                }),
+                Err(e) => {
+                    tracing::debug!(namespace = %ns, error = %e, "Mesh message for a namespace not here.")
+                }
+            }
+        }
+    });
+    let every = Duration::from_secs(c.register_seconds.max(1));
+    let config = crate::cluster::MeshConfig {
+        registry_interval: every,
+        registry_ttl: every * 8,
+        ..Default::default()
+    };
+    let mesh = crate::cluster::Mesh::start_with(
+        node.store.clone(),
+        keypair,
+        listen,
+        node.pubsub.clone(),
+        deliver,
+        config,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("cannot start the pub/sub mesh: {e}"))?;
+    tracing::info!(peer_id = %mesh.peer_id(), "Joined the pub/sub mesh.");
+    let _ = node.mesh.set(mesh);
+    Ok(())
+}
+
 /// The cluster-wide value under `key`: this node's `local` one if it is the
 /// first to write it, else the one already there.
 async fn adopt_shared(store: &Store, key: &[u8], local: &[u8]) -> anyhow::Result<Vec<u8>> {
@@ -466,6 +531,10 @@ impl RunningNode {
         // Give sockets a moment to send their close frames.
         tokio::time::sleep(Duration::from_millis(50)).await;
         self.handle.stop(true).await;
+        #[cfg(feature = "cluster")]
+        if let Some(mesh) = self.node.mesh.get() {
+            mesh.stop().await;
+        }
         if let Err(e) = crate::storage::OrderedKv::flush(&self.node.store).await {
             tracing::error!(error = %e, "Store flush failed during drain.");
         }

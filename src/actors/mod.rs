@@ -20,4 +20,6 @@ pub use node::{
     ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,
 };
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile};
-pub use topics::{Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscribe, UnsubscribeAll};
+pub use topics::{
+    FromMesh, Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscribe, UnsubscribeAll,
+};

@@ -181,6 +181,39 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
     }
 }
 
+/// Sent by the cluster mesh (through `node.locate(ns)`) for a message
+/// published on another node: delivered to this node's subscribers only, with
+/// the origin's timestamp. Never forwarded back into the mesh and fires no
+/// pub/sub triggers (the origin node fired them). No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FromMesh {
+    pub topic: String,
+    pub data: Bytes,
+    /// When the origin node accepted the message (ms since the Unix epoch).
+    pub timestamp: u64,
+}
+
+impl Handler<FromMesh> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: FromMesh, ctx: &mut Context<Self>) {
+        let _t = self.stats.begin();
+        let _ = self.guarded(ctx, |act| {
+            act.exists()?;
+            let targets = act.topics.targets(&msg.topic);
+            act.topics.service.deliver_at(
+                &act.name,
+                &msg.topic,
+                &msg.data,
+                targets,
+                Origin::Mesh,
+                msg.timestamp,
+            );
+            Ok(())
+        });
+    }
+}
+
 impl NamespaceSupervisor {
     fn count_publishes(&self, n: u64) {
         let m = &self.topics.service.metrics;

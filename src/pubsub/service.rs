@@ -133,6 +133,20 @@ impl PubSubService {
         origin: Origin,
     ) {
         let timestamp = super::protocol::now_ms();
+        self.deliver_at(namespace, topic, data, targets, origin, timestamp);
+    }
+
+    /// [`deliver`](Self::deliver) with the message's timestamp given: a
+    /// message from the mesh keeps the one its origin node gave it.
+    pub fn deliver_at(
+        &self,
+        namespace: &str,
+        topic: &str,
+        data: &Bytes,
+        targets: Option<(&Targets, [bool; 3])>,
+        origin: Origin,
+        timestamp: u64,
+    ) {
         if let Some((targets, kinds)) = targets {
             let frames: Arc<[Option<Bytes>; 3]> = Arc::new(
                 FrameKind::ALL

@@ -316,3 +316,139 @@ fn cron_fires_once_per_slot_in_the_cluster() {
         "fired {fired} times for {claimed} slots"
     );
 }
+
+type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
+
+async fn subscribe(node: &TestNode, key: &str, topic: &str) -> Socket {
+    let url = format!("ws://{}/v1/pubsub/ws?topic={topic}&token={key}", node.addr);
+    let (resp, s) = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish()
+        .ws(url)
+        .connect()
+        .await
+        .expect("subscribe");
+    assert_eq!(resp.status(), 101);
+    s
+}
+
+/// The next message's data, or None when nothing comes within `wait`.
+async fn next_message(s: &mut Socket, wait: Duration) -> Option<String> {
+    use base64::Engine as _;
+    use futures_util::{SinkExt as _, StreamExt as _};
+    loop {
+        let f = tokio::time::timeout(wait, s.next()).await.ok()??.ok()?;
+        match f {
+            awc::ws::Frame::Text(b) | awc::ws::Frame::Binary(b) => {
+                let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(v["data_base64"].as_str().unwrap())
+                    .unwrap();
+                return Some(String::from_utf8(data).unwrap());
+            }
+            awc::ws::Frame::Ping(p) => {
+                let _ = s.send(awc::ws::Message::Pong(p)).await;
+            }
+            _ => {}
+        }
+    }
+}
+
+fn publish(node: &TestNode, key: &str, topic: &str, data: &str) {
+    use base64::Engine as _;
+    let body = serde_json::json!({"topic": topic,
+        "data_base64": base64::engine::general_purpose::STANDARD.encode(data)});
+    let (s, b) = node.with_key(
+        key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+}
+
+/// The mesh: 1,000 messages published one after another on A reach the
+/// subscribers on A, B and C exactly once each, in publish order.
+#[actix_rt::test]
+async fn thousand_messages_cross_the_mesh_once_in_order() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| TestNode::start_with(member_opts(&etcd, id, free_port(), tmp.path())))
+        .collect();
+    let key = nodes[0].create_namespace("chat");
+    // Every node connected to the two others.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !nodes
+        .iter()
+        .all(|n| metric_sum(n, "meshgate_mesh_peers") >= 2.0)
+    {
+        assert!(Instant::now() < deadline, "the mesh never formed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut subs = Vec::new();
+    for n in &nodes {
+        subs.push(subscribe(n, &key, "room").await);
+    }
+    // Warm up until a message from A reaches every subscriber.
+    let mut warm = vec![false; 3];
+    for round in 0.. {
+        assert!(
+            round < 60,
+            "a warm-up message never crossed the mesh: {warm:?}"
+        );
+        publish(&nodes[0], &key, "room", &format!("warm-{round}"));
+        for (i, s) in subs.iter_mut().enumerate() {
+            while let Some(m) = next_message(s, Duration::from_millis(300)).await {
+                if m.starts_with("warm-") {
+                    warm[i] = true;
+                }
+            }
+        }
+        if warm.iter().all(|w| *w) {
+            break;
+        }
+    }
+    let a = nodes[0].base.clone();
+    let key2 = key.clone();
+    let publisher = std::thread::spawn(move || {
+        for i in 0..1000 {
+            use base64::Engine as _;
+            let body = serde_json::json!({"topic": "room",
+                "data_base64": base64::engine::general_purpose::STANDARD.encode(i.to_string())});
+            let auth = format!("Bearer {key2}");
+            let (s, _, b) = http(
+                "POST",
+                &format!("{a}/v1/pubsub/publish"),
+                &[
+                    ("authorization", &auth),
+                    ("content-type", "application/json"),
+                ],
+                Some(body.to_string().as_bytes()),
+            );
+            assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        }
+    });
+    for (n, s) in subs.iter_mut().enumerate() {
+        let mut want = 0;
+        while want < 1000 {
+            let m = next_message(s, Duration::from_secs(20))
+                .await
+                .unwrap_or_else(|| panic!("node {n}: message {want} never came"));
+            if m.starts_with("warm-") {
+                continue;
+            }
+            assert_eq!(m, want.to_string(), "node {n}: out of order or duplicated");
+            want += 1;
+        }
+    }
+    publisher.join().unwrap();
+    for (n, s) in subs.iter_mut().enumerate() {
+        assert_eq!(
+            next_message(s, Duration::from_millis(700)).await,
+            None,
+            "node {n} got a message twice"
+        );
+    }
+}

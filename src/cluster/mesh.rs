@@ -1,0 +1,1093 @@
+//! The pub/sub mesh between nodes (DESIGN.md §6).
+//!
+//! Each node runs one libp2p host (TCP, Noise, Yamux) with two behaviours: an
+//! allow list and GossipSub. Membership comes from the shared store only:
+//! every [`MeshConfig::registry_interval`] a task writes this node's addresses
+//! under `_pubsub_mesh_peers/<peer id>` with a time to live, scans the
+//! prefix, and hands the result to the swarm task, which allows exactly those
+//! peers (connections from any other are refused, and connections of a peer
+//! that left the registry are closed), checks that an inbound connection
+//! comes from one of the peer's registered IPs, and dials every registered
+//! peer not connected at its registered addresses only. There is no peer
+//! exchange, identify, Kademlia or mDNS.
+//!
+//! All pub/sub traffic goes on one GossipSub topic ([`MESH_TOPIC`]). A
+//! [`WireMessage`] carries the origin's peer id (checked against the signed
+//! GossipSub author), the namespace and topic, and a per-(origin, namespace,
+//! topic) epoch and sequence number; receivers release each such stream in
+//! order through a [`Reorder`] buffer and hand messages to the `deliver_fn`.
+//! GossipSub message ids are the SHA-256 of the encoded message, so a message
+//! reaching a node by two paths is delivered once.
+
+use super::reorder::{Pushed, Reorder};
+use super::{MeshError, MeshResult};
+use crate::metrics::Metrics;
+use crate::pubsub::{MeshSink, PubSubService};
+use crate::storage::{OrderedKv, Store};
+use bytes::Bytes;
+use libp2p::futures::StreamExt;
+use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity, TopicHash};
+use libp2p::identity::Keypair;
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{Multiaddr, PeerId, Swarm, allow_block_list, noise, tcp, yamux};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+/// Where nodes register their mesh addresses in the shared store.
+pub const REGISTRY_PREFIX: &str = "_pubsub_mesh_peers/";
+/// How often a node re-registers and re-reads the registry.
+pub const REGISTRY_INTERVAL: Duration = Duration::from_secs(15);
+/// How long a registration lives unless refreshed.
+pub const REGISTRY_TTL: Duration = Duration::from_secs(120);
+/// How long a gap in a stream is waited for before it is skipped.
+pub const GAP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Messages one stream may hold back waiting for a gap.
+pub const REORDER_CAPACITY: usize = 256;
+/// A stream (sender counter or receiver state) idle this long is forgotten.
+pub const STREAM_IDLE: Duration = Duration::from_secs(600);
+/// The GossipSub heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_millis(700);
+/// Locally published messages waiting for the swarm task before further
+/// ones are dropped (`meshgate_mesh_messages_dropped_total{reason="queue_full"}`).
+pub const FORWARD_QUEUE: usize = 65_536;
+/// The largest GossipSub message: a 1 MiB pub/sub payload plus headers.
+pub const MAX_TRANSMIT: usize = (1 << 20) + (64 << 10);
+/// The one GossipSub topic all pub/sub traffic travels on.
+pub const MESH_TOPIC: &str = "meshgate/pubsub/1";
+/// Registry refreshes asked for by refused connections are at most this frequent.
+const MIN_REFRESH_SPACING: Duration = Duration::from_secs(1);
+/// Mesh connections are kept while idle (the registry decides who is
+/// connected, not traffic).
+const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// How long `start` waits for the listener to come up.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Hands a message from the mesh to this node: (namespace, topic, data,
+/// origin timestamp in ms). Called from the swarm task in stream order; it
+/// must not block (the node sends `FromMesh` to the namespace's supervisor).
+pub type DeliverFn = Arc<dyn Fn(String, String, Bytes, u64) + Send + Sync>;
+
+/// The mesh's timings and sizes; `Default` gives the production values.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    /// How often the node re-registers and re-reads the registry.
+    pub registry_interval: Duration,
+    /// The time to live of the node's registration.
+    pub registry_ttl: Duration,
+    /// How long a gap in a stream is waited for.
+    pub gap_timeout: Duration,
+    /// Messages one stream may hold back.
+    pub reorder_capacity: usize,
+    /// The GossipSub heartbeat.
+    pub heartbeat: Duration,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        Self {
+            registry_interval: REGISTRY_INTERVAL,
+            registry_ttl: REGISTRY_TTL,
+            gap_timeout: GAP_TIMEOUT,
+            reorder_capacity: REORDER_CAPACITY,
+            heartbeat: HEARTBEAT,
+        }
+    }
+}
+
+/// What a node writes under `_pubsub_mesh_peers/<peer id>`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Registration {
+    peer_id: String,
+    addrs: Vec<String>,
+}
+
+/// One pub/sub message on the mesh (postcard-encoded).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct WireMessage {
+    /// The publishing node's peer id (bytes); must be the signed author.
+    origin: Vec<u8>,
+    namespace: String,
+    topic: String,
+    /// Names the origin's counter for (namespace, topic); a higher epoch
+    /// restarts the stream.
+    epoch: u64,
+    /// 1, 2, 3… within the epoch.
+    seq: u64,
+    /// When the origin accepted the message (ms since the Unix epoch).
+    timestamp: u64,
+    data: Vec<u8>,
+}
+
+/// A snapshot of the mesh, for tests and the status page.
+#[derive(Debug, Clone)]
+pub struct MeshStatus {
+    pub peer_id: PeerId,
+    pub listen_addrs: Vec<Multiaddr>,
+    /// Peers in the latest registry scan (this node excluded).
+    pub registered: Vec<PeerId>,
+    pub connected: Vec<PeerId>,
+    /// Connected peers subscribed to [`MESH_TOPIC`]: the ones a publish reaches.
+    pub subscribed: Vec<PeerId>,
+    /// Messages held back waiting for a gap to fill.
+    pub pending: usize,
+}
+
+enum Command {
+    Forward {
+        namespace: String,
+        topic: String,
+        data: Bytes,
+        timestamp: u64,
+    },
+    Registry(HashMap<PeerId, Vec<Multiaddr>>),
+    Status(oneshot::Sender<MeshStatus>),
+}
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    allow: allow_block_list::Behaviour<allow_block_list::AllowedPeers>,
+    gossipsub: gossipsub::Behaviour,
+}
+
+/// The node's side of the mesh. Plugged into the [`PubSubService`] as its
+/// [`MeshSink`] by [`Mesh::start`].
+pub struct Mesh {
+    peer_id: PeerId,
+    tx: mpsc::Sender<Command>,
+    metrics: Metrics,
+    store: Store,
+    tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl MeshSink for Mesh {
+    /// Queues a locally published message for the swarm task, which numbers
+    /// it in its (namespace, topic) stream and publishes it. One queue, so
+    /// publish order is kept.
+    fn forward(&self, namespace: &str, topic: &str, data: &Bytes, timestamp: u64) {
+        let cmd = Command::Forward {
+            namespace: namespace.to_string(),
+            topic: topic.to_string(),
+            data: data.clone(),
+            timestamp,
+        };
+        if self.tx.try_send(cmd).is_err() {
+            self.drop_count("queue_full");
+        }
+    }
+}
+
+impl Mesh {
+    /// Starts the mesh with the production timings; see [`Mesh::start_with`].
+    pub async fn start(
+        store: Store,
+        keypair: Keypair,
+        listen_addr: Multiaddr,
+        pubsub: PubSubService,
+        deliver_fn: DeliverFn,
+    ) -> MeshResult<Arc<Mesh>> {
+        Self::start_with(
+            store,
+            keypair,
+            listen_addr,
+            pubsub,
+            deliver_fn,
+            MeshConfig::default(),
+        )
+        .await
+    }
+
+    /// Builds the libp2p host, listens on `listen_addr` (waits until it is
+    /// up), spawns the swarm and registry tasks on the current tokio runtime,
+    /// and plugs the mesh into `pubsub` (`set_mesh`). Messages from other
+    /// nodes go to `deliver_fn`.
+    pub async fn start_with(
+        store: Store,
+        keypair: Keypair,
+        listen_addr: Multiaddr,
+        pubsub: PubSubService,
+        deliver_fn: DeliverFn,
+        config: MeshConfig,
+    ) -> MeshResult<Arc<Mesh>> {
+        let metrics = pubsub.metrics.clone();
+        let peer_id = keypair.public().to_peer_id();
+        let mut swarm = build_swarm(keypair, &config)?;
+        let topic = IdentTopic::new(MESH_TOPIC);
+        swarm
+            .behaviour_mut()
+            .gossipsub
+            .subscribe(&topic)
+            .map_err(|e| MeshError::Setup(e.to_string()))?;
+        let listen_err = |reason: String| MeshError::Listen {
+            addr: listen_addr.to_string(),
+            reason,
+        };
+        swarm
+            .listen_on(listen_addr.clone())
+            .map_err(|e| listen_err(e.to_string()))?;
+        // The first listen address is needed before registering.
+        let first = tokio::time::timeout(LISTEN_TIMEOUT, async {
+            loop {
+                match swarm.select_next_some().await {
+                    SwarmEvent::NewListenAddr { address, .. } => break Ok(address),
+                    SwarmEvent::ListenerClosed { reason, .. } => {
+                        break Err(format!("{reason:?}"));
+                    }
+                    SwarmEvent::ListenerError { error, .. } => break Err(error.to_string()),
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .map_err(|_| listen_err("no listen address came up".into()))?
+        .map_err(listen_err)?;
+        let listen_addrs = Arc::new(parking_lot::RwLock::new(vec![first]));
+        let (tx, rx) = mpsc::channel(FORWARD_QUEUE);
+        let refresh = Arc::new(Notify::new());
+        let task = SwarmTask {
+            swarm,
+            topic: topic.hash(),
+            peer_id,
+            origin: peer_id.to_bytes(),
+            listen_addrs: listen_addrs.clone(),
+            registry: HashMap::new(),
+            send: HashMap::new(),
+            last_epoch: 0,
+            reorder: Reorder::new(config.reorder_capacity, config.gap_timeout),
+            deliver_fn,
+            metrics: metrics.clone(),
+            refresh: refresh.clone(),
+        };
+        let tick = (config.gap_timeout / 4).max(Duration::from_millis(20));
+        let swarm_task = tokio::spawn(task.run(rx, tick));
+        let registry_task = tokio::spawn(registry_loop(
+            store.clone(),
+            peer_id,
+            listen_addrs,
+            tx.downgrade(),
+            refresh,
+            config,
+        ));
+        info!(%peer_id, "Mesh started.");
+        let mesh = Arc::new(Mesh {
+            peer_id,
+            tx,
+            metrics,
+            store,
+            tasks: parking_lot::Mutex::new(vec![swarm_task, registry_task]),
+        });
+        pubsub.set_mesh(mesh.clone());
+        Ok(mesh)
+    }
+
+    /// This node's id in the mesh.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// A snapshot of the mesh (None once it stopped).
+    pub async fn status(&self) -> Option<MeshStatus> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Command::Status(tx)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Stops both tasks (closing every connection) and removes this node's
+    /// registration so peers stop dialing it. Messages forwarded after this
+    /// are dropped.
+    pub async fn stop(&self) {
+        let tasks: Vec<JoinHandle<()>> = self.tasks.lock().drain(..).collect();
+        for task in tasks {
+            task.abort();
+            // Waited for, so a registration being written cannot land after
+            // the delete below.
+            let _ = task.await;
+        }
+        if let Err(e) = self
+            .store
+            .delete(registry_key(&self.peer_id).as_bytes())
+            .await
+        {
+            warn!(error = %e, "Mesh registration not removed.");
+        }
+        self.metrics.mesh_peers.set(0);
+    }
+
+    fn drop_count(&self, reason: &str) {
+        self.metrics.mesh_dropped.with_label_values(&[reason]).inc();
+    }
+}
+
+fn registry_key(peer: &PeerId) -> String {
+    format!("{REGISTRY_PREFIX}{peer}")
+}
+
+fn build_swarm(keypair: Keypair, config: &MeshConfig) -> MeshResult<Swarm<Behaviour>> {
+    let setup = |e: &dyn std::fmt::Display| MeshError::Setup(e.to_string());
+    let gossip_config = gossipsub::ConfigBuilder::default()
+        // Small meshes (2 to ~10 nodes): with 9 peers at most every peer can
+        // be in the mesh; flood publishing sends a node's own messages to
+        // every subscribed peer at once, so the mesh only carries relays.
+        .mesh_n_low(2)
+        .mesh_n(4)
+        .mesh_n_high(9)
+        .mesh_outbound_min(1)
+        .gossip_lazy(3)
+        .flood_publish(true)
+        .heartbeat_interval(config.heartbeat)
+        .validation_mode(gossipsub::ValidationMode::Strict)
+        // The application checks each message's origin against its signed
+        // author before GossipSub relays it.
+        .validate_messages()
+        .message_id_fn(|m: &gossipsub::Message| {
+            gossipsub::MessageId::new(ring::digest::digest(&ring::digest::SHA256, &m.data).as_ref())
+        })
+        .max_transmit_size(MAX_TRANSMIT)
+        .build()
+        .map_err(|e| setup(&e))?;
+    let gossipsub =
+        gossipsub::Behaviour::new(MessageAuthenticity::Signed(keypair.clone()), gossip_config)
+            .map_err(|e| setup(&e))?;
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .map_err(|e| setup(&e))?
+        .with_behaviour(|_| Behaviour {
+            allow: allow_block_list::Behaviour::default(),
+            gossipsub,
+        })
+        .map_err(|e| setup(&e))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_CONNECTION_TIMEOUT))
+        .build();
+    Ok(swarm)
+}
+
+/// Registers this node and reads the registry every interval (or sooner
+/// when the swarm task saw an unknown peer), forever. Store failures are
+/// logged and the previous registry stays in force.
+async fn registry_loop(
+    store: Store,
+    peer_id: PeerId,
+    listen_addrs: Arc<parking_lot::RwLock<Vec<Multiaddr>>>,
+    tx: mpsc::WeakSender<Command>,
+    refresh: Arc<Notify>,
+    config: MeshConfig,
+) {
+    let key = registry_key(&peer_id);
+    let mut tick = tokio::time::interval(config.registry_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = refresh.notified() => {}
+        }
+        let reg = Registration {
+            peer_id: peer_id.to_string(),
+            addrs: listen_addrs.read().iter().map(|a| a.to_string()).collect(),
+        };
+        let value = serde_json::to_vec(&reg).expect("serializable");
+        if let Err(e) = store
+            .put_ttl(key.as_bytes(), &value, config.registry_ttl)
+            .await
+        {
+            warn!(error = %e, "Mesh registration failed.");
+        }
+        match store.scan_all(REGISTRY_PREFIX.as_bytes()).await {
+            Ok(entries) => {
+                let peers = parse_registry(&entries, &peer_id);
+                let Some(tx) = tx.upgrade() else { return };
+                if tx.send(Command::Registry(peers)).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => warn!(error = %e, "Mesh registry not read; keeping the last one."),
+        }
+        tokio::time::sleep(MIN_REFRESH_SPACING.min(config.registry_interval)).await;
+    }
+}
+
+/// The registered peers (this node excluded) and their addresses; malformed
+/// entries are skipped.
+fn parse_registry(entries: &[(Vec<u8>, Vec<u8>)], me: &PeerId) -> HashMap<PeerId, Vec<Multiaddr>> {
+    let mut peers = HashMap::new();
+    for (key, value) in entries {
+        let name = String::from_utf8_lossy(&key[REGISTRY_PREFIX.len().min(key.len())..]);
+        let parsed = serde_json::from_slice::<Registration>(value)
+            .ok()
+            .filter(|r| r.peer_id == name)
+            .and_then(|r| Some((r.peer_id.parse::<PeerId>().ok()?, r.addrs)));
+        let Some((peer, addrs)) = parsed else {
+            warn!(key = %name, "Malformed mesh registration skipped.");
+            continue;
+        };
+        if peer == *me {
+            continue;
+        }
+        let addrs: Vec<Multiaddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
+        if !addrs.is_empty() {
+            peers.insert(peer, addrs);
+        }
+    }
+    peers
+}
+
+/// The IP a multiaddr names, if any.
+fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
+    addr.iter().find_map(|p| match p {
+        Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
+        Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
+        _ => None,
+    })
+}
+
+/// A sender's counter for one (namespace, topic).
+struct SendStream {
+    epoch: u64,
+    next: u64,
+    last_used: Instant,
+}
+
+/// Receiver streams are keyed by (origin, namespace, topic).
+type StreamKey = (PeerId, String, String);
+
+struct SwarmTask {
+    swarm: Swarm<Behaviour>,
+    topic: TopicHash,
+    peer_id: PeerId,
+    origin: Vec<u8>,
+    listen_addrs: Arc<parking_lot::RwLock<Vec<Multiaddr>>>,
+    /// The latest registry scan.
+    registry: HashMap<PeerId, Vec<Multiaddr>>,
+    send: HashMap<(String, String), SendStream>,
+    last_epoch: u64,
+    reorder: Reorder<StreamKey, WireMessage>,
+    deliver_fn: DeliverFn,
+    metrics: Metrics,
+    refresh: Arc<Notify>,
+}
+
+impl SwarmTask {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>, tick: Duration) {
+        let mut tick = tokio::time::interval(tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sweep = Instant::now();
+        loop {
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_event(event),
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.on_command(cmd),
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    let (ready, skipped) = self.reorder.expire(now, STREAM_IDLE);
+                    self.metrics.mesh_gaps_skipped.inc_by(skipped);
+                    self.deliver(ready);
+                    if now.duration_since(last_sweep) >= STREAM_IDLE / 10 {
+                        last_sweep = now;
+                        self.send.retain(|_, s| now.duration_since(s.last_used) < STREAM_IDLE);
+                    }
+                }
+            }
+        }
+    }
+
+    fn drop_count(&self, reason: &str) {
+        self.metrics.mesh_dropped.with_label_values(&[reason]).inc();
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Forward {
+                namespace,
+                topic,
+                data,
+                timestamp,
+            } => self.publish(namespace, topic, data, timestamp),
+            Command::Registry(peers) => self.on_registry(peers),
+            Command::Status(reply) => {
+                let subscribed = self
+                    .swarm
+                    .behaviour()
+                    .gossipsub
+                    .all_peers()
+                    .filter(|(_, topics)| topics.contains(&&self.topic))
+                    .map(|(p, _)| *p)
+                    .collect();
+                let _ = reply.send(MeshStatus {
+                    peer_id: self.peer_id,
+                    listen_addrs: self.listen_addrs.read().clone(),
+                    registered: self.registry.keys().copied().collect(),
+                    connected: self.swarm.connected_peers().copied().collect(),
+                    subscribed,
+                    pending: self.reorder.pending(),
+                });
+            }
+        }
+    }
+
+    /// Numbers the message in its (namespace, topic) stream and publishes
+    /// it. The sequence only advances when GossipSub took the message, so a
+    /// publish with no peer to reach leaves no gap behind.
+    fn publish(&mut self, namespace: String, topic: String, data: Bytes, timestamp: u64) {
+        let now = Instant::now();
+        let key = (namespace, topic);
+        if !self.send.contains_key(&key) {
+            // Epochs grow across restarts (microseconds since the Unix epoch)
+            // and within a run (each new counter takes a larger one).
+            let epoch = (now_micros()).max(self.last_epoch + 1);
+            self.last_epoch = epoch;
+            self.send.insert(
+                key.clone(),
+                SendStream {
+                    epoch,
+                    next: 1,
+                    last_used: now,
+                },
+            );
+        }
+        let stream = self.send.get_mut(&key).expect("inserted above");
+        stream.last_used = now;
+        let (namespace, topic) = key;
+        let msg = WireMessage {
+            origin: self.origin.clone(),
+            namespace,
+            topic,
+            epoch: stream.epoch,
+            seq: stream.next,
+            timestamp,
+            data: data.to_vec(),
+        };
+        let encoded = postcard::to_allocvec(&msg).expect("encodable");
+        match self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(self.topic.clone(), encoded)
+        {
+            Ok(_) => {
+                stream.next += 1;
+                self.metrics.mesh_sent.inc();
+            }
+            Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => self.drop_count("no_peers"),
+            Err(gossipsub::PublishError::MessageTooLarge) => self.drop_count("too_large"),
+            Err(e) => {
+                debug!(error = %e, "Mesh publish failed.");
+                self.drop_count("publish_failed");
+            }
+        }
+    }
+
+    /// Applies a registry scan: allows exactly the registered peers (closing
+    /// connections of peers that left it) and dials the ones not connected.
+    fn on_registry(&mut self, peers: HashMap<PeerId, Vec<Multiaddr>>) {
+        let allow = &mut self.swarm.behaviour_mut().allow;
+        let gone: Vec<PeerId> = allow
+            .allowed_peers()
+            .iter()
+            .filter(|p| !peers.contains_key(p))
+            .copied()
+            .collect();
+        for peer in gone {
+            info!(peer_id = %peer, "Mesh peer left the registry; disconnecting.");
+            allow.disallow_peer(peer);
+        }
+        for peer in peers.keys() {
+            allow.allow_peer(*peer);
+        }
+        for (peer, addrs) in &peers {
+            if self.swarm.is_connected(peer) {
+                continue;
+            }
+            let opts = DialOpts::peer_id(*peer)
+                .condition(PeerCondition::DisconnectedAndNotDialing)
+                .addresses(addrs.clone())
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                debug!(peer_id = %peer, error = %e, "Mesh dial not started.");
+            }
+        }
+        self.registry = peers;
+    }
+
+    fn on_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            })) => self.on_message(propagation_source, message_id, message),
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                connection_id,
+                endpoint,
+                ..
+            } => {
+                // The allow list let the peer in; an inbound connection must
+                // also come from an IP the peer registered.
+                if endpoint.is_listener() {
+                    let from = ip_of(endpoint.get_remote_address());
+                    let registered = self.registry.get(&peer_id).is_some_and(|addrs| {
+                        addrs.iter().any(|a| ip_of(a).is_some() && ip_of(a) == from)
+                    });
+                    if !registered {
+                        warn!(peer_id = %peer_id, from = ?from, "Mesh connection from an unregistered address refused.");
+                        self.metrics.mesh_connections_refused.inc();
+                        self.swarm.close_connection(connection_id);
+                        return;
+                    }
+                }
+                debug!(peer_id = %peer_id, "Mesh peer connected.");
+                self.metrics
+                    .mesh_peers
+                    .set(self.swarm.connected_peers().count() as i64);
+            }
+            SwarmEvent::ConnectionClosed { peer_id, .. } => {
+                debug!(peer_id = %peer_id, "Mesh connection closed.");
+                self.metrics
+                    .mesh_peers
+                    .set(self.swarm.connected_peers().count() as i64);
+            }
+            SwarmEvent::IncomingConnectionError { peer_id, error, .. } => {
+                // A peer the allow list does not know: refused. It may have
+                // just registered, so the registry is re-read soon.
+                debug!(peer_id = ?peer_id, error = %error, "Mesh connection refused.");
+                self.metrics.mesh_connections_refused.inc();
+                self.refresh.notify_one();
+            }
+            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                debug!(peer_id = ?peer_id, error = %error, "Mesh dial failed.");
+            }
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let mut addrs = self.listen_addrs.write();
+                if !addrs.contains(&address) {
+                    addrs.push(address);
+                }
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                self.listen_addrs.write().retain(|a| *a != address);
+            }
+            _ => {}
+        }
+    }
+
+    /// Checks a received message, lets GossipSub relay it only if valid, and
+    /// releases it (and whatever it unblocked) in stream order.
+    fn on_message(
+        &mut self,
+        source: PeerId,
+        id: gossipsub::MessageId,
+        message: gossipsub::Message,
+    ) {
+        let checked = match postcard::from_bytes::<WireMessage>(&message.data) {
+            Err(_) => Err("decode"),
+            Ok(m) => match PeerId::from_bytes(&m.origin) {
+                Ok(origin) if Some(origin) == message.source && origin != self.peer_id => {
+                    Ok((origin, m))
+                }
+                _ => Err("bad_origin"),
+            },
+        };
+        let acceptance = if checked.is_ok() {
+            MessageAcceptance::Accept
+        } else {
+            MessageAcceptance::Reject
+        };
+        self.swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(&id, &source, acceptance);
+        let (origin, msg) = match checked {
+            Ok(checked) => checked,
+            Err(reason) => {
+                warn!(peer_id = %source, reason, "Invalid mesh message dropped.");
+                self.drop_count(reason);
+                return;
+            }
+        };
+        self.metrics.mesh_received.inc();
+        let key = (origin, msg.namespace.clone(), msg.topic.clone());
+        let (epoch, seq) = (msg.epoch, msg.seq);
+        let Pushed {
+            ready,
+            dropped,
+            gaps_skipped,
+        } = self.reorder.push(key, epoch, seq, msg, Instant::now());
+        if let Some(d) = dropped {
+            self.drop_count(d.label());
+        }
+        self.metrics.mesh_gaps_skipped.inc_by(gaps_skipped);
+        self.deliver(ready);
+    }
+
+    fn deliver(&self, ready: Vec<WireMessage>) {
+        for m in ready {
+            (self.deliver_fn)(m.namespace, m.topic, Bytes::from(m.data), m.timestamp);
+        }
+    }
+}
+
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pubsub::Origin;
+    use parking_lot::Mutex;
+
+    type Received = Arc<Mutex<Vec<(String, String, Bytes, u64)>>>;
+
+    struct TestNode {
+        mesh: Arc<Mesh>,
+        pubsub: PubSubService,
+        got: Received,
+    }
+
+    impl TestNode {
+        /// Publishes as a local client would: through the node's delivery
+        /// service, which forwards into the mesh.
+        fn publish(&self, ns: &str, topic: &str, data: &str) {
+            self.pubsub.deliver(
+                ns,
+                topic,
+                &Bytes::copy_from_slice(data.as_bytes()),
+                None,
+                Origin::Local,
+            );
+        }
+
+        fn payloads(&self) -> Vec<String> {
+            self.got
+                .lock()
+                .iter()
+                .map(|(_, _, d, _)| String::from_utf8_lossy(d).into_owned())
+                .collect()
+        }
+
+        async fn status(&self) -> MeshStatus {
+            self.mesh.status().await.expect("mesh running")
+        }
+    }
+
+    fn test_config() -> MeshConfig {
+        MeshConfig {
+            registry_interval: Duration::from_millis(200),
+            heartbeat: Duration::from_millis(200),
+            gap_timeout: Duration::from_millis(500),
+            ..MeshConfig::default()
+        }
+    }
+
+    async fn start_node(store: &Store) -> TestNode {
+        let pubsub = PubSubService::default();
+        let got: Received = Arc::default();
+        let sink = got.clone();
+        let deliver: DeliverFn = Arc::new(move |ns, topic, data, ts| {
+            sink.lock().push((ns, topic, data, ts));
+        });
+        let mesh = Mesh::start_with(
+            store.clone(),
+            Keypair::generate_ed25519(),
+            "/ip4/127.0.0.1/tcp/0".parse().unwrap(),
+            pubsub.clone(),
+            deliver,
+            test_config(),
+        )
+        .await
+        .unwrap();
+        TestNode { mesh, pubsub, got }
+    }
+
+    /// Polls `check` every 50 ms until it holds; panics with `what` after `limit`.
+    async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + limit;
+        while !check().await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every node sees every other one subscribed to the mesh topic.
+    async fn wait_meshed(nodes: &[&TestNode]) {
+        for n in nodes {
+            wait_for("the mesh to form", Duration::from_secs(20), || async {
+                n.status().await.subscribed.len() == nodes.len() - 1
+            })
+            .await;
+        }
+    }
+
+    fn sled(dir: &tempfile::TempDir) -> Store {
+        Store::open_sled(dir.path()).unwrap()
+    }
+
+    /// Three nodes sharing one registry: a message forwarded on A reaches
+    /// B's and C's deliver_fn once each (namespace, topic, data and the
+    /// origin's timestamp intact), and A's never.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn message_reaches_every_other_node_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let (a, b, c) = (
+            start_node(&store).await,
+            start_node(&store).await,
+            start_node(&store).await,
+        );
+        wait_meshed(&[&a, &b, &c]).await;
+        a.mesh
+            .forward("acme", "room", &Bytes::from_static(b"hello"), 1234);
+        for n in [&b, &c] {
+            wait_for("delivery", Duration::from_secs(10), || async {
+                !n.got.lock().is_empty()
+            })
+            .await;
+        }
+        // Time for any duplicate (relayed copies, gossip) to show up.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for n in [&b, &c] {
+            let got = n.got.lock().clone();
+            assert_eq!(
+                got,
+                vec![(
+                    "acme".to_string(),
+                    "room".to_string(),
+                    Bytes::from_static(b"hello"),
+                    1234
+                )]
+            );
+            assert_eq!(n.pubsub.metrics.mesh_received.get(), 1);
+        }
+        assert!(a.got.lock().is_empty());
+        assert_eq!(a.pubsub.metrics.mesh_sent.get(), 1);
+        assert_eq!(a.pubsub.metrics.mesh_peers.get(), 2);
+    }
+
+    /// 1,000 sequential messages published on A arrive at B and C exactly
+    /// once each, in publish order; a second topic interleaved keeps its own order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thousand_messages_arrive_once_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let (a, b, c) = (
+            start_node(&store).await,
+            start_node(&store).await,
+            start_node(&store).await,
+        );
+        wait_meshed(&[&a, &b, &c]).await;
+        for i in 0..1000 {
+            a.publish("acme", "ticks", &i.to_string());
+        }
+        for n in [&b, &c] {
+            wait_for("1,000 deliveries", Duration::from_secs(30), || async {
+                n.got.lock().len() >= 1000
+            })
+            .await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let expected: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+        for n in [&b, &c] {
+            assert_eq!(n.payloads(), expected);
+            let m = &n.pubsub.metrics;
+            assert_eq!(m.mesh_gaps_skipped.get(), 0);
+        }
+        assert_eq!(a.pubsub.metrics.mesh_sent.get(), 1000);
+        assert!(a.got.lock().is_empty());
+    }
+
+    /// A libp2p peer that is not in the registry but knows A's address dials
+    /// A: A refuses it, it never joins, and nothing it publishes is delivered
+    /// on A, B or C.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unregistered_peer_cannot_join() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let (a, b, c) = (
+            start_node(&store).await,
+            start_node(&store).await,
+            start_node(&store).await,
+        );
+        wait_meshed(&[&a, &b, &c]).await;
+        // The rogue keeps its own registry, in which it finds A (copied from
+        // the cluster's), so it dials A at A's real address.
+        let rogue_dir = tempfile::tempdir().unwrap();
+        let rogue_store = sled(&rogue_dir);
+        let key = registry_key(&a.mesh.peer_id());
+        let a_reg = store
+            .get(key.as_bytes())
+            .await
+            .unwrap()
+            .expect("A registered");
+        rogue_store
+            .put_ttl(key.as_bytes(), &a_reg, REGISTRY_TTL)
+            .await
+            .unwrap();
+        // Members may have been refused while the registry was forming.
+        let refused_before = a.pubsub.metrics.mesh_connections_refused.get();
+        let rogue = start_node(&rogue_store).await;
+        wait_for("A to refuse the rogue", Duration::from_secs(10), || async {
+            a.pubsub.metrics.mesh_connections_refused.get() >= refused_before + 2
+        })
+        .await;
+        for i in 0..20 {
+            rogue.publish("acme", "room", &format!("forged {i}"));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rogue_id = rogue.mesh.peer_id();
+        for n in [&a, &b, &c] {
+            assert!(n.got.lock().is_empty(), "a rogue message was delivered");
+            let st = n.status().await;
+            assert!(!st.connected.contains(&rogue_id));
+            assert_eq!(st.connected.len(), 2);
+        }
+        assert!(rogue.status().await.connected.is_empty());
+        assert_eq!(rogue.pubsub.metrics.mesh_sent.get(), 0);
+        // The cluster itself still works.
+        b.publish("acme", "room", "still here");
+        wait_for("delivery on A", Duration::from_secs(10), || async {
+            a.payloads() == ["still here"]
+        })
+        .await;
+    }
+
+    /// A connected peer whose registration disappears is disconnected at the
+    /// next registry refresh, and dialled again once it is back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn peer_leaving_the_registry_is_disconnected() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let a = start_node(&store).await;
+        // D keeps its own registry (where it finds A); the test copies D's
+        // record into the cluster's registry by hand, so it can take it away.
+        let d_dir = tempfile::tempdir().unwrap();
+        let d_store = sled(&d_dir);
+        let a_key = registry_key(&a.mesh.peer_id());
+        let a_reg = wait_registered(&store, &a_key).await;
+        d_store
+            .put_ttl(a_key.as_bytes(), &a_reg, REGISTRY_TTL)
+            .await
+            .unwrap();
+        let d = start_node(&d_store).await;
+        let d_key = registry_key(&d.mesh.peer_id());
+        let d_reg = wait_registered(&d_store, &d_key).await;
+        store
+            .put_ttl(d_key.as_bytes(), &d_reg, REGISTRY_TTL)
+            .await
+            .unwrap();
+        wait_for("A to dial D", Duration::from_secs(10), || async {
+            a.status().await.connected.contains(&d.mesh.peer_id())
+        })
+        .await;
+        store.delete(d_key.as_bytes()).await.unwrap();
+        wait_for("A to drop D", Duration::from_secs(10), || async {
+            a.status().await.connected.is_empty()
+        })
+        .await;
+        store
+            .put_ttl(d_key.as_bytes(), &d_reg, REGISTRY_TTL)
+            .await
+            .unwrap();
+        wait_for("A to dial D again", Duration::from_secs(10), || async {
+            a.status().await.connected.contains(&d.mesh.peer_id())
+        })
+        .await;
+    }
+
+    async fn wait_registered(store: &Store, key: &str) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(v) = store.get(key.as_bytes()).await.unwrap() {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "never registered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A stopped node removes its registration and its peers lose it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stop_deregisters() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let (a, b) = (start_node(&store).await, start_node(&store).await);
+        wait_meshed(&[&a, &b]).await;
+        b.mesh.stop().await;
+        let key = registry_key(&b.mesh.peer_id());
+        assert!(store.get(key.as_bytes()).await.unwrap().is_none());
+        wait_for("A to lose B", Duration::from_secs(10), || async {
+            a.status().await.connected.is_empty()
+        })
+        .await;
+        assert!(b.mesh.status().await.is_none());
+    }
+
+    /// Registry entries that do not parse, or name another peer than their
+    /// key, are skipped; this node is left out.
+    #[test]
+    fn registry_parsing_skips_bad_entries() {
+        let me = Keypair::generate_ed25519().public().to_peer_id();
+        let other = Keypair::generate_ed25519().public().to_peer_id();
+        let third = Keypair::generate_ed25519().public().to_peer_id();
+        let entry = |key: &PeerId, named: &PeerId, addrs: &[&str]| {
+            (
+                registry_key(key).into_bytes(),
+                serde_json::to_vec(&Registration {
+                    peer_id: named.to_string(),
+                    addrs: addrs.iter().map(|a| a.to_string()).collect(),
+                })
+                .unwrap(),
+            )
+        };
+        let entries = vec![
+            entry(&me, &me, &["/ip4/127.0.0.1/tcp/1"]),
+            entry(&other, &other, &["/ip4/127.0.0.1/tcp/2", "not an addr"]),
+            entry(&third, &other, &["/ip4/127.0.0.1/tcp/3"]),
+            (format!("{REGISTRY_PREFIX}junk").into_bytes(), b"{".to_vec()),
+        ];
+        let peers = parse_registry(&entries, &me);
+        assert_eq!(peers.len(), 1);
+        assert_eq!(
+            peers[&other],
+            vec!["/ip4/127.0.0.1/tcp/2".parse::<Multiaddr>().unwrap()]
+        );
+    }
+
+    /// The wire encoding round-trips, and arbitrary bytes never panic the decoder.
+    #[test]
+    fn wire_message_round_trips() {
+        let m = WireMessage {
+            origin: Keypair::generate_ed25519().public().to_peer_id().to_bytes(),
+            namespace: "acme".into(),
+            topic: "room/1".into(),
+            epoch: 1_700_000_000_000_000,
+            seq: 42,
+            timestamp: 1_700_000_000_000,
+            data: vec![0, 1, 2, 255],
+        };
+        let bytes = postcard::to_allocvec(&m).unwrap();
+        assert_eq!(postcard::from_bytes::<WireMessage>(&bytes).unwrap(), m);
+        proptest::proptest!(|(junk: Vec<u8>)| {
+            let _ = postcard::from_bytes::<WireMessage>(&junk);
+        });
+    }
+}

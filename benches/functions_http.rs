@@ -8,8 +8,10 @@
 //! `cargo bench --bench functions_http` prints a table. Under `cargo test` (no
 //! `--bench` argument) it runs a short smoke round so the bench stays working.
 
+#[path = "support/node.rs"]
+mod node_support;
+
 use actix_web::{App, HttpResponse, HttpServer, web};
-use meshgate::config::Config;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -102,13 +104,7 @@ fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let secs = if full { 5.0 } else { 0.3 };
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::default();
-    cfg.server.listen = "127.0.0.1:0".into();
-    cfg.server.data_dir = dir.path().join("data");
-    cfg.rate_limit.general_per_minute = u32::MAX / 2;
-    cfg.rate_limit.general_burst = u32::MAX / 2;
-    cfg.rate_limit.namespace_per_minute = u32::MAX / 2;
-    cfg.rate_limit.namespace_burst = u32::MAX / 2;
+    let mut cfg = node_support::config(dir.path());
     // The load generator keeps CONNECTIONS calls in flight in one namespace.
     cfg.functions.namespace_concurrency = CONNECTIONS * 2;
     let wasm = std::fs::read(concat!(
@@ -118,20 +114,8 @@ fn main() {
     .unwrap();
     let sys = actix_web::rt::System::new();
     sys.block_on(async move {
-        let running = meshgate::node::start(cfg).await.unwrap();
-        let addr = running.addr;
-        actix_web::rt::spawn(running.run_until_signal());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let client = awc::Client::default();
-        let op = std::fs::read_to_string(dir.path().join("data/operator.key")).unwrap();
-        let mut r = client
-            .post(format!("http://{addr}/v1/namespaces"))
-            .insert_header(("authorization", format!("Bearer {}", op.trim())))
-            .send_json(&serde_json::json!({"name": "bench"}))
-            .await
-            .unwrap();
-        let v: serde_json::Value = r.json().await.unwrap();
-        let key = v["api_key"].as_str().unwrap().to_string();
+        let started = node_support::start(cfg).await;
+        let (addr, key) = (started.addr, started.key);
 
         let cold = deploy_and_invoke(addr, &key, "echo", &wasm).await;
         let warm = deploy_and_invoke(addr, &key, "echo2", &wasm).await;

@@ -7,11 +7,13 @@
 //! argument) it runs a short smoke round. nginx comes from Debian's package
 //! (`scripts/test.sh` installs it); without it this fails naming the install.
 
+#[path = "support/node.rs"]
+mod node_support;
+
 #[path = "support/load.rs"]
 mod load;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
-use meshgate::config::Config;
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -110,13 +112,7 @@ fn main() {
     let secs = if full { 5.0 } else { 0.3 };
     let nginx_bin = nginx_binary();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::default();
-    cfg.server.listen = "127.0.0.1:0".into();
-    cfg.server.data_dir = dir.path().join("data");
-    cfg.rate_limit.general_per_minute = u32::MAX / 2;
-    cfg.rate_limit.general_burst = u32::MAX / 2;
-    cfg.rate_limit.namespace_per_minute = u32::MAX / 2;
-    cfg.rate_limit.namespace_burst = u32::MAX / 2;
+    let cfg = node_support::config(dir.path());
 
     // The upstream runs on its own thread and runtime, as a separate server would.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -138,20 +134,9 @@ fn main() {
 
     let sys = actix_web::rt::System::new();
     sys.block_on(async move {
-        let running = meshgate::node::start(cfg).await.unwrap();
-        let addr = running.addr;
-        actix_web::rt::spawn(running.run_until_signal());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = node_support::start(cfg).await;
+        let (addr, key) = (started.addr, started.key);
         let client = awc::Client::default();
-        let op = std::fs::read_to_string(dir.path().join("data/operator.key")).unwrap();
-        let mut r = client
-            .post(format!("http://{addr}/v1/namespaces"))
-            .insert_header(("authorization", format!("Bearer {}", op.trim())))
-            .send_json(&serde_json::json!({"name": "bench"}))
-            .await
-            .unwrap();
-        let v: serde_json::Value = r.json().await.unwrap();
-        let key = v["api_key"].as_str().unwrap().to_string();
         let r = client
             .post(format!("http://{addr}/v1/deployments"))
             .insert_header(("authorization", format!("Bearer {key}")))

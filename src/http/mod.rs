@@ -76,6 +76,9 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .wrap(from_fn(middleware::probes))
     })
     .workers(workers)
+    // Small frames (acks, pub/sub messages) go out at once rather than
+    // waiting for the peer's delayed ACK (Nagle's algorithm).
+    .tcp_nodelay(true)
     .on_connect(tls::on_connect)
     .disable_signals()
     .shutdown_timeout(cfg.server.drain_grace_seconds.max(1));

@@ -60,7 +60,12 @@ pub struct Inner {
     pub mesh_sent: IntCounter,
     /// Valid messages received from the mesh (before ordering).
     pub mesh_received: IntCounter,
-    /// Mesh messages dropped, by reason (`queue_full`, `no_peers`,
+    /// Batches published into the mesh (each one GossipSub message).
+    pub mesh_batches: IntCounter,
+    /// Batch publishes refused because every peer's send queue was full
+    /// (the batch waits and is retried).
+    pub mesh_deferred: IntCounter,
+    /// Mesh messages dropped, by reason (`queue_full`, `backlog_full`, `no_peers`,
     /// `too_large`, `publish_failed`, `decode`, `bad_origin`, `duplicate`, `stale`).
     pub mesh_dropped: IntCounterVec,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
@@ -310,6 +315,20 @@ impl Metrics {
                 IntCounter::new(
                     "meshgate_mesh_messages_received_total",
                     "Valid messages received from the cluster mesh"
+                )
+                .unwrap()
+            ),
+            mesh_batches: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_batches_sent_total",
+                    "Batches (GossipSub messages) published into the cluster mesh"
+                )
+                .unwrap()
+            ),
+            mesh_deferred: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_publishes_deferred_total",
+                    "Mesh batch publishes deferred because every peer's send queue was full"
                 )
                 .unwrap()
             ),

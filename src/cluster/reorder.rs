@@ -1,6 +1,7 @@
 //! The receiver's ordering of mesh messages: per stream (origin node,
 //! namespace, topic) messages are released in sequence order. One that comes
-//! early waits in a small bounded buffer until the gap before it fills; a gap
+//! early waits in a bounded buffer (bounded by weight: a count, or bytes)
+//! until the gap before it fills; a gap
 //! not filled within the gap timeout (or when the buffer is full) is skipped
 //! and counted. Duplicates and sequence numbers already passed are dropped.
 //!
@@ -48,7 +49,10 @@ struct Stream<T> {
     epoch: u64,
     /// The next sequence number to release.
     next: u64,
-    pending: BTreeMap<u64, T>,
+    /// Held-back messages with their weights.
+    pending: BTreeMap<u64, (T, usize)>,
+    /// The sum of the pending weights.
+    weight: usize,
     /// When the current gap (pending non-empty) started waiting.
     gap_since: Option<Instant>,
     last_seen: Instant,
@@ -60,6 +64,7 @@ impl<T> Stream<T> {
             epoch,
             next,
             pending: BTreeMap::new(),
+            weight: 0,
             gap_since: None,
             last_seen: now,
         }
@@ -67,7 +72,8 @@ impl<T> Stream<T> {
 
     /// Releases the run of pending messages that starts at `next`.
     fn drain_ready(&mut self, ready: &mut Vec<T>) {
-        while let Some(item) = self.pending.remove(&self.next) {
+        while let Some((item, w)) = self.pending.remove(&self.next) {
+            self.weight -= w;
             ready.push(item);
             self.next += 1;
         }
@@ -89,7 +95,7 @@ impl<T> Stream<T> {
 /// Per-stream reorder buffers.
 pub struct Reorder<K, T> {
     streams: HashMap<K, Stream<T>>,
-    /// Messages one stream may hold back.
+    /// The weight one stream may hold back.
     capacity: usize,
     gap_timeout: Duration,
 }
@@ -103,9 +109,24 @@ impl<K: Hash + Eq + Clone, T> Reorder<K, T> {
         }
     }
 
-    /// Takes one message of `key`'s stream. The first message seen of a
-    /// stream starts it (a node that joins late does not wait for what it missed).
+    /// Takes one message of `key`'s stream, of weight 1.
     pub fn push(&mut self, key: K, epoch: u64, seq: u64, item: T, now: Instant) -> Pushed<T> {
+        self.push_weighted(key, epoch, seq, item, 1, now)
+    }
+
+    /// Takes one message of `key`'s stream, of weight `weight` (held-back
+    /// weight per stream is bounded by the capacity). The first message seen
+    /// of a stream starts it (a node that joins late does not wait for what
+    /// it missed).
+    pub fn push_weighted(
+        &mut self,
+        key: K,
+        epoch: u64,
+        seq: u64,
+        item: T,
+        weight: usize,
+        now: Instant,
+    ) -> Pushed<T> {
         let mut out = Pushed {
             ready: Vec::new(),
             dropped: None,
@@ -144,9 +165,10 @@ impl<K: Hash + Eq + Clone, T> Reorder<K, T> {
             out.dropped = Some(Dropped::Duplicate);
             return out;
         }
-        stream.pending.insert(seq, item);
+        stream.pending.insert(seq, (item, weight));
+        stream.weight += weight;
         stream.gap_since.get_or_insert(now);
-        while stream.pending.len() > self.capacity {
+        while stream.weight > self.capacity {
             out.gaps_skipped += stream.skip_gap(&mut out.ready);
             stream.gap_since = (!stream.pending.is_empty()).then_some(now);
         }

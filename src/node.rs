@@ -322,6 +322,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot join the cluster: {e}"))?;
         let _ = node.cluster.set(cluster);
+        // Deployments changed through another node reach this one's index.
+        node.deployments
+            .spawn_follower(crate::deploy::FOLLOW_INTERVAL);
         #[cfg(feature = "cluster")]
         start_mesh(&node, &data_dir).await?;
     }

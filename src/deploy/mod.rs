@@ -8,9 +8,12 @@
 //! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
 //! - `serve`: answering a routed request (static files or the proxy).
 //!
-//! Mutations are serialized node-wide (a host belongs to one namespace at a
-//! time, which crosses namespaces), written in one atomic batch, and then the
-//! in-memory index is rebuilt and swapped.
+//! Mutations are serialized store-wide, so across a cluster too (a host belongs
+//! to one namespace at a time, which crosses namespaces): a lock key taken by
+//! compare-and-swap with a time to live. Each is written in one atomic batch
+//! that also rewrites a generation key, and then the in-memory index is rebuilt
+//! and swapped. In a cluster every node polls the generation and rebuilds its
+//! index when another node changed it.
 
 pub mod index;
 pub mod model;
@@ -114,10 +117,47 @@ pub struct Deployments {
     /// rebuilds so passive health survives other deployments' changes.
     pools: Mutex<HashMap<(String, String, u64), Arc<UpstreamPool>>>,
     writes: tokio::sync::Mutex<()>,
+    /// The generation the index was built from.
+    loaded: Mutex<Option<Vec<u8>>>,
 }
 
 fn unix_now() -> u64 {
     crate::http::now()
+}
+
+/// Rewritten by every deployment change: a node whose index was built from
+/// another generation rebuilds it.
+const GENERATION_KEY: &[u8] = b"_deploy/generation";
+/// The store-wide lock of deployment changes (value: the holder's random token).
+const LOCK_KEY: &[u8] = b"_deploy/lock";
+/// A holder that dies keeps the lock at most this long.
+const LOCK_TTL: Duration = Duration::from_secs(30);
+/// How long a change waits for the lock before answering 503.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How often a cluster node checks the generation.
+pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Holds the node's write mutex and the store-wide lock; dropping it releases
+/// both (the store lock by a compare-and-swap of our token, in a task).
+struct WriteLock<'a> {
+    store: Store,
+    token: Vec<u8>,
+    _local: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for WriteLock<'_> {
+    fn drop(&mut self) {
+        let store = self.store.clone();
+        let token = std::mem::take(&mut self.token);
+        tokio::spawn(async move {
+            if let Err(e) = store
+                .compare_and_swap(LOCK_KEY, Some(&token), None, None)
+                .await
+            {
+                tracing::warn!(error = %e, "Could not release the deployment lock; it expires by itself.");
+            }
+        });
+    }
 }
 
 impl Deployments {
@@ -129,6 +169,7 @@ impl Deployments {
             index: RwLock::new(Arc::new(Index::default())),
             pools: Mutex::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
+            loaded: Mutex::new(None),
         }
     }
 
@@ -137,8 +178,81 @@ impl Deployments {
         self.index.read().clone()
     }
 
+    /// Takes the node's write mutex, then the store-wide lock; 503
+    /// `DEPLOY_BUSY` if another change holds it for longer than `LOCK_WAIT`.
+    async fn write_lock(&self) -> DeployResult<WriteLock<'_>> {
+        let local = self.writes.lock().await;
+        let token = crate::node::random_bytes::<16>().to_vec();
+        let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+        let mut pause = Duration::from_millis(10);
+        while !self
+            .store
+            .compare_and_swap(LOCK_KEY, None, Some(&token), Some(LOCK_TTL))
+            .await?
+        {
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(DeployError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "DEPLOY_BUSY",
+                    "another deployment change is in progress; try again",
+                )
+                .retry_after(1));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+        Ok(WriteLock {
+            store: self.store.clone(),
+            token,
+            _local: local,
+        })
+    }
+
+    /// Writes a change's batch with a new generation, then rebuilds the index.
+    async fn commit(&self, mut ops: Vec<BatchOp>) -> DeployResult<()> {
+        ops.push(BatchOp::Put(
+            GENERATION_KEY.to_vec(),
+            crate::node::random_bytes::<16>().to_vec(),
+        ));
+        self.store.apply_batch(ops).await?;
+        self.reload().await
+    }
+
+    /// Rebuilds the index when the store's generation is not the one it was
+    /// built from (another node changed a deployment). Returns whether it did.
+    pub async fn follow(&self) -> DeployResult<bool> {
+        let current = self.store.get(GENERATION_KEY).await?;
+        if *self.loaded.lock() == current {
+            return Ok(false);
+        }
+        self.reload().await?;
+        Ok(true)
+    }
+
+    /// In a cluster: checks the generation every `every` for as long as the
+    /// node runs.
+    pub fn spawn_follower(self: &Arc<Self>, every: Duration) {
+        let me = Arc::downgrade(self);
+        actix_web::rt::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(me) = me.upgrade() else { return };
+                match me.follow().await {
+                    Ok(true) => tracing::info!("Deployments changed on another node; index rebuilt."),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "Could not check the deployments' generation."),
+                }
+            }
+        });
+    }
+
     /// Rebuilds the index from the store (at start and after every change).
     pub async fn reload(&self) -> DeployResult<()> {
+        // Read before the records: a change landing during the scan leaves
+        // the old generation noted, so the next check rebuilds again.
+        let generation = self.store.get(GENERATION_KEY).await?;
         let heads = self.store.scan_prefix(b"dep/", usize::MAX).await?;
         let mut ix = Index::default();
         let mut live = BTreeSet::new();
@@ -188,6 +302,7 @@ impl Deployments {
         }
         self.pools.lock().retain(|k, _| live.contains(k));
         *self.index.write() = Arc::new(ix);
+        *self.loaded.lock() = generation;
         Ok(())
     }
 
@@ -209,7 +324,7 @@ impl Deployments {
                 ));
             }
         }
-        let _w = self.writes.lock().await;
+        let _w = self.write_lock().await?;
         self.check_hosts(ns, &new.hosts).await?;
         let now = unix_now();
         let head = self
@@ -254,8 +369,7 @@ impl Deployments {
             self.host_ops(ns, Some((&new.name, &new.hosts)), None)
                 .await?,
         );
-        self.store.apply_batch(ops).await?;
-        self.reload().await?;
+        self.commit(ops).await?;
         tracing::info!(namespace = ns, deployment = %new.name, version, "Deployment created.");
         Ok(view(&rec, &ver, None))
     }
@@ -394,7 +508,7 @@ impl Deployments {
 
     /// Makes an earlier version serve again (`None`: the one before the active one).
     pub async fn rollback(&self, ns: &str, name: &str, to: Option<u64>) -> DeployResult<Value> {
-        let _w = self.writes.lock().await;
+        let _w = self.write_lock().await?;
         let mut rec = self.head(ns, name).await?;
         let target = match to {
             Some(v) => v,
@@ -429,8 +543,7 @@ impl Deployments {
             serde_json::to_vec(&rec).expect("json"),
         )];
         ops.extend(self.host_ops(ns, Some((name, &ver.hosts)), None).await?);
-        self.store.apply_batch(ops).await?;
-        self.reload().await?;
+        self.commit(ops).await?;
         tracing::info!(
             namespace = ns,
             deployment = name,
@@ -442,7 +555,7 @@ impl Deployments {
 
     /// Deletes a deployment, its versions and the host claims no other deployment uses.
     pub async fn delete(&self, ns: &str, name: &str) -> DeployResult<()> {
-        let _w = self.writes.lock().await;
+        let _w = self.write_lock().await?;
         self.head(ns, name).await?;
         let mut ops = self.host_ops(ns, None, Some(name)).await?;
         ops.push(BatchOp::Delete(dep_key(ns, name)));
@@ -453,8 +566,7 @@ impl Deployments {
         {
             ops.push(BatchOp::Delete(k));
         }
-        self.store.apply_batch(ops).await?;
-        self.reload().await
+        self.commit(ops).await
     }
 
     /// Deletes every deployment of a namespace (the namespace is being deleted).
@@ -514,4 +626,95 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
         "created_at": rec.created_at,
         "updated_at": rec.updated_at,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two nodes' deployment services on one store.
+    fn two_nodes() -> (tempfile::TempDir, Arc<Deployments>, Arc<Deployments>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let node = || {
+            Arc::new(Deployments::new(
+                store.clone(),
+                DeployConfig::default(),
+                "gateway.test".into(),
+            ))
+        };
+        (dir, node(), node())
+    }
+
+    fn upstream(name: &str, host: &str) -> NewDeployment {
+        NewDeployment {
+            name: name.into(),
+            hosts: vec![host.into()],
+            routes: vec![RouteSpec::everything()],
+            target: TargetSpec::Upstream {
+                instances: vec!["http://127.0.0.1:9".into()],
+            },
+            blobs: Vec::new(),
+        }
+    }
+
+    /// Eight namespaces racing for one host through two nodes: one wins,
+    /// seven get 409 `HOST_TAKEN`, and the claim names the winner.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn racing_claims_through_two_nodes_have_one_winner() {
+        let (_d, a, b) = two_nodes();
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let node = if i % 2 == 0 { a.clone() } else { b.clone() };
+                tokio::spawn(async move {
+                    let ns = format!("ns{i}");
+                    (ns.clone(), node.create(&ns, upstream("site", "race.test")).await)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                (ns, Ok(_)) => winners.push(ns),
+                (_, Err(e)) => assert_eq!(e.code, "HOST_TAKEN", "{e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "{winners:?}");
+        let claim: HostClaim = a.store.get_json(&host_key("race.test")).await.unwrap().unwrap();
+        assert_eq!(claim.namespace, winners[0]);
+        // The lock is released once the changes are done.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(a.store.get(LOCK_KEY).await.unwrap(), None);
+    }
+
+    /// A change made through one node reaches the other's index by `follow`,
+    /// which rebuilds only when the generation moved.
+    #[tokio::test]
+    async fn follow_rebuilds_only_after_a_change_elsewhere() {
+        let (_d, a, b) = two_nodes();
+        b.reload().await.unwrap();
+        assert!(!b.follow().await.unwrap());
+        a.create("n", upstream("site", "www.test")).await.unwrap();
+        assert!(a.index().host_namespace("www.test").is_some());
+        assert!(b.index().host_namespace("www.test").is_none());
+        assert!(b.follow().await.unwrap());
+        assert_eq!(b.index().host_namespace("www.test"), Some("n"));
+        assert!(!b.follow().await.unwrap());
+        a.delete("n", "site").await.unwrap();
+        assert!(b.follow().await.unwrap());
+        assert!(b.index().host_namespace("www.test").is_none());
+    }
+
+    /// A lock left by a holder that died is taken once it expires.
+    #[tokio::test]
+    async fn a_dead_holders_lock_expires() {
+        let (_d, a, _) = two_nodes();
+        a.store
+            .compare_and_swap(LOCK_KEY, None, Some(b"dead"), Some(Duration::from_millis(300)))
+            .await
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        a.create("n", upstream("site", "www.test")).await.unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(250));
+    }
 }

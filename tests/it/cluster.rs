@@ -452,3 +452,58 @@ async fn thousand_messages_cross_the_mesh_once_in_order() {
         );
     }
 }
+
+/// Deployments in a cluster: two namespaces racing for one host through two
+/// nodes get exactly one 201 and one 409 (the change lock is store-wide), and
+/// both nodes then route the host to the winner (each node follows the
+/// deployments' generation).
+#[test]
+fn deployments_are_cluster_wide() {
+    use crate::deploy::{Upstream, deploy_json, via};
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = TestNode::start_with(member_opts(&etcd, "a", free_port(), tmp.path()));
+    let b = TestNode::start_with(member_opts(&etcd, "b", free_port(), tmp.path()));
+    let ns_key = |node: &TestNode, body: &str| {
+        let (s, b) = node.op("POST", "/v1/namespaces", Some(body));
+        assert_eq!(s, 201, "{b}");
+        json(&b)["api_key"].as_str().unwrap().to_string()
+    };
+    let key_x = ns_key(&a, r#"{"name":"x","members":["a"]}"#);
+    let key_y = ns_key(&b, r#"{"name":"y","members":["b"]}"#);
+    let (up_x, up_y) = (Upstream::start("ux"), Upstream::start("uy"));
+    for round in 0..4 {
+        let host = format!("race{round}.example.test");
+        let body = |up: &Upstream| {
+            serde_json::json!({"name": format!("site{round}"), "hosts": [host],
+                "upstream": {"instances": [up.url()]}})
+        };
+        let (bx, by) = (body(&up_x), body(&up_y));
+        let (sx, sy) = std::thread::scope(|s| {
+            let tx = s.spawn(|| deploy_json(&a, &key_x, bx));
+            let ty = s.spawn(|| deploy_json(&b, &key_y, by));
+            (tx.join().unwrap(), ty.join().unwrap())
+        });
+        let mut statuses = [sx.0, sy.0];
+        statuses.sort();
+        assert_eq!(statuses, [201, 409], "round {round}: {sx:?} {sy:?}");
+        let loser = if sx.0 == 409 { &sx.1 } else { &sy.1 };
+        assert_eq!(loser["error"]["code"], "HOST_TAKEN");
+        let winner = if sx.0 == 201 { "ux" } else { "uy" };
+        for (name, node) in [("a", &a), ("b", &b)] {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (s, _, body) = via(node, &host, "GET", "/who", &[], None);
+                let served = json(&String::from_utf8_lossy(&body))["id"].clone();
+                if s == 200 && served == winner {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: node {name} does not route {host} to {winner}: {s} {served}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}

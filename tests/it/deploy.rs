@@ -147,7 +147,7 @@ fn dead_port() -> String {
     format!("http://{a}")
 }
 
-fn deploy_json(node: &TestNode, key: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+pub(crate) fn deploy_json(node: &TestNode, key: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
     let (s, b) = node.with_key(
         key,
         "POST",
@@ -158,7 +158,7 @@ fn deploy_json(node: &TestNode, key: &str, body: serde_json::Value) -> (u16, ser
 }
 
 /// GET through the node with a Host header.
-fn via(
+pub(crate) fn via(
     node: &TestNode,
     host: &str,
     method: &str,

@@ -136,9 +136,14 @@ pub async fn lookup_key(
     now: u64,
 ) -> IdResult<ApiKeyRecord> {
     auth::parse_api_key(key)?;
-    let hash = hex::encode(auth::hash_api_key(secret, key));
+    lookup_key_hash(store, &auth::hash_api_key(secret, key), now).await
+}
+
+/// The stored record of an already parsed key, by its HMAC: present, not
+/// revoked, not expired.
+pub async fn lookup_key_hash(store: &Store, hash: &[u8; 32], now: u64) -> IdResult<ApiKeyRecord> {
     let record: ApiKeyRecord = store
-        .get_json(&key_record_key(&hash))
+        .get_json(&key_record_key(&hex::encode(hash)))
         .await?
         .ok_or(IdentityError::Auth(AuthError::InvalidApiKey))?;
     if record.revoked {

@@ -38,6 +38,8 @@ pub struct NodeInner {
     pub hop_key: Option<crate::auth::HopKey>,
     /// JWTs already verified, until they expire.
     pub token_cache: crate::http::TokenCache,
+    /// API key records recently read (see `KeyCache`).
+    pub key_cache: crate::http::KeyCache,
     /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
     pub jwt: crate::auth::JwtKeys,
     phase: AtomicU8,
@@ -285,6 +287,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         jwt,
         hop_key,
         token_cache: Default::default(),
+        key_cache: Default::default(),
         phase: AtomicU8::new(Phase::Starting as u8),
         draining,
         pubsub,

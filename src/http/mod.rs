@@ -13,7 +13,7 @@ pub use error::GATEWAY_FAULT;
 pub use error::{ApiError, ApiResult};
 pub use middleware::{RequestId, policy_of};
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
-pub use routes::{TokenCache, now};
+pub use routes::{KeyCache, TokenCache, now};
 
 use crate::node::Node;
 use actix_web::middleware::from_fn;

@@ -59,35 +59,44 @@ fn hop_identity(id: &Identity, target: &str) -> HopIdentity {
 }
 
 /// The members a request for `ns` should go to, or None to serve it here.
-async fn members_elsewhere(node: &Node, req: &ServiceRequest) -> Option<(String, Vec<String>)> {
-    let cluster = node.cluster.get()?;
+/// A store failure is the request's answer (503): serving a namespace here
+/// without knowing its members could split it.
+async fn members_elsewhere(
+    node: &Node,
+    req: &ServiceRequest,
+) -> Result<Option<(String, Vec<String>)>, ApiError> {
+    let Some(cluster) = node.cluster.get() else {
+        return Ok(None);
+    };
     let ns_policy = matches!(
         crate::http::policy_of(req),
         Some(Policy::Ns { .. } | Policy::NsOrAnonymous { .. } | Policy::NsCredential { .. })
     );
     if !ns_policy {
-        return None;
+        return Ok(None);
     }
-    let target = req.extensions().get::<Target>()?.0.clone();
-    let id = req.extensions().get::<Identity>().cloned()?;
+    let Some(target) = req.extensions().get::<Target>().map(|t| t.0.clone()) else {
+        return Ok(None);
+    };
+    let Some(kind) = req.extensions().get::<Identity>().map(|i| i.kind) else {
+        return Ok(None);
+    };
     // A hop is served where it lands: never forwarded twice.
-    if id.kind == "hop" {
-        return None;
+    if kind == "hop" {
+        return Ok(None);
     }
     // Sockets stay on the node they reached; the mesh carries their messages.
     if req.headers().contains_key(header::UPGRADE) {
-        return None;
+        return Ok(None);
     }
-    let rec = node
-        .store
-        .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(&target))
-        .await
-        .ok()
-        .flatten()?;
-    if rec.members.is_empty() || rec.members.iter().any(|m| *m == cluster.node_id) {
-        return None;
+    // A namespace that does not exist is answered here (404 from its handler).
+    let Some(members) = cluster.members(&target).await? else {
+        return Ok(None);
+    };
+    if members.is_empty() || members.iter().any(|m| *m == cluster.node_id) {
+        return Ok(None);
     }
-    Some((target, rec.members))
+    Ok(Some((target, members)))
 }
 
 /// Mirrors a breaker in `meshgate_breaker_state` (0 closed, 2 open).
@@ -104,11 +113,18 @@ pub async fn cluster_forward<B: MessageBody + 'static>(
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, Error> {
     let n = node(&req);
-    let Some((target, members)) = members_elsewhere(&n, &req).await else {
-        return next
-            .call(req)
-            .await
-            .map(ServiceResponse::map_into_left_body);
+    let (target, members) = match members_elsewhere(&n, &req).await {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return next
+                .call(req)
+                .await
+                .map(ServiceResponse::map_into_left_body);
+        }
+        Err(e) => {
+            let (http, _) = req.into_parts();
+            return Ok(ServiceResponse::new(http, e.error_response_owned()).map_into_right_body());
+        }
     };
     let id = req
         .extensions()

@@ -44,7 +44,16 @@ pub struct Cluster {
     store: Store,
     live: RwLock<Vec<NodeInfo>>,
     every: Duration,
+    /// Namespace members recently read from the store (see [`Cluster::members`]).
+    members: parking_lot::Mutex<std::collections::HashMap<String, (Vec<String>, std::time::Instant)>>,
 }
+
+/// How long a namespace's members, once read, are believed. Members are set
+/// when the namespace is created; a deleted or re-created namespace is seen
+/// within this time.
+pub const MEMBERS_TTL: Duration = Duration::from_secs(2);
+/// Namespaces whose members are remembered at once.
+const MEMBERS_CAPACITY: usize = 10_000;
 
 /// Rendezvous (highest random weight) order of `candidates` for `key`.
 pub fn rendezvous<'a>(candidates: &'a [String], key: &str) -> Vec<&'a String> {
@@ -74,6 +83,7 @@ impl Cluster {
             store,
             live: RwLock::new(Vec::new()),
             every,
+            members: Default::default(),
         });
         c.announce().await?;
         let weak = Arc::downgrade(&c);
@@ -89,6 +99,40 @@ impl Cluster {
             }
         });
         Ok(c)
+    }
+
+    /// The members of namespace `ns` (empty: every node serves it), from a
+    /// cache of at most `MEMBERS_TTL`, else from the store. None when the
+    /// namespace does not exist.
+    pub async fn members(
+        &self,
+        ns: &str,
+    ) -> Result<Option<Vec<String>>, crate::storage::StoreError> {
+        if let Some((m, read)) = self.members.lock().get(ns)
+            && read.elapsed() < MEMBERS_TTL
+        {
+            return Ok(Some(m.clone()));
+        }
+        let Some(rec) = self
+            .store
+            .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
+            .await?
+        else {
+            self.members.lock().remove(ns);
+            return Ok(None);
+        };
+        let mut cache = self.members.lock();
+        if cache.len() >= MEMBERS_CAPACITY {
+            cache.retain(|_, (_, read)| read.elapsed() < MEMBERS_TTL);
+            if cache.len() >= MEMBERS_CAPACITY {
+                cache.clear();
+            }
+        }
+        cache.insert(
+            ns.to_string(),
+            (rec.members.clone(), std::time::Instant::now()),
+        );
+        Ok(Some(rec.members))
     }
 
     /// Writes this node's entry and re-reads the live nodes.

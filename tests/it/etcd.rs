@@ -134,6 +134,35 @@ fn two_nodes_share_etcd_state() {
         b.with_key(&token, "GET", "/v1/kv/k", None),
         (200, "from-a".to_string())
     );
+    // A key revoked through A: refused by A at once, and by B (which had
+    // just read and cached it) within its key cache's second.
+    let (s, body) = a.with_key(
+        &key,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"role":"reader","name":"r"}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let v = json(&body);
+    let reader = v["key"].as_str().unwrap().to_string();
+    let id = v["record"]["id"].as_str().unwrap().to_string();
+    assert_eq!(b.with_key(&reader, "GET", "/v1/kv/k", None).0, 200);
+    let path = format!("/v1/auth/api-keys/{id}");
+    assert_eq!(a.with_key(&key, "DELETE", &path, None).0, 200);
+    assert_eq!(a.with_key(&reader, "GET", "/v1/kv/k", None).0, 401);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (s, body) = b.with_key(&reader, "GET", "/v1/kv/k", None);
+        if s == 401 {
+            assert!(body.contains("API_KEY_REVOKED"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B still accepts the revoked key: {s} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Without etcd answering at start-up, the node refuses to start and says why.

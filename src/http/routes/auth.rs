@@ -90,8 +90,15 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
         });
     }
     if cred.starts_with("mg_") {
-        let r = identity::lookup_key(&node.store, &node.secrets.server_secret, cred, now()).await?;
-        return Ok(Identity {
+        // Checksum first: a mistyped key never reaches the cache or the store.
+        auth::parse_api_key(cred).map_err(identity::IdentityError::from)?;
+        let hash = auth::hash_api_key(&node.secrets.server_secret, cred);
+        let t = now();
+        if let Some(id) = node.key_cache.get(&hash, t) {
+            return Ok(id);
+        }
+        let r = identity::lookup_key_hash(&node.store, &hash, t).await?;
+        let id = Identity {
             subject: format!("key:{}", r.id),
             namespace: Some(r.namespace.clone()),
             grants: r.parsed_grants(),
@@ -101,7 +108,9 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
             jti: None,
             exp: None,
             iat: None,
-        });
+        };
+        node.key_cache.insert(hash, id.clone(), r.expires_at);
+        return Ok(id);
     }
     if cred.starts_with("mgop_") {
         return Err(ApiError::unauthorized(
@@ -165,6 +174,54 @@ impl TokenCache {
             }
         }
         map.insert(fingerprint, (id, exp));
+    }
+}
+
+/// API keys whose stored record was read (present, not revoked, not
+/// expired), by the key's HMAC, for at most `KEY_CACHE_TTL`: the
+/// authentication of a key then costs its checksum, one HMAC and a look-up
+/// instead of a store read and a JSON decode. A revocation or a namespace
+/// deletion through this node empties the cache at once; on the other nodes
+/// of a cluster a revoked key keeps working for at most `KEY_CACHE_TTL`.
+#[derive(Default)]
+pub struct KeyCache {
+    map: parking_lot::Mutex<
+        std::collections::HashMap<[u8; 32], (Identity, u64, std::time::Instant)>,
+    >,
+}
+
+/// How long a key record read from the store is believed.
+pub const KEY_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl KeyCache {
+    fn get(&self, hash: &[u8; 32], now: u64) -> Option<Identity> {
+        let mut map = self.map.lock();
+        match map.get(hash) {
+            Some((id, expires_at, read)) if read.elapsed() < KEY_CACHE_TTL && now < *expires_at => {
+                Some(id.clone())
+            }
+            Some(_) => {
+                map.remove(hash);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn insert(&self, hash: [u8; 32], id: Identity, expires_at: u64) {
+        let mut map = self.map.lock();
+        if map.len() >= TOKEN_CACHE_CAPACITY {
+            map.retain(|_, (_, _, read)| read.elapsed() < KEY_CACHE_TTL);
+            if map.len() >= TOKEN_CACHE_CAPACITY {
+                map.clear();
+            }
+        }
+        map.insert(hash, (id, expires_at, std::time::Instant::now()));
+    }
+
+    /// Forgets every key (a key was revoked or a namespace deleted).
+    pub fn clear(&self) {
+        self.map.lock().clear();
     }
 }
 
@@ -475,5 +532,43 @@ async fn revoke_key(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     identity::revoke_key(&node.store, &ctx.name, &id).await?;
+    node.key_cache.clear();
     Ok(HttpResponse::Ok().json(json!({"ok": true, "revoked": id.into_inner()})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> Identity {
+        Identity {
+            subject: "key:k".into(),
+            namespace: Some("n".into()),
+            grants: Vec::new(),
+            operator: false,
+            kind: "api_key",
+            custom: serde_json::Value::Null,
+            jti: None,
+            exp: None,
+            iat: None,
+        }
+    }
+
+    /// A cached key is believed for `KEY_CACHE_TTL` at most, never past its
+    /// own expiry, and not at all after `clear` (a revocation).
+    #[test]
+    fn key_cache_believes_a_record_briefly() {
+        let c = KeyCache::default();
+        let (h1, h2, h3) = ([1u8; 32], [2u8; 32], [3u8; 32]);
+        c.insert(h1, id(), 1_000);
+        c.insert(h2, id(), 1_000);
+        assert_eq!(c.get(&h1, 999).map(|i| i.subject), Some("key:k".into()));
+        assert!(c.get(&h2, 1_000).is_none(), "past the key's expiry");
+        assert!(c.get(&h3, 0).is_none());
+        c.clear();
+        assert!(c.get(&h1, 999).is_none(), "cleared by a revocation");
+        c.insert(h1, id(), 1_000);
+        std::thread::sleep(KEY_CACHE_TTL + std::time::Duration::from_millis(50));
+        assert!(c.get(&h1, 999).is_none(), "older than the cache's TTL");
+    }
 }

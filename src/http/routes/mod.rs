@@ -8,7 +8,7 @@ mod namespaces;
 mod pubsub;
 mod system;
 
-pub use auth::{TokenCache, authenticate};
+pub use auth::{KeyCache, TokenCache, authenticate};
 
 use super::chain::{Identity, Target};
 use super::error::ApiError;

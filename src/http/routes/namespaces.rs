@@ -204,6 +204,7 @@ async fn delete(
         }
     }
     node.store.apply_batch(ops).await?;
+    node.key_cache.clear();
     node.supervisor.do_send(Forget { name: name.clone() });
     limiters.forget_namespace(&name);
     tracing::info!(namespace = %name, "Namespace deleted.");

@@ -139,10 +139,7 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Strin
     }
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    let status = out
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = out
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
@@ -181,9 +178,7 @@ async fn subscriber(addr: &str, key: &str, topic: &str) -> mpsc::UnboundedReceiv
             let mut got = Vec::new();
             let read = ws
                 .read_frames(|op, d| match op {
-                    0x2 if d.len() >= 8 => {
-                        got.push(u64::from_be_bytes(d[..8].try_into().unwrap()))
-                    }
+                    0x2 if d.len() >= 8 => got.push(u64::from_be_bytes(d[..8].try_into().unwrap())),
                     0x9 => pings += 1,
                     _ => {}
                 })
@@ -243,17 +238,17 @@ impl Publisher {
         let mut acks = 0;
         let mut pings = 0;
         let read = self.ws.read_frames(|op, d| match op {
-                0x1 if d.starts_with(b"{\"id\"") => {
-                    assert!(
-                        d.windows(9).any(|w| w == b"\"ok\":true"),
-                        "publish refused: {}",
-                        String::from_utf8_lossy(d)
-                    );
-                    acks += 1;
-                }
-                0x9 => pings += 1,
-                _ => {}
-            });
+            0x1 if d.starts_with(b"{\"id\"") => {
+                assert!(
+                    d.windows(9).any(|w| w == b"\"ok\":true"),
+                    "publish refused: {}",
+                    String::from_utf8_lossy(d)
+                );
+                acks += 1;
+            }
+            0x9 => pings += 1,
+            _ => {}
+        });
         tokio::time::timeout(Duration::from_secs(120), read)
             .await
             .expect("the publisher's answers stopped for 120 s")
@@ -284,15 +279,14 @@ struct Connected {
 async fn connect(p: &Route) -> Connected {
     let mut sub = subscriber(&p.sub_addr, &p.key, &p.topic).await;
     let mut publisher = Publisher::connect(&p.pub_addr, &p.key, &p.topic).await;
-    let mut next = 1u64 << 62; // warm-up numbers, never counted
-    for _ in 0..100 {
+    // Warm-up numbers, never counted.
+    for next in (1u64 << 62)..(1u64 << 62) + 100 {
         publisher
             .ws
             .wr
             .write_all(&publisher.publish_frame(next))
             .await
             .unwrap();
-        next += 1;
         publisher.acks().await;
         if tokio::time::timeout(Duration::from_millis(300), sub.recv())
             .await
@@ -401,7 +395,14 @@ async fn throughput_phase(c: &mut Connected, n: usize, out: &mut Outcome) {
     out.seconds += (last_at - start).as_secs_f64();
 }
 
-fn note(got: u64, at: Instant, first: u64, sent_at: &[Instant], expect: &mut u64, out: &mut Outcome) {
+fn note(
+    got: u64,
+    at: Instant,
+    first: u64,
+    sent_at: &[Instant],
+    expect: &mut u64,
+    out: &mut Outcome,
+) {
     if got != *expect {
         eprintln!("fault: expected {expect}, got {got}");
         out.faults.push(format!("expected {expect}, got {got}"));
@@ -447,16 +448,16 @@ fn main() {
     let a = start_node(tmp.path(), "a", &cluster("a"));
     let b = start_node(tmp.path(), "b", &cluster("b"));
 
-    eprintln!(
-        "nodes: single {}, a {}, b {}",
-        single.addr, a.addr, b.addr
-    );
+    eprintln!("nodes: single {}, a {}, b {}", single.addr, a.addr, b.addr);
     let single_key = create_namespace(&single.addr, r#"{"name":"bench"}"#);
     let cluster_key = create_namespace(&a.addr, r#"{"name":"bench","members":["a","b"]}"#);
     let deadline = Instant::now() + Duration::from_secs(60);
     while gauge(&a.addr, "meshgate_mesh_peers") < 1.0 || gauge(&b.addr, "meshgate_mesh_peers") < 1.0
     {
-        assert!(Instant::now() < deadline, "the mesh between A and B never formed");
+        assert!(
+            Instant::now() < deadline,
+            "the mesh between A and B never formed"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 

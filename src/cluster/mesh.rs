@@ -852,9 +852,7 @@ impl SwarmTask {
                 return;
             }
         };
-        self.metrics
-            .mesh_received
-            .inc_by(msg.entries.len() as u64);
+        self.metrics.mesh_received.inc_by(msg.entries.len() as u64);
         let now = Instant::now();
         for entry in msg.entries {
             let key = (origin, entry.namespace.clone(), entry.topic.clone());
@@ -864,7 +862,9 @@ impl SwarmTask {
                 ready,
                 dropped,
                 gaps_skipped,
-            } = self.reorder.push_weighted(key, epoch, seq, entry, weight, now);
+            } = self
+                .reorder
+                .push_weighted(key, epoch, seq, entry, weight, now);
             if let Some(d) = dropped {
                 self.drop_count(d.label());
             }
@@ -1100,7 +1100,11 @@ mod tests {
         let m = &a.pubsub.metrics;
         assert_eq!(m.mesh_sent.get(), n as u64);
         for reason in ["queue_full", "backlog_full", "publish_failed"] {
-            assert_eq!(m.mesh_dropped.with_label_values(&[reason]).get(), 0, "{reason}");
+            assert_eq!(
+                m.mesh_dropped.with_label_values(&[reason]).get(),
+                0,
+                "{reason}"
+            );
         }
         assert_eq!(b.pubsub.metrics.mesh_gaps_skipped.get(), 0);
     }
@@ -1119,7 +1123,10 @@ mod tests {
         }
         all_arrive_in_order(&a, &b, (0..N).map(|i| i.to_string()).collect()).await;
         let batches = a.pubsub.metrics.mesh_batches.get();
-        assert!(batches * 10 <= N as u64, "{batches} batches for {N} messages");
+        assert!(
+            batches * 10 <= N as u64,
+            "{batches} batches for {N} messages"
+        );
     }
 
     /// When every peer's send queue is full (here 4 frames, with 40 KiB
@@ -1323,5 +1330,4 @@ mod tests {
             let _ = postcard::from_bytes::<WireBatch>(&junk);
         });
     }
-
 }

@@ -24,7 +24,8 @@ pub mod site;
 pub use serve::{RoutedHost, serve_routed};
 
 use crate::config::DeployConfig;
-use crate::storage::{BatchOp, OrderedKv, Store, StoreError};
+use crate::http::ApiError;
+use crate::storage::{BatchOp, OrderedKv, Store};
 use actix_web::http::StatusCode;
 use index::{Bound, Index, Serve};
 use model::{
@@ -38,62 +39,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A deployment error: its HTTP status and stable code (mapped in `http::error`).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct DeployError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    pub retry_after: Option<u64>,
-}
-
-impl DeployError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, message)
-    }
-    pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
-    }
-    pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "DEPLOYMENT_NOT_FOUND", message)
-    }
-    pub fn retry_after(mut self, s: u64) -> Self {
-        self.retry_after = Some(s);
-        self
-    }
-    pub fn code(&self) -> &'static str {
-        self.code
-    }
-}
-
-impl From<StoreError> for DeployError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Unavailable(m) => DeployError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "STORE_UNAVAILABLE",
-                format!("the store is unavailable: {m}"),
-            )
-            .retry_after(1),
-            other => DeployError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL",
-                other.to_string(),
-            ),
-        }
-    }
-}
-
-pub type DeployResult<T> = Result<T, DeployError>;
+/// Deployment operations answer with the API's own errors.
+pub type DeployResult<T> = Result<T, ApiError>;
 
 /// A validated deployment request.
 pub struct NewDeployment {
@@ -191,7 +138,7 @@ impl Deployments {
             .await?
         {
             if tokio::time::Instant::now() + pause > deadline {
-                return Err(DeployError::new(
+                return Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "DEPLOY_BUSY",
                     "another deployment change is in progress; try again",
@@ -240,9 +187,13 @@ impl Deployments {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
                 match me.follow().await {
-                    Ok(true) => tracing::info!("Deployments changed on another node; index rebuilt."),
+                    Ok(true) => {
+                        tracing::info!("Deployments changed on another node; index rebuilt.")
+                    }
                     Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "Could not check the deployments' generation."),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Could not check the deployments' generation.")
+                    }
                 }
             }
         });
@@ -318,7 +269,7 @@ impl Deployments {
     pub async fn create(&self, ns: &str, new: NewDeployment) -> DeployResult<Value> {
         for h in &new.hosts {
             if self.reserved_host(h) {
-                return Err(DeployError::invalid(
+                return Err(ApiError::bad_request(
                     "HOST_RESERVED",
                     format!("{h} is one of the gateway's own hosts"),
                 ));
@@ -380,7 +331,7 @@ impl Deployments {
             if let Some(c) = self.store.get_json::<HostClaim>(&host_key(h)).await?
                 && c.namespace != ns
             {
-                return Err(DeployError::new(
+                return Err(ApiError::new(
                     StatusCode::CONFLICT,
                     "HOST_TAKEN",
                     format!("host {h} belongs to another namespace"),
@@ -442,7 +393,12 @@ impl Deployments {
         self.store
             .get_json::<DeploymentRecord>(&dep_key(ns, name))
             .await?
-            .ok_or_else(|| DeployError::not_found(format!("no deployment named {name}")))
+            .ok_or_else(|| {
+                ApiError::not_found(
+                    "DEPLOYMENT_NOT_FOUND",
+                    format!("no deployment named {name}"),
+                )
+            })
     }
 
     async fn version(&self, ns: &str, name: &str, v: u64) -> DeployResult<DeploymentVersion> {
@@ -450,7 +406,7 @@ impl Deployments {
             .get_json::<DeploymentVersion>(&ver_key(ns, name, v))
             .await?
             .ok_or_else(|| {
-                DeployError::new(
+                ApiError::new(
                     StatusCode::NOT_FOUND,
                     "VERSION_NOT_FOUND",
                     format!("deployment {name} has no version {v}"),
@@ -526,7 +482,7 @@ impl Deployments {
                     }
                 }
                 earlier.ok_or_else(|| {
-                    DeployError::new(
+                    ApiError::new(
                         StatusCode::CONFLICT,
                         "NO_EARLIER_VERSION",
                         format!("deployment {name} has no version before {}", rec.active),
@@ -668,7 +624,10 @@ mod tests {
                 let node = if i % 2 == 0 { a.clone() } else { b.clone() };
                 tokio::spawn(async move {
                     let ns = format!("ns{i}");
-                    (ns.clone(), node.create(&ns, upstream("site", "race.test")).await)
+                    (
+                        ns.clone(),
+                        node.create(&ns, upstream("site", "race.test")).await,
+                    )
                 })
             })
             .collect();
@@ -680,7 +639,12 @@ mod tests {
             }
         }
         assert_eq!(winners.len(), 1, "{winners:?}");
-        let claim: HostClaim = a.store.get_json(&host_key("race.test")).await.unwrap().unwrap();
+        let claim: HostClaim = a
+            .store
+            .get_json(&host_key("race.test"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(claim.namespace, winners[0]);
         // The lock is released once the changes are done.
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -710,7 +674,12 @@ mod tests {
     async fn a_dead_holders_lock_expires() {
         let (_d, a, _) = two_nodes();
         a.store
-            .compare_and_swap(LOCK_KEY, None, Some(b"dead"), Some(Duration::from_millis(300)))
+            .compare_and_swap(
+                LOCK_KEY,
+                None,
+                Some(b"dead"),
+                Some(Duration::from_millis(300)),
+            )
             .await
             .unwrap();
         let t0 = std::time::Instant::now();

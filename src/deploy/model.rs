@@ -1,6 +1,6 @@
 //! Deployment records, their validation and their store keys (DESIGN.md §7, §8).
 
-use super::DeployError;
+use crate::http::ApiError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -135,7 +135,7 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 /// A host name as routed: lower-case DNS labels, no port, no trailing dot.
-pub fn normalize_host(raw: &str) -> Result<String, DeployError> {
+pub fn normalize_host(raw: &str) -> Result<String, ApiError> {
     let h = raw.trim().trim_end_matches('.').to_ascii_lowercase();
     let ok = !h.is_empty()
         && h.len() <= 253
@@ -151,7 +151,7 @@ pub fn normalize_host(raw: &str) -> Result<String, DeployError> {
     if ok {
         Ok(h)
     } else {
-        Err(DeployError::invalid(
+        Err(ApiError::bad_request(
             "INVALID_HOST",
             format!("{raw:?} is not a host name (DNS labels, no port, no scheme)"),
         ))
@@ -159,9 +159,9 @@ pub fn normalize_host(raw: &str) -> Result<String, DeployError> {
 }
 
 /// An upstream instance URL reduced to `scheme://authority`; only http and https.
-pub fn normalize_instance(raw: &str) -> Result<String, DeployError> {
+pub fn normalize_instance(raw: &str) -> Result<String, ApiError> {
     let bad = |why: &str| {
-        DeployError::invalid(
+        ApiError::bad_request(
             "INVALID_UPSTREAM",
             format!("upstream {raw:?} {why}; use http://host:port or https://host:port"),
         )
@@ -193,9 +193,9 @@ const METHODS: &[&str] = &[
 ];
 
 /// Checks and normalizes routes (none: one route for everything).
-pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, DeployError> {
+pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiError> {
     if routes.len() > MAX_ROUTES {
-        return Err(DeployError::invalid(
+        return Err(ApiError::bad_request(
             "TOO_MANY_ROUTES",
             format!("at most {MAX_ROUTES} routes"),
         ));
@@ -221,7 +221,7 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, DeployE
                 if let Some(v) = v
                     && !path_ok(v)
                 {
-                    return Err(DeployError::invalid(
+                    return Err(ApiError::bad_request(
                         "INVALID_ROUTE",
                         format!("{field} {v:?} must be an absolute path without . or .. segments"),
                     ));
@@ -230,7 +230,7 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, DeployE
             for m in &mut r.methods {
                 *m = m.to_ascii_uppercase();
                 if !METHODS.contains(&m.as_str()) {
-                    return Err(DeployError::invalid(
+                    return Err(ApiError::bad_request(
                         "INVALID_ROUTE",
                         format!("{m:?} is not an HTTP method"),
                     ));
@@ -315,7 +315,7 @@ mod tests {
             "file:///etc/passwd",
         ] {
             let e = normalize_instance(bad).unwrap_err();
-            assert_eq!(e.code(), "INVALID_UPSTREAM", "{bad}");
+            assert_eq!(e.code, "INVALID_UPSTREAM", "{bad}");
         }
     }
 

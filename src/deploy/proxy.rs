@@ -3,7 +3,7 @@
 //! connection failed before any body was sent, streamed bodies both ways, and
 //! WebSocket upgrades relayed frame by frame.
 
-use super::DeployError;
+use crate::http::ApiError;
 use actix_web::body::{BodySize, BoxBody, MessageBody, SizedStream};
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
@@ -279,10 +279,10 @@ pub async fn proxy_http(
     path_and_query: &str,
     fwd: &Forwarded,
     t: ProxyTimeouts,
-) -> Result<HttpResponse, DeployError> {
+) -> Result<HttpResponse, ApiError> {
     let order = pool.order();
     if order.is_empty() {
-        return Err(DeployError::new(
+        return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "NO_HEALTHY_UPSTREAM",
             "every instance of this upstream is unhealthy",
@@ -327,7 +327,7 @@ pub async fn proxy_http(
             }
             Err(awc::error::SendRequestError::Timeout) => {
                 pool.failed(i);
-                return Err(DeployError::new(
+                return Err(ApiError::new(
                     StatusCode::GATEWAY_TIMEOUT,
                     "UPSTREAM_TIMEOUT",
                     "the upstream did not answer in time",
@@ -336,7 +336,7 @@ pub async fn proxy_http(
             Err(e) => {
                 // Reached and failed: never retried.
                 tracing::warn!(instance = %pool.instances[i].base, error = %e, "Upstream request failed.");
-                return Err(DeployError::new(
+                return Err(ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "UPSTREAM_FAILED",
                     format!("the upstream failed: {e}"),
@@ -344,7 +344,7 @@ pub async fn proxy_http(
             }
         }
     }
-    Err(DeployError::new(
+    Err(ApiError::new(
         StatusCode::BAD_GATEWAY,
         "UPSTREAM_UNAVAILABLE",
         format!(
@@ -404,14 +404,14 @@ pub async fn proxy_ws(
     path_and_query: &str,
     fwd: &Forwarded,
     t: ProxyTimeouts,
-) -> Result<HttpResponse, DeployError> {
+) -> Result<HttpResponse, ApiError> {
     use actix_web::FromRequest;
     let payload = actix_web::web::Payload::from_request(req, &mut payload)
         .await
-        .map_err(|e| DeployError::invalid("BAD_UPGRADE", e.to_string()))?;
+        .map_err(|e| ApiError::bad_request("BAD_UPGRADE", e.to_string()))?;
     let order = pool.order();
     if order.is_empty() {
-        return Err(DeployError::new(
+        return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "NO_HEALTHY_UPSTREAM",
             "every instance of this upstream is unhealthy",
@@ -439,7 +439,7 @@ pub async fn proxy_ws(
                 pool.succeeded(i);
                 let protocol = res.headers().get(header::SEC_WEBSOCKET_PROTOCOL).cloned();
                 let (mut resp, session, stream) = actix_ws::handle(req, payload)
-                    .map_err(|e| DeployError::invalid("BAD_UPGRADE", e.to_string()))?;
+                    .map_err(|e| ApiError::bad_request("BAD_UPGRADE", e.to_string()))?;
                 if let Some(p) = protocol {
                     resp.headers_mut().insert(header::SEC_WEBSOCKET_PROTOCOL, p);
                 }
@@ -453,7 +453,7 @@ pub async fn proxy_ws(
                 last_err = e.to_string();
             }
             Err(e) => {
-                return Err(DeployError::new(
+                return Err(ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "UPSTREAM_FAILED",
                     format!("the upstream refused the WebSocket upgrade: {e}"),
@@ -461,7 +461,7 @@ pub async fn proxy_ws(
             }
         }
     }
-    Err(DeployError::new(
+    Err(ApiError::new(
         StatusCode::BAD_GATEWAY,
         "UPSTREAM_UNAVAILABLE",
         format!("no upstream instance could be reached: {last_err}"),

@@ -1,10 +1,10 @@
 //! Answering a request whose host is routed to a deployment: a static file, or
 //! the proxy.
 
-use super::DeployError;
 use super::index::Serve;
 use super::model::SiteFile;
 use super::proxy::{Forwarded, ProxyTimeouts, proxy_http, proxy_ws};
+use crate::http::ApiError;
 use crate::node::Node;
 use crate::storage::OrderedKv;
 use actix_web::dev::Payload;
@@ -21,26 +21,19 @@ pub struct RoutedHost {
     pub host: String,
 }
 
-fn error_response(e: DeployError) -> HttpResponse {
-    let mut api = crate::http::ApiError::new(e.status, e.code, e.message);
-    if let Some(s) = e.retry_after {
-        api = api.retry_after(s);
-    }
-    api.error_response_owned()
-}
-
 /// Serves a routed request; every failure is the JSON envelope.
 pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> HttpResponse {
     let Some(routed) = req.extensions().get::<RoutedHost>().cloned() else {
-        return error_response(DeployError::new(
+        return ApiError::new(
             StatusCode::NOT_FOUND,
             "NO_ROUTE",
             "no deployment serves this host",
-        ));
+        )
+        .error_response_owned();
     };
     let index = node.deployments.index();
     let Some(bound) = index.lookup(&routed.host, req.method().as_str(), req.path()) else {
-        return error_response(DeployError::new(
+        return ApiError::new(
             StatusCode::NOT_FOUND,
             "NO_ROUTE",
             format!(
@@ -49,7 +42,8 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
                 req.method(),
                 req.path()
             ),
-        ));
+        )
+        .error_response_owned();
     };
     let path = bound.route.rewrite(req.path());
     let result = match &bound.serve {
@@ -91,7 +85,7 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
             }
         }
     };
-    result.unwrap_or_else(error_response)
+    result.unwrap_or_else(|e| e.error_response_owned())
 }
 
 /// Decodes `%XX` escapes; None for bad escapes, non-UTF-8, NUL or dot segments.
@@ -132,19 +126,20 @@ async fn serve_static(
     req: &HttpRequest,
     files: &BTreeMap<String, SiteFile>,
     path: &str,
-) -> Result<HttpResponse, DeployError> {
+) -> Result<HttpResponse, ApiError> {
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
-        let mut r = error_response(DeployError::new(
+        let mut r = ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "METHOD_NOT_ALLOWED",
             "a static site answers GET and HEAD",
-        ));
+        )
+        .error_response_owned();
         r.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Ok(r);
     }
     let Some(file) = decode_path(path).and_then(|p| find(files, &p)) else {
-        return Err(DeployError::new(
+        return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "FILE_NOT_FOUND",
             format!("no file at {path}"),
@@ -171,7 +166,7 @@ async fn serve_static(
         .get(&crate::functions::blob_key(&file.sha256))
         .await?
         .ok_or_else(|| {
-            DeployError::new(
+            ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "INTERNAL",
                 "a file of this site is missing from the store",

@@ -3,8 +3,8 @@
 //! and links that point out of it are refused; links inside it serve their
 //! target's bytes. Other entry kinds (devices, fifos) are refused.
 
-use super::DeployError;
 use super::model::SiteFile;
+use crate::http::ApiError;
 use std::collections::BTreeMap;
 use std::io::Read;
 
@@ -23,15 +23,15 @@ pub struct Site {
     pub total_bytes: u64,
 }
 
-fn unsafe_tar(msg: String) -> DeployError {
-    DeployError::invalid("UNSAFE_TARBALL", msg)
+fn unsafe_tar(msg: String) -> ApiError {
+    ApiError::bad_request("UNSAFE_TARBALL", msg)
 }
 
 /// The path of an entry inside the site (`a/b.html`), or why it is refused.
 /// Leading `./` is allowed; `..`, absolute paths and empty names are not.
-fn site_path(raw: &[u8]) -> Result<Option<String>, DeployError> {
+fn site_path(raw: &[u8]) -> Result<Option<String>, ApiError> {
     let s = std::str::from_utf8(raw)
-        .map_err(|_| DeployError::invalid("INVALID_TARBALL", "an entry name is not UTF-8"))?;
+        .map_err(|_| ApiError::bad_request("INVALID_TARBALL", "an entry name is not UTF-8"))?;
     if s.starts_with('/') {
         return Err(unsafe_tar(format!("entry {s:?} is an absolute path")));
     }
@@ -94,9 +94,9 @@ fn sha256_hex(b: &[u8]) -> String {
 }
 
 /// Unpacks and checks a gzip-compressed tarball.
-pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, DeployError> {
+pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
     let bad = |e: std::io::Error| {
-        DeployError::invalid(
+        ApiError::bad_request(
             "INVALID_TARBALL",
             format!("the tarball does not read as .tar.gz: {e}"),
         )
@@ -111,7 +111,7 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, DeployError> {
         let kind = entry.header().entry_type();
         let path = site_path(&raw_path)?;
         if contents.len() + links.len() >= limits.max_files {
-            return Err(DeployError::too_large(
+            return Err(ApiError::payload_too_large(
                 "SITE_TOO_LARGE",
                 format!("a site has at most {} files", limits.max_files),
             ));
@@ -126,7 +126,7 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, DeployError> {
                 let size = entry.size();
                 total = total.saturating_add(size);
                 if total > limits.max_unpacked_bytes {
-                    return Err(DeployError::too_large(
+                    return Err(ApiError::payload_too_large(
                         "SITE_TOO_LARGE",
                         format!(
                             "the site unpacks to more than {} bytes",
@@ -204,7 +204,7 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, DeployError> {
         blobs.entry(sha).or_insert(bytes);
     }
     if files.is_empty() {
-        return Err(DeployError::invalid(
+        return Err(ApiError::bad_request(
             "INVALID_TARBALL",
             "the tarball holds no files",
         ));
@@ -324,7 +324,7 @@ pub mod tests {
             let e = unpack(t, LIMITS)
                 .err()
                 .unwrap_or_else(|| panic!("case {i} passed"));
-            assert_eq!(e.code(), "UNSAFE_TARBALL", "case {i}: {e}");
+            assert_eq!(e.code, "UNSAFE_TARBALL", "case {i}: {e}");
         }
     }
 
@@ -335,18 +335,18 @@ pub mod tests {
         let e = unpack(&tarball(&[("big", 'f', &big)]), LIMITS)
             .err()
             .unwrap();
-        assert_eq!(e.code(), "SITE_TOO_LARGE");
+        assert_eq!(e.code, "SITE_TOO_LARGE");
         let e = unpack(b"not a tarball", LIMITS).err().unwrap();
-        assert_eq!(e.code(), "INVALID_TARBALL");
+        assert_eq!(e.code, "INVALID_TARBALL");
         let e = unpack(&tarball(&[("d/", 'd', b"")]), LIMITS).err().unwrap();
-        assert_eq!(e.code(), "INVALID_TARBALL");
+        assert_eq!(e.code, "INVALID_TARBALL");
         let many: Vec<(String, char, &[u8])> = (0..101)
             .map(|i| (format!("f{i}"), 'f', &b"x"[..]))
             .collect();
         let refs: Vec<(&str, char, &[u8])> =
             many.iter().map(|(p, k, d)| (p.as_str(), *k, *d)).collect();
         let e = unpack(&tarball(&refs), LIMITS).err().unwrap();
-        assert_eq!(e.code(), "SITE_TOO_LARGE");
+        assert_eq!(e.code, "SITE_TOO_LARGE");
     }
 
     /// A packed folder unpacks to the same files.

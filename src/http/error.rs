@@ -47,6 +47,9 @@ impl ApiError {
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, code, message)
     }
+    pub fn payload_too_large(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
+    }
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", message)
     }
@@ -114,14 +117,6 @@ impl ResponseError for ApiError {
             r.insert_header((GATEWAY_FAULT, HeaderValue::from_static("gateway")));
         }
         r.json(self.body())
-    }
-}
-
-impl From<crate::deploy::DeployError> for ApiError {
-    fn from(e: crate::deploy::DeployError) -> Self {
-        let mut a = ApiError::new(e.status, e.code, e.message);
-        a.retry_after = e.retry_after;
-        a
     }
 }
 

@@ -45,7 +45,8 @@ pub struct Cluster {
     live: RwLock<Vec<NodeInfo>>,
     every: Duration,
     /// Namespace members recently read from the store (see [`Cluster::members`]).
-    members: parking_lot::Mutex<std::collections::HashMap<String, (Vec<String>, std::time::Instant)>>,
+    members:
+        parking_lot::Mutex<std::collections::HashMap<String, (Vec<String>, std::time::Instant)>>,
 }
 
 /// How long a namespace's members, once read, are believed. Members are set

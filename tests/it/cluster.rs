@@ -2,13 +2,8 @@
 //! through per-(namespace, member) breakers, and cron slots that fire once in
 //! the whole cluster.
 
-// Only start/url/stop of the shared helper are used here.
-#[allow(dead_code)]
-#[path = "../../src/storage/etcd_process.rs"]
-mod etcd_process;
-
 use crate::common::*;
-use etcd_process::EtcdProcess;
+use crate::etcd_process::EtcdProcess;
 use std::time::{Duration, Instant};
 
 const SECRET: &str = "three-node-test-cluster-secret";
@@ -256,7 +251,7 @@ fn cron_fires_once_per_slot_in_the_cluster() {
     );
     assert_eq!(s, 201, "{}", String::from_utf8_lossy(&b));
     // B and C start after the deploy: they wake the namespace from etcd and tick too.
-    let nodes = vec![
+    let nodes = [
         a,
         TestNode::start_with(member_opts(&etcd, ids[1], ports[1], tmp.path())),
         TestNode::start_with(member_opts(&etcd, ids[2], ports[2], tmp.path())),

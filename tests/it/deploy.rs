@@ -147,7 +147,11 @@ fn dead_port() -> String {
     format!("http://{a}")
 }
 
-pub(crate) fn deploy_json(node: &TestNode, key: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+pub(crate) fn deploy_json(
+    node: &TestNode,
+    key: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
     let (s, b) = node.with_key(
         key,
         "POST",

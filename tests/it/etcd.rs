@@ -1,11 +1,8 @@
 //! A node on etcd (`[cluster] etcd`): it serves from etcd, answers 503
 //! `STORE_UNAVAILABLE` while etcd is down, and recovers by itself.
 
-#[path = "../../src/storage/etcd_process.rs"]
-mod etcd_process;
-
 use crate::common::{NodeOpts, TEST_CONFIG, TestNode, json};
-use etcd_process::EtcdProcess;
+use crate::etcd_process::EtcdProcess;
 use std::time::{Duration, Instant};
 
 fn start_on(etcd: &EtcdProcess) -> TestNode {

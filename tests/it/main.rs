@@ -8,6 +8,10 @@ mod dashboard;
 mod deploy;
 #[cfg(feature = "cluster")]
 mod etcd;
+/// A real etcd for the cluster tests (shared with the store's unit tests).
+#[cfg(feature = "cluster")]
+#[path = "../../src/storage/etcd_process.rs"]
+mod etcd_process;
 mod functions;
 mod node;
 mod pubsub;

@@ -41,6 +41,21 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The identity of API key `key_id` of namespace `namespace`.
+    pub fn api_key(key_id: &str, namespace: &str, grants: Vec<crate::auth::Grant>) -> Identity {
+        Identity {
+            subject: format!("key:{key_id}"),
+            namespace: Some(namespace.to_string()),
+            grants,
+            operator: false,
+            kind: "api_key",
+            custom: serde_json::Value::Null,
+            jti: None,
+            exp: None,
+            iat: None,
+        }
+    }
+
     /// Whether this identity may do `domain:action` on `resource`.
     pub fn allows(&self, domain: &str, action: &str, resource: &str) -> bool {
         self.operator || crate::auth::allows(&self.grants, domain, action, resource)

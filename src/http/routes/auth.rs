@@ -98,17 +98,7 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
             return Ok(id);
         }
         let r = identity::lookup_key_hash(&node.store, &hash, t).await?;
-        let id = Identity {
-            subject: format!("key:{}", r.id),
-            namespace: Some(r.namespace.clone()),
-            grants: r.parsed_grants(),
-            operator: false,
-            kind: "api_key",
-            custom: serde_json::Value::Null,
-            jti: None,
-            exp: None,
-            iat: None,
-        };
+        let id = Identity::api_key(&r.id, &r.namespace, r.parsed_grants());
         node.key_cache.insert(hash, id.clone(), r.expires_at);
         return Ok(id);
     }
@@ -541,17 +531,7 @@ mod tests {
     use super::*;
 
     fn id() -> Identity {
-        Identity {
-            subject: "key:k".into(),
-            namespace: Some("n".into()),
-            grants: Vec::new(),
-            operator: false,
-            kind: "api_key",
-            custom: serde_json::Value::Null,
-            jti: None,
-            exp: None,
-            iat: None,
-        }
+        Identity::api_key("k", "n", Vec::new())
     }
 
     /// A cached key is believed for `KEY_CACHE_TTL` at most, never past its

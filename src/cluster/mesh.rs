@@ -299,6 +299,7 @@ impl Mesh {
             backlog: VecDeque::new(),
             backlog_bytes: 0,
             refused: 0,
+            blocked: false,
             unconnected_scans: HashMap::new(),
         };
         let tick = (config.gap_timeout / 4).max(Duration::from_millis(20));
@@ -528,6 +529,9 @@ struct SwarmTask {
     backlog_bytes: usize,
     /// Publishes refused because every peer's send queue was full.
     refused: u64,
+    /// The last publish was refused so: only the retry timer tries again
+    /// (not every arriving message, which would sign a batch for nothing).
+    blocked: bool,
     /// Registry scans in a row that found a peer not connected.
     unconnected_scans: HashMap<PeerId, u32>,
 }
@@ -553,7 +557,9 @@ impl SwarmTask {
                                 Err(_) => break,
                             }
                         }
-                        self.flush_backlog();
+                        if !self.blocked {
+                            self.flush_backlog();
+                        }
                     }
                     None => break,
                 },
@@ -612,7 +618,8 @@ impl SwarmTask {
     }
 
     /// Publishes waiting messages in batches, in order, until none is left
-    /// or every peer's send queue is full (then the retry timer comes back).
+    /// or every peer's send queue is full (then only the retry timer comes
+    /// back, every `BACKLOG_RETRY`).
     fn flush_backlog(&mut self) {
         while !self.backlog.is_empty() {
             let mut n = 0;
@@ -625,7 +632,8 @@ impl SwarmTask {
                 bytes += out.data.len();
             }
             let published = self.publish(n);
-            if published == Published::QueuesFull {
+            self.blocked = published == Published::QueuesFull;
+            if self.blocked {
                 return;
             }
             for out in self.backlog.drain(..n) {

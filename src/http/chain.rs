@@ -370,6 +370,10 @@ pub fn request_host(req: &ServiceRequest) -> Option<String> {
     Some(host)
 }
 
+/// The request's host as `request_host` found it (set by the route-policy step).
+#[derive(Debug, Clone)]
+pub struct RequestHost(pub String);
+
 /// The TLS server name a connection presented (set when the node terminates TLS).
 #[derive(Debug, Clone)]
 pub struct Sni(pub Option<String>);
@@ -380,7 +384,12 @@ pub async fn domain_routing<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
 ) -> Res<B> {
-    if let Some(host) = request_host(&req) {
+    let host = req
+        .extensions()
+        .get::<RequestHost>()
+        .map(|h| h.0.clone())
+        .or_else(|| request_host(&req));
+    if let Some(host) = host {
         if let Some(Sni(Some(sni))) = req.conn_data::<Sni>()
             && !sni.eq_ignore_ascii_case(&host)
         {
@@ -392,15 +401,12 @@ pub async fn domain_routing<B: MessageBody + 'static>(
             return Ok(refuse(req, e));
         }
         let n = node(&req);
-        if policy_of(&req) == Some(Policy::Deployment)
-            && let Some(ns) = n.deployments.index().host_namespace(&host)
-        {
-            let ns = ns.to_string();
-            req.extensions_mut().insert(Target(ns.clone()));
-            req.extensions_mut().insert(crate::deploy::RoutedHost {
-                namespace: ns,
-                host,
-            });
+        let routed = req
+            .extensions()
+            .get::<crate::deploy::RoutedHost>()
+            .map(|r| r.namespace.clone());
+        if let Some(ns) = routed {
+            req.extensions_mut().insert(Target(ns));
             return next
                 .call(req)
                 .await

@@ -195,15 +195,29 @@ pub async fn internal_auth_gate(
 }
 
 /// Step 2: puts the matched route's policy on the request. Every path of a host
-/// routed to a deployment has the deployment policy.
+/// routed to a deployment has the deployment policy. The host and its
+/// deployment, found here once, travel in the request's extensions
+/// (`RequestHost`, `RoutedHost`) for domain routing and the dispatcher.
 pub async fn route_policy(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
-    let deployed = crate::http::chain::request_host(&req)
-        .is_some_and(|h| node(&req).deployments.index().host_namespace(&h).is_some());
-    if deployed {
-        req.extensions_mut().insert(Policy::Deployment);
+    let host = crate::http::chain::request_host(&req);
+    let routed = host.as_deref().and_then(|h| {
+        node(&req)
+            .deployments
+            .index()
+            .host_namespace(h)
+            .map(str::to_string)
+    });
+    if let Some(h) = &host {
+        req.extensions_mut()
+            .insert(crate::http::chain::RequestHost(h.clone()));
+    }
+    if let (Some(namespace), Some(host)) = (routed, host) {
+        let mut ext = req.extensions_mut();
+        ext.insert(Policy::Deployment);
+        ext.insert(crate::deploy::RoutedHost { namespace, host });
     } else if let Some(map) = req.app_data::<web::Data<PolicyMap>>()
         && let Some(pattern) = req.match_pattern()
         && let Some(policy) = map.get(req.method(), &pattern)

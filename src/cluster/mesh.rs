@@ -1002,12 +1002,7 @@ mod tests {
     async fn message_reaches_every_other_node_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = sled(&dir);
-        let (a, b, c) = (
-            start_node(&store).await,
-            start_node(&store).await,
-            start_node(&store).await,
-        );
-        wait_meshed(&[&a, &b, &c]).await;
+        let (a, b, c) = trio(&store).await;
         a.mesh
             .forward("acme", "room", &Bytes::from_static(b"hello"), 1234);
         for n in [&b, &c] {
@@ -1042,12 +1037,7 @@ mod tests {
     async fn thousand_messages_arrive_once_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let store = sled(&dir);
-        let (a, b, c) = (
-            start_node(&store).await,
-            start_node(&store).await,
-            start_node(&store).await,
-        );
-        wait_meshed(&[&a, &b, &c]).await;
+        let (a, b, c) = trio(&store).await;
         for i in 0..1000 {
             a.publish("acme", "ticks", &i.to_string());
         }
@@ -1066,6 +1056,17 @@ mod tests {
         }
         assert_eq!(a.pubsub.metrics.mesh_sent.get(), 1000);
         assert!(a.got.lock().is_empty());
+    }
+
+    /// Starts A, B and C (test timings) and waits until they are meshed.
+    async fn trio(store: &Store) -> (TestNode, TestNode, TestNode) {
+        let (a, b, c) = (
+            start_node(store).await,
+            start_node(store).await,
+            start_node(store).await,
+        );
+        wait_meshed(&[&a, &b, &c]).await;
+        (a, b, c)
     }
 
     /// Starts A and B meshed, with `send_queue` frames per connection.
@@ -1165,12 +1166,7 @@ mod tests {
     async fn unregistered_peer_cannot_join() {
         let dir = tempfile::tempdir().unwrap();
         let store = sled(&dir);
-        let (a, b, c) = (
-            start_node(&store).await,
-            start_node(&store).await,
-            start_node(&store).await,
-        );
-        wait_meshed(&[&a, &b, &c]).await;
+        let (a, b, c) = trio(&store).await;
         // The rogue keeps its own registry, in which it finds A (copied from
         // the cluster's), so it dials A at A's real address.
         let rogue_dir = tempfile::tempdir().unwrap();

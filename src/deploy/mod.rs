@@ -275,7 +275,19 @@ impl Deployments {
                 ));
             }
         }
+        // A host already taken fails before any upload work.
+        self.check_hosts(ns, &new.hosts).await?;
+        // Content-addressed blobs first, outside the lock (a large site must
+        // not hold it near its time to live): a failure after this leaves
+        // only unreferenced blobs, never a record pointing at missing bytes.
+        for (sha, bytes) in &new.blobs {
+            let key = crate::functions::blob_key(sha);
+            if self.store.get(&key).await?.is_none() {
+                self.store.put(&key, bytes).await?;
+            }
+        }
         let _w = self.write_lock().await?;
+        // Again under the lock: this is the check that counts.
         self.check_hosts(ns, &new.hosts).await?;
         let now = unix_now();
         let head = self
@@ -283,14 +295,6 @@ impl Deployments {
             .get_json::<DeploymentRecord>(&dep_key(ns, &new.name))
             .await?;
         let version = head.as_ref().map_or(1, |h| h.latest + 1);
-        // Content-addressed blobs first: a failure after this leaves only
-        // unreferenced blobs, never a record pointing at missing bytes.
-        for (sha, bytes) in &new.blobs {
-            let key = crate::functions::blob_key(sha);
-            if self.store.get(&key).await?.is_none() {
-                self.store.put(&key, bytes).await?;
-            }
-        }
         let ver = DeploymentVersion {
             version,
             hosts: new.hosts.clone(),

@@ -223,9 +223,34 @@ fn upstream_headers(req: &HttpRequest, fwd: &Forwarded, keep_upgrade: bool) -> H
 /// The request body, handed to at most one upstream attempt. An attempt whose
 /// connection failed never polled it, so the next instance can still take it;
 /// once polled it is gone and no retry happens.
-pub(crate) struct OnceBody {
-    pub(crate) slot: Rc<RefCell<Option<Payload>>>,
-    pub(crate) taken: Option<Payload>,
+struct OnceBody {
+    slot: Rc<RefCell<Option<Payload>>>,
+    taken: Option<Payload>,
+}
+
+/// The client's body, waiting in its slot for the one attempt that polls it.
+pub(crate) type BodySlot = Rc<RefCell<Option<Payload>>>;
+
+/// Sends `creq` with the client's body from `slot`, framed as `kind`.
+pub(crate) fn send_once(
+    creq: awc::ClientRequest,
+    kind: BodyKind,
+    slot: &BodySlot,
+) -> awc::SendClientRequest {
+    let body = OnceBody {
+        slot: slot.clone(),
+        taken: None,
+    };
+    match kind {
+        BodyKind::None => creq.send(),
+        BodyKind::Sized(n) => creq.send_body(SizedStream::new(n, body)),
+        BodyKind::Chunked => creq.send_stream(body),
+    }
+}
+
+/// Whether a failed attempt left the body for another one (it never polled it).
+pub(crate) fn body_untouched(kind: BodyKind, slot: &BodySlot) -> bool {
+    slot.borrow().is_some() || matches!(kind, BodyKind::None)
 }
 
 impl Stream for OnceBody {
@@ -243,6 +268,7 @@ impl Stream for OnceBody {
 }
 
 /// How the client's body is framed.
+#[derive(Clone, Copy)]
 pub(crate) enum BodyKind {
     None,
     Sized(u64),
@@ -302,15 +328,7 @@ pub async fn proxy_http(
         for (k, v) in &headers {
             creq = creq.append_header((k.clone(), v.clone()));
         }
-        let body = OnceBody {
-            slot: slot.clone(),
-            taken: None,
-        };
-        let sent = match kind {
-            BodyKind::None => creq.send().await,
-            BodyKind::Sized(n) => creq.send_body(SizedStream::new(n, body)).await,
-            BodyKind::Chunked => creq.send_stream(body).await,
-        };
+        let sent = send_once(creq, kind, &slot).await;
         match sent {
             Ok(res) => {
                 pool.succeeded(i);
@@ -320,8 +338,7 @@ pub async fn proxy_http(
                 pool.failed(i);
                 tracing::warn!(instance = %pool.instances[i].base, error = %e, "Upstream connection failed.");
                 last_err = Some(format!("{e}"));
-                let body_untouched = slot.borrow().is_some() || matches!(kind, BodyKind::None);
-                if !body_untouched {
+                if !body_untouched(kind, &slot) {
                     break;
                 }
             }

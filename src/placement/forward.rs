@@ -10,12 +10,12 @@
 use super::{Admit, rendezvous};
 use crate::auth::{HopIdentity, HopVersion, canonical_json};
 use crate::deploy::proxy::{
-    BodyKind, OnceBody, ProxyTimeouts, body_kind, client, connection_listed, is_hop_by_hop,
+    ProxyTimeouts, body_kind, body_untouched, client, connection_listed, is_hop_by_hop, send_once,
     stream_response,
 };
 use crate::http::{ApiError, Identity, Policy, Target};
 use crate::node::Node;
-use actix_web::body::{EitherBody, MessageBody, SizedStream};
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
@@ -222,15 +222,7 @@ async fn forward(
         if let Some(rid) = &request_id {
             creq = creq.insert_header(("x-request-id", rid.as_str()));
         }
-        let body = OnceBody {
-            slot: slot.clone(),
-            taken: None,
-        };
-        let sent = match kind {
-            BodyKind::None => creq.send().await,
-            BodyKind::Sized(len) => creq.send_body(SizedStream::new(len, body)).await,
-            BodyKind::Chunked => creq.send_stream(body).await,
-        };
+        let sent = send_once(creq, kind, &slot).await;
         match sent {
             Ok(res) => {
                 let gateway_fault = matches!(res.status().as_u16(), 502..=504)
@@ -265,8 +257,7 @@ async fn forward(
                     set_state(n, target, member, &breakers);
                 }
                 tracing::warn!(namespace = target, member = %member, error = %e, "Forward to a member failed.");
-                let body_untouched = slot.borrow().is_some() || matches!(kind, BodyKind::None);
-                if !refused || !body_untouched {
+                if !refused || !body_untouched(kind, &slot) {
                     return Err(ApiError::new(
                         if timed_out {
                             StatusCode::GATEWAY_TIMEOUT

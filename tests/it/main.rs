@@ -15,3 +15,4 @@ mod etcd_process;
 mod functions;
 mod node;
 mod pubsub;
+mod security;

@@ -1,0 +1,9 @@
+//! The security suite: every attack of docs/security.md as a test, driven
+//! end to end against real nodes, plus property passes over the parsers that
+//! take untrusted bytes. Each module is one trust boundary.
+
+mod dashboard;
+mod egress;
+mod hop;
+mod input;
+mod secrets;

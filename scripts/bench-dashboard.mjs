@@ -140,7 +140,7 @@ function openViewers(n) {
   let bytes = 0, events = 0;
   const done = Promise.all(Array.from({ length: n }, async () => {
     try {
-      const r = await fetch(`${base}/__admin/api/stream`, { signal: ctl.signal });
+      const r = await fetch(`${base}/__admin/api/stream`, { signal: ctl.signal, headers: { authorization: `Bearer ${KEY}` } });
       for await (const chunk of r.body) { bytes += chunk.length; events += (Buffer.from(chunk).toString().match(/event: snapshot/g) || []).length; }
     } catch { /* aborted */ }
   }));
@@ -161,7 +161,7 @@ for (let round = 1; round <= ROUNDS; round++) {
   }
 }
 // A snapshot of the 50 namespaces as the stream sends it (its size per tick).
-const frame = await fetch(`${base}/__admin/api/snapshot`).then((r) => r.text());
+const frame = await fetch(`${base}/__admin/api/snapshot`, { headers: { authorization: `Bearer ${KEY}` } }).then((r) => r.text());
 const subsShown = JSON.parse(frame).node.ws_subscribers;
 for (const ws of sockets) { ws.benchClosing = true; ws.terminate(); }
 cleanup();

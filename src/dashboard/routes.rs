@@ -1,6 +1,6 @@
 //! The dashboard's routes: the page and its assets, the JSON API, the event
-//! stream (all `Policy::Admin`: loopback or the operator key, or a session made
-//! from it), and the sign-in form (public page, credential-bucket POST).
+//! stream (all `Policy::Admin`: the operator key, or a session made from it, from
+//! every address), and the sign-in form (public page, credential-bucket POST).
 
 use super::sampler::Frame;
 use super::session;

@@ -514,9 +514,21 @@ fn named_namespace(req: &ServiceRequest) -> Option<String> {
         })
 }
 
+/// A browser opening a dashboard page (not its JSON API or assets) without a
+/// credential: it is sent to the sign-in form instead of a JSON 401.
+fn wants_sign_in_page(req: &ServiceRequest) -> bool {
+    req.method() == actix_web::http::Method::GET
+        && matches!(req.path(), "/__admin" | "/__admin/")
+        && req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("text/html"))
+}
+
 /// Step 9: authorization. The credential's namespace must be the target
 /// namespace (operators may act on any); operator and admin routes need the
-/// operator key (admin also admits loopback peers).
+/// operator key (admin also takes its dashboard session cookie).
 pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
     let policy = policy_of(&req);
     let id = req.extensions().get::<Identity>().cloned();
@@ -535,14 +547,20 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
                 "this route needs the operator key",
             )),
         },
+        // No source address is trusted: behind a TLS proxy on loopback every
+        // public request arrives from 127.0.0.1.
         Some(Policy::Admin) => {
-            let loopback = req
-                .extensions()
-                .get::<ClientIp>()
-                .is_some_and(|c| c.0.is_loopback());
             match &id {
                 Some(i) if i.operator => Ok(None),
-                _ if loopback => Ok(None),
+                None if wants_sign_in_page(&req) => {
+                    return Ok(req.into_response(
+                        HttpResponse::SeeOther()
+                            .insert_header((header::LOCATION, "/__admin/login"))
+                            .insert_header((header::CACHE_CONTROL, "no-store"))
+                            .finish()
+                            .map_into_right_body(),
+                    ));
+                }
                 Some(_) => Err(ApiError::forbidden(
                     "OPERATOR_ONLY",
                     "the dashboard needs the operator key",

@@ -34,7 +34,7 @@ pub enum Policy {
     Operator,
     /// Cluster peers with a valid hop MAC.
     Internal,
-    /// The dashboard: the operator key, or a loopback peer.
+    /// The dashboard: the operator key or its session cookie, from every address.
     Admin,
     /// A request to a host routed to a deployment: no credential is read (the
     /// Authorization header belongs to the upstream), the deployment's namespace

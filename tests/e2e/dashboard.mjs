@@ -171,8 +171,15 @@ async function main() {
     page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
     const offsite = [];
     page.on("request", (req) => { if (!req.url().startsWith(node.base)) offsite.push(req.url()); });
-    const resp = await page.goto(`${node.base}/__admin`);
-    check(resp.status() === 200, "GET /__admin answers 200 from loopback");
+    // Loopback is no credential: the browser is sent to the sign-in form first.
+    const first = await page.goto(`${node.base}/__admin`);
+    check(new URL(first.url()).pathname === "/__admin/login", `an unsigned browser lands on the sign-in form (${first.url()})`);
+    await page.fill('input[name="key"]', KEY);
+    const [resp] = await Promise.all([
+      page.waitForNavigation(),
+      page.click('button[type="submit"], input[type="submit"]'),
+    ]);
+    check(new URL(resp.url()).pathname === "/__admin" && resp.status() === 200, "signing in with the operator key opens /__admin");
     await page.waitForSelector("#conn.on", { timeout: 15_000 });
     check(true, "the event stream is live");
     for (const ns of NAMESPACES) {

@@ -20,6 +20,11 @@ fn get(n: &TestNode, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String,
     (s, h, String::from_utf8_lossy(&b).into_owned())
 }
 
+/// A dashboard GET with the operator key (loopback is no credential).
+fn admin(n: &TestNode, path: &str) -> (u16, Vec<(String, String)>, String) {
+    get(n, path, &[("authorization", &format!("Bearer {OPERATOR_KEY}"))])
+}
+
 const ROUTES: &[&str] = &[
     "/__admin",
     "/__admin/assets/app.js",
@@ -70,8 +75,8 @@ fn non_loopback_needs_the_operator_key() {
             assert_eq!(s, 403, "{route} with a namespace key");
         }
     }
-    // Loopback itself needs no key.
-    assert_eq!(get(&n, "/__admin/api/node", &[]).0, 200);
+    // Loopback is no credential: every proxied request comes from it.
+    assert_eq!(get(&n, "/__admin/api/node", &[]).0, 401);
     // The sign-in page is public: it holds no numbers.
     let (s, _, body) = get(&n, "/__admin/login", &[REMOTE]);
     assert_eq!(s, 200);
@@ -163,7 +168,7 @@ fn prom_value(text: &str, name: &str, labels: &str) -> Option<f64> {
 #[test]
 fn api_numbers_match_metrics() {
     let n = TestNode::start();
-    let (s, h, page) = get(&n, "/__admin", &[]);
+    let (s, h, page) = admin(&n, "/__admin");
     assert_eq!(s, 200);
     assert!(header(&h, "content-type").unwrap().starts_with("text/html"));
     let csp = header(&h, "content-security-policy").unwrap();
@@ -173,10 +178,10 @@ fn api_numbers_match_metrics() {
         !page.contains("http://") && !page.contains("https://"),
         "no off-node assets"
     );
-    let (s, _, js) = get(&n, "/__admin/assets/app.js", &[]);
+    let (s, _, js) = admin(&n, "/__admin/assets/app.js");
     assert_eq!(s, 200);
     assert!(js.contains("EventSource"));
-    assert_eq!(get(&n, "/__admin/assets/nope.js", &[]).0, 404);
+    assert_eq!(admin(&n, "/__admin/assets/nope.js").0, 404);
 
     let a = n.create_namespace("alpha");
     let b = n.create_namespace("beta");
@@ -195,7 +200,7 @@ fn api_numbers_match_metrics() {
     let mut saw_rate = false;
     while Instant::now() < deadline && !saw_rate {
         let _ = n.with_key(&a, "GET", "/v1/kv/k1", None);
-        let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+        let (_, _, body) = admin(&n, "/__admin/api/namespaces");
         saw_rate = json(&body)["namespaces"]
             .as_array()
             .unwrap()
@@ -206,7 +211,7 @@ fn api_numbers_match_metrics() {
     assert!(saw_rate, "alpha never showed a handled/s rate");
     std::thread::sleep(Duration::from_millis(2200));
     let (_, _, metrics) = get(&n, "/metrics", &[]);
-    let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+    let (_, _, body) = admin(&n, "/__admin/api/namespaces");
     let rows = json(&body)["namespaces"].as_array().unwrap().clone();
     for ns in ["alpha", "beta"] {
         let row = rows
@@ -224,18 +229,18 @@ fn api_numbers_match_metrics() {
         assert_eq!(row["actors"], 1);
         assert_eq!(row["handled_per_sec"].as_f64().unwrap(), 0.0, "quiet now");
     }
-    let (_, _, body) = get(&n, "/__admin/api/actors", &[]);
+    let (_, _, body) = admin(&n, "/__admin/api/actors");
     let actors = json(&body)["actors"].as_array().unwrap().clone();
     let alpha = actors.iter().find(|a| a["namespace"] == "alpha").unwrap();
     assert_eq!(alpha["kind"], "namespace");
     assert!(alpha["handled"].as_u64().unwrap() >= 31);
     assert!(actors.iter().any(|a| a["kind"] == "node"));
-    let (_, _, body) = get(&n, "/__admin/api/node", &[]);
+    let (_, _, body) = admin(&n, "/__admin/api/node");
     let node = &json(&body)["node"];
     assert!(node["memory_rss_bytes"].as_u64().unwrap() > 1_000_000);
     assert!(node["http_requests"].as_u64().unwrap() >= 40);
     assert_eq!(node["namespaces_running"], 2);
-    let (_, _, body) = get(&n, "/__admin/api/history", &[]);
+    let (_, _, body) = admin(&n, "/__admin/api/history");
     let h = json(&body);
     let points = h["points"].as_array().unwrap();
     assert!(points.len() >= 3, "{body}");
@@ -289,7 +294,7 @@ fn pubsub_numbers_match_metrics() {
         assert_eq!(s, 200, "{body}");
     };
     let row = |ns: &str| -> serde_json::Value {
-        let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+        let (_, _, body) = admin(&n, "/__admin/api/namespaces");
         json(&body)["namespaces"]
             .as_array()
             .unwrap()
@@ -305,7 +310,7 @@ fn pubsub_numbers_match_metrics() {
         publish(&a, "t2");
         publish(&b, "t1");
         // Before the first tick lists them the rows are missing: keep publishing.
-        let (_, _, body) = get(&n, "/__admin/api/namespaces", &[]);
+        let (_, _, body) = admin(&n, "/__admin/api/namespaces");
         let moving = |ns: &str| {
             json(&body)["namespaces"]
                 .as_array()
@@ -343,7 +348,7 @@ fn pubsub_numbers_match_metrics() {
         assert!(published > 0.0);
         assert_eq!(r["publishes"].as_f64(), Some(published), "{ns}: {r}");
     }
-    let (_, _, body) = get(&n, "/__admin/api/node", &[]);
+    let (_, _, body) = admin(&n, "/__admin/api/node");
     assert_eq!(json(&body)["node"]["ws_subscribers"], 4, "{body}");
     assert_eq!(json(&body)["node"]["ws_connections"], 4, "{body}");
     // Closing the sockets brings subscribers and topics back to zero.
@@ -417,7 +422,7 @@ fn stream_sends_a_snapshot_every_tick() {
     let key = n.create_namespace("alpha");
     // A first use starts the namespace's supervisor, so the next tick lists it.
     assert_eq!(n.with_key(&key, "PUT", "/v1/kv/a", Some(b"1")).0, 200);
-    let (s, h, body) = stream_for(&n, "/__admin/api/stream", &[], Duration::from_millis(2600));
+    let (s, h, body) = stream_for(&n, "/__admin/api/stream", &[("authorization", &format!("Bearer {OPERATOR_KEY}"))], Duration::from_millis(2600));
     assert_eq!(s, 200);
     assert!(
         header(&h, "content-type")

@@ -469,7 +469,8 @@ fn set(table: &mut toml::Table, section: &str, key: &str, value: toml::Value) {
     }
 }
 
-/// `MESHGATE_<SECTION>_<KEY>=value`; the value is read as TOML when it parses, else as a string.
+/// `MESHGATE_<SECTION>_<KEY>=value`; the value is read as TOML when it parses, else as a
+/// string. A list setting also takes a comma-separated list (`a,b`; empty: no items).
 fn apply_env(
     table: &mut toml::Table,
     defaults: &toml::Table,
@@ -628,6 +629,9 @@ mod tests {
         assert_eq!(err.0.len(), 3, "{:?}", err.0);
         assert!(
             err.0.iter().all(|e| e.starts_with("cluster.etcd")),
+                toml::Value::Array(_) if !raw.trim_start().starts_with('[') => {
+                    env_list(raw, |v| fits(defaults, section, key, v))
+                }
             "{:?}",
             err.0
         );
@@ -643,4 +647,149 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.0.len(), 2, "{:?}", err.0);
     }
+/// A comma-separated list from the environment. The items are strings, unless
+/// the setting takes other values (numbers, booleans): then each item is read
+/// as TOML where it parses. A value neither reading fits is left as strings,
+/// for `check_keys` to name.
+fn env_list(raw: &str, fits: impl Fn(&toml::Value) -> bool) -> toml::Value {
+    let items: Vec<&str> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    let strings = toml::Value::Array(
+        items
+            .iter()
+            .map(|i| toml::Value::String(i.to_string()))
+            .collect(),
+    );
+    if fits(&strings) {
+        return strings;
+    }
+    let typed = toml::Value::Array(
+        items
+            .iter()
+            .map(|i| match format!("v = {i}").parse::<toml::Table>() {
+                Ok(mut t) => t.remove("v").expect("parsed"),
+                Err(_) => toml::Value::String(i.to_string()),
+            })
+            .collect(),
+    );
+    if fits(&typed) { typed } else { strings }
 }
+
+/// Whether the defaults with `section.key` set to `value` deserialize.
+fn fits(defaults: &toml::Table, section: &str, key: &str, value: &toml::Value) -> bool {
+    let mut probe = defaults.clone();
+    set(&mut probe, section, key, value.clone());
+    toml::Value::Table(probe).try_into::<Config>().is_ok()
+}
+
+}
+    /// Every list setting, present and future, takes a comma-separated list
+    /// from the environment as well as a TOML array; an empty value is no items.
+    #[test]
+    fn every_list_setting_takes_a_comma_list_from_the_environment() {
+        let defaults = toml::Table::try_from(Config::default()).unwrap();
+        let mut lists = 0;
+        for (section, keys) in &defaults {
+            for (key, default) in keys.as_table().unwrap() {
+                if !default.is_array() {
+                    continue;
+                }
+                lists += 1;
+                let name = format!("MESHGATE_{}_{}", section.to_uppercase(), key.to_uppercase());
+                for (raw, want) in [
+                    ("10.0.0.1", vec!["10.0.0.1"]),
+                    (" 10.0.0.1 , 10.0.0.2,", vec!["10.0.0.1", "10.0.0.2"]),
+                    ("[\"10.0.0.3\"]", vec!["10.0.0.3"]),
+                    ("", vec![]),
+                ] {
+                    let mut table = toml::Table::new();
+                    let mut errors = Vec::new();
+                    apply_env(
+                        &mut table,
+                        &defaults,
+                        &[(name.clone(), raw.to_string())],
+                        &mut errors,
+                    );
+                    assert!(errors.is_empty(), "{name}={raw:?}: {errors:?}");
+                    let got = &table[section.as_str()][key.as_str()];
+                    let want = toml::Value::Array(
+                        want.into_iter()
+                            .map(|w| toml::Value::String(w.into()))
+                            .collect(),
+                    );
+                    assert_eq!(got, &want, "{name}={raw:?}");
+                    let mut problems = Vec::new();
+                    check_keys(&table, &defaults, &mut problems);
+                    assert!(problems.is_empty(), "{name}={raw:?}: {problems:?}");
+                }
+            }
+        }
+        assert!(lists >= 3, "only {lists} list settings found");
+    }
+
+    /// A comma list is read as strings, or as typed TOML items when the
+    /// setting takes those; neither fitting, strings are kept for the type error.
+    #[test]
+    fn comma_list_items_follow_the_setting_type() {
+        let ints = |v: &toml::Value| v.as_array().unwrap().iter().all(|i| i.is_integer());
+        let strs = |v: &toml::Value| v.as_array().unwrap().iter().all(|i| i.is_str());
+        assert_eq!(
+            env_list("1, 2", ints),
+            toml::Value::Array(vec![toml::Value::Integer(1), toml::Value::Integer(2)])
+        );
+        assert_eq!(
+            env_list("1,x", strs),
+            toml::Value::Array(vec![
+                toml::Value::String("1".into()),
+                toml::Value::String("x".into())
+            ])
+        );
+        assert_eq!(
+            env_list("1,x", ints),
+            toml::Value::Array(vec![
+                toml::Value::String("1".into()),
+                toml::Value::String("x".into())
+            ])
+        );
+    }
+
+    /// `MESHGATE_CLUSTER_ETCD` takes one endpoint, or several comma-separated,
+    /// and still validates each; a non-list setting keeps refusing a bad value.
+    #[test]
+    fn etcd_endpoints_from_a_comma_list() {
+        let c = load_str("", &[("MESHGATE_CLUSTER_ETCD", "http://127.0.0.1:2379")]).unwrap();
+        assert_eq!(c.cluster.etcd, ["http://127.0.0.1:2379"]);
+        let c = load_str(
+            "[cluster]\netcd = [\"http://file:2379\"]\n",
+            &[(
+                "MESHGATE_CLUSTER_ETCD",
+                "http://127.0.0.1:2379,http://127.0.0.2:2379",
+            )],
+        )
+        .unwrap();
+        assert_eq!(
+            c.cluster.etcd,
+            ["http://127.0.0.1:2379", "http://127.0.0.2:2379"]
+        );
+        let err = load_str(
+            "",
+            &[(
+                "MESHGATE_CLUSTER_ETCD",
+                "http://127.0.0.1:2379,127.0.0.2:2379",
+            )],
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 1, "{:?}", err.0);
+        assert!(err.0[0].contains("\"127.0.0.2:2379\""), "{:?}", err.0);
+        let c = load_str(
+            "",
+            &[("MESHGATE_RATE_LIMIT_TRUSTED_PROXIES", "10.0.0.1,::1")],
+        )
+        .unwrap();
+        assert_eq!(c.rate_limit.trusted_proxies, ["10.0.0.1", "::1"]);
+        assert!(load_str("", &[("MESHGATE_SERVER_WORKERS", "1,2")]).is_err());
+    }
+

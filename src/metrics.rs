@@ -66,7 +66,8 @@ pub struct Inner {
     /// (the batch waits and is retried).
     pub mesh_deferred: IntCounter,
     /// Mesh messages dropped, by reason (`queue_full`, `backlog_full`, `no_peers`,
-    /// `too_large`, `publish_failed`, `decode`, `bad_origin`, `duplicate`, `stale`).
+    /// `too_large`, `publish_failed`, `decode`, `bad_origin`, `duplicate`, `stale`;
+    /// at the namespace's supervisor: `mailbox_full`, `namespace_stopped`).
     pub mesh_dropped: IntCounterVec,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
     pub mesh_gaps_skipped: IntCounter,

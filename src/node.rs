@@ -403,11 +403,14 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
     actix_web::rt::spawn(async move {
         while let Some((ns, topic, data, timestamp)) = rx.recv().await {
             match n.locate(&ns).await {
-                Ok(h) => h.addr.do_send(crate::actors::FromMesh {
-                    topic,
-                    data,
-                    timestamp,
-                }),
+                Ok(h) => {
+                    let msg = crate::actors::FromMesh {
+                        topic,
+                        data,
+                        timestamp,
+                    };
+                    msg.send_to(&h.addr, &h.stats, &n.metrics);
+                }
                 Err(e) => {
                     tracing::debug!(namespace = %ns, error = %e, "Mesh message for a namespace not here.")
                 }
@@ -503,6 +506,11 @@ pub fn num_cpus() -> usize {
 }
 
 impl RunningNode {
+        // No sled store creates the data folder here, yet the node's keys
+        // (server secret, JWT key, mesh key) and the module cache live in it.
+        let dir = &config.server.data_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("the data folder {} is not usable: {e}", dir.display()))?;
     /// Finishes start-up work, then serves until SIGTERM or SIGINT, then drains.
     pub async fn run_until_signal(mut self) -> anyhow::Result<()> {
         let delay = self.node.config.debug.startup_delay_ms;

@@ -19,7 +19,7 @@ pub use namespace::{
 pub use node::{
     ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,
 };
-pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile};
+pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
     FromMesh, Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscribe, UnsubscribeAll,
 };

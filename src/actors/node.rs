@@ -202,7 +202,8 @@ impl Handler<Locate> for NodeSupervisor {
     }
 }
 
-/// Sent when a namespace is deleted: its supervisor stops and is forgotten.
+/// Sent when a namespace is deleted (with `do_send`, past admission: it must
+/// not be refused): its supervisor stops and is forgotten. No reply.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Forget {
@@ -212,7 +213,8 @@ pub struct Forget {
 impl Handler<Forget> for NodeSupervisor {
     type Result = ();
     fn handle(&mut self, msg: Forget, _: &mut Context<Self>) {
-        let _t = self.stats.begin();
+        // Sent with `do_send`, past admission: it holds no slot to give back.
+        let _t = self.stats.timer();
         if let Some(h) = self.namespaces.0.write().remove(&msg.name) {
             h.addr.do_send(Stop);
         }

@@ -84,6 +84,12 @@ impl ActorStats {
     /// Called by a handler as it takes a message out of the mailbox.
     pub fn begin(self: &Arc<Self>) -> HandleTimer {
         self.cancel();
+        self.timer()
+    }
+
+    /// Times a message that was sent past admission (it took no slot, so it
+    /// gives none back); `begin` for every other message.
+    pub fn timer(self: &Arc<Self>) -> HandleTimer {
         HandleTimer {
             stats: self.clone(),
             start: Instant::now(),
@@ -183,6 +189,32 @@ impl ActorDirectory {
             .iter()
             .filter_map(Weak::upgrade)
             .collect()
+    }
+}
+
+/// Sends `msg` through the actor's bounded admission without waiting for a
+/// reply. `Overloaded` (the mailbox is full) or `Gone`: the message was dropped.
+pub fn tell<A, M>(addr: &Addr<A>, stats: &ActorStats, msg: M) -> Result<(), AskError>
+where
+    A: Actor + Handler<M>,
+    A::Context: ToEnvelope<A, M>,
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    if !stats.admit() {
+        return Err(AskError::Overloaded);
+    }
+    match addr.try_send(msg) {
+        Ok(()) => Ok(()),
+        Err(actix::dev::SendError::Full(_)) => {
+            stats.cancel();
+            stats.overloaded.inc();
+            Err(AskError::Overloaded)
+        }
+        Err(actix::dev::SendError::Closed(_)) => {
+            stats.cancel();
+            Err(AskError::Gone)
+        }
     }
 }
 

@@ -4,6 +4,8 @@
 //! delivered and acknowledged in the order it sent them.
 
 use super::namespace::{NamespaceSupervisor, NsError, NsResult};
+use super::stats::{ActorStats, AskError, tell};
+use crate::metrics::Metrics;
 use crate::pubsub::{Member, Origin, PresenceEvent, SubscriberRef, TopicInfo};
 use actix::prelude::*;
 use bytes::Bytes;
@@ -181,7 +183,8 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
     }
 }
 
-/// Sent by the cluster mesh (through `node.locate(ns)`) for a message
+/// Sent by the cluster mesh (through `node.locate(ns)` and [`FromMesh::send_to`],
+/// the bounded admission) for a message
 /// published on another node: delivered to this node's subscribers only, with
 /// the origin's timestamp. Never forwarded back into the mesh and fires no
 /// pub/sub triggers (the origin node fired them). No reply.
@@ -192,6 +195,33 @@ pub struct FromMesh {
     pub data: Bytes,
     /// When the origin node accepted the message (ms since the Unix epoch).
     pub timestamp: u64,
+}
+
+/// Why a mesh message was dropped at a namespace's supervisor: the label of
+/// `meshgate_mesh_messages_dropped_total`.
+pub const MESH_DROP_MAILBOX_FULL: &str = "mailbox_full";
+/// The supervisor stopped (its namespace was deleted) before taking the message.
+pub const MESH_DROP_NAMESPACE_STOPPED: &str = "namespace_stopped";
+
+impl FromMesh {
+    /// Hands the message to the namespace's supervisor through the same
+    /// bounded admission as a local publish. Over the bound (or with the
+    /// supervisor gone) it is dropped and counted in
+    /// `meshgate_mesh_messages_dropped_total` by reason. Returns whether it was admitted.
+    pub fn send_to(
+        self,
+        addr: &Addr<NamespaceSupervisor>,
+        stats: &ActorStats,
+        metrics: &Metrics,
+    ) -> bool {
+        let reason = match tell(addr, stats, self) {
+            Ok(()) => return true,
+            Err(AskError::Overloaded | AskError::Timeout) => MESH_DROP_MAILBOX_FULL,
+            Err(AskError::Gone) => MESH_DROP_NAMESPACE_STOPPED,
+        };
+        metrics.mesh_dropped.with_label_values(&[reason]).inc();
+        false
+    }
 }
 
 impl Handler<FromMesh> for NamespaceSupervisor {
@@ -254,5 +284,60 @@ impl Handler<Topics> for NamespaceSupervisor {
             act.exists()?;
             Ok(act.topics.list())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::ActorDirectory;
+    use crate::storage::Store;
+    use std::time::{Duration, Instant};
+
+    /// Mesh messages take a mailbox slot like local ones: over the bound they
+    /// are dropped and counted (`mailbox_full`), and the depth gauge, counted
+    /// in at admission and out by the handler, ends at 0, never below.
+    #[actix_rt::test]
+    async fn from_mesh_goes_through_admission() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Metrics::new();
+        let stats = ActorDirectory::default().register(&metrics, "namespace", "chat", 4);
+        let store = Store::open_sled(dir.path()).unwrap();
+        let addr = NamespaceSupervisor::new("chat".into(), store, stats.clone(), 4).start();
+        let gauge = metrics
+            .actor_mailbox_depth
+            .with_label_values(&["namespace", metrics.ns_label("chat").as_str()]);
+        // No await between the sends: the supervisor (on this thread) takes none yet.
+        let admitted = (0..10)
+            .filter(|i| {
+                FromMesh {
+                    topic: "room".into(),
+                    data: Bytes::from(i.to_string()),
+                    timestamp: 0,
+                }
+                .send_to(&addr, &stats, &metrics)
+            })
+            .count();
+        assert_eq!(admitted, 4);
+        assert_eq!(gauge.get(), 4);
+        let dropped = |reason| metrics.mesh_dropped.with_label_values(&[reason]).get();
+        assert_eq!(dropped(MESH_DROP_MAILBOX_FULL), 6);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.handled() < 4 {
+            assert!(gauge.get() >= 0, "depth {}", gauge.get());
+            assert!(Instant::now() < deadline, "handled {}", stats.handled());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(gauge.get(), 0);
+        // The slots are free again.
+        assert!(
+            FromMesh {
+                topic: "room".into(),
+                data: Bytes::from_static(b"again"),
+                timestamp: 0,
+            }
+            .send_to(&addr, &stats, &metrics)
+        );
+        assert_eq!(dropped(MESH_DROP_MAILBOX_FULL), 6);
     }
 }

@@ -4,7 +4,7 @@
 //! `cargo bench --bench jwt_verify`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use meshgate::auth::{Claims, HopIdentity, HopKey, HopVersion, JwtKeys, parse_api_key};
+use meshgate::auth::{Claims, HopIdentity, HopKey, HopRequest, HopVersion, JwtKeys, parse_api_key};
 use std::hint::black_box;
 
 const NOW: u64 = 1_700_000_000;
@@ -55,10 +55,17 @@ fn bench(c: &mut Criterion) {
     });
     let hop = HopKey::from_secret(b"0123456789abcdef0123456789abcdef");
     let id = HopIdentity::from_claims(&claims);
-    let mac = hop.sign(HopVersion::V2, "GET", "/v1/kv/x", &id, NOW);
+    let digest = meshgate::auth::hop_body_sha256(b"");
+    let req = HopRequest {
+        method: "GET",
+        path: "/v1/kv/x",
+        query: "",
+        body_sha256: &digest,
+    };
+    let mac = hop.sign(HopVersion::V4, &req, &id, NOW);
     g.bench_function("hop_mac_verify", |b| {
         b.iter(|| {
-            hop.verify(black_box(&[mac.as_str()]), "GET", "/v1/kv/x", &id, NOW)
+            hop.verify(black_box(&[mac.as_str()]), &req, &id, NOW)
                 .is_ok()
         })
     });

@@ -109,6 +109,12 @@ pub struct ClusterConfig {
     /// Seconds between re-registrations in the node and mesh registries
     /// (their entries live four times as long).
     pub register_seconds: u64,
+    /// PEM bundle of the CA(s) that sign the nodes' certificates: a member
+    /// whose `advertise` is `https://` is forwarded to over TLS and trusted
+    /// only if its certificate chains to one of these (never to public
+    /// roots). Needed when this node's `advertise` is `https://`. Empty: an
+    /// `https://` member cannot be forwarded to.
+    pub peer_ca_file: String,
 }
 
 impl Default for ClusterConfig {
@@ -122,6 +128,7 @@ impl Default for ClusterConfig {
             breaker_failures: 5,
             breaker_probe_seconds: 30,
             register_seconds: 15,
+            peer_ca_file: String::new(),
         }
     }
 }
@@ -427,6 +434,7 @@ impl Config {
         if self.tls.reload_check_seconds == 0 {
             errors.push("tls.reload_check_seconds: must be > 0".into());
         }
+        self.check_peer_ca(&mut errors);
         let d = &self.deploy;
         if d.max_site_bytes == 0
             || d.max_site_files == 0
@@ -451,6 +459,45 @@ impl Config {
             Ok(())
         } else {
             Err(ConfigError(errors))
+        }
+    }
+
+    /// `cluster.peer_ca_file`: readable PEM with at least one certificate,
+    /// and set whenever this node advertises `https://` (its peers are then
+    /// TLS too, and are never checked against public roots).
+    fn check_peer_ca(&self, errors: &mut Vec<String>) {
+        use rustls_pki_types::CertificateDer;
+        use rustls_pki_types::pem::PemObject;
+        let c = &self.cluster;
+        if c.peer_ca_file.is_empty() {
+            if c.advertise.starts_with("https://") {
+                errors.push(format!(
+                    "cluster.advertise {:?} is https://: set cluster.peer_ca_file to the CA bundle that signs the nodes' certificates",
+                    c.advertise
+                ));
+            }
+            return;
+        }
+        match CertificateDer::pem_file_iter(&c.peer_ca_file)
+            .map(|it| it.collect::<Result<Vec<_>, _>>())
+        {
+            Err(e) => errors.push(format!(
+                "cluster.peer_ca_file: cannot read {}: {e}",
+                c.peer_ca_file
+            )),
+            Ok(Err(e)) => errors.push(format!(
+                "cluster.peer_ca_file: {} is not PEM: {e}",
+                c.peer_ca_file
+            )),
+            Ok(Ok(certs)) => {
+                let (usable, _) = rustls::RootCertStore::empty().add_parsable_certificates(certs);
+                if usable == 0 {
+                    errors.push(format!(
+                        "cluster.peer_ca_file: {} holds no usable CA certificate",
+                        c.peer_ca_file
+                    ));
+                }
+            }
         }
     }
 
@@ -589,6 +636,71 @@ mod tests {
             err.0
         );
     }
+
+    /// `cluster.peer_ca_file`: required by an https:// advertise, set by its
+    /// environment variable, and refused when unreadable or without a
+    /// certificate.
+    #[test]
+    fn peer_ca_file() {
+        let err = load_str("[cluster]\nadvertise = \"https://10.0.0.1:8443\"\n", &[]).unwrap_err();
+        assert!(
+            err.0.iter().any(|e| e.contains("cluster.peer_ca_file")),
+            "{:?}",
+            err.0
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, TEST_CA_PEM).unwrap();
+        let ca = ca.to_str().unwrap();
+        let c = load_str(
+            "[cluster]\nadvertise = \"https://10.0.0.1:8443\"\n",
+            &[("MESHGATE_CLUSTER_PEER_CA_FILE", ca)],
+        )
+        .unwrap();
+        assert_eq!(c.cluster.peer_ca_file, ca);
+        let missing = dir.path().join("missing.pem");
+        let err = load_str(&format!("[cluster]\npeer_ca_file = {:?}\n", missing), &[]).unwrap_err();
+        assert!(
+            err.0
+                .iter()
+                .any(|e| e.starts_with("cluster.peer_ca_file: cannot read")),
+            "{:?}",
+            err.0
+        );
+        // No PEM block at all, and a block that is no certificate.
+        for (name, text) in [
+            ("empty.pem", "no certificate\n"),
+            (
+                "junk.pem",
+                "-----BEGIN CERTIFICATE-----\nMAAA\n-----END CERTIFICATE-----\n",
+            ),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = load_str(&format!("[cluster]\npeer_ca_file = {path:?}\n"), &[]).unwrap_err();
+            assert!(
+                err.0
+                    .iter()
+                    .any(|e| e.contains("holds no usable CA certificate")),
+                "{name}: {:?}",
+                err.0
+            );
+        }
+    }
+
+    /// A self-signed CA (P-256), only ever parsed.
+    const TEST_CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBmDCCAT+gAwIBAgIUYPMQGMDCVnBr/GmDckjx8Ah5aqEwCgYIKoZIzj0EAwIw
+IjEgMB4GA1UEAwwXbWVzaGdhdGUgY29uZmlnIHRlc3QgQ0EwHhcNMjYxMjAxMDIz
+MjI3WhcNMzYxMTI4MDIzMjI3WjAiMSAwHgYDVQQDDBdtZXNoZ2F0ZSBjb25maWcg
+dGVzdCBDQTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABAwLTFubmfoeUAm36SE1
+O0UoTFCxM9Q/1b9sbH3Kqj3F098doiYbMrobt6wpRVGWFp29QzFxo+ym8pWtba6Y
+9oSjUzBRMB0GA1UdDgQWBBQ2Phj00jd5SW1pvrn3ik3lqBl56zAfBgNVHSMEGDAW
+gBQ2Phj00jd5SW1pvrn3ik3lqBl56zAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49
+BAMCA0cAMEQCIF4X18I+Meh0QyiHnyJQg9veZMwsFeYAFzZkJmF2w7T8AiBzcUlU
+PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
+-----END CERTIFICATE-----
+";
 
     /// The example `config.toml` at the repository root lists every key with its default.
     #[test]

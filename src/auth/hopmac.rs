@@ -1,4 +1,4 @@
-//! The cluster hop MAC (DESIGN §6).
+//! The cluster hop MAC.
 //!
 //! A node that forwards a request to another member sends the identity it
 //! resolved in `X-Internal-Auth-*` headers and authenticates them with
@@ -10,23 +10,33 @@
 //! v1: label, method, path, namespace, subject, custom, grants, timestamp
 //! v2: label, method, path, namespace, subject, custom, grants, exp, iat, jti, timestamp
 //! v3: ... v2 fields ..., exp, iat, jti, device, session, timestamp
+//! v4: label, method, path, query, namespace, subject, custom, grants,
+//!     exp, iat, jti, device, session, body_sha256, timestamp
 //! ```
 //!
 //! (absent optional fields are empty strings; the timestamp is always
-//! last). The receiver judges a request by the newest MAC it carries,
-//! alone, within ±60 s.
+//! last). V4 adds the query string and the SHA-256 of the body, which the
+//! forwarder also sends as `X-Internal-Auth-Body-SHA256` and the receiver
+//! recomputes over the bytes it actually got. The receiver judges a request
+//! by the newest MAC it carries, alone, within ±60 s, and believes V4 only
+//! ([`HOP_ACCEPTED_VERSION`]): a V1–V3 MAC leaves the query and the body
+//! open to change on the way, so it is refused like a wrong one. Older
+//! versions can still be produced by [`HopKey::sign`] so that their refusal
+//! can be shown.
 
 use std::fmt;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use ring::{hkdf, hmac};
+use ring::{digest, hkdf, hmac};
 
 use super::error::{AuthError, Result};
 use super::jwt::Claims;
 
 /// How far a MAC's timestamp may be from `now`, in seconds.
 pub const HOP_MAC_WINDOW: u64 = 60;
+/// The only version [`HopKey::verify`] believes.
+pub const HOP_ACCEPTED_VERSION: HopVersion = HopVersion::V4;
 /// At most this many MAC values are looked at; more is malformed.
 const MAX_MACS: usize = 16;
 const HKDF_INFO: &[u8] = b"internal-auth-hop";
@@ -45,10 +55,12 @@ pub const HOP_EXP_HEADER: &str = "X-Internal-Auth-Exp";
 pub const HOP_IAT_HEADER: &str = "X-Internal-Auth-Iat";
 /// The token's `jti` (v2+).
 pub const HOP_JTI_HEADER: &str = "X-Internal-Auth-Jti";
-/// The device id (v3).
+/// The device id (v3+).
 pub const HOP_DEVICE_HEADER: &str = "X-Internal-Auth-Device";
-/// The session id (v3).
+/// The session id (v3+).
 pub const HOP_SESSION_HEADER: &str = "X-Internal-Auth-Session";
+/// Lower-case hex SHA-256 of the request body as the forwarder sent it (v4).
+pub const HOP_BODY_SHA256_HEADER: &str = "X-Internal-Auth-Body-SHA256";
 /// The version label the sender used (informational; see [`HopKey::verify`]).
 pub const HOP_VERSION_HEADER: &str = "X-Internal-Auth-Version";
 /// `<unix>.<64 hex>`.
@@ -57,7 +69,7 @@ pub const HOP_MAC_HEADER: &str = "X-Internal-Auth-MAC";
 /// header with it unless the MAC holds.
 pub const HOP_HEADER_PREFIX: &str = "x-internal-auth-";
 /// Every hop header.
-pub const HOP_HEADERS: [&str; 11] = [
+pub const HOP_HEADERS: [&str; 12] = [
     HOP_NAMESPACE_HEADER,
     HOP_SUBJECT_HEADER,
     HOP_GRANTS_HEADER,
@@ -67,6 +79,7 @@ pub const HOP_HEADERS: [&str; 11] = [
     HOP_JTI_HEADER,
     HOP_DEVICE_HEADER,
     HOP_SESSION_HEADER,
+    HOP_BODY_SHA256_HEADER,
     HOP_VERSION_HEADER,
     HOP_MAC_HEADER,
 ];
@@ -80,15 +93,18 @@ pub enum HopVersion {
     V2,
     /// Adds device and session.
     V3,
+    /// Adds the query string and the body's SHA-256.
+    V4,
 }
 
 impl HopVersion {
-    /// `v1`, `v2` or `v3`.
+    /// `v1` … `v4`.
     pub fn label(self) -> &'static str {
         match self {
             HopVersion::V1 => "v1",
             HopVersion::V2 => "v2",
             HopVersion::V3 => "v3",
+            HopVersion::V4 => "v4",
         }
     }
 
@@ -98,6 +114,7 @@ impl HopVersion {
             "v1" => Some(HopVersion::V1),
             "v2" => Some(HopVersion::V2),
             "v3" => Some(HopVersion::V3),
+            "v4" => Some(HopVersion::V4),
             _ => None,
         }
     }
@@ -107,6 +124,34 @@ impl fmt::Display for HopVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.label())
     }
+}
+
+/// What of the request a MAC covers beside the identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HopRequest<'a> {
+    /// The HTTP method.
+    pub method: &'a str,
+    /// The URI path, as sent.
+    pub path: &'a str,
+    /// The query string without its `?` (empty if none) (v4).
+    pub query: &'a str,
+    /// Lower-case hex SHA-256 of the body ([`body_sha256`]) (v4).
+    pub body_sha256: &'a str,
+}
+
+impl HopRequest<'_> {
+    /// A newline would let one field pose as two.
+    fn is_macable(&self) -> bool {
+        [self.method, self.path, self.query, self.body_sha256]
+            .iter()
+            .all(|s| !s.contains(['\n', '\r']))
+    }
+}
+
+/// Lower-case hex SHA-256 of a body, as carried in
+/// [`HOP_BODY_SHA256_HEADER`] (an empty body has a digest too).
+pub fn body_sha256(body: &[u8]) -> String {
+    hex::encode(digest::digest(&digest::SHA256, body).as_ref())
 }
 
 /// The identity a forwarding node resolved, as carried in the hop headers.
@@ -126,9 +171,9 @@ pub struct HopIdentity {
     pub iat: Option<u64>,
     /// The token's `jti` (v2+).
     pub jti: Option<String>,
-    /// Device id (v3).
+    /// Device id (v3+).
     pub device: Option<String>,
-    /// Session id (v3).
+    /// Session id (v3+).
     pub session: Option<String>,
 }
 
@@ -204,33 +249,44 @@ impl HopKey {
         HopKey(hmac::Key::from(okm))
     }
 
-    /// The `X-Internal-Auth-MAC` value for this hop at `now`.
+    /// The `X-Internal-Auth-MAC` value for this hop at `now`. Versions
+    /// before v4 leave `req.query` and `req.body_sha256` out (and are
+    /// refused by [`HopKey::verify`]).
     pub fn sign(
         &self,
         version: HopVersion,
-        method: &str,
-        path: &str,
+        req: &HopRequest,
         id: &HopIdentity,
         now: u64,
     ) -> String {
-        let tag = hmac::sign(
-            &self.0,
-            mac_input(version, method, path, id, now).as_bytes(),
-        );
+        let tag = hmac::sign(&self.0, mac_input(version, req, id, now).as_bytes());
         format!("{now}.{}", hex::encode(tag.as_ref()))
+    }
+
+    /// Every hop header of a v4 hop for `req` at `now`: what a forwarder
+    /// sends.
+    pub fn sign_headers(
+        &self,
+        req: &HopRequest,
+        id: &HopIdentity,
+        now: u64,
+    ) -> Vec<(&'static str, String)> {
+        let mac = self.sign(HopVersion::V4, req, id, now);
+        to_headers(id, HopVersion::V4, req.body_sha256, &mac)
     }
 
     /// Judges a request by the newest MAC among all `X-Internal-Auth-MAC`
     /// values (each may itself be a comma-joined list), alone: if it is
     /// bad, an older good one does not help. The MAC must be within
-    /// ±[`HOP_MAC_WINDOW`] of `now` and of a version that covers every
-    /// field set in `id` (v1 can never vouch for a device header, say).
-    /// Returns the version that matched.
+    /// ±[`HOP_MAC_WINDOW`] of `now` and of [`HOP_ACCEPTED_VERSION`] (v4,
+    /// which covers every identity field, the query and the body digest):
+    /// a MAC of an older version does not match. `req.body_sha256` is the
+    /// digest the sender claims; the caller compares it with the body it
+    /// received. Returns the version that matched.
     pub fn verify(
         &self,
         header_values: &[&str],
-        method: &str,
-        path: &str,
+        req: &HopRequest,
         id: &HopIdentity,
         now: u64,
     ) -> Result<HopVersion> {
@@ -253,26 +309,18 @@ impl HopKey {
         if now.abs_diff(newest) > HOP_MAC_WINDOW {
             return Err(AuthError::MacExpired);
         }
-        if !id.is_macable() {
+        if !id.is_macable() || !req.is_macable() {
             return Err(AuthError::MalformedMac(
-                "newline or comma in an identity field",
+                "newline or comma in an identity or request field",
             ));
         }
-        let versions = [HopVersion::V3, HopVersion::V2, HopVersion::V1];
-        let mut matched = None;
+        let version = HOP_ACCEPTED_VERSION;
+        let input = mac_input(version, req, id, newest);
         // Several values with the same newest timestamp must all hold.
         for (_, tag) in macs.iter().filter(|(ts, _)| *ts == newest) {
-            let v = versions
-                .into_iter()
-                .filter(|v| *v >= id.min_version())
-                .find(|v| {
-                    let input = mac_input(*v, method, path, id, newest);
-                    hmac::verify(&self.0, input.as_bytes(), tag).is_ok()
-                })
-                .ok_or(AuthError::BadMac)?;
-            matched = Some(matched.map_or(v, |m: HopVersion| m.min(v)));
+            hmac::verify(&self.0, input.as_bytes(), tag).map_err(|_| AuthError::BadMac)?;
         }
-        matched.ok_or(AuthError::BadMac)
+        Ok(version)
     }
 }
 
@@ -293,18 +341,18 @@ fn parse_mac(s: &str) -> Result<(u64, [u8; 32])> {
     Ok((ts, out))
 }
 
-fn mac_input(version: HopVersion, method: &str, path: &str, id: &HopIdentity, ts: u64) -> String {
+fn mac_input(version: HopVersion, req: &HopRequest, id: &HopIdentity, ts: u64) -> String {
     let num = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
-    let grants = id.grants.join(",");
-    let mut fields: Vec<String> = vec![
-        version.label().into(),
-        method.into(),
-        path.into(),
+    let mut fields: Vec<String> = vec![version.label().into(), req.method.into(), req.path.into()];
+    if version >= HopVersion::V4 {
+        fields.push(req.query.into());
+    }
+    fields.extend([
         id.namespace.clone(),
         id.subject.clone(),
         id.custom.clone(),
-        grants,
-    ];
+        id.grants.join(","),
+    ]);
     if version >= HopVersion::V2 {
         fields.push(num(id.exp));
         fields.push(num(id.iat));
@@ -314,14 +362,23 @@ fn mac_input(version: HopVersion, method: &str, path: &str, id: &HopIdentity, ts
         fields.push(id.device.clone().unwrap_or_default());
         fields.push(id.session.clone().unwrap_or_default());
     }
+    if version >= HopVersion::V4 {
+        fields.push(req.body_sha256.into());
+    }
     fields.push(ts.to_string());
     fields.join("\n")
 }
 
 /// The hop headers for `id` under `version` with the `mac` from
-/// [`HopKey::sign`]. Fields the version does not cover are left out, so
-/// the receiver never sees an unauthenticated field.
-pub fn to_headers(id: &HopIdentity, version: HopVersion, mac: &str) -> Vec<(&'static str, String)> {
+/// [`HopKey::sign`] and, for v4, the body digest it covered. Fields the
+/// version does not cover are left out, so the receiver never sees an
+/// unauthenticated field.
+pub fn to_headers(
+    id: &HopIdentity,
+    version: HopVersion,
+    body_sha256: &str,
+    mac: &str,
+) -> Vec<(&'static str, String)> {
     let mut h = vec![
         (HOP_NAMESPACE_HEADER, id.namespace.clone()),
         (HOP_SUBJECT_HEADER, id.subject.clone()),
@@ -346,6 +403,9 @@ pub fn to_headers(id: &HopIdentity, version: HopVersion, mac: &str) -> Vec<(&'st
         if let Some(session) = &id.session {
             h.push((HOP_SESSION_HEADER, session.clone()));
         }
+    }
+    if version >= HopVersion::V4 {
+        h.push((HOP_BODY_SHA256_HEADER, body_sha256.into()));
     }
     h.push((HOP_VERSION_HEADER, version.label().into()));
     h.push((HOP_MAC_HEADER, mac.into()));
@@ -430,6 +490,7 @@ mod tests {
     use std::collections::HashMap;
 
     const NOW: u64 = 1_700_000_000;
+    const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
     fn key() -> HopKey {
         HopKey::from_secret(b"cluster-secret-cluster-secret-32")
@@ -445,6 +506,15 @@ mod tests {
         }
     }
 
+    fn id_v2() -> HopIdentity {
+        HopIdentity {
+            exp: Some(1),
+            iat: Some(2),
+            jti: Some("j".into()),
+            ..id()
+        }
+    }
+
     fn id_v3() -> HopIdentity {
         HopIdentity {
             exp: Some(NOW + 900),
@@ -456,30 +526,168 @@ mod tests {
         }
     }
 
-    /// Each version signs and verifies; the verifier reports the version.
+    /// A PUT with a query and a body, as a forwarder would sign it.
+    fn put(digest: &str) -> HopRequest<'_> {
+        HopRequest {
+            method: "PUT",
+            path: "/v1/kv/x",
+            query: "ttl=60&if=none",
+            body_sha256: digest,
+        }
+    }
+
+    fn get(path: &str) -> HopRequest<'_> {
+        HopRequest {
+            method: "GET",
+            path,
+            query: "",
+            body_sha256: EMPTY_SHA256,
+        }
+    }
+
+    /// The digest is SHA-256 in lower-case hex (FIPS 180-2 vectors).
     #[test]
-    fn round_trip_each_version() {
+    fn body_digest() {
+        assert_eq!(body_sha256(b""), EMPTY_SHA256);
+        assert_eq!(
+            body_sha256(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    /// V4 signs and verifies for every identity shape; the verifier reports V4.
+    #[test]
+    fn round_trip_v4() {
+        let k = key();
+        let digest = body_sha256(b"hello");
+        for ident in [id(), id_v2(), id_v3()] {
+            let mac = k.sign(HopVersion::V4, &put(&digest), &ident, NOW);
+            assert!(mac.starts_with(&format!("{NOW}.")));
+            assert_eq!(
+                k.verify(&[&mac], &put(&digest), &ident, NOW).unwrap(),
+                HopVersion::V4
+            );
+        }
+    }
+
+    /// A MAC of v1, v2 or v3, however well made, is refused: they do not
+    /// cover the query or the body.
+    #[test]
+    fn older_versions_refused() {
         let k = key();
         for (v, ident) in [
             (HopVersion::V1, id()),
-            (
-                HopVersion::V2,
-                HopIdentity {
-                    exp: Some(1),
-                    iat: Some(2),
-                    jti: Some("j".into()),
-                    ..id()
-                },
-            ),
+            (HopVersion::V2, id_v2()),
             (HopVersion::V3, id_v3()),
         ] {
-            let mac = k.sign(v, "POST", "/v1/kv/x", &ident, NOW);
-            assert!(mac.starts_with(&format!("{NOW}.")));
-            assert_eq!(
-                k.verify(&[&mac], "POST", "/v1/kv/x", &ident, NOW).unwrap(),
-                v
+            let mac = k.sign(v, &put(EMPTY_SHA256), &ident, NOW);
+            assert!(
+                matches!(
+                    k.verify(&[&mac], &put(EMPTY_SHA256), &ident, NOW),
+                    Err(AuthError::BadMac)
+                ),
+                "{v}"
             );
         }
+        // Nor does an old MAC help beside a newer v4 one that is bad.
+        let old = k.sign(HopVersion::V3, &put(EMPTY_SHA256), &id(), NOW);
+        let bad = format!("{NOW}.{}", "ab".repeat(32));
+        assert!(matches!(
+            k.verify(&[&old, &bad], &put(EMPTY_SHA256), &id(), NOW),
+            Err(AuthError::BadMac)
+        ));
+    }
+
+    /// V4 covers every field: the MAC of one request does not verify once
+    /// any one of method, path, query, body digest, an identity field or the
+    /// timestamp is changed.
+    #[test]
+    fn v4_covers_every_field() {
+        let k = key();
+        let digest = body_sha256(b"value");
+        let req = put(&digest);
+        let ident = id_v3();
+        let mac = k.sign(HopVersion::V4, &req, &ident, NOW);
+        assert!(k.verify(&[&mac], &req, &ident, NOW).is_ok());
+
+        let other_digest = body_sha256(b"valuE");
+        let requests: Vec<(&str, HopRequest)> = vec![
+            (
+                "method",
+                HopRequest {
+                    method: "POST",
+                    ..req
+                },
+            ),
+            (
+                "path",
+                HopRequest {
+                    path: "/v1/kv/y",
+                    ..req
+                },
+            ),
+            (
+                "query",
+                HopRequest {
+                    query: "ttl=61&if=none",
+                    ..req
+                },
+            ),
+            ("query dropped", HopRequest { query: "", ..req }),
+            (
+                "body",
+                HopRequest {
+                    body_sha256: &other_digest,
+                    ..req
+                },
+            ),
+            (
+                "body empty",
+                HopRequest {
+                    body_sha256: EMPTY_SHA256,
+                    ..req
+                },
+            ),
+            (
+                "body digest missing",
+                HopRequest {
+                    body_sha256: "",
+                    ..req
+                },
+            ),
+        ];
+        for (what, r) in requests {
+            assert!(
+                matches!(k.verify(&[&mac], &r, &ident, NOW), Err(AuthError::BadMac)),
+                "{what} altered yet verified"
+            );
+        }
+        let changes: Vec<(&str, fn(&mut HopIdentity))> = vec![
+            ("namespace", |i| i.namespace = "evil".into()),
+            ("subject", |i| i.subject = "root".into()),
+            ("custom", |i| i.custom = "{\"tier\":\"platinum\"}".into()),
+            ("grants", |i| i.grants.push("*:*:*".into())),
+            ("exp", |i| i.exp = Some(NOW + 99_999)),
+            ("iat", |i| i.iat = None),
+            ("jti", |i| i.jti = Some("j2".into())),
+            ("device", |i| i.device = Some("stolen".into())),
+            ("session", |i| i.session = None),
+        ];
+        for (what, change) in changes {
+            let mut other = ident.clone();
+            change(&mut other);
+            assert!(
+                matches!(k.verify(&[&mac], &req, &other, NOW), Err(AuthError::BadMac)),
+                "{what} altered yet verified"
+            );
+        }
+        // The tag moved to another timestamp.
+        let (_, tag) = mac.split_once('.').unwrap();
+        let moved = format!("{}.{tag}", NOW + 1);
+        assert!(matches!(
+            k.verify(&[&moved], &req, &ident, NOW),
+            Err(AuthError::BadMac)
+        ));
     }
 
     /// No MAC header, or only empty values.
@@ -487,11 +695,11 @@ mod tests {
     fn missing_mac() {
         let k = key();
         assert!(matches!(
-            k.verify(&[], "GET", "/", &id(), NOW),
+            k.verify(&[], &get("/"), &id(), NOW),
             Err(AuthError::MissingMac)
         ));
         assert!(matches!(
-            k.verify(&["", " , "], "GET", "/", &id(), NOW),
+            k.verify(&["", " , "], &get("/"), &id(), NOW),
             Err(AuthError::MissingMac)
         ));
     }
@@ -510,7 +718,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    k.verify(&[bad], "GET", "/", &id(), NOW),
+                    k.verify(&[bad], &get("/"), &id(), NOW),
                     Err(AuthError::MalformedMac(_))
                 ),
                 "{bad}"
@@ -518,14 +726,14 @@ mod tests {
         }
         let wrong = format!("{NOW}.{}", "0".repeat(64));
         assert!(matches!(
-            k.verify(&[&wrong], "GET", "/", &id(), NOW),
+            k.verify(&[&wrong], &get("/"), &id(), NOW),
             Err(AuthError::BadMac)
         ));
         // Signed by another cluster.
         let other =
-            HopKey::from_secret(b"another-secret").sign(HopVersion::V1, "GET", "/", &id(), NOW);
+            HopKey::from_secret(b"another-secret").sign(HopVersion::V4, &get("/"), &id(), NOW);
         assert!(matches!(
-            k.verify(&[&other], "GET", "/", &id(), NOW),
+            k.verify(&[&other], &get("/"), &id(), NOW),
             Err(AuthError::BadMac)
         ));
     }
@@ -534,43 +742,16 @@ mod tests {
     #[test]
     fn window() {
         let k = key();
-        let mac = k.sign(HopVersion::V1, "GET", "/", &id(), NOW);
-        assert!(k.verify(&[&mac], "GET", "/", &id(), NOW + 60).is_ok());
-        assert!(k.verify(&[&mac], "GET", "/", &id(), NOW - 60).is_ok());
+        let mac = k.sign(HopVersion::V4, &get("/"), &id(), NOW);
+        assert!(k.verify(&[&mac], &get("/"), &id(), NOW + 60).is_ok());
+        assert!(k.verify(&[&mac], &get("/"), &id(), NOW - 60).is_ok());
         assert!(matches!(
-            k.verify(&[&mac], "GET", "/", &id(), NOW + 61),
+            k.verify(&[&mac], &get("/"), &id(), NOW + 61),
             Err(AuthError::MacExpired)
         ));
         assert!(matches!(
-            k.verify(&[&mac], "GET", "/", &id(), NOW - 61),
+            k.verify(&[&mac], &get("/"), &id(), NOW - 61),
             Err(AuthError::MacExpired)
-        ));
-    }
-
-    /// A MAC for another path, method, or identity does not verify.
-    #[test]
-    fn bound_to_request() {
-        let k = key();
-        let mac = k.sign(HopVersion::V1, "GET", "/v1/kv/a", &id(), NOW);
-        assert!(matches!(
-            k.verify(&[&mac], "GET", "/v1/kv/b", &id(), NOW),
-            Err(AuthError::BadMac)
-        ));
-        assert!(matches!(
-            k.verify(&[&mac], "PUT", "/v1/kv/a", &id(), NOW),
-            Err(AuthError::BadMac)
-        ));
-        let mut other = id();
-        other.grants.push("*:*:*".into());
-        assert!(matches!(
-            k.verify(&[&mac], "GET", "/v1/kv/a", &other, NOW),
-            Err(AuthError::BadMac)
-        ));
-        let mut other = id();
-        other.namespace = "evil".into();
-        assert!(matches!(
-            k.verify(&[&mac], "GET", "/v1/kv/a", &other, NOW),
-            Err(AuthError::BadMac)
         ));
     }
 
@@ -579,63 +760,32 @@ mod tests {
     #[test]
     fn newest_judged_alone() {
         let k = key();
-        let good_old = k.sign(HopVersion::V1, "GET", "/", &id(), NOW - 10);
+        let r = get("/");
+        let good_old = k.sign(HopVersion::V4, &r, &id(), NOW - 10);
         let bad_new = format!("{}.{}", NOW - 5, "ab".repeat(32));
         assert!(matches!(
-            k.verify(&[&good_old, &bad_new], "GET", "/", &id(), NOW),
+            k.verify(&[&good_old, &bad_new], &r, &id(), NOW),
             Err(AuthError::BadMac)
         ));
         let joined = format!("{good_old}, {bad_new}");
         assert!(matches!(
-            k.verify(&[&joined], "GET", "/", &id(), NOW),
+            k.verify(&[&joined], &r, &id(), NOW),
             Err(AuthError::BadMac)
         ));
 
-        let good_new = k.sign(HopVersion::V1, "GET", "/", &id(), NOW);
+        let good_new = k.sign(HopVersion::V4, &r, &id(), NOW);
         let bad_old = format!("{}.{}", NOW - 5, "ab".repeat(32));
-        assert!(
-            k.verify(&[&bad_old, &good_new], "GET", "/", &id(), NOW)
-                .is_ok()
-        );
+        assert!(k.verify(&[&bad_old, &good_new], &r, &id(), NOW).is_ok());
         // The newest outside the window fails.
-        let stale = k.sign(HopVersion::V1, "GET", "/", &id(), NOW - 100);
+        let stale = k.sign(HopVersion::V4, &r, &id(), NOW - 100);
         assert!(matches!(
-            k.verify(&[&stale], "GET", "/", &id(), NOW),
+            k.verify(&[&stale], &r, &id(), NOW),
             Err(AuthError::MacExpired)
         ));
         // A future-dated bad MAC outranks a good current one.
         let future_bad = format!("{}.{}", NOW + 30, "cd".repeat(32));
         assert!(matches!(
-            k.verify(&[&good_new, &future_bad], "GET", "/", &id(), NOW),
-            Err(AuthError::BadMac)
-        ));
-    }
-
-    /// A v1 MAC cannot vouch for v2/v3 fields added by an attacker.
-    #[test]
-    fn no_downgrade() {
-        let k = key();
-        let mac = k.sign(HopVersion::V1, "GET", "/", &id(), NOW);
-        let mut with_device = id();
-        with_device.device = Some("stolen".into());
-        assert!(matches!(
-            k.verify(&[&mac], "GET", "/", &with_device, NOW),
-            Err(AuthError::BadMac)
-        ));
-        let mut with_exp = id();
-        with_exp.exp = Some(NOW + 999);
-        assert!(matches!(
-            k.verify(&[&mac], "GET", "/", &with_exp, NOW),
-            Err(AuthError::BadMac)
-        ));
-        // A v3 MAC over empty v3 fields does not verify once one is added.
-        let mac3 = k.sign(HopVersion::V3, "GET", "/", &id(), NOW);
-        assert_eq!(
-            k.verify(&[&mac3], "GET", "/", &id(), NOW).unwrap(),
-            HopVersion::V3
-        );
-        assert!(matches!(
-            k.verify(&[&mac3], "GET", "/", &with_device, NOW),
+            k.verify(&[&good_new, &future_bad], &r, &id(), NOW),
             Err(AuthError::BadMac)
         ));
     }
@@ -646,20 +796,30 @@ mod tests {
         let k = key();
         let mut bad = id();
         bad.subject = "a\nb".into();
-        let mac = k.sign(HopVersion::V1, "GET", "/", &bad, NOW);
+        let mac = k.sign(HopVersion::V4, &get("/"), &bad, NOW);
         assert!(matches!(
-            k.verify(&[&mac], "GET", "/", &bad, NOW),
+            k.verify(&[&mac], &get("/"), &bad, NOW),
+            Err(AuthError::MalformedMac(_))
+        ));
+        let r = HopRequest {
+            query: "a\nb",
+            ..get("/")
+        };
+        let mac = k.sign(HopVersion::V4, &r, &id(), NOW);
+        assert!(matches!(
+            k.verify(&[&mac], &r, &id(), NOW),
             Err(AuthError::MalformedMac(_))
         ));
     }
 
-    /// Headers round-trip through `to_headers` / `from_headers` and verify.
+    /// Headers round-trip through `sign_headers` / `from_headers` and verify;
+    /// the body digest travels in its own header.
     #[test]
     fn headers_round_trip() {
         let k = key();
-        for (v, ident) in [(HopVersion::V1, id()), (HopVersion::V3, id_v3())] {
-            let mac = k.sign(v, "GET", "/x", &ident, NOW);
-            let headers = to_headers(&ident, v, &mac);
+        let digest = body_sha256(b"payload");
+        for ident in [id(), id_v3()] {
+            let headers = k.sign_headers(&put(&digest), &ident, NOW);
             let map: HashMap<String, String> = headers
                 .iter()
                 .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
@@ -674,17 +834,19 @@ mod tests {
                     .iter()
                     .all(|(_, v)| v.bytes().all(|b| (0x20..0x7f).contains(&b)))
             );
+            assert_eq!(map["x-internal-auth-version"], "v4");
+            assert_eq!(map["x-internal-auth-body-sha256"], digest);
             let back = from_headers(|n| map.get(&n.to_ascii_lowercase()).cloned()).unwrap();
             assert_eq!(back, ident);
-            let got = map.get("x-internal-auth-mac").unwrap();
-            assert_eq!(k.verify(&[got], "GET", "/x", &back, NOW).unwrap(), v);
+            let got = &map["x-internal-auth-mac"];
+            let r = put(&map["x-internal-auth-body-sha256"]);
+            assert_eq!(k.verify(&[got], &r, &back, NOW).unwrap(), HopVersion::V4);
         }
-        // v1 headers leave the v3 fields out.
-        let h = to_headers(&id_v3(), HopVersion::V1, "m");
-        assert!(
-            !h.iter()
-                .any(|(n, _)| *n == HOP_DEVICE_HEADER || *n == HOP_EXP_HEADER)
-        );
+        // v1 headers leave the v2+ fields and the digest out.
+        let h = to_headers(&id_v3(), HopVersion::V1, &digest, "m");
+        assert!(!h.iter().any(|(n, _)| *n == HOP_DEVICE_HEADER
+            || *n == HOP_EXP_HEADER
+            || *n == HOP_BODY_SHA256_HEADER));
         // Missing subject, or a bad number.
         assert!(from_headers(|n| (n == HOP_NAMESPACE_HEADER).then(|| "a".into())).is_none());
         assert!(
@@ -720,17 +882,42 @@ mod tests {
     proptest! {
         /// The MAC header parser and verifier never panic.
         #[test]
-        fn verify_never_panics(a in ".{0,100}", b in "[0-9]{0,22}\\.[0-9a-fA-F]{0,66}", now in any::<u64>()) {
+        fn verify_never_panics(
+            a in ".{0,100}",
+            b in "[0-9]{0,22}\\.[0-9a-fA-F]{0,66}",
+            q in ".{0,40}",
+            now in any::<u64>(),
+        ) {
             let k = key();
             let _ = parse_mac(&a);
             let _ = parse_mac(&b);
-            let _ = k.verify(&[&a, &b], "GET", "/", &id(), now);
+            let r = HopRequest { method: "GET", path: "/", query: &q, body_sha256: &a };
+            let _ = k.verify(&[&a, &b], &r, &id(), now);
         }
 
         /// `from_headers` never panics on arbitrary values.
         #[test]
         fn from_headers_never_panics(v in ".{0,40}") {
             let _ = from_headers(|_| Some(v.clone()));
+        }
+
+        /// A v4 MAC holds for exactly the query and body it was made for:
+        /// any other query or body is refused.
+        #[test]
+        fn query_and_body_bound(
+            q in "[a-z0-9=&%]{0,30}",
+            q2 in "[a-z0-9=&%]{0,30}",
+            body in proptest::collection::vec(any::<u8>(), 0..64),
+            body2 in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let k = key();
+            let (d, d2) = (body_sha256(&body), body_sha256(&body2));
+            let r = HopRequest { method: "PUT", path: "/v1/kv/k", query: &q, body_sha256: &d };
+            let mac = k.sign(HopVersion::V4, &r, &id(), NOW);
+            prop_assert!(k.verify(&[&mac], &r, &id(), NOW).is_ok());
+            let other = HopRequest { query: &q2, body_sha256: &d2, ..r };
+            let same = q == q2 && body == body2;
+            prop_assert_eq!(k.verify(&[&mac], &other, &id(), NOW).is_ok(), same);
         }
     }
 }

@@ -1,47 +1,130 @@
 //! The receiving side of a cluster hop (DESIGN.md §6): an `X-Internal-Auth-*`
-//! identity is believed only with a valid hop MAC over this request's method and
-//! path, judged by the newest MAC alone, within ±60 s. A node without a cluster
-//! secret believes no hop. The gate deletes the headers either way, so the MAC
-//! is consumed here and never forwarded.
+//! identity is believed only with a valid hop MAC (V4) over this request's
+//! method, path, query string and body digest, judged by the newest MAC alone,
+//! within ±60 s. A node without a cluster secret believes no hop. Once the MAC
+//! holds, the body is read (bounded like the forwarder's) and its SHA-256
+//! compared with the digest the MAC covered: a mismatch refuses the request
+//! (401 `HOP_BODY_MISMATCH`), so a body changed on the way is never acted on.
+//! The same bytes are then handed on to the handler. The gate deletes the
+//! headers either way, so the MAC is consumed here and never forwarded.
 
 use super::chain::Identity;
-use crate::auth::{self, HOP_MAC_HEADER};
+use super::error::ApiError;
+use crate::auth::{
+    self, HOP_ACCEPTED_VERSION, HOP_BODY_SHA256_HEADER, HOP_MAC_HEADER, HOP_VERSION_HEADER,
+    HopRequest,
+};
 use crate::node::Node;
-use actix_web::dev::ServiceRequest;
+use actix_web::HttpMessage;
+use actix_web::dev::{Payload, ServiceRequest};
+use actix_web::http::StatusCode;
+use actix_web::http::header;
+use bytes::BytesMut;
+use futures_util::StreamExt;
 
-/// The identity a valid hop carries, or None.
-pub fn verify_hop(node: &Node, req: &ServiceRequest) -> Option<Identity> {
-    let key = node.hop_key.as_ref()?;
+/// The identity a valid hop carries (`Ok(None)`: no hop, or one not
+/// believed: its headers are simply dropped). `Err` is the request's answer:
+/// a hop whose MAC holds but whose body is not the one it was made for, or
+/// is larger than a hop may carry.
+pub async fn verify_hop(
+    node: &Node,
+    req: &mut ServiceRequest,
+) -> Result<Option<Identity>, ApiError> {
+    let Some(key) = node.hop_key.as_ref() else {
+        return Ok(None);
+    };
     let headers = req.headers();
     let macs: Vec<&str> = headers
         .get_all(HOP_MAC_HEADER)
         .filter_map(|v| v.to_str().ok())
         .collect();
     if macs.is_empty() {
-        return None;
+        return Ok(None);
     }
-    let hop = auth::hop_from_headers(|name| {
+    let get = |name: &str| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
-    })?;
+    };
+    let Some(hop) = auth::hop_from_headers(get) else {
+        return Ok(None);
+    };
+    let claimed = get(HOP_BODY_SHA256_HEADER).unwrap_or_default();
+    let signed = HopRequest {
+        method: req.method().as_str(),
+        path: req.path(),
+        query: req.query_string(),
+        body_sha256: &claimed,
+    };
     let now = crate::http::routes::now();
-    match key.verify(&macs, req.method().as_str(), req.path(), &hop, now) {
-        Ok(_) => Some(Identity {
-            subject: hop.subject.clone(),
-            namespace: Some(hop.namespace.clone()),
-            grants: hop.grants.iter().filter_map(|g| g.parse().ok()).collect(),
-            operator: false,
-            kind: "hop",
-            custom: serde_json::from_str(&hop.custom).unwrap_or(serde_json::Value::Null),
-            jti: hop.jti.clone(),
-            exp: hop.exp,
-            iat: hop.iat,
-        }),
-        Err(e) => {
+    if let Err(e) = key.verify(&macs, &signed, &hop, now) {
+        let version = get(HOP_VERSION_HEADER).unwrap_or_default();
+        if version != HOP_ACCEPTED_VERSION.label() {
+            tracing::warn!(error = %e, version = %version, accepted = %HOP_ACCEPTED_VERSION, "Hop refused: this node believes only the accepted MAC version (every node of a cluster must run the same release); its identity headers are dropped.");
+        } else {
             tracing::warn!(error = %e, "Hop refused; its identity headers are dropped.");
-            None
         }
+        return Ok(None);
     }
+    check_body(node, req, &claimed).await?;
+    Ok(Some(Identity {
+        subject: hop.subject.clone(),
+        namespace: Some(hop.namespace.clone()),
+        grants: hop.grants.iter().filter_map(|g| g.parse().ok()).collect(),
+        operator: false,
+        kind: "hop",
+        custom: serde_json::from_str(&hop.custom).unwrap_or(serde_json::Value::Null),
+        jti: hop.jti.clone(),
+        exp: hop.exp,
+        iat: hop.iat,
+    }))
+}
+
+/// Reads the body (at most [`hop_body_limit`](crate::placement::peer::hop_body_limit)
+/// bytes), compares its SHA-256 with `claimed`, and puts the same bytes back
+/// for the handler. An upgrade's payload is the socket's frames, not a body:
+/// it is left alone and the hop must have been made for an empty body.
+async fn check_body(node: &Node, req: &mut ServiceRequest, claimed: &str) -> Result<(), ApiError> {
+    let path = req.path().to_string();
+    let mismatch = || {
+        tracing::warn!(path = %path, "Hop refused: its body is not the one its MAC was made for.");
+        ApiError::unauthorized(
+            "HOP_BODY_MISMATCH",
+            "the body of this hop is not the one its MAC was made for",
+        )
+    };
+    if req.headers().contains_key(header::UPGRADE) {
+        return if claimed == auth::hop_body_sha256(b"") {
+            Ok(())
+        } else {
+            Err(mismatch())
+        };
+    }
+    let limit = crate::placement::peer::hop_body_limit(&node.config);
+    let too_large = || ApiError::too_large(format!("the body is larger than {limit} bytes"));
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut payload = req.take_payload();
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "MALFORMED_BODY", e.to_string()))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    let body = buf.freeze();
+    if auth::hop_body_sha256(&body) != claimed {
+        return Err(mismatch());
+    }
+    req.set_payload(Payload::from(body));
+    Ok(())
 }

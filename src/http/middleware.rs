@@ -165,20 +165,28 @@ impl Drop for InFlight {
 }
 
 /// Step 1: deletes every `X-Internal-Auth-*` header unless a valid hop MAC came
-/// with it (checked by the cluster module when this node is in a cluster).
-pub async fn internal_auth_gate(
+/// with it (checked by the cluster module when this node is in a cluster). A
+/// hop whose MAC holds but whose body was changed is refused here.
+pub async fn internal_auth_gate<B: MessageBody + 'static>(
     mut req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, Error> {
     let node = node(&req);
     let has_internal = req
         .headers()
         .keys()
         .any(|k| k.as_str().starts_with(INTERNAL_PREFIX));
     if has_internal {
-        let hop = crate::http::hop::verify_hop(&node, &req);
-        if let Some(identity) = hop {
-            req.extensions_mut().insert(identity);
+        match crate::http::hop::verify_hop(&node, &mut req).await {
+            Ok(Some(identity)) => {
+                req.extensions_mut().insert(identity);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Ok(req
+                    .into_response(e.error_response_owned())
+                    .map_into_right_body());
+            }
         }
         let names: Vec<HeaderName> = req
             .headers()
@@ -191,7 +199,9 @@ pub async fn internal_auth_gate(
             headers.remove(n);
         }
     }
-    next.call(req).await
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
 }
 
 /// Step 2: puts the matched route's policy on the request. Every path of a host

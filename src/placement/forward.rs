@@ -2,17 +2,18 @@
 //! just before the handler. Served here when this node is a member (or the
 //! namespace has no members, or the request already came by hop); otherwise
 //! sent to the member the credential hashes to, then the others, skipping
-//! members whose breaker is open. A member that refused the connection is
-//! passed over while no body was sent; a member reached that failed is not
-//! retried. Failures of the member itself (refused or timed-out connection,
-//! a 502/503/504 its gateway produced) count against its breaker.
+//! members whose breaker is open. The body is read whole first (bounded by
+//! [`hop_body_limit`], 413 above) because the hop MAC (V4) covers its
+//! SHA-256 along with the method, path, query and identity. A member that
+//! could not be connected to (refused, unreachable, or a TLS certificate not
+//! signed by `peer_ca_file`) is passed over; a member reached that failed is
+//! not retried. Failures of the member itself (failed or timed-out
+//! connection, a 502/503/504 its gateway produced) count against its breaker.
 
+use super::peer::{PeerTimeouts, hop_body_limit, peer_client};
 use super::{Admit, rendezvous};
-use crate::auth::{HopIdentity, HopVersion, canonical_json};
-use crate::deploy::proxy::{
-    ProxyTimeouts, body_kind, body_untouched, client, connection_listed, is_hop_by_hop, send_once,
-    stream_response,
-};
+use crate::auth::{HopIdentity, HopRequest, canonical_json, hop_body_sha256};
+use crate::deploy::proxy::{connection_listed, is_hop_by_hop, stream_response};
 use crate::http::{ApiError, Identity, Policy, Target};
 use crate::node::Node;
 use actix_web::body::{EitherBody, MessageBody};
@@ -21,8 +22,8 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
-use std::cell::RefCell;
-use std::rc::Rc;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
 use std::time::Duration;
 
 /// Names the member that served a forwarded request.
@@ -139,6 +140,33 @@ pub async fn cluster_forward<B: MessageBody + 'static>(
     Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }
 
+/// The client's body, read whole up to `limit` bytes (413 above, before
+/// reading when its Content-Length already says so).
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: actix_web::dev::Payload,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let too_large = || ApiError::too_large(format!("the body is larger than {limit} bytes"));
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request("MALFORMED_BODY", e.to_string()))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
 async fn forward(
     n: &Node,
     req: &HttpRequest,
@@ -158,20 +186,28 @@ async fn forward(
     let handle = n.locate(target).await?;
     let breakers = handle.breakers.clone();
     let hop = hop_identity(id, target);
+    // Sockets are never forwarded (see `members_elsewhere`), so the body is
+    // a finite one: read it whole, as its digest goes into the MAC.
+    let body = read_body(req, payload, hop_body_limit(&n.config)).await?;
+    let digest = hop_body_sha256(&body);
+    let had_body = !body.is_empty() || req.headers().contains_key(header::CONTENT_LENGTH);
     let path = req.path();
+    let query = req.query_string();
     let pq = req
         .uri()
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or(path);
     let listed = connection_listed(req.headers());
-    let kind = body_kind(req);
-    let slot = Rc::new(RefCell::new(Some(payload)));
-    let t = ProxyTimeouts {
+    let t = PeerTimeouts {
         connect: Duration::from_secs(n.config.deploy.connect_timeout_seconds),
         response: Duration::from_secs(n.config.deploy.upstream_timeout_seconds),
     };
-    let client = client(t);
+    let peer_ca = &n.config.cluster.peer_ca_file;
+    let client = peer_client(peer_ca, t).map_err(|e| {
+        tracing::error!(error = %e, "No client for other members.");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "NO_MEMBER_AVAILABLE", e).retry_after(1)
+    })?;
     let request_id = req
         .extensions()
         .get::<crate::http::RequestId>()
@@ -195,14 +231,31 @@ async fn forward(
             breakers.failure(member);
             continue;
         };
-        let now = crate::http::now();
-        let mac = key.sign(HopVersion::V3, req.method().as_str(), path, &hop, now);
+        if base.starts_with("https://") && peer_ca.is_empty() {
+            // Public roots are never trusted for a peer: without the peers'
+            // CA this member cannot be checked, so it is not used.
+            n.metrics
+                .forwards
+                .with_label_values(&["member_unreachable"])
+                .inc();
+            breakers.failure(member);
+            set_state(n, target, member, &breakers);
+            tracing::warn!(namespace = target, member = %member, advertise = %base, "Member not forwarded to: it advertises https:// and [cluster] peer_ca_file is not set.");
+            continue;
+        }
+        let signed = HopRequest {
+            method: req.method().as_str(),
+            path,
+            query,
+            body_sha256: &digest,
+        };
         let mut creq = client
             .request(req.method().clone(), format!("{base}{pq}"))
             .no_decompress();
         for (k, v) in req.headers() {
             if k == header::HOST
                 || k == header::AUTHORIZATION
+                || k == header::CONTENT_LENGTH
                 || k.as_str() == "x-api-key"
                 || k.as_str().starts_with("x-internal-auth-")
                 || is_hop_by_hop(k, &listed)
@@ -211,7 +264,7 @@ async fn forward(
             }
             creq = creq.append_header((k.clone(), v.clone()));
         }
-        for (k, v) in crate::auth::hop_to_headers(&hop, HopVersion::V3, &mac) {
+        for (k, v) in key.sign_headers(&signed, &hop, crate::http::now()) {
             if let (Ok(k), Ok(v)) = (
                 HeaderName::from_bytes(k.as_bytes()),
                 HeaderValue::from_str(&v),
@@ -222,7 +275,11 @@ async fn forward(
         if let Some(rid) = &request_id {
             creq = creq.insert_header(("x-request-id", rid.as_str()));
         }
-        let sent = send_once(creq, kind, &slot).await;
+        let sent = if had_body {
+            creq.send_body(body.clone()).await
+        } else {
+            creq.send().await
+        };
         match sent {
             Ok(res) => {
                 let gateway_fault = matches!(res.status().as_u16(), 502..=504)
@@ -246,9 +303,12 @@ async fn forward(
                 return Ok(out);
             }
             Err(e) => {
-                let refused = matches!(e, awc::error::SendRequestError::Connect(_));
+                // Not connected (refused, unreachable, TLS handshake or
+                // certificate refused): the member never saw the request,
+                // and the body is still here for the next one.
+                let unconnected = matches!(e, awc::error::SendRequestError::Connect(_));
                 let timed_out = matches!(e, awc::error::SendRequestError::Timeout);
-                if refused || timed_out {
+                if unconnected || timed_out {
                     n.metrics
                         .forwards
                         .with_label_values(&["member_unreachable"])
@@ -256,8 +316,8 @@ async fn forward(
                     breakers.failure(member);
                     set_state(n, target, member, &breakers);
                 }
-                tracing::warn!(namespace = target, member = %member, error = %e, "Forward to a member failed.");
-                if !refused || !body_untouched(kind, &slot) {
+                tracing::warn!(namespace = target, member = %member, advertise = %base, error = %e, "Forward to a member failed.");
+                if !unconnected {
                     return Err(ApiError::new(
                         if timed_out {
                             StatusCode::GATEWAY_TIMEOUT

@@ -3,7 +3,7 @@
 
 use crate::common::*;
 use base64::Engine;
-use meshgate::auth::{Claims, HopIdentity, HopKey, HopVersion, JwtKeys};
+use meshgate::auth::{Claims, HopIdentity, HopKey, HopRequest, HopVersion, JwtKeys};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn now() -> u64 {
@@ -104,8 +104,20 @@ fn hop_id(ns: &str) -> HopIdentity {
     }
 }
 
+const EMPTY_BODY: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
 fn hop_headers(id: &HopIdentity, mac: &str) -> Vec<(&'static str, String)> {
-    meshgate::auth::hop_to_headers(id, HopVersion::V1, mac)
+    meshgate::auth::hop_to_headers(id, HopVersion::V4, EMPTY_BODY, mac)
+}
+
+/// A bodiless GET of `path`, as a forwarder signs it.
+fn get(path: &str) -> HopRequest<'_> {
+    HopRequest {
+        method: "GET",
+        path,
+        query: "",
+        body_sha256: EMPTY_BODY,
+    }
 }
 
 fn send_hop(node: &TestNode, path: &str, headers: Vec<(&'static str, String)>) -> (u16, String) {
@@ -115,7 +127,8 @@ fn send_hop(node: &TestNode, path: &str, headers: Vec<(&'static str, String)>) -
 }
 
 /// A forged X-Internal-Auth identity without a MAC is anonymous; a valid MAC is
-/// believed; a MAC older than 60 s, for another path, or with a bad tag is refused.
+/// believed; a MAC older than 60 s, for another path, with a bad tag, or of a
+/// version before v4 is refused.
 #[test]
 fn hop_mac_gate() {
     let secret = "cluster-secret-for-tests";
@@ -143,23 +156,29 @@ fn hop_mac_gate() {
         "{b}"
     );
     // Valid MAC: believed.
-    let mac = key.sign(HopVersion::V1, "GET", path, &id, now());
+    let mac = key.sign(HopVersion::V4, &get(path), &id, now());
     let (s, b) = send_hop(&node, path, hop_headers(&id, &mac));
     assert_eq!(s, 200, "{b}");
     assert_eq!(json(&b)["kind"], "hop");
     // Older than 60 s.
-    let old = key.sign(HopVersion::V1, "GET", path, &id, now() - 120);
+    let old = key.sign(HopVersion::V4, &get(path), &id, now() - 120);
     assert_eq!(send_hop(&node, path, hop_headers(&id, &old)).0, 401);
     // Signed for another path.
-    let other = key.sign(HopVersion::V1, "GET", "/v1/kv/x", &id, now());
+    let other = key.sign(HopVersion::V4, &get("/v1/kv/x"), &id, now());
     assert_eq!(send_hop(&node, path, hop_headers(&id, &other)).0, 401);
     // Signed with another secret.
-    let forged = HopKey::from_secret(b"wrong").sign(HopVersion::V1, "GET", path, &id, now());
+    let forged = HopKey::from_secret(b"wrong").sign(HopVersion::V4, &get(path), &id, now());
     assert_eq!(send_hop(&node, path, hop_headers(&id, &forged)).0, 401);
+    // A well-made MAC of an older version (no query, no body digest).
+    for v in [HopVersion::V1, HopVersion::V3] {
+        let old = key.sign(v, &get(path), &id, now());
+        let h = meshgate::auth::hop_to_headers(&id, v, EMPTY_BODY, &old);
+        assert_eq!(send_hop(&node, path, h).0, 401, "{v}");
+    }
     // A node without a cluster secret believes no hop, however well signed.
     let plain = TestNode::start();
     plain.create_namespace("hopns");
-    let mac = key.sign(HopVersion::V1, "GET", path, &id, now());
+    let mac = key.sign(HopVersion::V4, &get(path), &id, now());
     assert_eq!(send_hop(&plain, path, hop_headers(&id, &mac)).0, 401);
 }
 

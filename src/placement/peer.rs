@@ -1,0 +1,141 @@
+//! The node-to-node side of a hop: the HTTP client a forwarder uses, TLS to
+//! members that advertise `https://` (their certificate must chain to
+//! `[cluster] peer_ca_file`, never to public roots), and the bound on the
+//! bodies a hop buffers so that it can MAC their digest.
+
+use crate::config::Config;
+use rustls::RootCertStore;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Room beside the largest accepted part for multipart framing and the
+/// small fields that travel with it (a site's metadata, a function's name).
+const MULTIPART_SLACK: usize = 1 << 20;
+
+/// The largest body a hop carries, in bytes: the largest any route accepts
+/// (a JSON or raw body, a function module, a site tarball) plus
+/// [`MULTIPART_SLACK`]. The forwarder and the receiver both buffer up to it
+/// (more: 413 `PAYLOAD_TOO_LARGE`); the member's own per-route limits
+/// still apply to what fits.
+pub fn hop_body_limit(cfg: &Config) -> usize {
+    cfg.server
+        .max_body_bytes
+        .max(cfg.functions.max_module_bytes)
+        .max(cfg.deploy.max_site_bytes)
+        .saturating_add(MULTIPART_SLACK)
+}
+
+/// The roots of `peer_ca_file` (checked readable at start-up by the
+/// configuration). `Err` names the reason.
+pub fn load_peer_roots(path: &Path) -> Result<RootCertStore, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read cluster.peer_ca_file {}: {e}", path.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cluster.peer_ca_file {} is not PEM: {e}", path.display()))?;
+    let mut roots = RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(format!(
+            "cluster.peer_ca_file {} holds no usable CA certificate",
+            path.display()
+        ));
+    }
+    Ok(roots)
+}
+
+/// The TLS client config for members: the roots of `peer_ca_file`, or none
+/// at all (no `https://` member is trusted) when it is empty. HTTP/1.1.
+fn tls_config(peer_ca_file: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+    let roots = if peer_ca_file.is_empty() {
+        RootCertStore::empty()
+    } else {
+        load_peer_roots(Path::new(peer_ca_file))?
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Read once per process: the file is checked at start-up and a change
+/// needs a restart.
+static TLS: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+
+thread_local! {
+    static CLIENT: RefCell<Option<((Duration, Duration), awc::Client)>> = const { RefCell::new(None) };
+}
+
+/// Timeouts of a hop: to connect (TLS handshake included) and for the
+/// member's response head.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PeerTimeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
+
+/// The worker thread's client to other members (awc is single-threaded),
+/// with keep-alive connections and TLS trusting `peer_ca_file` only. `Err`
+/// if the CA file cannot be loaded.
+pub fn peer_client(peer_ca_file: &str, t: PeerTimeouts) -> Result<awc::Client, String> {
+    let tls = TLS.get_or_init(|| tls_config(peer_ca_file)).clone()?;
+    Ok(CLIENT.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some((key, client)) = c.as_ref()
+            && *key == (t.connect, t.response)
+        {
+            return client.clone();
+        }
+        // `rustls_0_23` after `max_http_version`, which would replace it.
+        let connector = awc::Connector::new()
+            .timeout(t.connect)
+            .max_http_version(actix_web::http::Version::HTTP_11)
+            .rustls_0_23(tls)
+            .limit(1024)
+            .conn_keep_alive(Duration::from_secs(30));
+        let client = awc::Client::builder()
+            .connector(connector)
+            .disable_redirects()
+            .no_default_headers()
+            .timeout(t.response)
+            .finish();
+        *c = Some(((t.connect, t.response), client.clone()));
+        client
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bound covers the largest route limit and then some.
+    #[test]
+    fn body_limit_covers_every_route() {
+        let mut cfg = Config::default();
+        cfg.server.max_body_bytes = 10;
+        cfg.functions.max_module_bytes = 20;
+        cfg.deploy.max_site_bytes = 30;
+        assert_eq!(hop_body_limit(&cfg), 30 + MULTIPART_SLACK);
+        cfg.server.max_body_bytes = 100;
+        assert_eq!(hop_body_limit(&cfg), 100 + MULTIPART_SLACK);
+    }
+
+    /// A file with no certificate, or none at all, is refused with its name.
+    #[test]
+    fn peer_roots_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "nothing here\n").unwrap();
+        let e = load_peer_roots(&empty).unwrap_err();
+        assert!(e.contains("empty.pem"), "{e}");
+        let e = load_peer_roots(&dir.path().join("missing.pem")).unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+    }
+}

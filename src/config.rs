@@ -68,6 +68,13 @@ pub struct DeployConfig {
     pub unhealthy_after_failures: u32,
     /// Seconds an unhealthy instance is skipped before it is tried again.
     pub unhealthy_seconds: u64,
+    /// Ranges (CIDR, or one address) opened to upstreams although the egress
+    /// policy forbids them by default (loopback, private, link-local, ...).
+    /// The node's own addresses stay forbidden unless an entry names the exact
+    /// address (`127.0.0.1/32`, or `127.0.0.1`).
+    pub upstream_allow: Vec<String>,
+    /// Ranges (CIDR, or one address) no upstream may reach; wins over `upstream_allow`.
+    pub upstream_deny: Vec<String>,
 }
 
 impl Default for DeployConfig {
@@ -80,6 +87,8 @@ impl Default for DeployConfig {
             upstream_timeout_seconds: 60,
             unhealthy_after_failures: 3,
             unhealthy_seconds: 10,
+            upstream_allow: Vec::new(),
+            upstream_deny: Vec::new(),
         }
     }
 }
@@ -446,6 +455,18 @@ impl Config {
                 "deploy.max_site_bytes, max_site_files, connect_timeout_seconds, upstream_timeout_seconds and unhealthy_after_failures: must be > 0"
                     .into(),
             );
+        }
+        for (key, list) in [
+            ("upstream_allow", &d.upstream_allow),
+            ("upstream_deny", &d.upstream_deny),
+        ] {
+            for r in list {
+                if crate::deploy::egress::parse_range(r).is_none() {
+                    errors.push(format!(
+                        "deploy.{key}: {r:?} is not a CIDR range (\"10.0.0.0/8\", \"fc00::/7\") or an IP address"
+                    ));
+                }
+            }
         }
         for e in &self.cluster.etcd {
             let host = e.strip_prefix("http://").unwrap_or_default();

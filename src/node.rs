@@ -336,6 +336,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     }
     crate::dashboard::spawn_sampler(&node);
     crate::functions::wake_namespaces_with_functions(&node);
+    // The node's own addresses, which no deployment upstream may reach.
+    crate::deploy::egress::note_node_addresses(&node, addr).await;
     let handle = server.handle();
     Ok(RunningNode {
         addr,

@@ -3,6 +3,7 @@
 //! hosts.
 //!
 //! - `model`: records, validation, store keys.
+//! - `egress`: which addresses an upstream may reach (at create and at connect).
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
@@ -15,6 +16,7 @@
 //! and swapped. In a cluster every node polls the generation and rebuilds its
 //! index when another node changed it.
 
+pub mod egress;
 pub mod index;
 pub mod model;
 pub mod proxy;
@@ -27,6 +29,7 @@ use crate::config::DeployConfig;
 use crate::http::ApiError;
 use crate::storage::{BatchOp, OrderedKv, Store};
 use actix_web::http::StatusCode;
+use egress::EgressPolicy;
 use index::{Bound, Index, Serve};
 use model::{
     DeploymentRecord, DeploymentVersion, HostClaim, RouteSpec, TargetSpec, dep_key, dep_prefix,
@@ -56,6 +59,8 @@ pub struct NewDeployment {
 pub struct Deployments {
     store: Store,
     pub config: DeployConfig,
+    /// Where upstreams may connect: checked at create, rollback and connect.
+    pub egress: Arc<EgressPolicy>,
     /// The node's gateway hosts (`base_domain` and `ns-*.<base_domain>`) that no
     /// deployment may take.
     base_domain: String,
@@ -111,6 +116,7 @@ impl Deployments {
     pub fn new(store: Store, config: DeployConfig, base_domain: String) -> Deployments {
         Deployments {
             store,
+            egress: Arc::new(EgressPolicy::from_config(&config)),
             config,
             base_domain,
             index: RwLock::new(Arc::new(Index::default())),
@@ -230,6 +236,7 @@ impl Deployments {
                         .or_insert_with(|| {
                             Arc::new(UpstreamPool::new(
                                 instances,
+                                self.egress.clone(),
                                 self.config.unhealthy_after_failures,
                                 Duration::from_secs(self.config.unhealthy_seconds),
                             ))
@@ -267,6 +274,8 @@ impl Deployments {
 
     /// Creates a deployment, or a new version of it, and makes it serve.
     pub async fn create(&self, ns: &str, new: NewDeployment) -> DeployResult<Value> {
+        // Where the upstream would connect, before anything is stored.
+        self.check_egress(&new.target).await?;
         for h in &new.hosts {
             if self.reserved_host(h) {
                 return Err(ApiError::bad_request(
@@ -327,6 +336,18 @@ impl Deployments {
         self.commit(ops).await?;
         tracing::info!(namespace = ns, deployment = %new.name, version, "Deployment created.");
         Ok(view(&rec, &ver, None))
+    }
+
+    /// Refuses upstream instances the egress policy forbids (400
+    /// `UPSTREAM_FORBIDDEN`): each literal address, each address a name
+    /// resolves to now.
+    async fn check_egress(&self, target: &TargetSpec) -> DeployResult<()> {
+        if let TargetSpec::Upstream { instances } = target {
+            for base in instances {
+                self.egress.check_instance(base).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Refuses hosts owned by another namespace (409).
@@ -495,6 +516,7 @@ impl Deployments {
             }
         };
         let ver = self.version(ns, name, target).await?;
+        self.check_egress(&ver.target).await?;
         self.check_hosts(ns, &ver.hosts).await?;
         rec.active = target;
         rec.updated_at = unix_now();
@@ -599,7 +621,10 @@ mod tests {
         let node = || {
             Arc::new(Deployments::new(
                 store.clone(),
-                DeployConfig::default(),
+                DeployConfig {
+                    upstream_allow: vec!["127.0.0.0/8".into()],
+                    ..DeployConfig::default()
+                },
                 "gateway.test".into(),
             ))
         };
@@ -671,6 +696,38 @@ mod tests {
         a.delete("n", "site").await.unwrap();
         assert!(b.follow().await.unwrap());
         assert!(b.index().host_namespace("www.test").is_none());
+    }
+
+    /// Rolling back checks the egress policy again: a node whose policy
+    /// forbids the old version's upstream refuses with 400
+    /// `UPSTREAM_FORBIDDEN` and the active version stays; its create refuses
+    /// the same upstream and stores nothing.
+    #[tokio::test]
+    async fn rollback_and_create_check_the_egress_policy() {
+        let (_d, open, _) = two_nodes();
+        let strict = Deployments::new(
+            open.store.clone(),
+            DeployConfig::default(),
+            "gateway.test".into(),
+        );
+        open.create("n", upstream("site", "www.test")).await.unwrap();
+        let mut v2 = upstream("site", "www.test");
+        v2.target = TargetSpec::Upstream {
+            instances: vec!["http://203.0.113.7:80".into()],
+        };
+        open.create("n", v2).await.unwrap();
+        let e = strict.rollback("n", "site", Some(1)).await.unwrap_err();
+        assert_eq!(e.code, "UPSTREAM_FORBIDDEN", "{e}");
+        assert!(e.message.contains("127.0.0.1:9"), "{e}");
+        assert_eq!(strict.head("n", "site").await.unwrap().active, 2);
+        let e = strict
+            .create("m", upstream("other", "other.test"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "UPSTREAM_FORBIDDEN", "{e}");
+        assert!(strict.list("m").await.unwrap().is_empty());
+        assert!(strict.store.get(&host_key("other.test")).await.unwrap().is_none());
+        open.rollback("n", "site", Some(1)).await.unwrap();
     }
 
     /// A lock left by a holder that died is taken once it expires.

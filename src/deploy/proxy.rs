@@ -1,8 +1,11 @@
 //! The reverse proxy of upstream deployments: round-robin among healthy
 //! instances, passive health, a retry on another instance only when the
 //! connection failed before any body was sent, streamed bodies both ways, and
-//! WebSocket upgrades relayed frame by frame.
+//! WebSocket upgrades relayed frame by frame. Every connection goes through
+//! the egress policy: the client resolves through [`CheckedResolver`], and
+//! literal addresses are checked before each attempt.
 
+use super::egress::{CheckedResolver, EgressPolicy, Refusal, forbidden_at_connect, refusal_of};
 use crate::http::ApiError;
 use actix_web::body::{BodySize, BoxBody, MessageBody, SizedStream};
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -13,6 +16,7 @@ use futures_util::{SinkExt, Stream, StreamExt};
 use std::cell::RefCell;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,6 +24,9 @@ use std::time::Duration;
 /// One upstream instance and its passive health.
 pub struct Instance {
     pub base: String,
+    /// The address the base names literally (never resolved, so checked by
+    /// the proxy itself before each attempt).
+    literal: Option<std::net::SocketAddr>,
     failures: AtomicU32,
     down_until_ms: AtomicU64,
 }
@@ -27,6 +34,8 @@ pub struct Instance {
 /// The instances of one deployment version.
 pub struct UpstreamPool {
     pub instances: Vec<Instance>,
+    /// Where the instances may be connected.
+    pub egress: Arc<EgressPolicy>,
     next: AtomicUsize,
     fail_after: u32,
     down_for: Duration,
@@ -40,12 +49,19 @@ fn now_ms() -> u64 {
 }
 
 impl UpstreamPool {
-    pub fn new(bases: &[String], fail_after: u32, down_for: Duration) -> UpstreamPool {
+    pub fn new(
+        bases: &[String],
+        egress: Arc<EgressPolicy>,
+        fail_after: u32,
+        down_for: Duration,
+    ) -> UpstreamPool {
         UpstreamPool {
+            egress,
             instances: bases
                 .iter()
                 .map(|b| Instance {
                     base: b.clone(),
+                    literal: super::egress::literal_addr(b),
                     failures: AtomicU32::new(0),
                     down_until_ms: AtomicU64::new(0),
                 })
@@ -88,6 +104,13 @@ impl UpstreamPool {
         }
     }
 
+    /// The policy's refusal of instance `i`'s literal address, if it has one
+    /// and it is refused (names are checked by the client's resolver).
+    fn refused(&self, i: usize) -> Option<Refusal> {
+        let a = self.instances[i].literal?;
+        self.egress.check_addr(a.ip(), a.port()).err()
+    }
+
     /// Whether each instance is healthy now (for the API).
     pub fn health(&self) -> Vec<(String, bool, u32)> {
         let now = now_ms();
@@ -113,9 +136,44 @@ pub struct ProxyTimeouts {
 
 thread_local! {
     static CLIENT: RefCell<Option<(Duration, awc::Client)>> = const { RefCell::new(None) };
+    static UPSTREAM_CLIENT: RefCell<Option<(Duration, Arc<EgressPolicy>, awc::Client)>> =
+        const { RefCell::new(None) };
 }
 
-/// The worker thread's client (awc is single-threaded); pooled keep-alive connections.
+/// The worker thread's client for deployment upstreams: like [`client`], but
+/// every name resolves through the egress policy, so only checked addresses
+/// are connected. Redirects are never followed.
+pub(crate) fn upstream_client(t: ProxyTimeouts, egress: &Arc<EgressPolicy>) -> awc::Client {
+    UPSTREAM_CLIENT.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some((ct, policy, client)) = c.as_ref()
+            && *ct == t.connect
+            && Arc::ptr_eq(policy, egress)
+        {
+            return client.clone();
+        }
+        let resolver = actix_tls::connect::Resolver::custom(CheckedResolver(egress.clone()));
+        let tcp = actix_tls::connect::Connector::new(resolver).service();
+        let connector = awc::Connector::new()
+            .connector(tcp)
+            .timeout(t.connect)
+            .max_http_version(actix_web::http::Version::HTTP_11)
+            .limit(1024)
+            .conn_keep_alive(Duration::from_secs(30));
+        let client = awc::Client::builder()
+            .connector(connector)
+            .disable_redirects()
+            .no_default_headers()
+            .timeout(t.response)
+            .finish();
+        *c = Some((t.connect, egress.clone(), client.clone()));
+        client
+    })
+}
+
+/// The worker thread's client (awc is single-threaded); pooled keep-alive
+/// connections. For node-to-node hops: deployment upstreams use
+/// [`upstream_client`].
 pub(crate) fn client(t: ProxyTimeouts) -> awc::Client {
     CLIENT.with(|c| {
         let mut c = c.borrow_mut();
@@ -318,9 +376,14 @@ pub async fn proxy_http(
     let headers = upstream_headers(req, fwd, false);
     let kind = body_kind(req);
     let slot = Rc::new(RefCell::new(Some(payload)));
-    let client = client(t);
+    let client = upstream_client(t, &pool.egress);
     let mut last_err = None;
+    let mut forbidden = None;
     for i in order {
+        if let Some(r) = pool.refused(i) {
+            forbidden = Some(r);
+            continue;
+        }
         let url = format!("{}{}", pool.instances[i].base, path_and_query);
         let mut creq = client
             .request(req.method().clone(), url.as_str())
@@ -335,6 +398,12 @@ pub async fn proxy_http(
                 return Ok(stream_response(req, res));
             }
             Err(awc::error::SendRequestError::Connect(e)) => {
+                if let Some(r) = refusal_of(&e) {
+                    // A policy refusal, not a health failure; nothing was sent.
+                    tracing::warn!(instance = %pool.instances[i].base, refusal = %r, "Upstream refused by the egress policy.");
+                    forbidden = Some(r.clone());
+                    continue;
+                }
                 pool.failed(i);
                 tracing::warn!(instance = %pool.instances[i].base, error = %e, "Upstream connection failed.");
                 last_err = Some(format!("{e}"));
@@ -360,6 +429,9 @@ pub async fn proxy_http(
                 ));
             }
         }
+    }
+    if let Some(r) = forbidden {
+        return Err(forbidden_at_connect(&r));
     }
     Err(ApiError::new(
         StatusCode::BAD_GATEWAY,
@@ -435,9 +507,14 @@ pub async fn proxy_ws(
         ));
     }
     let headers = upstream_headers(req, fwd, false);
-    let client = client(t);
+    let client = upstream_client(t, &pool.egress);
     let mut last_err = String::new();
+    let mut forbidden = None;
     for i in order {
+        if let Some(r) = pool.refused(i) {
+            forbidden = Some(r);
+            continue;
+        }
         let base = &pool.instances[i].base;
         let ws_base = base
             .replacen("http://", "ws://", 1)
@@ -466,6 +543,11 @@ pub async fn proxy_ws(
             Err(awc::error::WsClientError::SendRequest(awc::error::SendRequestError::Connect(
                 e,
             ))) => {
+                if let Some(r) = refusal_of(&e) {
+                    tracing::warn!(instance = %base, refusal = %r, "Upstream refused by the egress policy.");
+                    forbidden = Some(r.clone());
+                    continue;
+                }
                 pool.failed(i);
                 last_err = e.to_string();
             }
@@ -477,6 +559,9 @@ pub async fn proxy_ws(
                 ));
             }
         }
+    }
+    if let Some(r) = forbidden {
+        return Err(forbidden_at_connect(&r));
     }
     Err(ApiError::new(
         StatusCode::BAD_GATEWAY,

@@ -28,7 +28,7 @@ use super::model::{
 use super::secrets::SecretBox;
 use crate::actors::{ActorStats, MAX_KV_KEY, NamespaceSupervisor, Publish};
 use crate::metrics::Metrics;
-use crate::storage::{BatchOp, OrderedKv, Store};
+use crate::storage::{BatchOp, OrderedKv, Store, StoreError, StoreResult};
 use crate::wasm::{
     CompiledModule, HostApi, HostError, Invocation, MAX_INPUT_BYTES, ResolvedFunction, WasmEngine,
 };
@@ -58,10 +58,10 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// Runs a store future to completion on the current (non-runtime) thread: the
-/// sled backend does its work synchronously and only waits for a flush, so
-/// this is how the guest's host calls, on a worker thread, reach the store.
-fn block_on<F: Future>(f: F) -> F::Output {
+/// Polls a future to completion on the current (non-runtime) thread, parking
+/// between polls. Only for sled, which does its work synchronously and needs
+/// no runtime (see [`FunctionsService::store_wait`]).
+fn poll_here<F: Future>(f: F) -> F::Output {
     struct ThreadWaker(std::thread::Thread);
     impl Wake for ThreadWaker {
         fn wake(self: Arc<Self>) {
@@ -157,6 +157,9 @@ struct ServiceInner {
     store: Store,
     metrics: Metrics,
     records: mpsc::Sender<(Vec<u8>, Vec<u8>)>,
+    /// The runtime the store was opened on (the node's), where the
+    /// synchronous paths run their store operations (`store_wait`).
+    store_runtime: tokio::runtime::Handle,
     secrets: SecretBox,
     cache_hits: IntCounter,
     cache_misses: IntCounter,
@@ -167,7 +170,8 @@ struct ServiceInner {
 pub struct FunctionsService(Arc<ServiceInner>);
 
 impl FunctionsService {
-    /// Starts the record writer and the sampler. Must run inside the node's runtime.
+    /// Starts the record writer and the sampler. Must run inside the node's
+    /// runtime, the one the store was opened on.
     pub fn start(engine: WasmEngine, store: Store, metrics: Metrics, server_secret: &[u8]) -> Self {
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
         let counter = |name: &str, help: &str| {
@@ -189,6 +193,7 @@ impl FunctionsService {
             store: store.clone(),
             metrics,
             records: tx,
+            store_runtime: tokio::runtime::Handle::current(),
             secrets: SecretBox::new(server_secret),
             cache_hits,
             cache_misses,
@@ -250,6 +255,34 @@ impl FunctionsService {
                 last_cron: Default::default(),
             }),
         }
+    }
+
+    /// Runs a store operation from a thread that is no runtime's and may block:
+    /// a WASM worker (the guest's host calls) or a blocking task (`resolve_sync`).
+    /// sled works synchronously, so its future is polled right here. etcd's
+    /// client needs a runtime (its request deadlines are tokio timers) and its
+    /// connection lives on the runtime that opened it, so the operation is
+    /// spawned onto that runtime and this thread waits for the answer. Never
+    /// call it on a runtime thread: it blocks.
+    fn store_wait<T, F>(&self, op: impl FnOnce(Store) -> F) -> StoreResult<T>
+    where
+        F: Future<Output = StoreResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let store = self.0.store.clone();
+        if store.as_sled().is_some() {
+            return poll_here(op(store));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let fut = op(store);
+        self.0.store_runtime.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the node's runtime stopped before the store answered".into(),
+            ))
+        })
     }
 
     fn sync_compile(&self, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
@@ -669,11 +702,13 @@ impl Invoker {
     /// Resolves a function of THIS namespace synchronously (on a blocking or
     /// worker thread): record, version, module (cached or compiled), env.
     fn resolve_sync(&self, name: &str, version: Option<u64>) -> FnResult<Resolved> {
-        let store = self.store();
         if !valid_function_name(name) {
             return Err(FnError::NotFound(format!("no function {name:?}")));
         }
-        let record: FunctionRecord = block_on(store.get_json(&fn_key(&self.ns, name)))?
+        let key = fn_key(&self.ns, name);
+        let record: FunctionRecord = self
+            .svc
+            .store_wait(move |s| async move { s.get_json(&key).await })?
             .ok_or_else(|| FnError::NotFound(format!("no function {name:?}")))?;
         let version = version.unwrap_or(record.current_version);
         if !record.versions.contains(&version) {
@@ -681,7 +716,10 @@ impl Invoker {
                 "function {name:?} has no version {version}"
             )));
         }
-        let meta: VersionMeta = block_on(store.get_json(&ver_key(&self.ns, name, version)))?
+        let key = ver_key(&self.ns, name, version);
+        let meta: VersionMeta = self
+            .svc
+            .store_wait(move |s| async move { s.get_json(&key).await })?
             .ok_or_else(|| {
                 FnError::NotFound(format!("function {name:?} has no version {version}"))
             })?;
@@ -694,9 +732,13 @@ impl Invoker {
         let module = match cached {
             Some(m) => m,
             None => {
-                let bytes = block_on(store.get(&blob_key(&meta.sha256)))?.ok_or_else(|| {
-                    FnError::Internal(format!("module blob {} is missing", meta.sha256))
-                })?;
+                let key = blob_key(&meta.sha256);
+                let bytes = self
+                    .svc
+                    .store_wait(move |s| async move { s.get(&key).await })?
+                    .ok_or_else(|| {
+                        FnError::Internal(format!("module blob {} is missing", meta.sha256))
+                    })?;
                 let m = self.svc.sync_compile(&bytes)?;
                 let mut modules = self.st.modules.lock();
                 if modules.len() >= MAX_CACHED_MODULES {
@@ -712,7 +754,11 @@ impl Invoker {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let p = secret_prefix(&self.ns);
-        for (k, sealed) in block_on(store.scan_all(&p))? {
+        let prefix = p.clone();
+        let sealed_secrets = self
+            .svc
+            .store_wait(move |s| async move { s.scan_all(&prefix).await })?;
+        for (k, sealed) in sealed_secrets {
             let name = String::from_utf8_lossy(&k[p.len()..]).into_owned();
             match self.svc.0.secrets.open(&k, &sealed) {
                 Some(v) => {
@@ -920,7 +966,10 @@ impl NsHost {
 impl HostApi for NsHost {
     fn kv_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, HostError> {
         let k = self.kv_key(key)?;
-        block_on(self.inv.store().get(&k)).map_err(host_err)
+        self.inv
+            .svc
+            .store_wait(move |s| async move { s.get(&k).await })
+            .map_err(host_err)
     }
 
     fn kv_put(&self, key: &[u8], value: &[u8]) -> Result<(), HostError> {
@@ -928,12 +977,18 @@ impl HostApi for NsHost {
         if value.len() > MAX_KV_VALUE {
             return Err(HostError::BadArgument);
         }
-        block_on(self.inv.store().put(&k, value)).map_err(host_err)
+        let value = value.to_vec();
+        self.inv
+            .svc
+            .store_wait(move |s| async move { s.put(&k, &value).await })
+            .map_err(host_err)
     }
 
     fn kv_delete(&self, key: &[u8]) -> Result<(), HostError> {
         let k = self.kv_key(key)?;
-        block_on(self.inv.store().delete(&k))
+        self.inv
+            .svc
+            .store_wait(move |s| async move { s.delete(&k).await })
             .map(|_| ())
             .map_err(host_err)
     }

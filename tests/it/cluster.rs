@@ -502,3 +502,152 @@ fn deployments_are_cluster_wide() {
         }
     }
 }
+
+/// Every `meshgate_actor_mailbox_depth` gauge of a node: (series, value).
+fn mailbox_depths(node: &TestNode) -> Vec<(String, f64)> {
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    String::from_utf8_lossy(&b)
+        .lines()
+        .filter(|l| l.starts_with("meshgate_actor_mailbox_depth{"))
+        .filter_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            Some((series.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Asserts that no mailbox depth gauge of `node` is below 0; returns whether all are 0.
+fn depths_never_negative(node: &TestNode, when: &str) -> bool {
+    let depths = mailbox_depths(node);
+    assert!(!depths.is_empty(), "{when}: no mailbox depth gauges");
+    for (series, v) in &depths {
+        assert!(*v >= 0.0, "{when}: {series} {v}");
+    }
+    depths.iter().all(|(_, v)| *v == 0.0)
+}
+
+/// One request of `/v1/pubsub/publish-batch` with `n` messages.
+fn publish_batch(node: &TestNode, key: &str, topic: &str, n: usize) -> (u16, String) {
+    let messages = vec![serde_json::json!({"topic": topic, "data_base64": "bWVzaA=="}); n];
+    let body = serde_json::json!({ "messages": messages }).to_string();
+    node.with_key(
+        key,
+        "POST",
+        "/v1/pubsub/publish-batch",
+        Some(body.as_bytes()),
+    )
+}
+
+/// Messages from the mesh take a slot of the namespace's mailbox like local
+/// ones. B (a mailbox of 4) flooded from A through the mesh drops what does
+/// not fit (counted as `mailbox_full`) while local publishes on B still get
+/// 503 OVERLOADED; no mailbox depth gauge on either node ever goes below 0,
+/// and at rest all are back at 0, also after a namespace is deleted on each node.
+#[test]
+fn mesh_messages_take_mailbox_slots() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = TestNode::start_with(member_opts(&etcd, "a", free_port(), tmp.path()));
+    let mut b_opts = member_opts(&etcd, "b", free_port(), tmp.path());
+    b_opts.config.push_str("[server]\nmailbox_capacity = 4\n");
+    let b = TestNode::start_with(b_opts);
+    let (s, body) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"chat","members":["a","b"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let key = json(&body)["api_key"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric_sum(&a, "meshgate_mesh_peers") < 1.0 || metric_sum(&b, "meshgate_mesh_peers") < 1.0
+    {
+        assert!(Instant::now() < deadline, "the mesh never formed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let received = "meshgate_mesh_messages_received_total";
+    let mut sent = 0.0;
+    while metric_sum(&b, received) == 0.0 {
+        assert!(Instant::now() < deadline, "nothing crossed the mesh");
+        publish(&a, &key, "room", "warm");
+        sent += 1.0;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let full = "meshgate_mesh_messages_dropped_total{reason=\"mailbox_full\"}";
+    let mut overloaded = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while overloaded == 0 || metric_sum(&b, full) == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no overload: {overloaded} local 503s, {} mesh drops",
+            metric_sum(&b, full)
+        );
+        let refused: Vec<(u16, String)> = std::thread::scope(|s| {
+            let flood = s.spawn(|| {
+                for _ in 0..10 {
+                    let (st, body) = publish_batch(&a, &key, "room", 100);
+                    assert_eq!(st, 200, "{body}");
+                }
+            });
+            let locals: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..25)
+                            .map(|_| {
+                                let body = r#"{"topic":"room","data_base64":"bG9jYWw="}"#;
+                                b.with_key(
+                                    &key,
+                                    "POST",
+                                    "/v1/pubsub/publish",
+                                    Some(body.as_bytes()),
+                                )
+                            })
+                            .filter(|(st, _)| *st != 200)
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            flood.join().unwrap();
+            locals.into_iter().flat_map(|l| l.join().unwrap()).collect()
+        });
+        for (st, body) in &refused {
+            assert_eq!(*st, 503, "{body}");
+            assert_eq!(json(body)["error"]["code"], "OVERLOADED", "{body}");
+        }
+        overloaded += refused.len();
+        sent += 1000.0;
+        depths_never_negative(&a, "during the flood (a)");
+        depths_never_negative(&b, "during the flood (b)");
+    }
+    // Everything A sent reached B's mesh layer; then both nodes settle at 0.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric_sum(&b, received) < sent {
+        assert!(
+            Instant::now() < deadline,
+            "B received {} of {sent}",
+            metric_sum(&b, received)
+        );
+        depths_never_negative(&b, "while B catches up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (name, node) in [("a", &a), ("b", &b)] {
+        let ns = format!("gone-{name}");
+        let (s, body) = node.op(
+            "POST",
+            "/v1/namespaces",
+            Some(&format!(r#"{{"name":"{ns}","members":["{name}"]}}"#)),
+        );
+        assert_eq!(s, 201, "{body}");
+        let (s, body) = node.op("DELETE", &format!("/v1/namespaces/{ns}"), None);
+        assert_eq!(s, 200, "{body}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(depths_never_negative(&a, "at rest (a)") & depths_never_negative(&b, "at rest (b)")) {
+        assert!(
+            Instant::now() < deadline,
+            "depths not back at 0: a {:?} b {:?}",
+            mailbox_depths(&a),
+            mailbox_depths(&b)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -60,7 +60,13 @@ fn deploy_parts(node: &TestNode, key: &str, parts: &[(&str, &[u8])]) -> (u16, St
     (s, String::from_utf8_lossy(&b).into_owned())
 }
 
-fn deploy(node: &TestNode, key: &str, name: &str, wasm: &[u8], extra: &[(&str, &str)]) -> u64 {
+pub(crate) fn deploy(
+    node: &TestNode,
+    key: &str,
+    name: &str,
+    wasm: &[u8],
+    extra: &[(&str, &str)],
+) -> u64 {
     let mut parts: Vec<(&str, &[u8])> = vec![("name", name.as_bytes()), ("wasm", wasm)];
     for (k, v) in extra {
         parts.push((k, v.as_bytes()));
@@ -71,7 +77,7 @@ fn deploy(node: &TestNode, key: &str, name: &str, wasm: &[u8], extra: &[(&str, &
 }
 
 /// Invokes `path` (a function name, maybe `@version`); returns status, headers, body.
-fn invoke(
+pub(crate) fn invoke(
     node: &TestNode,
     key: &str,
     name: &str,

@@ -98,9 +98,10 @@ impl Default for DeployConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// etcd endpoints (`http://host:port`) holding the shared state; set, they
-    /// replace the embedded sled store (needs a build with `--features cluster`).
-    /// Empty: a single node on sled.
+    /// etcd endpoints (`http://host:port`, or `https://host:port` with
+    /// `etcd_ca_file`) holding the shared state; set, they replace the
+    /// embedded sled store (needs a build with `--features cluster`).
+    /// Empty: a single node on sled. All of one scheme.
     pub etcd: Vec<String>,
     /// File holding the cluster secret that keys the hop MAC (or set
     /// `MESHGATE_CLUSTER_SECRET`). Empty: no hop is ever believed.
@@ -124,6 +125,19 @@ pub struct ClusterConfig {
     /// roots). Needed when this node's `advertise` is `https://`. Empty: an
     /// `https://` member cannot be forwarded to.
     pub peer_ca_file: String,
+    /// PEM file of the CA(s) that signed etcd's server certificate. Needed for
+    /// `https://` endpoints (the system roots are never trusted for etcd).
+    pub etcd_ca_file: String,
+    /// PEM certificate (chain) this node presents to etcd, for etcd's
+    /// `--client-cert-auth`. Set with `etcd_key_file`.
+    pub etcd_cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `etcd_cert_file`.
+    pub etcd_key_file: String,
+    /// etcd user the node authenticates as (etcd `auth enable`). Empty: none.
+    pub etcd_user: String,
+    /// File holding the password of `etcd_user` (one line; a trailing newline
+    /// is ignored).
+    pub etcd_password_file: String,
 }
 
 impl Default for ClusterConfig {
@@ -138,6 +152,76 @@ impl Default for ClusterConfig {
             breaker_probe_seconds: 30,
             register_seconds: 15,
             peer_ca_file: String::new(),
+            etcd_ca_file: String::new(),
+            etcd_cert_file: String::new(),
+            etcd_key_file: String::new(),
+            etcd_user: String::new(),
+            etcd_password_file: String::new(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The etcd endpoints and how the node reaches them (TLS, user).
+    fn validate_etcd(&self, errors: &mut Vec<String>) {
+        let mut https = 0;
+        for e in &self.etcd {
+            let (host, tls) = match (e.strip_prefix("http://"), e.strip_prefix("https://")) {
+                (Some(h), _) => (h, false),
+                (_, Some(h)) => (h, true),
+                _ => ("", false),
+            };
+            if host.is_empty() || host.contains('/') {
+                errors.push(format!(
+                    "cluster.etcd: {e:?} is not http://host:port or https://host:port"
+                ));
+            } else if tls {
+                https += 1;
+            }
+        }
+        let tls_files = [
+            ("etcd_ca_file", &self.etcd_ca_file),
+            ("etcd_cert_file", &self.etcd_cert_file),
+            ("etcd_key_file", &self.etcd_key_file),
+        ];
+        if https > 0 && https < self.etcd.len() {
+            errors
+                .push("cluster.etcd: mixes http:// and https:// endpoints; use one scheme".into());
+        }
+        if https > 0 && self.etcd_ca_file.is_empty() {
+            errors.push(
+                "cluster.etcd_ca_file: https:// etcd endpoints need the CA that signed etcd's certificate"
+                    .into(),
+            );
+        }
+        if https == 0 && !self.etcd.is_empty() {
+            for (name, v) in tls_files {
+                if !v.is_empty() {
+                    errors.push(format!(
+                        "cluster.{name}: set, but cluster.etcd names http:// endpoints (TLS needs https://)"
+                    ));
+                }
+            }
+        }
+        if self.etcd_cert_file.is_empty() != self.etcd_key_file.is_empty() {
+            errors.push(
+                "cluster.etcd_cert_file and cluster.etcd_key_file: set both or neither".into(),
+            );
+        }
+        if self.etcd_user.is_empty() != self.etcd_password_file.is_empty() {
+            errors.push(
+                "cluster.etcd_user and cluster.etcd_password_file: set both or neither".into(),
+            );
+        }
+        if self.etcd.is_empty() {
+            for (name, v) in tls_files.into_iter().chain([
+                ("etcd_user", &self.etcd_user),
+                ("etcd_password_file", &self.etcd_password_file),
+            ]) {
+                if !v.is_empty() {
+                    errors.push(format!("cluster.{name}: set, but cluster.etcd is empty"));
+                }
+            }
         }
     }
 }
@@ -468,14 +552,7 @@ impl Config {
                 }
             }
         }
-        for e in &self.cluster.etcd {
-            let host = e.strip_prefix("http://").unwrap_or_default();
-            if host.is_empty() || host.contains('/') {
-                errors.push(format!(
-                    "cluster.etcd: {e:?} is not http://host:port (TLS to etcd is not supported yet)"
-                ));
-            }
-        }
+        self.cluster.validate_etcd(&mut errors);
         if errors.is_empty() {
             Ok(())
         } else {
@@ -556,6 +633,9 @@ fn apply_env(
             };
             let value = match default {
                 toml::Value::String(_) => toml::Value::String(raw.clone()),
+                toml::Value::Array(_) if !raw.trim_start().starts_with('[') => {
+                    env_list(raw, |v| fits(defaults, section, key, v))
+                }
                 _ => match format!("v = {raw}").parse::<toml::Table>() {
                     Ok(mut t) => t.remove("v").expect("parsed"),
                     Err(_) => {
@@ -569,6 +649,44 @@ fn apply_env(
             set(table, section, key, value);
         }
     }
+}
+
+/// A comma-separated list from the environment. The items are strings, unless
+/// the setting takes other values (numbers, booleans): then each item is read
+/// as TOML where it parses. A value neither reading fits is left as strings,
+/// for `check_keys` to name.
+fn env_list(raw: &str, fits: impl Fn(&toml::Value) -> bool) -> toml::Value {
+    let items: Vec<&str> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    let strings = toml::Value::Array(
+        items
+            .iter()
+            .map(|i| toml::Value::String(i.to_string()))
+            .collect(),
+    );
+    if fits(&strings) {
+        return strings;
+    }
+    let typed = toml::Value::Array(
+        items
+            .iter()
+            .map(|i| match format!("v = {i}").parse::<toml::Table>() {
+                Ok(mut t) => t.remove("v").expect("parsed"),
+                Err(_) => toml::Value::String(i.to_string()),
+            })
+            .collect(),
+    );
+    if fits(&typed) { typed } else { strings }
+}
+
+/// Whether the defaults with `section.key` set to `value` deserialize.
+fn fits(defaults: &toml::Table, section: &str, key: &str, value: &toml::Value) -> bool {
+    let mut probe = defaults.clone();
+    set(&mut probe, section, key, value.clone());
+    toml::Value::Table(probe).try_into::<Config>().is_ok()
 }
 
 /// Finds every unknown section or key and every value of the wrong type.
@@ -755,70 +873,18 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
         let c = load_str("", &[("MESHGATE_CLUSTER_ETCD", "[\"http://e:2379\"]")]).unwrap();
         assert_eq!(c.cluster.etcd, ["http://e:2379"]);
         let err = load_str(
-            "[cluster]\netcd = [\"127.0.0.1:2379\", \"https://e:2379\", \"http://\"]\n",
+            "[cluster]\netcd = [\"127.0.0.1:2379\", \"ftp://e:2379\", \"http://\"]\n",
             &[],
         )
         .unwrap_err();
         assert_eq!(err.0.len(), 3, "{:?}", err.0);
         assert!(
             err.0.iter().all(|e| e.starts_with("cluster.etcd")),
-                toml::Value::Array(_) if !raw.trim_start().starts_with('[') => {
-                    env_list(raw, |v| fits(defaults, section, key, v))
-                }
             "{:?}",
             err.0
         );
     }
 
-    /// Semantic validation names each bad value.
-    #[test]
-    fn validation_of_values() {
-        let err = load_str(
-            "[server]\nlisten = \"nowhere\"\nlog_format = \"xml\"\n",
-            &[],
-        )
-        .unwrap_err();
-        assert_eq!(err.0.len(), 2, "{:?}", err.0);
-    }
-/// A comma-separated list from the environment. The items are strings, unless
-/// the setting takes other values (numbers, booleans): then each item is read
-/// as TOML where it parses. A value neither reading fits is left as strings,
-/// for `check_keys` to name.
-fn env_list(raw: &str, fits: impl Fn(&toml::Value) -> bool) -> toml::Value {
-    let items: Vec<&str> = raw
-        .split(',')
-        .map(str::trim)
-        .filter(|i| !i.is_empty())
-        .collect();
-    let strings = toml::Value::Array(
-        items
-            .iter()
-            .map(|i| toml::Value::String(i.to_string()))
-            .collect(),
-    );
-    if fits(&strings) {
-        return strings;
-    }
-    let typed = toml::Value::Array(
-        items
-            .iter()
-            .map(|i| match format!("v = {i}").parse::<toml::Table>() {
-                Ok(mut t) => t.remove("v").expect("parsed"),
-                Err(_) => toml::Value::String(i.to_string()),
-            })
-            .collect(),
-    );
-    if fits(&typed) { typed } else { strings }
-}
-
-/// Whether the defaults with `section.key` set to `value` deserialize.
-fn fits(defaults: &toml::Table, section: &str, key: &str, value: &toml::Value) -> bool {
-    let mut probe = defaults.clone();
-    set(&mut probe, section, key, value.clone());
-    toml::Value::Table(probe).try_into::<Config>().is_ok()
-}
-
-}
     /// Every list setting, present and future, takes a comma-separated list
     /// from the environment as well as a TOML array; an empty value is no items.
     #[test]
@@ -926,3 +992,82 @@ fn fits(defaults: &toml::Table, section: &str, key: &str, value: &toml::Value) -
         assert!(load_str("", &[("MESHGATE_SERVER_WORKERS", "1,2")]).is_err());
     }
 
+    /// https:// etcd endpoints with a CA, a client certificate and a user are
+    /// accepted, also from the environment; each incomplete or contradictory
+    /// setting is named.
+    #[test]
+    fn etcd_tls_and_user() {
+        let c = load_str(
+            "[cluster]\netcd = [\"https://127.0.0.1:2379\"]\netcd_ca_file = \"ca.pem\"\netcd_cert_file = \"c.pem\"\netcd_key_file = \"c.key\"\netcd_user = \"mg\"\netcd_password_file = \"pw\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.cluster.etcd_ca_file, "ca.pem");
+        assert_eq!(c.cluster.etcd_user, "mg");
+        let c = load_str(
+            "[cluster]\netcd = [\"https://127.0.0.1:2379\"]\n",
+            &[
+                ("MESHGATE_CLUSTER_ETCD_CA_FILE", "/etc/ca.pem"),
+                ("MESHGATE_CLUSTER_ETCD_CERT_FILE", "/etc/c.pem"),
+                ("MESHGATE_CLUSTER_ETCD_KEY_FILE", "/etc/c.key"),
+                ("MESHGATE_CLUSTER_ETCD_USER", "mg"),
+                ("MESHGATE_CLUSTER_ETCD_PASSWORD_FILE", "/etc/pw"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.cluster.etcd_ca_file.as_str(),
+                c.cluster.etcd_cert_file.as_str(),
+                c.cluster.etcd_key_file.as_str(),
+                c.cluster.etcd_user.as_str(),
+                c.cluster.etcd_password_file.as_str()
+            ),
+            ("/etc/ca.pem", "/etc/c.pem", "/etc/c.key", "mg", "/etc/pw")
+        );
+        for (text, want) in [
+            (
+                "etcd = [\"https://e:2379\"]\n",
+                "cluster.etcd_ca_file: https://",
+            ),
+            (
+                "etcd = [\"https://e:2379\"]\netcd_ca_file = \"ca\"\netcd_cert_file = \"c\"\n",
+                "cluster.etcd_cert_file and cluster.etcd_key_file",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\netcd_user = \"u\"\n",
+                "cluster.etcd_user and cluster.etcd_password_file",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\netcd_ca_file = \"ca\"\n",
+                "cluster.etcd_ca_file: set, but cluster.etcd names http://",
+            ),
+            (
+                "etcd = [\"http://e:2379\", \"https://f:2379\"]\netcd_ca_file = \"ca\"\n",
+                "cluster.etcd: mixes http:// and https://",
+            ),
+            (
+                "etcd_password_file = \"pw\"\netcd_user = \"u\"\n",
+                "cluster.etcd_user: set, but cluster.etcd is empty",
+            ),
+        ] {
+            let err = load_str(&format!("[cluster]\n{text}"), &[]).unwrap_err();
+            assert!(
+                err.0.iter().any(|e| e.starts_with(want)),
+                "{text:?}: {:?}",
+                err.0
+            );
+        }
+    }
+
+    /// Semantic validation names each bad value.
+    #[test]
+    fn validation_of_values() {
+        let err = load_str(
+            "[server]\nlisten = \"nowhere\"\nlog_format = \"xml\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 2, "{:?}", err.0);
+    }
+}

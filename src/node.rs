@@ -203,40 +203,48 @@ pub struct RunningNode {
 /// Opens the store, starts the actors, binds the listener. Must run inside an actix System.
 pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let data_dir = config.server.data_dir.clone();
+    let hop_secret = read_cluster_secret(&config)?;
+    let cluster_mode = !config.cluster.etcd.is_empty();
     let store = open_store(&config).await?;
+    if cluster_mode && hop_secret.is_none() {
+        // Checked before anything is written to the shared store: without the
+        // shared secret the node can neither seal what it keeps under
+        // `_cluster/` nor open it.
+        anyhow::bail!(
+            "cluster mode ([cluster] etcd) needs the shared cluster secret: set [cluster] secret_file or MESHGATE_CLUSTER_SECRET"
+        );
+    }
     let operator_env = std::env::var("MESHGATE_OPERATOR_KEY").ok();
     let mut secrets = load_secrets(&data_dir, operator_env.clone(), None)?;
     let mut jwt = crate::auth::JwtKeys::load_or_generate(&data_dir.join("jwt.key"))
         .map_err(|e| anyhow::anyhow!("cannot load the JWT signing key: {e}"))?;
-    if !config.cluster.etcd.is_empty() {
+    if let (true, Some(cluster_secret)) = (cluster_mode, hop_secret.as_deref()) {
         // One gateway: every node adopts the first node's server secret and JWT
         // key from the shared store, so keys and tokens verify on any node.
-        let shared =
-            adopt_shared(&store, b"_cluster/server_secret", &secrets.server_secret).await?;
+        // Both are sealed there under the cluster secret.
+        let seal = crate::storage::SealKey::derive(cluster_secret);
+        let shared = adopt_sealed_secret(
+            &store,
+            &seal,
+            SHARED_SERVER_SECRET,
+            &secrets.server_secret,
+            // An older version's clear record: the raw 32 bytes.
+            |r| r.len() == 32,
+        )
+        .await?;
         if shared != secrets.server_secret {
             secrets = load_secrets(&data_dir, operator_env, Some(shared))?;
         }
         let local = std::fs::read(data_dir.join("jwt.key"))
             .with_context(|| "cannot read the JWT signing key")?;
-        let shared = adopt_shared(&store, b"_cluster/jwt_key", &local).await?;
+        // An older version's clear record: PKCS#8 DER, a SEQUENCE (0x30).
+        let shared = adopt_sealed_secret(&store, &seal, SHARED_JWT_KEY, &local, |r| {
+            r.first() == Some(&0x30)
+        })
+        .await?;
         jwt = crate::auth::JwtKeys::from_pkcs8(&shared)
             .map_err(|e| anyhow::anyhow!("the cluster's JWT key is damaged: {e}"))?;
     }
-    let hop_secret = match std::env::var("MESHGATE_CLUSTER_SECRET")
-        .ok()
-        .filter(|s| !s.is_empty())
-    {
-        Some(s) => Some(s.into_bytes()),
-        None if !config.cluster.secret_file.is_empty() => {
-            Some(std::fs::read(&config.cluster.secret_file).with_context(|| {
-                format!(
-                    "cannot read cluster.secret_file {}",
-                    config.cluster.secret_file
-                )
-            })?)
-        }
-        None => None,
-    };
     let hop_key = hop_secret.map(|s| crate::auth::HopKey::from_secret(&s));
     let metrics = Metrics::new();
     let directory = ActorDirectory::default();
@@ -298,11 +306,6 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         #[cfg(feature = "cluster")]
         mesh: std::sync::OnceLock::new(),
     }));
-    if !node.config.cluster.etcd.is_empty() && node.hop_key.is_none() {
-        anyhow::bail!(
-            "cluster mode ([cluster] etcd) needs the shared cluster secret: set [cluster] secret_file or MESHGATE_CLUSTER_SECRET"
-        );
-    }
     let (server, addr) = crate::http::serve(node.clone())?;
     if !node.config.cluster.etcd.is_empty() {
         let c = &node.config.cluster;
@@ -440,33 +443,86 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The cluster-wide value under `key`: this node's `local` one if it is the
-/// first to write it, else the one already there.
-async fn adopt_shared(store: &Store, key: &[u8], local: &[u8]) -> anyhow::Result<Vec<u8>> {
-    use crate::storage::OrderedKv;
-    store
-        .compare_and_swap(key, None, Some(local), None)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot share the node secrets through the store: {e}"))?;
-    store
-        .get(key)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot read the cluster's secrets: {e}"))?
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "the cluster's secret {} vanished",
-                String::from_utf8_lossy(key)
-            )
-        })
+/// Where the cluster's server secret lives in the shared store (sealed).
+pub const SHARED_SERVER_SECRET: &[u8] = b"_cluster/server_secret";
+/// Where the cluster's JWT signing key (PKCS#8) lives in the shared store (sealed).
+pub const SHARED_JWT_KEY: &[u8] = b"_cluster/jwt_key";
+
+/// The shared cluster secret: `MESHGATE_CLUSTER_SECRET`, else the contents of
+/// `[cluster] secret_file`, else none. It keys the hop MAC and the seal of
+/// the shared store.
+fn read_cluster_secret(config: &Config) -> anyhow::Result<Option<Vec<u8>>> {
+    if let Some(s) = std::env::var("MESHGATE_CLUSTER_SECRET")
+        .ok()
+        .filter(|s| !s.is_empty())
+    {
+        return Ok(Some(s.into_bytes()));
+    }
+    let file = &config.cluster.secret_file;
+    if file.is_empty() {
+        return Ok(None);
+    }
+    let secret =
+        std::fs::read(file).with_context(|| format!("cannot read cluster.secret_file {file}"))?;
+    if secret.is_empty() {
+        anyhow::bail!("cluster.secret_file {file} is empty");
+    }
+    Ok(Some(secret))
+}
+
+/// The cluster-wide value under `key` (see [`crate::storage::adopt_sealed`]):
+/// this node's `local` one if it is the first to write it, else the one
+/// already there. A record sealed under another cluster secret stops the
+/// start: a node that made up keys of its own would split the gateway.
+async fn adopt_sealed_secret(
+    store: &Store,
+    seal: &crate::storage::SealKey,
+    key: &[u8],
+    local: &[u8],
+    is_clear: impl Fn(&[u8]) -> bool,
+) -> anyhow::Result<Vec<u8>> {
+    use crate::storage::{Adoption, SealError};
+    let name = String::from_utf8_lossy(key);
+    match crate::storage::adopt_sealed(store, seal, key, local, is_clear).await {
+        Ok(a) => {
+            if a.how == Adoption::Migrated {
+                tracing::info!(key = %name, "Sealed a secret an older version stored in the clear.");
+            }
+            Ok(a.value)
+        }
+        Err(SealError::WrongKey) => Err(anyhow::anyhow!(
+            "cannot open {name}: sealed under a different cluster secret; every node needs the same MESHGATE_CLUSTER_SECRET / cluster.secret_file"
+        )),
+        Err(SealError::NotSealed) => Err(anyhow::anyhow!(
+            "cannot open {name}: it is neither sealed nor a clear value an older meshgate wrote (damaged?)"
+        )),
+        Err(SealError::Store(e)) => Err(anyhow::anyhow!(
+            "cannot share the node secrets through the store: {e}"
+        )),
+        Err(e @ SealError::Contended(_)) => Err(anyhow::anyhow!("cannot agree on {name}: {e}")),
+    }
 }
 
 async fn open_store(config: &Config) -> anyhow::Result<Store> {
     let etcd = &config.cluster.etcd;
     if !etcd.is_empty() {
+        // No sled store creates the data folder here, yet the node's keys
+        // (server secret, JWT key, mesh key) and the module cache live in it.
+        let dir = &config.server.data_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("the data folder {} is not usable: {e}", dir.display()))?;
         #[cfg(feature = "cluster")]
-        return Store::open_etcd(etcd)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach etcd at {}: {e}", etcd.join(", ")));
+        {
+            use crate::storage::EtcdConnectError;
+            let access = crate::storage::EtcdAccess::from_config(&config.cluster)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            return Store::open_etcd(etcd, &access).await.map_err(|e| match e {
+                EtcdConnectError::Unavailable(e) => {
+                    anyhow::anyhow!("cannot reach etcd at {}: {e}", etcd.join(", "))
+                }
+                refused => anyhow::anyhow!("{refused}"),
+            });
+        }
         #[cfg(not(feature = "cluster"))]
         anyhow::bail!(
             "cluster.etcd is set, but this meshgate was built without etcd support; \
@@ -508,11 +564,6 @@ pub fn num_cpus() -> usize {
 }
 
 impl RunningNode {
-        // No sled store creates the data folder here, yet the node's keys
-        // (server secret, JWT key, mesh key) and the module cache live in it.
-        let dir = &config.server.data_dir;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| anyhow::anyhow!("the data folder {} is not usable: {e}", dir.display()))?;
     /// Finishes start-up work, then serves until SIGTERM or SIGINT, then drains.
     pub async fn run_until_signal(mut self) -> anyhow::Result<()> {
         let delay = self.node.config.debug.startup_delay_ms;

@@ -1,10 +1,16 @@
 //! Test support: a real single-member etcd on free loopback ports with a
 //! temporary data folder, that a test can stop and start again on the same data.
 //! Shared by the store's unit tests and the integration tests (`#[path]`).
+//!
+//! Flavours: plain `http://` ([`EtcdProcess::start_plain`]); `https://` with
+//! client-certificate auth against a throwaway CA made with `openssl` at test
+//! time ([`EtcdProcess::start_tls`], see [`TestPki`]); and users
+//! ([`EtcdProcess::enable_auth`]). [`EtcdProcess::start`] is plain unless
+//! `MESHGATE_TEST_ETCD_TLS=1`, so every etcd test can be run over TLS.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,6 +19,139 @@ pub struct EtcdProcess {
     dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
+    /// Serves `/health` over plain HTTP in every flavour.
+    metrics_port: u16,
+    /// The certificates of the TLS flavour.
+    tls: Option<TestPki>,
+    /// The user and password of [`EtcdProcess::enable_auth`].
+    user: Option<(String, String)>,
+}
+
+/// A throwaway PKI made with `openssl`: a CA, a server certificate for
+/// 127.0.0.1 and a client certificate it signed (both usable as either).
+pub struct TestPki {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run openssl ({e}): run scripts/test.sh (it installs openssl) or apt-get install -y openssl"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestPki {
+    /// Makes a CA named `name` and two certificates it signed, in `dir/name/`.
+    pub fn generate(dir: &Path, name: &str) -> TestPki {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).expect("pki dir");
+        std::fs::write(
+            d.join("ca.cnf"),
+            format!(
+                "[req]\ndistinguished_name = dn\nprompt = no\nx509_extensions = v3_ca\n[dn]\nCN = {name} test CA\n[v3_ca]\nbasicConstraints = critical,CA:TRUE\nkeyUsage = critical,keyCertSign,cRLSign\nsubjectKeyIdentifier = hash\n"
+            ),
+        )
+        .expect("ca.cnf");
+        std::fs::write(
+            d.join("leaf.cnf"),
+            "[leaf]\nbasicConstraints = critical,CA:FALSE\nkeyUsage = critical,digitalSignature\nextendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = IP:127.0.0.1,DNS:localhost\nauthorityKeyIdentifier = keyid\n",
+        )
+        .expect("leaf.cnf");
+        let key = |file: &str| {
+            openssl(
+                &d,
+                &[
+                    "genpkey",
+                    "-algorithm",
+                    "EC",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                    "-out",
+                    file,
+                ],
+            )
+        };
+        key("ca.key");
+        openssl(
+            &d,
+            &[
+                "req", "-x509", "-new", "-key", "ca.key", "-config", "ca.cnf", "-days", "2",
+                "-out", "ca.pem",
+            ],
+        );
+        for (leaf, cn) in [("server", "127.0.0.1"), ("client", "meshgate")] {
+            let (k, csr, pem) = (
+                format!("{leaf}.key"),
+                format!("{leaf}.csr"),
+                format!("{leaf}.pem"),
+            );
+            key(&k);
+            openssl(
+                &d,
+                &[
+                    "req",
+                    "-new",
+                    "-key",
+                    &k,
+                    "-subj",
+                    &format!("/CN={cn}"),
+                    "-out",
+                    &csr,
+                ],
+            );
+            let serial = format!(
+                "{}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos()
+            );
+            openssl(
+                &d,
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    "ca.pem",
+                    "-CAkey",
+                    "ca.key",
+                    "-set_serial",
+                    &serial,
+                    "-days",
+                    "2",
+                    "-extfile",
+                    "leaf.cnf",
+                    "-extensions",
+                    "leaf",
+                    "-out",
+                    &pem,
+                ],
+            );
+        }
+        TestPki {
+            ca: d.join("ca.pem"),
+            server_cert: d.join("server.pem"),
+            server_key: d.join("server.key"),
+            client_cert: d.join("client.pem"),
+            client_key: d.join("client.key"),
+        }
+    }
 }
 
 /// The etcd binary: on PATH, else Debian's `/usr/bin/etcd`. Missing etcd fails
@@ -39,13 +178,38 @@ fn free_port() -> u16 {
 }
 
 impl EtcdProcess {
-    /// Starts etcd on a fresh data folder and waits until it answers.
+    /// Starts etcd on a fresh data folder and waits until it answers: over
+    /// TLS with client certificates when `MESHGATE_TEST_ETCD_TLS=1`, else plain.
     pub fn start() -> EtcdProcess {
+        if std::env::var("MESHGATE_TEST_ETCD_TLS").is_ok_and(|v| v == "1") {
+            Self::start_tls()
+        } else {
+            Self::start_plain()
+        }
+    }
+
+    /// Starts etcd on plain `http://`.
+    pub fn start_plain() -> EtcdProcess {
+        Self::launch(false)
+    }
+
+    /// Starts etcd on `https://` with `--client-cert-auth`: it trusts only the
+    /// client certificates of its own throwaway CA ([`EtcdProcess::pki`]).
+    pub fn start_tls() -> EtcdProcess {
+        Self::launch(true)
+    }
+
+    fn launch(tls: bool) -> EtcdProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tls = tls.then(|| TestPki::generate(dir.path(), "etcd-pki"));
         let mut e = EtcdProcess {
             child: None,
-            dir: tempfile::tempdir().expect("temp dir"),
+            dir,
             client_port: free_port(),
             peer_port: free_port(),
+            metrics_port: free_port(),
+            tls,
+            user: None,
         };
         e.resume();
         e
@@ -53,7 +217,77 @@ impl EtcdProcess {
 
     /// The client URL, as `[cluster] etcd` takes it.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The certificates of the TLS flavour.
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.tls.as_ref()
+    }
+
+    /// The `[cluster]` lines that reach this etcd: the endpoint, and the CA
+    /// and client certificate (TLS flavour) or the user (after
+    /// [`EtcdProcess::enable_auth`]; its password file is written here).
+    pub fn cluster_toml(&self) -> String {
+        let mut t = format!("etcd = [\"{}\"]\n", self.url());
+        if let Some(p) = &self.tls {
+            t.push_str(&format!(
+                "etcd_ca_file = \"{}\"\netcd_cert_file = \"{}\"\netcd_key_file = \"{}\"\n",
+                p.ca.display(),
+                p.client_cert.display(),
+                p.client_key.display()
+            ));
+        }
+        if let Some((user, password)) = &self.user {
+            let file = self.dir.path().join(format!("{user}.password"));
+            std::fs::write(&file, format!("{password}\n")).expect("password file");
+            t.push_str(&format!(
+                "etcd_user = \"{user}\"\netcd_password_file = \"{}\"\n",
+                file.display()
+            ));
+        }
+        t
+    }
+
+    /// Turns etcd auth on (plain flavour): a `root` user, and `user` with a
+    /// role that may read and write the prefix `meshgate/` only. Done through
+    /// the etcd-client crate (Debian's etcd-server has no etcdctl).
+    pub fn enable_auth(&mut self, user: &str, password: &str) {
+        assert!(self.tls.is_none(), "enable_auth is for the plain flavour");
+        let url = self.url();
+        let (u, p) = (user.to_string(), password.to_string());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                use etcd_client::{Client, Permission};
+                let mut c = Client::connect([url], None).await.expect("connect etcd");
+                c.user_add("root", "root-test-password", None)
+                    .await
+                    .expect("user add root");
+                c.user_grant_role("root", "root").await.expect("grant root");
+                c.role_add("meshgate").await.expect("role add");
+                c.role_grant_permission(
+                    "meshgate",
+                    Permission::read_write("meshgate/").with_prefix(),
+                )
+                .await
+                .expect("grant readwrite meshgate/");
+                c.user_add(u.as_str(), p.as_str(), None)
+                    .await
+                    .expect("user add");
+                c.user_grant_role(u.as_str(), "meshgate")
+                    .await
+                    .expect("grant role");
+                c.auth_enable().await.expect("auth enable");
+            });
+        })
+        .join()
+        .expect("enable auth");
+        self.user = Some((user.to_string(), password.to_string()));
     }
 
     /// Kills etcd (SIGKILL, as a crash would) and reaps it.
@@ -93,7 +327,19 @@ impl EtcdProcess {
             .append(true)
             .open(self.dir.path().join("etcd.log"))
             .expect("etcd log");
-        let child = Command::new(etcd_binary())
+        let mut cmd = Command::new(etcd_binary());
+        if let Some(p) = &self.tls {
+            cmd.arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(&p.ca)
+                .arg("--cert-file")
+                .arg(&p.server_cert)
+                .arg("--key-file")
+                .arg(&p.server_key);
+        }
+        let child = cmd
+            .arg("--listen-metrics-urls")
+            .arg(format!("http://127.0.0.1:{}", self.metrics_port))
             .arg("--name")
             .arg("test")
             .arg("--data-dir")
@@ -134,15 +380,16 @@ impl EtcdProcess {
         panic!("etcd did not become healthy within 30 s: {}", self.log());
     }
 
-    /// Whether `GET /health` answers `"health":"true"`.
+    /// Whether `GET /health` on the metrics listener (plain HTTP in every
+    /// flavour) answers `"health":"true"`.
     fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let req = format!(
             "GET /health HTTP/1.0\r\nhost: 127.0.0.1:{}\r\n\r\n",
-            self.client_port
+            self.metrics_port
         );
         let mut body = String::new();
         s.write_all(req.as_bytes()).is_ok()

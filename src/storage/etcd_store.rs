@@ -336,16 +336,406 @@ fn groups(ops: Vec<Op>) -> Vec<Vec<Op>> {
     out
 }
 
-impl EtcdStore {
-    /// Connects to the etcd cluster at `endpoints` (`http://host:port`) and checks
-    /// that it answers, so a wrong address fails at start rather than on the first request.
-    pub async fn connect(endpoints: &[String]) -> StoreResult<EtcdStore> {
-        let options = ConnectOptions::new()
+/// Why the node could not open its connection to etcd.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// A file `[cluster]` names cannot be used (missing, not PEM, mismatched).
+    #[error("cluster.{setting} {path}: {reason}")]
+    File {
+        setting: &'static str,
+        path: String,
+        reason: String,
+    },
+    /// etcd answered, and refused what this node presented (its certificate,
+    /// its user), or presented a certificate this node does not trust.
+    #[error("{0}")]
+    Refused(String),
+    /// etcd did not answer.
+    #[error(transparent)]
+    Unavailable(#[from] StoreError),
+}
+
+/// How the node proves itself to etcd beyond the endpoints: the TLS material
+/// and the user of `[cluster]`, read from their files at start-up.
+#[derive(Clone, Default)]
+pub struct EtcdAccess {
+    /// `etcd_ca_file` and its PEM.
+    ca: Option<(String, Vec<u8>)>,
+    /// `etcd_cert_file` and `etcd_key_file` with their PEM.
+    identity: Option<ClientIdentity>,
+    /// `etcd_user`, its password and `etcd_password_file`.
+    user: Option<EtcdUser>,
+}
+
+#[derive(Clone)]
+struct ClientIdentity {
+    cert_file: String,
+    cert: Vec<u8>,
+    key: Vec<u8>,
+}
+
+#[derive(Clone)]
+struct EtcdUser {
+    name: String,
+    password: String,
+    password_file: String,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("ca_file", &self.ca.as_ref().map(|c| &c.0))
+            .field("cert_file", &self.identity.as_ref().map(|i| &i.cert_file))
+            .field("user", &self.user.as_ref().map(|u| &u.name))
+            .finish()
+    }
+}
+
+fn file_error(setting: &'static str, path: &str, reason: impl std::fmt::Display) -> ConnectError {
+    ConnectError::File {
+        setting,
+        path: path.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Reads a file `[cluster]` names; a missing file is named as such.
+fn read_setting(setting: &'static str, path: &str) -> Result<Vec<u8>, ConnectError> {
+    std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => file_error(setting, path, "no such file"),
+        _ => file_error(setting, path, format!("cannot read it: {e}")),
+    })
+}
+
+/// PEM certificates, at least one.
+fn read_certs(
+    setting: &'static str,
+    path: &str,
+) -> Result<(Vec<u8>, Vec<rustls_pki_types::CertificateDer<'static>>), ConnectError> {
+    use rustls_pki_types::pem::PemObject;
+    let pem = read_setting(setting, path)?;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(setting, path, format!("not PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(file_error(
+            setting,
+            path,
+            "not PEM: holds no CERTIFICATE block",
+        ));
+    }
+    Ok((pem, certs))
+}
+
+impl EtcdAccess {
+    /// Plain `http://`, no user.
+    pub fn none() -> EtcdAccess {
+        EtcdAccess::default()
+    }
+
+    /// Reads and checks the files `[cluster]` names: each must exist and be
+    /// PEM of the right kind, and the key must match the certificate.
+    pub fn from_config(c: &crate::config::ClusterConfig) -> Result<EtcdAccess, ConnectError> {
+        let mut access = EtcdAccess::none();
+        if !c.etcd_ca_file.is_empty() {
+            let (pem, _) = read_certs("etcd_ca_file", &c.etcd_ca_file)?;
+            access.ca = Some((c.etcd_ca_file.clone(), pem));
+        }
+        if !c.etcd_cert_file.is_empty() {
+            use rustls_pki_types::pem::PemObject;
+            let (cert, chain) = read_certs("etcd_cert_file", &c.etcd_cert_file)?;
+            let key = read_setting("etcd_key_file", &c.etcd_key_file)?;
+            let der = rustls_pki_types::PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
+                file_error(
+                    "etcd_key_file",
+                    &c.etcd_key_file,
+                    format!("not a PEM private key: {e}"),
+                )
+            })?;
+            let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+                .map_err(|e| file_error("etcd_key_file", &c.etcd_key_file, e))?;
+            rustls::sign::CertifiedKey::new(chain, signer)
+                .keys_match()
+                .map_err(|e| {
+                    file_error(
+                        "etcd_key_file",
+                        &c.etcd_key_file,
+                        format!(
+                            "does not match cluster.etcd_cert_file {}: {e}",
+                            c.etcd_cert_file
+                        ),
+                    )
+                })?;
+            access.identity = Some(ClientIdentity {
+                cert_file: c.etcd_cert_file.clone(),
+                cert,
+                key,
+            });
+        }
+        if !c.etcd_user.is_empty() {
+            let raw = read_setting("etcd_password_file", &c.etcd_password_file)?;
+            let password = String::from_utf8(raw).map_err(|_| {
+                file_error("etcd_password_file", &c.etcd_password_file, "not UTF-8")
+            })?;
+            let password = password.strip_suffix('\n').unwrap_or(&password);
+            let password = password.strip_suffix('\r').unwrap_or(password);
+            if password.is_empty() {
+                return Err(file_error(
+                    "etcd_password_file",
+                    &c.etcd_password_file,
+                    "empty",
+                ));
+            }
+            access.user = Some(EtcdUser {
+                name: c.etcd_user.clone(),
+                password: password.to_string(),
+                password_file: c.etcd_password_file.clone(),
+            });
+        }
+        Ok(access)
+    }
+
+    fn options(&self) -> ConnectOptions {
+        let mut o = ConnectOptions::new()
             .with_timeout(REQUEST_TIMEOUT)
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT);
-        // etcd-client connects lazily: the probe is the first round trip.
-        let client = rpc("connect", Client::connect(endpoints, Some(options))).await?;
+        if self.ca.is_some() || self.identity.is_some() {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some((_, pem)) = &self.ca {
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+            }
+            if let Some(id) = &self.identity {
+                tls = tls.identity(etcd_client::Identity::from_pem(&id.cert, &id.key));
+            }
+            o = o.with_tls(tls);
+        }
+        if let Some(u) = &self.user {
+            // etcd's auth tokens expire (5 minutes by default): fetch a new one
+            // when a request is refused for an expired token.
+            o = o
+                .with_user(u.name.clone(), u.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        o
+    }
+
+    /// Why etcd refused this node, in terms of its settings; None when the
+    /// failure is not a refusal (etcd down, slow).
+    async fn refusal(&self, endpoints: &[String], e: &etcd_client::Error) -> Option<String> {
+        if let Some(m) = self.user_refusal(&endpoints.join(", "), e) {
+            return Some(m);
+        }
+        self.ca.as_ref()?;
+        // tonic says no more than "connection closed" when etcd refuses a
+        // client certificate after a TLS 1.3 handshake: a handshake of our
+        // own with the same settings finds the reason.
+        for endpoint in endpoints {
+            let (access, ep) = (self.clone(), endpoint.clone());
+            let found = tokio::task::spawn_blocking(move || access.tls_problem(&ep)).await;
+            if let Ok(Some(problem)) = found {
+                return Some(self.tls_refusal(endpoint, problem));
+            }
+        }
+        None
+    }
+
+    fn tls_refusal(&self, at: &str, problem: TlsProblem) -> String {
+        match problem {
+            TlsProblem::Untrusted(detail) => {
+                let ca = self.ca.as_ref().map_or("", |c| c.0.as_str());
+                format!(
+                    "etcd at {at} presented a certificate that cluster.etcd_ca_file {ca} does not vouch for: {detail}"
+                )
+            }
+            TlsProblem::Refused(detail) => match &self.identity {
+                Some(id) => format!(
+                    "etcd at {at} refused the TLS handshake with cluster.etcd_cert_file {}: {detail}",
+                    id.cert_file
+                ),
+                None => format!(
+                    "etcd at {at} refused the TLS handshake without a client certificate (set cluster.etcd_cert_file and cluster.etcd_key_file if etcd runs with --client-cert-auth): {detail}"
+                ),
+            },
+        }
+    }
+
+    /// A TLS handshake with `endpoint` (`https://host:port`) as this node
+    /// makes it, then a short wait for etcd's verdict on the client
+    /// certificate (TLS 1.3 sends it after the handshake, as an alert).
+    /// None: the handshake is fine, or etcd is not reachable at all.
+    fn tls_problem(&self, endpoint: &str) -> Option<TlsProblem> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        use std::io::Read;
+        use std::net::ToSocketAddrs;
+        let hostport = endpoint.strip_prefix("https://")?;
+        let (host, _) = hostport.rsplit_once(':')?;
+        let name = ServerName::try_from(host.trim_matches(['[', ']']).to_string()).ok()?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&self.ca.as_ref()?.1) {
+            roots.add(c.ok()?).ok()?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots);
+        let mut config = match &self.identity {
+            Some(id) => {
+                let chain = CertificateDer::pem_slice_iter(&id.cert)
+                    .collect::<Result<Vec<_>, _>>()
+                    .ok()?;
+                let key = PrivateKeyDer::from_pem_slice(&id.key).ok()?;
+                builder.with_client_auth_cert(chain, key).ok()?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+        let addr = hostport.to_socket_addrs().ok()?.next()?;
+        let sock = std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).ok()?;
+        sock.set_read_timeout(Some(TLS_VERDICT_WAIT)).ok()?;
+        sock.set_write_timeout(Some(TLS_VERDICT_WAIT)).ok()?;
+        let mut tls = rustls::StreamOwned::new(conn, sock);
+        while tls.conn.is_handshaking() {
+            if let Err(e) = tls.conn.complete_io(&mut tls.sock) {
+                return Some(tls_io_problem(e));
+            }
+        }
+        let mut buf = [0u8; 64];
+        match tls.read(&mut buf) {
+            Ok(0) => Some(TlsProblem::Refused(
+                "etcd closed the connection after the handshake".into(),
+            )),
+            Ok(_) => None,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
+            Err(e) => Some(tls_io_problem(e)),
+        }
+    }
+
+    /// Why etcd refused this node's user.
+    fn user_refusal(&self, at: &str, e: &etcd_client::Error) -> Option<String> {
+        let detail = error_detail(e);
+        let lower = detail.to_ascii_lowercase();
+        if ["authentication", "permission denied", "user name"]
+            .iter()
+            .any(|w| lower.contains(w))
+        {
+            return Some(match &self.user {
+                Some(u) if lower.contains("permission denied") => format!(
+                    "etcd at {at} denied user {} access to meshgate/ (grant it a role with readwrite on the prefix meshgate/): {detail}",
+                    u.name
+                ),
+                Some(u) => format!(
+                    "etcd at {at} refused user {} with the password in cluster.etcd_password_file {}: {detail}",
+                    u.name, u.password_file
+                ),
+                None => format!(
+                    "etcd at {at} requires a user (set cluster.etcd_user and cluster.etcd_password_file): {detail}"
+                ),
+            });
+        }
+        None
+    }
+}
+
+/// How long [`EtcdAccess::tls_problem`] waits for etcd's verdict on the
+/// client certificate after the handshake.
+const TLS_VERDICT_WAIT: Duration = Duration::from_secs(1);
+
+/// What a TLS handshake of our own found.
+enum TlsProblem {
+    /// etcd's certificate does not chain to `etcd_ca_file`.
+    Untrusted(String),
+    /// etcd refused the handshake (an alert: an unknown or missing client certificate).
+    Refused(String),
+}
+
+fn tls_io_problem(e: std::io::Error) -> TlsProblem {
+    let detail = e.to_string();
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(_)) => TlsProblem::Untrusted(detail),
+        _ => TlsProblem::Refused(detail),
+    }
+}
+
+/// An etcd-client error with its causes (its `Display` stops at "transport error").
+fn error_detail(e: &etcd_client::Error) -> String {
+    use std::error::Error as _;
+    let mut out = e.to_string();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::TransportError(t) => t.source(),
+        etcd_client::Error::GRpcStatus(s) => s.source(),
+        _ => None,
+    };
+    while let Some(cause) = next {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+impl EtcdStore {
+    /// Connects to the etcd cluster at `endpoints` (`http://host:port`) with no
+    /// TLS and no user. See [`EtcdStore::connect_with`].
+    pub async fn connect(endpoints: &[String]) -> StoreResult<EtcdStore> {
+        match Self::connect_with(endpoints, &EtcdAccess::none()).await {
+            Ok(s) => Ok(s),
+            Err(ConnectError::Unavailable(e)) => Err(e),
+            Err(e) => Err(StoreError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Connects to the etcd cluster at `endpoints` as `access` says (TLS with
+    /// a client certificate, a user) and checks that it answers, so a wrong
+    /// address or a refused credential fails at start rather than on the
+    /// first request.
+    pub async fn connect_with(
+        endpoints: &[String],
+        access: &EtcdAccess,
+    ) -> Result<EtcdStore, ConnectError> {
+        let classify =
+            async |what: &str, e: etcd_client::Error| match access.refusal(endpoints, &e).await {
+                Some(refused) => ConnectError::Refused(refused),
+                None => ConnectError::Unavailable(StoreError::Unavailable(format!(
+                    "etcd {what}: {}",
+                    error_detail(&e)
+                ))),
+            };
+        let deadline = |what: &str| {
+            ConnectError::Unavailable(StoreError::Unavailable(format!(
+                "etcd {what}: no answer within {} s",
+                REQUEST_TIMEOUT.as_secs()
+            )))
+        };
+        // etcd-client connects lazily: with a user, the first round trip is
+        // the authentication; without, it is the probe.
+        let client = match tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            Client::connect(endpoints, Some(access.options())),
+        )
+        .await
+        .map_err(|_| deadline("connect"))?
+        {
+            Ok(c) => c,
+            Err(e) => return Err(classify("connect", e).await),
+        };
         let store = EtcdStore {
             clients: Arc::new(Clients {
                 kv: client
@@ -355,11 +745,15 @@ impl EtcdStore {
             }),
         };
         let mut kv = store.clients.kv.clone();
-        rpc(
-            "probe",
+        let probe = tokio::time::timeout(
+            REQUEST_TIMEOUT,
             kv.get(DATA, Some(GetOptions::new().with_count_only())),
         )
-        .await?;
+        .await
+        .map_err(|_| deadline("probe"))?;
+        if let Err(e) = probe {
+            return Err(classify("probe", e).await);
+        }
         Ok(store)
     }
 
@@ -758,8 +1152,168 @@ mod tests {
 
     async fn store() -> (EtcdProcess, EtcdStore) {
         let e = EtcdProcess::start();
-        let s = EtcdStore::connect(&[e.url()]).await.unwrap();
+        let s = EtcdStore::connect_with(&[e.url()], &access_for(&e))
+            .await
+            .unwrap();
         (e, s)
+    }
+
+    /// The `[cluster]` settings that reach `e` (TLS files, user), loaded.
+    fn access_for(e: &EtcdProcess) -> EtcdAccess {
+        EtcdAccess::from_config(&cluster_config(&e.cluster_toml())).unwrap()
+    }
+
+    fn cluster_config(toml_text: &str) -> crate::config::ClusterConfig {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    async fn refused(e: &EtcdProcess, c: &crate::config::ClusterConfig) -> String {
+        let access = EtcdAccess::from_config(c).unwrap();
+        match EtcdStore::connect_with(&[e.url()], &access).await {
+            Err(ConnectError::Refused(m)) => m,
+            Err(other) => panic!("not a refusal: {other}"),
+            Ok(_) => panic!("connected"),
+        }
+    }
+
+    /// etcd with `--client-cert-auth`: the node's client certificate from the
+    /// CA etcd trusts connects and writes; a client certificate from another
+    /// CA is refused naming cluster.etcd_cert_file; no client certificate is
+    /// refused too; a CA that did not sign etcd's certificate is named.
+    #[tokio::test]
+    async fn tls_client_certificates() {
+        use crate::storage::etcd_process::TestPki;
+        let e = EtcdProcess::start_tls();
+        assert!(e.url().starts_with("https://127.0.0.1:"));
+        let s = EtcdStore::connect_with(&[e.url()], &access_for(&e))
+            .await
+            .unwrap();
+        s.put(b"k", b"v").await.unwrap();
+        assert_eq!(s.get(b"k").await.unwrap(), Some(b"v".to_vec()));
+
+        let other_dir = tempfile::tempdir().unwrap();
+        let other = TestPki::generate(other_dir.path(), "other");
+        let pki = e.pki().unwrap();
+        let mut c = cluster_config(&e.cluster_toml());
+        c.etcd_cert_file = other.client_cert.display().to_string();
+        c.etcd_key_file = other.client_key.display().to_string();
+        let m = refused(&e, &c).await;
+        assert!(
+            m.contains("refused the TLS handshake with cluster.etcd_cert_file")
+                && m.contains(&c.etcd_cert_file)
+                && m.contains(&e.url()),
+            "{m}"
+        );
+
+        let mut c = cluster_config(&e.cluster_toml());
+        c.etcd_cert_file.clear();
+        c.etcd_key_file.clear();
+        let m = refused(&e, &c).await;
+        assert!(m.contains("without a client certificate"), "{m}");
+
+        let mut c = cluster_config(&e.cluster_toml());
+        c.etcd_ca_file = other.ca.display().to_string();
+        let m = refused(&e, &c).await;
+        assert!(
+            m.contains("cluster.etcd_ca_file") && m.contains(&c.etcd_ca_file),
+            "{m}"
+        );
+        // The right files again: still fine (nothing was cached wrongly).
+        assert!(pki.client_cert.exists());
+        EtcdStore::connect_with(&[e.url()], &access_for(&e))
+            .await
+            .unwrap();
+    }
+
+    /// Each unusable file is named with its reason before any connection.
+    #[test]
+    fn tls_files_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = crate::storage::etcd_process::TestPki::generate(dir.path(), "files");
+        let other = crate::storage::etcd_process::TestPki::generate(dir.path(), "other");
+        use std::path::Path;
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello\n").unwrap();
+        let base = |ca: &Path, cert: &Path, key: &Path| crate::config::ClusterConfig {
+            etcd: vec!["https://127.0.0.1:1".into()],
+            etcd_ca_file: ca.display().to_string(),
+            etcd_cert_file: cert.display().to_string(),
+            etcd_key_file: key.display().to_string(),
+            ..Default::default()
+        };
+        let missing = dir.path().join("missing.pem");
+        for (c, want) in [
+            (
+                base(&missing, &pki.client_cert, &pki.client_key),
+                format!("cluster.etcd_ca_file {}: no such file", missing.display()),
+            ),
+            (
+                base(&pki.ca, &missing, &pki.client_key),
+                format!("cluster.etcd_cert_file {}: no such file", missing.display()),
+            ),
+            (
+                base(&pki.ca, &not_pem, &pki.client_key),
+                format!("cluster.etcd_cert_file {}: not PEM", not_pem.display()),
+            ),
+            (
+                base(&pki.ca, &pki.client_cert, &not_pem),
+                format!(
+                    "cluster.etcd_key_file {}: not a PEM private key",
+                    not_pem.display()
+                ),
+            ),
+            (
+                base(&pki.ca, &pki.client_cert, &other.client_key),
+                format!(
+                    "cluster.etcd_key_file {}: does not match cluster.etcd_cert_file",
+                    other.client_key.display()
+                ),
+            ),
+        ] {
+            let e = EtcdAccess::from_config(&c).unwrap_err().to_string();
+            assert!(e.starts_with(&want), "{e}\nwanted {want}");
+        }
+        assert!(EtcdAccess::from_config(&base(&pki.ca, &pki.client_cert, &pki.client_key)).is_ok());
+    }
+
+    /// etcd with auth on: the user with its password connects and writes
+    /// under `meshgate/`; a wrong password is refused naming the user and
+    /// cluster.etcd_password_file; no user at all is refused too.
+    #[tokio::test]
+    async fn etcd_users() {
+        let mut e = EtcdProcess::start_plain();
+        e.enable_auth("mg", "right-password");
+        let c = cluster_config(&e.cluster_toml());
+        assert_eq!(c.etcd_user, "mg");
+        let s = EtcdStore::connect_with(&[e.url()], &EtcdAccess::from_config(&c).unwrap())
+            .await
+            .unwrap();
+        s.put(b"k", b"v").await.unwrap();
+        s.put_ttl(b"t", b"v", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(
+            s.compare_and_swap(b"k", Some(b"v"), Some(b"w"), None)
+                .await
+                .unwrap()
+        );
+        assert_eq!(s.get(b"k").await.unwrap(), Some(b"w".to_vec()));
+
+        let dir = tempfile::tempdir().unwrap();
+        let wrong = dir.path().join("wrong");
+        std::fs::write(&wrong, "wrong-password\n").unwrap();
+        let mut bad = c.clone();
+        bad.etcd_password_file = wrong.display().to_string();
+        let m = refused(&e, &bad).await;
+        assert!(
+            m.contains("refused user mg") && m.contains(&bad.etcd_password_file),
+            "{m}"
+        );
+        let mut none = c.clone();
+        none.etcd_user.clear();
+        none.etcd_password_file.clear();
+        let m = refused(&e, &none).await;
+        assert!(m.contains("set cluster.etcd_user"), "{m}");
     }
 
     /// How many raw etcd keys start with `prefix` (chunks, records).

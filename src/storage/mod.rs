@@ -9,10 +9,15 @@
 mod etcd_process;
 #[cfg(feature = "cluster")]
 mod etcd_store;
+mod seal;
 mod sled_store;
 
 #[cfg(feature = "cluster")]
-pub use etcd_store::{EtcdStore, REQUEST_TIMEOUT as ETCD_REQUEST_TIMEOUT};
+pub use etcd_store::{
+    ConnectError as EtcdConnectError, EtcdAccess, EtcdStore,
+    REQUEST_TIMEOUT as ETCD_REQUEST_TIMEOUT,
+};
+pub use seal::{Adopted, Adoption, SEAL_INFO, SEAL_V1, SealError, SealKey, adopt_sealed};
 pub use sled_store::{SWEEP_INTERVAL, SledStore};
 
 use std::future::Future;
@@ -93,10 +98,16 @@ impl Store {
         Ok(Store::Sled(SledStore::open(data_dir)?))
     }
 
-    /// Connects to the etcd cluster at `endpoints` (`http://host:port`).
+    /// Connects to the etcd cluster at `endpoints` (`http://host:port`, or
+    /// `https://host:port` with TLS in `access`).
     #[cfg(feature = "cluster")]
-    pub async fn open_etcd(endpoints: &[String]) -> StoreResult<Store> {
-        Ok(Store::Etcd(EtcdStore::connect(endpoints).await?))
+    pub async fn open_etcd(
+        endpoints: &[String],
+        access: &EtcdAccess,
+    ) -> Result<Store, EtcdConnectError> {
+        Ok(Store::Etcd(
+            EtcdStore::connect_with(endpoints, access).await?,
+        ))
     }
 
     /// The embedded backend, which needs its expired keys swept; None on etcd,

@@ -21,8 +21,8 @@ fn free_port() -> u16 {
 fn member_opts(etcd: &EtcdProcess, id: &str, port: u16, dir: &std::path::Path) -> NodeOpts {
     NodeOpts {
         config: format!(
-            "{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nbreaker_failures = 5\nbreaker_probe_seconds = 1\nregister_seconds = 1\n",
-            etcd.url()
+            "{TEST_CONFIG}[cluster]\n{}node_id = \"{id}\"\nbreaker_failures = 5\nbreaker_probe_seconds = 1\nregister_seconds = 1\n",
+            etcd.cluster_toml()
         ),
         env: vec![("MESHGATE_CLUSTER_SECRET".into(), SECRET.into())],
         data_dir: Some(dir.join(id)),
@@ -64,14 +64,19 @@ fn read_via(node: &TestNode, ns: &str) -> (u16, Option<String>, String) {
 /// the breaker. `/v1/status` shows each state.
 #[test]
 fn forwarding_and_breakers_across_three_nodes() {
-    let etcd = EtcdProcess::start();
+    forwarding_and_breakers_on(&EtcdProcess::start());
+}
+
+/// The scenario of `forwarding_and_breakers_across_three_nodes` on a given
+/// etcd (the security suite runs it on etcd with TLS client certificates).
+pub(crate) fn forwarding_and_breakers_on(etcd: &EtcdProcess) {
     let tmp = tempfile::tempdir().unwrap();
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let ids = ["a", "b", "c"];
     let mut nodes: Vec<Option<TestNode>> = ids
         .iter()
         .zip(&ports)
-        .map(|(id, p)| Some(TestNode::start_with(member_opts(&etcd, id, *p, tmp.path()))))
+        .map(|(id, p)| Some(TestNode::start_with(member_opts(etcd, id, *p, tmp.path()))))
         .collect();
     let a = nodes[0].take().unwrap();
     let (s, b) = a.op(
@@ -140,7 +145,7 @@ fn forwarding_and_breakers_across_three_nodes() {
 
     // The member comes back on its port; after the probe interval a request
     // probes it, succeeds, and closes the breaker.
-    let back = TestNode::start_with(member_opts(&etcd, &first, ports[idx], tmp.path()));
+    let back = TestNode::start_with(member_opts(etcd, &first, ports[idx], tmp.path()));
     std::thread::sleep(Duration::from_millis(1100));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -366,11 +371,16 @@ fn publish(node: &TestNode, key: &str, topic: &str, data: &str) {
 /// subscribers on A, B and C exactly once each, in publish order.
 #[actix_rt::test]
 async fn thousand_messages_cross_the_mesh_once_in_order() {
-    let etcd = EtcdProcess::start();
+    thousand_messages_on(&EtcdProcess::start()).await;
+}
+
+/// The scenario of `thousand_messages_cross_the_mesh_once_in_order` on a
+/// given etcd (the security suite runs it on etcd with TLS client certificates).
+pub(crate) async fn thousand_messages_on(etcd: &EtcdProcess) {
     let tmp = tempfile::tempdir().unwrap();
     let nodes: Vec<TestNode> = ["a", "b", "c"]
         .iter()
-        .map(|id| TestNode::start_with(member_opts(&etcd, id, free_port(), tmp.path())))
+        .map(|id| TestNode::start_with(member_opts(etcd, id, free_port(), tmp.path())))
         .collect();
     let key = nodes[0].create_namespace("chat");
     // Every node connected to the two others.

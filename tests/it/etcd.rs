@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 fn start_on(etcd: &EtcdProcess) -> TestNode {
     TestNode::start_with(NodeOpts {
-        config: format!("{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\n", etcd.url()),
+        config: format!("{TEST_CONFIG}[cluster]\n{}", etcd.cluster_toml()),
         env: vec![(
             "MESHGATE_CLUSTER_SECRET".into(),
             "etcd-test-cluster-secret".into(),
@@ -166,11 +166,11 @@ fn two_nodes_share_etcd_state() {
 #[test]
 fn unreachable_etcd_fails_start() {
     let mut etcd = EtcdProcess::start();
-    let url = etcd.url();
+    let cluster = etcd.cluster_toml();
     etcd.stop();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.toml");
-    std::fs::write(&cfg, format!("[cluster]\netcd = [\"{url}\"]\n")).unwrap();
+    std::fs::write(&cfg, format!("[cluster]\n{cluster}")).unwrap();
     let out = std::process::Command::new(crate::common::bin())
         .arg("serve")
         .arg("--config")

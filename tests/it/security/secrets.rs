@@ -1,1 +1,533 @@
-//! See docs/security.md.
+//! Secrets in the shared store (docs/cluster.md "Sealed secrets", "etcd TLS
+//! and users"). The attack: a tenant who reached the node's etcd read
+//! `_cluster/jwt_key` and `_cluster/server_secret`, signed a token for another
+//! namespace, and the node accepted it. Now everything under `_cluster/` is
+//! sealed under the cluster secret, and etcd can require TLS client
+//! certificates and users.
+#![cfg(feature = "cluster")]
+
+use crate::common::*;
+use crate::etcd_process::{EtcdProcess, TestPki};
+use meshgate::auth::{Claims, JwtKeys, KeyKind};
+use meshgate::storage::{SEAL_V1, SealKey};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SECRET: &str = "secrets-test-cluster-secret";
+/// The etcd layout of the store (src/storage/etcd_store.rs): records live
+/// under `meshgate/d/`, an inline value behind a 0x00 byte.
+const DATA: &[u8] = b"meshgate/d/";
+const INLINE: u8 = 0;
+
+fn node_on(etcd: &EtcdProcess, secret: &str) -> TestNode {
+    TestNode::start_with(opts_on(etcd, secret))
+}
+
+fn opts_on(etcd: &EtcdProcess, secret: &str) -> NodeOpts {
+    NodeOpts {
+        config: format!("{TEST_CONFIG}[cluster]\n{}", etcd.cluster_toml()),
+        env: vec![("MESHGATE_CLUSTER_SECRET".into(), secret.into())],
+        ..Default::default()
+    }
+}
+
+/// Runs `f` on an etcd client of its own (a thread with its own runtime, so
+/// it works from any test).
+fn with_etcd<T: Send + 'static, F>(
+    url: String,
+    f: impl FnOnce(etcd_client::Client) -> F + Send + 'static,
+) -> T
+where
+    F: std::future::Future<Output = T>,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let c = etcd_client::Client::connect([url], None)
+                    .await
+                    .expect("connect etcd");
+                f(c).await
+            })
+    })
+    .join()
+    .unwrap()
+}
+
+/// Every key and value in etcd, as a reader of etcd sees them.
+fn dump(etcd: &EtcdProcess) -> Vec<(Vec<u8>, Vec<u8>)> {
+    with_etcd(etcd.url(), |mut c| async move {
+        let r = c
+            .get(
+                vec![0u8],
+                Some(etcd_client::GetOptions::new().with_from_key()),
+            )
+            .await
+            .unwrap();
+        r.kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+            .collect()
+    })
+}
+
+/// The store's value of `key`, read straight from etcd.
+fn raw_get(etcd: &EtcdProcess, key: &[u8]) -> Option<Vec<u8>> {
+    let k = [DATA, key].concat();
+    with_etcd(etcd.url(), move |mut c| async move {
+        let r = c.get(k, None).await.unwrap();
+        r.kvs().first().map(|kv| {
+            let v = kv.value();
+            assert_eq!(v[0], INLINE, "a small record is inline");
+            v[1..].to_vec()
+        })
+    })
+}
+
+/// Writes the store's value of `key` straight into etcd.
+fn raw_put(etcd: &EtcdProcess, key: &[u8], value: &[u8]) {
+    let k = [DATA, key].concat();
+    let mut v = vec![INLINE];
+    v.extend_from_slice(value);
+    with_etcd(etcd.url(), move |mut c| async move {
+        c.put(k, v, None).await.unwrap();
+    });
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Starts the binary expecting it to fail; returns its stderr. A node that
+/// starts anyway (binds its listener) fails the test.
+fn start_fails(config: &str, env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("MESHGATE_OPERATOR_KEY", OPERATOR_KEY)
+        .env_remove("MESHGATE_CLUSTER_SECRET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            assert!(!status.success(), "the node exited 0: {err}");
+            return err;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the node did not fail to start within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// (a) After a cluster node starts, every value under `_cluster/` read
+/// straight from etcd is a sealed record: the server secret and the JWT
+/// key's PKCS#8 bytes appear nowhere in etcd; opened with the cluster
+/// secret, the records are exactly those.
+#[test]
+fn cluster_secrets_are_ciphertext_in_etcd() {
+    let etcd = EtcdProcess::start_plain();
+    let node = node_on(&etcd, SECRET);
+    node.create_namespace("tenant");
+    // The first node's own secrets became the cluster's.
+    let server_secret = std::fs::read(node.dir.join("server.secret")).unwrap();
+    let jwt_pkcs8 = std::fs::read(node.dir.join("jwt.key")).unwrap();
+    assert_eq!(server_secret.len(), 32);
+    let all = dump(&etcd);
+    let cluster: Vec<_> = all
+        .iter()
+        .filter(|(k, _)| k.starts_with(b"meshgate/d/_cluster/"))
+        .collect();
+    let names: Vec<String> = cluster
+        .iter()
+        .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "meshgate/d/_cluster/jwt_key",
+            "meshgate/d/_cluster/server_secret"
+        ]
+    );
+    for (k, v) in &all {
+        let name = String::from_utf8_lossy(k);
+        assert!(
+            !contains(v, &server_secret),
+            "{name} holds the server secret"
+        );
+        assert!(!contains(v, &jwt_pkcs8), "{name} holds the JWT key");
+        // Nor the Ed25519 seed alone (the last 32 bytes of ring's PKCS#8 v2
+        // are the public key; the seed sits before it).
+        assert!(
+            !contains(v, &jwt_pkcs8[16..48]),
+            "{name} holds the JWT seed"
+        );
+    }
+    let seal = SealKey::derive(SECRET.as_bytes());
+    for ((k, v), want) in cluster.iter().zip([&jwt_pkcs8, &server_secret]) {
+        let store_key = &k[DATA.len()..];
+        assert_eq!(v[0], INLINE);
+        assert_eq!(v[1], SEAL_V1, "{}", String::from_utf8_lossy(k));
+        assert_eq!(&seal.open(store_key, &v[1..]).unwrap(), want);
+    }
+}
+
+/// Claims for `ns` with every grant, as an attacker would write them.
+fn claims_for(ns: &str) -> Claims {
+    Claims::new(
+        "meshgate",
+        "meshgate",
+        "key:attacker",
+        ns,
+        vec!["*:*:*".into()],
+        meshgate::http::now(),
+    )
+    .unwrap()
+}
+
+fn b64(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+/// (b) The attack's second step: read everything from etcd, try every value
+/// (raw and without the store's inline byte) as an Ed25519 PKCS#8 signing key,
+/// as an HS256 key, and as the server secret an API key is HMAC'd with (a
+/// forged `keys/` record for the victim's namespace); present each credential
+/// for the victim's KV: 401 every time. Control: the same forgeries with the
+/// records opened under the right cluster secret are accepted (200), so
+/// the seal is what stops them.
+#[test]
+fn etcd_reader_cannot_mint_a_credential() {
+    let etcd = EtcdProcess::start_plain();
+    let node = node_on(&etcd, SECRET);
+    let victim_key = node.create_namespace("victim");
+    node.create_namespace("attacker");
+    let (s, b) = node.with_key(&victim_key, "PUT", "/v1/kv/greeting", Some(b"hello"));
+    assert_eq!(s, 200, "{b}");
+    let kid = {
+        let (_, _, jwks) = http("GET", &node.url("/v1/auth/jwks"), &[], None);
+        json(&String::from_utf8_lossy(&jwks))["keys"][0]["kid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let all = dump(&etcd);
+    // The victim's key record, to copy under a key the attacker chose.
+    let victim_record = all
+        .iter()
+        .filter(|(k, _)| k.starts_with(b"meshgate/d/keys/"))
+        .map(|(_, v)| v[1..].to_vec())
+        .find(|v| {
+            serde_json::from_slice::<serde_json::Value>(v).is_ok_and(|r| r["namespace"] == "victim")
+        })
+        .expect("the victim's key record");
+    let mut candidates: Vec<Vec<u8>> = Vec::new();
+    for (_, v) in &all {
+        candidates.push(v.clone());
+        if v.len() > 1 {
+            candidates.push(v[1..].to_vec());
+        }
+    }
+    let read = |cred: &str| node.with_key(cred, "GET", "/v1/kv/greeting", None);
+    // An API key whose HMAC under `secret` names a copy of the victim's record.
+    let forge_api_key = |secret: &[u8]| {
+        let key = meshgate::auth::generate_api_key(KeyKind::Secret).unwrap();
+        let hash = meshgate::auth::hash_api_key(secret, &key);
+        raw_put(
+            &etcd,
+            format!("keys/{}", hex::encode(hash)).as_bytes(),
+            &victim_record,
+        );
+        key
+    };
+    let (mut as_ed25519, mut tried) = (0, 0);
+    for c in &candidates {
+        if let Ok(keys) = JwtKeys::from_pkcs8(c) {
+            as_ed25519 += 1;
+            let (s, b) = read(&keys.sign(&claims_for("victim")));
+            assert_eq!(
+                s, 401,
+                "a token signed with an etcd value was accepted: {b}"
+            );
+        }
+        let header = b64(format!(r#"{{"alg":"HS256","typ":"JWT","kid":"{kid}"}}"#).as_bytes());
+        let input = format!(
+            "{header}.{}",
+            b64(&serde_json::to_vec(&claims_for("victim")).unwrap())
+        );
+        let mac = ring::hmac::sign(
+            &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, c),
+            input.as_bytes(),
+        );
+        let (s, b) = read(&format!("{input}.{}", b64(mac.as_ref())));
+        assert_eq!(
+            s, 401,
+            "an HS256 token keyed with an etcd value was accepted: {b}"
+        );
+        let (s, b) = read(&forge_api_key(c));
+        assert_eq!(
+            s, 401,
+            "an API key HMAC'd with an etcd value was accepted: {b}"
+        );
+        tried += 1;
+    }
+    assert!(tried >= 10, "only {tried} values in etcd");
+    assert_eq!(as_ed25519, 0, "a value in etcd parses as an Ed25519 key");
+
+    // Control: the records opened with the cluster secret do mint credentials.
+    let seal = SealKey::derive(SECRET.as_bytes());
+    let open = |k: &[u8]| seal.open(k, &raw_get(&etcd, k).unwrap()).unwrap();
+    let jwt = JwtKeys::from_pkcs8(&open(b"_cluster/jwt_key")).unwrap();
+    assert_eq!(
+        read(&jwt.sign(&claims_for("victim"))),
+        (200, "hello".to_string())
+    );
+    let forged = forge_api_key(&open(b"_cluster/server_secret"));
+    assert_eq!(read(&forged), (200, "hello".to_string()));
+}
+
+/// (c) Records an older version wrote in the clear (the raw server secret,
+/// the PKCS#8 key) are sealed by the nodes that start next; two nodes
+/// starting at once agree; an API key and a token issued before the
+/// migration still work on them.
+#[test]
+fn clear_records_are_sealed_on_start() {
+    let etcd = EtcdProcess::start_plain();
+    let mut old = node_on(&etcd, SECRET);
+    let api_key = old.create_namespace("legacy");
+    let (s, b) = old.with_key(&api_key, "PUT", "/v1/kv/greeting", Some(b"hello"));
+    assert_eq!(s, 200, "{b}");
+    let body = format!("{{\"api_key\":\"{api_key}\"}}");
+    let (s, b) = old.with_key("", "POST", "/v1/auth/token", Some(body.as_bytes()));
+    assert_eq!(s, 200, "{b}");
+    let token = json(&b)["access_token"].as_str().unwrap().to_string();
+    old.kill9();
+    // Put the records back the way the older version stored them: in the clear.
+    let seal = SealKey::derive(SECRET.as_bytes());
+    let mut clear = Vec::new();
+    for key in [&b"_cluster/server_secret"[..], b"_cluster/jwt_key"] {
+        let plain = seal.open(key, &raw_get(&etcd, key).unwrap()).unwrap();
+        raw_put(&etcd, key, &plain);
+        assert_eq!(raw_get(&etcd, key).unwrap(), plain);
+        clear.push((key, plain));
+    }
+    assert_eq!(clear[0].1.len(), 32);
+    assert_eq!(clear[1].1[0], 0x30, "PKCS#8 DER");
+
+    let (b, c) = std::thread::scope(|s| {
+        let b = s.spawn(|| node_on(&etcd, SECRET));
+        let c = s.spawn(|| node_on(&etcd, SECRET));
+        (b.join().unwrap(), c.join().unwrap())
+    });
+    for (key, plain) in &clear {
+        let raw = raw_get(&etcd, key).unwrap();
+        assert_eq!(
+            raw[0],
+            SEAL_V1,
+            "{} is not sealed",
+            String::from_utf8_lossy(key)
+        );
+        assert!(!contains(&raw, plain));
+        assert_eq!(&seal.open(key, &raw).unwrap(), plain);
+    }
+    for n in [&b, &c] {
+        assert_eq!(
+            n.with_key(&api_key, "GET", "/v1/kv/greeting", None),
+            (200, "hello".to_string())
+        );
+        assert_eq!(
+            n.with_key(&token, "GET", "/v1/kv/greeting", None),
+            (200, "hello".to_string())
+        );
+    }
+}
+
+/// (d) A node with another cluster secret refuses to start, saying why,
+/// and leaves the records alone; a cluster node without any cluster secret
+/// refuses to start and writes nothing under `_cluster/`.
+#[test]
+fn other_cluster_secret_refuses_to_start() {
+    let etcd = EtcdProcess::start_plain();
+    let first = node_on(&etcd, SECRET);
+    let before = raw_get(&etcd, b"_cluster/server_secret").unwrap();
+    let config = format!("{TEST_CONFIG}[cluster]\n{}", etcd.cluster_toml());
+    let err = start_fails(&config, &[("MESHGATE_CLUSTER_SECRET", "another-secret")]);
+    assert!(
+        err.contains("cannot open _cluster/server_secret: sealed under a different cluster secret; every node needs the same MESHGATE_CLUSTER_SECRET / cluster.secret_file"),
+        "{err}"
+    );
+    assert_eq!(raw_get(&etcd, b"_cluster/server_secret").unwrap(), before);
+    // The same secret from cluster.secret_file: starts.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster.secret");
+    std::fs::write(&file, SECRET).unwrap();
+    let second = TestNode::start_with(NodeOpts {
+        config: format!("{config}secret_file = \"{}\"\n", file.display()),
+        ..Default::default()
+    });
+    let key = first.create_namespace("shared");
+    assert_eq!(second.with_key(&key, "GET", "/v1/kv/none", None).0, 404);
+
+    let fresh = EtcdProcess::start_plain();
+    let err = start_fails(
+        &format!("{TEST_CONFIG}[cluster]\n{}", fresh.cluster_toml()),
+        &[],
+    );
+    assert!(
+        err.contains("cluster mode ([cluster] etcd) needs the shared cluster secret"),
+        "{err}"
+    );
+    assert!(
+        !dump(&fresh)
+            .iter()
+            .any(|(k, _)| k.starts_with(b"meshgate/d/_cluster/")),
+        "a node without a cluster secret wrote under _cluster/"
+    );
+}
+
+/// (e) Three nodes on an etcd that requires TLS client certificates: the
+/// forwarding-and-breakers scenario of the cluster suite passes unchanged.
+#[test]
+fn cluster_on_tls_etcd_forwards() {
+    crate::cluster::forwarding_and_breakers_on(&EtcdProcess::start_tls());
+}
+
+/// (e) Three nodes on an etcd that requires TLS client certificates: the
+/// mesh scenario of the cluster suite (1,000 messages, every node, in order)
+/// passes unchanged.
+#[actix_rt::test]
+async fn cluster_on_tls_etcd_mesh() {
+    crate::cluster::thousand_messages_on(&EtcdProcess::start_tls()).await;
+}
+
+/// (e) On an etcd that requires TLS client certificates, a node whose client
+/// certificate comes from another CA, whose certificate file is missing, or
+/// is not PEM, fails start-up naming the file and the reason.
+#[test]
+fn tls_etcd_refuses_a_wrong_or_missing_certificate() {
+    let etcd = EtcdProcess::start_tls();
+    let pki = etcd.pki().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let other = TestPki::generate(dir.path(), "other");
+    let config = |cert: &std::path::Path, key: &std::path::Path| {
+        format!(
+            "{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\netcd_ca_file = \"{}\"\netcd_cert_file = \"{}\"\netcd_key_file = \"{}\"\n",
+            etcd.url(),
+            pki.ca.display(),
+            cert.display(),
+            key.display()
+        )
+    };
+    let env = [("MESHGATE_CLUSTER_SECRET", SECRET)];
+    let err = start_fails(&config(&other.client_cert, &other.client_key), &env);
+    assert!(
+        err.contains(&format!(
+            "etcd at {} refused the TLS handshake with cluster.etcd_cert_file {}",
+            etcd.url(),
+            other.client_cert.display()
+        )),
+        "{err}"
+    );
+    let missing = dir.path().join("missing.pem");
+    let err = start_fails(&config(&missing, &pki.client_key), &env);
+    assert!(
+        err.contains(&format!(
+            "cluster.etcd_cert_file {}: no such file",
+            missing.display()
+        )),
+        "{err}"
+    );
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let err = start_fails(&config(&garbage, &pki.client_key), &env);
+    assert!(
+        err.contains(&format!(
+            "cluster.etcd_cert_file {}: not PEM",
+            garbage.display()
+        )),
+        "{err}"
+    );
+    // The right certificate, through the environment overrides: starts.
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\n", etcd.url()),
+        env: vec![
+            ("MESHGATE_CLUSTER_SECRET".into(), SECRET.into()),
+            (
+                "MESHGATE_CLUSTER_ETCD_CA_FILE".into(),
+                pki.ca.display().to_string(),
+            ),
+            (
+                "MESHGATE_CLUSTER_ETCD_CERT_FILE".into(),
+                pki.client_cert.display().to_string(),
+            ),
+            (
+                "MESHGATE_CLUSTER_ETCD_KEY_FILE".into(),
+                pki.client_key.display().to_string(),
+            ),
+        ],
+        ..Default::default()
+    });
+    let key = node.create_namespace("over-tls");
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/k", Some(b"v")).0, 200);
+}
+
+/// (f) etcd with auth on: a node with the user and its password file serves
+/// (namespaces, KV); the wrong password fails start-up naming the user and
+/// the password file.
+#[test]
+fn etcd_user_and_password() {
+    let mut etcd = EtcdProcess::start_plain();
+    etcd.enable_auth("meshgate", "the-right-password");
+    let node = node_on(&etcd, SECRET);
+    let key = node.create_namespace("with-user");
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/k", Some(b"v")).0, 200);
+    assert_eq!(
+        node.with_key(&key, "GET", "/v1/kv/k", None),
+        (200, "v".to_string())
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong.password");
+    std::fs::write(&wrong, "not-the-password\n").unwrap();
+    let err = start_fails(
+        &format!(
+            "{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\netcd_user = \"meshgate\"\netcd_password_file = \"{}\"\n",
+            etcd.url(),
+            wrong.display()
+        ),
+        &[("MESHGATE_CLUSTER_SECRET", SECRET)],
+    );
+    assert!(
+        err.contains(&format!(
+            "etcd at {} refused user meshgate with the password in cluster.etcd_password_file {}",
+            etcd.url(),
+            wrong.display()
+        )),
+        "{err}"
+    );
+}

@@ -11,7 +11,8 @@
 //!   JWTs, refresh rotation rules, wallet challenges, the cluster hop MAC.
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
-//! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`).
+//! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`,
+//!   over TLS and with users), and the seal of the secrets kept in the shared store.
 //! - `cluster/` (cargo feature `cluster`): the pub/sub mesh between nodes
 //!   (gated libp2p GossipSub, registry in the shared store, per-publisher
 //!   ordering) and the node's mesh identity.

@@ -4,6 +4,8 @@
 //! put with a time to live and atomic batches. [`Store`] is the node's handle: the
 //! embedded sled backend on a single node, or etcd in a cluster (cargo feature
 //! `cluster`). Nothing above this module knows which backend it has.
+//! [`SealKey`] and [`adopt_sealed`] keep the cluster's secrets in the shared
+//! store as ciphertext (`seal.rs`).
 
 #[cfg(all(test, feature = "cluster"))]
 mod etcd_process;

@@ -40,8 +40,8 @@ fn node_opts(
 ) -> NodeOpts {
     NodeOpts {
         config: format!(
-            "{TEST_CONFIG}[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nbreaker_failures = 5\nbreaker_probe_seconds = 1\nregister_seconds = 1\n{extra}{tail}",
-            etcd.url()
+            "{TEST_CONFIG}[cluster]\n{}node_id = \"{id}\"\nbreaker_failures = 5\nbreaker_probe_seconds = 1\nregister_seconds = 1\n{extra}{tail}",
+            etcd.cluster_toml()
         ),
         env: vec![("MESHGATE_CLUSTER_SECRET".into(), SECRET.into())],
         data_dir: Some(dir.join(id)),

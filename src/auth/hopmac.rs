@@ -662,7 +662,8 @@ mod tests {
                 "{what} altered yet verified"
             );
         }
-        let changes: Vec<(&str, fn(&mut HopIdentity))> = vec![
+        type Change = fn(&mut HopIdentity);
+        let changes: Vec<(&str, Change)> = vec![
             ("namespace", |i| i.namespace = "evil".into()),
             ("subject", |i| i.subject = "root".into()),
             ("custom", |i| i.custom = "{\"tier\":\"platinum\"}".into()),

@@ -50,19 +50,22 @@ fn node_opts(
     }
 }
 
+/// The bytes one connection sent, shared with the thread relaying it.
+type Sent = Arc<Mutex<Vec<u8>>>;
+
 /// A TCP relay on 127.0.0.1 in front of a node: what a member advertises so
 /// that the test sees the hops sent to it, byte for byte.
 struct Recorder {
     port: u16,
     /// Every byte each connection sent towards the node.
-    conns: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    conns: Arc<Mutex<Vec<Sent>>>,
 }
 
 impl Recorder {
     fn start(to: u16) -> Recorder {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let conns: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let conns: Arc<Mutex<Vec<Sent>>> = Arc::default();
         let all = conns.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {

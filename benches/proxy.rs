@@ -112,7 +112,9 @@ fn main() {
     let secs = if full { 5.0 } else { 0.3 };
     let nginx_bin = nginx_binary();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = node_support::config(dir.path());
+    let mut cfg = node_support::config(dir.path());
+    // The upstream listens on loopback, which the egress policy forbids by default.
+    cfg.deploy.upstream_allow = vec!["127.0.0.0/8".into()];
 
     // The upstream runs on its own thread and runtime, as a separate server would.
     let (tx, rx) = std::sync::mpsc::channel();

@@ -117,15 +117,17 @@ pub fn embedded_v4(ip: Ipv6Addr) -> Option<(Ipv4Addr, &'static str)> {
     }
 }
 
-/// The address itself, and the IPv4 address it carries (with how), if any.
-fn forms(ip: IpAddr) -> Vec<(IpAddr, Option<&'static str>)> {
-    let mut out = vec![(ip, None)];
-    if let IpAddr::V6(v6) = ip
-        && let Some((v4, how)) = embedded_v4(v6)
-    {
-        out.push((IpAddr::V4(v4), Some(how)));
-    }
-    out
+/// An address as given, and the IPv4 address it carries (with how), if any.
+type Forms = [Option<(IpAddr, Option<&'static str>)>; 2];
+
+/// The address itself, and the IPv4 address it carries (with how), if any
+/// (no allocation: this runs on every proxied request to a literal address).
+fn forms(ip: IpAddr) -> Forms {
+    let carried = match ip {
+        IpAddr::V6(v6) => embedded_v4(v6).map(|(v4, how)| (IpAddr::V4(v4), Some(how))),
+        IpAddr::V4(_) => None,
+    };
+    [Some((ip, None)), carried]
 }
 
 /// An address as the node compares it with its own: IPv4-mapped IPv6 as IPv4.
@@ -346,8 +348,8 @@ impl EgressPolicy {
     }
 
     /// Whether one of the operator's allow entries contains `ip` (any form).
-    fn allowed(&self, forms: &[(IpAddr, Option<&'static str>)], exact: bool) -> bool {
-        forms.iter().any(|(f, _)| {
+    fn allowed(&self, forms: &Forms, exact: bool) -> bool {
+        forms.iter().flatten().any(|(f, _)| {
             self.allow
                 .iter()
                 .any(|n| n.contains(f) && (!exact || n.prefix_len() == n.max_prefix_len()))
@@ -373,14 +375,13 @@ impl EgressPolicy {
     /// Checks one address an upstream would connect to.
     pub fn check_addr(&self, ip: IpAddr, port: u16) -> Result<(), Refusal> {
         let forms = forms(ip);
-        let addr = SocketAddr::new(ip, port).to_string();
         let refuse = |kind, rule| Refusal {
             kind,
-            addr: addr.clone(),
+            addr: SocketAddr::new(ip, port).to_string(),
             rule,
             name: None,
         };
-        for (f, _) in &forms {
+        for (f, _) in forms.iter().flatten() {
             if let Some(n) = self.deny.iter().find(|n| n.contains(f)) {
                 return Err(refuse("deny", format!("in [deploy] upstream_deny ({n})")));
             }
@@ -390,7 +391,7 @@ impl EgressPolicy {
         {
             return Err(refuse("own", format!("this node's own {what}")));
         }
-        for (f, how) in &forms {
+        for (f, how) in forms.iter().flatten() {
             if let Some(rule) = builtin_rule(*f)
                 && !self.allowed(&forms, false)
             {

@@ -135,14 +135,14 @@ pub struct ProxyTimeouts {
 }
 
 thread_local! {
-    static CLIENT: RefCell<Option<(Duration, awc::Client)>> = const { RefCell::new(None) };
     static UPSTREAM_CLIENT: RefCell<Option<(Duration, Arc<EgressPolicy>, awc::Client)>> =
         const { RefCell::new(None) };
 }
 
-/// The worker thread's client for deployment upstreams: like [`client`], but
-/// every name resolves through the egress policy, so only checked addresses
-/// are connected. Redirects are never followed.
+/// The worker thread's client for deployment upstreams (awc is
+/// single-threaded; pooled keep-alive connections). Every name resolves
+/// through the egress policy, so only checked addresses are connected.
+/// Redirects are never followed.
 pub(crate) fn upstream_client(t: ProxyTimeouts, egress: &Arc<EgressPolicy>) -> awc::Client {
     UPSTREAM_CLIENT.with(|c| {
         let mut c = c.borrow_mut();
@@ -167,33 +167,6 @@ pub(crate) fn upstream_client(t: ProxyTimeouts, egress: &Arc<EgressPolicy>) -> a
             .timeout(t.response)
             .finish();
         *c = Some((t.connect, egress.clone(), client.clone()));
-        client
-    })
-}
-
-/// The worker thread's client (awc is single-threaded); pooled keep-alive
-/// connections. For node-to-node hops: deployment upstreams use
-/// [`upstream_client`].
-pub(crate) fn client(t: ProxyTimeouts) -> awc::Client {
-    CLIENT.with(|c| {
-        let mut c = c.borrow_mut();
-        if let Some((ct, client)) = c.as_ref()
-            && *ct == t.connect
-        {
-            return client.clone();
-        }
-        let connector = awc::Connector::new()
-            .timeout(t.connect)
-            .max_http_version(actix_web::http::Version::HTTP_11)
-            .limit(1024)
-            .conn_keep_alive(Duration::from_secs(30));
-        let client = awc::Client::builder()
-            .connector(connector)
-            .disable_redirects()
-            .no_default_headers()
-            .timeout(t.response)
-            .finish();
-        *c = Some((t.connect, client.clone()));
         client
     })
 }

@@ -467,8 +467,15 @@ fn deployments_are_cluster_wide() {
     use crate::deploy::{Upstream, deploy_json, via};
     let etcd = EtcdProcess::start();
     let tmp = tempfile::tempdir().unwrap();
-    let a = TestNode::start_with(member_opts(&etcd, "a", free_port(), tmp.path()));
-    let b = TestNode::start_with(member_opts(&etcd, "b", free_port(), tmp.path()));
+    // The upstreams listen on loopback, which the egress policy forbids by default.
+    let member = |id| {
+        let mut o = member_opts(&etcd, id, free_port(), tmp.path());
+        o.env
+            .push(("MESHGATE_DEPLOY_UPSTREAM_ALLOW".into(), "127.0.0.0/8".into()));
+        o
+    };
+    let a = TestNode::start_with(member("a"));
+    let b = TestNode::start_with(member("b"));
     let ns_key = |node: &TestNode, body: &str| {
         let (s, b) = node.op("POST", "/v1/namespaces", Some(body));
         assert_eq!(s, 201, "{b}");

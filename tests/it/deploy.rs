@@ -1,7 +1,9 @@
 //! Deployments (DESIGN.md §7, docs/deployments.md): static sites, the reverse
 //! proxy and its statuses (404, 421, 502, 503, 101), streaming (SSE, a 100 MiB
 //! download with bounded memory), TLS with SNI and certificate reload, HTTP/2,
-//! and the bad inputs of a deploy.
+//! and the bad inputs of a deploy. The upstreams here listen on 127.0.0.1,
+//! which the egress policy forbids by default: these nodes open loopback with
+//! `[deploy] upstream_allow` (the policy itself: tests/it/security/egress.rs).
 
 use crate::common::*;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
@@ -137,6 +139,23 @@ impl Upstream {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+}
+
+/// The `[deploy]` line that opens loopback upstreams (the egress policy
+/// forbids them by default).
+pub(crate) const ALLOW_LOOPBACK: &str = "upstream_allow = [\"127.0.0.0/8\"]\n";
+
+/// The test config with loopback upstreams allowed.
+pub(crate) fn loopback_config() -> String {
+    format!("{TEST_CONFIG}[deploy]\n{ALLOW_LOOPBACK}")
+}
+
+/// A node that may proxy to this process's upstreams on 127.0.0.1.
+pub(crate) fn proxy_node() -> TestNode {
+    TestNode::start_with(NodeOpts {
+        config: loopback_config(),
+        ..Default::default()
+    })
 }
 
 /// A port nothing listens on.
@@ -344,7 +363,7 @@ fn static_site_serves_files_with_etags() {
 /// upstream URLs and hosts are 400; a host of another namespace is 409.
 #[test]
 fn bad_deploys_are_refused_and_store_nothing() {
-    let node = TestNode::start();
+    let node = proxy_node();
     let a = node.create_namespace("alpha");
     let b = node.create_namespace("beta");
     for (i, t) in [
@@ -483,7 +502,7 @@ fn bad_deploys_are_refused_and_store_nothing() {
 fn proxy_routes_rewrites_and_balances() {
     let node = TestNode::start_with(NodeOpts {
         config: format!(
-            "{TEST_CONFIG}[deploy]\nunhealthy_after_failures = 2\nunhealthy_seconds = 2\n"
+            "{TEST_CONFIG}[deploy]\n{ALLOW_LOOPBACK}unhealthy_after_failures = 2\nunhealthy_seconds = 2\n"
         ),
         ..Default::default()
     });
@@ -583,7 +602,7 @@ fn proxy_routes_rewrites_and_balances() {
 fn failed_connection_retries_on_next_instance_with_the_body() {
     let node = TestNode::start_with(NodeOpts {
         config: format!(
-            "{TEST_CONFIG}[deploy]\nunhealthy_after_failures = 1\nunhealthy_seconds = 60\n"
+            "{TEST_CONFIG}[deploy]\n{ALLOW_LOOPBACK}unhealthy_after_failures = 1\nunhealthy_seconds = 60\n"
         ),
         ..Default::default()
     });
@@ -618,7 +637,7 @@ fn failed_connection_retries_on_next_instance_with_the_body() {
 /// stream open (nothing is buffered).
 #[test]
 fn sse_first_event_arrives_before_the_upstream_finishes() {
-    let node = TestNode::start();
+    let node = proxy_node();
     let key = node.create_namespace("events");
     let up = Upstream::start("sse");
     let (s, v) = deploy_json(
@@ -671,7 +690,7 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
 /// far less than the body.
 #[test]
 fn large_download_streams_with_bounded_memory() {
-    let node = TestNode::start();
+    let node = proxy_node();
     let key = node.create_namespace("files");
     let up = Upstream::start("big");
     let (s, v) = deploy_json(
@@ -733,7 +752,7 @@ fn large_download_streams_with_bounded_memory() {
 /// A WebSocket upgrade through the proxy: 101, then frames both ways.
 #[actix_rt::test]
 async fn websocket_upgrade_is_relayed() {
-    let node = TestNode::start();
+    let node = proxy_node();
     let key = node.create_namespace("sockets");
     let up = Upstream::start("ws");
     let (s, v) = deploy_json(
@@ -886,7 +905,7 @@ fn tls_sni_mismatch_http2_and_certificate_reload() {
     }
 
     // A plain node speaks HTTP/2 with prior knowledge on the same port as HTTP/1.1.
-    let plain = TestNode::start();
+    let plain = proxy_node();
     let out = Command::new("curl")
         .args([
             "-s",

@@ -794,8 +794,14 @@ mod tests {
         assert_eq!(literal_ip("[::1]"), Some(IpAddr::V6(Ipv6Addr::LOCALHOST)));
         assert_eq!(literal_ip("::1"), Some(IpAddr::V6(Ipv6Addr::LOCALHOST)));
         assert_eq!(literal_ip("app.test"), None);
-        assert_eq!(literal_addr("http://0x7f.1:2379"), Some("127.0.0.1:2379".parse().unwrap()));
-        assert_eq!(literal_addr("https://[::1]"), Some("[::1]:443".parse().unwrap()));
+        assert_eq!(
+            literal_addr("http://0x7f.1:2379"),
+            Some("127.0.0.1:2379".parse().unwrap())
+        );
+        assert_eq!(
+            literal_addr("https://[::1]"),
+            Some("[::1]:443".parse().unwrap())
+        );
         assert_eq!(literal_addr("http://app.test:80"), None);
     }
 
@@ -804,8 +810,18 @@ mod tests {
     #[tokio::test]
     async fn allow_opens_and_deny_wins() {
         let dir = tempfile::tempdir().unwrap();
-        let p = policy(&dir, &["127.0.0.0/8", "fd00::/8"], &["127.0.0.5", "203.0.113.0/24"]);
-        for open in ["127.0.0.1", "127.1", "[::ffff:127.0.0.1]", "localhost", "[fd00::1]"] {
+        let p = policy(
+            &dir,
+            &["127.0.0.0/8", "fd00::/8"],
+            &["127.0.0.5", "203.0.113.0/24"],
+        );
+        for open in [
+            "127.0.0.1",
+            "127.1",
+            "[::ffff:127.0.0.1]",
+            "localhost",
+            "[fd00::1]",
+        ] {
             assert_eq!(kind_of(&p, open, 80).await, None, "{open}");
         }
         for (host, want) in [
@@ -819,7 +835,9 @@ mod tests {
         ] {
             assert_eq!(kind_of(&p, host, 80).await, Some(want), "{host}");
         }
-        let r = p.check_addr("203.0.113.7".parse().unwrap(), 80).unwrap_err();
+        let r = p
+            .check_addr("203.0.113.7".parse().unwrap(), 80)
+            .unwrap_err();
         assert_eq!(
             r.to_string(),
             "203.0.113.7:80 is in [deploy] upstream_deny (203.0.113.0/24)"
@@ -858,11 +876,20 @@ mod tests {
         ] {
             assert_eq!(kind_of(&p, host, port).await, Some("own"), "{host}:{port}");
         }
-        for (host, port) in [("127.0.0.1", 8081), ("127.0.0.2", 8080), ("etcd.test", 2380)] {
+        for (host, port) in [
+            ("127.0.0.1", 8081),
+            ("127.0.0.2", 8080),
+            ("etcd.test", 2380),
+        ] {
             assert_eq!(kind_of(&p, host, port).await, None, "{host}:{port}");
         }
-        let r = p.check_addr("127.0.0.1".parse().unwrap(), 8080).unwrap_err();
-        assert_eq!(r.to_string(), "127.0.0.1:8080 is this node's own listen address");
+        let r = p
+            .check_addr("127.0.0.1".parse().unwrap(), 8080)
+            .unwrap_err();
+        assert_eq!(
+            r.to_string(),
+            "127.0.0.1:8080 is this node's own listen address"
+        );
         // Named exactly, it opens.
         let exact = policy(&dir, &["127.0.0.1/32"], &[]);
         exact.note_own("listen address", "127.0.0.1", 8080).await;
@@ -880,7 +907,10 @@ mod tests {
     async fn the_test_resolver_rereads_its_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = policy(&dir, &[], &[]);
-        write_hosts(&dir, "# comment\n203.0.113.7 rebind.test other.test # trailing\n");
+        write_hosts(
+            &dir,
+            "# comment\n203.0.113.7 rebind.test other.test # trailing\n",
+        );
         let addrs = p.resolve_checked("rebind.test", 8000).await.unwrap();
         assert_eq!(addrs, ["203.0.113.7:8000".parse::<SocketAddr>().unwrap()]);
         write_hosts(&dir, "127.0.0.1 rebind.test\n");
@@ -921,7 +951,10 @@ mod tests {
         assert!(e.message.contains("http://meta.test:80"), "{}", e.message);
         assert!(e.message.contains("169.254.169.254:80"), "{}", e.message);
         assert!(e.message.contains("link-local"), "{}", e.message);
-        let e = p.check_instance("http://nowhere.test:80").await.unwrap_err();
+        let e = p
+            .check_instance("http://nowhere.test:80")
+            .await
+            .unwrap_err();
         assert_eq!((e.status.as_u16(), e.code), (400, "UPSTREAM_UNRESOLVABLE"));
         p.check_instance("https://203.0.113.9").await.unwrap();
     }
@@ -944,7 +977,11 @@ mod tests {
         assert_eq!(c.deploy.upstream_allow, ["127.0.0.0/8", "::1"]);
         let c = load(env("MESHGATE_DEPLOY_UPSTREAM_DENY", "[\"10.0.0.0/8\"]")).unwrap();
         assert_eq!(c.deploy.upstream_deny, ["10.0.0.0/8"]);
-        let err = load(env("MESHGATE_DEPLOY_UPSTREAM_DENY", "10.0.0.0/8,10.0.0.0/33")).unwrap_err();
+        let err = load(env(
+            "MESHGATE_DEPLOY_UPSTREAM_DENY",
+            "10.0.0.0/8,10.0.0.0/33",
+        ))
+        .unwrap_err();
         assert_eq!(err.0.len(), 1, "{:?}", err.0);
         assert!(
             err.0[0].starts_with("deploy.upstream_deny") && err.0[0].contains("10.0.0.0/33"),

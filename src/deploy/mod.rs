@@ -710,7 +710,9 @@ mod tests {
             DeployConfig::default(),
             "gateway.test".into(),
         );
-        open.create("n", upstream("site", "www.test")).await.unwrap();
+        open.create("n", upstream("site", "www.test"))
+            .await
+            .unwrap();
         let mut v2 = upstream("site", "www.test");
         v2.target = TargetSpec::Upstream {
             instances: vec!["http://203.0.113.7:80".into()],
@@ -726,7 +728,14 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code, "UPSTREAM_FORBIDDEN", "{e}");
         assert!(strict.list("m").await.unwrap().is_empty());
-        assert!(strict.store.get(&host_key("other.test")).await.unwrap().is_none());
+        assert!(
+            strict
+                .store
+                .get(&host_key("other.test"))
+                .await
+                .unwrap()
+                .is_none()
+        );
         open.rollback("n", "site", Some(1)).await.unwrap();
     }
 

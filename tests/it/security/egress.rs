@@ -73,7 +73,8 @@ impl Canary {
     }
 }
 
-fn upstream_body(host: &str, instances: &[String]) -> serde_json::Value {
+fn upstream_body<S: AsRef<str>>(host: &str, instances: &[S]) -> serde_json::Value {
+    let instances: Vec<&str> = instances.iter().map(AsRef::as_ref).collect();
     serde_json::json!({"name": "app", "hosts": [host], "upstream": {"instances": instances}})
 }
 
@@ -150,7 +151,7 @@ fn forbidden_upstreams_are_refused_at_create_and_store_nothing() {
     let key = node.create_namespace("attacker");
     for (i, (authority, addr, rule)) in FORBIDDEN.iter().enumerate() {
         let literal = format!("http://{authority}");
-        let (s, v) = deploy_json(&node, &key, upstream_body("app.test", &[literal.clone()]));
+        let (s, v) = deploy_json(&node, &key, upstream_body("app.test", &[&literal]));
         let (code, msg) = error_of(&v);
         assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{literal}: {v}");
         assert!(
@@ -159,7 +160,7 @@ fn forbidden_upstreams_are_refused_at_create_and_store_nothing() {
         );
         let port = addr.rsplit_once(':').unwrap().1;
         let named = format!("http://n{i}.test:{port}");
-        let (s, v) = deploy_json(&node, &key, upstream_body("app.test", &[named.clone()]));
+        let (s, v) = deploy_json(&node, &key, upstream_body("app.test", &[&named]));
         let (code, msg) = error_of(&v);
         assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{named}: {v}");
         assert!(
@@ -179,7 +180,7 @@ fn forbidden_upstreams_are_refused_at_create_and_store_nothing() {
     let (s, v) = deploy_json(
         &node,
         &key,
-        upstream_body("app.test", &["http://multi.test:80".into()]),
+        upstream_body("app.test", &["http://multi.test:80"]),
     );
     let (code, msg) = error_of(&v);
     assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{v}");
@@ -188,7 +189,7 @@ fn forbidden_upstreams_are_refused_at_create_and_store_nothing() {
     let (s, v) = deploy_json(
         &node,
         &key,
-        upstream_body("app.test", &["http://absent.test:80".into()]),
+        upstream_body("app.test", &["http://absent.test:80"]),
     );
     assert_eq!((s, error_of(&v).0), (400, "UPSTREAM_UNRESOLVABLE"), "{v}");
     nothing_stored(&node, &key, "app.test");
@@ -211,7 +212,14 @@ fn a_name_rebound_to_loopback_is_never_connected() {
     hosts.set("127.0.0.1 rebind.test\n");
     let want_msg = format!("rebind.test resolves to 127.0.0.1:{}", canary.port);
     for _ in 0..4 {
-        let (s, _, b) = via(&node, "rebind.example", "GET", "/latest/meta-data", &[], None);
+        let (s, _, b) = via(
+            &node,
+            "rebind.example",
+            "GET",
+            "/latest/meta-data",
+            &[],
+            None,
+        );
         let (code, msg) = body_error(&b);
         assert_eq!((s, code.as_str()), (502, "UPSTREAM_FORBIDDEN"), "{msg}");
         assert!(msg.contains(&want_msg) && msg.contains("loopback"), "{msg}");
@@ -240,11 +248,7 @@ fn a_name_rebound_to_loopback_is_never_connected() {
     assert_eq!((s, body_error(&b).0.as_str()), (502, "UPSTREAM_FORBIDDEN"));
     assert_eq!(canary.connections(), 0, "the node connected to loopback");
     let (_, b) = node.with_key(&key, "GET", "/v1/deployments/app", None);
-    assert_eq!(
-        json(&b)["target"]["instances"][0]["healthy"],
-        true,
-        "{b}"
-    );
+    assert_eq!(json(&b)["target"]["instances"][0]["healthy"], true, "{b}");
 }
 
 /// The allow list opens 127.0.0.0/8 (what the proxy tests rely on) but not the
@@ -269,16 +273,19 @@ fn allow_opens_loopback_but_not_the_node_itself_and_deny_closes_again() {
         format!("http://[::ffff:127.0.0.1]:{port}"),
         format!("http://0.0.0.0:{port}"),
     ] {
-        let (s, v) = deploy_json(&node, &key, upstream_body("self.example", &[own.clone()]));
+        let (s, v) = deploy_json(&node, &key, upstream_body("self.example", &[&own]));
         let (code, msg) = error_of(&v);
         assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{own}: {v}");
-        assert!(msg.contains("own listen address") || msg.contains("unspecified"), "{own}: {msg}");
+        assert!(
+            msg.contains("own listen address") || msg.contains("unspecified"),
+            "{own}: {msg}"
+        );
     }
     // Opening loopback opens nothing else.
     let (s, v) = deploy_json(
         &node,
         &key,
-        upstream_body("other.example", &["http://10.0.0.1:80".into()]),
+        upstream_body("other.example", &["http://10.0.0.1:80"]),
     );
     assert_eq!((s, error_of(&v).0), (400, "UPSTREAM_FORBIDDEN"), "{v}");
 
@@ -302,7 +309,11 @@ fn allow_opens_loopback_but_not_the_node_itself_and_deny_closes_again() {
     let (code, msg) = body_error(&b);
     assert_eq!((s, code.as_str()), (502, "UPSTREAM_FORBIDDEN"), "{msg}");
     assert!(msg.contains("upstream_deny"), "{msg}");
-    assert_eq!(canary.connections(), 0, "the node connected to a denied address");
+    assert_eq!(
+        canary.connections(),
+        0,
+        "the node connected to a denied address"
+    );
 }
 
 /// A server on 127.0.0.1 that answers every request with a redirect.
@@ -397,7 +408,7 @@ fn a_tenant_cannot_point_a_deployment_at_the_nodes_etcd() {
             etcd_url.clone(),
             format!("http://etcd.internal.test:{etcd_port}"),
         ] {
-            let (s, v) = deploy_json(node, &key, upstream_body("etcd.example", &[instance.clone()]));
+            let (s, v) = deploy_json(node, &key, upstream_body("etcd.example", &[&instance]));
             let (code, msg) = error_of(&v);
             assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{instance}: {v}");
             assert!(

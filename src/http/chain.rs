@@ -549,28 +549,26 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
         },
         // No source address is trusted: behind a TLS proxy on loopback every
         // public request arrives from 127.0.0.1.
-        Some(Policy::Admin) => {
-            match &id {
-                Some(i) if i.operator => Ok(None),
-                None if wants_sign_in_page(&req) => {
-                    return Ok(req.into_response(
-                        HttpResponse::SeeOther()
-                            .insert_header((header::LOCATION, "/__admin/login"))
-                            .insert_header((header::CACHE_CONTROL, "no-store"))
-                            .finish()
-                            .map_into_right_body(),
-                    ));
-                }
-                Some(_) => Err(ApiError::forbidden(
-                    "OPERATOR_ONLY",
-                    "the dashboard needs the operator key",
-                )),
-                None => Err(ApiError::unauthorized(
-                    "MISSING_CREDENTIAL",
-                    "the dashboard needs the operator key",
-                )),
+        Some(Policy::Admin) => match &id {
+            Some(i) if i.operator => Ok(None),
+            None if wants_sign_in_page(&req) => {
+                return Ok(req.into_response(
+                    HttpResponse::SeeOther()
+                        .insert_header((header::LOCATION, "/__admin/login"))
+                        .insert_header((header::CACHE_CONTROL, "no-store"))
+                        .finish()
+                        .map_into_right_body(),
+                ));
             }
-        }
+            Some(_) => Err(ApiError::forbidden(
+                "OPERATOR_ONLY",
+                "the dashboard needs the operator key",
+            )),
+            None => Err(ApiError::unauthorized(
+                "MISSING_CREDENTIAL",
+                "the dashboard needs the operator key",
+            )),
+        },
         Some(Policy::Internal) => match &id {
             Some(i) if i.kind == "hop" => Ok(None),
             _ => Err(ApiError::forbidden(

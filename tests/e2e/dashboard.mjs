@@ -172,8 +172,8 @@ async function main() {
     const offsite = [];
     page.on("request", (req) => { if (!req.url().startsWith(node.base)) offsite.push(req.url()); });
     // Loopback is no credential: the browser is sent to the sign-in form first.
-    const first = await page.goto(`${node.base}/__admin`);
-    check(new URL(first.url()).pathname === "/__admin/login", `an unsigned browser lands on the sign-in form (${first.url()})`);
+    const unsigned = await page.goto(`${node.base}/__admin`);
+    check(new URL(unsigned.url()).pathname === "/__admin/login", `an unsigned browser lands on the sign-in form (${unsigned.url()})`);
     await page.fill('input[name="key"]', KEY);
     const [resp] = await Promise.all([
       page.waitForNavigation(),

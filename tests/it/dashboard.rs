@@ -22,7 +22,11 @@ fn get(n: &TestNode, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String,
 
 /// A dashboard GET with the operator key (loopback is no credential).
 fn admin(n: &TestNode, path: &str) -> (u16, Vec<(String, String)>, String) {
-    get(n, path, &[("authorization", &format!("Bearer {OPERATOR_KEY}"))])
+    get(
+        n,
+        path,
+        &[("authorization", &format!("Bearer {OPERATOR_KEY}"))],
+    )
 }
 
 const ROUTES: &[&str] = &[
@@ -422,7 +426,12 @@ fn stream_sends_a_snapshot_every_tick() {
     let key = n.create_namespace("alpha");
     // A first use starts the namespace's supervisor, so the next tick lists it.
     assert_eq!(n.with_key(&key, "PUT", "/v1/kv/a", Some(b"1")).0, 200);
-    let (s, h, body) = stream_for(&n, "/__admin/api/stream", &[("authorization", &format!("Bearer {OPERATOR_KEY}"))], Duration::from_millis(2600));
+    let (s, h, body) = stream_for(
+        &n,
+        "/__admin/api/stream",
+        &[("authorization", &format!("Bearer {OPERATOR_KEY}"))],
+        Duration::from_millis(2600),
+    );
     assert_eq!(s, 200);
     assert!(
         header(&h, "content-type")

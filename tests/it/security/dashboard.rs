@@ -7,7 +7,11 @@ use crate::common::{NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http,
 
 const SNAPSHOT: &str = "/__admin/api/snapshot";
 
-fn status(n: &TestNode, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
+fn status(
+    n: &TestNode,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<(String, String)>, String) {
     let (s, h, b) = http("GET", &n.url(path), headers, None);
     (s, h, String::from_utf8_lossy(&b).into_owned())
 }
@@ -53,11 +57,18 @@ fn snapshot_trusts_no_address() {
             assert_eq!(s, 401, "X-Forwarded-For {xff} (trusted={trusted}): {body}");
         }
         let tenant = n.create_namespace("tenant");
-        let (s, _, body) = status(&n, SNAPSHOT, &[("authorization", &format!("Bearer {tenant}"))]);
+        let (s, _, body) = status(
+            &n,
+            SNAPSHOT,
+            &[("authorization", &format!("Bearer {tenant}"))],
+        );
         assert_eq!(s, 403, "a tenant's key: {body}");
         assert_eq!(json(&body)["error"]["code"], "OPERATOR_ONLY");
-        let (s, _, body) =
-            status(&n, SNAPSHOT, &[("authorization", &format!("Bearer {OPERATOR_KEY}"))]);
+        let (s, _, body) = status(
+            &n,
+            SNAPSHOT,
+            &[("authorization", &format!("Bearer {OPERATOR_KEY}"))],
+        );
         assert_eq!(s, 200, "the operator key: {body}");
         assert!(json(&body)["node"].is_object(), "a snapshot: {body}");
         let cookie = sign_in(&n, &[("x-forwarded-for", "203.0.113.9")]);
@@ -94,7 +105,10 @@ fn every_dashboard_route_needs_the_key_from_loopback() {
     assert_eq!(header(&h, "location"), Some("/__admin/login"));
     let (s, _, page) = status(&n, "/__admin/login", &[accept]);
     assert_eq!(s, 200);
-    assert!(page.contains("name=\"key\"") && !page.contains("uptime"), "{page}");
+    assert!(
+        page.contains("name=\"key\"") && !page.contains("uptime"),
+        "{page}"
+    );
     // Refused before it starts, the stream is a plain 401 answer.
     let (s, _, _) = status(&n, "/__admin/api/stream", &[]);
     assert_eq!(s, 401, "the event stream");

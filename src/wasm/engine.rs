@@ -298,8 +298,15 @@ impl WasmEngine {
         let (module, cached) = match inner.cache.load(engine, &sha256) {
             Some(module) => (module, true),
             None => {
-                let module = Module::new(engine, wasm)
-                    .map_err(|e| WasmError::InvalidModule(format!("{e:#}")))?;
+                check_module_shape(wasm)?;
+                let module = Module::new(engine, wasm).map_err(|e| {
+                    let what = if wasm.starts_with(WASM_MAGIC) {
+                        "not a valid WebAssembly binary"
+                    } else {
+                        "not valid WAT text"
+                    };
+                    WasmError::InvalidModule(format!("{what}: {e:#}"))
+                })?;
                 (module, false)
             }
         };
@@ -476,4 +483,22 @@ fn classify(err: wasmtime::Error, memory_refused: bool) -> Result<()> {
         return Err(WasmError::MemoryLimit);
     }
     Err(WasmError::Trapped(format!("{:#}", err)))
+}
+
+/// The four bytes every WebAssembly binary starts with.
+const WASM_MAGIC: &[u8] = b"\0asm";
+
+/// A module is a WebAssembly binary (`\0asm`) or WAT text (a `(` or a comment
+/// first); anything else is named as such instead of with a parser's message.
+fn check_module_shape(wasm: &[u8]) -> Result<()> {
+    if wasm.starts_with(WASM_MAGIC) {
+        return Ok(());
+    }
+    let text = std::str::from_utf8(wasm).map(str::trim_start);
+    match text {
+        Ok(t) if t.starts_with('(') || t.starts_with(";;") => Ok(()),
+        _ => Err(WasmError::InvalidModule(
+            "not a WebAssembly module (no \\0asm header, and not WAT text)".into(),
+        )),
+    }
 }

@@ -209,7 +209,10 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             client,
         } => {
             if !dir.is_dir() {
-                return Err(format!("{} is not a folder", dir.display()));
+                return Err(format!(
+                    "{} is not a folder (give the folder holding the site's files, e.g. ./public)",
+                    dir.display()
+                ));
             }
             let name = name.unwrap_or_else(|| {
                 let abs = std::fs::canonicalize(&dir).unwrap_or(dir.clone());
@@ -218,13 +221,14 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             let tgz = crate::deploy::site::pack_dir(&dir)
                 .map_err(|e| format!("cannot pack {}: {e}", dir.display()))?;
             let parts = vec![
-                ("name", name.into_bytes()),
+                ("name", name.clone().into_bytes()),
                 ("hosts", hosts.join(",").into_bytes()),
                 ("tarball", tgz),
             ];
             let boundary = format!("meshgate{}", hex::encode(crate::node::random_bytes::<12>()));
             let body = multipart(&boundary, &parts);
             let ct = format!("multipart/form-data; boundary={boundary}");
+            eprintln!("deploying {} as deployment {name:?}", dir.display());
             let out = call_raw(&client, "POST", "/v1/deployments", &ct, body).await?;
             print(&serde_json::from_slice(&out).unwrap_or(Value::Null));
         }
@@ -425,5 +429,14 @@ fn error_text(status: u16, v: &Value) -> String {
         .pointer("/error/message")
         .and_then(Value::as_str)
         .unwrap_or("");
-    format!("{status} {code}: {msg}")
+    // The node speaks of HTTP headers; the CLI's user has flags.
+    let hint = match code {
+        "NAMESPACE_REQUIRED" => {
+            " (with the operator key, name the namespace: -n/--namespace NAME; \
+             or use one of the namespace's keys with --key)"
+        }
+        "MISSING_CREDENTIAL" => " (pass --key, or set MESHGATE_KEY)",
+        _ => "",
+    };
+    format!("{status} {code}: {msg}{hint}")
 }

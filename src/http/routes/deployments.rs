@@ -180,7 +180,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<NewDeployment
     let cfg = &node.deployments.config;
     let (mut name, mut hosts, mut tarball, mut routes) = (None, None, None, None);
     while let Some(field) = mp.next().await {
-        let mut field = field.map_err(|e| bad("MALFORMED_MULTIPART", e.to_string()))?;
+        let mut field = field.map_err(super::functions::multipart_error)?;
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
             "tarball" => {

@@ -105,6 +105,30 @@ fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::bad_request(code, message)
 }
 
+/// A multipart parse failure in words a person reads (the parser's own
+/// messages name Rust variants), as 400 `MALFORMED_MULTIPART`.
+pub(super) fn multipart_error(e: actix_multipart::MultipartError) -> ApiError {
+    use actix_multipart::MultipartError as E;
+    let why = match e {
+        E::ContentTypeMissing | E::ContentTypeParse | E::ContentTypeIncompatible => {
+            "the body is not multipart/form-data: send the parts as a form \
+             (curl -F name=... -F file=@...), with Content-Type: multipart/form-data; boundary=..."
+                .to_string()
+        }
+        E::BoundaryMissing => {
+            "the Content-Type has no boundary=...; let the client build the multipart body".into()
+        }
+        E::ContentDispositionMissing | E::ContentDispositionNameMissing => {
+            "a part has no Content-Disposition: form-data; name=\"...\" header".into()
+        }
+        E::Nested => "nested multipart bodies are not accepted".into(),
+        E::Incomplete => "the multipart body ends before its closing boundary".into(),
+        E::Payload(p) => format!("the body could not be read: {p}"),
+        other => format!("the multipart body could not be parsed: {other}"),
+    };
+    bad("MALFORMED_MULTIPART", why)
+}
+
 /// Reads one multipart field whole, refusing more than `limit` bytes with 413.
 pub(super) async fn read_field(
     field: &mut actix_multipart::Field,
@@ -113,7 +137,7 @@ pub(super) async fn read_field(
 ) -> ApiResult<Vec<u8>> {
     let mut buf = Vec::new();
     while let Some(chunk) = field.next().await {
-        let chunk = chunk.map_err(|e| bad("MALFORMED_MULTIPART", e.to_string()))?;
+        let chunk = chunk.map_err(multipart_error)?;
         if buf.len() + chunk.len() > limit {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -147,7 +171,7 @@ async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployR
     let (mut wasm, mut name, mut mem, mut timeout, mut public, mut meta) =
         (None, None, None, None, None, None);
     while let Some(field) = mp.next().await {
-        let mut field = field.map_err(|e| bad("MALFORMED_MULTIPART", e.to_string()))?;
+        let mut field = field.map_err(multipart_error)?;
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
             "wasm" => wasm = Some(read_field(&mut field, max_module, "MODULE_TOO_LARGE").await?),

@@ -10,6 +10,21 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+/// Longest KV key, in bytes: keys travel in URLs and in every listing.
+pub const MAX_KV_KEY_BYTES: usize = 1024;
+
+/// Refuses a key over [`MAX_KV_KEY_BYTES`] before it reaches the store.
+fn key_checked(key: web::Path<String>) -> ApiResult<String> {
+    let key = key.into_inner();
+    if key.len() > MAX_KV_KEY_BYTES {
+        return Err(ApiError::bad_request(
+            "KEY_TOO_LONG",
+            format!("the key is {} bytes; at most {MAX_KV_KEY_BYTES}", key.len()),
+        ));
+    }
+    Ok(key)
+}
+
 pub fn register(t: &mut RouteTable) {
     t.add(
         Method::GET,
@@ -50,14 +65,9 @@ pub fn register(t: &mut RouteTable) {
 }
 
 async fn get(ctx: NsCtx, key: web::Path<String>) -> ApiResult<HttpResponse> {
+    let key = key_checked(key)?;
     ctx.require("kv", "read", &key)?;
-    match ctx
-        .handle
-        .ask(KvGet {
-            key: key.into_inner(),
-        })
-        .await??
-    {
+    match ctx.handle.ask(KvGet { key }).await?? {
         Some(v) => Ok(HttpResponse::Ok()
             .content_type("application/octet-stream")
             .body(v)),
@@ -66,10 +76,11 @@ async fn get(ctx: NsCtx, key: web::Path<String>) -> ApiResult<HttpResponse> {
 }
 
 async fn put(ctx: NsCtx, key: web::Path<String>, body: web::Bytes) -> ApiResult<HttpResponse> {
+    let key = key_checked(key)?;
     ctx.require("kv", "write", &key)?;
     ctx.handle
         .ask(KvPut {
-            key: key.into_inner(),
+            key,
             value: body.to_vec(),
         })
         .await??;
@@ -77,13 +88,9 @@ async fn put(ctx: NsCtx, key: web::Path<String>, body: web::Bytes) -> ApiResult<
 }
 
 async fn delete(ctx: NsCtx, key: web::Path<String>) -> ApiResult<HttpResponse> {
+    let key = key_checked(key)?;
     ctx.require("kv", "write", &key)?;
-    let existed = ctx
-        .handle
-        .ask(KvDelete {
-            key: key.into_inner(),
-        })
-        .await??;
+    let existed = ctx.handle.ask(KvDelete { key }).await??;
     if !existed {
         return Err(ApiError::not_found("KEY_NOT_FOUND", "no such key"));
     }

@@ -268,10 +268,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     )
     .with_pubsub(pubsub.clone())
     .with_functions(functions.clone())
-    .with_breakers(
-        config.cluster.breaker_failures,
-        Duration::from_secs(config.cluster.breaker_probe_seconds),
-    );
+    .with_node_id(crate::placement::node_id(&config.cluster));
     let supervisor_stats = sup.stats();
     let supervisor = sup.start();
     let deployments = Arc::new(crate::deploy::Deployments::new(
@@ -407,7 +404,9 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
     let n = node.clone();
     actix_web::rt::spawn(async move {
         while let Some((ns, topic, data, timestamp)) = rx.recv().await {
-            match n.locate(&ns).await {
+            // Only a running supervisor has local subscribers: a namespace
+            // without one here is not started for a message (placement).
+            match n.namespaces.get(&ns).ok_or("no supervisor running here") {
                 Ok(h) => {
                     let msg = crate::actors::FromMesh {
                         topic,
@@ -549,7 +548,7 @@ fn spawn_sweeper(store: crate::storage::SledStore) {
 }
 
 /// The machine's host name (the default node id).
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()

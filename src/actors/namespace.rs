@@ -74,6 +74,10 @@ pub struct NamespaceSupervisor {
     /// The namespace's function invoker (`actors/functions.rs`); None on a
     /// node built without the functions service.
     pub functions: Option<crate::functions::Invoker>,
+    /// Whether this node is a member of the namespace. A non-member's
+    /// supervisor (sockets, operator views, claims) loads no triggers and
+    /// runs no cron: those run on members only.
+    pub member: bool,
 }
 
 impl NamespaceSupervisor {
@@ -91,7 +95,14 @@ impl NamespaceSupervisor {
             mailbox_capacity,
             topics: Default::default(),
             functions: None,
+            member: true,
         }
+    }
+
+    /// Marks this node a member of the namespace or not (see `member`).
+    pub fn with_member(mut self, member: bool) -> Self {
+        self.member = member;
+        self
     }
 
     /// Gives the namespace its invoker from the node's functions service.
@@ -144,7 +155,12 @@ impl Actor for NamespaceSupervisor {
         // The admission counter in ActorStats is the bound; this is only a backstop.
         ctx.set_mailbox_capacity(self.mailbox_capacity.saturating_mul(2).max(16));
         self.reload(ctx);
-        self.functions_started(ctx);
+        if self.member {
+            self.functions_started(ctx);
+        } else if let Some(inv) = &self.functions {
+            // Guests it runs directly may still publish; no triggers, no cron.
+            inv.attach(ctx.address(), self.stats.clone());
+        }
     }
 }
 

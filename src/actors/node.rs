@@ -2,6 +2,12 @@
 //! over the node's actor threads) and forgets them when a namespace is deleted.
 //! Handlers find a running supervisor in the shared [`Namespaces`] directory
 //! without a hop; only a first use goes through this actor.
+//!
+//! In a cluster, a namespace's full supervisor (triggers loaded, cron
+//! ticking) starts only on its members. On a non-member a supervisor starts
+//! only for what cannot be forwarded (sockets, operator views, a token's
+//! claims provider), and then without triggers or cron; forwarding itself
+//! starts none (its breakers live in [`crate::placement::Cluster`]).
 
 use super::namespace::{NamespaceRecord, NamespaceSupervisor, NsError, ns_key};
 use super::stats::{ActorDirectory, ActorStats, AskError, ask};
@@ -23,9 +29,9 @@ pub struct NsHandle {
     pub name: Arc<str>,
     pub addr: Addr<NamespaceSupervisor>,
     pub stats: Arc<ActorStats>,
-    /// The breakers of the namespace's members (cluster forwarding), created
-    /// with the supervisor and living as long as it runs.
-    pub breakers: Arc<crate::placement::Breakers>,
+    /// Whether this node is a member of the namespace (always on a single
+    /// node): only then does its supervisor run triggers and cron.
+    pub member: bool,
 }
 
 impl NsHandle {
@@ -75,8 +81,9 @@ pub struct NodeSupervisor {
     stats: Arc<ActorStats>,
     pubsub: crate::pubsub::PubSubService,
     functions: Option<crate::functions::FunctionsService>,
-    /// Breaker threshold and probe interval of every namespace's members.
-    breaker: (u32, std::time::Duration),
+    /// This node's id in a cluster ([`crate::placement::node_id`]); None on a
+    /// single node, where every namespace is served in full.
+    node_id: Option<String>,
 }
 
 impl NodeSupervisor {
@@ -102,13 +109,14 @@ impl NodeSupervisor {
             stats,
             pubsub: Default::default(),
             functions: None,
-            breaker: (5, std::time::Duration::from_secs(30)),
+            node_id: None,
         }
     }
 
-    /// Sets the breaker threshold and probe interval of the namespaces' members.
-    pub fn with_breakers(mut self, threshold: u32, probe_every: std::time::Duration) -> Self {
-        self.breaker = (threshold, probe_every);
+    /// Sets this node's cluster id, so only the namespaces it is a member of
+    /// get a full supervisor.
+    pub fn with_node_id(mut self, node_id: Option<String>) -> Self {
+        self.node_id = node_id;
         self
     }
 
@@ -131,7 +139,7 @@ impl NodeSupervisor {
         &self.arbiters[(h.finish() as usize) % self.arbiters.len()]
     }
 
-    fn start_namespace(&mut self, name: &str) -> NsHandle {
+    fn start_namespace(&mut self, name: &str, member: bool) -> NsHandle {
         let stats =
             self.directory
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
@@ -147,21 +155,19 @@ impl NodeSupervisor {
             NamespaceSupervisor::new(n, store, s, cap)
                 .with_pubsub(pubsub)
                 .with_functions(functions)
+                .with_member(member)
         });
         let handle = NsHandle {
             name: name.into(),
             addr,
             stats,
-            breakers: Arc::new(crate::placement::Breakers::new(
-                self.breaker.0,
-                self.breaker.1,
-            )),
+            member,
         };
         self.namespaces
             .0
             .write()
             .insert(name.to_string(), handle.clone());
-        tracing::debug!(namespace = %name, "Namespace supervisor started.");
+        tracing::debug!(namespace = %name, member, "Namespace supervisor started.");
         handle
     }
 }
@@ -193,10 +199,13 @@ impl Handler<Locate> for NodeSupervisor {
                 .map(move |res, act, _| match res? {
                     None => Err(NsError::NotFound),
                     // Another Locate may have started it while we read the store.
-                    Some(_) => Ok(act
-                        .namespaces
-                        .get(&msg.name)
-                        .unwrap_or_else(|| act.start_namespace(&msg.name))),
+                    Some(rec) => Ok(act.namespaces.get(&msg.name).unwrap_or_else(|| {
+                        let member = act
+                            .node_id
+                            .as_deref()
+                            .is_none_or(|id| crate::placement::is_member(&rec.members, id));
+                        act.start_namespace(&msg.name, member)
+                    })),
                 }),
         )
     }

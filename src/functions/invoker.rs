@@ -293,7 +293,10 @@ impl FunctionsService {
 }
 
 /// Starts, after a restart, the supervisor of every namespace that has
-/// functions, so their cron triggers tick without waiting for a request.
+/// functions, so their cron triggers tick without waiting for a request. In
+/// a cluster only the namespaces this node is a member of: cron and triggers
+/// run on members only (each cron slot still fires once in the cluster: the
+/// member that claims it runs it).
 pub fn wake_namespaces_with_functions(node: &crate::node::Node) {
     let node = node.clone();
     actix_web::rt::spawn(async move {
@@ -313,6 +316,16 @@ pub fn wake_namespaces_with_functions(node: &crate::node::Node) {
             .collect();
         names.dedup();
         for ns in names {
+            if let Some(c) = node.cluster.get() {
+                match c.members(&ns).await {
+                    Ok(Some(m)) if crate::placement::is_member(&m, &c.node_id) => {}
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!(namespace = %ns, error = %e, "Members unknown at start; its cron waits for a request.");
+                        continue;
+                    }
+                }
+            }
             let _ = node.locate(&ns).await;
         }
     });

@@ -263,7 +263,11 @@ pub async fn client_rate_limit<B: MessageBody + 'static>(
     let from_peer = req
         .extensions()
         .get::<Identity>()
-        .is_some_and(|i| i.kind == "hop");
+        .is_some_and(|i| i.kind == "hop")
+        || req
+            .extensions()
+            .get::<crate::placement::forward::AnonymousHop>()
+            .is_some();
     if !from_peer && let Some(ip) = ip {
         let key = bucket_key(ip);
         let (lim, code, bucket) = match policy_of(&req) {

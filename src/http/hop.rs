@@ -7,6 +7,12 @@
 //! (401 `HOP_BODY_MISMATCH`), so a body changed on the way is never acted on.
 //! The same bytes are then handed on to the handler. The gate deletes the
 //! headers either way, so the MAC is consumed here and never forwarded.
+//!
+//! An anonymous hop (empty namespace, subject
+//! [`ANONYMOUS_HOP`](crate::placement::forward::ANONYMOUS_HOP), nothing
+//! else: a public invoke forwarded for a caller without a credential)
+//! yields no identity: the request is as anonymous here as it was where it
+//! arrived, only marked [`AnonymousHop`] so it is not forwarded again.
 
 use super::chain::Identity;
 use super::error::ApiError;
@@ -15,6 +21,7 @@ use crate::auth::{
     HopRequest,
 };
 use crate::node::Node;
+use crate::placement::forward::{ANONYMOUS_HOP, AnonymousHop};
 use actix_web::HttpMessage;
 use actix_web::dev::{Payload, ServiceRequest};
 use actix_web::http::StatusCode;
@@ -68,6 +75,22 @@ pub async fn verify_hop(
         return Ok(None);
     }
     check_body(node, req, &claimed).await?;
+    if hop.namespace.is_empty() {
+        let anonymous = hop.subject == ANONYMOUS_HOP
+            && hop.grants.is_empty()
+            && hop.custom.is_empty()
+            && hop.exp.is_none()
+            && hop.iat.is_none()
+            && hop.jti.is_none()
+            && hop.device.is_none()
+            && hop.session.is_none();
+        if anonymous {
+            req.extensions_mut().insert(AnonymousHop);
+        } else {
+            tracing::warn!(subject = %hop.subject, "Hop without a namespace that is not the anonymous one; its identity headers are dropped.");
+        }
+        return Ok(None);
+    }
     Ok(Some(Identity {
         subject: hop.subject.clone(),
         namespace: Some(hop.namespace.clone()),

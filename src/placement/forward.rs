@@ -9,6 +9,18 @@
 //! signed by `peer_ca_file`) is passed over; a member reached that failed is
 //! not retried. Failures of the member itself (failed or timed-out
 //! connection, a 502/503/504 its gateway produced) count against its breaker.
+//!
+//! The namespace is the one the request acts on, except on the by-namespace
+//! invoke route (`POST /v1/invoke/{namespace}/{name}`), where it is the
+//! namespace the path names: that route is forwarded to the members of the
+//! named namespace whoever calls, a caller without a credential included.
+//! Such an anonymous call travels under an anonymous hop ([`ANONYMOUS_HOP`]),
+//! which the member turns into no identity at all: it grants nothing, and the
+//! member still checks that the function is public. A caller with a
+//! credential travels as itself (its own namespace and grants), so a
+//! credential of another namespace reaches only public functions there too.
+//! Forwarding keeps nothing for the namespace on this node but its breakers
+//! ([`super::Cluster::breakers`]): no namespace supervisor is started.
 
 use super::peer::{PeerTimeouts, hop_body_limit, peer_client};
 use super::{Admit, rendezvous};
@@ -29,6 +41,13 @@ use std::time::Duration;
 /// Names the member that served a forwarded request.
 pub const MEMBER_HEADER: &str = "x-meshgate-member";
 
+/// Put on a request that came by a valid anonymous hop (a caller without a
+/// credential, forwarded by a peer): it has no identity, is not forwarded
+/// again and, like any hop, is not counted against the client rate limit
+/// (the node it reached first did that).
+#[derive(Debug, Clone, Copy)]
+pub struct AnonymousHop;
+
 fn node(req: &ServiceRequest) -> Node {
     req.app_data::<web::Data<Node>>()
         .expect("node data")
@@ -36,10 +55,34 @@ fn node(req: &ServiceRequest) -> Node {
         .clone()
 }
 
-/// The hop identity for `target` (an operator acts with every grant there).
+/// The subject of an anonymous hop (its namespace is empty, no real
+/// namespace is): a caller without a credential on a route that takes one.
+pub const ANONYMOUS_HOP: &str = "anonymous";
+
+/// The hop identity of an anonymous caller: no namespace, no grants.
+fn anonymous_hop() -> HopIdentity {
+    HopIdentity {
+        namespace: String::new(),
+        subject: ANONYMOUS_HOP.into(),
+        custom: String::new(),
+        grants: Vec::new(),
+        exp: None,
+        iat: None,
+        jti: None,
+        device: None,
+        session: None,
+    }
+}
+
+/// The hop identity of `id` acting on `target`: the credential's own
+/// namespace and grants (an operator acts on `target` with every grant).
 fn hop_identity(id: &Identity, target: &str) -> HopIdentity {
     HopIdentity {
-        namespace: target.to_string(),
+        namespace: if id.operator {
+            target.to_string()
+        } else {
+            id.namespace.clone().unwrap_or_default()
+        },
         subject: id.subject.clone(),
         custom: if id.custom.is_null() {
             String::new()
@@ -59,6 +102,28 @@ fn hop_identity(id: &Identity, target: &str) -> HopIdentity {
     }
 }
 
+/// The namespace a by-namespace route names in its path (the segment where
+/// its pattern has `{namespace}`), when it could be a namespace name (one
+/// that is not is answered here: 404 from the handler).
+fn path_namespace(req: &ServiceRequest) -> Option<String> {
+    let pattern = req.match_pattern()?;
+    let at = pattern.split('/').position(|s| s == "{namespace}")?;
+    let ns = req.path().split('/').nth(at)?;
+    let plausible = !ns.is_empty()
+        && ns.len() <= 64
+        && ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    plausible.then(|| ns.to_string())
+}
+
+/// Whether a request came by hop (identified or anonymous): a hop is served
+/// where it lands, never forwarded twice.
+fn came_by_hop(req: &ServiceRequest) -> bool {
+    let ext = req.extensions();
+    ext.get::<Identity>().is_some_and(|i| i.kind == "hop") || ext.get::<AnonymousHop>().is_some()
+}
+
 /// The members a request for `ns` should go to, or None to serve it here.
 /// A store failure is the request's answer (503): serving a namespace here
 /// without knowing its members could split it.
@@ -69,21 +134,29 @@ async fn members_elsewhere(
     let Some(cluster) = node.cluster.get() else {
         return Ok(None);
     };
-    let ns_policy = matches!(
-        crate::http::policy_of(req),
-        Some(Policy::Ns { .. } | Policy::NsOrAnonymous { .. } | Policy::NsCredential { .. })
-    );
-    if !ns_policy {
+    let policy = crate::http::policy_of(req);
+    let by_path = matches!(policy, Some(Policy::NsOrAnonymous { .. }));
+    let ns_policy = by_path
+        || matches!(
+            policy,
+            Some(Policy::Ns { .. } | Policy::NsCredential { .. })
+        );
+    if !ns_policy || came_by_hop(req) {
         return Ok(None);
     }
-    let Some(target) = req.extensions().get::<Target>().map(|t| t.0.clone()) else {
+    // The by-namespace route acts on the namespace its path names, whoever
+    // calls; every other route on the one authorization settled.
+    let target = if by_path {
+        path_namespace(req)
+    } else {
+        req.extensions().get::<Target>().map(|t| t.0.clone())
+    };
+    let Some(target) = target else {
         return Ok(None);
     };
-    let Some(kind) = req.extensions().get::<Identity>().map(|i| i.kind) else {
-        return Ok(None);
-    };
-    // A hop is served where it lands: never forwarded twice.
-    if kind == "hop" {
+    // Without a credential only the by-namespace route gets this far
+    // (authorization refused the others).
+    if req.extensions().get::<Identity>().is_none() && !by_path {
         return Ok(None);
     }
     // Sockets stay on the node they reached; the mesh carries their messages.
@@ -92,9 +165,10 @@ async fn members_elsewhere(
     }
     // A namespace that does not exist is answered here (404 from its handler).
     let Some(members) = cluster.members(&target).await? else {
+        cluster.forget_breakers(&target);
         return Ok(None);
     };
-    if members.is_empty() || members.iter().any(|m| *m == cluster.node_id) {
+    if super::is_member(&members, &cluster.node_id) {
         return Ok(None);
     }
     Ok(Some((target, members)))
@@ -127,11 +201,7 @@ pub async fn cluster_forward<B: MessageBody + 'static>(
             return Ok(ServiceResponse::new(http, e.error_response_owned()).map_into_right_body());
         }
     };
-    let id = req
-        .extensions()
-        .get::<Identity>()
-        .cloned()
-        .expect("checked");
+    let id = req.extensions().get::<Identity>().cloned();
     let (http, payload) = req.into_parts();
     let resp = match forward(&n, &http, payload, &target, &members, &id).await {
         Ok(r) => r,
@@ -173,7 +243,7 @@ async fn forward(
     payload: actix_web::dev::Payload,
     target: &str,
     members: &[String],
-    id: &Identity,
+    id: &Option<Identity>,
 ) -> Result<HttpResponse, ApiError> {
     let cluster = n.cluster.get().expect("cluster mode");
     let key = n.hop_key.as_ref().ok_or_else(|| {
@@ -183,9 +253,15 @@ async fn forward(
             "this node has no cluster secret, so it cannot forward",
         )
     })?;
-    let handle = n.locate(target).await?;
-    let breakers = handle.breakers.clone();
-    let hop = hop_identity(id, target);
+    let breakers = cluster.breakers(
+        target,
+        n.config.cluster.breaker_failures,
+        Duration::from_secs(n.config.cluster.breaker_probe_seconds),
+    );
+    let hop = match id {
+        Some(id) => hop_identity(id, target),
+        None => anonymous_hop(),
+    };
     // Sockets are never forwarded (see `members_elsewhere`), so the body is
     // a finite one: read it whole, as its digest goes into the MAC.
     let body = read_body(req, payload, hop_body_limit(&n.config)).await?;
@@ -212,7 +288,14 @@ async fn forward(
         .extensions()
         .get::<crate::http::RequestId>()
         .map(|r| r.0.clone());
-    for member in rendezvous(members, &id.subject) {
+    // Anonymous callers spread by request id, so they do not all land on
+    // the same member.
+    let spread = match (id, &request_id) {
+        (Some(id), _) => id.subject.clone(),
+        (None, Some(rid)) => rid.clone(),
+        (None, None) => String::new(),
+    };
+    for member in rendezvous(members, &spread) {
         match breakers.admit(member) {
             Admit::No => {
                 n.metrics

@@ -11,7 +11,12 @@
 //!   ([`forward`]): to the member the credential hashes to, then the others,
 //!   skipping open breakers, with the resolved identity under a hop MAC (V4,
 //!   over the query and the body's digest too), over TLS to a member that
-//!   advertises `https://` ([`peer`]).
+//!   advertises `https://` ([`peer`]). Anonymous public invokes are forwarded
+//!   too, under an anonymous hop that carries no identity.
+//! - Placement is respected: only members run a namespace's functions, cron
+//!   and triggers (the node supervisor starts a full namespace supervisor on
+//!   members only). A non-member keeps nothing for a namespace it forwards
+//!   but its breakers, held here ([`Cluster::breakers`]), not in a supervisor.
 
 mod breaker;
 pub mod forward;
@@ -50,6 +55,27 @@ pub struct Cluster {
     /// Namespace members recently read from the store (see [`Cluster::members`]).
     members:
         parking_lot::Mutex<std::collections::HashMap<String, (Vec<String>, std::time::Instant)>>,
+    /// The breakers of the namespaces this node forwarded for, one
+    /// [`Breakers`] (per member) per namespace: all a non-member keeps.
+    breakers: RwLock<std::collections::BTreeMap<String, Arc<Breakers>>>,
+}
+
+/// This node's id in cluster mode (`[cluster] node_id`, by default the host
+/// name); None on a single node.
+pub fn node_id(c: &crate::config::ClusterConfig) -> Option<String> {
+    if c.etcd.is_empty() {
+        return None;
+    }
+    Some(if c.node_id.is_empty() {
+        crate::node::hostname()
+    } else {
+        c.node_id.clone()
+    })
+}
+
+/// Whether node `id` serves a namespace placed on `members` (empty: every node).
+pub fn is_member(members: &[String], id: &str) -> bool {
+    members.is_empty() || members.iter().any(|m| m == id)
 }
 
 /// How long a namespace's members, once read, are believed. Members are set
@@ -88,6 +114,7 @@ impl Cluster {
             live: RwLock::new(Vec::new()),
             every,
             members: Default::default(),
+            breakers: Default::default(),
         });
         c.announce().await?;
         let weak = Arc::downgrade(&c);
@@ -137,6 +164,34 @@ impl Cluster {
             (rec.members.clone(), std::time::Instant::now()),
         );
         Ok(Some(rec.members))
+    }
+
+    /// The breakers of namespace `ns`'s members, created (with `threshold`
+    /// and `probe_every`) the first time this node forwards for it. A
+    /// deleted namespace's breakers go with [`Cluster::forget_breakers`].
+    pub fn breakers(&self, ns: &str, threshold: u32, probe_every: Duration) -> Arc<Breakers> {
+        if let Some(b) = self.breakers.read().get(ns) {
+            return b.clone();
+        }
+        self.breakers
+            .write()
+            .entry(ns.to_string())
+            .or_insert_with(|| Arc::new(Breakers::new(threshold, probe_every)))
+            .clone()
+    }
+
+    /// Every namespace's breakers, by namespace name.
+    pub fn all_breakers(&self) -> Vec<(String, Arc<Breakers>)> {
+        self.breakers
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Drops a namespace's breakers (it was deleted).
+    pub fn forget_breakers(&self, ns: &str) {
+        self.breakers.write().remove(ns);
     }
 
     /// Writes this node's entry and re-reads the live nodes.

@@ -668,3 +668,272 @@ fn mesh_messages_take_mailbox_slots() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A `multipart/form-data` deploy of `wasm` as `name` into namespace `ns`
+/// with the operator key through `node`, plus extra text parts.
+fn deploy_as_operator(node: &TestNode, ns: &str, name: &str, wasm: &[u8], extra: &[(&str, &str)]) {
+    let boundary = "mgplacementboundary";
+    let mut body = Vec::new();
+    let mut parts: Vec<(&str, &[u8])> = vec![("name", name.as_bytes()), ("wasm", wasm)];
+    for (k, v) in extra {
+        parts.push((k, v.as_bytes()));
+    }
+    for (name, data) in parts {
+        body.extend_from_slice(
+            format!("--{boundary}\r\ncontent-disposition: form-data; name=\"{name}\"\r\n\r\n")
+                .as_bytes(),
+        );
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    let auth = format!("Bearer {OPERATOR_KEY}");
+    let ct = format!("multipart/form-data; boundary={boundary}");
+    let (s, _, b) = http(
+        "POST",
+        &node.url("/v1/functions"),
+        &[
+            ("authorization", &auth),
+            ("x-namespace", ns),
+            ("content-type", &ct),
+        ],
+        Some(&body),
+    );
+    assert_eq!(s, 201, "deploy {name}: {}", String::from_utf8_lossy(&b));
+}
+
+/// The actors `/v1/status` lists for namespace `ns` on `node` (a namespace
+/// supervisor registers one).
+fn actors_of(node: &TestNode, ns: &str) -> Vec<serde_json::Value> {
+    let (s, _, b) = http("GET", &node.url("/v1/status"), &[], None);
+    assert_eq!(s, 200);
+    json(&String::from_utf8_lossy(&b))["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["namespace"] == ns)
+        .cloned()
+        .collect()
+}
+
+/// `meshgate_function_invocations_total` of namespace `ns` on one node.
+fn invocations_on(node: &TestNode, ns: &str) -> f64 {
+    metric_sum(
+        node,
+        &format!("meshgate_function_invocations_total{{namespace=\"{ns}\"}}"),
+    )
+}
+
+fn error_code(body: &[u8]) -> String {
+    json(&String::from_utf8_lossy(body))["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `POST /v1/invoke/{ns}/{fn}` through nodes that are not members of `ns`
+/// runs on a member of `ns`, the namespace the path names: without a
+/// credential (a public function answers, a private one is 401 from the
+/// member), and with a credential of another namespace, whose own members
+/// are elsewhere (a public function answers, a private one is 403). The
+/// non-members ran nothing of `ns`, started no supervisor for it and hold
+/// only its breakers.
+#[test]
+fn public_invokes_are_forwarded_to_the_named_namespace() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| TestNode::start_with(member_opts(&etcd, id, free_port(), tmp.path())))
+        .collect();
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let (s, body) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"web","members":["b"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let (s, body) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"other","members":["c"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let other_key = json(&body)["api_key"].as_str().unwrap().to_string();
+    deploy_as_operator(a, "web", "hello", EVERY_SECOND, &[("is_public", "true")]);
+    deploy_as_operator(a, "web", "private", EVERY_SECOND, &[]);
+
+    // No credential, through a (a member of nothing) and c (a member of
+    // "other" only): the member of "web" runs it.
+    for via in [a, c] {
+        let (s, h, out) = http(
+            "POST",
+            &via.url("/v1/invoke/web/hello"),
+            &[],
+            Some(b"{\"hi\":1}"),
+        );
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&out));
+        assert_eq!(header(&h, "x-meshgate-member"), Some("b"));
+        assert_eq!(json(&String::from_utf8_lossy(&out))["hi"], 1);
+        // The anonymous hop grants nothing: a private function still needs a
+        // credential of its namespace, and the member says so.
+        let (s, h, out) = http("POST", &via.url("/v1/invoke/web/private"), &[], Some(b"{}"));
+        assert_eq!(s, 401, "{}", String::from_utf8_lossy(&out));
+        assert_eq!(error_code(&out), "MISSING_CREDENTIAL");
+        assert_eq!(header(&h, "x-meshgate-member"), Some("b"));
+    }
+    // A credential of "other" (members: c) through a, and through c itself:
+    // forwarded to the members of "web", not of "other".
+    let auth = format!("Bearer {other_key}");
+    for via in [a, c] {
+        let (s, h, out) = http(
+            "POST",
+            &via.url("/v1/invoke/web/hello"),
+            &[("authorization", &auth)],
+            Some(b"{\"from\":\"other\"}"),
+        );
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&out));
+        assert_eq!(header(&h, "x-meshgate-member"), Some("b"));
+        assert_eq!(json(&String::from_utf8_lossy(&out))["from"], "other");
+        // Its grants are of "other": they open nothing private in "web".
+        let (s, h, out) = http(
+            "POST",
+            &via.url("/v1/invoke/web/private"),
+            &[("authorization", &auth)],
+            Some(b"{}"),
+        );
+        assert_eq!(s, 403, "{}", String::from_utf8_lossy(&out));
+        assert_eq!(error_code(&out), "NAMESPACE_MISMATCH");
+        assert_eq!(header(&h, "x-meshgate-member"), Some("b"));
+    }
+    // A function or namespace that does not exist is still an answer.
+    let (s, _, out) = http("POST", &a.url("/v1/invoke/web/nothing"), &[], Some(b"{}"));
+    assert_eq!(s, 404, "{}", String::from_utf8_lossy(&out));
+    let (s, _, out) = http("POST", &a.url("/v1/invoke/nowhere/hello"), &[], Some(b"{}"));
+    assert_eq!(s, 404, "{}", String::from_utf8_lossy(&out));
+
+    // Only b ran "web"'s functions.
+    assert!(
+        invocations_on(b, "web") >= 4.0,
+        "{}",
+        invocations_on(b, "web")
+    );
+    assert_eq!(invocations_on(a, "web"), 0.0);
+    assert_eq!(invocations_on(c, "web"), 0.0);
+    // The non-members forwarded without a namespace supervisor for "web":
+    // they hold its breakers (in /v1/status and /metrics), nothing else.
+    for (id, via) in [("a", a), ("c", c)] {
+        let actors = actors_of(via, "web");
+        assert!(actors.is_empty(), "{id} runs actors of web: {actors:?}");
+        let br = breaker(via, "web", "b").unwrap_or_else(|| panic!("no breaker of web on {id}"));
+        assert_eq!(br["state"], "closed", "{br}");
+        assert_eq!(
+            metric_sum(
+                via,
+                "meshgate_breaker_state{member=\"b\",namespace=\"web\"}"
+            ),
+            0.0
+        );
+        let (_, _, m) = http("GET", &via.url("/metrics"), &[], None);
+        assert!(
+            String::from_utf8_lossy(&m)
+                .contains("meshgate_breaker_state{member=\"b\",namespace=\"web\"}"),
+            "{id} does not show the breaker of web/b in /metrics"
+        );
+    }
+    assert!(!actors_of(b, "web").is_empty(), "the member runs web");
+}
+
+/// A namespace placed on b alone, with a cron function (every second) and a
+/// pub/sub trigger function: b runs both; a and c, started after the deploy
+/// (so they would wake every namespace with functions at start-up), tick no
+/// cron slot, run nothing of it and start no supervisor for it, while
+/// publishes sent through them fire the trigger on b.
+#[test]
+fn cron_and_triggers_run_on_members_only() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let b = TestNode::start_with(member_opts(&etcd, "b", free_port(), tmp.path()));
+    let (s, body) = b.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"timer","members":["b"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let key = json(&body)["api_key"].as_str().unwrap().to_string();
+    deploy_as_operator(
+        &b,
+        "timer",
+        "tick",
+        EVERY_SECOND,
+        &[("metadata", r#"{"cron":"* * * * * *"}"#)],
+    );
+    deploy_as_operator(
+        &b,
+        "timer",
+        "onevent",
+        EVERY_SECOND,
+        &[("metadata", r#"{"pubsub_topics":["events"]}"#)],
+    );
+    let a = TestNode::start_with(member_opts(&etcd, "a", free_port(), tmp.path()));
+    let c = TestNode::start_with(member_opts(&etcd, "c", free_port(), tmp.path()));
+    // b claims and runs three more slots while a and c are up.
+    let claimed = |n: &TestNode| metric_sum(n, "meshgate_cron_slots_total{outcome=\"claimed\"}");
+    let from = claimed(&b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while claimed(&b) < from + 3.0 {
+        assert!(Instant::now() < deadline, "b does not run its cron");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Publishes through the non-members are forwarded; b fires the trigger.
+    let before = metric_sum(
+        &b,
+        "meshgate_function_invocations_total{namespace=\"timer\"}",
+    );
+    for via in [&a, &c] {
+        let (s, body) = via.with_key(
+            &key,
+            "POST",
+            "/v1/pubsub/publish",
+            Some(br#"{"topic":"events","data_base64":"aGk="}"#),
+        );
+        assert_eq!(s, 200, "{body}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (s, body) = b.with_key(&key, "GET", "/v1/functions/onevent/logs", None);
+        assert_eq!(s, 200, "{body}");
+        let fired = json(&body)["logs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["trigger"] == "pubsub")
+            .count();
+        if fired >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the trigger fired {fired} times");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        metric_sum(
+            &b,
+            "meshgate_function_invocations_total{namespace=\"timer\"}"
+        ) > before
+    );
+    // a and c have been up for several cron slots by now: none tried.
+    for (id, n) in [("a", &a), ("c", &c)] {
+        assert_eq!(
+            metric_sum(n, "meshgate_cron_slots_total"),
+            0.0,
+            "{id} tried cron slots of a namespace it is not a member of"
+        );
+        assert_eq!(
+            invocations_on(n, "timer"),
+            0.0,
+            "{id} ran functions of timer"
+        );
+        let actors = actors_of(n, "timer");
+        assert!(actors.is_empty(), "{id} runs actors of timer: {actors:?}");
+    }
+}

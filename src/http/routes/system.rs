@@ -67,9 +67,10 @@ async fn status(node: web::Data<Node>) -> HttpResponse {
         })
         .collect();
     let mut breakers = Vec::new();
-    for h in node.namespaces.handles() {
-        for b in h.breakers.snapshot() {
-            breakers.push(json!({"namespace": &*h.name, "member": b.member, "state": b.state,
+    let held = node.cluster.get().map(|c| c.all_breakers()).unwrap_or_default();
+    for (ns, bs) in held {
+        for b in bs.snapshot() {
+            breakers.push(json!({"namespace": ns, "member": b.member, "state": b.state,
                 "consecutive_failures": b.consecutive_failures, "open_for_seconds": b.open_for_seconds}));
         }
     }

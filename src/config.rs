@@ -119,6 +119,10 @@ pub struct ClusterConfig {
     /// Seconds between re-registrations in the node and mesh registries
     /// (their entries live four times as long).
     pub register_seconds: u64,
+    /// Seconds a starting cluster node waits to be connected to every peer
+    /// registered in the mesh before it reports ready; past it the node is
+    /// ready anyway and logs the peers it could not reach.
+    pub ready_timeout_seconds: u64,
     /// PEM bundle of the CA(s) that sign the nodes' certificates: a member
     /// whose `advertise` is `https://` is forwarded to over TLS and trusted
     /// only if its certificate chains to one of these (never to public
@@ -151,6 +155,7 @@ impl Default for ClusterConfig {
             breaker_failures: 5,
             breaker_probe_seconds: 30,
             register_seconds: 15,
+            ready_timeout_seconds: 10,
             peer_ca_file: String::new(),
             etcd_ca_file: String::new(),
             etcd_cert_file: String::new(),

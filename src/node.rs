@@ -442,6 +442,33 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Readiness in a cluster: a node is not ready (`/readyz` 503) until it is
+/// connected to every peer registered in the mesh, so no subscriber is sent
+/// to a node deaf to the others. At most `[cluster] ready_timeout_seconds`;
+/// then it is ready anyway and names the peers it could not reach.
+#[cfg(feature = "cluster")]
+async fn wait_for_mesh(node: &Node) {
+    let Some(mesh) = node.mesh.get() else { return };
+    let limit = Duration::from_secs(node.config.cluster.ready_timeout_seconds);
+    match mesh.wait_connected(limit).await {
+        crate::cluster::Connectedness::Connected => {
+            tracing::info!("Connected to every registered mesh peer.")
+        }
+        crate::cluster::Connectedness::Unreached(peers) => {
+            let peers: Vec<String> = peers.iter().map(|p| p.to_string()).collect();
+            tracing::warn!(
+                unreached = %peers.join(", "),
+                timeout_seconds = limit.as_secs(),
+                "Ready without a connection to every registered mesh peer; messages published there do not reach this node's subscribers until it connects."
+            );
+        }
+        crate::cluster::Connectedness::RegistryUnread => tracing::warn!(
+            timeout_seconds = limit.as_secs(),
+            "Ready without having read the mesh registry (store unavailable?)."
+        ),
+    }
+}
+
 /// Where the cluster's server secret lives in the shared store (sealed).
 pub const SHARED_SERVER_SECRET: &[u8] = b"_cluster/server_secret";
 /// Where the cluster's JWT signing key (PKCS#8) lives in the shared store (sealed).
@@ -571,6 +598,8 @@ impl RunningNode {
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
+            #[cfg(feature = "cluster")]
+            wait_for_mesh(&node).await;
             if node.phase() == Phase::Starting {
                 node.set_phase(Phase::Ready);
                 tracing::info!("Node ready.");

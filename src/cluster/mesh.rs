@@ -3,13 +3,18 @@
 //! Each node runs one libp2p host (TCP, Noise, Yamux) with two behaviours: an
 //! allow list and GossipSub. Membership comes from the shared store only:
 //! every [`MeshConfig::registry_interval`] a task writes this node's addresses
-//! under `_pubsub_mesh_peers/<peer id>` with a time to live, scans the
-//! prefix, and hands the result to the swarm task, which allows exactly those
-//! peers (connections from any other are refused, and connections of a peer
-//! that left the registry are closed), checks that an inbound connection
-//! comes from one of the peer's registered IPs, and dials every registered
-//! peer not connected at its registered addresses only. There is no peer
-//! exchange, identify, Kademlia or mDNS.
+//! under `_pubsub_mesh_peers/<peer id>` with a time to live. The same task
+//! watches the prefix (etcd's watch): every change (a node registering,
+//! deregistering, or its lease running out) re-reads the registry at once,
+//! and a broken watch is made again (with backoff) followed by a full read;
+//! the periodic read is only the safety net. Each read goes to the swarm
+//! task, which allows exactly those peers (connections from any other are
+//! refused, and connections of a peer that left the registry are closed),
+//! checks that an inbound connection comes from one of the peer's registered
+//! IPs, and dials every registered peer not connected at its registered
+//! addresses only, again with backoff until it is connected. There is no
+//! peer exchange, identify, Kademlia or mDNS. [`Mesh::wait_connected`] is
+//! the node's readiness: connected to every registered peer.
 //!
 //! All pub/sub traffic goes on one GossipSub topic ([`MESH_TOPIC`]). A
 //! [`WireBatch`] carries the origin's peer id (checked against the signed
@@ -26,7 +31,7 @@ use super::reorder::{Pushed, Reorder};
 use super::{MeshError, MeshResult};
 use crate::metrics::Metrics;
 use crate::pubsub::{MeshSink, PubSubService};
-use crate::storage::{OrderedKv, Store};
+use crate::storage::{Change, OrderedKv, PrefixWatch, Store, StoreResult};
 use bytes::Bytes;
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity, TopicHash};
@@ -81,6 +86,18 @@ pub const MAX_TRANSMIT: usize = (1 << 20) + (64 << 10);
 pub const MESH_TOPIC: &str = "meshgate/pubsub/1";
 /// Registry refreshes asked for by refused connections are at most this frequent.
 const MIN_REFRESH_SPACING: Duration = Duration::from_secs(1);
+/// The first and the longest wait before a broken registry watch is made again.
+const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(250);
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The first and the longest wait between dials of a registered peer that is
+/// not connected.
+const DIAL_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const DIAL_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Of two peers, the one with the smaller id dials at once; the other waits
+/// this long first (so usually one connection per pair, see `on_registry`).
+const DIAL_GRACE: Duration = Duration::from_secs(1);
+/// How often due dials are started.
+const DIAL_TICK: Duration = Duration::from_millis(50);
 /// Mesh connections are kept while idle (the registry decides who is
 /// connected, not traffic).
 const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -167,6 +184,20 @@ pub struct MeshStatus {
     pub subscribed: Vec<PeerId>,
     /// Messages held back waiting for a gap to fill.
     pub pending: usize,
+    /// Whether the registry was read at least once (`registered` means
+    /// nothing before).
+    pub registry_read: bool,
+}
+
+/// Where [`Mesh::wait_connected`] got to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Connectedness {
+    /// Connected to every registered peer (none registered counts).
+    Connected,
+    /// These registered peers were not connected (or not yet subscribed).
+    Unreached(Vec<PeerId>),
+    /// The registry could not be read.
+    RegistryUnread,
 }
 
 /// A locally published message on its way to the mesh.
@@ -300,7 +331,8 @@ impl Mesh {
             backlog_bytes: 0,
             refused: 0,
             blocked: false,
-            unconnected_scans: HashMap::new(),
+            dials: HashMap::new(),
+            registry_read: false,
         };
         let tick = (config.gap_timeout / 4).max(Duration::from_millis(20));
         let swarm_task = tokio::spawn(task.run(rx, tick));
@@ -327,6 +359,35 @@ impl Mesh {
     /// This node's id in the mesh.
     pub fn peer_id(&self) -> PeerId {
         self.peer_id
+    }
+
+    /// Waits, at most `limit`, until this node is connected to every peer in
+    /// the registry as last read (the watch keeps it current) and each of
+    /// them is subscribed to the mesh topic, so messages flow both ways.
+    pub async fn wait_connected(&self, limit: Duration) -> Connectedness {
+        let deadline = Instant::now() + limit;
+        loop {
+            let Some(st) = self.status().await else {
+                return Connectedness::RegistryUnread;
+            };
+            let missing: Vec<PeerId> = st
+                .registered
+                .iter()
+                .filter(|p| !st.subscribed.contains(p))
+                .copied()
+                .collect();
+            if st.registry_read && missing.is_empty() {
+                return Connectedness::Connected;
+            }
+            if Instant::now() >= deadline {
+                return if st.registry_read {
+                    Connectedness::Unreached(missing)
+                } else {
+                    Connectedness::RegistryUnread
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// A snapshot of the mesh (None once it stopped).
@@ -411,9 +472,12 @@ fn build_swarm(keypair: Keypair, config: &MeshConfig) -> MeshResult<Swarm<Behavi
     Ok(swarm)
 }
 
-/// Registers this node and reads the registry every interval (or sooner
-/// when the swarm task saw an unknown peer), forever. Store failures are
-/// logged and the previous registry stays in force.
+/// Registers this node every interval and keeps the swarm task's registry
+/// current, forever: the registry is read after each registration, on every
+/// change the watch reports, when a watch is (re)made, and when the swarm
+/// task saw an unknown peer (at most once per [`MIN_REFRESH_SPACING`]).
+/// Store failures are logged and the previous registry stays in force; a
+/// broken watch is made again after a backoff.
 async fn registry_loop(
     store: Store,
     peer_id: PeerId,
@@ -425,22 +489,71 @@ async fn registry_loop(
     let key = registry_key(&peer_id);
     let mut tick = tokio::time::interval(config.registry_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watch: Option<PrefixWatch> = None;
+    let mut watch_at = tokio::time::Instant::now();
+    let mut watch_backoff = WATCH_BACKOFF_MIN;
+    let mut refresh_at = tokio::time::Instant::now();
+    let mut refresh_pending = false;
     loop {
+        let mut register = false;
         tokio::select! {
-            _ = tick.tick() => {}
-            _ = refresh.notified() => {}
+            _ = tick.tick() => register = true,
+            _ = tokio::time::sleep_until(watch_at), if watch.is_none() => {
+                match store.watch_prefix(REGISTRY_PREFIX.as_bytes()).await {
+                    Ok(w) => {
+                        debug!("Mesh registry watch started.");
+                        watch = Some(w);
+                        watch_backoff = WATCH_BACKOFF_MIN;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, retry_in_ms = watch_backoff.as_millis() as u64, "Mesh registry watch not started.");
+                        watch_at = tokio::time::Instant::now() + watch_backoff;
+                        watch_backoff = (watch_backoff * 2).min(WATCH_BACKOFF_MAX);
+                        continue;
+                    }
+                }
+            }
+            changes = next_changes(&mut watch) => match changes {
+                Ok(changes) => {
+                    // This node's own registration gone (its lease ran out
+                    // while etcd was out of reach): written again at once.
+                    register = changes.iter().any(|c| matches!(c, Change::Delete(k) if *k == key.as_bytes()));
+                    // This node's own re-registration changes nothing.
+                    if changes.iter().all(|c| matches!(c, Change::Put(k) if *k == key.as_bytes())) {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, retry_in_ms = watch_backoff.as_millis() as u64, "Mesh registry watch broke; making it again.");
+                    watch = None;
+                    watch_at = tokio::time::Instant::now() + watch_backoff;
+                    watch_backoff = (watch_backoff * 2).min(WATCH_BACKOFF_MAX);
+                    continue;
+                }
+            },
+            _ = refresh.notified(), if !refresh_pending => {
+                if tokio::time::Instant::now() < refresh_at {
+                    refresh_pending = true;
+                    continue;
+                }
+            }
+            _ = tokio::time::sleep_until(refresh_at), if refresh_pending => {}
         }
-        let reg = Registration {
-            peer_id: peer_id.to_string(),
-            addrs: listen_addrs.read().iter().map(|a| a.to_string()).collect(),
-        };
-        let value = serde_json::to_vec(&reg).expect("serializable");
-        if let Err(e) = store
-            .put_ttl(key.as_bytes(), &value, config.registry_ttl)
-            .await
-        {
-            warn!(error = %e, "Mesh registration failed.");
+        if register {
+            let reg = Registration {
+                peer_id: peer_id.to_string(),
+                addrs: listen_addrs.read().iter().map(|a| a.to_string()).collect(),
+            };
+            let value = serde_json::to_vec(&reg).expect("serializable");
+            if let Err(e) = store
+                .put_ttl(key.as_bytes(), &value, config.registry_ttl)
+                .await
+            {
+                warn!(error = %e, "Mesh registration failed.");
+            }
         }
+        refresh_pending = false;
+        refresh_at = tokio::time::Instant::now() + MIN_REFRESH_SPACING.min(config.registry_interval);
         match store.scan_all(REGISTRY_PREFIX.as_bytes()).await {
             Ok(entries) => {
                 let peers = parse_registry(&entries, &peer_id);
@@ -451,7 +564,14 @@ async fn registry_loop(
             }
             Err(e) => warn!(error = %e, "Mesh registry not read; keeping the last one."),
         }
-        tokio::time::sleep(MIN_REFRESH_SPACING.min(config.registry_interval)).await;
+    }
+}
+
+/// The next changes of the watch; never, while there is none.
+async fn next_changes(watch: &mut Option<PrefixWatch>) -> StoreResult<Vec<Change>> {
+    match watch {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -532,8 +652,16 @@ struct SwarmTask {
     /// The last publish was refused so: only the retry timer tries again
     /// (not every arriving message, which would sign a batch for nothing).
     blocked: bool,
-    /// Registry scans in a row that found a peer not connected.
-    unconnected_scans: HashMap<PeerId, u32>,
+    /// Registered peers not connected: when to dial next, and the wait after.
+    dials: HashMap<PeerId, Redial>,
+    /// Whether a registry read arrived.
+    registry_read: bool,
+}
+
+/// The dial schedule of a registered peer that is not connected.
+struct Redial {
+    at: Instant,
+    backoff: Duration,
 }
 
 impl SwarmTask {
@@ -543,9 +671,12 @@ impl SwarmTask {
         let mut last_sweep = Instant::now();
         let mut retry = tokio::time::interval(BACKLOG_RETRY);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut dial_tick = tokio::time::interval(DIAL_TICK);
+        dial_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 event = self.swarm.select_next_some() => self.on_event(event),
+                _ = dial_tick.tick(), if !self.dials.is_empty() => self.dial_due(),
                 _ = retry.tick(), if !self.backlog.is_empty() => self.flush_backlog(),
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => {
@@ -602,6 +733,7 @@ impl SwarmTask {
 
                     subscribed,
                     pending: self.reorder.pending(),
+                    registry_read: self.registry_read,
                 });
             }
         }
@@ -718,8 +850,9 @@ impl SwarmTask {
         }
     }
 
-    /// Applies a registry scan: allows exactly the registered peers (closing
-    /// connections of peers that left it) and dials the ones not connected.
+    /// Applies a registry read: allows exactly the registered peers (closing
+    /// connections of peers that left it) and schedules dials of the ones
+    /// not connected.
     fn on_registry(&mut self, peers: HashMap<PeerId, Vec<Multiaddr>>) {
         let allow = &mut self.swarm.behaviour_mut().allow;
         let gone: Vec<PeerId> = allow
@@ -735,25 +868,63 @@ impl SwarmTask {
         for peer in peers.keys() {
             allow.allow_peer(*peer);
         }
-        self.unconnected_scans.retain(|p, _| peers.contains_key(p));
-        for (peer, addrs) in &peers {
+        self.registry = peers;
+        self.registry_read = true;
+        self.dials.retain(|p, _| self.registry.contains_key(p));
+        let unconnected: Vec<PeerId> = self
+            .registry
+            .keys()
+            .filter(|p| !self.swarm.is_connected(p))
+            .copied()
+            .collect();
+        for peer in unconnected {
+            self.schedule_dial(peer);
+        }
+        self.dial_due();
+    }
+
+    /// Puts a registered peer that is not connected on the dial schedule
+    /// (unless it is already). Usually one connection per pair: GossipSub
+    /// shares one send queue among a peer's connections, so two (both sides
+    /// dialing at once) carry its frames in two streams, which the
+    /// receiver's reorder buffer must put back in order. The peer with the
+    /// smaller id dials at once; the other only if still not connected
+    /// [`DIAL_GRACE`] later (its dial also makes a peer that does not know
+    /// it yet re-read the registry).
+    fn schedule_dial(&mut self, peer: PeerId) {
+        let grace = if self.peer_id < peer {
+            Duration::ZERO
+        } else {
+            DIAL_GRACE
+        };
+        self.dials.entry(peer).or_insert_with(|| Redial {
+            at: Instant::now() + grace,
+            backoff: DIAL_BACKOFF_MIN,
+        });
+    }
+
+    /// Dials the scheduled peers whose time came, each at its registered
+    /// addresses only, and doubles their wait (a dial that fails leaves the
+    /// peer scheduled; a connection takes it off).
+    fn dial_due(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        self.dials.retain(|peer, r| {
             if self.swarm.is_connected(peer) {
-                self.unconnected_scans.remove(peer);
-                continue;
+                return false;
             }
-            // Usually one connection per pair: GossipSub shares one send
-            // queue among a peer's connections, so two (both sides dialing at
-            // once) carry its frames in two streams, which the receiver's
-            // reorder buffer must put back in order. The peer with the
-            // smaller id dials at once; the other only if still not connected
-            // two scans later (its dial also makes a peer that does not know
-            // it yet re-read the registry).
-            let scans = self.unconnected_scans.entry(*peer).or_insert(0);
-            *scans += 1;
-            if self.peer_id > *peer && *scans < 3 {
-                continue;
+            if now >= r.at {
+                due.push(*peer);
+                r.at = now + r.backoff;
+                r.backoff = (r.backoff * 2).min(DIAL_BACKOFF_MAX);
             }
-            let opts = DialOpts::peer_id(*peer)
+            true
+        });
+        for peer in due {
+            let Some(addrs) = self.registry.get(&peer) else {
+                continue;
+            };
+            let opts = DialOpts::peer_id(peer)
                 .condition(PeerCondition::DisconnectedAndNotDialing)
                 .addresses(addrs.clone())
                 .build();
@@ -761,7 +932,6 @@ impl SwarmTask {
                 debug!(peer_id = %peer, error = %e, "Mesh dial not started.");
             }
         }
-        self.registry = peers;
     }
 
     fn on_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
@@ -791,14 +961,23 @@ impl SwarmTask {
                         return;
                     }
                 }
-                self.unconnected_scans.remove(&peer_id);
+                self.dials.remove(&peer_id);
                 debug!(peer_id = %peer_id, "Mesh peer connected.");
                 self.metrics
                     .mesh_peers
                     .set(self.swarm.connected_peers().count() as i64);
             }
-            SwarmEvent::ConnectionClosed { peer_id, .. } => {
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established,
+                ..
+            } => {
                 debug!(peer_id = %peer_id, "Mesh connection closed.");
+                // A registered peer lost: dialed again until it is back or
+                // its registration goes.
+                if num_established == 0 && self.registry.contains_key(&peer_id) {
+                    self.schedule_dial(peer_id);
+                }
                 self.metrics
                     .mesh_peers
                     .set(self.swarm.connected_peers().count() as i64);

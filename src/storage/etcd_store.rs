@@ -22,8 +22,9 @@
 
 use super::{BatchOp, OrderedKv, StoreError, StoreResult};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient,
-    LeaseClient, PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
+    KvClient, LeaseClient, PutOptions, Txn, TxnOp, TxnOpResponse, WatchClient, WatchOptions,
+    WatchStream,
 };
 use std::future::Future;
 use std::sync::Arc;
@@ -71,6 +72,7 @@ pub struct EtcdStore {
 struct Clients {
     kv: KvClient,
     lease: LeaseClient,
+    watch: WatchClient,
 }
 
 /// What a committed write found: whether its guard held, and the records it
@@ -742,6 +744,7 @@ impl EtcdStore {
                     .kv_client()
                     .max_decoding_message_size(MAX_RESPONSE_BYTES),
                 lease: client.lease_client(),
+                watch: client.watch_client(),
             }),
         };
         let mut kv = store.clients.kv.clone();
@@ -1040,6 +1043,68 @@ impl EtcdStore {
             if c.succeeded {
                 return Ok(true);
             }
+        }
+    }
+}
+
+/// An etcd watch on the records under a prefix (see [`EtcdStore::watch_prefix`]).
+pub struct EtcdWatch {
+    stream: WatchStream,
+}
+
+impl EtcdWatch {
+    /// The next changes etcd reports (one response's events, in order; the
+    /// keys without the store's layout prefix). An error (etcd gone, the
+    /// stream closed, the watch cancelled or compacted away) ends the watch.
+    pub async fn next(&mut self) -> StoreResult<Vec<super::Change>> {
+        loop {
+            let r = match self.stream.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return Err(StoreError::Unavailable("etcd watch: stream closed".into())),
+                Err(e) => return Err(StoreError::Unavailable(format!("etcd watch: {e}"))),
+            };
+            if r.canceled() {
+                return Err(StoreError::Unavailable(format!(
+                    "etcd watch cancelled: {} (compacted at {})",
+                    r.cancel_reason(),
+                    r.compact_revision()
+                )));
+            }
+            let changes: Vec<super::Change> = r
+                .events()
+                .iter()
+                .filter_map(|e| {
+                    let key = e.kv()?.key().strip_prefix(DATA)?.to_vec();
+                    Some(match e.event_type() {
+                        EventType::Put => super::Change::Put(key),
+                        EventType::Delete => super::Change::Delete(key),
+                    })
+                })
+                .collect();
+            // Progress notifications and the creation answer carry no events.
+            if !changes.is_empty() {
+                return Ok(changes);
+            }
+        }
+    }
+}
+
+impl EtcdStore {
+    /// Watches the records under `prefix`: returns once etcd has created the
+    /// watch, so a scan made after this call misses no change.
+    pub async fn watch_prefix(&self, prefix: &[u8]) -> StoreResult<EtcdWatch> {
+        let start = data_key(prefix);
+        let opts = WatchOptions::new().with_range(prefix_end(&start));
+        let mut client = self.clients.watch.clone();
+        let mut stream = rpc("watch", client.watch(start, Some(opts))).await?;
+        let created = rpc("watch", stream.message()).await?;
+        match created {
+            Some(r) if r.created() && !r.canceled() => Ok(EtcdWatch { stream }),
+            Some(r) => Err(StoreError::Unavailable(format!(
+                "etcd watch refused: {}",
+                r.cancel_reason()
+            ))),
+            None => Err(StoreError::Unavailable("etcd watch: stream closed".into())),
         }
     }
 }
@@ -1623,6 +1688,47 @@ mod tests {
         let key = first.kvs()[0].key().to_vec();
         kv.put(key, vec![0u8; 10], None).await.unwrap();
         assert!(matches!(s.get(b"d").await, Err(StoreError::Corrupt(k)) if k == "d"));
+    }
+
+    /// A prefix watch reports puts, deletes and expired leases under its
+    /// prefix only, with the store's keys, also after the request timeout
+    /// (a watch is no request with a deadline).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_reports_changes_under_its_prefix() {
+        use crate::storage::Change;
+        let (_e, s) = store().await;
+        let mut w = s.watch_prefix(b"reg/").await.unwrap();
+        s.put(b"other", b"x").await.unwrap();
+        s.put(b"reg/a", b"1").await.unwrap();
+        let next = async |w: &mut EtcdWatch| {
+            tokio::time::timeout(Duration::from_secs(10), w.next())
+                .await
+                .expect("a change within 10 s")
+                .unwrap()
+        };
+        assert_eq!(next(&mut w).await, [Change::Put(b"reg/a".to_vec())]);
+        tokio::time::sleep(REQUEST_TIMEOUT + Duration::from_secs(1)).await;
+        s.put_ttl(b"reg/b", b"2", Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(next(&mut w).await, [Change::Put(b"reg/b".to_vec())]);
+        assert!(s.delete(b"reg/a").await.unwrap());
+        assert_eq!(next(&mut w).await, [Change::Delete(b"reg/a".to_vec())]);
+        // The lease runs out (etcd checks leases about every 500 ms).
+        assert_eq!(next(&mut w).await, [Change::Delete(b"reg/b".to_vec())]);
+    }
+
+    /// etcd stopped: a watch ends with an error (the caller makes it again).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_breaks_when_etcd_goes() {
+        let (mut e, s) = store().await;
+        let mut w = s.watch_prefix(b"reg/").await.unwrap();
+        e.stop();
+        let r = tokio::time::timeout(Duration::from_secs(30), w.next())
+            .await
+            .expect("the watch noticed within 30 s");
+        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+        assert!(s.watch_prefix(b"reg/").await.is_err());
     }
 
     /// etcd stopped: operations fail as unavailable within the request timeout;

@@ -4,6 +4,8 @@
 //! put with a time to live and atomic batches. [`Store`] is the node's handle: the
 //! embedded sled backend on a single node, or etcd in a cluster (cargo feature
 //! `cluster`). Nothing above this module knows which backend it has.
+//! [`Store::watch_prefix`] follows the changes under a prefix (etcd's watch;
+//! the embedded store, a single node, never reports one).
 //! [`SealKey`] and [`adopt_sealed`] keep the cluster's secrets in the shared
 //! store as ciphertext (`seal.rs`).
 
@@ -16,7 +18,7 @@ mod sled_store;
 
 #[cfg(feature = "cluster")]
 pub use etcd_store::{
-    ConnectError as EtcdConnectError, EtcdAccess, EtcdStore,
+    ConnectError as EtcdConnectError, EtcdAccess, EtcdStore, EtcdWatch,
     REQUEST_TIMEOUT as ETCD_REQUEST_TIMEOUT,
 };
 pub use seal::{Adopted, Adoption, SEAL_INFO, SEAL_V1, SealError, SealKey, adopt_sealed};
@@ -86,6 +88,38 @@ pub trait OrderedKv: Send + Sync {
     fn flush(&self) -> impl Future<Output = StoreResult<()>> + Send;
 }
 
+/// A change to one key under a watched prefix (see [`Store::watch_prefix`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The key was written (created, replaced, or given a new time to live).
+    Put(Vec<u8>),
+    /// The key was deleted, or its time to live ran out.
+    Delete(Vec<u8>),
+}
+
+/// The changes under a prefix, as they happen; dropping it ends the watch.
+pub struct PrefixWatch(WatchInner);
+
+enum WatchInner {
+    /// The embedded store: one node, no other writer to hear from.
+    Never,
+    #[cfg(feature = "cluster")]
+    Etcd(EtcdWatch),
+}
+
+impl PrefixWatch {
+    /// The next changes, in order (at least one). An error means the watch
+    /// broke and changes may have been missed: watch again, then re-read the
+    /// prefix. On the embedded store this never returns.
+    pub async fn next(&mut self) -> StoreResult<Vec<Change>> {
+        match &mut self.0 {
+            WatchInner::Never => std::future::pending().await,
+            #[cfg(feature = "cluster")]
+            WatchInner::Etcd(w) => w.next().await,
+        }
+    }
+}
+
 /// The node's store handle (cheap to clone).
 #[derive(Clone)]
 pub enum Store {
@@ -119,6 +153,20 @@ impl Store {
             Store::Sled(s) => Some(s),
             #[cfg(feature = "cluster")]
             Store::Etcd(_) => None,
+        }
+    }
+
+    /// Watches the keys under `prefix` for changes other writers (other
+    /// nodes) make. Once it returns, a scan misses no later change. On the
+    /// embedded store (a single node) the watch never reports anything.
+    pub async fn watch_prefix(&self, prefix: &[u8]) -> StoreResult<PrefixWatch> {
+        match self {
+            Store::Sled(_) => {
+                let _ = prefix;
+                Ok(PrefixWatch(WatchInner::Never))
+            }
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => Ok(PrefixWatch(WatchInner::Etcd(s.watch_prefix(prefix).await?))),
         }
     }
 

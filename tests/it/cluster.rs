@@ -937,3 +937,236 @@ fn cron_and_triggers_run_on_members_only() {
         assert!(actors.is_empty(), "{id} runs actors of timer: {actors:?}");
     }
 }
+
+// ---- Live mesh membership and readiness (issue #14). ----
+
+/// Options of mesh node `id` with the production registry interval
+/// (`register_seconds` 15): only the registry watch can make a change known
+/// within seconds. Returns before `/readyz` is 200.
+fn mesh_member(etcd: &EtcdProcess, id: &str, dir: &std::path::Path) -> NodeOpts {
+    NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[cluster]\n{}node_id = \"{id}\"\nready_timeout_seconds = 10\n",
+            etcd.cluster_toml()
+        ),
+        env: vec![("MESHGATE_CLUSTER_SECRET".into(), SECRET.into())],
+        data_dir: Some(dir.join(id)),
+        no_wait_ready: true,
+        ..Default::default()
+    }
+}
+
+fn is_ready(node: &TestNode) -> bool {
+    http("GET", &node.url("/readyz"), &[], None).0 == 200
+}
+
+/// Polls `/readyz` every 10 ms until 200; returns when it was seen.
+fn ready_at(node: &TestNode) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !is_ready(node) {
+        assert!(
+            Instant::now() < deadline,
+            "never ready: {}",
+            node.stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Instant::now()
+}
+
+/// The node's mesh as `/v1/status` shows it.
+fn mesh_status(node: &TestNode) -> serde_json::Value {
+    let (s, _, b) = http("GET", &node.url("/v1/status"), &[], None);
+    assert_eq!(s, 200);
+    json(&String::from_utf8_lossy(&b))["mesh"].clone()
+}
+
+fn listed(mesh: &serde_json::Value, field: &str, peer: &str) -> bool {
+    mesh[field]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|p| p == peer))
+}
+
+/// Three nodes started together: the moment the last `/readyz` turns 200,
+/// every node is connected to both others (`meshgate_mesh_peers` 2, read at
+/// once, no extra wait), and none gave up waiting for a peer.
+#[test]
+fn ready_means_connected_to_every_peer() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| TestNode::start_with(mesh_member(&etcd, id, tmp.path())))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut ready = [false; 3];
+    while !ready.iter().all(|r| *r) {
+        assert!(Instant::now() < deadline, "not all ready: {ready:?}");
+        for (i, n) in nodes.iter().enumerate() {
+            ready[i] = ready[i] || is_ready(n);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let peers: Vec<f64> = nodes
+        .iter()
+        .map(|n| metric_sum(n, "meshgate_mesh_peers"))
+        .collect();
+    assert_eq!(peers, [2.0, 2.0, 2.0], "mesh peers right after ready");
+    for n in &nodes {
+        let log = n.stderr.lock().unwrap();
+        assert!(!log.contains("Ready without"), "{log}");
+    }
+}
+
+/// A node added to a running cluster: once its `/readyz` is 200, a message
+/// published on another node at most 1 s later reaches a subscriber on it
+/// (and the subscriber that was there before).
+#[actix_rt::test]
+async fn node_added_to_a_running_cluster_hears_the_next_publish() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = TestNode::start_with(mesh_member(&etcd, "a", tmp.path()));
+    a.wait_ready();
+    let b = TestNode::start_with(mesh_member(&etcd, "b", tmp.path()));
+    b.wait_ready();
+    let key = a.create_namespace("late");
+    let mut on_b = subscribe(&b, &key, "news").await;
+    let c = TestNode::start_with(mesh_member(&etcd, "c", tmp.path()));
+    let ready = ready_at(&c);
+    let mut on_c = subscribe(&c, &key, "news").await;
+    publish(&a, &key, "news", "first");
+    let published = ready.elapsed();
+    assert!(
+        published <= Duration::from_secs(1),
+        "published {published:?} after ready: too late to show anything"
+    );
+    assert_eq!(
+        next_message(&mut on_c, Duration::from_secs(5)).await.as_deref(),
+        Some("first"),
+        "the new node's subscriber missed a message published {published:?} after it became ready"
+    );
+    assert_eq!(
+        next_message(&mut on_b, Duration::from_secs(5)).await.as_deref(),
+        Some("first")
+    );
+}
+
+/// A node stopped cleanly removes its registration; the others drop it from
+/// their registry and their connections within 3 s of its exit (the
+/// periodic re-read, every 15 s here, would be far later), and it comes back
+/// when the node restarts.
+#[test]
+fn stopped_node_is_dropped_from_the_mesh_at_once() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| TestNode::start_with(mesh_member(&etcd, id, tmp.path())))
+        .collect();
+    for n in &nodes {
+        n.wait_ready();
+    }
+    let c_id = mesh_status(&nodes[2])["peer_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for n in &nodes[..2] {
+        let m = mesh_status(n);
+        assert!(listed(&m, "registered", &c_id) && listed(&m, "connected", &c_id));
+    }
+    nodes[2].signal(15);
+    assert_eq!(nodes[2].wait_exit(Duration::from_secs(20)), Some(0));
+    let gone = Instant::now();
+    for n in &nodes[..2] {
+        loop {
+            let m = mesh_status(n);
+            if !listed(&m, "registered", &c_id) && !listed(&m, "connected", &c_id) {
+                break;
+            }
+            assert!(
+                gone.elapsed() < Duration::from_secs(3),
+                "the stopped node is still in the mesh: {m}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(metric_sum(n, "meshgate_mesh_peers"), 1.0);
+    }
+    // Back under the same key (same data folder): dialed and ready again.
+    let c = TestNode::start_with(mesh_member(&etcd, "c", tmp.path()));
+    c.wait_ready();
+    for n in &nodes[..2] {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !listed(&mesh_status(n), "connected", &c_id) {
+            assert!(Instant::now() < deadline, "the restarted node never rejoined");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A well-signed anonymous hop (what a non-member sends for a caller without
+/// a credential) grants nothing: the member serves it as an anonymous
+/// request, so it reaches a public function and nothing else (a private
+/// function, the KV, whoami are all 401), and a hop without a namespace that
+/// carries grants is not believed at all.
+#[test]
+fn anonymous_hop_grants_nothing_but_public_invokes() {
+    use meshgate::auth::{
+        HopIdentity, HopKey, HopRequest, HopVersion, hop_body_sha256, hop_to_headers,
+    };
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = TestNode::start_with(member_opts(&etcd, "a", free_port(), tmp.path()));
+    let (s, body) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"vault","members":["a"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    deploy_as_operator(&a, "vault", "hello", EVERY_SECOND, &[("is_public", "true")]);
+    deploy_as_operator(&a, "vault", "private", EVERY_SECOND, &[]);
+    let key = HopKey::from_secret(SECRET.as_bytes());
+    let anonymous = HopIdentity {
+        namespace: String::new(),
+        subject: "anonymous".into(),
+        custom: String::new(),
+        grants: vec![],
+        exp: None,
+        iat: None,
+        jti: None,
+        device: None,
+        session: None,
+    };
+    let send = |id: &HopIdentity, method: &str, path: &str, body: &[u8]| {
+        let digest = hop_body_sha256(body);
+        let req = HopRequest {
+            method,
+            path,
+            query: "",
+            body_sha256: &digest,
+        };
+        let mac = key.sign(HopVersion::V4, &req, id, meshgate::http::now());
+        let h = hop_to_headers(id, HopVersion::V4, &digest, &mac);
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (s, _, b) = http(method, &a.url(path), &h, (!body.is_empty()).then_some(body));
+        (s, String::from_utf8_lossy(&b).into_owned())
+    };
+    let (s, b) = send(&anonymous, "POST", "/v1/invoke/vault/hello", b"{\"x\":2}");
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["x"], 2);
+    for (method, path, body) in [
+        ("POST", "/v1/invoke/vault/private", &b"{}"[..]),
+        ("GET", "/v1/kv/k?namespace=vault", &b""[..]),
+        ("GET", "/v1/auth/whoami", &b""[..]),
+    ] {
+        let (s, b) = send(&anonymous, method, path, body);
+        assert_eq!(s, 401, "{method} {path}: {b}");
+        assert_eq!(json(&b)["error"]["code"], "MISSING_CREDENTIAL", "{b}");
+    }
+    // No namespace but grants: not the anonymous hop, not believed.
+    let mut granted = anonymous.clone();
+    granted.grants = vec!["*:*:*".into()];
+    let (s, b) = send(&granted, "GET", "/v1/kv/k?namespace=vault", b"");
+    assert_eq!(s, 401, "{b}");
+    let (s, b) = send(&granted, "POST", "/v1/invoke/vault/private", b"{}");
+    assert_eq!(s, 401, "{b}");
+}

@@ -82,11 +82,31 @@ async fn status(node: web::Data<Node>) -> HttpResponse {
         "ok": true,
         "version": env!("CARGO_PKG_VERSION"),
         "cluster": cluster,
+        "mesh": mesh_status(&node).await,
         "uptime_seconds": node.metrics.started.elapsed().as_secs(),
         "namespaces_running": node.namespaces.len(),
         "actors": actors,
         "breakers": breakers,
     }))
+}
+
+/// The pub/sub mesh as this node sees it: its peer id, the peers in the
+/// registry and the ones connected (null off cluster mode).
+async fn mesh_status(node: &Node) -> serde_json::Value {
+    #[cfg(feature = "cluster")]
+    if let Some(mesh) = node.mesh.get()
+        && let Some(st) = mesh.status().await
+    {
+        let ids = |v: &[crate::cluster::PeerId]| {
+            let mut v: Vec<String> = v.iter().map(|p| p.to_string()).collect();
+            v.sort();
+            v
+        };
+        return json!({"peer_id": st.peer_id.to_string(), "registered": ids(&st.registered),
+                      "connected": ids(&st.connected), "subscribed": ids(&st.subscribed)});
+    }
+    let _ = node;
+    serde_json::Value::Null
 }
 
 async fn jwks(node: web::Data<Node>) -> HttpResponse {

@@ -529,14 +529,50 @@ async fn adopt_sealed_secret(
     }
 }
 
+/// Holds `<data_dir>/node.lock` for the life of the process, so a second
+/// meshgate process on the same data folder is refused in either mode (in
+/// cluster mode no sled lock would stop it, and it would run with this node's
+/// keys). The same process may open the folder again (in-process restarts).
+fn lock_data_dir(dir: &Path) -> anyhow::Result<()> {
+    type Held = Vec<(std::path::PathBuf, std::fs::File)>;
+    static HELD: std::sync::Mutex<Held> = std::sync::Mutex::new(Vec::new());
+    let unusable = |e: &dyn std::fmt::Display| {
+        anyhow::anyhow!("the data folder {} is not usable: {e}", dir.display())
+    };
+    std::fs::create_dir_all(dir).map_err(|e| unusable(&e))?;
+    let path = dir
+        .canonicalize()
+        .map_err(|e| unusable(&e))?
+        .join("node.lock");
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    if held.iter().any(|(p, _)| *p == path) {
+        return Ok(());
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| unusable(&e))?;
+    match file.try_lock() {
+        Ok(()) => {
+            held.push((path, file));
+            Ok(())
+        }
+        Err(std::fs::TryLockError::WouldBlock) => Err(anyhow::anyhow!(
+            "{}; stop the other node or pick another --data-dir",
+            StoreError::Locked(dir.display().to_string())
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(unusable(&e)),
+    }
+}
+
 async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    // Creates the data folder: the node's keys (server secret, JWT key, mesh
+    // key) and the module cache live in it in either mode.
+    lock_data_dir(&config.server.data_dir)?;
     let etcd = &config.cluster.etcd;
     if !etcd.is_empty() {
-        // No sled store creates the data folder here, yet the node's keys
-        // (server secret, JWT key, mesh key) and the module cache live in it.
-        let dir = &config.server.data_dir;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| anyhow::anyhow!("the data folder {} is not usable: {e}", dir.display()))?;
         #[cfg(feature = "cluster")]
         {
             use crate::storage::EtcdConnectError;

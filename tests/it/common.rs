@@ -1,5 +1,13 @@
 //! A real node for tests: the `meshgate` binary started on 127.0.0.1:0 with a
 //! temporary data folder, and a small HTTP client.
+//!
+//! Cluster mode (`MESHGATE_TEST_CLUSTER=1`, needs `--features cluster`):
+//! [`TestNode::start`]/[`TestNode::start_with`] start one etcd and three nodes
+//! on it ("a", "b", "c", one cluster secret); the test talks to "a", and
+//! [`TestNode::create_namespace`] places the namespace on "b" only, so every
+//! namespace request of the test is forwarded by a node that is not its
+//! member, and what is published crosses the pub/sub mesh. See
+//! [`single_node_only`] for the few tests that cannot mean anything there.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -14,6 +22,9 @@ pub struct TestNode {
     _tmp: Option<tempfile::TempDir>,
     pub operator_key: String,
     pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    /// Cluster mode: the etcd and the two other nodes this one runs with.
+    #[cfg(feature = "cluster")]
+    cluster: Option<std::sync::Arc<on_cluster::Cluster>>,
 }
 
 /// Options for starting a node.
@@ -48,8 +59,23 @@ impl TestNode {
         })
     }
 
-    /// Starts the binary and waits for its "listening on" line.
+    /// Starts the binary and waits for its "listening on" line (and, unless
+    /// `no_wait_ready`, for `/readyz`). In cluster mode: the node the test
+    /// talks to, with two more nodes and an etcd (see the module's comment);
+    /// a node the test itself configures with a `[cluster]` section is
+    /// started as configured.
     pub fn start_with(opts: NodeOpts) -> TestNode {
+        if cluster_mode() && !opts.config.contains("[cluster]") {
+            #[cfg(feature = "cluster")]
+            return on_cluster::start(opts);
+            #[cfg(not(feature = "cluster"))]
+            panic!("MESHGATE_TEST_CLUSTER=1 needs a build with --features cluster");
+        }
+        Self::spawn(opts)
+    }
+
+    /// One `meshgate serve` process, as `opts` says.
+    fn spawn(opts: NodeOpts) -> TestNode {
         let (tmp, dir) = match &opts.data_dir {
             Some(d) => (None, d.clone()),
             None => {
@@ -122,6 +148,8 @@ impl TestNode {
             _tmp: tmp,
             operator_key: OPERATOR_KEY.into(),
             stderr: log,
+            #[cfg(feature = "cluster")]
+            cluster: None,
         };
         if !opts.no_wait_ready {
             node.wait_ready();
@@ -163,23 +191,88 @@ impl TestNode {
         None
     }
 
-    /// Kills the node with SIGKILL and reaps it.
+    /// Kills the node with SIGKILL and reaps it. In cluster mode the whole
+    /// cluster crashes (every node; etcd keeps running): a later
+    /// `start_with` on the same `data_dir` starts them again.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &self.cluster {
+            c.kill_members();
+        }
     }
 
-    /// Creates a namespace; returns its owner API key.
+    /// Creates a namespace; returns its owner API key. In cluster mode its
+    /// only member is another node than the one the test talks to.
     pub fn create_namespace(&self, name: &str) -> String {
-        let (s, b) = self.op(
-            "POST",
-            "/v1/namespaces",
-            Some(&format!("{{\"name\":\"{name}\"}}")),
-        );
+        let body = match self.member_of_namespaces() {
+            Some(m) => format!("{{\"name\":\"{name}\",\"members\":[\"{m}\"]}}"),
+            None => format!("{{\"name\":\"{name}\"}}"),
+        };
+        let (s, b) = self.op("POST", "/v1/namespaces", Some(&body));
         assert_eq!(s, 201, "create namespace: {b}");
-        json(&b)["api_key"].as_str().unwrap().to_string()
+        let key = json(&b)["api_key"].as_str().unwrap().to_string();
+        if let Some(m) = self.member_of_namespaces() {
+            // The cluster mode's premise: this node forwards to the member.
+            let auth = format!("Bearer {key}");
+            let (s, h, b) = http(
+                "GET",
+                &self.url("/v1/kv/_cluster_mode_probe"),
+                &[("authorization", &auth)],
+                None,
+            );
+            assert_eq!(
+                (s, header(&h, "x-meshgate-member")),
+                (404, Some(m)),
+                "a KV read of {name} through {} is not served by member {m}: {}",
+                self.base,
+                String::from_utf8_lossy(&b)
+            );
+        }
+        key
+    }
+
+    /// Cluster mode: the node id `create_namespace` places namespaces on.
+    pub fn member_of_namespaces(&self) -> Option<&'static str> {
+        #[cfg(feature = "cluster")]
+        if self.cluster.is_some() {
+            return Some(on_cluster::MEMBER);
+        }
+        None
+    }
+
+    /// The base URL of every node: this one first, then (cluster mode) the others.
+    pub fn every_base(&self) -> Vec<String> {
+        #[allow(unused_mut)]
+        let mut v = vec![self.base.clone()];
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &self.cluster {
+            v.extend(c.bases());
+        }
+        v
+    }
+
+    /// The sum over every node (cluster mode: the whole cluster) of the
+    /// `/metrics` series named `series` (a name, or a name with its labels
+    /// as `/metrics` writes them); 0 if no node has it.
+    pub fn metric_sum(&self, series: &str) -> f64 {
+        self.every_base()
+            .iter()
+            .map(|base| {
+                let (_, _, b) = http("GET", &format!("{base}/metrics"), &[], None);
+                String::from_utf8_lossy(&b)
+                    .lines()
+                    .filter(|l| {
+                        l.strip_prefix(series)
+                            .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+                    })
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>()
+            })
+            .sum()
     }
 
     /// A call with the operator key.
@@ -221,7 +314,234 @@ impl TestNode {
 
 impl Drop for TestNode {
     fn drop(&mut self) {
-        self.kill9();
+        // Only this process: in cluster mode the other nodes belong to the
+        // cluster, which a restarted `TestNode` may share; they stop when
+        // the last `TestNode` of the cluster is gone.
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Whether the suite runs in cluster mode (`MESHGATE_TEST_CLUSTER=1`).
+pub fn cluster_mode() -> bool {
+    std::env::var("MESHGATE_TEST_CLUSTER").is_ok_and(|v| v == "1")
+}
+
+/// The explicit scoping of a test that means one node (a single process's
+/// drain or data folder, sled, node-level limits): in cluster mode it says why
+/// on stderr and returns true (the test returns); in single mode false.
+/// `if single_node_only("...") { return; }`
+pub fn single_node_only(reason: &str) -> bool {
+    if cluster_mode() {
+        eprintln!("single-node only, not run on the cluster: {reason}");
+        return true;
+    }
+    false
+}
+
+/// Cluster mode of [`TestNode`].
+#[cfg(feature = "cluster")]
+mod on_cluster {
+    use super::*;
+    use crate::etcd_process::EtcdProcess;
+    use std::path::Path;
+    use std::sync::{Arc, Mutex, Weak};
+
+    /// The node the test talks to, and the one namespaces are placed on.
+    const CLIENT: &str = "a";
+    pub const MEMBER: &str = "b";
+    const SECRET: &str = "test-suite-cluster-secret";
+
+    /// The other two nodes and their etcd.
+    pub struct Cluster {
+        peers: Mutex<Vec<Peer>>,
+        /// Dropped after the peers (fields drop in order).
+        etcd: EtcdProcess,
+        _tmp: tempfile::TempDir,
+    }
+
+    struct Peer {
+        id: &'static str,
+        port: u16,
+        dir: PathBuf,
+        node: Option<TestNode>,
+    }
+
+    /// Each cluster by the data folder of its node "a", so a `start_with` on
+    /// that folder (a restart) joins the same etcd and nodes while a
+    /// `TestNode` of the cluster is alive.
+    static BY_DIR: Mutex<Vec<(PathBuf, Weak<Cluster>)>> = Mutex::new(Vec::new());
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    impl Cluster {
+        fn new() -> Cluster {
+            let tmp = tempfile::tempdir().unwrap();
+            let peers = ["b", "c"]
+                .into_iter()
+                .map(|id| Peer {
+                    id,
+                    port: free_port(),
+                    dir: tmp.path().join(id).join("data"),
+                    node: None,
+                })
+                .collect();
+            Cluster {
+                peers: Mutex::new(peers),
+                etcd: EtcdProcess::start(),
+                _tmp: tmp,
+            }
+        }
+
+        /// A node's config: the test's, and its `[cluster]` section.
+        fn config(&self, test_config: &str, id: &str) -> String {
+            format!(
+                "{test_config}\n[cluster]\n{}node_id = \"{id}\"\nregister_seconds = 1\n",
+                self.etcd.cluster_toml()
+            )
+        }
+
+        /// Starts the peers that are not running (all at once).
+        fn start_peers(&self, opts: &NodeOpts) {
+            // The other nodes serve plain HTTP: a `[tls]` section is the
+            // test's listener only.
+            let mut cfg: toml::Table = opts.config.parse().expect("the test's config is TOML");
+            cfg.remove("tls");
+            let cfg = cfg.to_string();
+            let mut peers = self.peers.lock().unwrap();
+            std::thread::scope(|s| {
+                for p in peers.iter_mut() {
+                    let running = p.node.as_mut().is_some_and(|n| {
+                        n.child
+                            .as_mut()
+                            .is_some_and(|c| c.try_wait().unwrap().is_none())
+                    });
+                    if running {
+                        continue;
+                    }
+                    let popts = NodeOpts {
+                        config: self.config(&cfg, p.id),
+                        env: env(opts),
+                        data_dir: Some(p.dir.clone()),
+                        listen: Some(format!("127.0.0.1:{}", p.port)),
+                        no_wait_ready: false,
+                    };
+                    s.spawn(move || p.node = Some(TestNode::spawn(popts)));
+                }
+            });
+        }
+
+        pub fn kill_members(&self) {
+            for p in self.peers.lock().unwrap().iter_mut() {
+                if let Some(mut n) = p.node.take() {
+                    n.kill9();
+                }
+            }
+        }
+
+        pub fn bases(&self) -> Vec<String> {
+            self.peers
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|p| Some(p.node.as_ref()?.base.clone()))
+                .collect()
+        }
+
+        fn stderr(&self) -> String {
+            let mut out = String::new();
+            for p in self.peers.lock().unwrap().iter() {
+                if let Some(n) = &p.node {
+                    out.push_str(&format!(
+                        "--- node {} ---\n{}",
+                        p.id,
+                        n.stderr.lock().unwrap()
+                    ));
+                }
+            }
+            out
+        }
+    }
+
+    /// The test's environment, with the cluster secret unless the test sets its own.
+    fn env(opts: &NodeOpts) -> Vec<(String, String)> {
+        let mut env = opts.env.clone();
+        if !env.iter().any(|(k, _)| k == "MESHGATE_CLUSTER_SECRET") {
+            env.push(("MESHGATE_CLUSTER_SECRET".into(), SECRET.into()));
+        }
+        env
+    }
+
+    /// The running cluster whose node "a" had the data folder `dir`, or a new one.
+    fn cluster_for(dir: Option<&Path>) -> Arc<Cluster> {
+        let mut by_dir = BY_DIR.lock().unwrap();
+        by_dir.retain(|(_, w)| w.strong_count() > 0);
+        dir.and_then(|d| {
+            by_dir
+                .iter()
+                .find(|(p, _)| p == d)
+                .and_then(|(_, w)| w.upgrade())
+        })
+        .unwrap_or_else(|| Arc::new(Cluster::new()))
+    }
+
+    /// The node the test talks to ("a", member of no namespace it creates),
+    /// with "b" and "c" running on the same etcd, the mesh connected.
+    pub fn start(opts: NodeOpts) -> TestNode {
+        let cluster = cluster_for(opts.data_dir.as_deref());
+        cluster.start_peers(&opts);
+        let mut node = TestNode::spawn(NodeOpts {
+            config: cluster.config(&opts.config, CLIENT),
+            env: env(&opts),
+            ..opts.clone()
+        });
+        {
+            let mut by_dir = BY_DIR.lock().unwrap();
+            if !by_dir.iter().any(|(p, _)| *p == node.dir) {
+                by_dir.push((node.dir.clone(), Arc::downgrade(&cluster)));
+            }
+        }
+        node.cluster = Some(cluster);
+        if !opts.no_wait_ready {
+            wait_mesh(&node);
+        }
+        node
+    }
+
+    /// Until every node has both others as mesh peers (what is published
+    /// through one node reaches the subscribers of the others).
+    fn wait_mesh(node: &TestNode) {
+        let c = node.cluster.as_ref().unwrap();
+        let mut bases = c.bases();
+        if node.base.starts_with("http://") {
+            bases.push(node.base.clone());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let peers = |base: &String| {
+            let (_, _, b) = http("GET", &format!("{base}/metrics"), &[], None);
+            String::from_utf8_lossy(&b)
+                .lines()
+                .find_map(|l| l.strip_prefix("meshgate_mesh_peers ")?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        while !bases.iter().all(|b| peers(b) >= 2.0) {
+            assert!(
+                Instant::now() < deadline,
+                "the mesh never connected: {:?}\n--- node a ---\n{}{}",
+                bases.iter().map(|b| (b, peers(b))).collect::<Vec<_>>(),
+                node.stderr.lock().unwrap(),
+                c.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

@@ -110,15 +110,10 @@ fn function_names(node: &TestNode, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// A counter summed over the node (cluster mode: every node of the cluster,
+/// since the member that runs the function is not the one the test talks to).
 fn metric(node: &TestNode, name: &str) -> u64 {
-    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
-    let text = String::from_utf8_lossy(&b).into_owned();
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no metric {name}"))
+    node.metric_sum(name) as u64
 }
 
 const LOOP: &str = r#"(module (func (export "_start") (loop (br 0))))"#;
@@ -649,14 +644,7 @@ fn functions_cron_trigger() {
     let node = TestNode::start_with(opts);
     let deadline = Instant::now() + Duration::from_secs(6);
     loop {
-        let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
-        let text = String::from_utf8_lossy(&b).into_owned();
-        let fired = text
-            .lines()
-            .find(|l| l.starts_with("meshgate_function_invocations_total{namespace=\"cron\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if fired >= 1.0 {
+        if invocations(&node, "cron") >= 1 {
             break;
         }
         assert!(
@@ -719,14 +707,11 @@ const REPUBLISH: &str = r#"(module
   (func (export "_start")
     (drop (call $publish (i32.const 512) (i32.const 4) (i32.const 512) (i32.const 4)))))"#;
 
+/// The invocations of `ns`'s functions (cluster mode: in the whole cluster).
 fn invocations(node: &TestNode, ns: &str) -> u64 {
-    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
-    let prefix = format!("meshgate_function_invocations_total{{namespace=\"{ns}\"}}");
-    String::from_utf8_lossy(&b)
-        .lines()
-        .find(|l| l.starts_with(&prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
+    node.metric_sum(&format!(
+        "meshgate_function_invocations_total{{namespace=\"{ns}\"}}"
+    )) as u64
 }
 
 /// Trigger depth: a function triggered by the topic it publishes to runs

@@ -138,23 +138,26 @@ fn main() {
         let bare2 = load(bare_url, None, secs).await;
         let bare_avg = (bare1 + bare2) / 2.0;
 
-        println!("| measurement | value |");
-        println!("|---|---|");
-        println!("| bare echo handler (no chain, no WASM), req/s | {bare_avg:.0} |");
-        println!("| HTTP invoke of the C echo module, req/s | {fn_rps:.0} |");
-        println!("| ratio invoke / bare | {:.2} |", fn_rps / bare_avg);
-        println!(
-            "| deploy-to-first-invoke, C echo, cold (compiled) | {:.1} ms |",
-            cold.as_secs_f64() * 1000.0
-        );
-        println!(
-            "| deploy-to-first-invoke, C echo, warm (artifact cache) | {:.1} ms |",
-            warm.as_secs_f64() * 1000.0
-        );
-        println!(
-            "({CONNECTIONS} keep-alive connections, {secs} s each, {}-byte JSON input, load generator in-process)",
-            INPUT.len()
-        );
+        // A smoke run under `cargo test` keeps quiet unless it fails.
+        if full {
+            println!("| measurement | value |");
+            println!("|---|---|");
+            println!("| bare echo handler (no chain, no WASM), req/s | {bare_avg:.0} |");
+            println!("| HTTP invoke of the C echo module, req/s | {fn_rps:.0} |");
+            println!("| ratio invoke / bare | {:.2} |", fn_rps / bare_avg);
+            println!(
+                "| deploy-to-first-invoke, C echo, cold (compiled) | {:.1} ms |",
+                cold.as_secs_f64() * 1000.0
+            );
+            println!(
+                "| deploy-to-first-invoke, C echo, warm (artifact cache) | {:.1} ms |",
+                warm.as_secs_f64() * 1000.0
+            );
+            println!(
+                "({CONNECTIONS} keep-alive connections, {secs} s each, {}-byte JSON input, load generator in-process)",
+                INPUT.len()
+            );
+        }
         std::process::exit(0);
     });
 }

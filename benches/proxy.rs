@@ -171,15 +171,18 @@ fn main() {
         let avg = |a: &load::Outcome, b: &load::Outcome| (a.rps + b.rps) / 2.0;
         let (d, m, n) = (avg(&d1, &d2), avg(&m1, &m2), avg(&n1, &n2));
         let ms = |x: Duration| x.as_secs_f64() * 1000.0;
-        println!("nginx: {nginx_bin}; {CONNECTIONS} keep-alive connections, {secs} s per run, two runs each");
-        println!("| path | req/s | p50 ms | p99 ms |");
-        println!("|---|---|---|---|");
-        println!("| upstream direct | {d:.0} | {:.2} | {:.2} |", ms(d1.p50), ms(d1.p99));
-        println!("| through meshgate (whole chain + proxy) | {m:.0} | {:.2} | {:.2} |", ms(m1.p50), ms(m1.p99));
-        println!("| through nginx (proxy_pass, keepalive) | {n:.0} | {:.2} | {:.2} |", ms(n1.p50), ms(n1.p99));
-        println!("| ratio meshgate / direct | **{:.2}** | | |", m / d);
-        println!("| ratio nginx / direct | **{:.2}** | | |", n / d);
-        println!("| ratio meshgate / nginx | **{:.2}** | | |", m / n);
+        // A smoke run under `cargo test` keeps quiet unless it fails.
+        if full {
+            println!("nginx: {nginx_bin}; {CONNECTIONS} keep-alive connections, {secs} s per run, two runs each");
+            println!("| path | req/s | p50 ms | p99 ms |");
+            println!("|---|---|---|---|");
+            println!("| upstream direct | {d:.0} | {:.2} | {:.2} |", ms(d1.p50), ms(d1.p99));
+            println!("| through meshgate (whole chain + proxy) | {m:.0} | {:.2} | {:.2} |", ms(m1.p50), ms(m1.p99));
+            println!("| through nginx (proxy_pass, keepalive) | {n:.0} | {:.2} | {:.2} |", ms(n1.p50), ms(n1.p99));
+            println!("| ratio meshgate / direct | **{:.2}** | | |", m / d);
+            println!("| ratio nginx / direct | **{:.2}** | | |", n / d);
+            println!("| ratio meshgate / nginx | **{:.2}** | | |", m / n);
+        }
         drop(nginx);
         std::process::exit(0);
     });

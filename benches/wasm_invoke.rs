@@ -112,6 +112,10 @@ fn bench(c: &mut Criterion) {
             .expect("invoke");
     });
     let ratio = |d: Duration| d.as_secs_f64() / raw.as_secs_f64();
+    // A smoke run under `cargo test` keeps quiet unless it fails.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
     println!(
         "\nnoop invoke, mean of {n}: raw wasmtime {raw:?}; WasmEngine inline {inline:?} ({:.2}x raw); \
          WasmEngine::invoke via the pool {pooled:?} ({:.2}x raw)",

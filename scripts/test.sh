@@ -10,6 +10,9 @@ command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
 # Deployment tests (TLS, HTTP/2) drive curl and make certificates with openssl;
 # the proxy bench compares against nginx.
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+# The README's tour and scripts/tour.sh (docs::*) read JSON with jq.
+command -v jq >/dev/null 2>&1 || need_apt+=(jq)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || need_apt+=(nginx)
 # The etcd backend (feature `cluster`): etcd-client needs protoc; its tests start etcd.

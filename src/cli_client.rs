@@ -380,6 +380,8 @@ async fn subscribe(c: &ClientArgs, topic: &str, as_json: bool) -> Result<(), Str
         .connect()
         .await
         .map_err(|e| format!("cannot subscribe at {url}: {e}"))?;
+    // On stderr, so a script can wait for it while stdout carries only data.
+    eprintln!("subscribed to {topic}");
     let mut out = std::io::stdout();
     while let Some(frame) = socket.next().await {
         match frame.map_err(|e| e.to_string())? {

@@ -29,6 +29,20 @@ pub struct Started {
 /// Starts the node (inside an actix System) and creates the `bench` namespace.
 pub async fn start(cfg: Config) -> Started {
     let data_dir = cfg.server.data_dir.clone();
+    // An operator key of its own, so the node does not print a generated one.
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let key_path = data_dir.join("operator.key");
+    if !key_path.exists() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let key = format!("mgop_bench_{}", hex::encode(meshgate::node::random_bytes::<16>()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key_path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, key.as_bytes()).unwrap();
+    }
     let running = meshgate::node::start(cfg).await.unwrap();
     let node = running.node.clone();
     let addr = running.addr;

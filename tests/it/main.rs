@@ -5,6 +5,7 @@ mod chain;
 mod cluster;
 mod common;
 mod dashboard;
+mod docs;
 mod deploy;
 #[cfg(feature = "cluster")]
 mod etcd;

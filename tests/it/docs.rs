@@ -1,0 +1,109 @@
+//! Docs as tests: the README's marked command blocks and `scripts/tour.sh`
+//! run as written against a real node, twice, so a README that drifts from
+//! the code (a renamed flag, a changed field, a new refusal) fails the build.
+
+use crate::common::{NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, bin};
+use std::path::Path;
+use std::process::Command;
+
+const MARKER: &str = "<!-- doc-test -->";
+
+/// The ```sh blocks that follow a `<!-- doc-test -->` line, in order.
+fn marked_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut lines = markdown.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != MARKER {
+            continue;
+        }
+        let fence = lines.next().unwrap_or_default();
+        assert_eq!(fence.trim(), "```sh", "a doc-test marker must sit right above a ```sh block");
+        let body: Vec<&str> = lines.by_ref().take_while(|l| l.trim() != "```").collect();
+        blocks.push(body.join("\n"));
+    }
+    blocks
+}
+
+/// Runs `script` with bash in `dir`, the node's address and the operator key
+/// in the environment and the built binary first on PATH. Returns stdout and
+/// stderr, panicking with both on a non-zero exit.
+fn run(script: &str, dir: &Path, env: &[(&str, &str)]) -> String {
+    let bin_dir = Path::new(bin()).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("PATH", path)
+        .env_remove("MESHGATE_KEY")
+        .env_remove("MESHGATE_URL")
+        .env_remove("MESHGATE_OPERATOR_KEY")
+        .envs(env.iter().copied())
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "exit {:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status.code()
+    );
+    stdout + &stderr
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The README's tour and CLI blocks, in order, in one shell as a reader
+/// would type them, twice on the same node (fresh names each time): every
+/// step succeeds and the answers the README promises come back.
+#[test]
+fn readme_runs_as_written() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let blocks = marked_blocks(&readme);
+    assert!(blocks.len() >= 2, "the tour and the CLI blocks are marked");
+    let script = format!("set -euo pipefail\n{}\n", blocks.join("\n"));
+    let n = TestNode::start();
+    let work = tempfile::tempdir().unwrap();
+    // The reader stands in the repository: its examples are at hand.
+    std::os::unix::fs::symlink(repo().join("examples"), work.path().join("examples")).unwrap();
+    for round in 1..=2 {
+        let out = run(&script, work.path(), &[("BASE", &n.base), ("OP", OPERATOR_KEY)]);
+        for promised in ["hello", "ping", "hi", "<h1>hello from meshgate</h1>", "subscribed to chat"] {
+            assert!(out.contains(promised), "round {round}: {promised:?} missing from\n{out}");
+        }
+    }
+}
+
+/// `scripts/tour.sh` passes every step twice against a node that allows
+/// loopback upstreams (so the proxy step is walked), and against a default
+/// node, where the egress policy's refusal of a loopback upstream is the pass.
+#[test]
+fn tour_script_passes_twice() {
+    let tour = repo().join("scripts/tour.sh");
+    for allow in [true, false] {
+        let mut config = TEST_CONFIG.to_string();
+        if allow {
+            config.push_str("[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n");
+        }
+        let n = TestNode::start_with(NodeOpts {
+            config,
+            ..Default::default()
+        });
+        for round in 1..=2 {
+            let script = format!("{} {} {}", tour.display(), n.base, OPERATOR_KEY);
+            let out = run(&script, repo(), &[]);
+            assert!(out.contains(", 0 failed"), "allow={allow} round {round}:\n{out}");
+            let walked = out.contains("host routed to an upstream deployment");
+            assert_eq!(walked, allow, "allow={allow}: the proxy step\n{out}");
+        }
+    }
+}
+
+/// The marker scanner finds marked blocks only.
+#[test]
+fn marked_blocks_are_found() {
+    let md = "text\n```sh\nnot me\n```\n<!-- doc-test -->\n```sh\necho a\necho b\n```\n";
+    assert_eq!(marked_blocks(md), vec!["echo a\necho b".to_string()]);
+}

@@ -13,8 +13,8 @@ pub use functions::{
 };
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
-    MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceSupervisor, NsError,
-    NsResult, ns_key,
+    MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
+    NamespaceSupervisor, NsError, NsResult, ns_key,
 };
 pub use node::{
     ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,

@@ -7,7 +7,7 @@
 //! counted.
 
 use super::stats::ActorStats;
-use crate::storage::{BatchOp, OrderedKv, Store, StoreError};
+use crate::storage::{BatchOp, Store, StoreError};
 use actix::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::panic::AssertUnwindSafe;
@@ -44,6 +44,54 @@ pub fn ns_key(name: &str) -> Vec<u8> {
 
 fn kv_prefix(ns: &str) -> Vec<u8> {
     format!("kv/{ns}/").into_bytes()
+}
+
+/// The journal of an import of the namespace too large for one store
+/// transaction (`Store::apply_journaled`): KV requests wait while it exists.
+pub fn import_journal_key(ns: &str) -> Vec<u8> {
+    format!("_import/{ns}").into_bytes()
+}
+
+/// How long a KV request waits on an import in progress before finishing it
+/// itself (its writer may have died).
+const IMPORT_TAKEOVER: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a KV request waits on an import in progress in all before 503.
+const IMPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// Runs a KV store operation that refuses (`Ok(None)`) while an import of
+/// `ns` is in progress: retries until it is done, finishes it after
+/// [`IMPORT_TAKEOVER`], gives up after [`IMPORT_WAIT`].
+async fn unless_importing<T, Fut>(
+    store: &Store,
+    ns: &str,
+    journal: &[u8],
+    mut op: impl FnMut() -> Fut,
+) -> NsResult<T>
+where
+    Fut: std::future::Future<Output = crate::storage::StoreResult<Option<T>>>,
+{
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(5);
+    let mut took_over = false;
+    loop {
+        if let Some(v) = op().await? {
+            return Ok(v);
+        }
+        let waited = start.elapsed();
+        if waited >= IMPORT_TAKEOVER && !took_over {
+            took_over = true;
+            tracing::warn!(namespace = %ns, "An import has been in progress for a while; finishing it here.");
+            store.roll_forward(journal).await?;
+            continue;
+        }
+        if waited >= IMPORT_WAIT {
+            return Err(NsError::Store(StoreError::Unavailable(format!(
+                "an import of namespace {ns} is in progress; try again"
+            ))));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+    }
 }
 
 /// What a namespace supervisor's handlers can fail with.
@@ -247,7 +295,8 @@ impl Handler<KvGet> for NamespaceSupervisor {
         let ns = self.name.clone();
         Box::pin(async move {
             let k = kv_key(&ns, &msg.key)?;
-            Ok(store.get(&k).await?)
+            let j = import_journal_key(&ns);
+            unless_importing(&store, &ns, &j, || store.get_unless(&k, &j)).await
         })
     }
 }
@@ -268,7 +317,12 @@ impl Handler<KvPut> for NamespaceSupervisor {
         let ns = self.name.clone();
         Box::pin(async move {
             let k = kv_key(&ns, &msg.key)?;
-            Ok(store.put(&k, &msg.value).await?)
+            let j = import_journal_key(&ns);
+            unless_importing(&store, &ns, &j, || {
+                store.write_unless(&k, Some(&msg.value), &j)
+            })
+            .await
+            .map(|_| ())
         })
     }
 }
@@ -288,7 +342,8 @@ impl Handler<KvDelete> for NamespaceSupervisor {
         let ns = self.name.clone();
         Box::pin(async move {
             let k = kv_key(&ns, &msg.key)?;
-            Ok(store.delete(&k).await?)
+            let j = import_journal_key(&ns);
+            unless_importing(&store, &ns, &j, || store.write_unless(&k, None, &j)).await
         })
     }
 }
@@ -311,7 +366,14 @@ impl Handler<KvList> for NamespaceSupervisor {
             let base = kv_prefix(&ns);
             let mut p = base.clone();
             p.extend_from_slice(msg.prefix.as_bytes());
-            let rows = store.scan_prefix(&p, msg.limit.min(MAX_KV_LIST)).await?;
+            let j = import_journal_key(&ns);
+            let limit = msg.limit.min(MAX_KV_LIST);
+            let prefixes = [p];
+            let rows =
+                unless_importing(&store, &ns, &j, || store.scan_unless(&prefixes, limit, &j))
+                    .await?
+                    .pop()
+                    .unwrap_or_default();
             Ok(rows
                 .into_iter()
                 .map(|(k, _)| String::from_utf8_lossy(&k[base.len()..]).into_owned())
@@ -327,7 +389,8 @@ pub struct ExportEntry {
     pub value_base64: String,
 }
 
-/// The whole data of a namespace, as `GET /v1/db/export` answers and `PUT /v1/db/import` takes.
+/// The first export format, the namespace KV only (`{"format":1,...}`):
+/// still accepted by `PUT /v1/db/import`, which then replaces the KV only.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceExport {
@@ -337,85 +400,131 @@ pub struct NamespaceExport {
     pub kv: Vec<ExportEntry>,
 }
 
-/// Sent by `GET /v1/db/export`; replies with every KV entry of the namespace.
+/// What `GET /v1/db/export` reads through the supervisor: the KV, the
+/// function records, their versions and the sealed secrets, each key relative
+/// to its prefix. Read while the supervisor holds its mailbox, so never in the
+/// middle of an import through it.
+#[derive(Debug, Default)]
+pub struct NamespaceRows {
+    pub kv: Vec<(String, Vec<u8>)>,
+    pub functions: Vec<(String, Vec<u8>)>,
+    pub versions: Vec<(String, Vec<u8>)>,
+    pub secrets: Vec<(String, Vec<u8>)>,
+}
+
+/// Sent by `GET /v1/db/export`; replies with the namespace's rows.
 #[derive(Message)]
-#[rtype(result = "NsResult<NamespaceExport>")]
+#[rtype(result = "NsResult<NamespaceRows>")]
 pub struct Export;
 
 impl Handler<Export> for NamespaceSupervisor {
-    type Result = ResponseFuture<NsResult<NamespaceExport>>;
+    type Result = AtomicResponse<Self, NsResult<NamespaceRows>>;
     fn handle(&mut self, _: Export, _: &mut Context<Self>) -> Self::Result {
-        use base64::Engine;
         let _t = self.stats.begin();
         let store = self.store.clone();
         let ns = self.name.clone();
-        Box::pin(async move {
-            let base = kv_prefix(&ns);
-            let rows = store.scan_all(&base).await?;
-            let kv = rows
-                .into_iter()
-                .map(|(k, v)| ExportEntry {
-                    key: String::from_utf8_lossy(&k[base.len()..]).into_owned(),
-                    value_base64: base64::engine::general_purpose::STANDARD.encode(v),
+        AtomicResponse::new(Box::pin(
+            async move {
+                // One snapshot of the four, at which no import was in progress.
+                let prefixes = [
+                    kv_prefix(&ns),
+                    crate::functions::fn_prefix(&ns),
+                    crate::functions::fnver_prefix(&ns),
+                    crate::functions::secret_prefix(&ns),
+                ];
+                let j = import_journal_key(&ns);
+                let rows = unless_importing(&store, &ns, &j, || {
+                    store.scan_unless(&prefixes, usize::MAX, &j)
                 })
-                .collect();
-            Ok(NamespaceExport {
-                format: 1,
-                namespace: ns,
-                kv,
-            })
-        })
+                .await?;
+                let mut parts = prefixes.iter().zip(rows).map(|(prefix, rows)| {
+                    rows.into_iter()
+                        .map(|(k, v)| (String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), v))
+                        .collect::<Vec<_>>()
+                });
+                Ok(NamespaceRows {
+                    kv: parts.next().unwrap_or_default(),
+                    functions: parts.next().unwrap_or_default(),
+                    versions: parts.next().unwrap_or_default(),
+                    secrets: parts.next().unwrap_or_default(),
+                })
+            }
+            .into_actor(self),
+        ))
     }
 }
 
-/// Sent by `PUT /v1/db/import`; replaces the namespace's KV whole, atomically.
-/// Replies with the number of entries written.
+/// Sent by `PUT /v1/db/import` with an import the route checked whole: the
+/// namespace's KV becomes exactly `kv`, the keys under each of `replace`
+/// (for a whole-namespace import: the functions, their versions, the
+/// secrets) become exactly `records`, and `extra` (the deployments and host
+/// claims, prepared under the deployment lock) lands with them. One change
+/// for every KV reader and writer, on any node: `Store::apply_journaled`
+/// under [`import_journal_key`], the KV as its steps, the rest as its last
+/// part, which must fit one store transaction. The supervisor holds its
+/// mailbox meanwhile. Replies `Ok(Err(reason))`, nothing written, when the
+/// last part is too large.
 #[derive(Message)]
-#[rtype(result = "NsResult<usize>")]
-pub struct Import(pub NamespaceExport);
+#[rtype(result = "NsResult<Result<(), String>>")]
+pub struct Import {
+    pub kv: Vec<(Vec<u8>, Vec<u8>)>,
+    pub replace: Vec<Vec<u8>>,
+    pub records: Vec<(Vec<u8>, Vec<u8>)>,
+    pub extra: Vec<BatchOp>,
+}
+
+/// The writes that make the keys under `prefixes` exactly `puts`: deletes of
+/// the others first, then the puts.
+async fn replacing(
+    store: &Store,
+    prefixes: &[Vec<u8>],
+    puts: Vec<(Vec<u8>, Vec<u8>)>,
+) -> NsResult<Vec<BatchOp>> {
+    let mut ops = Vec::new();
+    {
+        let written: std::collections::HashSet<&[u8]> =
+            puts.iter().map(|(k, _)| k.as_slice()).collect();
+        for prefix in prefixes {
+            for (k, _) in store.scan_all(prefix).await? {
+                if !written.contains(k.as_slice()) {
+                    ops.push(BatchOp::Delete(k));
+                }
+            }
+        }
+    }
+    ops.extend(puts.into_iter().map(|(k, v)| BatchOp::Put(k, v)));
+    Ok(ops)
+}
 
 impl Handler<Import> for NamespaceSupervisor {
-    type Result = ResponseFuture<NsResult<usize>>;
+    type Result = AtomicResponse<Self, NsResult<Result<(), String>>>;
     fn handle(&mut self, msg: Import, _: &mut Context<Self>) -> Self::Result {
-        use base64::Engine;
         let _t = self.stats.begin();
         let store = self.store.clone();
+        let functions = self.functions.clone();
         let ns = self.name.clone();
-        Box::pin(async move {
-            if msg.0.format != 1 {
-                return Err(NsError::BadInput(format!(
-                    "unsupported export format {}",
-                    msg.0.format
-                )));
-            }
-            // Validate everything before touching the store: no partial state.
-            let base = kv_prefix(&ns);
-            let mut puts = Vec::with_capacity(msg.0.kv.len());
-            let mut seen = std::collections::HashSet::new();
-            for e in &msg.0.kv {
-                check_key(&e.key)?;
-                if !seen.insert(e.key.as_str()) {
-                    return Err(NsError::BadInput(format!("duplicate key {:?}", e.key)));
+        AtomicResponse::new(Box::pin(
+            async move {
+                let journal = import_journal_key(&ns);
+                // A journal a dead importer left is finished first.
+                store.roll_forward(&journal).await?;
+                let steps = replacing(&store, &[kv_prefix(&ns)], msg.kv).await?;
+                let mut last = msg.extra;
+                last.extend(replacing(&store, &msg.replace, msg.records).await?);
+                let mut closing = last.clone();
+                closing.push(BatchOp::Delete(journal.clone()));
+                if let Err(why) = store.check_atomic(&closing) {
+                    return Ok(Err(why));
                 }
-                let value = base64::engine::general_purpose::STANDARD
-                    .decode(&e.value_base64)
-                    .map_err(|_| {
-                        NsError::BadInput(format!("value of {:?} is not base64", e.key))
-                    })?;
-                let mut k = base.clone();
-                k.extend_from_slice(e.key.as_bytes());
-                puts.push(BatchOp::Put(k, value));
+                store.apply_journaled(&journal, steps, last).await?;
+                if let Some(inv) = functions
+                    && let Err(e) = inv.load_triggers().await
+                {
+                    tracing::warn!(namespace = %ns, error = %e, "Function triggers could not be reloaded after an import.");
+                }
+                Ok(Ok(()))
             }
-            let mut ops: Vec<BatchOp> = store
-                .scan_all(&base)
-                .await?
-                .into_iter()
-                .map(|(k, _)| BatchOp::Delete(k))
-                .collect();
-            let n = puts.len();
-            ops.extend(puts);
-            store.apply_batch(ops).await?;
-            Ok(n)
-        })
+            .into_actor(self),
+        ))
     }
 }

@@ -8,6 +8,7 @@
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
 //! - `serve`: answering a routed request (static files or the proxy).
+//! - `transfer`: a namespace's deployments in a namespace export and import.
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
 //! to one namespace at a time, which crosses namespaces): a lock key taken by
@@ -22,6 +23,7 @@ pub mod model;
 pub mod proxy;
 mod serve;
 pub mod site;
+pub mod transfer;
 
 pub use serve::{RoutedHost, serve_routed};
 

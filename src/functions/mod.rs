@@ -30,3 +30,7 @@ pub use self::{
     },
     ws::ws_invoke,
 };
+pub use self::{
+    model::{ExportedFunction, fn_prefix, fnver_prefix, kv_prefix, secret_key, secret_prefix},
+    secrets::{ExportBox, SecretBox},
+};

@@ -260,3 +260,87 @@ pub fn cron_claim_key(ns: &str, name: &str, slot: i64) -> Vec<u8> {
 pub fn kv_prefix(ns: &str) -> Vec<u8> {
     format!("kv/{ns}/").into_bytes()
 }
+
+/// `fnver/<ns>/`: every version of every function of the namespace.
+pub fn fnver_prefix(ns: &str) -> Vec<u8> {
+    format!("fnver/{ns}/").into_bytes()
+}
+
+/// A function in a namespace export: its record and every version it keeps
+/// (the modules travel in the export's blobs, by SHA-256).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedFunction {
+    pub record: FunctionRecord,
+    pub versions: Vec<VersionMeta>,
+}
+
+impl ExportedFunction {
+    /// Checks what an import would store: the name, the versions the record
+    /// lists against the ones carried, the limits of each version.
+    pub fn validate(&self) -> Result<(), String> {
+        let name = &self.record.name;
+        if !valid_function_name(name) {
+            return Err(format!("function name {name:?} is not valid"));
+        }
+        if self.versions.is_empty() || self.versions.len() > MAX_VERSIONS {
+            return Err(format!(
+                "function {name}: 1 to {MAX_VERSIONS} versions, got {}",
+                self.versions.len()
+            ));
+        }
+        let carried: Vec<u64> = self.versions.iter().map(|v| v.version).collect();
+        if carried != self.record.versions {
+            return Err(format!(
+                "function {name}: the record lists versions {:?}, the export carries {carried:?}",
+                self.record.versions
+            ));
+        }
+        if !carried.contains(&self.record.current_version) {
+            return Err(format!(
+                "function {name}: current version {} is not carried",
+                self.record.current_version
+            ));
+        }
+        for v in &self.versions {
+            if v.sha256.len() != 64 || !v.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "function {name} version {}: sha256 is not 64 hex digits",
+                    v.version
+                ));
+            }
+            if !(MEMORY_MB_RANGE.0..=MEMORY_MB_RANGE.1).contains(&v.memory_limit_mb)
+                || !(TIMEOUT_RANGE.0..=TIMEOUT_RANGE.1).contains(&v.timeout_seconds)
+            {
+                return Err(format!(
+                    "function {name} version {}: memory or timeout out of range",
+                    v.version
+                ));
+            }
+            FunctionMetadata {
+                env_vars: v.env_vars.clone(),
+                pubsub_topics: v.pubsub_topics.clone(),
+                cron: CronList::Many(v.cron.clone()),
+            }
+            .validate()
+            .map_err(|e| format!("function {name} version {}: {e}", v.version))?;
+        }
+        Ok(())
+    }
+
+    /// The records an import writes into `ns`: the function record and each version.
+    pub fn records(&self, ns: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let name = &self.record.name;
+        let mut out = vec![(
+            fn_key(ns, name),
+            serde_json::to_vec(&self.record).expect("json"),
+        )];
+        for v in &self.versions {
+            out.push((
+                ver_key(ns, name, v.version),
+                serde_json::to_vec(v).expect("json"),
+            ));
+        }
+        out
+    }
+}

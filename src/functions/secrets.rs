@@ -10,6 +10,25 @@ use ring::hkdf;
 const KEY_INFO: &[u8] = b"meshgate function secrets v1";
 /// HKDF salt of the function-secret key.
 const KEY_SALT: &[u8] = b"meshgate";
+/// HKDF info of the key that seals secrets inside a namespace export.
+const EXPORT_KEY_INFO: &[u8] = b"meshgate export secrets v1";
+/// HKDF info of the export key's public identifier.
+const EXPORT_ID_INFO: &[u8] = b"meshgate export key id v1";
+
+/// Derives `len` bytes from the server secret for `info`.
+fn derive(server_secret: &[u8], info: &[u8], out: &mut [u8]) {
+    struct Len(usize);
+    impl hkdf::KeyType for Len {
+        fn len(&self) -> usize {
+            self.0
+        }
+    }
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, KEY_SALT).extract(server_secret);
+    prk.expand(&[info], Len(out.len()))
+        .expect("a short HKDF-SHA256 output")
+        .fill(out)
+        .expect("fill the HKDF output");
+}
 
 /// The sealing key of the node.
 pub struct SecretBox {
@@ -19,13 +38,12 @@ pub struct SecretBox {
 impl SecretBox {
     /// Derives the key from the server secret.
     pub fn new(server_secret: &[u8]) -> Self {
-        let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, KEY_SALT);
-        let prk = salt.extract(server_secret);
-        let okm = prk
-            .expand(&[KEY_INFO], &AES_256_GCM)
-            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        Self::derived(server_secret, KEY_INFO)
+    }
+
+    fn derived(server_secret: &[u8], info: &[u8]) -> Self {
         let mut bytes = [0u8; 32];
-        okm.fill(&mut bytes).expect("fill 32 bytes");
+        derive(server_secret, info, &mut bytes);
         let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &bytes).expect("32-byte key"));
         Self { key }
     }
@@ -59,5 +77,73 @@ impl SecretBox {
             .open_in_place(nonce, Aad::from(aad), &mut buf)
             .ok()?;
         Some(plain.to_vec())
+    }
+}
+
+/// The key that seals function secrets inside a namespace export: derived
+/// from the server secret like [`SecretBox`] but for another purpose, and
+/// bound to the secret's name only (not to a namespace), so an export opens
+/// on any node with the same server secret (every node of a cluster) and into
+/// any namespace there, and nowhere else.
+pub struct ExportBox {
+    inner: SecretBox,
+    id: String,
+}
+
+impl ExportBox {
+    pub fn new(server_secret: &[u8]) -> Self {
+        let mut id = [0u8; 8];
+        derive(server_secret, EXPORT_ID_INFO, &mut id);
+        Self {
+            inner: SecretBox::derived(server_secret, EXPORT_KEY_INFO),
+            id: hex::encode(id),
+        }
+    }
+
+    /// A public identifier of the key (HKDF output, not the key): an export
+    /// whose `key_id` differs was made under another server secret.
+    pub fn key_id(&self) -> &str {
+        &self.id
+    }
+
+    fn aad(name: &str) -> Vec<u8> {
+        format!("meshgate-export/secret/{name}").into_bytes()
+    }
+
+    pub fn seal(&self, name: &str, plain: &[u8]) -> Vec<u8> {
+        self.inner.seal(&Self::aad(name), plain)
+    }
+
+    /// None if tampered with, renamed or sealed under another server secret.
+    pub fn open(&self, name: &str, sealed: &[u8]) -> Option<Vec<u8>> {
+        self.inner.open(&Self::aad(name), sealed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An export sealed under one server secret opens under the same one only,
+    /// under its own name only; the key id tells the secrets apart.
+    #[test]
+    fn export_box_opens_with_the_same_server_secret_only() {
+        let a = ExportBox::new(b"server secret a");
+        let a2 = ExportBox::new(b"server secret a");
+        let b = ExportBox::new(b"server secret b");
+        let sealed = a.seal("API_TOKEN", b"s3cret");
+        assert_eq!(
+            a2.open("API_TOKEN", &sealed).as_deref(),
+            Some(&b"s3cret"[..])
+        );
+        assert_eq!(a2.open("OTHER", &sealed), None);
+        assert_eq!(b.open("API_TOKEN", &sealed), None);
+        assert_eq!(a.key_id(), a2.key_id());
+        assert_ne!(a.key_id(), b.key_id());
+        // The export key is not the at-rest key.
+        assert_eq!(
+            SecretBox::new(b"server secret a").open(b"x", &a.seal("x", b"v")),
+            None
+        );
     }
 }

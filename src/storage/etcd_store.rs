@@ -338,6 +338,45 @@ fn groups(ops: Vec<Op>) -> Vec<Vec<Op>> {
     out
 }
 
+/// Whether `ops` (as [`EtcdStore::apply_batch`] lays them out) become visible
+/// in one etcd transaction, so all at once: they fit one transaction whole, or
+/// their chunks go first and the records with the chunks' relabels fit one.
+/// Otherwise the reason, naming the limit and the etcd setting behind it.
+pub fn atomic_check(ops: &[BatchOp]) -> Result<(), String> {
+    let writes = ops
+        .iter()
+        .map(|op| match op {
+            BatchOp::Put(k, v) => (k.clone(), Some(v.clone())),
+            BatchOp::Delete(k) => (k.clone(), None),
+        })
+        .collect();
+    let p = plan(writes, 0);
+    let (records, chunks) = (p.records.len(), p.chunks.len());
+    let record_bytes: usize = p.records.iter().map(Op::bytes).sum();
+    let chunk_bytes: usize = p.chunks.iter().map(Op::bytes).sum();
+    let relabel_bytes: usize = p
+        .chunks
+        .iter()
+        .map(|c| match c {
+            Op::Put { key, .. } => OP_OVERHEAD + key.len(),
+            _ => 0,
+        })
+        .sum();
+    let fits_ops = records + chunks <= MAX_TXN_OPS;
+    if fits_ops
+        && (record_bytes + chunk_bytes <= REQUEST_BUDGET
+            || record_bytes + relabel_bytes <= REQUEST_BUDGET)
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "the change is {} etcd operations ({records} records, {chunks} chunks of large values); \
+         one etcd transaction holds at most {MAX_TXN_OPS} operations (etcd's --max-txn-ops \
+         default) and {REQUEST_BUDGET} bytes (under etcd's --max-request-bytes)",
+        records + chunks
+    ))
+}
+
 /// Why the node could not open its connection to etcd.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -1109,6 +1148,321 @@ impl EtcdStore {
     }
 }
 
+/// Journaled batches (docs/decisions.md, "Namespace export and import"): a
+/// batch larger than one transaction is written whole as the value of a
+/// journal key first (one atomic write: the commit point), then applied in
+/// steps, and its `last` part in one transaction that also deletes the
+/// journal. Readers and writers that name the journal (`*_unless`) find it
+/// in the same transaction as their read or write and wait; anyone may
+/// finish a journal left by a writer that died ([`EtcdStore::roll_forward`]).
+impl EtcdStore {
+    fn journal_absent(journal: &[u8]) -> Compare {
+        Compare::version(data_key(journal), CompareOp::Equal, 0)
+    }
+
+    /// Reads `key` in one transaction that checks `journal` is absent;
+    /// `None` while it is present.
+    pub async fn get_unless(
+        &self,
+        key: &[u8],
+        journal: &[u8],
+    ) -> StoreResult<Option<Option<Vec<u8>>>> {
+        let dkey = data_key(key);
+        let txn = Txn::new()
+            .when(vec![Self::journal_absent(journal)])
+            .and_then(vec![TxnOp::get(dkey.clone(), None)]);
+        let mut kv = self.clients.kv.clone();
+        let r = rpc("get", kv.txn(txn)).await?;
+        if !r.succeeded() {
+            return Ok(None);
+        }
+        let revision = r.header().map_or(0, |h| h.revision());
+        for op in r.op_responses() {
+            if let TxnOpResponse::Get(g) = op
+                && let Some(found) = g.kvs().first()
+            {
+                return self
+                    .resolve(&dkey, found.value(), revision)
+                    .await
+                    .map(|v| Some(Some(v)));
+            }
+        }
+        Ok(Some(None))
+    }
+
+    /// Scans each of `prefixes` (at most `limit` keys each) as of one
+    /// revision at which `journal` was absent; `None` while it is present.
+    pub async fn scan_unless(
+        &self,
+        prefixes: &[Vec<u8>],
+        limit: usize,
+        journal: &[u8],
+    ) -> StoreResult<Option<Vec<Vec<(Vec<u8>, Vec<u8>)>>>> {
+        let txn = Txn::new()
+            .when(vec![Self::journal_absent(journal)])
+            .and_then(vec![TxnOp::get(
+                data_key(journal),
+                Some(GetOptions::new().with_count_only()),
+            )]);
+        let mut kv = self.clients.kv.clone();
+        let r = rpc("scan", kv.txn(txn)).await?;
+        if !r.succeeded() {
+            return Ok(None);
+        }
+        let revision = r.header().map_or(0, |h| h.revision());
+        let mut out = Vec::with_capacity(prefixes.len());
+        for prefix in prefixes {
+            out.push(self.scan_at(prefix, limit, revision).await?);
+        }
+        Ok(Some(out))
+    }
+
+    /// Every key under `prefix` (at most `limit`) as of `revision`.
+    async fn scan_at(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+        revision: i64,
+    ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let start = data_key(prefix);
+        let end = prefix_end(&start);
+        let mut out = Vec::new();
+        let mut from = start;
+        while out.len() < limit {
+            let page = (limit - out.len()).min(SCAN_PAGE as usize) as i64;
+            let opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(page)
+                .with_revision(revision);
+            let mut kv = self.clients.kv.clone();
+            let r = rpc("scan", kv.get(from, Some(opts))).await?;
+            for found in r.kvs() {
+                let value = self.resolve(found.key(), found.value(), revision).await?;
+                out.push((found.key()[DATA.len()..].to_vec(), value));
+            }
+            match r.kvs().last() {
+                Some(last) if r.more() => from = successor(last.key()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes (`Some`) or deletes (`None`) `key` unless `journal` is present:
+    /// `None` then, else whether the key existed before.
+    pub async fn write_unless(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        journal: &[u8],
+    ) -> StoreResult<Option<bool>> {
+        let c = self
+            .commit(
+                vec![(key.to_vec(), value.map(<[u8]>::to_vec))],
+                Some(Self::journal_absent(journal)),
+                0,
+            )
+            .await?;
+        Ok(c.succeeded.then_some(!c.replaced.is_empty()))
+    }
+
+    /// Applies `steps` then `last` as one change for readers that name
+    /// `journal`: in one transaction when everything fits one, else through
+    /// the journal. `last` (with the journal's deletion) must fit one
+    /// transaction ([`atomic_check`]); readers that do not name the journal
+    /// see `steps` land in several. Fails as unavailable while another
+    /// journal is under the same key.
+    pub async fn apply_journaled(
+        &self,
+        journal: &[u8],
+        steps: Vec<BatchOp>,
+        last: Vec<BatchOp>,
+    ) -> StoreResult<()> {
+        let busy = || {
+            StoreError::Unavailable(format!(
+                "another change holds {}; try again",
+                String::from_utf8_lossy(journal)
+            ))
+        };
+        let mut all = steps.clone();
+        all.extend(last.iter().cloned());
+        if atomic_check(&all).is_ok() {
+            let c = self
+                .commit(writes_of(all), Some(Self::journal_absent(journal)), 0)
+                .await?;
+            return if c.succeeded { Ok(()) } else { Err(busy()) };
+        }
+        let mut closing = last.clone();
+        closing.push(BatchOp::Delete(journal.to_vec()));
+        atomic_check(&closing).map_err(|why| {
+            StoreError::Unavailable(format!("the last step of a journaled change: {why}"))
+        })?;
+        let c = self
+            .commit(
+                vec![(journal.to_vec(), Some(encode_journal(&steps, &last)))],
+                Some(Self::journal_absent(journal)),
+                0,
+            )
+            .await?;
+        if !c.succeeded {
+            return Err(busy());
+        }
+        self.roll_forward(journal).await.map(|_| ())
+    }
+
+    /// Finishes the journaled change under `journal`, if there is one:
+    /// applies its steps, then its last part with the journal's deletion.
+    /// Every step is guarded by the journal's revision, so of several
+    /// finishers (the writer, and readers that waited too long) the work of
+    /// the first to end is not repeated after it. Returns whether there was one.
+    pub async fn roll_forward(&self, journal: &[u8]) -> StoreResult<bool> {
+        let dkey = data_key(journal);
+        let mut kv = self.clients.kv.clone();
+        let r = rpc("get", kv.get(dkey.clone(), None)).await?;
+        let revision = r.header().map_or(0, |h| h.revision());
+        let Some(found) = r.kvs().first() else {
+            return Ok(false);
+        };
+        let guard = Compare::mod_revision(dkey.clone(), CompareOp::Equal, found.mod_revision());
+        let raw = self.resolve(&dkey, found.value(), revision).await?;
+        let (steps, last) = decode_journal(&raw).ok_or_else(|| corrupt(&dkey))?;
+        if !self.apply_guarded(writes_of(steps), &guard).await? {
+            return Ok(true);
+        }
+        let mut closing = writes_of(last);
+        closing.push((journal.to_vec(), None));
+        self.commit(closing, Some(guard), 0).await?;
+        Ok(true)
+    }
+
+    /// `writes` in as many transactions as they need, each guarded by
+    /// `guard`; false (and the rest not written) once the guard fails.
+    async fn apply_guarded(
+        &self,
+        writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        guard: &Compare,
+    ) -> StoreResult<bool> {
+        if writes.is_empty() {
+            return Ok(true);
+        }
+        let p = plan(writes, 0);
+        let pending = if p.chunks.is_empty() {
+            0
+        } else {
+            self.grant(PENDING_CHUNK_TTL).await?
+        };
+        let mut relabels = Vec::with_capacity(p.chunks.len());
+        let mut chunks = Vec::with_capacity(p.chunks.len());
+        for op in p.chunks {
+            if let Op::Put { key, value, .. } = op {
+                relabels.push(Op::Relabel {
+                    key: key.clone(),
+                    lease: 0,
+                });
+                chunks.push(Op::Put {
+                    key,
+                    value,
+                    lease: pending,
+                    record: false,
+                });
+            }
+        }
+        let result = async {
+            for g in groups(chunks) {
+                self.txn(None, g).await?;
+            }
+            let mut ops = relabels;
+            ops.extend(p.records);
+            for g in groups(ops) {
+                let (ok, replaced) = self.txn(Some(guard.clone()), g).await?;
+                if !ok {
+                    return Ok(false);
+                }
+                self.clean_up(&replaced, 0).await;
+            }
+            Ok(true)
+        }
+        .await;
+        // Only chunks never relabelled are still on the pending lease.
+        if pending != 0 {
+            self.revoke_quietly(pending).await;
+        }
+        result
+    }
+}
+
+fn writes_of(ops: Vec<BatchOp>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    ops.into_iter()
+        .map(|op| match op {
+            BatchOp::Put(k, v) => (k, Some(v)),
+            BatchOp::Delete(k) => (k, None),
+        })
+        .collect()
+}
+
+/// A journal's value: for `steps` then `last`, a u32 count and each op as a
+/// tag (0 put, 1 delete), a u32 key length and the key, for a put a u32
+/// value length and the value (big-endian).
+fn encode_journal(steps: &[BatchOp], last: &[BatchOp]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for part in [steps, last] {
+        out.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        for op in part {
+            let (tag, key, value) = match op {
+                BatchOp::Put(k, v) => (0u8, k, Some(v)),
+                BatchOp::Delete(k) => (1u8, k, None),
+            };
+            out.push(tag);
+            out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+            out.extend_from_slice(key);
+            if let Some(v) = value {
+                out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                out.extend_from_slice(v);
+            }
+        }
+    }
+    out
+}
+
+fn decode_journal(mut raw: &[u8]) -> Option<(Vec<BatchOp>, Vec<BatchOp>)> {
+    fn take<'a>(raw: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if raw.len() < n {
+            return None;
+        }
+        let (head, rest) = raw.split_at(n);
+        *raw = rest;
+        Some(head)
+    }
+    fn len(raw: &mut &[u8]) -> Option<usize> {
+        Some(u32::from_be_bytes(take(raw, 4)?.try_into().ok()?) as usize)
+    }
+    let mut parts = Vec::with_capacity(2);
+    for _ in 0..2 {
+        let n = len(&mut raw)?;
+        let mut ops = Vec::with_capacity(n.min(1 << 16));
+        for _ in 0..n {
+            let tag = take(&mut raw, 1)?[0];
+            let kl = len(&mut raw)?;
+            let key = take(&mut raw, kl)?.to_vec();
+            ops.push(match tag {
+                0 => {
+                    let vl = len(&mut raw)?;
+                    BatchOp::Put(key, take(&mut raw, vl)?.to_vec())
+                }
+                1 => BatchOp::Delete(key),
+                _ => return None,
+            });
+        }
+        parts.push(ops);
+    }
+    if !raw.is_empty() {
+        return None;
+    }
+    let last = parts.pop()?;
+    let steps = parts.pop()?;
+    Some((steps, last))
+}
+
 impl OrderedKv for EtcdStore {
     async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         let dkey = data_key(key);
@@ -1846,5 +2200,113 @@ mod tests {
         assert_eq!(mixed.generations.len(), 1);
         assert_eq!(mixed.records.len(), 4);
         assert!(groups(mixed.records).len() == 1);
+    }
+
+    /// A journaled change of 300 keys (more than one transaction): while its
+    /// journal is there, readers and writers that name it are refused; a
+    /// journal left by a writer that died is finished by `roll_forward`; a
+    /// concurrent guarded reader never sees a mix of old and new values; a
+    /// last part too large for one transaction is refused before anything is
+    /// written. The journal encoding round-trips.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn journaled_change_is_all_or_nothing_for_guarded_readers() {
+        let (_e, s) = store().await;
+        let journal = b"_import/j";
+        let keys: Vec<Vec<u8>> = (0..300)
+            .map(|i| format!("j/k{i:03}").into_bytes())
+            .collect();
+        let all = |v: &[u8]| -> Vec<BatchOp> {
+            keys.iter()
+                .map(|k| BatchOp::Put(k.clone(), v.to_vec()))
+                .collect()
+        };
+        s.apply_journaled(
+            journal,
+            all(b"a"),
+            vec![BatchOp::Put(b"meta".to_vec(), b"a".to_vec())],
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.scan_prefix(b"j/", 1000).await.unwrap().len(), 300);
+        assert_eq!(s.get(journal).await.unwrap(), None);
+
+        let (steps, last) = (
+            all(b"b"),
+            vec![BatchOp::Put(b"meta".to_vec(), b"b".to_vec())],
+        );
+        let raw = encode_journal(&steps, &last);
+        let (s2, l2) = decode_journal(&raw).unwrap();
+        assert_eq!((s2.len(), l2.len()), (300, 1));
+        assert!(decode_journal(&raw[..raw.len() - 1]).is_none());
+        // The writer dies right after its commit point.
+        s.put(journal, &raw).await.unwrap();
+        assert_eq!(s.get_unless(b"j/k000", journal).await.unwrap(), None);
+        assert_eq!(
+            s.scan_unless(&[b"j/".to_vec()], 1000, journal)
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            s.write_unless(b"j/k000", Some(b"x"), journal)
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(s.roll_forward(journal).await.unwrap());
+        assert!(!s.roll_forward(journal).await.unwrap());
+        assert_eq!(
+            s.get_unless(b"j/k299", journal).await.unwrap(),
+            Some(Some(b"b".to_vec()))
+        );
+        assert_eq!(s.get(b"meta").await.unwrap(), Some(b"b".to_vec()));
+
+        // A reader loop while changes alternate between all-c and all-d.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (s, stop) = (s.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut seen = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Some(mut parts) = s
+                        .scan_unless(&[b"j/".to_vec(), b"meta".to_vec()], 1000, b"_import/j")
+                        .await
+                        .unwrap()
+                    else {
+                        continue;
+                    };
+                    let meta = parts.pop().unwrap();
+                    let rows = parts.pop().unwrap();
+                    assert_eq!(rows.len(), 300);
+                    let first = rows[0].1.clone();
+                    assert!(rows.iter().all(|(_, v)| *v == first), "a mix");
+                    assert_eq!(meta[0].1, first, "the last part with its steps");
+                    seen += 1;
+                }
+                seen
+            })
+        };
+        for round in 0..6 {
+            let v: &[u8] = if round % 2 == 0 { b"c" } else { b"d" };
+            s.apply_journaled(
+                journal,
+                all(v),
+                vec![BatchOp::Put(b"meta".to_vec(), v.to_vec())],
+            )
+            .await
+            .unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.await.unwrap() > 0);
+        assert_eq!(s.get(b"j/k150").await.unwrap(), Some(b"d".to_vec()));
+
+        // A last part of 200 writes cannot be one transaction: refused, nothing written.
+        let e = s
+            .apply_journaled(journal, all(b"e"), all(b"e"))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("--max-txn-ops"), "{e}");
+        assert_eq!(s.get(b"j/k150").await.unwrap(), Some(b"d".to_vec()));
+        assert_eq!(s.get(journal).await.unwrap(), None);
     }
 }

@@ -170,6 +170,118 @@ impl Store {
         }
     }
 
+    /// Whether [`OrderedKv::apply_batch`] of `ops` lands all at once for
+    /// every reader on this backend: always on sled (one sled batch); on etcd
+    /// only when it fits one transaction (`etcd_store::atomic_check`).
+    /// Otherwise the reason, naming the limit.
+    pub fn check_atomic(&self, ops: &[BatchOp]) -> Result<(), String> {
+        match self {
+            Store::Sled(_) => {
+                let _ = ops;
+                Ok(())
+            }
+            #[cfg(feature = "cluster")]
+            Store::Etcd(_) => etcd_store::atomic_check(ops),
+        }
+    }
+
+    /// Reads `key` unless the journal `journal` of a change in progress is
+    /// there ([`Store::apply_journaled`]), checked in the same step as the
+    /// read; `None` then (wait and retry, or [`Store::roll_forward`]).
+    pub async fn get_unless(
+        &self,
+        key: &[u8],
+        journal: &[u8],
+    ) -> StoreResult<Option<Option<Vec<u8>>>> {
+        match self {
+            Store::Sled(s) => Ok(Some(s.get(key).await?)),
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => s.get_unless(key, journal).await,
+        }
+    }
+
+    /// Scans each of `prefixes` (at most `limit` keys each) unless `journal`
+    /// is there; on etcd all as of one revision.
+    pub async fn scan_unless(
+        &self,
+        prefixes: &[Vec<u8>],
+        limit: usize,
+        journal: &[u8],
+    ) -> StoreResult<Option<Vec<Vec<(Vec<u8>, Vec<u8>)>>>> {
+        match self {
+            Store::Sled(s) => {
+                let mut out = Vec::with_capacity(prefixes.len());
+                for p in prefixes {
+                    out.push(s.scan_prefix(p, limit).await?);
+                }
+                Ok(Some(out))
+            }
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => s.scan_unless(prefixes, limit, journal).await,
+        }
+    }
+
+    /// Puts (`Some`) or deletes (`None`) `key` unless `journal` is there
+    /// (`None` then); for a delete, whether the key existed.
+    pub async fn write_unless(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        journal: &[u8],
+    ) -> StoreResult<Option<bool>> {
+        match self {
+            Store::Sled(s) => Ok(Some(match value {
+                Some(v) => {
+                    s.put(key, v).await?;
+                    false
+                }
+                None => s.delete(key).await?,
+            })),
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => s.write_unless(key, value, journal).await,
+        }
+    }
+
+    /// Applies `steps` then `last` as one change for every reader and writer
+    /// that names `journal` (`*_unless`), of any size, and completes it after
+    /// a crash ([`Store::roll_forward`]). On sled one batch. On etcd one
+    /// transaction when it fits; else the whole change is first written as
+    /// the journal's value (the commit point), then `steps` go in several
+    /// transactions and `last` in one with the journal's deletion, so `last`
+    /// must fit one ([`Store::check_atomic`]). Readers that do not name the
+    /// journal may see `steps` land in parts, never `last`.
+    pub async fn apply_journaled(
+        &self,
+        journal: &[u8],
+        steps: Vec<BatchOp>,
+        last: Vec<BatchOp>,
+    ) -> StoreResult<()> {
+        match self {
+            Store::Sled(s) => {
+                let _ = journal;
+                let mut all = steps;
+                all.extend(last);
+                s.apply_batch(all).await
+            }
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => s.apply_journaled(journal, steps, last).await,
+        }
+    }
+
+    /// Completes the journaled change under `journal` left by a writer that
+    /// stopped half way (or still running: the work is not done twice).
+    /// Returns whether there was one.
+    pub async fn roll_forward(&self, journal: &[u8]) -> StoreResult<bool> {
+        match self {
+            Store::Sled(_) => {
+                let _ = journal;
+                Ok(false)
+            }
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => s.roll_forward(journal).await,
+        }
+    }
+
     /// Scans every key under a prefix (no limit).
     pub async fn scan_all(&self, prefix: &[u8]) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
         self.scan_prefix(prefix, usize::MAX).await

@@ -2,13 +2,26 @@
 //! (`/v1/db/*`), handled by the namespace's supervisor.
 
 use super::NsCtx;
-use crate::actors::{Export, Import, KvDelete, KvGet, KvList, KvPut, MAX_KV_LIST, NamespaceExport};
+use crate::actors::{
+    Export, ExportEntry, Import, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY, MAX_KV_LIST,
+    NamespaceExport,
+};
+use crate::deploy::transfer::ExportedDeployment;
+use crate::functions::{
+    ExportBox, ExportedFunction, FunctionRecord, SecretBox, VersionMeta, blob_key, fn_prefix,
+    fnver_prefix, kv_prefix, secret_key, secret_prefix,
+};
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
-use actix_web::http::Method;
+use crate::node::Node;
+use crate::storage::OrderedKv;
+use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, web};
-use serde::Deserialize;
+use base64::Engine;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Longest KV key, in bytes: keys travel in URLs and in every listing.
 pub const MAX_KV_KEY_BYTES: usize = 1024;
@@ -122,12 +135,401 @@ async fn list(ctx: NsCtx, q: web::Query<ListQuery>) -> ApiResult<HttpResponse> {
     Ok(HttpResponse::Ok().json(json!({"keys": keys})))
 }
 
-async fn export(ctx: NsCtx) -> ApiResult<HttpResponse> {
-    let data = ctx.handle.ask(Export).await??;
-    Ok(HttpResponse::Ok().json(data))
+/// `format` of a whole-namespace export.
+pub const EXPORT_FORMAT: &str = "meshgate-export";
+/// `version` of the whole-namespace export this node writes and reads.
+pub const EXPORT_VERSION: u32 = 2;
+/// Largest import body, in bytes (the JSON, blobs in base64 included): past
+/// it 413 `IMPORT_TOO_LARGE`.
+pub const MAX_IMPORT_BYTES: usize = 64 << 20;
+
+/// A whole namespace as `GET /v1/db/export` answers and `PUT /v1/db/import`
+/// takes (docs/decisions.md, "Namespace export and import").
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportV2 {
+    format: String,
+    version: u32,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    kv: Vec<ExportEntry>,
+    #[serde(default)]
+    functions: Vec<ExportedFunction>,
+    #[serde(default)]
+    secrets: SealedSecrets,
+    #[serde(default)]
+    deployments: Vec<ExportedDeployment>,
+    /// Function modules and site files by SHA-256 (hex), base64.
+    #[serde(default)]
+    blobs: BTreeMap<String, String>,
 }
 
-async fn import(ctx: NsCtx, body: web::Json<NamespaceExport>) -> ApiResult<HttpResponse> {
-    let n = ctx.handle.ask(Import(body.into_inner())).await??;
-    Ok(HttpResponse::Ok().json(json!({"ok": true, "imported": n})))
+/// The function secrets of an export, sealed under the export key of the
+/// server secret ([`ExportBox`]); `key_id` names that key.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SealedSecrets {
+    #[serde(default)]
+    key_id: String,
+    #[serde(default)]
+    entries: Vec<SealedSecret>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SealedSecret {
+    name: String,
+    sealed_base64: String,
+}
+
+fn b64() -> &'static base64::engine::GeneralPurpose {
+    &base64::engine::general_purpose::STANDARD
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("INVALID_EXPORT", message)
+}
+
+fn too_large(message: impl Into<String>) -> ApiError {
+    ApiError::payload_too_large("IMPORT_TOO_LARGE", message)
+}
+
+async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
+    let rows = ctx.handle.ask(Export).await??;
+    let store = &node.store;
+    let kv = rows
+        .kv
+        .into_iter()
+        .map(|(key, v)| ExportEntry {
+            key,
+            value_base64: b64().encode(v),
+        })
+        .collect();
+    let mut blobs = BTreeSet::new();
+    // Version rows are keyed `<name>/<version>`.
+    let mut versions: BTreeMap<String, Vec<VersionMeta>> = BTreeMap::new();
+    for (key, v) in rows.versions {
+        let meta: VersionMeta = serde_json::from_slice(&v)
+            .map_err(|_| ApiError::internal("a stored function version does not decode"))?;
+        let name = key.rsplit_once('/').map_or(key.as_str(), |(n, _)| n);
+        versions.entry(name.to_string()).or_default().push(meta);
+    }
+    let mut functions = Vec::new();
+    for (_, v) in rows.functions {
+        let record: FunctionRecord = serde_json::from_slice(&v)
+            .map_err(|_| ApiError::internal("a stored function record does not decode"))?;
+        let mut kept = versions.remove(&record.name).unwrap_or_default();
+        kept.retain(|m| record.versions.contains(&m.version));
+        kept.sort_by_key(|m| record.versions.iter().position(|v| *v == m.version));
+        blobs.extend(kept.iter().map(|m| m.sha256.clone()));
+        functions.push(ExportedFunction {
+            record,
+            versions: kept,
+        });
+    }
+    let seal_box = SecretBox::new(&node.secrets.server_secret);
+    let export_box = ExportBox::new(&node.secrets.server_secret);
+    let mut entries = Vec::new();
+    for (name, sealed) in rows.secrets {
+        match seal_box.open(&secret_key(&ctx.name, &name), &sealed) {
+            Some(plain) => entries.push(SealedSecret {
+                sealed_base64: b64().encode(export_box.seal(&name, &plain)),
+                name,
+            }),
+            None => {
+                tracing::warn!(namespace = %ctx.name, secret = %name, "Secret does not open; left out of the export.")
+            }
+        }
+    }
+    let deployments = node.deployments.export_namespace(&ctx.name).await?;
+    for d in &deployments {
+        blobs.extend(d.blobs().map(str::to_string));
+    }
+    let mut blob_map = BTreeMap::new();
+    for sha in blobs {
+        let bytes = store
+            .get(&blob_key(&sha))
+            .await?
+            .ok_or_else(|| ApiError::internal(format!("blob {sha} is missing from the store")))?;
+        blob_map.insert(sha, b64().encode(bytes));
+    }
+    Ok(HttpResponse::Ok().json(ExportV2 {
+        format: EXPORT_FORMAT.into(),
+        version: EXPORT_VERSION,
+        namespace: ctx.name.clone(),
+        kv,
+        functions,
+        secrets: SealedSecrets {
+            key_id: export_box.key_id().to_string(),
+            entries,
+        },
+        deployments,
+        blobs: blob_map,
+    }))
+}
+
+#[derive(Deserialize)]
+struct ImportQuery {
+    /// `skip`: import without the export's secrets, leaving the namespace's
+    /// own as they are (the way to import secrets sealed under another
+    /// server secret, which cannot open here).
+    #[serde(default)]
+    secrets: Option<String>,
+    /// Consumed by the authorization step (operators naming a namespace).
+    #[serde(default, rename = "namespace")]
+    _namespace: Option<String>,
+}
+
+/// The KV writes of an import, every entry checked.
+fn kv_puts(ns: &str, entries: &[ExportEntry]) -> ApiResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    let base = kv_prefix(ns);
+    let mut seen = BTreeSet::new();
+    let mut puts = Vec::with_capacity(entries.len());
+    for e in entries {
+        if e.key.is_empty() || e.key.len() > MAX_KV_KEY {
+            return Err(invalid(format!("a KV key is 1 to {MAX_KV_KEY} bytes")));
+        }
+        if !seen.insert(e.key.as_str()) {
+            return Err(invalid(format!("duplicate KV key {:?}", e.key)));
+        }
+        let value = b64()
+            .decode(&e.value_base64)
+            .map_err(|_| invalid(format!("the value of KV key {:?} is not base64", e.key)))?;
+        let mut k = base.clone();
+        k.extend_from_slice(e.key.as_bytes());
+        puts.push((k, value));
+    }
+    Ok(puts)
+}
+
+/// 413 for an import whose non-KV part cannot be one store transaction.
+fn not_atomic(why: &str) -> ApiError {
+    too_large(format!(
+        "the functions, secrets and deployments of this import cannot be applied \
+         atomically: {why}. Nothing was imported; import fewer of them (the KV has no \
+         such limit; a single node on sled has none at all)"
+    ))
+}
+
+/// Hands a checked import to the supervisor (see [`Import`]).
+async fn apply(ctx: &NsCtx, import: Import) -> ApiResult<()> {
+    match ctx.handle.ask(import).await?? {
+        Ok(()) => Ok(()),
+        Err(why) => Err(not_atomic(&why)),
+    }
+}
+
+async fn import(
+    ctx: NsCtx,
+    node: web::Data<Node>,
+    q: web::Query<ImportQuery>,
+    mut payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    let skip_secrets = match q.secrets.as_deref() {
+        None => false,
+        Some("skip") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "BAD_QUERY",
+                format!("secrets={other:?}: the only value is `skip`"),
+            ));
+        }
+    };
+    let mut body = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request("BAD_BODY", e.to_string()))?;
+        if body.len() + chunk.len() > MAX_IMPORT_BYTES {
+            return Err(too_large(format!(
+                "an import body is at most {MAX_IMPORT_BYTES} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request("MALFORMED_JSON", format!("the body is not JSON: {e}"))
+    })?;
+    drop(body);
+    let format = value.get("format").cloned();
+    match format {
+        Some(f) if f.as_u64() == Some(1) => {
+            // The KV-only format: replaces the KV, nothing else.
+            let e: NamespaceExport = serde_json::from_value(value)
+                .map_err(|e| invalid(format!("not a format 1 export: {e}")))?;
+            let puts = kv_puts(&ctx.name, &e.kv)?;
+            let n = puts.len();
+            apply(
+                &ctx,
+                Import {
+                    kv: puts,
+                    replace: Vec::new(),
+                    records: Vec::new(),
+                    extra: Vec::new(),
+                },
+            )
+            .await?;
+            Ok(HttpResponse::Ok().json(json!({"ok": true, "imported": n})))
+        }
+        Some(f) if f.as_str() == Some(EXPORT_FORMAT) => {
+            let version = value.get("version").and_then(|v| v.as_u64());
+            if version != Some(u64::from(EXPORT_VERSION)) {
+                return Err(ApiError::bad_request(
+                    "UNSUPPORTED_EXPORT_VERSION",
+                    format!(
+                        "export version {}: this node reads version {EXPORT_VERSION} (and the KV-only format 1)",
+                        value
+                            .get("version")
+                            .map_or("(none)".into(), |v| v.to_string())
+                    ),
+                ));
+            }
+            let e: ExportV2 = serde_json::from_value(value)
+                .map_err(|e| invalid(format!("not a version {EXPORT_VERSION} export: {e}")))?;
+            import_v2(ctx, &node, e, skip_secrets).await
+        }
+        _ => Err(ApiError::bad_request(
+            "UNSUPPORTED_EXPORT_FORMAT",
+            format!(
+                "`format` must be \"{EXPORT_FORMAT}\" (with `version` {EXPORT_VERSION}) or 1 (KV only)"
+            ),
+        )),
+    }
+}
+
+/// A whole-namespace import: everything is checked, then the blobs are
+/// stored (content-addressed, so unreferenced ones harm nothing), then the
+/// records, secrets, deployments and host claims are written in one atomic
+/// batch under the deployment lock.
+async fn import_v2(
+    ctx: NsCtx,
+    node: &Node,
+    mut e: ExportV2,
+    skip_secrets: bool,
+) -> ApiResult<HttpResponse> {
+    let ns = ctx.name.clone();
+    let store = &node.store;
+    let kv = kv_puts(&ns, &e.kv)?;
+    let mut blobs = BTreeMap::new();
+    for (sha, data) in std::mem::take(&mut e.blobs) {
+        let bytes = b64()
+            .decode(&data)
+            .map_err(|_| invalid(format!("blob {sha} is not base64")))?;
+        let digest = hex::encode(ring::digest::digest(&ring::digest::SHA256, &bytes));
+        if digest != sha {
+            return Err(invalid(format!(
+                "blob {sha} does not match its SHA-256 ({digest})"
+            )));
+        }
+        blobs.insert(sha, bytes);
+    }
+    let mut needed = BTreeSet::new();
+    let mut records = Vec::new();
+    let mut names = BTreeSet::new();
+    for f in &e.functions {
+        f.validate().map_err(invalid)?;
+        if !names.insert(f.record.name.clone()) {
+            return Err(invalid(format!("function {} appears twice", f.record.name)));
+        }
+        needed.extend(f.versions.iter().map(|v| v.sha256.clone()));
+        records.extend(f.records(&ns));
+    }
+    let mut secrets = Vec::new();
+    if !skip_secrets && !e.secrets.entries.is_empty() {
+        let export_box = ExportBox::new(&node.secrets.server_secret);
+        if e.secrets.key_id != export_box.key_id() {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "SECRETS_SEALED_ELSEWHERE",
+                format!(
+                    "the export's secrets were sealed under another server secret (key id {:?}, \
+                     this node's {}); import on a node of the exporting cluster, or add \
+                     ?secrets=skip to import without them",
+                    e.secrets.key_id,
+                    export_box.key_id()
+                ),
+            ));
+        }
+        let seal_box = SecretBox::new(&node.secrets.server_secret);
+        let mut seen = BTreeSet::new();
+        for s in &e.secrets.entries {
+            if !crate::functions::valid_secret_name(&s.name) || !seen.insert(s.name.as_str()) {
+                return Err(invalid(format!(
+                    "secret name {:?} is not valid or appears twice",
+                    s.name
+                )));
+            }
+            let plain = b64()
+                .decode(&s.sealed_base64)
+                .ok()
+                .and_then(|sealed| export_box.open(&s.name, &sealed))
+                .ok_or_else(|| invalid(format!("secret {} does not open", s.name)))?;
+            let key = secret_key(&ns, &s.name);
+            let sealed = seal_box.seal(&key, &plain);
+            secrets.push((key, sealed));
+        }
+    }
+    node.deployments.check_import(&ns, &mut e.deployments)?;
+    for d in &e.deployments {
+        needed.extend(d.blobs().map(str::to_string));
+    }
+    for sha in &needed {
+        if !blobs.contains_key(sha) && store.get(&blob_key(sha)).await?.is_none() {
+            return Err(invalid(format!("blob {sha} is referenced but not carried")));
+        }
+    }
+    node.deployments
+        .precheck_import(&ns, &e.deployments)
+        .await?;
+    let counts = json!({
+        "kv": kv.len(),
+        "functions": e.functions.len(),
+        "secrets": secrets.len(),
+        "deployments": e.deployments.len(),
+    });
+    let mut records = records;
+    let mut replace = vec![fn_prefix(&ns), fnver_prefix(&ns)];
+    if !skip_secrets {
+        records.extend(secrets);
+        replace.push(secret_prefix(&ns));
+    }
+    // Refuse early what cannot be atomic, before storing any blob (the
+    // supervisor checks again with the deletions and the deployments).
+    let early: Vec<_> = records
+        .iter()
+        .map(|(k, v)| crate::storage::BatchOp::Put(k.clone(), v.clone()))
+        .collect();
+    store.check_atomic(&early).map_err(|why| not_atomic(&why))?;
+    drop(early);
+    for (sha, bytes) in &blobs {
+        if needed.contains(sha) {
+            let key = blob_key(sha);
+            if store.get(&key).await?.is_none() {
+                store.put(&key, bytes).await?;
+            }
+        }
+    }
+    let (lock, extra) = node.deployments.import_ops(&ns, &e.deployments).await?;
+    let applied = apply(
+        &ctx,
+        Import {
+            kv,
+            replace,
+            records,
+            extra,
+        },
+    )
+    .await;
+    if let Err(e) = applied {
+        drop(lock);
+        return Err(e);
+    }
+    let reloaded = node.deployments.reload().await;
+    drop(lock);
+    reloaded?;
+    tracing::info!(namespace = %ns, from = %e.namespace, imported = %counts, "Namespace imported.");
+    Ok(HttpResponse::Ok().json(json!({
+        "ok": true,
+        "imported": counts["kv"],
+        "counts": counts,
+    })))
 }

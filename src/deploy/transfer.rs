@@ -1,0 +1,251 @@
+//! A namespace's deployments in a namespace export (`GET /v1/db/export`) and
+//! their import (`PUT /v1/db/import`): records and versions travel, site files
+//! travel as blobs of the export, host claims are taken again on import.
+//!
+//! An import replaces the namespace's deployments whole. It claims the hosts
+//! of the imported active versions under the store-wide deployment lock: a
+//! host claimed by any other namespace (the export's source namespace
+//! included) fails the import with 409 `HOST_TAKEN` before anything is
+//! written; hosts the namespace held and no longer uses are released in the
+//! same atomic batch as the rest of the import.
+
+use super::model::{
+    DeploymentRecord, DeploymentVersion, HostClaim, MAX_HOSTS, MAX_INSTANCES, TargetSpec, dep_key,
+    dep_prefix, host_key, normalize_host, normalize_instance, valid_name, validate_routes, ver_key,
+    ver_prefix,
+};
+use super::{DeployResult, Deployments, GENERATION_KEY, WriteLock};
+use crate::http::ApiError;
+use crate::storage::BatchOp;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// A deployment in a namespace export: its head record and every version.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedDeployment {
+    pub record: DeploymentRecord,
+    pub versions: Vec<DeploymentVersion>,
+}
+
+impl ExportedDeployment {
+    /// The site files (by SHA-256) every version of it serves.
+    pub fn blobs(&self) -> impl Iterator<Item = &str> {
+        self.versions.iter().flat_map(|v| match &v.target {
+            TargetSpec::Static { files, .. } => files
+                .values()
+                .map(|f| f.sha256.as_str())
+                .collect::<Vec<_>>(),
+            TargetSpec::Upstream { .. } => Vec::new(),
+        })
+    }
+
+    fn active(&self) -> &DeploymentVersion {
+        self.versions
+            .iter()
+            .find(|v| v.version == self.record.active)
+            .expect("checked by check_import")
+    }
+}
+
+/// Holds the store-wide deployment lock for the length of an import.
+pub struct ImportLock<'a> {
+    _lock: WriteLock<'a>,
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError::bad_request("INVALID_EXPORT", message)
+}
+
+impl Deployments {
+    /// The namespace's deployments with all their versions, by name.
+    pub async fn export_namespace(&self, ns: &str) -> DeployResult<Vec<ExportedDeployment>> {
+        let mut out = Vec::new();
+        for (_, v) in self.store.scan_all(&dep_prefix(ns)).await? {
+            let Ok(record) = serde_json::from_slice::<DeploymentRecord>(&v) else {
+                continue;
+            };
+            let mut versions = Vec::new();
+            for (_, v) in self.store.scan_all(&ver_prefix(ns, &record.name)).await? {
+                if let Ok(ver) = serde_json::from_slice::<DeploymentVersion>(&v) {
+                    versions.push(ver);
+                }
+            }
+            out.push(ExportedDeployment { record, versions });
+        }
+        Ok(out)
+    }
+
+    /// Checks and normalizes imported deployments for namespace `ns` (names,
+    /// hosts, routes, instances, versions), touching nothing.
+    pub fn check_import(&self, ns: &str, deps: &mut [ExportedDeployment]) -> DeployResult<()> {
+        let mut names = BTreeSet::new();
+        for d in deps.iter_mut() {
+            let name = d.record.name.clone();
+            if !valid_name(&name) || !names.insert(name.clone()) {
+                return Err(invalid(format!(
+                    "deployment name {name:?} is not valid or appears twice"
+                )));
+            }
+            d.record.namespace = ns.to_string();
+            if d.versions.is_empty() {
+                return Err(invalid(format!("deployment {name} carries no version")));
+            }
+            let mut seen = BTreeSet::new();
+            for v in &mut d.versions {
+                if !seen.insert(v.version) || v.version > d.record.latest {
+                    return Err(invalid(format!(
+                        "deployment {name}: version {} appears twice or is past latest {}",
+                        v.version, d.record.latest
+                    )));
+                }
+                if v.hosts.is_empty() || v.hosts.len() > MAX_HOSTS {
+                    return Err(invalid(format!(
+                        "deployment {name} version {}: 1 to {MAX_HOSTS} hosts",
+                        v.version
+                    )));
+                }
+                v.hosts = v
+                    .hosts
+                    .iter()
+                    .map(|h| normalize_host(h))
+                    .collect::<Result<_, _>>()?;
+                for h in &v.hosts {
+                    if self.reserved_host(h) {
+                        return Err(ApiError::bad_request(
+                            "HOST_RESERVED",
+                            format!("{h} is one of the gateway's own hosts"),
+                        ));
+                    }
+                }
+                v.routes = validate_routes(std::mem::take(&mut v.routes))?;
+                match &mut v.target {
+                    TargetSpec::Upstream { instances } => {
+                        if instances.is_empty() || instances.len() > MAX_INSTANCES {
+                            return Err(invalid(format!(
+                                "deployment {name} version {}: 1 to {MAX_INSTANCES} instances",
+                                v.version
+                            )));
+                        }
+                        *instances = instances
+                            .iter()
+                            .map(|i| normalize_instance(i))
+                            .collect::<Result<_, _>>()?;
+                    }
+                    TargetSpec::Static { files, .. } => {
+                        for (path, f) in files.iter() {
+                            if f.sha256.len() != 64
+                                || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit())
+                                || path.is_empty()
+                            {
+                                return Err(invalid(format!(
+                                    "deployment {name} version {}: file {path:?} is not valid",
+                                    v.version
+                                )));
+                            }
+                        }
+                    }
+                }
+            }
+            if !seen.contains(&d.record.active) {
+                return Err(invalid(format!(
+                    "deployment {name}: active version {} is not carried",
+                    d.record.active
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Before any write: the active upstreams pass this node's egress policy
+    /// (400 `UPSTREAM_FORBIDDEN`) and no host is another namespace's (409
+    /// `HOST_TAKEN`). [`Deployments::import_ops`] checks the hosts again under
+    /// the lock.
+    pub async fn precheck_import(&self, ns: &str, deps: &[ExportedDeployment]) -> DeployResult<()> {
+        for d in deps {
+            self.check_egress(&d.active().target).await?;
+            self.check_hosts(ns, &d.active().hosts).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes the deployment lock and returns it with the writes that replace
+    /// the namespace's deployments by `deps` and its host claims by theirs,
+    /// generation included: the caller applies them in its atomic batch,
+    /// then calls [`Deployments::reload`], then drops the lock.
+    pub async fn import_ops(
+        &self,
+        ns: &str,
+        deps: &[ExportedDeployment],
+    ) -> DeployResult<(ImportLock<'_>, Vec<BatchOp>)> {
+        let lock = self.write_lock().await?;
+        let used: BTreeSet<String> = deps
+            .iter()
+            .flat_map(|d| d.active().hosts.iter().cloned())
+            .collect();
+        let used_list: Vec<String> = used.iter().cloned().collect();
+        self.check_hosts(ns, &used_list).await?;
+        let mut owned = BTreeSet::new();
+        let mut existing = BTreeSet::new();
+        for (k, v) in self.store.scan_all(&dep_prefix(ns)).await? {
+            existing.insert(k);
+            let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
+                continue;
+            };
+            if let Some(ver) = self
+                .store
+                .get_json::<DeploymentVersion>(&ver_key(ns, &rec.name, rec.active))
+                .await?
+            {
+                owned.extend(ver.hosts);
+            }
+        }
+        for (k, _) in self
+            .store
+            .scan_all(format!("depv/{ns}/").as_bytes())
+            .await?
+        {
+            existing.insert(k);
+        }
+        let mut puts = Vec::new();
+        for d in deps {
+            puts.push((
+                dep_key(ns, &d.record.name),
+                serde_json::to_vec(&d.record).expect("json"),
+            ));
+            for v in &d.versions {
+                puts.push((
+                    ver_key(ns, &d.record.name, v.version),
+                    serde_json::to_vec(v).expect("json"),
+                ));
+            }
+        }
+        let written: BTreeSet<&Vec<u8>> = puts.iter().map(|(k, _)| k).collect();
+        let mut ops: Vec<BatchOp> = existing
+            .iter()
+            .filter(|k| !written.contains(k))
+            .map(|k| BatchOp::Delete(k.clone()))
+            .collect();
+        let claim = serde_json::to_vec(&HostClaim {
+            namespace: ns.to_string(),
+        })
+        .expect("json");
+        ops.extend(
+            used.iter()
+                .filter(|h| !owned.contains(*h))
+                .map(|h| BatchOp::Put(host_key(h), claim.clone())),
+        );
+        ops.extend(
+            owned
+                .iter()
+                .filter(|h| !used.contains(*h))
+                .map(|h| BatchOp::Delete(host_key(h))),
+        );
+        ops.extend(puts.into_iter().map(|(k, v)| BatchOp::Put(k, v)));
+        ops.push(BatchOp::Put(
+            GENERATION_KEY.to_vec(),
+            crate::node::random_bytes::<16>().to_vec(),
+        ));
+        Ok((ImportLock { _lock: lock }, ops))
+    }
+}

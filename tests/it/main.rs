@@ -13,6 +13,7 @@ mod etcd;
 #[cfg(feature = "cluster")]
 #[path = "../../src/storage/etcd_process.rs"]
 mod etcd_process;
+mod export;
 mod functions;
 mod node;
 mod pubsub;

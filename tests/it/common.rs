@@ -76,6 +76,11 @@ impl TestNode {
 
     /// One `meshgate serve` process, as `opts` says.
     fn spawn(opts: NodeOpts) -> TestNode {
+        Self::try_spawn(opts).unwrap_or_else(|log| panic!("node did not start: {log}"))
+    }
+
+    /// The same; a node that exits before it listens is an error with its stderr.
+    fn try_spawn(opts: NodeOpts) -> Result<TestNode, String> {
         let (tmp, dir) = match &opts.data_dir {
             Some(d) => (None, d.clone()),
             None => {
@@ -137,7 +142,10 @@ impl TestNode {
             }
             Err(_) => {
                 let _ = child.kill();
-                panic!("node did not start: {}", log.lock().unwrap());
+                let _ = child.wait();
+                // The stderr reader may still be at work.
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(log.lock().unwrap().clone());
             }
         };
         let node = TestNode {
@@ -154,7 +162,7 @@ impl TestNode {
         if !opts.no_wait_ready {
             node.wait_ready();
         }
-        node
+        Ok(node)
     }
 
     pub fn wait_ready(&self) {
@@ -364,7 +372,8 @@ mod on_cluster {
 
     struct Peer {
         id: &'static str,
-        port: u16,
+        /// The port it listened on (taken again by a restart).
+        port: Option<u16>,
         dir: PathBuf,
         node: Option<TestNode>,
     }
@@ -374,14 +383,6 @@ mod on_cluster {
     /// `TestNode` of the cluster is alive.
     static BY_DIR: Mutex<Vec<(PathBuf, Weak<Cluster>)>> = Mutex::new(Vec::new());
 
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
     impl Cluster {
         fn new() -> Cluster {
             let tmp = tempfile::tempdir().unwrap();
@@ -389,7 +390,7 @@ mod on_cluster {
                 .into_iter()
                 .map(|id| Peer {
                     id,
-                    port: free_port(),
+                    port: None,
                     dir: tmp.path().join(id).join("data"),
                     node: None,
                 })
@@ -427,14 +428,32 @@ mod on_cluster {
                     if running {
                         continue;
                     }
-                    let popts = NodeOpts {
+                    let mut popts = NodeOpts {
                         config: self.config(&cfg, p.id),
                         env: env(opts),
                         data_dir: Some(p.dir.clone()),
-                        listen: Some(format!("127.0.0.1:{}", p.port)),
+                        listen: Some(format!("127.0.0.1:{}", p.port.unwrap_or(0))),
                         no_wait_ready: false,
                     };
-                    s.spawn(move || p.node = Some(TestNode::spawn(popts)));
+                    s.spawn(move || {
+                        // A restart takes the port it had; if something else
+                        // took it meanwhile, another one (the node registers
+                        // its new address).
+                        let node = match TestNode::try_spawn(popts.clone()) {
+                            Ok(n) => n,
+                            Err(log) if p.port.is_some() => {
+                                eprintln!(
+                                    "node {} not restarted on its port ({log}); on another",
+                                    p.id
+                                );
+                                popts.listen = Some("127.0.0.1:0".into());
+                                TestNode::spawn(popts)
+                            }
+                            Err(log) => panic!("node {} did not start: {log}", p.id),
+                        };
+                        p.port = node.addr.rsplit(':').next().and_then(|x| x.parse().ok());
+                        p.node = Some(node);
+                    });
                 }
             });
         }

@@ -116,6 +116,16 @@ fn metric(node: &TestNode, name: &str) -> u64 {
     node.metric_sum(name) as u64
 }
 
+/// Until a guest runs on a worker (cluster mode: on any node), e.g. the
+/// spinning one a thread just invoked.
+fn wait_guest_running(node: &TestNode) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.metric_sum("meshgate_wasm_pool_busy") < 1.0 {
+        assert!(Instant::now() < deadline, "the guest never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 const LOOP: &str = r#"(module (func (export "_start") (loop (br 0))))"#;
 
 /// Grows memory 1 MiB at a time until refused, then insists (traps).
@@ -272,7 +282,7 @@ fn functions_timeout_obeyed_and_violated() {
         );
         (s, b, t.elapsed())
     });
-    std::thread::sleep(Duration::from_millis(200));
+    wait_guest_running(&node);
     let (s, _, b) = invoke(&node, &key, "echo", b"still here");
     assert_eq!((s, b.as_slice()), (200, &b"still here"[..]));
     let (s, b, took) = spin.join().unwrap();
@@ -367,7 +377,7 @@ fn functions_namespace_cap_does_not_starve_others() {
         )
         .0
     });
-    std::thread::sleep(Duration::from_millis(300));
+    wait_guest_running(&node);
     let (s, h, b) = invoke(&node, &ka, "echo", b"a");
     assert_eq!(s, 429, "{}", String::from_utf8_lossy(&b));
     assert_eq!(code(&b), "FUNCTION_BUSY");

@@ -486,7 +486,6 @@ async fn import_v2(
         "secrets": secrets.len(),
         "deployments": e.deployments.len(),
     });
-    let mut records = records;
     let mut replace = vec![fn_prefix(&ns), fnver_prefix(&ns)];
     if !skip_secrets {
         records.extend(secrets);

@@ -352,8 +352,11 @@ pub struct FunctionsConfig {
     pub workers: usize,
     /// Invocations queued node-wide before 503 OVERLOADED.
     pub queue: usize,
-    /// Running plus queued invocations per namespace before 429 FUNCTION_BUSY.
+    /// Invocations of one namespace waiting for a worker (its queue bound)
+    /// before 429 FUNCTION_BUSY; running ones do not count (fair share).
     pub namespace_concurrency: usize,
+    /// Milliseconds an invocation may wait for a worker before 429 FUNCTION_BUSY.
+    pub queue_wait_ms: u64,
     /// Largest module accepted by a deploy, in bytes.
     pub max_module_bytes: usize,
 }
@@ -363,7 +366,8 @@ impl Default for FunctionsConfig {
         Self {
             workers: 0,
             queue: 256,
-            namespace_concurrency: 4,
+            namespace_concurrency: 64,
+            queue_wait_ms: 3_000,
             max_module_bytes: 16 << 20,
         }
     }
@@ -519,6 +523,9 @@ impl Config {
         }
         if self.functions.namespace_concurrency == 0 || self.functions.queue == 0 {
             errors.push("functions.namespace_concurrency and functions.queue: must be > 0".into());
+        }
+        if !(1..=60_000).contains(&self.functions.queue_wait_ms) {
+            errors.push("functions.queue_wait_ms: must be 1..=60000".into());
         }
         if self.pubsub.outbound_queue_messages == 0 || self.pubsub.ping_interval_seconds == 0 {
             errors.push(

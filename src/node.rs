@@ -365,6 +365,7 @@ fn start_functions(
         },
         queue: f.queue,
         namespace_concurrency: f.namespace_concurrency,
+        queue_wait: std::time::Duration::from_millis(f.queue_wait_ms),
         max_module_bytes: f.max_module_bytes,
         ..Default::default()
     };

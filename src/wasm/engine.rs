@@ -33,8 +33,13 @@ pub struct WasmConfig {
     pub workers: usize,
     /// Invocations that may wait for a worker, node-wide; default 256.
     pub queue: usize,
-    /// Running + queued invocations allowed per namespace; default 4.
+    /// Invocations of one namespace that may wait for a worker (its queue
+    /// bound; past it `Busy`); default 64. Running ones do not count: a
+    /// namespace alone may use every worker, several share them fairly.
     pub namespace_concurrency: usize,
+    /// How long an invocation may wait for a worker before it is refused
+    /// with `Busy`; default 3 s.
+    pub queue_wait: Duration,
     /// Largest module accepted, in bytes; default 16 MiB.
     pub max_module_bytes: usize,
     /// Epoch tick, in milliseconds: the granularity of deadlines; default 5.
@@ -46,7 +51,8 @@ impl Default for WasmConfig {
         Self {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             queue: 256,
-            namespace_concurrency: 4,
+            namespace_concurrency: 64,
+            queue_wait: Duration::from_secs(3),
             max_module_bytes: 16 << 20,
             epoch_tick_ms: 5,
         }
@@ -56,7 +62,7 @@ impl Default for WasmConfig {
 /// One call of a function.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
-    /// The namespace the function belongs to (the unit of the concurrency cap).
+    /// The namespace the function belongs to (the unit of the fair share).
     pub namespace: String,
     /// The function's name.
     pub function: String,
@@ -250,7 +256,12 @@ impl WasmEngine {
                 .collect()
         };
         let cache = ArtifactCache::new(&engine, cache_dir)?;
-        let pool = Pool::new(cfg.workers, cfg.queue, cfg.namespace_concurrency)?;
+        let pool = Pool::new(
+            cfg.workers,
+            cfg.queue,
+            cfg.namespace_concurrency,
+            cfg.queue_wait,
+        )?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         {
             let stop = ticker_stop.clone();
@@ -355,7 +366,11 @@ impl WasmEngine {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let runtime = self.inner.runtime.clone();
         let namespace = call.namespace.clone();
-        let job = Box::new(move || {
+        let job = Box::new(move |admitted: Result<()>| {
+            if let Err(refused) = admitted {
+                let _ = tx.send(Err(refused));
+                return;
+            }
             // The caller gave up while this waited in the queue.
             if tx.is_closed() {
                 return;

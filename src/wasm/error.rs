@@ -40,8 +40,9 @@ pub enum WasmError {
     /// The guest failed after its memory limit refused to grow it.
     #[error("function exceeded its memory limit")]
     MemoryLimit,
-    /// The namespace already has its maximum of running and queued invocations.
-    #[error("namespace busy: too many concurrent invocations")]
+    /// The namespace's queue is full, or the invocation waited for a worker
+    /// longer than the queue wait (both retryable).
+    #[error("namespace busy: no worker free in time for this namespace")]
     Busy,
     /// The node's invocation queue is full.
     #[error("node overloaded: invocation queue full")]

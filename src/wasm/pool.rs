@@ -1,13 +1,22 @@
-//! The bounded worker pool: a fixed set of OS threads fed by a bounded queue,
-//! with a cap of running + queued invocations per namespace.
+//! The worker pool: a fixed set of OS threads sharing one queue per namespace.
+//!
+//! Fair share: a free worker takes the next invocation of the waiting
+//! namespace with the fewest invocations running (ties in round-robin order),
+//! so a namespace alone on the node may use every worker, and namespaces busy
+//! at the same time converge on an equal share of them. Admission is bounded
+//! three ways: per namespace (`namespace_queue` waiting invocations, past it
+//! `Busy`), node-wide (`queue` waiting invocations, past it `Overloaded`) and
+//! in time (an invocation that waited `queue_wait` without a worker is
+//! refused with `Busy`, by a timer thread, while the workers stay busy).
+//! Nothing here blocks the caller: `submit` takes a lock for a few
+//! instructions and the answer comes through the job.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::error::{Result, WasmError};
 use super::limits::WORKER_STACK_BYTES;
@@ -32,79 +41,133 @@ pub struct NamespaceStats {
     pub namespace: String,
     /// Running on a worker.
     pub running: usize,
-    /// Waiting in the queue.
+    /// Waiting in the namespace's queue.
     pub queued: usize,
 }
 
+/// The work of one invocation. Called exactly once: with `Ok(())` on a worker
+/// when it may run, or with `Err(Busy)` when it waited past its deadline.
+pub(crate) type Job = Box<dyn FnOnce(Result<()>) + Send>;
+
+struct Task {
+    job: Job,
+    deadline: Instant,
+}
+
 #[derive(Default)]
-struct NsCount {
+struct NsQueue {
     running: usize,
+    tasks: VecDeque<Task>,
+}
+
+#[derive(Default)]
+struct State {
+    namespaces: HashMap<String, NsQueue>,
+    /// Namespaces with waiting tasks, in round-robin order.
+    ring: VecDeque<String>,
     queued: usize,
+    busy: usize,
+    stopped: bool,
+}
+
+impl State {
+    /// Takes the next task: from the waiting namespace with the fewest running
+    /// tasks, the first such in the ring; that namespace moves to the back.
+    fn pick(&mut self) -> Option<(String, Task)> {
+        let (pos, _) = self
+            .ring
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, ns)| self.namespaces.get(*ns).map_or(0, |q| q.running))?;
+        let ns = self.ring.remove(pos)?;
+        let q = self.namespaces.get_mut(&ns)?;
+        let task = q.tasks.pop_front()?;
+        self.queued -= 1;
+        if !q.tasks.is_empty() {
+            self.ring.push_back(ns.clone());
+        }
+        Some((ns, task))
+    }
+
+    /// Forgets a namespace with nothing running or waiting.
+    fn tidy(&mut self, ns: &str) {
+        if self
+            .namespaces
+            .get(ns)
+            .is_some_and(|q| q.running == 0 && q.tasks.is_empty())
+        {
+            self.namespaces.remove(ns);
+        }
+    }
+
+    /// Removes the tasks whose deadline has passed; returns them and the
+    /// earliest deadline still waiting.
+    fn expire(&mut self, now: Instant) -> (Vec<Task>, Option<Instant>) {
+        let mut expired = Vec::new();
+        let mut next: Option<Instant> = None;
+        let mut emptied = Vec::new();
+        for ns in &self.ring {
+            let Some(q) = self.namespaces.get_mut(ns) else {
+                continue;
+            };
+            // Deadlines grow along a queue (one `queue_wait` for all).
+            while q.tasks.front().is_some_and(|t| t.deadline <= now) {
+                expired.extend(q.tasks.pop_front());
+            }
+            match q.tasks.front() {
+                Some(t) => next = Some(next.map_or(t.deadline, |n| n.min(t.deadline))),
+                None => emptied.push(ns.clone()),
+            }
+        }
+        self.queued -= expired.len();
+        if !emptied.is_empty() {
+            self.ring.retain(|ns| !emptied.contains(ns));
+            for ns in &emptied {
+                self.tidy(ns);
+            }
+        }
+        (expired, next)
+    }
 }
 
 struct Shared {
-    rx: Mutex<Receiver<Task>>,
-    busy: AtomicUsize,
-    queued: AtomicUsize,
-    namespaces: Mutex<HashMap<String, NsCount>>,
-}
-
-/// One namespace slot, held from admission until the job is done (or dropped).
-struct Permit {
-    shared: Arc<Shared>,
-    namespace: String,
-    started: bool,
-}
-
-impl Permit {
-    fn start(&mut self) {
-        let mut map = self.shared.namespaces.lock();
-        if let Some(c) = map.get_mut(&self.namespace) {
-            c.queued = c.queued.saturating_sub(1);
-            c.running += 1;
-        }
-        self.started = true;
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        let mut map = self.shared.namespaces.lock();
-        if let Some(c) = map.get_mut(&self.namespace) {
-            if self.started {
-                c.running = c.running.saturating_sub(1);
-            } else {
-                c.queued = c.queued.saturating_sub(1);
-            }
-            if c.running == 0 && c.queued == 0 {
-                map.remove(&self.namespace);
-            }
-        }
-    }
-}
-
-struct Task {
-    permit: Permit,
-    job: Box<dyn FnOnce() + Send>,
+    state: Mutex<State>,
+    /// Signals the workers: a task is waiting, or the pool stopped.
+    work: Condvar,
+    /// Signals the timer: the first task of an empty pool, or the pool stopped.
+    timer: Condvar,
 }
 
 pub(crate) struct Pool {
-    tx: SyncSender<Task>,
     shared: Arc<Shared>,
     workers: usize,
-    namespace_cap: usize,
+    queue: usize,
+    namespace_queue: usize,
+    queue_wait: Duration,
 }
 
 impl Pool {
-    pub(crate) fn new(workers: usize, queue: usize, namespace_cap: usize) -> Result<Self> {
+    /// `workers` threads; at most `queue` invocations waiting node-wide, at
+    /// most `namespace_queue` per namespace, each for at most `queue_wait`.
+    pub(crate) fn new(
+        workers: usize,
+        queue: usize,
+        namespace_queue: usize,
+        queue_wait: Duration,
+    ) -> Result<Self> {
         let workers = workers.max(1);
-        let (tx, rx) = sync_channel(queue);
         let shared = Arc::new(Shared {
-            rx: Mutex::new(rx),
-            busy: AtomicUsize::new(0),
-            queued: AtomicUsize::new(0),
-            namespaces: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            timer: Condvar::new(),
         });
+        let pool = Self {
+            shared: shared.clone(),
+            workers,
+            queue: queue.max(1),
+            namespace_queue: namespace_queue.max(1),
+            queue_wait,
+        };
         for i in 0..workers {
             let shared = shared.clone();
             std::thread::Builder::new()
@@ -113,80 +176,131 @@ impl Pool {
                 .spawn(move || worker(&shared))
                 .map_err(|e| WasmError::Internal(format!("cannot spawn a WASM worker: {e}")))?;
         }
-        Ok(Self {
-            tx,
-            shared,
-            workers,
-            namespace_cap: namespace_cap.max(1),
-        })
+        std::thread::Builder::new()
+            .name("wasm-queue-timer".into())
+            .spawn(move || timer(&shared))
+            .map_err(|e| WasmError::Internal(format!("cannot spawn the queue timer: {e}")))?;
+        Ok(pool)
     }
 
-    /// Queues `job` for `namespace`, or refuses it (`Busy`, `Overloaded`).
-    pub(crate) fn submit(&self, namespace: &str, job: Box<dyn FnOnce() + Send>) -> Result<()> {
-        {
-            let mut map = self.shared.namespaces.lock();
-            let count = map.entry(namespace.to_owned()).or_default();
-            if count.running + count.queued >= self.namespace_cap {
-                return Err(WasmError::Busy);
-            }
-            count.queued += 1;
+    /// Queues `job` for `namespace`, or refuses it (`Busy`: the namespace's
+    /// queue is full; `Overloaded`: the node's is). An admitted job is later
+    /// called once, to run or to hear it waited too long.
+    pub(crate) fn submit(&self, namespace: &str, job: Job) -> Result<()> {
+        let deadline = Instant::now() + self.queue_wait;
+        let mut state = self.shared.state.lock();
+        if state.stopped {
+            return Err(WasmError::Internal("WASM worker pool stopped".into()));
         }
-        let permit = Permit {
-            shared: self.shared.clone(),
-            namespace: namespace.to_owned(),
-            started: false,
-        };
-        self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        match self.tx.try_send(Task { permit, job }) {
-            Ok(()) => Ok(()),
-            // Dropping the returned task releases its namespace slot.
-            Err(TrySendError::Full(_)) => {
-                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
-                Err(WasmError::Overloaded)
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
-                Err(WasmError::Internal("WASM worker pool stopped".into()))
-            }
+        let waiting = state.namespaces.get(namespace).map_or(0, |q| q.tasks.len());
+        if waiting >= self.namespace_queue {
+            return Err(WasmError::Busy);
         }
+        if state.queued >= self.queue {
+            return Err(WasmError::Overloaded);
+        }
+        let q = state.namespaces.entry(namespace.to_owned()).or_default();
+        q.tasks.push_back(Task { job, deadline });
+        if q.tasks.len() == 1 {
+            state.ring.push_back(namespace.to_owned());
+        }
+        state.queued += 1;
+        // Deadlines only grow, so the timer needs a word only when it sleeps
+        // without one.
+        if state.queued == 1 {
+            self.shared.timer.notify_one();
+        }
+        drop(state);
+        self.shared.work.notify_one();
+        Ok(())
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
-        let mut namespaces: Vec<NamespaceStats> = self
-            .shared
+        let state = self.shared.state.lock();
+        let mut namespaces: Vec<NamespaceStats> = state
             .namespaces
-            .lock()
             .iter()
-            .map(|(ns, c)| NamespaceStats {
+            .map(|(ns, q)| NamespaceStats {
                 namespace: ns.clone(),
-                running: c.running,
-                queued: c.queued,
+                running: q.running,
+                queued: q.tasks.len(),
             })
             .collect();
         namespaces.sort_by(|a, b| a.namespace.cmp(&b.namespace));
         PoolStats {
             workers: self.workers,
-            busy: self.shared.busy.load(Ordering::Relaxed),
-            queued: self.shared.queued.load(Ordering::Relaxed),
+            busy: state.busy,
+            queued: state.queued,
             namespaces,
         }
     }
 }
 
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.state.lock().stopped = true;
+        self.shared.work.notify_all();
+        self.shared.timer.notify_all();
+    }
+}
+
 fn worker(shared: &Shared) {
+    let mut state = shared.state.lock();
     loop {
-        // Only one idle worker waits in `recv`; the others wait for the lock.
-        let task = shared.rx.lock().recv();
-        let Ok(Task { mut permit, job }) = task else {
-            return; // The engine is gone.
+        if state.stopped {
+            return; // The engine is gone; waiting jobs drop and their callers hear it.
+        }
+        let Some((ns, task)) = state.pick() else {
+            shared.work.wait(&mut state);
+            continue;
         };
-        shared.queued.fetch_sub(1, Ordering::Relaxed);
-        permit.start();
-        shared.busy.fetch_add(1, Ordering::Relaxed);
-        if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
+        if task.deadline <= Instant::now() {
+            // Waited too long: refused like the timer would have.
+            state.tidy(&ns);
+            drop(state);
+            (task.job)(Err(WasmError::Busy));
+            state = shared.state.lock();
+            continue;
+        }
+        if let Some(q) = state.namespaces.get_mut(&ns) {
+            q.running += 1;
+        }
+        state.busy += 1;
+        drop(state);
+        let job = task.job;
+        if std::panic::catch_unwind(AssertUnwindSafe(move || job(Ok(())))).is_err() {
             tracing::error!("A WASM job panicked; the worker carries on.");
         }
-        shared.busy.fetch_sub(1, Ordering::Relaxed);
-        drop(permit);
+        state = shared.state.lock();
+        state.busy -= 1;
+        if let Some(q) = state.namespaces.get_mut(&ns) {
+            q.running = q.running.saturating_sub(1);
+        }
+        state.tidy(&ns);
+    }
+}
+
+/// Refuses the invocations that waited past their deadline, as it passes.
+fn timer(shared: &Shared) {
+    let mut state = shared.state.lock();
+    loop {
+        if state.stopped {
+            return;
+        }
+        let (expired, next) = state.expire(Instant::now());
+        if !expired.is_empty() {
+            drop(state);
+            for task in expired {
+                (task.job)(Err(WasmError::Busy));
+            }
+            state = shared.state.lock();
+            continue;
+        }
+        match next {
+            Some(at) => {
+                shared.timer.wait_until(&mut state, at);
+            }
+            None => shared.timer.wait(&mut state),
+        }
     }
 }

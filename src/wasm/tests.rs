@@ -343,25 +343,33 @@ async fn wait_until(engine: &WasmEngine, pred: impl Fn(&PoolStats) -> bool) {
     panic!("pool never reached the state: {:?}", engine.stats());
 }
 
-/// A namespace at its cap gets Busy while another namespace still runs.
+/// A namespace whose queue is full gets Busy while another namespace is still
+/// admitted and served (before the full namespace's own waiting call).
 #[tokio::test]
 async fn namespace_cap_busy_while_other_namespace_runs() {
     let (engine, _dir) = engine_with(config(2, 16, 1));
     let looping = engine.compile(&wat(INFINITE_LOOP)).unwrap();
     let noop = engine.compile(&wat(NOOP)).unwrap();
-    let mut long = Invocation::new("a", "loop", Vec::new());
-    long.timeout = Duration::from_millis(500);
-    let first = {
-        let (engine, m) = (engine.clone(), looping.clone());
-        tokio::spawn(async move { engine.invoke(m, long, Arc::new(FakeHost::default())).await })
+    let spawn = |ns: &str, m: &Arc<CompiledModule>, timeout: Duration| {
+        let (engine, m) = (engine.clone(), m.clone());
+        let mut c = Invocation::new(ns, "f", Vec::new());
+        c.timeout = timeout;
+        tokio::spawn(async move { engine.invoke(m, c, Arc::new(FakeHost::default())).await })
     };
-    wait_until(&engine, |s| s.busy == 1).await;
+    // Alone, "a" takes both workers; one more call of it waits (its queue: 1).
+    let loops = [
+        spawn("a", &looping, Duration::from_millis(500)),
+        spawn("a", &looping, Duration::from_millis(500)),
+    ];
+    wait_until(&engine, |s| s.busy == 2).await;
+    let waiting = spawn("a", &noop, Duration::from_secs(5));
+    wait_until(&engine, |s| s.queued == 1).await;
     assert_eq!(
         engine.stats().namespaces,
         [NamespaceStats {
             namespace: "a".into(),
-            running: 1,
-            queued: 0
+            running: 2,
+            queued: 1
         }]
     );
     let busy = engine
@@ -380,7 +388,10 @@ async fn namespace_cap_busy_while_other_namespace_runs() {
         )
         .await
         .unwrap();
-    assert_eq!(first.await.unwrap().unwrap_err(), WasmError::Timeout);
+    for l in loops {
+        assert_eq!(l.await.unwrap().unwrap_err(), WasmError::Timeout);
+    }
+    waiting.await.unwrap().unwrap();
     wait_until(&engine, |s| s.namespaces.is_empty() && s.busy == 0).await;
 }
 
@@ -852,4 +863,287 @@ fn non_module_named_plainly() {
     assert!(msg(b"hello").starts_with("not a WebAssembly module"));
     assert!(msg(b"(module (func $f (bogus)))").starts_with("not valid WAT text"));
     assert!(msg(b"\0asm\x01\0\0\0\xff").starts_with("not a valid WebAssembly binary"));
+}
+
+// --- Fair share of the pool -------------------------------------------------
+
+/// A guest that calls `kv_get` once: with a [`GateHost`] it holds its worker
+/// until the test lets it go.
+const GATED: &str = r#"(module
+  (import "meshgate" "kv_get" (func $get (param i32 i32 i32 i32) (result i64)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (drop (call $get (i32.const 0) (i32.const 1) (i32.const 16) (i32.const 16)))))"#;
+
+#[derive(Default)]
+struct GateState {
+    /// Labels of the gated calls in the order they started on a worker.
+    started: Vec<String>,
+    /// Calls that may leave the gate.
+    permits: usize,
+}
+
+/// Holds gated guests on their worker until the test opens it.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    cv: parking_lot::Condvar,
+}
+
+impl Gate {
+    /// Lets `n` gated calls finish.
+    fn open(&self, n: usize) {
+        self.state.lock().permits += n;
+        self.cv.notify_all();
+    }
+
+    fn started(&self) -> Vec<String> {
+        self.state.lock().started.clone()
+    }
+
+    /// Waits (10 s at most) until `n` gated calls have started.
+    async fn wait_started(&self, n: usize) {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while self.state.lock().started.len() < n {
+            assert!(
+                std::time::Instant::now() < end,
+                "only {:?} started, waited for {n}",
+                self.started()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+struct GateHost {
+    label: String,
+    gate: Arc<Gate>,
+}
+
+impl HostApi for GateHost {
+    fn kv_get(&self, _: &[u8]) -> Result<Option<Vec<u8>>, HostError> {
+        let mut state = self.gate.state.lock();
+        state.started.push(self.label.clone());
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while state.permits == 0 {
+            if self.gate.cv.wait_until(&mut state, end).timed_out() {
+                return Err(HostError::Internal("the gate never opened".into()));
+            }
+        }
+        state.permits -= 1;
+        Ok(None)
+    }
+    fn kv_put(&self, _: &[u8], _: &[u8]) -> Result<(), HostError> {
+        Err(HostError::Denied)
+    }
+    fn kv_delete(&self, _: &[u8]) -> Result<(), HostError> {
+        Err(HostError::Denied)
+    }
+    fn publish(&self, _: &str, _: &[u8]) -> Result<(), HostError> {
+        Err(HostError::Denied)
+    }
+    fn resolve(&self, _: &str) -> Result<ResolvedFunction, HostError> {
+        Err(HostError::NotFound)
+    }
+}
+
+fn config_wait(workers: usize, namespace_queue: usize, wait: Duration) -> WasmConfig {
+    WasmConfig {
+        queue_wait: wait,
+        ..config(workers, 256, namespace_queue)
+    }
+}
+
+type Pending = tokio::task::JoinHandle<Result<InvokeOutput>>;
+
+/// Starts a gated call of namespace `ns` (its gate label is `ns` too).
+fn gated(engine: &WasmEngine, m: &Arc<CompiledModule>, gate: &Arc<Gate>, ns: &str) -> Pending {
+    let (engine, m) = (engine.clone(), m.clone());
+    let host = Arc::new(GateHost {
+        label: ns.to_owned(),
+        gate: gate.clone(),
+    });
+    let c = Invocation::new(ns, "gated", Vec::new());
+    tokio::spawn(async move { engine.invoke(m, c, host).await })
+}
+
+fn ns_stats(engine: &WasmEngine, ns: &str) -> (usize, usize) {
+    engine
+        .stats()
+        .namespaces
+        .iter()
+        .find(|n| n.namespace == ns)
+        .map_or((0, 0), |n| (n.running, n.queued))
+}
+
+/// Fair share, obeyed: a namespace alone on a 2-worker pool sends a burst of
+/// 32 concurrent calls of the C echo guest at the default queue settings;
+/// none is refused, every answer is right.
+#[tokio::test]
+async fn lone_namespace_burst_all_complete() {
+    let (engine, _dir) = engine_with(WasmConfig {
+        workers: 2,
+        ..WasmConfig::default()
+    });
+    let echo = engine.compile(ECHO).unwrap();
+    let calls: Vec<Pending> = (0..32)
+        .map(|i| {
+            let (engine, m) = (engine.clone(), echo.clone());
+            let c = Invocation::new("lone", "echo", format!("call {i}").into_bytes());
+            tokio::spawn(async move { engine.invoke(m, c, Arc::new(FakeHost::default())).await })
+        })
+        .collect();
+    for (i, c) in calls.into_iter().enumerate() {
+        let out = c.await.unwrap().unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(out.stdout, format!("call {i}").into_bytes());
+    }
+    wait_until(&engine, |s| s.namespaces.is_empty() && s.busy == 0).await;
+}
+
+/// Fair share, violated: a lone namespace holds every worker, fills its queue
+/// (bound 4) and the call after that is refused with Busy at once.
+#[tokio::test]
+async fn lone_namespace_uses_every_worker_then_its_queue_bounds_it() {
+    let (engine, _dir) = engine_with(config_wait(2, 4, Duration::from_secs(10)));
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let mut calls: Vec<Pending> = (0..2).map(|_| gated(&engine, &m, &gate, "a")).collect();
+    gate.wait_started(2).await;
+    calls.extend((0..4).map(|_| gated(&engine, &m, &gate, "a")));
+    wait_until(&engine, |s| s.queued == 4).await;
+    assert_eq!(ns_stats(&engine, "a"), (2, 4), "both workers, 4 waiting");
+    let refused = engine
+        .invoke(m.clone(), Invocation::new("a", "gated", Vec::new()), Arc::new(FakeHost::default()))
+        .await;
+    assert_eq!(refused.unwrap_err(), WasmError::Busy);
+    gate.open(6);
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(gate.started().len(), 6, "the refused call never ran");
+}
+
+/// Two namespaces flooding a 2-worker pool: as soon as both wait, each holds
+/// one worker, after every single completion, whichever finished.
+#[tokio::test]
+async fn two_namespaces_flooding_split_the_workers() {
+    let (engine, _dir) = engine_with(config_wait(2, 64, Duration::from_secs(10)));
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let mut calls: Vec<Pending> = (0..2).map(|_| gated(&engine, &m, &gate, "a")).collect();
+    gate.wait_started(2).await;
+    calls.extend((0..8).map(|_| gated(&engine, &m, &gate, "a")));
+    wait_until(&engine, |s| s.queued == 8).await;
+    calls.extend((0..8).map(|_| gated(&engine, &m, &gate, "b")));
+    wait_until(&engine, |s| s.queued == 16).await;
+    assert_eq!(ns_stats(&engine, "a"), (2, 8));
+    for step in 1..=10 {
+        gate.open(1);
+        gate.wait_started(2 + step).await;
+        assert_eq!(
+            (ns_stats(&engine, "a").0, ns_stats(&engine, "b").0),
+            (1, 1),
+            "step {step}: started {:?}",
+            gate.started()
+        );
+    }
+    // A FIFO would have started all of a's 8 waiting calls first.
+    assert_eq!(gate.started()[2], "b", "the first freed worker went to b");
+    gate.open(16);
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+}
+
+/// Round-robin order on one worker: a namespace's full queue refuses it (Busy)
+/// while another namespace is still admitted, and served in its turn.
+#[tokio::test]
+async fn full_namespace_queue_busy_other_namespace_admitted() {
+    let (engine, _dir) = engine_with(config_wait(1, 2, Duration::from_secs(10)));
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let mut calls = vec![gated(&engine, &m, &gate, "a")];
+    gate.wait_started(1).await;
+    calls.push(gated(&engine, &m, &gate, "a"));
+    calls.push(gated(&engine, &m, &gate, "a"));
+    wait_until(&engine, |s| s.queued == 2).await;
+    let refused = engine
+        .invoke(m.clone(), Invocation::new("a", "gated", Vec::new()), Arc::new(FakeHost::default()))
+        .await;
+    assert_eq!(refused.unwrap_err(), WasmError::Busy);
+    calls.push(gated(&engine, &m, &gate, "b"));
+    wait_until(&engine, |s| s.queued == 3).await;
+    assert_eq!(ns_stats(&engine, "b"), (0, 1), "b admitted");
+    gate.open(4);
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(gate.started(), ["a", "a", "b", "a"]);
+}
+
+/// Wait deadline, violated: a call that waits past `queue_wait` (150 ms) for
+/// the only worker is refused with Busy while that worker is still held.
+#[tokio::test]
+async fn queued_past_wait_deadline_busy() {
+    let (engine, _dir) = engine_with(config_wait(1, 64, Duration::from_millis(150)));
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let holder = gated(&engine, &m, &gate, "a");
+    gate.wait_started(1).await;
+    let t = std::time::Instant::now();
+    let late = engine
+        .invoke(m.clone(), Invocation::new("a", "gated", Vec::new()), Arc::new(FakeHost::default()))
+        .await;
+    assert_eq!(late.unwrap_err(), WasmError::Busy);
+    assert!(t.elapsed() >= Duration::from_millis(150), "{:?}", t.elapsed());
+    assert_eq!(engine.stats().busy, 1, "refused while the worker is held");
+    assert_eq!(engine.stats().queued, 0);
+    gate.open(1);
+    holder.await.unwrap().unwrap();
+    assert_eq!(gate.started(), ["a"]);
+}
+
+/// Wait deadline, obeyed: a call that gets a worker within `queue_wait` runs.
+#[tokio::test]
+async fn queued_within_wait_deadline_runs() {
+    let (engine, _dir) = engine_with(config_wait(1, 64, Duration::from_secs(10)));
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let holder = gated(&engine, &m, &gate, "a");
+    gate.wait_started(1).await;
+    let waiting = gated(&engine, &m, &gate, "a");
+    wait_until(&engine, |s| s.queued == 1).await;
+    gate.open(2);
+    holder.await.unwrap().unwrap();
+    waiting.await.unwrap().unwrap();
+    assert_eq!(gate.started(), ["a", "a"]);
+}
+
+/// Nested invokes run inline on their worker: a chain of depth 5 completes on
+/// a 1-worker pool with another namespace's call waiting for that worker.
+#[tokio::test]
+async fn nested_invoke_with_every_worker_busy() {
+    let (engine, _dir) = engine_with(config_wait(1, 64, Duration::from_secs(10)));
+    let gated_m = engine.compile(&wat(GATED)).unwrap();
+    let chain = engine.compile(&wat(CHAIN)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let holder = gated(&engine, &gated_m, &gate, "x");
+    gate.wait_started(1).await;
+    let nested = {
+        let (engine, m) = (engine.clone(), chain.clone());
+        let host = Arc::new(FakeHost::default().with_function("chain", chain.clone()));
+        tokio::spawn(async move { engine.invoke(m, call(b""), host).await })
+    };
+    let other = gated(&engine, &gated_m, &gate, "y");
+    wait_until(&engine, |s| s.queued == 2).await;
+    gate.open(2);
+    let out = tokio::time::timeout(Duration::from_secs(10), nested)
+        .await
+        .expect("the nested chain finished")
+        .unwrap()
+        .unwrap();
+    let messages: Vec<&str> = out.logs.iter().map(|l| l.message.as_str()).collect();
+    assert_eq!(messages, ["limit", "ok", "ok", "ok", "ok", "ok"]);
+    holder.await.unwrap().unwrap();
+    other.await.unwrap().unwrap();
 }

@@ -445,7 +445,9 @@ fn failed_imports_change_nothing_and_bad_inputs_are_4xx() {
 /// On etcd, imports of 300 keys (more than one etcd transaction holds) into
 /// a namespace on members a and b, alternating all-"a" and all-"b" values,
 /// made through a while a reader exports through b in a loop: every export
-/// is all one value, and the last import's is what stays.
+/// is all one value, and the last import's is what stays. An import whose
+/// functions/secrets/deployments part exceeds one transaction (130 secrets)
+/// is 413 `IMPORT_TOO_LARGE` naming `--max-txn-ops`, nothing changed.
 #[cfg(feature = "cluster")]
 #[test]
 fn import_larger_than_an_etcd_transaction_is_one_change() {
@@ -540,4 +542,31 @@ fn import_larger_than_an_etcd_transaction_is_one_change() {
     // Nothing of the journal is left behind: the KV takes writes at once.
     let (s, _, r) = call(&b, "PUT", "/v1/kv/k000", Some(b"z"));
     assert_eq!(s, 200, "{r}");
+
+    // 130 secrets cannot flip in one transaction with the rest: 413 naming
+    // the limit and the etcd setting, and nothing changes.
+    let many = create(&a, "many", Some("a"));
+    for i in 0..130 {
+        let (s, r) = a.with_key(
+            &many,
+            "PUT",
+            "/v1/functions/secrets",
+            Some(
+                json!({"key": format!("S{i}"), "value": "v"})
+                    .to_string()
+                    .as_bytes(),
+            ),
+        );
+        assert_eq!(s, 200, "{r}");
+    }
+    let exported = export(&a, &many);
+    let (s, _, before) = call(&b, "GET", "/v1/db/export", None);
+    assert_eq!(s, 200);
+    let (s, _, r) = call(&a, "PUT", "/v1/db/import", Some(exported.as_bytes()));
+    let v = json(&r);
+    assert_eq!((s, code(&v)), (413, "IMPORT_TOO_LARGE"), "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("128") && m.contains("--max-txn-ops"), "{m}");
+    let (_, _, after) = call(&b, "GET", "/v1/db/export", None);
+    assert_eq!(json(&after), json(&before));
 }

@@ -350,11 +350,13 @@ fn functions_invoke_depth_limit() {
     assert_eq!(String::from_utf8_lossy(&b), "4.....");
 }
 
-/// Concurrency pair: namespace A at its cap (1) answers 429 FUNCTION_BUSY with
-/// Retry-After, while namespace B's invokes still succeed.
+/// Fair-share pair: namespace A alone takes both workers; with its queue (1)
+/// full it answers 429 FUNCTION_BUSY with Retry-After at once, while namespace
+/// B's invoke is admitted and served (on the first worker freed) and A's
+/// waiting call runs too.
 #[test]
 fn functions_namespace_cap_does_not_starve_others() {
-    let node = start("namespace_concurrency = 1");
+    let node = start("namespace_concurrency = 1\nqueue_wait_ms = 10000");
     let ka = node.create_namespace("ca");
     let kb = node.create_namespace("cb");
     deploy(
@@ -366,26 +368,41 @@ fn functions_namespace_cap_does_not_starve_others() {
     );
     deploy(&node, &ka, "echo", &echo_wasm(), &[]);
     deploy(&node, &kb, "echo", &echo_wasm(), &[]);
-    let (n2, k2) = (node.base.clone(), ka.clone());
-    let spin = std::thread::spawn(move || {
-        let auth = format!("Bearer {k2}");
-        http(
-            "POST",
-            &format!("{n2}/v1/functions/spin/invoke"),
-            &[("authorization", &auth)],
-            Some(b""),
-        )
-        .0
-    });
-    wait_guest_running(&node);
+    let call_a = |name: &'static str| {
+        let (n2, k2) = (node.base.clone(), ka.clone());
+        std::thread::spawn(move || {
+            let auth = format!("Bearer {k2}");
+            http(
+                "POST",
+                &format!("{n2}/v1/functions/{name}/invoke"),
+                &[("authorization", &auth)],
+                Some(b"w"),
+            )
+            .0
+        })
+    };
+    let spins = [call_a("spin"), call_a("spin")];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.metric_sum("meshgate_wasm_pool_busy") < 2.0 {
+        assert!(Instant::now() < deadline, "the guests never took both workers");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let waiting = call_a("echo");
+    while node.metric_sum("meshgate_wasm_pool_queued") < 1.0 {
+        assert!(Instant::now() < deadline, "A's call never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (s, h, b) = invoke(&node, &ka, "echo", b"a");
     assert_eq!(s, 429, "{}", String::from_utf8_lossy(&b));
     assert_eq!(code(&b), "FUNCTION_BUSY");
     assert!(header(&h, "retry-after").is_some());
     let (s, _, b) = invoke(&node, &kb, "echo", b"b");
     assert_eq!((s, b.as_slice()), (200, &b"b"[..]));
-    assert_eq!(spin.join().unwrap(), 504);
-    // Once the slot is free, A is served again.
+    for spin in spins {
+        assert_eq!(spin.join().unwrap(), 504);
+    }
+    assert_eq!(waiting.join().unwrap(), 200);
+    // Once the queue has room, A is served again.
     assert_eq!(invoke(&node, &ka, "echo", b"a").0, 200);
 }
 

@@ -401,15 +401,17 @@ pub struct NamespaceExport {
 }
 
 /// What `GET /v1/db/export` reads through the supervisor: the KV, the
-/// function records, their versions and the sealed secrets, each key relative
-/// to its prefix. Read while the supervisor holds its mailbox, so never in the
-/// middle of an import through it.
+/// function records, their versions, the sealed secrets, the deployment
+/// records and their versions, each key relative to its prefix. One snapshot
+/// at which no import was in progress.
 #[derive(Debug, Default)]
 pub struct NamespaceRows {
     pub kv: Vec<(String, Vec<u8>)>,
     pub functions: Vec<(String, Vec<u8>)>,
     pub versions: Vec<(String, Vec<u8>)>,
     pub secrets: Vec<(String, Vec<u8>)>,
+    pub deployments: Vec<(String, Vec<u8>)>,
+    pub deployment_versions: Vec<(String, Vec<u8>)>,
 }
 
 /// Sent by `GET /v1/db/export`; replies with the namespace's rows.
@@ -425,12 +427,14 @@ impl Handler<Export> for NamespaceSupervisor {
         let ns = self.name.clone();
         AtomicResponse::new(Box::pin(
             async move {
-                // One snapshot of the four, at which no import was in progress.
+                // One snapshot of them all, at which no import was in progress.
                 let prefixes = [
                     kv_prefix(&ns),
                     crate::functions::fn_prefix(&ns),
                     crate::functions::fnver_prefix(&ns),
                     crate::functions::secret_prefix(&ns),
+                    crate::deploy::model::dep_prefix(&ns),
+                    crate::deploy::model::ns_ver_prefix(&ns),
                 ];
                 let j = import_journal_key(&ns);
                 let rows = unless_importing(&store, &ns, &j, || {
@@ -447,6 +451,8 @@ impl Handler<Export> for NamespaceSupervisor {
                     functions: parts.next().unwrap_or_default(),
                     versions: parts.next().unwrap_or_default(),
                     secrets: parts.next().unwrap_or_default(),
+                    deployments: parts.next().unwrap_or_default(),
+                    deployment_versions: parts.next().unwrap_or_default(),
                 })
             }
             .into_actor(self),

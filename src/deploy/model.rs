@@ -257,6 +257,11 @@ pub fn ver_prefix(ns: &str, name: &str) -> Vec<u8> {
     format!("depv/{ns}/{name}/").into_bytes()
 }
 
+/// `depv/<ns>/`: every version of every deployment of the namespace.
+pub fn ns_ver_prefix(ns: &str) -> Vec<u8> {
+    format!("depv/{ns}/").into_bytes()
+}
+
 /// Which namespace owns a host (`host/<host>`).
 pub fn host_key(host: &str) -> Vec<u8> {
     format!("host/{host}").into_bytes()

@@ -11,8 +11,8 @@
 
 use super::model::{
     DeploymentRecord, DeploymentVersion, HostClaim, MAX_HOSTS, MAX_INSTANCES, TargetSpec, dep_key,
-    dep_prefix, host_key, normalize_host, normalize_instance, valid_name, validate_routes, ver_key,
-    ver_prefix,
+    dep_prefix, host_key, normalize_host, normalize_instance, ns_ver_prefix, valid_name,
+    validate_routes, ver_key,
 };
 use super::{DeployResult, Deployments, GENERATION_KEY, WriteLock};
 use crate::http::ApiError;
@@ -29,6 +29,31 @@ pub struct ExportedDeployment {
 }
 
 impl ExportedDeployment {
+    /// The deployments of an export from the namespace's rows: head records
+    /// (`dep/<ns>/` rows) and versions (`depv/<ns>/` rows, keyed
+    /// `<name>/<version>`). Rows that do not decode are left out.
+    pub fn from_rows(
+        heads: Vec<(String, Vec<u8>)>,
+        versions: Vec<(String, Vec<u8>)>,
+    ) -> Vec<ExportedDeployment> {
+        let mut by_name: std::collections::BTreeMap<String, Vec<DeploymentVersion>> =
+            Default::default();
+        for (key, v) in versions {
+            let name = key.rsplit_once('/').map_or(key.as_str(), |(n, _)| n);
+            if let Ok(ver) = serde_json::from_slice::<DeploymentVersion>(&v) {
+                by_name.entry(name.to_string()).or_default().push(ver);
+            }
+        }
+        heads
+            .into_iter()
+            .filter_map(|(_, v)| serde_json::from_slice::<DeploymentRecord>(&v).ok())
+            .map(|record| ExportedDeployment {
+                versions: by_name.remove(&record.name).unwrap_or_default(),
+                record,
+            })
+            .collect()
+    }
+
     /// The site files (by SHA-256) every version of it serves.
     pub fn blobs(&self) -> impl Iterator<Item = &str> {
         self.versions.iter().flat_map(|v| match &v.target {
@@ -58,24 +83,6 @@ fn invalid(message: String) -> ApiError {
 }
 
 impl Deployments {
-    /// The namespace's deployments with all their versions, by name.
-    pub async fn export_namespace(&self, ns: &str) -> DeployResult<Vec<ExportedDeployment>> {
-        let mut out = Vec::new();
-        for (_, v) in self.store.scan_all(&dep_prefix(ns)).await? {
-            let Ok(record) = serde_json::from_slice::<DeploymentRecord>(&v) else {
-                continue;
-            };
-            let mut versions = Vec::new();
-            for (_, v) in self.store.scan_all(&ver_prefix(ns, &record.name)).await? {
-                if let Ok(ver) = serde_json::from_slice::<DeploymentVersion>(&v) {
-                    versions.push(ver);
-                }
-            }
-            out.push(ExportedDeployment { record, versions });
-        }
-        Ok(out)
-    }
-
     /// Checks and normalizes imported deployments for namespace `ns` (names,
     /// hosts, routes, instances, versions), touching nothing.
     pub fn check_import(&self, ns: &str, deps: &mut [ExportedDeployment]) -> DeployResult<()> {
@@ -200,11 +207,7 @@ impl Deployments {
                 owned.extend(ver.hosts);
             }
         }
-        for (k, _) in self
-            .store
-            .scan_all(format!("depv/{ns}/").as_bytes())
-            .await?
-        {
+        for (k, _) in self.store.scan_all(&ns_ver_prefix(ns)).await? {
             existing.insert(k);
         }
         let mut puts = Vec::new();

@@ -242,7 +242,7 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
             }
         }
     }
-    let deployments = node.deployments.export_namespace(&ctx.name).await?;
+    let deployments = ExportedDeployment::from_rows(rows.deployments, rows.deployment_versions);
     for d in &deployments {
         blobs.extend(d.blobs().map(str::to_string));
     }

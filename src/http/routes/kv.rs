@@ -472,8 +472,11 @@ async fn import_v2(
     for d in &e.deployments {
         needed.extend(d.blobs().map(str::to_string));
     }
+    // Every referenced blob must travel in the export, even one the store
+    // already holds: a blob of another namespace is never reachable by
+    // naming its hash.
     for sha in &needed {
-        if !blobs.contains_key(sha) && store.get(&blob_key(sha)).await?.is_none() {
+        if !blobs.contains_key(sha) {
             return Err(invalid(format!("blob {sha} is referenced but not carried")));
         }
     }

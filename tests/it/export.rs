@@ -299,7 +299,8 @@ fn whole_namespace_moves_on_sled_and_secrets_stay_in_their_cluster() {
 
 /// Imports that fail half way change nothing: a host another namespace
 /// holds, a blob that does not match its hash, a function version whose
-/// module is not carried (even though the store has it), an invalid host,
+/// module is not carried (even though the store has it), a module that is
+/// no WebAssembly, an invalid host,
 /// a body over the limit (413 `IMPORT_TOO_LARGE`); bad inputs are 4xx in
 /// the envelope; the KV-only format 1 still imports.
 #[test]
@@ -340,6 +341,16 @@ fn failed_imports_change_nothing_and_bad_inputs_are_4xx() {
     // a blob is never reached by naming its hash.
     let mut missing_blob = good.clone();
     missing_blob["blobs"].as_object_mut().unwrap().remove(&sha);
+    // A module that matches its hash but is no WebAssembly: refused as a deploy would.
+    let mut not_wasm = good.clone();
+    {
+        use base64::Engine;
+        let junk = b"not a module at all";
+        let junk_sha = hex::encode(ring::digest::digest(&ring::digest::SHA256, junk));
+        not_wasm["blobs"][&junk_sha] =
+            json!(base64::engine::general_purpose::STANDARD.encode(junk));
+        not_wasm["functions"][0]["versions"][0]["sha256"] = json!(junk_sha);
+    }
     let mut bad_host = good.clone();
     bad_host["deployments"][1]["versions"][0]["hosts"] = json!(["not a host"]);
     let mut bad_kv = good.clone();
@@ -377,6 +388,12 @@ fn failed_imports_change_nothing_and_bad_inputs_are_4xx() {
             bad_host.to_string().into_bytes(),
             400,
             "INVALID_HOST",
+        ),
+        (
+            "not wasm",
+            not_wasm.to_string().into_bytes(),
+            400,
+            "INVALID_MODULE",
         ),
         (
             "bad kv",

@@ -472,6 +472,28 @@ async fn import_v2(
     for d in &e.deployments {
         needed.extend(d.blobs().map(str::to_string));
     }
+    // Function modules pass the checks of a deploy: size, then compile
+    // (which also warms the compiled-artifact cache).
+    let modules: BTreeSet<&str> = e
+        .functions
+        .iter()
+        .flat_map(|f| f.versions.iter().map(|v| v.sha256.as_str()))
+        .collect();
+    let max_module = node.config.functions.max_module_bytes;
+    for sha in modules {
+        if let Some(bytes) = blobs.get(sha) {
+            if bytes.len() > max_module {
+                return Err(ApiError::payload_too_large(
+                    "MODULE_TOO_LARGE",
+                    format!(
+                        "module {sha} is {} bytes; this node takes at most {max_module}",
+                        bytes.len()
+                    ),
+                ));
+            }
+            node.functions.compile(bytes.clone()).await?;
+        }
+    }
     // Every referenced blob must travel in the export, even one the store
     // already holds: a blob of another namespace is never reachable by
     // naming its hash.

@@ -8,7 +8,7 @@
 //!
 //! - `engine`: [`WasmEngine`], compilation and running one invocation.
 //! - `host`: [`HostApi`], the `meshgate` imports and the store state.
-//! - `pool`: the worker threads, the queue and the namespace cap.
+//! - `pool`: the worker threads and the per-namespace queues (fair share).
 //! - `cache`: compiled artifacts on disk.
 //! - `limits`: the fixed limits and the resource limiter.
 //! - `error`: [`WasmError`], [`HostError`] and the guest error codes.

@@ -30,7 +30,7 @@ use crate::http::{ApiError, Identity, Policy, Target};
 use crate::node::Node;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::StatusCode;
+use actix_web::http::{Method, StatusCode};
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
@@ -163,6 +163,12 @@ async fn members_elsewhere(
     if req.headers().contains_key(header::UPGRADE) {
         return Ok(None);
     }
+    // Deployment reads are answered here: their records are in the shared
+    // store, and an upstream's health is kept by each node that proxies (the
+    // view of this node is the one this client's routed traffic meets).
+    if req.method() == Method::GET && req.path().starts_with("/v1/deployments") {
+        return Ok(None);
+    }
     // A namespace that does not exist is answered here (404 from its handler).
     let Some(members) = cluster.members(&target).await? else {
         cluster.forget_breakers(&target);
@@ -207,7 +213,28 @@ pub async fn cluster_forward<B: MessageBody + 'static>(
         Ok(r) => r,
         Err(e) => e.error_response_owned(),
     };
+    if resp.status().is_success() {
+        after_forwarded_change(&n, &http).await;
+    }
     Ok(ServiceResponse::new(http, resp).map_into_right_body())
+}
+
+/// A change a member made for a client of this node is seen by this node at
+/// once, not at its next poll: the client's next request may come here.
+/// Deployments rebuild the routing index from the store's new generation;
+/// a revoked key leaves this node's key cache.
+async fn after_forwarded_change(n: &Node, req: &HttpRequest) {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return;
+    }
+    let path = req.path();
+    if path.starts_with("/v1/deployments") {
+        if let Err(e) = n.deployments.follow().await {
+            tracing::warn!(error = %e, "Routing index not refreshed after a forwarded change.");
+        }
+    } else if path.starts_with("/v1/auth/api-keys") {
+        n.key_cache.clear();
+    }
 }
 
 /// The client's body, read whole up to `limit` bytes (413 above, before

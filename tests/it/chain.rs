@@ -410,7 +410,12 @@ fn bad_api_keys_are_refused() {
         Some(br#"{"role":"owner"}"#),
     );
     assert_eq!(s, 403);
-    // An expired key: written straight into the store with a creation time a year ago.
+    // An expired key: written straight into the node's sled store with a
+    // creation time in the past (a cluster's store is etcd; its key expiry is
+    // the same code, checked here on one node).
+    if single_node_only("the expired key is written into the node's sled file") {
+        return;
+    }
     let dir = node.dir.clone();
     node.signal(15);
     assert_eq!(node.wait_exit(std::time::Duration::from_secs(20)), Some(0));

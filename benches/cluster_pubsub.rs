@@ -533,6 +533,16 @@ fn main() {
         );
         faults.extend(o.faults.iter().map(|f| format!("{}: {f}", p.name)));
     }
+    // The mesh's own counters (batch sizes, drops, gaps), for reading a run.
+    for (name, node) in [("A", &a), ("B", &b)] {
+        let (_, m) = http(&node.addr, "GET", "/metrics", None);
+        for l in m
+            .lines()
+            .filter(|l| l.starts_with("meshgate_mesh_") || l.starts_with("meshgate_actor_mailbox"))
+        {
+            eprintln!("{name}: {l}");
+        }
+    }
     drop((a, b, single, etcd));
     if !faults.is_empty() {
         for f in faults.iter().take(20) {

@@ -17,15 +17,23 @@
 //! the node's readiness: connected to every registered peer.
 //!
 //! All pub/sub traffic goes on one GossipSub topic ([`MESH_TOPIC`]). A
-//! [`WireBatch`] carries the origin's peer id (checked against the signed
-//! GossipSub author) and one or more messages, each with its namespace and
+//! [`WireBatch`] carries the origin's peer id (checked against the GossipSub
+//! author, which must be a registered peer) and one or more messages, each
+//! with its namespace and
 //! topic and a per-(origin, namespace, topic) epoch and sequence number;
 //! receivers release each such stream in order through a [`Reorder`] buffer
 //! and hand messages to the `deliver_fn`. A batch holds whatever was already
 //! waiting when the swarm task came to publish (never waits to fill one), so
-//! a burst costs one signature, one verification and one frame per batch
-//! rather than per message. GossipSub message ids are the SHA-256 of the
-//! encoded batch, so a batch reaching a node by two paths is delivered once.
+//! a burst costs one frame per batch rather than per message. GossipSub
+//! message ids are the SHA-256 of the encoded batch, so a batch reaching a
+//! node by two paths is delivered once.
+//!
+//! Messages are not signed ([`MessageAuthenticity::Author`]): every frame
+//! arrives on a Noise connection whose remote key is a registered peer's
+//! (the allow list), so it was sent by a member and not altered on the way;
+//! an Ed25519 signature and verification per batch would add nothing a
+//! member could not already forge (see docs/cluster.md, "Why mesh messages
+//! are not signed").
 
 use super::reorder::{Pushed, Reorder};
 use super::{MeshError, MeshResult};
@@ -80,6 +88,11 @@ pub const BATCH_MESSAGES: usize = 512;
 /// …or once its payloads reach this many bytes (a single larger message
 /// travels alone).
 pub const BATCH_BYTES: usize = 64 << 10;
+/// How long a batch may wait in a peer's GossipSub send queue before it is
+/// abandoned (`reason="send_timeout"`). Long: a full queue already holds
+/// publishes back (the backlog), so only a peer that stopped reading loses
+/// messages this way.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// The largest GossipSub message: a 1 MiB pub/sub payload plus headers.
 pub const MAX_TRANSMIT: usize = (1 << 20) + (64 << 10);
 /// The one GossipSub topic all pub/sub traffic travels on.
@@ -169,7 +182,45 @@ struct WireEntry {
     seq: u64,
     /// When the origin accepted the message (ms since the Unix epoch).
     timestamp: u64,
+    /// Encoded as one byte string (a length and a copy), the same bytes on
+    /// the wire as a sequence of u8 in postcard.
+    #[serde(with = "byte_string")]
     data: Vec<u8>,
+}
+
+/// `Vec<u8>` as a serde byte string: postcard writes and reads it with one
+/// copy instead of a call per byte.
+mod byte_string {
+    use serde::de::{Error, SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+                while let Some(b) = seq.next_element()? {
+                    v.push(b);
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_byte_buf(Bytes)
+    }
 }
 
 /// A snapshot of the mesh, for tests and the status page.
@@ -440,10 +491,13 @@ fn build_swarm(keypair: Keypair, config: &MeshConfig) -> MeshResult<Swarm<Behavi
         .gossip_lazy(3)
         .flood_publish(true)
         .heartbeat_interval(config.heartbeat)
-        .validation_mode(gossipsub::ValidationMode::Strict)
-        // The application checks each message's origin against its signed
-        // author before GossipSub relays it.
+        // Unsigned (see the module docs): an author and a sequence number,
+        // checked for form when present, no signature.
+        .validation_mode(gossipsub::ValidationMode::Permissive)
+        // The application checks each message's origin against its author
+        // and the registry before GossipSub relays it.
         .validate_messages()
+        .publish_queue_duration(SEND_TIMEOUT)
         .message_id_fn(|m: &gossipsub::Message| {
             gossipsub::MessageId::new(ring::digest::digest(&ring::digest::SHA256, &m.data).as_ref())
         })
@@ -451,9 +505,9 @@ fn build_swarm(keypair: Keypair, config: &MeshConfig) -> MeshResult<Swarm<Behavi
         .connection_handler_queue_len(config.send_queue)
         .build()
         .map_err(|e| setup(&e))?;
-    let gossipsub =
-        gossipsub::Behaviour::new(MessageAuthenticity::Signed(keypair.clone()), gossip_config)
-            .map_err(|e| setup(&e))?;
+    let author = keypair.public().to_peer_id();
+    let gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Author(author), gossip_config)
+        .map_err(|e| setup(&e))?;
     let swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_tcp(
@@ -553,7 +607,8 @@ async fn registry_loop(
             }
         }
         refresh_pending = false;
-        refresh_at = tokio::time::Instant::now() + MIN_REFRESH_SPACING.min(config.registry_interval);
+        refresh_at =
+            tokio::time::Instant::now() + MIN_REFRESH_SPACING.min(config.registry_interval);
         match store.scan_all(REGISTRY_PREFIX.as_bytes()).await {
             Ok(entries) => {
                 let peers = parse_registry(&entries, &peer_id);
@@ -652,7 +707,8 @@ struct SwarmTask {
     /// The last publish was refused so: only the retry timer tries again
     /// (not every arriving message, which would sign a batch for nothing).
     blocked: bool,
-    /// Registered peers not connected: when to dial next, and the wait after.
+    /// Registered peers not connected (or not yet subscribed to the mesh
+    /// topic): when to dial next, and the wait after.
     dials: HashMap<PeerId, Redial>,
     /// Whether a registry read arrived.
     registry_read: bool,
@@ -904,22 +960,20 @@ impl SwarmTask {
     }
 
     /// Dials the scheduled peers whose time came, each at its registered
-    /// addresses only, and doubles their wait (a dial that fails leaves the
-    /// peer scheduled; a connection takes it off).
+    /// addresses only, and doubles their wait. A peer leaves the schedule
+    /// once it subscribed to the mesh topic (a connection that works), so a
+    /// connection that opens and is closed at once (the other side did not
+    /// know this node yet) is retried with backoff, not in a loop.
     fn dial_due(&mut self) {
         let now = Instant::now();
         let mut due = Vec::new();
-        self.dials.retain(|peer, r| {
-            if self.swarm.is_connected(peer) {
-                return false;
-            }
-            if now >= r.at {
+        for (peer, r) in self.dials.iter_mut() {
+            if now >= r.at && !self.swarm.is_connected(peer) {
                 due.push(*peer);
                 r.at = now + r.backoff;
                 r.backoff = (r.backoff * 2).min(DIAL_BACKOFF_MAX);
             }
-            true
-        });
+        }
         for peer in due {
             let Some(addrs) = self.registry.get(&peer) else {
                 continue;
@@ -941,6 +995,25 @@ impl SwarmTask {
                 message_id,
                 message,
             })) => self.on_message(propagation_source, message_id, message),
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
+                peer_id,
+                ..
+            })) => {
+                self.dials.remove(&peer_id);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::SlowPeer {
+                peer_id,
+                failed_messages,
+            })) => {
+                // Batches that waited past SEND_TIMEOUT in the peer's queue
+                // (or found it full while another's was not).
+                let lost = failed_messages.priority + failed_messages.non_priority;
+                warn!(peer_id = %peer_id, batches = lost, "Mesh peer too slow; batches to it abandoned.");
+                self.metrics
+                    .mesh_dropped
+                    .with_label_values(&["send_timeout"])
+                    .inc_by(lost as u64);
+            }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
                 connection_id,
@@ -961,7 +1034,6 @@ impl SwarmTask {
                         return;
                     }
                 }
-                self.dials.remove(&peer_id);
                 debug!(peer_id = %peer_id, "Mesh peer connected.");
                 self.metrics
                     .mesh_peers
@@ -1016,7 +1088,11 @@ impl SwarmTask {
         let checked = match postcard::from_bytes::<WireBatch>(&message.data) {
             Err(_) => Err("decode"),
             Ok(m) => match PeerId::from_bytes(&m.origin) {
-                Ok(origin) if Some(origin) == message.source && origin != self.peer_id => {
+                Ok(origin)
+                    if Some(origin) == message.source
+                        && origin != self.peer_id
+                        && self.registry.contains_key(&origin) =>
+                {
                     Ok((origin, m))
                 }
                 _ => Err("bad_origin"),
@@ -1509,6 +1585,24 @@ mod tests {
         };
         let bytes = postcard::to_allocvec(&m).unwrap();
         assert_eq!(postcard::from_bytes::<WireBatch>(&bytes).unwrap(), m);
+        // `data` as a byte string is the same bytes as the sequence of u8
+        // earlier versions wrote, both ways.
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct Legacy {
+            data: Vec<u8>,
+        }
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct Now {
+            #[serde(with = "byte_string")]
+            data: Vec<u8>,
+        }
+        let data: Vec<u8> = (0..=255).collect();
+        let legacy = postcard::to_allocvec(&Legacy { data: data.clone() }).unwrap();
+        assert_eq!(
+            postcard::to_allocvec(&Now { data: data.clone() }).unwrap(),
+            legacy
+        );
+        assert_eq!(postcard::from_bytes::<Now>(&legacy).unwrap(), Now { data });
         proptest::proptest!(|(junk: Vec<u8>)| {
             let _ = postcard::from_bytes::<WireBatch>(&junk);
         });

@@ -1099,7 +1099,9 @@ impl EtcdWatch {
         loop {
             let r = match self.stream.message().await {
                 Ok(Some(r)) => r,
-                Ok(None) => return Err(StoreError::Unavailable("etcd watch: stream closed".into())),
+                Ok(None) => {
+                    return Err(StoreError::Unavailable("etcd watch: stream closed".into()));
+                }
                 Err(e) => return Err(StoreError::Unavailable(format!("etcd watch: {e}"))),
             };
             if r.canceled() {

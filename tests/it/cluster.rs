@@ -1041,12 +1041,16 @@ async fn node_added_to_a_running_cluster_hears_the_next_publish() {
         "published {published:?} after ready: too late to show anything"
     );
     assert_eq!(
-        next_message(&mut on_c, Duration::from_secs(5)).await.as_deref(),
+        next_message(&mut on_c, Duration::from_secs(5))
+            .await
+            .as_deref(),
         Some("first"),
         "the new node's subscriber missed a message published {published:?} after it became ready"
     );
     assert_eq!(
-        next_message(&mut on_b, Duration::from_secs(5)).await.as_deref(),
+        next_message(&mut on_b, Duration::from_secs(5))
+            .await
+            .as_deref(),
         Some("first")
     );
 }
@@ -1097,7 +1101,10 @@ fn stopped_node_is_dropped_from_the_mesh_at_once() {
     for n in &nodes[..2] {
         let deadline = Instant::now() + Duration::from_secs(3);
         while !listed(&mesh_status(n), "connected", &c_id) {
-            assert!(Instant::now() < deadline, "the restarted node never rejoined");
+            assert!(
+                Instant::now() < deadline,
+                "the restarted node never rejoined"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

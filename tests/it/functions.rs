@@ -364,7 +364,9 @@ fn functions_namespace_cap_does_not_starve_others() {
         &ka,
         "spin",
         LOOP.as_bytes(),
-        &[("timeout_seconds", "2")],
+        // Long enough that both spins overlap even when the second call is
+        // slow to arrive (a loaded machine, a forwarding hop on a cluster).
+        &[("timeout_seconds", "6")],
     );
     deploy(&node, &ka, "echo", &echo_wasm(), &[]);
     deploy(&node, &kb, "echo", &echo_wasm(), &[]);
@@ -382,7 +384,7 @@ fn functions_namespace_cap_does_not_starve_others() {
         })
     };
     let spins = [call_a("spin"), call_a("spin")];
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while node.metric_sum("meshgate_wasm_pool_busy") < 2.0 {
         assert!(Instant::now() < deadline, "the guests never took both workers");
         std::thread::sleep(Duration::from_millis(20));

@@ -496,6 +496,12 @@ async fn slow_consumer_closed_4008_others_unaffected() {
         N * 8
     );
     // 12 MiB went to each subscriber; an unbounded queue would hold most of it.
+    // On a cluster every message also crosses the mesh, whose message cache
+    // keeps the last heartbeats' messages (bounded by time, not by a
+    // subscriber), so this single-process measure means nothing there.
+    if single_node_only("the RSS bound measures one process; the mesh caches recent messages") {
+        return;
+    }
     assert!(
         rss_after.saturating_sub(rss_before) < 8 * 1024,
         "RSS grew from {rss_before} to {rss_after} KiB"

@@ -107,3 +107,34 @@ fn marked_blocks_are_found() {
     let md = "text\n```sh\nnot me\n```\n<!-- doc-test -->\n```sh\necho a\necho b\n```\n";
     assert_eq!(marked_blocks(md), vec!["echo a\necho b".to_string()]);
 }
+
+/// docs/cluster.md's step-by-step (etcd and three nodes on fresh folders, a
+/// namespace placed on b and c, used through a) runs as written: the KV
+/// write through a is answered by a member.
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_step_by_step_runs_as_written() {
+    for tool in ["etcd", "openssl", "jq", "curl"] {
+        let found = Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool} > /dev/null"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(found, "{tool} is missing: scripts/test.sh installs it (apt-get)");
+    }
+    let doc = std::fs::read_to_string(repo().join("docs/cluster.md")).unwrap();
+    let blocks = marked_blocks(&doc);
+    assert_eq!(blocks.len(), 1, "one marked block in docs/cluster.md");
+    let script = format!("set -euo pipefail\n{}\n", blocks[0]);
+    let out = run(&script, repo(), &[]);
+    assert!(out.contains(r#"["a","b","c"]"#), "three live nodes:\n{out}");
+    let member = out
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("x-meshgate-member:"))
+        .unwrap_or_else(|| panic!("no member header:\n{out}"))
+        .to_ascii_lowercase();
+    assert!(
+        member.contains(" b") || member.contains(" c"),
+        "answered by a member, not a: {member}"
+    );
+}

@@ -270,7 +270,7 @@ fn spawn_node(
 /// creates the folder, keeps its keys there and serves from etcd.
 #[test]
 fn cluster_node_starts_with_a_fresh_data_folder() {
-    let etcd = EtcdProcess::start();
+    let etcd = EtcdProcess::start_plain();
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("not").join("yet").join("data");
     assert!(!data.exists());
@@ -307,7 +307,7 @@ fn cluster_node_starts_with_a_fresh_data_folder() {
 /// and one started on two that are down names both in its refusal.
 #[test]
 fn etcd_endpoints_as_a_comma_list_in_the_environment() {
-    let etcd = EtcdProcess::start();
+    let etcd = EtcdProcess::start_plain();
     let url = etcd.url();
     let node = TestNode::start_with(NodeOpts {
         config: TEST_CONFIG.into(),
@@ -326,7 +326,7 @@ fn etcd_endpoints_as_a_comma_list_in_the_environment() {
     let other = start_on(&etcd);
     assert_eq!(other.op("GET", "/v1/namespaces/listed", None).0, 200);
 
-    let mut stopped = EtcdProcess::start();
+    let mut stopped = EtcdProcess::start_plain();
     let first = stopped.url();
     stopped.stop();
     let dead = std::net::TcpListener::bind("127.0.0.1:0")

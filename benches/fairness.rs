@@ -315,9 +315,24 @@ fn main() {
             assert!(Instant::now() < filled, "the flood never filled the pool");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        let sampler = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut n, mut busy, mut queued) = (0u64, 0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let s = pool.stats();
+                    n += 1;
+                    busy += s.busy as u64;
+                    queued += s.queued as u64;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                (busy as f64 / n.max(1) as f64, queued as f64 / n.max(1) as f64)
+            })
+        };
         let mut pool_beside = drive_engine_for(pool.clone(), echo_m, "quiet", 1, secs).await;
         stop.store(true, Ordering::Relaxed);
         let pool_flood = pool_flood.await.unwrap();
+        let (avg_busy, avg_queued) = sampler.join().unwrap();
         assert_eq!(pool_alone.busy + pool_alone.other, 0, "pool: quiet alone refused");
         assert_eq!(pool_beside.busy + pool_beside.other, 0, "pool: quiet refused beside the flood");
         assert!(pool_flood.ok > 0, "pool: the neighbour never ran");
@@ -376,11 +391,12 @@ fn main() {
                 pool_alone.ok
             );
             println!(
-                "| (c) pool only, quiet beside {BURST} flooding tasks: p50 / p99 | {:.2} / {:.2} ms ({} calls; neighbour {} calls) |",
+                "| (c) pool only, quiet beside {BURST} flooding tasks: p50 / p99 | {:.2} / {:.2} ms ({} calls; neighbour {} calls, {} refused; workers busy {avg_busy:.2} and {avg_queued:.1} waiting on average) |",
                 ms(d50),
                 ms(d99),
                 pool_beside.ok,
-                pool_flood.ok
+                pool_flood.ok,
+                pool_flood.busy + pool_flood.other
             );
             println!(
                 "| (c) p99 beside / p99 alone | {:.2}× |",

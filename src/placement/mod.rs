@@ -227,6 +227,16 @@ impl Cluster {
         self.live.read().clone()
     }
 
+    /// The live nodes re-read from the registry now (the last read if the
+    /// store does not answer): for a question every node must answer, where
+    /// a node that joined since the last periodic read must not be missed.
+    pub async fn live_now(&self) -> Vec<NodeInfo> {
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %e, "Live nodes not re-read; the last read is used.");
+        }
+        self.live()
+    }
+
     /// Where a member is reached (re-reading the registry when it is unknown).
     pub async fn address_of(&self, id: &str) -> Option<String> {
         if let Some(n) = self.live.read().iter().find(|n| n.id == id) {

@@ -111,6 +111,62 @@ pub fn peer_client(peer_ca_file: &str, t: PeerTimeouts) -> Result<awc::Client, S
     }))
 }
 
+/// A GET of an internal route on the peer at `base`, signed as `hop` (hop
+/// MAC V4 over an empty body), answered within `within` (connect included).
+/// The forwarder's client and timeouts are reused, so its keep-alive
+/// connections are shared; `within` bounds the whole call. `Ok` is the body
+/// of a 200; anything else is `Err` with the reason. A peer advertising
+/// `https://` without `peer_ca_file` is never asked.
+pub async fn internal_get(
+    n: &crate::node::Node,
+    base: &str,
+    path: &str,
+    query: &str,
+    hop: &crate::auth::HopIdentity,
+    within: Duration,
+) -> Result<bytes::Bytes, String> {
+    let key = n
+        .hop_key
+        .as_ref()
+        .ok_or("this node has no cluster secret")?;
+    let peer_ca = &n.config.cluster.peer_ca_file;
+    if base.starts_with("https://") && peer_ca.is_empty() {
+        return Err("the peer advertises https:// and peer_ca_file is not set".into());
+    }
+    let t = PeerTimeouts {
+        connect: Duration::from_secs(n.config.deploy.connect_timeout_seconds),
+        response: Duration::from_secs(n.config.deploy.upstream_timeout_seconds),
+    };
+    let client = peer_client(peer_ca, t)?;
+    let digest = crate::auth::hop_body_sha256(b"");
+    let signed = crate::auth::HopRequest {
+        method: "GET",
+        path,
+        query,
+        body_sha256: &digest,
+    };
+    let url = if query.is_empty() {
+        format!("{base}{path}")
+    } else {
+        format!("{base}{path}?{query}")
+    };
+    let mut req = client.get(url);
+    for (k, v) in key.sign_headers(&signed, hop, crate::http::now()) {
+        req = req.insert_header((k, v));
+    }
+    let call = async {
+        let mut res = req.send().await.map_err(|e| e.to_string())?;
+        if res.status() != actix_web::http::StatusCode::OK {
+            return Err(format!("answered {}", res.status()));
+        }
+        res.body().await.map_err(|e| e.to_string())
+    };
+    match actix_web::rt::time::timeout(within, call).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {within:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1177,3 +1177,121 @@ fn anonymous_hop_grants_nothing_but_public_invokes() {
     let (s, b) = send(&granted, "POST", "/v1/invoke/vault/private", b"{}");
     assert_eq!(s, 401, "{b}");
 }
+
+/// Topics and presence of a namespace whose only member is b, with present
+/// subscribers on a and c (sockets stay on the node they reached): asked
+/// through each of the three nodes, both topics with their subscribers and
+/// both members are listed, and no node is missing from the answer. With c
+/// killed (still registered), the answer through a leaves c out and says so
+/// (`partial`, `nodes_missing`) rather than failing; the client cannot call
+/// the internal route itself.
+#[actix_rt::test]
+async fn topics_and_presence_span_the_cluster() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    // Entries live 4 × 5 s: a killed node stays registered for the test.
+    let mut nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| {
+            let mut o = member_opts(&etcd, id, free_port(), tmp.path());
+            o.config = o
+                .config
+                .replace("register_seconds = 1", "register_seconds = 5");
+            TestNode::start_with(o)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !nodes
+        .iter()
+        .all(|n| metric_sum(n, "meshgate_mesh_peers") >= 2.0)
+    {
+        assert!(Instant::now() < deadline, "the mesh never formed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (s, b) = nodes[0].op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"lobby","members":["b"]}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let key = json(&b)["api_key"].as_str().unwrap().to_string();
+    let present = |node: &TestNode, topic: &str, member: &str| {
+        format!(
+            "ws://{}/v1/pubsub/ws?topic={topic}&presence=true&member_id={member}&token={key}",
+            node.addr
+        )
+    };
+    let mut sockets = Vec::new();
+    for (node, topic, member) in [(&nodes[0], "room", "ann"), (&nodes[2], "room", "cid")]
+        .into_iter()
+        .chain([(&nodes[2], "hall", "cid")])
+    {
+        let (resp, s) = awc::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .finish()
+            .ws(present(node, topic, member))
+            .connect()
+            .await
+            .expect("subscribe");
+        assert_eq!(resp.status(), 101);
+        sockets.push(s);
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        let (s, b) = node.with_key(&key, "GET", "/v1/pubsub/topics", None);
+        assert_eq!(s, 200, "node {i}: {b}");
+        let v = json(&b);
+        let topics: Vec<(String, u64)> = v["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["topic"].as_str().unwrap().into(),
+                    t["subscribers"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            topics,
+            vec![("hall".to_string(), 1), ("room".to_string(), 2)],
+            "topics through node {i}: {b}"
+        );
+        assert_eq!(v["partial"], false, "node {i}: {b}");
+        assert_eq!(v["nodes_missing"], serde_json::json!([]), "node {i}: {b}");
+        let (s, b) = node.with_key(&key, "GET", "/v1/pubsub/presence?topic=room", None);
+        assert_eq!(s, 200, "node {i}: {b}");
+        let v = json(&b);
+        let members: Vec<&str> = v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["member_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            members,
+            vec!["ann", "cid"],
+            "presence through node {i}: {b}"
+        );
+        assert_eq!(v["partial"], false, "node {i}: {b}");
+    }
+    // Only for cluster peers (a valid hop).
+    let (s, b) = nodes[0].with_key(&key, "GET", "/v1/internal/pubsub/local", None);
+    assert_eq!(s, 403, "{b}");
+    assert!(b.contains("INTERNAL_ONLY"), "{b}");
+    // c gone: a and b still answer, c is named as missing.
+    nodes[2].kill9();
+    let (s, b) = nodes[0].with_key(&key, "GET", "/v1/pubsub/presence?topic=room", None);
+    assert_eq!(s, 200, "{b}");
+    let v = json(&b);
+    assert_eq!(v["members"].as_array().unwrap().len(), 1, "{b}");
+    assert_eq!(v["members"][0]["member_id"], "ann", "{b}");
+    assert_eq!(v["partial"], true, "{b}");
+    assert_eq!(v["nodes_missing"], serde_json::json!(["c"]), "{b}");
+    let (s, b) = nodes[1].with_key(&key, "GET", "/v1/pubsub/topics", None);
+    assert_eq!(s, 200, "{b}");
+    let v = json(&b);
+    assert_eq!(v["topics"][0]["topic"], "room", "{b}");
+    assert_eq!(v["topics"][0]["subscribers"], 1, "{b}");
+    assert_eq!(v["nodes_missing"], serde_json::json!(["c"]), "{b}");
+    drop(sockets);
+}

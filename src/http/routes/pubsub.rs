@@ -3,6 +3,7 @@
 
 use super::NsCtx;
 use crate::actors::{Presence, Publish, PublishBatch, Subscribe, Topics, UnsubscribeAll};
+use crate::http::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::node::Node;
@@ -12,10 +13,10 @@ use crate::pubsub::{
 };
 use actix_web::body::BodyStream;
 use actix_web::http::Method;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use base64::Engine as _;
 use bytes::Bytes;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 pub fn register(t: &mut RouteTable) {
@@ -54,8 +55,18 @@ pub fn register(t: &mut RouteTable) {
         "/v1/pubsub/topics",
         Policy::ns("pubsub", "read"),
         web::get().to(topics),
+    )
+    .add(
+        Method::GET,
+        LOCAL_VIEW_PATH,
+        Policy::Internal,
+        web::get().to(local_view),
     );
 }
+
+/// The internal route a node answering topics or presence asks every other
+/// live node: that node's own sockets only (no fan-out from there).
+const LOCAL_VIEW_PATH: &str = "/v1/internal/pubsub/local";
 
 /// A topic as a client names it: 400 when invalid, 403 when reserved.
 fn topic_ok(topic: &str) -> ApiResult<()> {
@@ -267,29 +278,321 @@ struct TopicQuery {
     topic: String,
 }
 
-async fn presence(ctx: NsCtx, q: web::Query<TopicQuery>) -> ApiResult<HttpResponse> {
+/// How long the answering node waits for each other node's local view; one
+/// that does not answer in time is left out and named in `nodes_missing`.
+const FAN_OUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A topic as one node counts it (the shape of `TopicInfo`).
+#[derive(Serialize, Deserialize, Clone)]
+struct TopicCount {
+    topic: String,
+    subscribers: usize,
+    members: usize,
+}
+
+/// A presence member as one node holds it (the shape of `Member`).
+#[derive(Serialize, Deserialize, Clone)]
+struct PresenceMember {
+    member_id: String,
+    meta: Option<serde_json::Value>,
+    joined_at: u64,
+    connections: usize,
+}
+
+/// What one node holds for a namespace on its own sockets: the topics, or
+/// the presence members of one topic.
+#[derive(Serialize, Deserialize, Default)]
+struct LocalView {
+    #[serde(default)]
+    topics: Vec<TopicCount>,
+    #[serde(default)]
+    members: Vec<PresenceMember>,
+}
+
+#[derive(Deserialize)]
+struct LocalQuery {
+    topic: Option<String>,
+}
+
+/// This node's own view of `handle`'s namespace.
+async fn local_of(handle: &crate::actors::NsHandle, topic: Option<&str>) -> ApiResult<LocalView> {
+    let mut view = LocalView::default();
+    match topic {
+        Some(t) => {
+            let members = handle
+                .ask(Presence {
+                    topic: t.to_string(),
+                })
+                .await??;
+            view.members = members
+                .into_iter()
+                .map(|m| PresenceMember {
+                    member_id: m.member_id,
+                    meta: m.meta,
+                    joined_at: m.joined_at,
+                    connections: m.connections,
+                })
+                .collect();
+        }
+        None => {
+            view.topics = handle
+                .ask(Topics)
+                .await??
+                .into_iter()
+                .map(|t| TopicCount {
+                    topic: t.topic,
+                    subscribers: t.subscribers,
+                    members: t.members,
+                })
+                .collect();
+        }
+    }
+    Ok(view)
+}
+
+/// `GET /v1/internal/pubsub/local[?topic=T]` (cluster peers only): this
+/// node's own topics, or presence members of `T`, for the namespace the hop
+/// names. A namespace with no supervisor running here has no sockets here:
+/// an empty view, and none is started for the question.
+async fn local_view(
+    req: HttpRequest,
+    node: web::Data<Node>,
+    q: web::Query<LocalQuery>,
+) -> ApiResult<HttpResponse> {
+    let ns = req
+        .extensions()
+        .get::<Identity>()
+        .and_then(|i| i.namespace.clone())
+        .ok_or_else(|| ApiError::bad_request("NAMESPACE_REQUIRED", "the hop names no namespace"))?;
+    let topic = q.into_inner().topic;
+    if let Some(t) = &topic {
+        topic_ok(t)?;
+    }
+    let view = match node.namespaces.get(&ns) {
+        Some(handle) => local_of(&handle, topic.as_deref()).await?,
+        None => LocalView::default(),
+    };
+    Ok(HttpResponse::Ok().json(view))
+}
+
+/// The other live nodes' views of `ns` (cluster mode only, else `None`),
+/// asked at once, each within [`FAN_OUT_TIMEOUT`]; the ids of those that
+/// did not answer come second.
+async fn others_views(
+    node: &Node,
+    ns: &str,
+    topic: Option<&str>,
+) -> Option<(Vec<LocalView>, Vec<String>)> {
+    let cluster = node.cluster.get()?;
+    let hop = crate::auth::HopIdentity {
+        namespace: ns.to_string(),
+        subject: format!("node:{}", cluster.node_id),
+        custom: String::new(),
+        grants: Vec::new(),
+        exp: None,
+        iat: None,
+        jti: None,
+        device: None,
+        session: None,
+    };
+    let query = match topic {
+        Some(t) => format!("topic={}", percent_encode(t)),
+        None => String::new(),
+    };
+    let peers: Vec<_> = cluster
+        .live_now()
+        .await
+        .into_iter()
+        .filter(|p| p.id != cluster.node_id)
+        .collect();
+    let asks = peers.iter().map(|p| {
+        crate::placement::peer::internal_get(
+            node,
+            &p.advertise,
+            LOCAL_VIEW_PATH,
+            &query,
+            &hop,
+            FAN_OUT_TIMEOUT,
+        )
+    });
+    let answers = futures_util::future::join_all(asks).await;
+    let mut views = Vec::new();
+    let mut missing = Vec::new();
+    for (p, a) in peers.iter().zip(answers) {
+        match a.and_then(|b| serde_json::from_slice::<LocalView>(&b).map_err(|e| e.to_string())) {
+            Ok(v) => views.push(v),
+            Err(e) => {
+                tracing::warn!(namespace = ns, peer = %p.id, error = %e, "A node's pub/sub view is left out of a cluster-wide answer.");
+                missing.push(p.id.clone());
+            }
+        }
+    }
+    missing.sort();
+    Some((views, missing))
+}
+
+/// `s` for a query string: unreserved ASCII kept, every other byte as `%XX`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Presence members of one topic across views: one entry per member id,
+/// its connections summed, the earliest join (and its meta) kept.
+fn merge_members(views: impl IntoIterator<Item = LocalView>) -> Vec<PresenceMember> {
+    let mut by_id: std::collections::BTreeMap<String, PresenceMember> = Default::default();
+    for m in views.into_iter().flat_map(|v| v.members) {
+        match by_id.get_mut(&m.member_id) {
+            Some(e) => {
+                e.connections += m.connections;
+                if m.joined_at < e.joined_at {
+                    e.joined_at = m.joined_at;
+                    e.meta = m.meta;
+                }
+            }
+            None => {
+                by_id.insert(m.member_id.clone(), m);
+            }
+        }
+    }
+    by_id.into_values().collect()
+}
+
+/// Topics across views: one entry per topic, subscriber and member counts
+/// summed (a member id present on two nodes counts twice), by name.
+fn merge_topics(views: impl IntoIterator<Item = LocalView>) -> Vec<TopicCount> {
+    let mut by_name: std::collections::BTreeMap<String, TopicCount> = Default::default();
+    for t in views.into_iter().flat_map(|v| v.topics) {
+        match by_name.get_mut(&t.topic) {
+            Some(e) => {
+                e.subscribers += t.subscribers;
+                e.members += t.members;
+            }
+            None => {
+                by_name.insert(t.topic.clone(), t);
+            }
+        }
+    }
+    by_name.into_values().collect()
+}
+
+/// `GET /v1/pubsub/presence?topic=T`. In a cluster the members present on
+/// every live node (sockets stay on the node they reached), with
+/// `partial`/`nodes_missing` naming the nodes that did not answer.
+async fn presence(
+    ctx: NsCtx,
+    node: web::Data<Node>,
+    q: web::Query<TopicQuery>,
+) -> ApiResult<HttpResponse> {
     let topic = q.into_inner().topic;
     topic_ok(&topic)?;
     ctx.require("pubsub", "read", &topic)?;
-    let members = ctx
-        .handle
-        .ask(Presence {
-            topic: topic.clone(),
-        })
-        .await??;
-    Ok(HttpResponse::Ok().json(json!({"topic": topic, "members": members})))
+    let here = local_of(&ctx.handle, Some(&topic)).await?;
+    let Some((mut views, missing)) = others_views(&node, &ctx.name, Some(&topic)).await else {
+        return Ok(HttpResponse::Ok().json(json!({"topic": topic, "members": here.members})));
+    };
+    views.push(here);
+    Ok(HttpResponse::Ok().json(json!({
+        "topic": topic,
+        "members": merge_members(views),
+        "partial": !missing.is_empty(),
+        "nodes_missing": missing,
+    })))
 }
 
-async fn topics(ctx: NsCtx) -> ApiResult<HttpResponse> {
-    let list = ctx.handle.ask(Topics).await??;
-    // Only the topics the caller may read.
-    let list: Vec<_> = list
-        .into_iter()
-        .filter(|t| {
-            ctx.identity
-                .as_ref()
-                .is_some_and(|i| i.allows("pubsub", "read", &t.topic))
-        })
-        .collect();
-    Ok(HttpResponse::Ok().json(json!({"topics": list})))
+/// `GET /v1/pubsub/topics`: the live topics the caller may read. In a
+/// cluster those of every live node, counts summed, with
+/// `partial`/`nodes_missing` as for presence.
+async fn topics(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
+    let here = local_of(&ctx.handle, None).await?;
+    let readable = |t: &TopicCount| {
+        ctx.identity
+            .as_ref()
+            .is_some_and(|i| i.allows("pubsub", "read", &t.topic))
+    };
+    let Some((mut views, missing)) = others_views(&node, &ctx.name, None).await else {
+        let list: Vec<_> = here.topics.into_iter().filter(readable).collect();
+        return Ok(HttpResponse::Ok().json(json!({"topics": list})));
+    };
+    views.push(here);
+    let list: Vec<_> = merge_topics(views).into_iter().filter(readable).collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "topics": list,
+        "partial": !missing.is_empty(),
+        "nodes_missing": missing,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, joined_at: u64, connections: usize) -> PresenceMember {
+        PresenceMember {
+            member_id: id.into(),
+            meta: Some(json!({"at": joined_at})),
+            joined_at,
+            connections,
+        }
+    }
+
+    /// Members of several nodes: one per id, connections summed, the
+    /// earliest join and its meta kept.
+    #[test]
+    fn members_merge_by_id() {
+        let a = LocalView {
+            members: vec![member("u1", 20, 1), member("u2", 5, 1)],
+            ..Default::default()
+        };
+        let b = LocalView {
+            members: vec![member("u1", 10, 2)],
+            ..Default::default()
+        };
+        let m = merge_members([a, b]);
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (m[0].member_id.as_str(), m[0].joined_at, m[0].connections),
+            ("u1", 10, 3)
+        );
+        assert_eq!(m[0].meta, Some(json!({"at": 10})));
+        assert_eq!(m[1].member_id, "u2");
+    }
+
+    /// Topics of several nodes: a union by name with counts summed.
+    #[test]
+    fn topics_merge_by_name() {
+        let t = |name: &str, s| TopicCount {
+            topic: name.into(),
+            subscribers: s,
+            members: 0,
+        };
+        let a = LocalView {
+            topics: vec![t("x", 1), t("y", 2)],
+            ..Default::default()
+        };
+        let b = LocalView {
+            topics: vec![t("x", 3)],
+            ..Default::default()
+        };
+        let m = merge_topics([a, b]);
+        let got: Vec<_> = m
+            .iter()
+            .map(|t| (t.topic.as_str(), t.subscribers))
+            .collect();
+        assert_eq!(got, vec![("x", 4), ("y", 2)]);
+    }
+
+    /// A topic goes into the query string intact, whatever it holds.
+    #[test]
+    fn topics_percent_encoded() {
+        assert_eq!(percent_encode("room/1+é&x=y"), "room%2F1%2B%C3%A9%26x%3Dy");
+        assert_eq!(percent_encode("a-b_c.d~"), "a-b_c.d~");
+    }
 }

@@ -64,7 +64,12 @@ async fn deploy(addr: SocketAddr, key: &str, name: &str, wasm: &[u8]) {
         .await
         .unwrap();
     let body = r.body().await.unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        r.status().as_u16(),
+        201,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
 }
 
 async fn create_namespace(addr: SocketAddr, data_dir: &std::path::Path, name: &str) -> String {
@@ -235,8 +240,8 @@ async fn drive_engine_for(
     let (tx, rx) = tokio::sync::oneshot::channel();
     let stop2 = stop.clone();
     std::thread::spawn(move || {
-        let t = actix_web::rt::System::new()
-            .block_on(drive_engine(engine, module, ns, clients, stop2));
+        let t =
+            actix_web::rt::System::new().block_on(drive_engine(engine, module, ns, clients, stop2));
         let _ = tx.send(t);
     });
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;

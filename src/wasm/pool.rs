@@ -192,11 +192,15 @@ impl Pool {
         if state.stopped {
             return Err(WasmError::Internal("WASM worker pool stopped".into()));
         }
+        // The bounds are for calls that will wait: the calls idle workers are
+        // about to take do not count (calls arriving together at an idle pool
+        // all run, whatever the namespace's queue bound).
+        let idle = self.workers.saturating_sub(state.busy);
         let waiting = state.namespaces.get(namespace).map_or(0, |q| q.tasks.len());
-        if waiting >= self.namespace_queue {
+        if waiting >= self.namespace_queue + idle {
             return Err(WasmError::Busy);
         }
-        if state.queued >= self.queue {
+        if state.queued >= self.queue + idle {
             return Err(WasmError::Overloaded);
         }
         let q = state.namespaces.entry(namespace.to_owned()).or_default();

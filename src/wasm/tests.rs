@@ -1013,7 +1013,11 @@ async fn lone_namespace_uses_every_worker_then_its_queue_bounds_it() {
     wait_until(&engine, |s| s.queued == 4).await;
     assert_eq!(ns_stats(&engine, "a"), (2, 4), "both workers, 4 waiting");
     let refused = engine
-        .invoke(m.clone(), Invocation::new("a", "gated", Vec::new()), Arc::new(FakeHost::default()))
+        .invoke(
+            m.clone(),
+            Invocation::new("a", "gated", Vec::new()),
+            Arc::new(FakeHost::default()),
+        )
         .await;
     assert_eq!(refused.unwrap_err(), WasmError::Busy);
     gate.open(6);
@@ -1068,7 +1072,11 @@ async fn full_namespace_queue_busy_other_namespace_admitted() {
     calls.push(gated(&engine, &m, &gate, "a"));
     wait_until(&engine, |s| s.queued == 2).await;
     let refused = engine
-        .invoke(m.clone(), Invocation::new("a", "gated", Vec::new()), Arc::new(FakeHost::default()))
+        .invoke(
+            m.clone(),
+            Invocation::new("a", "gated", Vec::new()),
+            Arc::new(FakeHost::default()),
+        )
         .await;
     assert_eq!(refused.unwrap_err(), WasmError::Busy);
     calls.push(gated(&engine, &m, &gate, "b"));
@@ -1092,10 +1100,18 @@ async fn queued_past_wait_deadline_busy() {
     gate.wait_started(1).await;
     let t = std::time::Instant::now();
     let late = engine
-        .invoke(m.clone(), Invocation::new("a", "gated", Vec::new()), Arc::new(FakeHost::default()))
+        .invoke(
+            m.clone(),
+            Invocation::new("a", "gated", Vec::new()),
+            Arc::new(FakeHost::default()),
+        )
         .await;
     assert_eq!(late.unwrap_err(), WasmError::Busy);
-    assert!(t.elapsed() >= Duration::from_millis(150), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(150),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(engine.stats().busy, 1, "refused while the worker is held");
     assert_eq!(engine.stats().queued, 0);
     gate.open(1);
@@ -1146,4 +1162,53 @@ async fn nested_invoke_with_every_worker_busy() {
     assert_eq!(messages, ["limit", "ok", "ok", "ok", "ok", "ok"]);
     holder.await.unwrap().unwrap();
     other.await.unwrap().unwrap();
+}
+
+/// Calls arriving together at an idle pool all take a worker, whatever the
+/// namespace's queue bound (1 here): the bound counts calls that will wait,
+/// not calls an idle worker has yet to pick up. The fifth call, with all four
+/// workers taken, waits in the queue; the sixth is refused.
+#[tokio::test]
+async fn simultaneous_calls_take_idle_workers_past_the_queue_bound() {
+    let (engine, _dir) = engine_with(config_wait(4, 1, Duration::from_secs(10)));
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    // Submitted back to back from one task: the workers have no time to
+    // pick the first ones up before the next arrive.
+    let mut calls: Vec<_> = (0..5)
+        .map(|_| {
+            let host = Arc::new(GateHost {
+                label: "a".into(),
+                gate: gate.clone(),
+            });
+            Box::pin(engine.invoke(m.clone(), Invocation::new("a", "gated", Vec::new()), host))
+        })
+        .collect();
+    let refused = Box::pin(engine.invoke(
+        m.clone(),
+        Invocation::new("a", "gated", Vec::new()),
+        Arc::new(FakeHost::default()),
+    ));
+    for c in calls.iter_mut() {
+        // The first poll submits; none can finish while the gate is shut.
+        assert!(futures_poll_once(c).await.is_none());
+    }
+    assert_eq!(refused.await.unwrap_err(), WasmError::Busy);
+    gate.wait_started(4).await;
+    assert_eq!(ns_stats(&engine, "a"), (4, 1));
+    gate.open(5);
+    for c in calls {
+        c.await.unwrap();
+    }
+}
+
+/// Polls `f` once: `Some` if it finished.
+async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut *f).poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
 }

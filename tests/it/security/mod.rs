@@ -2,6 +2,7 @@
 //! end to end against real nodes, plus property passes over the parsers that
 //! take untrusted bytes. Each module is one trust boundary.
 
+mod attack;
 mod dashboard;
 mod egress;
 mod hop;

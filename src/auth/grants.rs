@@ -457,6 +457,8 @@ mod tests {
     }
 
     proptest! {
+        // Parsers of untrusted bytes: thousands of generated inputs each.
+        #![proptest_config(ProptestConfig::with_cases(3000))]
         /// `Grant::from_str` never panics; what parses prints back the same.
         #[test]
         fn from_str_never_panics(s in ".{0,300}") {

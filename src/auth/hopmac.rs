@@ -881,6 +881,8 @@ mod tests {
     }
 
     proptest! {
+        // Parsers of untrusted bytes: thousands of generated inputs each.
+        #![proptest_config(ProptestConfig::with_cases(3000))]
         /// The MAC header parser and verifier never panic.
         #[test]
         fn verify_never_panics(

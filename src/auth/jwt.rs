@@ -699,6 +699,8 @@ mod tests {
     }
 
     proptest! {
+        // Parsers of untrusted bytes: thousands of generated inputs each.
+        #![proptest_config(ProptestConfig::with_cases(3000))]
         /// `verify` never panics on arbitrary input.
         #[test]
         fn verify_never_panics(s in ".{0,200}") {

@@ -361,6 +361,8 @@ mod tests {
     }
 
     proptest! {
+        // Parsers of untrusted bytes: thousands of generated inputs each.
+        #![proptest_config(ProptestConfig::with_cases(3000))]
         /// `parse_challenge` never panics on arbitrary input.
         #[test]
         fn parse_never_panics(s in ".{0,400}") {

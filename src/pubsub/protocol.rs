@@ -390,6 +390,8 @@ mod tests {
     }
 
     proptest! {
+        // Parsers of untrusted bytes: thousands of generated inputs each.
+        #![proptest_config(ProptestConfig::with_cases(3000))]
         /// The client frame parser never panics, whatever the bytes.
         #[test]
         fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {

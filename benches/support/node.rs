@@ -34,7 +34,10 @@ pub async fn start(cfg: Config) -> Started {
     let key_path = data_dir.join("operator.key");
     if !key_path.exists() {
         use std::os::unix::fs::OpenOptionsExt;
-        let key = format!("mgop_bench_{}", hex::encode(meshgate::node::random_bytes::<16>()));
+        let key = format!(
+            "mgop_bench_{}",
+            hex::encode(meshgate::node::random_bytes::<16>())
+        );
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

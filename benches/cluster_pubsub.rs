@@ -1,4 +1,4 @@
-//! Pub/sub across the cluster mesh (DESIGN.md §6): publish-to-deliver latency
+//! Pub/sub across the cluster mesh (docs/design.md §6): publish-to-deliver latency
 //! (p50/p99) and delivered messages per second with the subscriber on another
 //! node, against the same run on a single node, as ratios.
 //!

@@ -274,7 +274,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// `[rate_limit]`: GCRA buckets (DESIGN.md §2). Rates are per minute.
+/// `[rate_limit]`: GCRA buckets (docs/design.md §2). Rates are per minute.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RateLimitConfig {

@@ -1,5 +1,5 @@
 //! Store-backed identity: API key records, refresh token families and wallet
-//! nonces (DESIGN.md §3, §8). The pure formats and checks live in [`crate::auth`].
+//! nonces (docs/design.md §3, §8). The pure formats and checks live in [`crate::auth`].
 
 use crate::auth::{self, AuthError, Grant, KeyKind, RefreshDecision, RefreshRecord, Role};
 use crate::storage::{BatchOp, OrderedKv, Store, StoreError};

@@ -5,7 +5,7 @@
 //! # Layout
 //! - `actors/`: the node supervisor, one supervisor per namespace (its KV, and
 //!   the hooks functions and pub/sub plug into), and per-actor instrumentation.
-//! - `http/`: the listener, the request chain of DESIGN.md §2 (one function per
+//! - `http/`: the listener, the request chain of docs/design.md §2 (one function per
 //!   step), route policies, the error envelope, and the route handlers.
 //! - `auth/`: pure identity primitives: API key format, grants and roles, EdDSA
 //!   JWTs, refresh rotation rules, wallet challenges, the cluster hop MAC.

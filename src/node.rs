@@ -650,7 +650,7 @@ impl RunningNode {
         Ok(())
     }
 
-    /// The drain of DESIGN.md §11: readyz 503 at once, new work refused, in-flight
+    /// The drain of docs/design.md §11: readyz 503 at once, new work refused, in-flight
     /// requests given the grace period, sockets closed, store flushed.
     pub async fn drain(&self) {
         let grace = Duration::from_secs(self.node.config.server.drain_grace_seconds);

@@ -1,4 +1,4 @@
-//! The functions messages of a namespace's supervisor (DESIGN.md §4). The
+//! The functions messages of a namespace's supervisor (docs/design.md §4). The
 //! supervisor owns its namespace's [`Invoker`]; handlers check the namespace
 //! still exists and return the invoker's work as a future, so slow store
 //! work never holds the mailbox and guests never run on the actor's thread

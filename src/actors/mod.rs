@@ -1,4 +1,4 @@
-//! The actor topology of DESIGN.md §1: the node supervisor, one supervisor per
+//! The actor topology of docs/design.md §1: the node supervisor, one supervisor per
 //! namespace, and the instrumentation every actor reports through.
 
 mod functions;

@@ -1,4 +1,4 @@
-//! The pub/sub messages of a namespace's supervisor (DESIGN.md §5): it owns the
+//! The pub/sub messages of a namespace's supervisor (docs/design.md §5): it owns the
 //! namespace's [`TopicTable`](crate::pubsub::TopicTable) (`self.topics`) and is
 //! the one place a publish is accepted, so one client's publishes are handled,
 //! delivered and acknowledged in the order it sent them.

@@ -1,4 +1,4 @@
-//! The pub/sub mesh between nodes (DESIGN.md §6).
+//! The pub/sub mesh between nodes (docs/design.md §6).
 //!
 //! Each node runs one libp2p host (TCP, Noise, Yamux) with two behaviours: an
 //! allow list and GossipSub. Membership comes from the shared store only:

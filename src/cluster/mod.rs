@@ -1,4 +1,4 @@
-//! The cluster (DESIGN.md §6). So far: the pub/sub mesh between nodes, a
+//! The cluster (docs/design.md §6). So far: the pub/sub mesh between nodes, a
 //! gated libp2p GossipSub network whose members are the peers registered in
 //! the shared store, carrying every locally published message to the other
 //! nodes in per-publisher order (`mesh.rs`, `reorder.rs`), and the node's

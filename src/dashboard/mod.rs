@@ -1,4 +1,4 @@
-//! The live actor metrics dashboard (DESIGN.md §12): `/__admin` serves one page
+//! The live actor metrics dashboard (docs/design.md §12): `/__admin` serves one page
 //! (assets embedded in the binary) that updates over server-sent events from
 //! `/__admin/api/stream`; `/__admin/api/*` serves the same numbers as JSON.
 //!

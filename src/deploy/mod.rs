@@ -1,4 +1,4 @@
-//! Deployments (DESIGN.md §7): a namespace attaches hosts to a static site or
+//! Deployments (docs/design.md §7): a namespace attaches hosts to a static site or
 //! to upstream instances, and the node serves or proxies the requests of those
 //! hosts.
 //!

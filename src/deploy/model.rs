@@ -1,4 +1,4 @@
-//! Deployment records, their validation and their store keys (DESIGN.md §7, §8).
+//! Deployment records, their validation and their store keys (docs/design.md §7, §8).
 
 use crate::http::ApiError;
 use serde::{Deserialize, Serialize};

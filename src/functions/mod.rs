@@ -1,4 +1,4 @@
-//! Functions (DESIGN.md §4): deploy, versions, secrets, the per-namespace
+//! Functions (docs/design.md §4): deploy, versions, secrets, the per-namespace
 //! invoker and its triggers, on top of the sandbox in `crate::wasm`.
 //!
 //! - `model`: stored records, store keys, validation of names and metadata,

@@ -1,4 +1,4 @@
-//! Steps 5 to 11 of the request chain (DESIGN.md §2): client rate limit, CORS,
+//! Steps 5 to 11 of the request chain (docs/design.md §2): client rate limit, CORS,
 //! domain routing, authentication, authorization, scope gate, namespace rate limit.
 
 use super::error::ApiError;

@@ -1,4 +1,4 @@
-//! The one place errors become HTTP answers (DESIGN.md §9): every error body is
+//! The one place errors become HTTP answers (docs/design.md §9): every error body is
 //! `{"ok":false,"error":{"code","message","retryable"}}` with a stable code.
 
 use crate::actors::{AskError, LocateError, NsError};
@@ -9,7 +9,7 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 use std::fmt;
 
-/// Marks a 502/503/504 the node itself produced (DESIGN.md §6 breakers).
+/// Marks a 502/503/504 the node itself produced (docs/design.md §6 breakers).
 pub const GATEWAY_FAULT: &str = "x-meshgate-fault";
 
 /// An error answer: status, stable code, message, and whether retrying may help.

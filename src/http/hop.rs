@@ -1,4 +1,4 @@
-//! The receiving side of a cluster hop (DESIGN.md §6): an `X-Internal-Auth-*`
+//! The receiving side of a cluster hop (docs/design.md §6): an `X-Internal-Auth-*`
 //! identity is believed only with a valid hop MAC (V4) over this request's
 //! method, path, query string and body digest, judged by the newest MAC alone,
 //! within ±60 s. A node without a cluster secret believes no hop. Once the MAC

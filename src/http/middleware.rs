@@ -1,4 +1,4 @@
-//! The request chain of DESIGN.md §2, one function per step, outermost first.
+//! The request chain of docs/design.md §2, one function per step, outermost first.
 //! [`super::serve`] wraps them in this order; a test drives the order from outside.
 
 use super::error::ApiError;

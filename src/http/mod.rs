@@ -1,4 +1,4 @@
-//! HTTP: the listener, the middleware chain of DESIGN.md §2 and the routes of §10.
+//! HTTP: the listener, the middleware chain of docs/design.md §2 and the routes of §10.
 
 mod chain;
 mod error;

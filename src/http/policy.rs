@@ -1,4 +1,4 @@
-//! Route policies (DESIGN.md §2 step 2, §10). Every route is registered through
+//! Route policies (docs/design.md §2 step 2, §10). Every route is registered through
 //! [`RouteTable::add`] with its policy; the policy step puts the matched route's
 //! policy on the request, and later steps read the policy, never the path. A
 //! resource registered without a policy makes startup fail.

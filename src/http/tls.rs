@@ -1,4 +1,4 @@
-//! TLS terminated by the node (DESIGN.md §2): rustls with the ring provider, a
+//! TLS terminated by the node (docs/design.md §2): rustls with the ring provider, a
 //! certificate resolver that re-reads the files when they change (no restart),
 //! ALPN for HTTP/2 and HTTP/1.1, and the connection's SNI kept so that domain
 //! routing can answer 421 when a request's Host disagrees with it.

@@ -1,4 +1,4 @@
-//! Circuit breakers, one per (namespace, member) (DESIGN.md §6). A breaker
+//! Circuit breakers, one per (namespace, member) (docs/design.md §6). A breaker
 //! opens after `threshold` consecutive failures of the member itself, then
 //! admits one probe every `probe_every`; the first success closes it.
 

@@ -1,4 +1,4 @@
-//! Forwarding a namespace's request to a member node (DESIGN.md §6), the step
+//! Forwarding a namespace's request to a member node (docs/design.md §6), the step
 //! just before the handler. Served here when this node is a member (or the
 //! namespace has no members, or the request already came by hop); otherwise
 //! sent to the member the credential hashes to, then the others, skipping

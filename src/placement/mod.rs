@@ -1,4 +1,4 @@
-//! Cluster placement (DESIGN.md §6): the node registry, where a namespace
+//! Cluster placement (docs/design.md §6): the node registry, where a namespace
 //! lives, and forwarding a request to a member through per-(namespace, member)
 //! breakers.
 //!

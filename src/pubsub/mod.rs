@@ -1,4 +1,4 @@
-//! Pub/sub (DESIGN.md §5): the node's delivery service, the per-worker relays
+//! Pub/sub (docs/design.md §5): the node's delivery service, the per-worker relays
 //! and bounded socket queues, the `WsSession` actor, the topic table each
 //! namespace supervisor owns, and the wire protocol (docs/pubsub.md).
 

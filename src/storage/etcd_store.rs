@@ -1,4 +1,4 @@
-//! The cluster backend: etcd (DESIGN.md §6), built with the cargo feature `cluster`.
+//! The cluster backend: etcd (docs/design.md §6), built with the cargo feature `cluster`.
 //!
 //! # Layout in etcd
 //! Everything lives under `meshgate/`, so the store can share an etcd cluster:

@@ -1,4 +1,4 @@
-//! The ordered key-value store every piece of node state lives in (DESIGN.md §6, §8).
+//! The ordered key-value store every piece of node state lives in (docs/design.md §6, §8).
 //!
 //! One trait, [`OrderedKv`], with get, put, delete, prefix scan, compare-and-swap,
 //! put with a time to live and atomic batches. [`Store`] is the node's handle: the

@@ -1,4 +1,4 @@
-//! Three nodes on one etcd (DESIGN.md §6): forwarding to a namespace's members
+//! Three nodes on one etcd (docs/design.md §6): forwarding to a namespace's members
 //! through per-(namespace, member) breakers, and cron slots that fire once in
 //! the whole cluster.
 

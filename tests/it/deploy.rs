@@ -1,4 +1,4 @@
-//! Deployments (DESIGN.md §7, docs/deployments.md): static sites, the reverse
+//! Deployments (docs/design.md §7, docs/deployments.md): static sites, the reverse
 //! proxy and its statuses (404, 421, 502, 503, 101), streaming (SSE, a 100 MiB
 //! download with bounded memory), TLS with SNI and certificate reload, HTTP/2,
 //! and the bad inputs of a deploy. The upstreams here listen on 127.0.0.1,

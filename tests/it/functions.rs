@@ -1,4 +1,4 @@
-//! Functions (DESIGN.md §4): deploy, invoke, limits as obeyed/violated pairs,
+//! Functions (docs/design.md §4): deploy, invoke, limits as obeyed/violated pairs,
 //! bad deploys, isolation between namespaces, crash safety of a deploy and
 //! the compiled-artifact cache across a restart. Each test drives a real node.
 

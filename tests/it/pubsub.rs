@@ -1,4 +1,4 @@
-//! Pub/sub (DESIGN.md §5, docs/pubsub.md): HTTP publish rules, order across 50
+//! Pub/sub (docs/design.md §5, docs/pubsub.md): HTTP publish rules, order across 50
 //! subscribers, slow consumers, presence cleanup, socket errors, liveness, drain.
 
 use crate::common::*;

@@ -1,5 +1,5 @@
 //! `/v1/auth/*`: token exchange, refresh rotation, logout, whoami, wallet sign-in
-//! and API keys (DESIGN.md §3), plus the authentication step's credential check.
+//! and API keys (docs/design.md §3), plus the authentication step's credential check.
 
 use super::{NsCtx, now};
 use crate::auth::{self, Claims, Grant, KeyKind, Role};

@@ -1,4 +1,4 @@
-//! Deployment routes (DESIGN.md §7, §10): create (JSON for an upstream,
+//! Deployment routes (docs/design.md §7, §10): create (JSON for an upstream,
 //! multipart for a static site), list, show, versions, rollback, delete.
 
 use super::NsCtx;

@@ -1,4 +1,4 @@
-//! Functions (DESIGN.md §4): deploy (multipart), list, show, versions, delete,
+//! Functions (docs/design.md §4): deploy (multipart), list, show, versions, delete,
 //! invoke, logs, secrets, and the by-namespace invoke route that a public
 //! function answers without a credential. Every call goes through the target
 //! namespace's supervisor, which owns the namespace's invoker.

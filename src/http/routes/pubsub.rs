@@ -1,4 +1,4 @@
-//! Pub/sub routes (DESIGN.md §5): publish over HTTP, the two sockets, presence
+//! Pub/sub routes (docs/design.md §5): publish over HTTP, the two sockets, presence
 //! and the topic list. The sockets' protocol is in docs/pubsub.md.
 
 use super::NsCtx;

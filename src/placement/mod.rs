@@ -99,6 +99,12 @@ pub fn rendezvous<'a>(candidates: &'a [String], key: &str) -> Vec<&'a String> {
     scored.into_iter().map(|(_, c)| c).collect()
 }
 
+/// Where nodes announce themselves in the shared store.
+const NODES_PREFIX: &[u8] = b"_nodes/";
+/// First and longest wait before a broken registry watch is made again.
+const REGISTRY_WATCH_BACKOFF_MIN: Duration = Duration::from_millis(250);
+const REGISTRY_WATCH_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
 impl Cluster {
     /// Announces this node now and every `every` (entries live 4 × `every`).
     pub async fn start(
@@ -117,6 +123,7 @@ impl Cluster {
             breakers: Default::default(),
         });
         c.announce().await?;
+        Self::follow_registry(&c);
         let weak = Arc::downgrade(&c);
         actix_web::rt::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -130,6 +137,44 @@ impl Cluster {
             }
         });
         Ok(c)
+    }
+
+    /// Membership is live: a watch on the registry re-reads the live nodes
+    /// as soon as one registers or leaves (the periodic announcement stays
+    /// as the safety net). A broken watch is made again with backoff, and
+    /// the registry re-read once it exists, so no change is missed.
+    fn follow_registry(c: &Arc<Cluster>) {
+        let weak = Arc::downgrade(c);
+        let store = c.store.clone();
+        actix_web::rt::spawn(async move {
+            let mut backoff = REGISTRY_WATCH_BACKOFF_MIN;
+            loop {
+                match store.watch_prefix(NODES_PREFIX).await {
+                    Ok(mut watch) => {
+                        backoff = REGISTRY_WATCH_BACKOFF_MIN;
+                        loop {
+                            let Some(c) = weak.upgrade() else { return };
+                            if let Err(e) = c.refresh().await {
+                                tracing::warn!(error = %e, "Live nodes not re-read after a registry change.");
+                            }
+                            drop(c);
+                            if let Err(e) = watch.next().await {
+                                tracing::warn!(error = %e, "Node registry watch broke; watching again.");
+                                break;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Node registry watch not started; retrying.");
+                    }
+                }
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(REGISTRY_WATCH_BACKOFF_MAX);
+            }
+        });
     }
 
     /// The members of namespace `ns` (empty: every node serves it), from a
@@ -213,7 +258,7 @@ impl Cluster {
     async fn refresh(&self) -> Result<(), crate::storage::StoreError> {
         let nodes: Vec<NodeInfo> = self
             .store
-            .scan_prefix(b"_nodes/", usize::MAX)
+            .scan_prefix(NODES_PREFIX, usize::MAX)
             .await?
             .into_iter()
             .filter_map(|(_, v)| serde_json::from_slice(&v).ok())

@@ -62,7 +62,7 @@ fn repo() -> &'static Path {
 fn readme_runs_as_written() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let blocks = marked_blocks(&readme);
-    assert!(blocks.len() >= 2, "the tour and the CLI blocks are marked");
+    assert!(blocks.len() >= 4, "the tour, CLI, pub/sub and functions blocks are marked");
     let script = format!("set -euo pipefail\n{}\n", blocks.join("\n"));
     let n = TestNode::start();
     let work = tempfile::tempdir().unwrap();
@@ -70,7 +70,16 @@ fn readme_runs_as_written() {
     std::os::unix::fs::symlink(repo().join("examples"), work.path().join("examples")).unwrap();
     for round in 1..=2 {
         let out = run(&script, work.path(), &[("BASE", &n.base), ("OP", OPERATOR_KEY)]);
-        for promised in ["hello", "ping", "hi", "<h1>hello from meshgate</h1>", "subscribed to chat"] {
+        for promised in [
+            "hello",
+            "ping",
+            "hi",
+            "<h1>hello from meshgate</h1>",
+            "subscribed to chat",
+            "subscribed to chat.1",
+            r#"{"hi":1}"#,
+            "hello\nhello\n",
+        ] {
             assert!(out.contains(promised), "round {round}: {promised:?} missing from\n{out}");
         }
     }

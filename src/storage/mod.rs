@@ -194,7 +194,11 @@ impl Store {
         journal: &[u8],
     ) -> StoreResult<Option<Option<Vec<u8>>>> {
         match self {
-            Store::Sled(s) => Ok(Some(s.get(key).await?)),
+            // One sled batch is atomic: an import never leaves a journal here.
+            Store::Sled(s) => {
+                let _ = journal;
+                Ok(Some(s.get(key).await?))
+            }
             #[cfg(feature = "cluster")]
             Store::Etcd(s) => s.get_unless(key, journal).await,
         }
@@ -210,6 +214,7 @@ impl Store {
     ) -> StoreResult<Option<Vec<Vec<(Vec<u8>, Vec<u8>)>>>> {
         match self {
             Store::Sled(s) => {
+                let _ = journal;
                 let mut out = Vec::with_capacity(prefixes.len());
                 for p in prefixes {
                     out.push(s.scan_prefix(p, limit).await?);
@@ -230,13 +235,16 @@ impl Store {
         journal: &[u8],
     ) -> StoreResult<Option<bool>> {
         match self {
-            Store::Sled(s) => Ok(Some(match value {
-                Some(v) => {
-                    s.put(key, v).await?;
-                    false
-                }
-                None => s.delete(key).await?,
-            })),
+            Store::Sled(s) => {
+                let _ = journal;
+                Ok(Some(match value {
+                    Some(v) => {
+                        s.put(key, v).await?;
+                        false
+                    }
+                    None => s.delete(key).await?,
+                }))
+            }
             #[cfg(feature = "cluster")]
             Store::Etcd(s) => s.write_unless(key, value, journal).await,
         }

@@ -470,8 +470,10 @@ fn deployments_are_cluster_wide() {
     // The upstreams listen on loopback, which the egress policy forbids by default.
     let member = |id| {
         let mut o = member_opts(&etcd, id, free_port(), tmp.path());
-        o.env
-            .push(("MESHGATE_DEPLOY_UPSTREAM_ALLOW".into(), "127.0.0.0/8".into()));
+        o.env.push((
+            "MESHGATE_DEPLOY_UPSTREAM_ALLOW".into(),
+            "127.0.0.0/8".into(),
+        ));
         o
     };
     let a = TestNode::start_with(member("a"));

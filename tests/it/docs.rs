@@ -17,7 +17,11 @@ fn marked_blocks(markdown: &str) -> Vec<String> {
             continue;
         }
         let fence = lines.next().unwrap_or_default();
-        assert_eq!(fence.trim(), "```sh", "a doc-test marker must sit right above a ```sh block");
+        assert_eq!(
+            fence.trim(),
+            "```sh",
+            "a doc-test marker must sit right above a ```sh block"
+        );
         let body: Vec<&str> = lines.by_ref().take_while(|l| l.trim() != "```").collect();
         blocks.push(body.join("\n"));
     }
@@ -29,7 +33,11 @@ fn marked_blocks(markdown: &str) -> Vec<String> {
 /// stderr, panicking with both on a non-zero exit.
 fn run(script: &str, dir: &Path, env: &[(&str, &str)]) -> String {
     let bin_dir = Path::new(bin()).parent().unwrap();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let out = Command::new("bash")
         .arg("-c")
         .arg(script)
@@ -62,14 +70,21 @@ fn repo() -> &'static Path {
 fn readme_runs_as_written() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let blocks = marked_blocks(&readme);
-    assert!(blocks.len() >= 4, "the tour, CLI, pub/sub and functions blocks are marked");
+    assert!(
+        blocks.len() >= 4,
+        "the tour, CLI, pub/sub and functions blocks are marked"
+    );
     let script = format!("set -euo pipefail\n{}\n", blocks.join("\n"));
     let n = TestNode::start();
     let work = tempfile::tempdir().unwrap();
     // The reader stands in the repository: its examples are at hand.
     std::os::unix::fs::symlink(repo().join("examples"), work.path().join("examples")).unwrap();
     for round in 1..=2 {
-        let out = run(&script, work.path(), &[("BASE", &n.base), ("OP", OPERATOR_KEY)]);
+        let out = run(
+            &script,
+            work.path(),
+            &[("BASE", &n.base), ("OP", OPERATOR_KEY)],
+        );
         for promised in [
             "hello",
             "ping",
@@ -80,7 +95,10 @@ fn readme_runs_as_written() {
             r#"{"hi":1}"#,
             "hello\nhello\n",
         ] {
-            assert!(out.contains(promised), "round {round}: {promised:?} missing from\n{out}");
+            assert!(
+                out.contains(promised),
+                "round {round}: {promised:?} missing from\n{out}"
+            );
         }
     }
 }
@@ -103,7 +121,10 @@ fn tour_script_passes_twice() {
         for round in 1..=2 {
             let script = format!("{} {} {}", tour.display(), n.base, OPERATOR_KEY);
             let out = run(&script, repo(), &[]);
-            assert!(out.contains(", 0 failed"), "allow={allow} round {round}:\n{out}");
+            assert!(
+                out.contains(", 0 failed"),
+                "allow={allow} round {round}:\n{out}"
+            );
             let walked = out.contains("host routed to an upstream deployment");
             assert_eq!(walked, allow, "allow={allow}: the proxy step\n{out}");
         }
@@ -129,7 +150,10 @@ fn cluster_step_by_step_runs_as_written() {
             .arg(format!("command -v {tool} > /dev/null"))
             .status()
             .is_ok_and(|s| s.success());
-        assert!(found, "{tool} is missing: scripts/test.sh installs it (apt-get)");
+        assert!(
+            found,
+            "{tool} is missing: scripts/test.sh installs it (apt-get)"
+        );
     }
     let doc = std::fs::read_to_string(repo().join("docs/cluster.md")).unwrap();
     let blocks = marked_blocks(&doc);

@@ -386,7 +386,10 @@ fn functions_namespace_cap_does_not_starve_others() {
     let spins = [call_a("spin"), call_a("spin")];
     let deadline = Instant::now() + Duration::from_secs(20);
     while node.metric_sum("meshgate_wasm_pool_busy") < 2.0 {
-        assert!(Instant::now() < deadline, "the guests never took both workers");
+        assert!(
+            Instant::now() < deadline,
+            "the guests never took both workers"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let waiting = call_a("echo");

@@ -5,8 +5,8 @@ mod chain;
 mod cluster;
 mod common;
 mod dashboard;
-mod docs;
 mod deploy;
+mod docs;
 #[cfg(feature = "cluster")]
 mod etcd;
 /// A real etcd for the cluster tests (shared with the store's unit tests).

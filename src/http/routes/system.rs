@@ -67,7 +67,11 @@ async fn status(node: web::Data<Node>) -> HttpResponse {
         })
         .collect();
     let mut breakers = Vec::new();
-    let held = node.cluster.get().map(|c| c.all_breakers()).unwrap_or_default();
+    let held = node
+        .cluster
+        .get()
+        .map(|c| c.all_breakers())
+        .unwrap_or_default();
     for (ns, bs) in held {
         for b in bs.snapshot() {
             breakers.push(json!({"namespace": ns, "member": b.member, "state": b.state,

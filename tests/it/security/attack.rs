@@ -32,7 +32,12 @@ fn deployment_to(node: &TestNode, key: &str, instance: &str) -> (u16, String) {
         "hosts": [HOST],
         "upstream": {"instances": [instance]},
     });
-    node.with_key(key, "POST", "/v1/deployments", Some(body.to_string().as_bytes()))
+    node.with_key(
+        key,
+        "POST",
+        "/v1/deployments",
+        Some(body.to_string().as_bytes()),
+    )
 }
 
 /// Claims for `ns` with every grant, as the attacker writes them.
@@ -60,7 +65,8 @@ fn tenant_cannot_reach_etcd_nor_mint_tokens_from_it() {
     let victim = node.create_namespace("victim");
     let attacker = node.create_namespace("attacker");
     assert_eq!(
-        node.with_key(&victim, "PUT", "/v1/kv/greeting", Some(b"hello")).0,
+        node.with_key(&victim, "PUT", "/v1/kv/greeting", Some(b"hello"))
+            .0,
         200
     );
     let (s, b) = deployment_to(&node, &attacker, &etcd_url);
@@ -83,7 +89,12 @@ fn tenant_cannot_reach_etcd_nor_mint_tokens_from_it() {
         &[("host", HOST), ("content-type", "application/json")],
         Some(range.as_bytes()),
     );
-    assert_eq!(s, 200, "etcd answered through the proxy: {}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        s,
+        200,
+        "etcd answered through the proxy: {}",
+        String::from_utf8_lossy(&body)
+    );
     let dump = json(&String::from_utf8_lossy(&body));
     let decode = |v: &serde_json::Value| {
         base64::engine::general_purpose::STANDARD
@@ -110,7 +121,10 @@ fn tenant_cannot_reach_etcd_nor_mint_tokens_from_it() {
             tried += 1;
             if let Ok(keys) = JwtKeys::from_pkcs8(candidate) {
                 let (s, b) = read_victim(&keys.sign(&claims_for("victim")));
-                assert_eq!(s, 401, "a token signed with a value from etcd was accepted: {b}");
+                assert_eq!(
+                    s, 401,
+                    "a token signed with a value from etcd was accepted: {b}"
+                );
             }
         }
     }

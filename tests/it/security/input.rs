@@ -601,8 +601,9 @@ fn generated_websocket_frames_never_break_the_node() {
             match s.read(&mut buf) {
                 Ok(0) => *slot = None,
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
                 Err(_) => *slot = None,
             }
             Ok(())

@@ -319,6 +319,29 @@ fn plan(writes: Vec<(Vec<u8>, Option<Vec<u8>>)>, lease: i64) -> Plan {
 }
 
 /// Cuts `ops` into consecutive groups that each fit one transaction.
+/// A large value's chunks written first under the `pending` lease, and the
+/// relabels that move them to `lease` in the step that makes the record
+/// visible (so a record never shows before its chunks are final).
+fn staged_chunks(chunks: Vec<Op>, pending: i64, lease: i64) -> (Vec<Op>, Vec<Op>) {
+    let mut staged = Vec::with_capacity(chunks.len());
+    let mut relabels = Vec::with_capacity(chunks.len());
+    for op in chunks {
+        if let Op::Put { key, value, .. } = op {
+            relabels.push(Op::Relabel {
+                key: key.clone(),
+                lease,
+            });
+            staged.push(Op::Put {
+                key,
+                value,
+                lease: pending,
+                record: false,
+            });
+        }
+    }
+    (staged, relabels)
+}
+
 fn groups(ops: Vec<Op>) -> Vec<Vec<Op>> {
     let mut out: Vec<Vec<Op>> = Vec::new();
     let mut bytes = 0;
@@ -901,22 +924,7 @@ impl EtcdStore {
         } else {
             self.grant(PENDING_CHUNK_TTL).await?
         };
-        let mut relabels = Vec::with_capacity(p.chunks.len());
-        let mut chunks = Vec::with_capacity(p.chunks.len());
-        for op in p.chunks {
-            if let Op::Put { key, value, .. } = op {
-                relabels.push(Op::Relabel {
-                    key: key.clone(),
-                    lease,
-                });
-                chunks.push(Op::Put {
-                    key,
-                    value,
-                    lease: pending,
-                    record: false,
-                });
-            }
-        }
+        let (chunks, relabels) = staged_chunks(p.chunks, pending, lease);
         let result = async {
             for g in groups(chunks) {
                 self.txn(None, g).await?;
@@ -1353,22 +1361,7 @@ impl EtcdStore {
         } else {
             self.grant(PENDING_CHUNK_TTL).await?
         };
-        let mut relabels = Vec::with_capacity(p.chunks.len());
-        let mut chunks = Vec::with_capacity(p.chunks.len());
-        for op in p.chunks {
-            if let Op::Put { key, value, .. } = op {
-                relabels.push(Op::Relabel {
-                    key: key.clone(),
-                    lease: 0,
-                });
-                chunks.push(Op::Put {
-                    key,
-                    value,
-                    lease: pending,
-                    record: false,
-                });
-            }
-        }
+        let (chunks, relabels) = staged_chunks(p.chunks, pending, 0);
         let result = async {
             for g in groups(chunks) {
                 self.txn(None, g).await?;

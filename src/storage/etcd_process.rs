@@ -211,7 +211,25 @@ impl EtcdProcess {
             tls,
             user: None,
         };
-        e.resume();
+        // A free port is probed, released, then bound by etcd: another test
+        // process may take it in between. Such a start is tried again on
+        // fresh ports (the data folder is still empty); any other failure,
+        // or a fifth lost race, panics with etcd's log.
+        for attempt in 1.. {
+            e.spawn();
+            match e.wait_healthy() {
+                Ok(()) => break,
+                Err(log) if attempt < 5 && log.contains("address already in use") => {
+                    e.stop();
+                    let _ = std::fs::remove_dir_all(e.dir.path().join("data"));
+                    let _ = std::fs::remove_file(e.dir.path().join("etcd.log"));
+                    e.client_port = free_port();
+                    e.peer_port = free_port();
+                    e.metrics_port = free_port();
+                }
+                Err(log) => panic!("{log}"),
+            }
+        }
         e
     }
 
@@ -320,6 +338,13 @@ impl EtcdProcess {
 
     /// Starts etcd again on the same data folder and ports and waits until it answers.
     pub fn resume(&mut self) {
+        self.spawn();
+        if let Err(log) = self.wait_healthy() {
+            panic!("{log}");
+        }
+    }
+
+    fn spawn(&mut self) {
         assert!(self.child.is_none(), "etcd is running");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
@@ -359,25 +384,36 @@ impl EtcdProcess {
             .spawn()
             .expect("spawn etcd");
         self.child = Some(child);
-        self.wait_healthy();
     }
 
-    fn wait_healthy(&mut self) {
+    /// Until etcd answers; `Err` carries why not, with its log.
+    fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if self.healthy() {
-                return;
-            }
-            if let Some(status) = self
+            // Healthy and still running: a `/health` that answered from
+            // another test's etcd on a port this one failed to bind is not it.
+            let exited = self
                 .child
                 .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!("etcd exited ({status}): {}", self.log());
+                .and_then(|c| c.try_wait().ok().flatten());
+            if exited.is_none() && self.healthy() {
+                return Ok(());
+            }
+            let exited = exited.or_else(|| {
+                self.child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten())
+            });
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(format!("etcd exited ({status}): {}", self.log()));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("etcd did not become healthy within 30 s: {}", self.log());
+        Err(format!(
+            "etcd did not become healthy within 30 s: {}",
+            self.log()
+        ))
     }
 
     /// Whether `GET /health` on the metrics listener (plain HTTP in every

@@ -500,16 +500,24 @@ mod on_cluster {
     }
 
     /// The running cluster whose node "a" had the data folder `dir`, or a new one.
+    /// The lock is not held while a new cluster starts, and a test that
+    /// panicked holding it does not fail every later one.
     fn cluster_for(dir: Option<&Path>) -> Arc<Cluster> {
-        let mut by_dir = BY_DIR.lock().unwrap();
-        by_dir.retain(|(_, w)| w.strong_count() > 0);
-        dir.and_then(|d| {
-            by_dir
-                .iter()
-                .find(|(p, _)| p == d)
-                .and_then(|(_, w)| w.upgrade())
-        })
-        .unwrap_or_else(|| Arc::new(Cluster::new()))
+        let running = {
+            let mut by_dir = by_dir();
+            by_dir.retain(|(_, w)| w.strong_count() > 0);
+            dir.and_then(|d| {
+                by_dir
+                    .iter()
+                    .find(|(p, _)| p == d)
+                    .and_then(|(_, w)| w.upgrade())
+            })
+        };
+        running.unwrap_or_else(|| Arc::new(Cluster::new()))
+    }
+
+    fn by_dir() -> std::sync::MutexGuard<'static, Vec<(PathBuf, Weak<Cluster>)>> {
+        BY_DIR.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The node the test talks to ("a", member of no namespace it creates),
@@ -523,7 +531,7 @@ mod on_cluster {
             ..opts.clone()
         });
         {
-            let mut by_dir = BY_DIR.lock().unwrap();
+            let mut by_dir = by_dir();
             if !by_dir.iter().any(|(p, _)| *p == node.dir) {
                 by_dir.push((node.dir.clone(), Arc::downgrade(&cluster)));
             }

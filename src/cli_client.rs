@@ -149,7 +149,7 @@ async fn functions(cmd: FnCommand) -> Result<(), String> {
             if let Some(m) = metadata {
                 parts.push(("metadata", m.into_bytes()));
             }
-            let boundary = format!("meshgate{}", hex::encode(crate::node::random_bytes::<12>()));
+            let boundary = format!("meshgate{}", hex::encode(crate::util::random_bytes::<12>()));
             let body = multipart(&boundary, &parts);
             let ct = format!("multipart/form-data; boundary={boundary}");
             let out = call_raw(&client, "POST", "/v1/functions", &ct, body).await?;
@@ -225,7 +225,7 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
                 ("hosts", hosts.join(",").into_bytes()),
                 ("tarball", tgz),
             ];
-            let boundary = format!("meshgate{}", hex::encode(crate::node::random_bytes::<12>()));
+            let boundary = format!("meshgate{}", hex::encode(crate::util::random_bytes::<12>()));
             let body = multipart(&boundary, &parts);
             let ct = format!("multipart/form-data; boundary={boundary}");
             eprintln!("deploying {} as deployment {name:?}", dir.display());

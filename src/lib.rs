@@ -30,6 +30,8 @@
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
 //! - `node.rs`: start-up, the node's shared handle, and the drain.
+//! - `error.rs`: `ApiError`, the error every layer returns toward a client.
+//! - `util.rs`: the clock, random bytes, host name, CPU count (imports nothing).
 //! - `cli.rs`: the `meshgate` command line, server and client.
 #![deny(unsafe_code)]
 
@@ -42,6 +44,7 @@ pub mod cluster;
 pub mod config;
 pub mod dashboard;
 pub mod deploy;
+pub mod error;
 pub mod functions;
 pub mod http;
 pub mod identity;
@@ -50,4 +53,5 @@ pub mod node;
 pub mod placement;
 pub mod pubsub;
 pub mod storage;
+pub mod util;
 pub mod wasm;

@@ -18,7 +18,7 @@
 //! the exact address (`127.0.0.1/32`).
 
 use crate::config::DeployConfig;
-use crate::http::ApiError;
+use crate::error::ApiError;
 use ipnet::IpNet;
 use parking_lot::RwLock;
 use std::fmt;

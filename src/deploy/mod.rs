@@ -28,7 +28,7 @@ pub mod transfer;
 pub use serve::{RoutedHost, serve_routed};
 
 use crate::config::DeployConfig;
-use crate::http::ApiError;
+use crate::error::ApiError;
 use crate::storage::{BatchOp, OrderedKv, Store};
 use actix_web::http::StatusCode;
 use egress::EgressPolicy;
@@ -76,7 +76,7 @@ pub struct Deployments {
 }
 
 fn unix_now() -> u64 {
-    crate::http::now()
+    crate::util::now()
 }
 
 /// Rewritten by every deployment change: a node whose index was built from
@@ -137,7 +137,7 @@ impl Deployments {
     /// `DEPLOY_BUSY` if another change holds it for longer than `LOCK_WAIT`.
     async fn write_lock(&self) -> DeployResult<WriteLock<'_>> {
         let local = self.writes.lock().await;
-        let token = crate::node::random_bytes::<16>().to_vec();
+        let token = crate::util::random_bytes::<16>().to_vec();
         let deadline = tokio::time::Instant::now() + LOCK_WAIT;
         let mut pause = Duration::from_millis(10);
         while !self
@@ -167,7 +167,7 @@ impl Deployments {
     async fn commit(&self, mut ops: Vec<BatchOp>) -> DeployResult<()> {
         ops.push(BatchOp::Put(
             GENERATION_KEY.to_vec(),
-            crate::node::random_bytes::<16>().to_vec(),
+            crate::util::random_bytes::<16>().to_vec(),
         ));
         self.store.apply_batch(ops).await?;
         self.reload().await

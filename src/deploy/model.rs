@@ -1,6 +1,6 @@
 //! Deployment records, their validation and their store keys (docs/design.md §7, §8).
 
-use crate::http::ApiError;
+use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

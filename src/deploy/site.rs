@@ -4,7 +4,7 @@
 //! target's bytes. Other entry kinds (devices, fifos) are refused.
 
 use super::model::SiteFile;
-use crate::http::ApiError;
+use crate::error::ApiError;
 use std::collections::BTreeMap;
 use std::io::Read;
 

@@ -15,7 +15,7 @@ use super::model::{
     validate_routes, ver_key,
 };
 use super::{DeployResult, Deployments, GENERATION_KEY, WriteLock};
-use crate::http::ApiError;
+use crate::error::ApiError;
 use crate::storage::BatchOp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -247,7 +247,7 @@ impl Deployments {
         ops.extend(puts.into_iter().map(|(k, v)| BatchOp::Put(k, v)));
         ops.push(BatchOp::Put(
             GENERATION_KEY.to_vec(),
-            crate::node::random_bytes::<16>().to_vec(),
+            crate::util::random_bytes::<16>().to_vec(),
         ));
         Ok((ImportLock { _lock: lock }, ops))
     }

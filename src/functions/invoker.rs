@@ -488,7 +488,7 @@ impl Invoker {
         }
         let key = fn_key(&self.ns, &req.name);
         let old: Option<FunctionRecord> = store.get_json(&key).await?;
-        let now = crate::http::now();
+        let now = crate::util::now();
         let (version, mut versions, created_at) = match &old {
             Some(r) => (
                 r.versions
@@ -865,7 +865,7 @@ impl Invoker {
             "data_base64": base64::engine::general_purpose::STANDARD.encode(data),
             "namespace": &*self.ns,
             "trigger_depth": depth + 1,
-            "timestamp": crate::http::now(),
+            "timestamp": crate::util::now(),
         }))
         .expect("serializable");
         for name in names {
@@ -938,7 +938,7 @@ impl Invoker {
             }
             let caller = CallerInfo {
                 subject: None,
-                request_id: hex::encode(crate::node::random_bytes::<8>()),
+                request_id: hex::encode(crate::util::random_bytes::<8>()),
             };
             let res = match inv
                 .prepare(name.clone(), None, input, caller, trigger, depth)

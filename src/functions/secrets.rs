@@ -50,7 +50,7 @@ impl SecretBox {
 
     /// Seals `plain` bound to `aad` (the store key).
     pub fn seal(&self, aad: &[u8], plain: &[u8]) -> Vec<u8> {
-        let nonce_bytes = crate::node::random_bytes::<NONCE_LEN>();
+        let nonce_bytes = crate::util::random_bytes::<NONCE_LEN>();
         let mut buf = plain.to_vec();
         self.key
             .seal_in_place_append_tag(

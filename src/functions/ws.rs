@@ -42,7 +42,7 @@ pub fn ws_invoke(
         }
         let caller = CallerInfo {
             subject: identity.map(|i| i.subject),
-            request_id: hex::encode(crate::node::random_bytes::<12>()),
+            request_id: hex::encode(crate::util::random_bytes::<12>()),
         };
         let run = async {
             let prepared = ns

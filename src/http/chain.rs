@@ -19,48 +19,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Who is calling, as resolved by authentication (or carried by a cluster hop).
-#[derive(Debug, Clone)]
-pub struct Identity {
-    /// `operator`, an API key id, a JWT `sub`, or a wallet.
-    pub subject: String,
-    /// The credential's namespace; None for the operator.
-    pub namespace: Option<String>,
-    /// Grants (`domain:action:resource-glob`).
-    pub grants: Vec<crate::auth::Grant>,
-    /// The operator may act on any namespace.
-    pub operator: bool,
-    /// `operator`, `api_key`, `jwt` or `hop`.
-    pub kind: &'static str,
-    /// Custom claims (JWT) as JSON.
-    pub custom: serde_json::Value,
-    /// JWT id, expiry and issue time when the credential is a JWT.
-    pub jti: Option<String>,
-    pub exp: Option<u64>,
-    pub iat: Option<u64>,
-}
-
-impl Identity {
-    /// The identity of API key `key_id` of namespace `namespace`.
-    pub fn api_key(key_id: &str, namespace: &str, grants: Vec<crate::auth::Grant>) -> Identity {
-        Identity {
-            subject: format!("key:{key_id}"),
-            namespace: Some(namespace.to_string()),
-            grants,
-            operator: false,
-            kind: "api_key",
-            custom: serde_json::Value::Null,
-            jti: None,
-            exp: None,
-            iat: None,
-        }
-    }
-
-    /// Whether this identity may do `domain:action` on `resource`.
-    pub fn allows(&self, domain: &str, action: &str, resource: &str) -> bool {
-        self.operator || crate::auth::allows(&self.grants, domain, action, resource)
-    }
-}
+pub use crate::identity::Identity;
 
 /// The namespace a request acts on, set by domain routing or authorization.
 #[derive(Debug, Clone)]

@@ -6,100 +6,11 @@ use crate::storage::StoreError;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
-use serde_json::json;
-use std::fmt;
 
 /// Marks a 502/503/504 the node itself produced (docs/design.md §6 breakers).
 pub const GATEWAY_FAULT: &str = "x-meshgate-fault";
 
-/// An error answer: status, stable code, message, and whether retrying may help.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    pub retry_after: Option<u64>,
-}
-
-pub type ApiResult<T> = Result<T, ApiError>;
-
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, message)
-    }
-    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code, message)
-    }
-    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, code, message)
-    }
-    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, code, message)
-    }
-    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, code, message)
-    }
-    pub fn payload_too_large(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
-    }
-    pub fn too_large(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", message)
-    }
-    pub fn overloaded(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", message).retry_after(1)
-    }
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", message)
-    }
-    pub fn rate_limited(code: &'static str, retry_after: u64) -> Self {
-        Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            code,
-            "rate limit exceeded; retry later",
-        )
-        .retry_after(retry_after)
-    }
-    pub fn retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after = Some(seconds.max(1));
-        self
-    }
-    /// Whether the same request may succeed later (server-side or rate-limit trouble).
-    pub fn retryable(&self) -> bool {
-        self.status == StatusCode::TOO_MANY_REQUESTS
-            || self.status.is_server_error()
-                && !matches!(
-                    self.code,
-                    "FUNCTION_TRAPPED"
-                        | "FUNCTION_MEMORY_LIMIT"
-                        | "OUTPUT_TOO_LARGE"
-                        | "DEPTH_EXCEEDED"
-                )
-    }
-    /// The JSON envelope.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"ok": false, "error": {"code": self.code, "message": self.message, "retryable": self.retryable()}})
-    }
-}
-
-impl fmt::Display for ApiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}: {}",
-            self.status.as_u16(),
-            self.code,
-            self.message
-        )
-    }
-}
+pub use crate::error::{ApiError, ApiResult};
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {

@@ -250,7 +250,7 @@ pub async fn logger(
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_string)
-        .unwrap_or_else(|| hex::encode(crate::node::random_bytes::<12>()));
+        .unwrap_or_else(|| hex::encode(crate::util::random_bytes::<12>()));
     req.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
     let start = Instant::now();

@@ -33,7 +33,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
     route_table().build()?;
     let cfg = node.config.clone();
     let workers = if cfg.server.workers == 0 {
-        crate::node::num_cpus()
+        crate::util::num_cpus()
     } else {
         cfg.server.workers
     };

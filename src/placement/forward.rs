@@ -374,7 +374,7 @@ async fn forward(
             }
             creq = creq.append_header((k.clone(), v.clone()));
         }
-        for (k, v) in key.sign_headers(&signed, &hop, crate::http::now()) {
+        for (k, v) in key.sign_headers(&signed, &hop, crate::util::now()) {
             if let (Ok(k), Ok(v)) = (
                 HeaderName::from_bytes(k.as_bytes()),
                 HeaderValue::from_str(&v),

@@ -67,7 +67,7 @@ pub fn node_id(c: &crate::config::ClusterConfig) -> Option<String> {
         return None;
     }
     Some(if c.node_id.is_empty() {
-        crate::node::hostname()
+        crate::util::hostname()
     } else {
         c.node_id.clone()
     })

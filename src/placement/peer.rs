@@ -151,7 +151,7 @@ pub async fn internal_get(
         format!("{base}{path}?{query}")
     };
     let mut req = client.get(url);
-    for (k, v) in key.sign_headers(&signed, hop, crate::http::now()) {
+    for (k, v) in key.sign_headers(&signed, hop, crate::util::now()) {
         req = req.insert_header((k, v));
     }
     let call = async {

@@ -185,8 +185,8 @@ impl FrameError {
     }
 }
 
-impl From<crate::http::ApiError> for FrameError {
-    fn from(e: crate::http::ApiError) -> Self {
+impl From<crate::error::ApiError> for FrameError {
+    fn from(e: crate::error::ApiError) -> Self {
         FrameError::new(e.code, e.message)
     }
 }

@@ -70,7 +70,7 @@ impl SealKey {
 
     /// Seals `value` for the store key `key`.
     pub fn seal(&self, key: &[u8], value: &[u8]) -> Vec<u8> {
-        let nonce = crate::node::random_bytes::<NONCE_LEN>();
+        let nonce = crate::util::random_bytes::<NONCE_LEN>();
         let mut buf = value.to_vec();
         self.key
             .seal_in_place_append_tag(

@@ -251,7 +251,7 @@ async fn custom_claims(
         .into_bytes();
     let caller = CallerInfo {
         subject: Some(subject.to_string()),
-        request_id: hex::encode(crate::node::random_bytes::<12>()),
+        request_id: hex::encode(crate::util::random_bytes::<12>()),
     };
     let prepared = h
         .ask(crate::actors::PrepareInvoke {

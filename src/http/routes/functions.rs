@@ -371,7 +371,7 @@ fn request_id(req: &HttpRequest) -> String {
     req.extensions()
         .get::<RequestId>()
         .map(|r| r.0.clone())
-        .unwrap_or_else(|| hex::encode(crate::node::random_bytes::<12>()))
+        .unwrap_or_else(|| hex::encode(crate::util::random_bytes::<12>()))
 }
 
 /// The guest's stdout, typed JSON when it parses as JSON.

@@ -42,13 +42,7 @@ pub fn valid_namespace_name(name: &str) -> bool {
         && !name.starts_with('-')
 }
 
-/// Unix seconds now.
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-}
+pub use crate::util::now;
 
 /// The target namespace of an `ns` route, its running supervisor and the caller.
 pub struct NsCtx {

@@ -1,0 +1,37 @@
+//! Small facts of the machine every layer may ask for: the wall clock in
+//! Unix seconds, secure random bytes, the host name, the number of CPUs.
+//! The bottom layer: it imports nothing of the crate.
+
+/// Unix seconds now.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// `N` bytes from the operating system's secure random source.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; N];
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .expect("OS randomness");
+    b
+}
+
+/// The machine's host name (the default node id).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "meshgate".into())
+}
+
+/// The CPUs this process may use (2 when unknown).
+pub fn num_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}

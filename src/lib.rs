@@ -18,7 +18,7 @@
 //!   ordering) and the node's mesh identity.
 //! - `pubsub/`: the node's delivery service, per-worker relays with bounded
 //!   socket queues, the `WsSession` actor, topic tables, the socket protocol.
-//! - `dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
+//! - `http/dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
 //!   the JSON API and event stream, operator sessions, embedded assets.
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
 //! - `functions/`: deploy, versions, secrets, each namespace's invoker (the
@@ -42,7 +42,6 @@ mod cli_client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
-pub mod dashboard;
 pub mod deploy;
 pub mod error;
 pub mod functions;

@@ -1,6 +1,8 @@
 //! The node: what one `meshgate serve` process holds, its start-up and its drain.
 
-use crate::actors::{ActorDirectory, ActorStats, Namespaces, NodeSupervisor};
+pub use crate::http::state::{Node, NodeInner, Phase, Secrets};
+pub use crate::util::{hmac, hostname, num_cpus, random_bytes};
+use crate::actors::{ActorDirectory, Namespaces, NodeSupervisor};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::storage::{Store, StoreError};
@@ -9,133 +11,10 @@ use anyhow::Context as _;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::AtomicU8;
 use std::time::Duration;
 
-/// Where the node is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Phase {
-    /// Listener bound, not yet accepting work (`/readyz` 503).
-    Starting = 0,
-    /// Accepting work.
-    Ready = 1,
-    /// Draining after SIGTERM/SIGINT: new work refused, in-flight work finishing.
-    Draining = 2,
-}
 
-/// Everything the node's handlers share. Holds no namespace state.
-pub struct NodeInner {
-    pub config: Config,
-    pub store: Store,
-    pub metrics: Metrics,
-    pub directory: ActorDirectory,
-    pub namespaces: Namespaces,
-    pub supervisor: actix::Addr<NodeSupervisor>,
-    pub supervisor_stats: Arc<ActorStats>,
-    pub secrets: Secrets,
-    /// The hop-MAC key, when this node has a cluster secret.
-    pub hop_key: Option<crate::auth::HopKey>,
-    /// JWTs already verified, until they expire.
-    pub token_cache: crate::http::TokenCache,
-    /// API key records recently read (see `KeyCache`).
-    pub key_cache: crate::http::KeyCache,
-    /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
-    pub jwt: crate::auth::JwtKeys,
-    phase: AtomicU8,
-    /// Flips to true when the drain starts; sockets watch it to send close frames.
-    pub draining: tokio::sync::watch::Sender<bool>,
-    /// The node's single pub/sub delivery path.
-    pub pubsub: crate::pubsub::PubSubService,
-    /// The dashboard's latest frame, history and viewers.
-    pub dashboard: crate::dashboard::Dashboard,
-    /// The WASM engine, the invocation-record queue and the secret key.
-    pub functions: crate::functions::FunctionsService,
-    /// Host-routed deployments: records and the routing index.
-    pub deployments: Arc<crate::deploy::Deployments>,
-    /// This node's view of the cluster (set once the listener is bound, in
-    /// cluster mode only: `[cluster] etcd` set).
-    pub cluster: std::sync::OnceLock<Arc<crate::placement::Cluster>>,
-    /// The pub/sub mesh between the nodes (cluster mode).
-    #[cfg(feature = "cluster")]
-    pub mesh: std::sync::OnceLock<Arc<crate::cluster::Mesh>>,
-}
-
-/// The node's handle, cloned into every handler.
-#[derive(Clone)]
-pub struct Node(pub Arc<NodeInner>);
-
-impl std::ops::Deref for Node {
-    type Target = NodeInner;
-    fn deref(&self) -> &NodeInner {
-        &self.0
-    }
-}
-
-impl Node {
-    /// The running supervisor of a namespace, started now if the namespace exists.
-    pub async fn locate(
-        &self,
-        name: &str,
-    ) -> Result<crate::actors::NsHandle, crate::actors::LocateError> {
-        crate::actors::locate(
-            &self.supervisor,
-            &self.supervisor_stats,
-            &self.namespaces,
-            name,
-        )
-        .await
-    }
-
-    pub fn phase(&self) -> Phase {
-        match self.phase.load(Ordering::Acquire) {
-            0 => Phase::Starting,
-            1 => Phase::Ready,
-            _ => Phase::Draining,
-        }
-    }
-    pub fn set_phase(&self, p: Phase) {
-        self.phase.store(p as u8, Ordering::Release);
-        if p == Phase::Draining {
-            let _ = self.draining.send(true);
-        }
-    }
-}
-
-/// Node secrets kept in the data folder (mode 0600).
-pub struct Secrets {
-    /// Keys API keys and refresh tokens are HMAC'd with.
-    pub server_secret: Vec<u8>,
-    /// HMAC of the operator key (the key itself is never kept in memory).
-    pub operator_key_hash: [u8; 32],
-}
-
-impl Secrets {
-    /// Whether `candidate` is the operator key (constant time).
-    pub fn is_operator_key(&self, candidate: &str) -> bool {
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.server_secret);
-        ring::hmac::verify(&key, candidate.as_bytes(), &self.operator_key_hash).is_ok()
-    }
-}
-
-/// HMAC-SHA256.
-pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
-    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
-    ring::hmac::sign(&k, data)
-        .as_ref()
-        .try_into()
-        .expect("32 bytes")
-}
-
-/// Random bytes from the OS CSPRNG.
-pub fn random_bytes<const N: usize>() -> [u8; N] {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; N];
-    ring::rand::SystemRandom::new()
-        .fill(&mut b)
-        .expect("OS randomness");
-    b
-}
 
 /// Writes a file readable by the owner only.
 pub fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -334,7 +213,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     if let Some(sled) = store.as_sled() {
         spawn_sweeper(sled.clone());
     }
-    crate::dashboard::spawn_sampler(&node);
+    crate::http::dashboard::spawn_sampler(&node);
     crate::functions::wake_namespaces_with_functions(&node);
     // The node's own addresses, which no deployment upstream may reach.
     crate::deploy::egress::note_node_addresses(&node, addr).await;
@@ -611,20 +490,7 @@ fn spawn_sweeper(store: crate::storage::SledStore) {
     });
 }
 
-/// The machine's host name (the default node id).
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "meshgate".into())
-}
 
-pub fn num_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-}
 
 impl RunningNode {
     /// Finishes start-up work, then serves until SIGTERM or SIGINT, then drains.

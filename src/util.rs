@@ -35,3 +35,12 @@ pub fn num_cpus() -> usize {
         .map(|n| n.get())
         .unwrap_or(2)
 }
+
+/// HMAC-SHA256.
+pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    ring::hmac::sign(&k, data)
+        .as_ref()
+        .try_into()
+        .expect("32 bytes")
+}

@@ -12,7 +12,6 @@ mod error;
 mod invoker;
 mod model;
 mod secrets;
-mod ws;
 
 #[cfg(test)]
 mod tests;
@@ -28,7 +27,6 @@ pub use self::{
         InvocationRecord, MAX_VERSIONS, MEMORY_MB_RANGE, TIMEOUT_RANGE, VersionMeta, blob_key,
         fn_key, parse_cron, topic_matches, valid_function_name, valid_secret_name,
     },
-    ws::ws_invoke,
 };
 pub use self::{
     model::{ExportedFunction, fn_prefix, fnver_prefix, kv_prefix, secret_key, secret_prefix},

@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::middleware::policy_of;
 use super::policy::Policy;
 use crate::config::Config;
-use crate::node::Node;
+use crate::http::state::Node;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::Method;
@@ -225,7 +225,7 @@ pub async fn client_rate_limit<B: MessageBody + 'static>(
         .is_some_and(|i| i.kind == "hop")
         || req
             .extensions()
-            .get::<crate::placement::forward::AnonymousHop>()
+            .get::<crate::http::forward::AnonymousHop>()
             .is_some();
     if !from_peer && let Some(ip) = ip {
         let key = bucket_key(ip);
@@ -442,7 +442,7 @@ pub async fn authentication<B: MessageBody + 'static>(
     if req.extensions().get::<Identity>().is_none()
         && !req.headers().contains_key(header::AUTHORIZATION)
         && !req.headers().contains_key("x-api-key")
-        && let Some(id) = crate::dashboard::cookie_identity(&node(&req), req.path(), req.headers())
+        && let Some(id) = crate::http::dashboard::cookie_identity(&node(&req), req.path(), req.headers())
     {
         req.extensions_mut().insert(id);
     }

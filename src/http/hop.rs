@@ -9,7 +9,7 @@
 //! headers either way, so the MAC is consumed here and never forwarded.
 //!
 //! An anonymous hop (empty namespace, subject
-//! [`ANONYMOUS_HOP`](crate::placement::forward::ANONYMOUS_HOP), nothing
+//! [`ANONYMOUS_HOP`](crate::http::forward::ANONYMOUS_HOP), nothing
 //! else: a public invoke forwarded for a caller without a credential)
 //! yields no identity: the request is as anonymous here as it was where it
 //! arrived, only marked [`AnonymousHop`] so it is not forwarded again.
@@ -20,8 +20,8 @@ use crate::auth::{
     self, HOP_ACCEPTED_VERSION, HOP_BODY_SHA256_HEADER, HOP_MAC_HEADER, HOP_VERSION_HEADER,
     HopRequest,
 };
-use crate::node::Node;
-use crate::placement::forward::{ANONYMOUS_HOP, AnonymousHop};
+use crate::http::state::Node;
+use crate::http::forward::{ANONYMOUS_HOP, AnonymousHop};
 use actix_web::HttpMessage;
 use actix_web::dev::{Payload, ServiceRequest};
 use actix_web::http::StatusCode;

@@ -3,7 +3,7 @@
 
 use super::error::ApiError;
 use super::policy::{Policy, PolicyMap};
-use crate::node::{Node, Phase};
+use crate::http::state::{Node, Phase};
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;

@@ -1,12 +1,19 @@
 //! HTTP: the listener, the middleware chain of docs/design.md §2 and the routes of §10.
 
 mod chain;
+pub mod dashboard;
 mod error;
+pub mod forward;
 mod hop;
 mod middleware;
 mod policy;
 mod routes;
+pub mod state;
 pub mod tls;
+mod ws_invoke;
+mod ws_session;
+
+pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession, invoke_hook, send_now};
 
 pub use chain::{ClientIp, Identity, Limiters, Sni, Target};
 pub use error::GATEWAY_FAULT;
@@ -15,7 +22,7 @@ pub use middleware::{RequestId, policy_of};
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
 pub use routes::{KeyCache, TokenCache, now};
 
-use crate::node::Node;
+pub use state::{Node, Phase};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;
@@ -58,7 +65,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         }
         // `wrap` makes the last one outermost: listed here innermost first.
         app.wrap(from_fn(middleware::deployment_dispatch))
-            .wrap(from_fn(crate::placement::forward::cluster_forward))
+            .wrap(from_fn(forward::cluster_forward))
             .wrap(from_fn(chain::namespace_rate_limit))
             .wrap(from_fn(chain::scope_gate))
             .wrap(from_fn(chain::authorization))

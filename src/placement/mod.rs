@@ -19,7 +19,6 @@
 //!   but its breakers, held here ([`Cluster::breakers`]), not in a supervisor.
 
 mod breaker;
-pub mod forward;
 pub mod peer;
 
 pub use breaker::{Admit, BreakerView, Breakers};

@@ -118,24 +118,22 @@ pub fn peer_client(peer_ca_file: &str, t: PeerTimeouts) -> Result<awc::Client, S
 /// of a 200; anything else is `Err` with the reason. A peer advertising
 /// `https://` without `peer_ca_file` is never asked.
 pub async fn internal_get(
-    n: &crate::node::Node,
+    hop_key: Option<&crate::auth::HopKey>,
+    config: &crate::config::Config,
     base: &str,
     path: &str,
     query: &str,
     hop: &crate::auth::HopIdentity,
     within: Duration,
 ) -> Result<bytes::Bytes, String> {
-    let key = n
-        .hop_key
-        .as_ref()
-        .ok_or("this node has no cluster secret")?;
-    let peer_ca = &n.config.cluster.peer_ca_file;
+    let key = hop_key.ok_or("this node has no cluster secret")?;
+    let peer_ca = &config.cluster.peer_ca_file;
     if base.starts_with("https://") && peer_ca.is_empty() {
         return Err("the peer advertises https:// and peer_ca_file is not set".into());
     }
     let t = PeerTimeouts {
-        connect: Duration::from_secs(n.config.deploy.connect_timeout_seconds),
-        response: Duration::from_secs(n.config.deploy.upstream_timeout_seconds),
+        connect: Duration::from_secs(config.deploy.connect_timeout_seconds),
+        response: Duration::from_secs(config.deploy.upstream_timeout_seconds),
     };
     let client = peer_client(peer_ca, t)?;
     let digest = crate::auth::hop_body_sha256(b"");

@@ -16,7 +16,6 @@
 
 use super::protocol::{close, close_frame};
 use super::service::{Delivery, PubSubService, RELAY_QUEUE, RelayMsg};
-use super::session::{Shutdown, WsSession};
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -137,13 +136,20 @@ enum State {
     Closing,
 }
 
+/// Sent by the relay or the response body (same thread) to the socket's
+/// session when the connection must end: slow consumer, node drain, or the
+/// TCP connection is gone.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
 #[derive(Default)]
 struct Outbound {
     queue: VecDeque<Bytes>,
     bytes: usize,
     waker: Option<Waker>,
     state: State,
-    session: Option<actix::WeakAddr<WsSession>>,
+    session: Option<actix::WeakRecipient<Shutdown>>,
 }
 
 /// One socket's bounded outbound queue, shared by its relay, its session and
@@ -158,7 +164,7 @@ pub struct Conn {
 
 impl Conn {
     /// Tells the queue which session to notify when it closes.
-    pub fn attach(&self, session: actix::WeakAddr<WsSession>) {
+    pub fn attach(&self, session: actix::WeakRecipient<Shutdown>) {
         self.out.borrow_mut().session = Some(session);
     }
 

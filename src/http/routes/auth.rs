@@ -7,7 +7,7 @@ use crate::http::chain::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::identity::{self, NewKey};
-use crate::node::Node;
+use crate::http::state::Node;
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;

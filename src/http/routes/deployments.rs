@@ -11,7 +11,7 @@ use crate::deploy::model::{
 use crate::deploy::site::{SiteLimits, unpack};
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
-use crate::node::Node;
+use crate::http::state::Node;
 use actix_multipart::Multipart;
 use actix_web::http::Method;
 use actix_web::{HttpRequest, HttpResponse, web};

@@ -15,7 +15,7 @@ use crate::http::chain::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::middleware::RequestId;
 use crate::http::policy::{Policy, RouteTable};
-use crate::node::Node;
+use crate::http::state::Node;
 use crate::wasm::MAX_INPUT_BYTES;
 use actix_multipart::Multipart;
 use actix_web::http::{Method, StatusCode};

@@ -14,7 +14,7 @@ use super::chain::{Identity, Target};
 use super::error::ApiError;
 use super::policy::RouteTable;
 use crate::actors::NsHandle;
-use crate::node::Node;
+use crate::http::state::Node;
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
 use std::future::Future;
@@ -29,7 +29,7 @@ pub fn register(t: &mut RouteTable) {
     functions::register(t);
     pubsub::register(t);
     deployments::register(t);
-    crate::dashboard::register(t);
+    crate::http::dashboard::register(t);
 }
 
 /// Namespace names: 1–63 of `a-z`, `0-9`, `-`, starting with a letter or digit.

@@ -6,7 +6,7 @@ use crate::auth::{KeyKind, Role};
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::identity::{self, NewKey};
-use crate::node::Node;
+use crate::http::state::Node;
 use crate::storage::{BatchOp, OrderedKv};
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};

@@ -6,10 +6,10 @@ use crate::actors::{Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscr
 use crate::http::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
-use crate::node::Node;
+use crate::http::state::Node;
+use crate::http::{Mode, WsSession};
 use crate::pubsub::{
-    FrameKind, MAX_BATCH, Mode, OutBody, Relay, SubscriberRef, TopicError, WsSession, check_member,
-    check_topic,
+    FrameKind, MAX_BATCH, OutBody, Relay, SubscriberRef, TopicError, check_member, check_topic,
 };
 use actix_web::body::BodyStream;
 use actix_web::http::Method;
@@ -407,7 +407,8 @@ async fn others_views(
         .collect();
     let asks = peers.iter().map(|p| {
         crate::placement::peer::internal_get(
-            node,
+            node.hop_key.as_ref(),
+            &node.config,
             &p.advertise,
             LOCAL_VIEW_PATH,
             &query,

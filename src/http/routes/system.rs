@@ -2,7 +2,7 @@
 
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
-use crate::node::Node;
+use crate::http::state::Node;
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;

@@ -9,17 +9,18 @@
 //! So a client's publishes are handled, delivered and acknowledged in the
 //! order it sent them, while many are in flight.
 
-use super::protocol::{
+use crate::pubsub::protocol::{
     self, ClientFrame, FrameError, FrameKind, Opcode, ack, close, error_frame, ws_frame,
 };
-use super::relay::{Conn, Relay};
-use super::table::SubscriberRef;
+use crate::pubsub::{Conn, Relay, Shutdown};
+use crate::pubsub::SubscriberRef;
 use crate::actors::{
     ASK_TIMEOUT, AskError, NamespaceSupervisor, NsHandle, NsResult, Publish, Subscribe,
     Unsubscribe, UnsubscribeAll,
 };
-use crate::http::{ApiError, Identity};
-use crate::node::Node;
+use crate::error::ApiError;
+use crate::identity::Identity;
+use crate::http::state::Node;
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, ProtocolError};
 use bytes::Bytes;
@@ -61,11 +62,6 @@ pub struct WsSession {
     base: u64,
 }
 
-/// Sent by the relay or the response body (same thread) when the connection
-/// must end: slow consumer, node drain, or the TCP connection is gone.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Shutdown;
 
 impl WsSession {
     pub fn new(
@@ -375,7 +371,7 @@ pub fn invoke_hook(
     function: String,
     input: Bytes,
 ) -> LocalBoxFuture<'static, Result<Value, FrameError>> {
-    crate::functions::ws_invoke(ns, identity, function, input)
+    super::ws_invoke::ws_invoke(ns, identity, function, input)
 }
 
 impl Actor for WsSession {
@@ -383,7 +379,7 @@ impl Actor for WsSession {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.node.metrics.ws_connections.inc();
-        self.conn.attach(ctx.address().downgrade());
+        self.conn.attach(ctx.address().downgrade().recipient());
         let ping = self.ping_interval();
         ctx.run_interval(ping, |act, _| {
             act.conn.push(ws_frame(Opcode::Ping, b""));

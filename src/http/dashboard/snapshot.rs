@@ -3,7 +3,7 @@
 //! and the per-second rates derived from two consecutive readings.
 
 use crate::metrics::Metrics;
-use crate::node::Node;
+use crate::http::state::Node;
 use prometheus::core::Collector;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};

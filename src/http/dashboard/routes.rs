@@ -5,7 +5,7 @@
 use super::sampler::Frame;
 use super::session;
 use crate::http::{ApiError, Policy, RouteTable};
-use crate::node::Node;
+use crate::http::state::Node;
 use actix_web::http::Method;
 use actix_web::http::header::{self, ContentEncoding};
 use actix_web::{HttpRequest, HttpResponse, web};

@@ -3,7 +3,7 @@
 //! viewer (one snapshot per tick however many pages are open).
 
 use super::snapshot::{self, HistoryPoint, Previous, Snapshot};
-use crate::node::{Node, NodeInner};
+use crate::http::state::{Node, NodeInner};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::VecDeque;

@@ -8,7 +8,7 @@
 //! only, so it can never stand in for the key on the API.
 
 use crate::http::Identity;
-use crate::node::Node;
+use crate::http::state::Node;
 use actix_web::http::header;
 
 /// The cookie's name.
@@ -35,7 +35,7 @@ fn signed_message(node: &Node, exp: u64) -> Vec<u8> {
 /// A new session token, valid for [`SESSION_TTL_SECONDS`] from `now`.
 pub fn issue(node: &Node, now: u64) -> String {
     let exp = now + SESSION_TTL_SECONDS;
-    let mac = crate::node::hmac(&node.secrets.server_secret, &signed_message(node, exp));
+    let mac = crate::util::hmac(&node.secrets.server_secret, &signed_message(node, exp));
     format!("{exp}.{}", hex::encode(mac))
 }
 

@@ -5,9 +5,10 @@ use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
 use serde_json::{Value, json};
 
-use super::invoker::{CallerInfo, Trigger};
+use crate::functions::{CallerInfo, Trigger};
 use crate::actors::{NsHandle, PrepareInvoke};
-use crate::http::{ApiError, Identity};
+use crate::error::ApiError;
+use crate::identity::Identity;
 use crate::pubsub::FrameError;
 
 /// Runs `function` of the socket's namespace with `input`; the result is the

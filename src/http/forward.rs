@@ -20,14 +20,16 @@
 //! credential travels as itself (its own namespace and grants), so a
 //! credential of another namespace reaches only public functions there too.
 //! Forwarding keeps nothing for the namespace on this node but its breakers
-//! ([`super::Cluster::breakers`]): no namespace supervisor is started.
+//! ([`crate::placement::Cluster::breakers`]): no namespace supervisor is started.
 
-use super::peer::{PeerTimeouts, hop_body_limit, peer_client};
-use super::{Admit, rendezvous};
+use crate::placement::peer::{PeerTimeouts, hop_body_limit, peer_client};
+use crate::placement::{Admit, rendezvous};
 use crate::auth::{HopIdentity, HopRequest, canonical_json, hop_body_sha256};
 use crate::deploy::proxy::{connection_listed, is_hop_by_hop, stream_response};
-use crate::http::{ApiError, Identity, Policy, Target};
-use crate::node::Node;
+use crate::error::ApiError;
+use crate::http::{Policy, Target};
+use crate::identity::Identity;
+use crate::http::state::Node;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderName, HeaderValue};
@@ -174,14 +176,14 @@ async fn members_elsewhere(
         cluster.forget_breakers(&target);
         return Ok(None);
     };
-    if super::is_member(&members, &cluster.node_id) {
+    if crate::placement::is_member(&members, &cluster.node_id) {
         return Ok(None);
     }
     Ok(Some((target, members)))
 }
 
 /// Mirrors a breaker in `meshgate_breaker_state` (0 closed, 2 open).
-fn set_state(n: &Node, ns: &str, member: &str, b: &super::Breakers) {
+fn set_state(n: &Node, ns: &str, member: &str, b: &crate::placement::Breakers) {
     n.metrics
         .breaker_state
         .with_label_values(&[ns, member])

@@ -1,0 +1,119 @@
+//! The node's shared handle, `Node`: what the HTTP layer's handlers, the
+//! sockets and the dashboard are given (`web::Data<Node>`). It holds the
+//! services of the layers below (store, actors, pub/sub, functions,
+//! deployments, cluster) and the HTTP layer's own caches. Built by
+//! `node.rs` (the assembly); nothing below the HTTP layer sees it.
+
+use crate::actors::{ActorDirectory, ActorStats, Namespaces, NodeSupervisor};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::storage::Store;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Where the node is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Listener bound, not yet accepting work (`/readyz` 503).
+    Starting = 0,
+    /// Accepting work.
+    Ready = 1,
+    /// Draining after SIGTERM/SIGINT: new work refused, in-flight work finishing.
+    Draining = 2,
+}
+
+/// Everything the node's handlers share. Holds no namespace state.
+pub struct NodeInner {
+    pub config: Config,
+    pub store: Store,
+    pub metrics: Metrics,
+    pub directory: ActorDirectory,
+    pub namespaces: Namespaces,
+    pub supervisor: actix::Addr<NodeSupervisor>,
+    pub supervisor_stats: Arc<ActorStats>,
+    pub secrets: Secrets,
+    /// The hop-MAC key, when this node has a cluster secret.
+    pub hop_key: Option<crate::auth::HopKey>,
+    /// JWTs already verified, until they expire.
+    pub token_cache: crate::http::TokenCache,
+    /// API key records recently read (see `KeyCache`).
+    pub key_cache: crate::http::KeyCache,
+    /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
+    pub jwt: crate::auth::JwtKeys,
+    pub(crate) phase: AtomicU8,
+    /// Flips to true when the drain starts; sockets watch it to send close frames.
+    pub draining: tokio::sync::watch::Sender<bool>,
+    /// The node's single pub/sub delivery path.
+    pub pubsub: crate::pubsub::PubSubService,
+    /// The dashboard's latest frame, history and viewers.
+    pub dashboard: crate::http::dashboard::Dashboard,
+    /// The WASM engine, the invocation-record queue and the secret key.
+    pub functions: crate::functions::FunctionsService,
+    /// Host-routed deployments: records and the routing index.
+    pub deployments: Arc<crate::deploy::Deployments>,
+    /// This node's view of the cluster (set once the listener is bound, in
+    /// cluster mode only: `[cluster] etcd` set).
+    pub cluster: std::sync::OnceLock<Arc<crate::placement::Cluster>>,
+    /// The pub/sub mesh between the nodes (cluster mode).
+    #[cfg(feature = "cluster")]
+    pub mesh: std::sync::OnceLock<Arc<crate::cluster::Mesh>>,
+}
+
+/// The node's handle, cloned into every handler.
+#[derive(Clone)]
+pub struct Node(pub Arc<NodeInner>);
+
+impl std::ops::Deref for Node {
+    type Target = NodeInner;
+    fn deref(&self) -> &NodeInner {
+        &self.0
+    }
+}
+
+impl Node {
+    /// The running supervisor of a namespace, started now if the namespace exists.
+    pub async fn locate(
+        &self,
+        name: &str,
+    ) -> Result<crate::actors::NsHandle, crate::actors::LocateError> {
+        crate::actors::locate(
+            &self.supervisor,
+            &self.supervisor_stats,
+            &self.namespaces,
+            name,
+        )
+        .await
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Starting,
+            1 => Phase::Ready,
+            _ => Phase::Draining,
+        }
+    }
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Release);
+        if p == Phase::Draining {
+            let _ = self.draining.send(true);
+        }
+    }
+}
+
+/// Node secrets kept in the data folder (mode 0600).
+pub struct Secrets {
+    /// Keys API keys and refresh tokens are HMAC'd with.
+    pub server_secret: Vec<u8>,
+    /// HMAC of the operator key (the key itself is never kept in memory).
+    pub operator_key_hash: [u8; 32],
+}
+
+impl Secrets {
+    /// Whether `candidate` is the operator key (constant time).
+    pub fn is_operator_key(&self, candidate: &str) -> bool {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.server_secret);
+        ring::hmac::verify(&key, candidate.as_bytes(), &self.operator_key_hash).is_ok()
+    }
+}
+

@@ -557,7 +557,7 @@ impl Config {
             ("upstream_deny", &d.upstream_deny),
         ] {
             for r in list {
-                if crate::deploy::egress::parse_range(r).is_none() {
+                if parse_range(r).is_none() {
                     errors.push(format!(
                         "deploy.{key}: {r:?} is not a CIDR range (\"10.0.0.0/8\", \"fc00::/7\") or an IP address"
                     ));
@@ -1082,4 +1082,12 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
         .unwrap_err();
         assert_eq!(err.0.len(), 2, "{:?}", err.0);
     }
+}
+
+/// A range of `upstream_allow` / `upstream_deny`: CIDR, or one address.
+pub fn parse_range(s: &str) -> Option<ipnet::IpNet> {
+    let s = s.trim();
+    s.parse::<ipnet::IpNet>()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
 }

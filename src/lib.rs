@@ -9,6 +9,7 @@
 //!   step), route policies, the error envelope, and the route handlers.
 //! - `auth/`: pure identity primitives: API key format, grants and roles, EdDSA
 //!   JWTs, refresh rotation rules, wallet challenges, the cluster hop MAC.
+//! - `namespace.rs`: the namespace record (members, limits, claims provider).
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
 //! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`,
@@ -48,6 +49,7 @@ pub mod functions;
 pub mod http;
 pub mod identity;
 pub mod metrics;
+pub mod namespace;
 pub mod node;
 pub mod placement;
 pub mod pubsub;

@@ -216,7 +216,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     crate::http::dashboard::spawn_sampler(&node);
     crate::functions::wake_namespaces_with_functions(&node);
     // The node's own addresses, which no deployment upstream may reach.
-    crate::deploy::egress::note_node_addresses(&node, addr).await;
+    note_node_addresses(&node, addr).await;
     let handle = server.handle();
     Ok(RunningNode {
         addr,
@@ -547,5 +547,44 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received."),
         _ = int.recv() => tracing::info!("SIGINT received."),
+    }
+}
+
+/// Notes the node's own addresses once it is up: the bound listener, the
+/// advertised URL, the etcd endpoints and the mesh's listen addresses.
+async fn note_node_addresses(node: &Node, bound: SocketAddr) {
+    use crate::deploy::egress::{host_port, multiaddr_host_port};
+    let egress = &node.deployments.egress;
+    egress
+        .note_own("listen address", &bound.ip().to_string(), bound.port())
+        .await;
+    let c = &node.config.cluster;
+    let advertise = node
+        .cluster
+        .get()
+        .map(|cl| cl.advertise.clone())
+        .unwrap_or_else(|| c.advertise.clone());
+    if let Some((h, p)) = host_port(&advertise) {
+        egress.note_own("advertise address", &h, p).await;
+    }
+    for e in &c.etcd {
+        if let Some((h, p)) = host_port(e) {
+            egress.note_own("etcd endpoint", &h, p).await;
+        }
+    }
+    if let Some((h, p)) = multiaddr_host_port(&c.gossip_listen)
+        && p != 0
+    {
+        egress.note_own("gossip address", &h, p).await;
+    }
+    #[cfg(feature = "cluster")]
+    if let Some(mesh) = node.mesh.get()
+        && let Some(status) = mesh.status().await
+    {
+        for a in status.listen_addrs {
+            if let Some((h, p)) = multiaddr_host_port(&a.to_string()) {
+                egress.note_own("gossip address", &h, p).await;
+            }
+        }
     }
 }

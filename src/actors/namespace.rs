@@ -18,29 +18,7 @@ pub const MAX_KV_KEY: usize = 1024;
 /// Most keys a KV listing returns at once.
 pub const MAX_KV_LIST: usize = 1000;
 
-/// The durable record of a namespace (`ns/<name>`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct NamespaceRecord {
-    pub name: String,
-    pub created_at: u64,
-    /// Member nodes (cluster placement); empty on a single node.
-    #[serde(default)]
-    pub members: Vec<String>,
-    /// Per-namespace rate limit override: requests per minute.
-    #[serde(default)]
-    pub rate_per_minute: Option<u32>,
-    /// Per-namespace rate limit override: burst.
-    #[serde(default)]
-    pub rate_burst: Option<u32>,
-    /// Function that adds custom claims to this namespace's tokens.
-    #[serde(default)]
-    pub claims_provider: Option<String>,
-}
-
-/// Store key of a namespace record.
-pub fn ns_key(name: &str) -> Vec<u8> {
-    format!("ns/{name}").into_bytes()
-}
+pub use crate::namespace::{NamespaceRecord, ns_key};
 
 fn kv_prefix(ns: &str) -> Vec<u8> {
     format!("kv/{ns}/").into_bytes()

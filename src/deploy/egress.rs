@@ -31,13 +31,7 @@ use std::time::Duration;
 /// lookup; no DNS at all). Never set it in production.
 pub const TEST_RESOLVE_ENV: &str = "MESHGATE_TEST_RESOLVE_FILE";
 
-/// A range of `upstream_allow` / `upstream_deny`: CIDR, or one address.
-pub fn parse_range(s: &str) -> Option<IpNet> {
-    let s = s.trim();
-    s.parse::<IpNet>()
-        .ok()
-        .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
-}
+pub use crate::config::parse_range;
 
 /// A range no upstream reaches by default.
 #[derive(Debug, Clone, Copy)]
@@ -585,44 +579,6 @@ pub fn refusal_of(e: &awc::error::ConnectError) -> Option<&Refusal> {
             _ => None,
         },
         _ => None,
-    }
-}
-
-/// Notes the node's own addresses once it is up: the bound listener, the
-/// advertised URL, the etcd endpoints and the mesh's listen addresses.
-pub async fn note_node_addresses(node: &crate::node::Node, bound: SocketAddr) {
-    let egress = &node.deployments.egress;
-    egress
-        .note_own("listen address", &bound.ip().to_string(), bound.port())
-        .await;
-    let c = &node.config.cluster;
-    let advertise = node
-        .cluster
-        .get()
-        .map(|cl| cl.advertise.clone())
-        .unwrap_or_else(|| c.advertise.clone());
-    if let Some((h, p)) = host_port(&advertise) {
-        egress.note_own("advertise address", &h, p).await;
-    }
-    for e in &c.etcd {
-        if let Some((h, p)) = host_port(e) {
-            egress.note_own("etcd endpoint", &h, p).await;
-        }
-    }
-    if let Some((h, p)) = multiaddr_host_port(&c.gossip_listen)
-        && p != 0
-    {
-        egress.note_own("gossip address", &h, p).await;
-    }
-    #[cfg(feature = "cluster")]
-    if let Some(mesh) = node.mesh.get()
-        && let Some(status) = mesh.status().await
-    {
-        for a in status.listen_addrs {
-            if let Some((h, p)) = multiaddr_host_port(&a.to_string()) {
-                egress.note_own("gossip address", &h, p).await;
-            }
-        }
     }
 }
 

@@ -190,7 +190,7 @@ impl Cluster {
         }
         let Some(rec) = self
             .store
-            .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
+            .get_json::<crate::namespace::NamespaceRecord>(&crate::namespace::ns_key(ns))
             .await?
         else {
             self.members.lock().remove(ns);

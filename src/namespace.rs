@@ -1,0 +1,30 @@
+//! The namespace record (`ns/<name>` in the store): what a tenant is, its
+//! members in a cluster and its own limits. Its owner is the namespace's
+//! supervisor (`actors/namespace.rs`); every other room reads it or asks the
+//! supervisor.
+
+use serde::{Deserialize, Serialize};
+
+/// The durable record of a namespace (`ns/<name>`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NamespaceRecord {
+    pub name: String,
+    pub created_at: u64,
+    /// Member nodes (cluster placement); empty on a single node.
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// Per-namespace rate limit override: requests per minute.
+    #[serde(default)]
+    pub rate_per_minute: Option<u32>,
+    /// Per-namespace rate limit override: burst.
+    #[serde(default)]
+    pub rate_burst: Option<u32>,
+    /// Function that adds custom claims to this namespace's tokens.
+    #[serde(default)]
+    pub claims_provider: Option<String>,
+}
+
+/// Store key of a namespace record.
+pub fn ns_key(name: &str) -> Vec<u8> {
+    format!("ns/{name}").into_bytes()
+}

@@ -1,11 +1,11 @@
 //! The node: what one `meshgate serve` process holds, its start-up and its drain.
 
-pub use crate::http::state::{Node, NodeInner, Phase, Secrets};
-pub use crate::util::{hmac, hostname, num_cpus, random_bytes};
 use crate::actors::{ActorDirectory, Namespaces, NodeSupervisor};
 use crate::config::Config;
+pub use crate::http::state::{Node, NodeInner, Phase, Secrets};
 use crate::metrics::Metrics;
 use crate::storage::{Store, StoreError};
+pub use crate::util::{hmac, hostname, num_cpus, random_bytes};
 use actix::Actor;
 use anyhow::Context as _;
 use std::net::SocketAddr;
@@ -13,8 +13,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU8;
 use std::time::Duration;
-
-
 
 /// Writes a file readable by the owner only.
 pub fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -214,7 +212,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         spawn_sweeper(sled.clone());
     }
     crate::http::dashboard::spawn_sampler(&node);
-    crate::functions::wake_namespaces_with_functions(&node);
+    wake_namespaces_with_functions(&node);
     // The node's own addresses, which no deployment upstream may reach.
     note_node_addresses(&node, addr).await;
     let handle = server.handle();
@@ -490,8 +488,6 @@ fn spawn_sweeper(store: crate::storage::SledStore) {
     });
 }
 
-
-
 impl RunningNode {
     /// Finishes start-up work, then serves until SIGTERM or SIGINT, then drains.
     pub async fn run_until_signal(mut self) -> anyhow::Result<()> {
@@ -587,4 +583,43 @@ async fn note_node_addresses(node: &Node, bound: SocketAddr) {
             }
         }
     }
+}
+
+/// Starts, after a restart, the supervisor of every namespace that has
+/// functions, so their cron triggers tick without waiting for a request. In
+/// a cluster only the namespaces this node is a member of: cron and triggers
+/// run on members only (each cron slot still fires once in the cluster: the
+/// member that claims it runs it).
+fn wake_namespaces_with_functions(node: &Node) {
+    let node = node.clone();
+    actix_web::rt::spawn(async move {
+        let rows = match node.store.scan_all(b"fn/").await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "Functions could not be listed at start.");
+                return;
+            }
+        };
+        let mut names: Vec<String> = rows
+            .iter()
+            .filter_map(|(k, _)| {
+                let k = std::str::from_utf8(k).ok()?;
+                Some(k.strip_prefix("fn/")?.split('/').next()?.to_string())
+            })
+            .collect();
+        names.dedup();
+        for ns in names {
+            if let Some(c) = node.cluster.get() {
+                match c.members(&ns).await {
+                    Ok(Some(m)) if crate::placement::is_member(&m, &c.node_id) => {}
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!(namespace = %ns, error = %e, "Members unknown at start; its cron waits for a request.");
+                        continue;
+                    }
+                }
+            }
+            let _ = node.locate(&ns).await;
+        }
+    });
 }

@@ -20,7 +20,7 @@ pub use self::{
     error::{FnError, FnResult, wasm_error_code},
     invoker::{
         CallerInfo, DeployRequest, Deployed, FunctionsService, Invoker, MAX_LOGS,
-        MAX_TRIGGER_DEPTH, Prepared, Reply, Trigger, wake_namespaces_with_functions,
+        MAX_TRIGGER_DEPTH, Prepared, Reply, Trigger,
     },
     model::{
         DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_SECONDS, FunctionMetadata, FunctionRecord,

@@ -44,3 +44,42 @@ pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
         .try_into()
         .expect("32 bytes")
 }
+
+/// A monotonic clock. State that ages (breakers, caches) reads time through
+/// one, so a test moves time forward instead of sleeping.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now(&self) -> std::time::Instant;
+}
+
+/// The real clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
+}
+
+/// A clock that moves only when told to (tests).
+#[derive(Debug)]
+pub struct ManualClock(parking_lot::Mutex<std::time::Instant>);
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock(parking_lot::Mutex::new(std::time::Instant::now()))
+    }
+}
+
+impl ManualClock {
+    /// Moves the clock forward by `d`.
+    pub fn advance(&self, d: std::time::Duration) {
+        *self.0.lock() += d;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> std::time::Instant {
+        *self.0.lock()
+    }
+}

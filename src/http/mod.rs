@@ -13,7 +13,7 @@ pub mod tls;
 mod ws_invoke;
 mod ws_session;
 
-pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession, invoke_hook, send_now};
+pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession, send_now};
 
 pub use chain::{ClientIp, Identity, Limiters, Sni, Target};
 pub use error::GATEWAY_FAULT;
@@ -22,9 +22,9 @@ pub use middleware::{RequestId, policy_of};
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
 pub use routes::{KeyCache, TokenCache, now};
 
-pub use state::{Node, Phase};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
+pub use state::{Node, Phase};
 use std::net::SocketAddr;
 
 /// Builds the route table of every capability.

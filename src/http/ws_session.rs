@@ -9,18 +9,18 @@
 //! So a client's publishes are handled, delivered and acknowledged in the
 //! order it sent them, while many are in flight.
 
-use crate::pubsub::protocol::{
-    self, ClientFrame, FrameError, FrameKind, Opcode, ack, close, error_frame, ws_frame,
-};
-use crate::pubsub::{Conn, Relay, Shutdown};
-use crate::pubsub::SubscriberRef;
 use crate::actors::{
     ASK_TIMEOUT, AskError, NamespaceSupervisor, NsHandle, NsResult, Publish, Subscribe,
     Unsubscribe, UnsubscribeAll,
 };
 use crate::error::ApiError;
-use crate::identity::Identity;
 use crate::http::state::Node;
+use crate::identity::Identity;
+use crate::pubsub::SubscriberRef;
+use crate::pubsub::protocol::{
+    self, ClientFrame, FrameError, FrameKind, Opcode, ack, close, error_frame, ws_frame,
+};
+use crate::pubsub::{Conn, Relay, Shutdown};
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, ProtocolError};
 use bytes::Bytes;
@@ -61,7 +61,6 @@ pub struct WsSession {
     slots: VecDeque<Option<Bytes>>,
     base: u64,
 }
-
 
 impl WsSession {
     pub fn new(
@@ -263,8 +262,7 @@ impl WsSession {
                 Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
             }
             ClientFrame::Invoke { function, input } => {
-                let fut = invoke_hook(
-                    self.node.clone(),
+                let fut = super::ws_invoke::ws_invoke(
                     self.ns.clone(),
                     self.identity.clone(),
                     function,
@@ -360,18 +358,6 @@ where
             }
         }
     })
-}
-
-/// The `invoke` frame of `/v1/ws`. Functions are their own issue: this is the
-/// one seam they replace. Answers `{"id","ok":true,"result":<value>}` on success.
-pub fn invoke_hook(
-    _node: Node,
-    ns: NsHandle,
-    identity: Option<Identity>,
-    function: String,
-    input: Bytes,
-) -> LocalBoxFuture<'static, Result<Value, FrameError>> {
-    super::ws_invoke::ws_invoke(ns, identity, function, input)
 }
 
 impl Actor for WsSession {

@@ -2,8 +2,10 @@
 //! opens after `threshold` consecutive failures of the member itself, then
 //! admits one probe every `probe_every`; the first success closes it.
 
+use crate::util::{Clock, SystemClock};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a breaker lets through now.
@@ -26,9 +28,14 @@ enum State {
 /// The breakers of one namespace's members, owned by its supervisor.
 #[derive(Debug)]
 pub struct Breakers {
+    /// Consecutive failures of a member that open its breaker.
     threshold: u32,
+    /// How often an open breaker lets one probe through.
     probe_every: Duration,
+    /// Each member's state; a member never seen is closed.
     members: Mutex<BTreeMap<String, State>>,
+    /// Where time comes from ([`SystemClock`] but in tests).
+    clock: Arc<dyn Clock>,
 }
 
 /// A breaker as shown in `/v1/status`.
@@ -43,10 +50,16 @@ pub struct BreakerView {
 
 impl Breakers {
     pub fn new(threshold: u32, probe_every: Duration) -> Breakers {
+        Self::with_clock(threshold, probe_every, Arc::new(SystemClock))
+    }
+
+    /// Breakers reading time from `clock`.
+    pub fn with_clock(threshold: u32, probe_every: Duration, clock: Arc<dyn Clock>) -> Breakers {
         Breakers {
             threshold: threshold.max(1),
             probe_every,
             members: Mutex::new(BTreeMap::new()),
+            clock,
         }
     }
 
@@ -57,8 +70,9 @@ impl Breakers {
         match m.get_mut(member) {
             None | Some(State::Closed { .. }) => Admit::Yes,
             Some(State::Open { last_probe, .. }) => {
-                if last_probe.elapsed() >= self.probe_every {
-                    *last_probe = Instant::now();
+                let now = self.clock.now();
+                if now.duration_since(*last_probe) >= self.probe_every {
+                    *last_probe = now;
                     Admit::Probe
                 } else {
                     Admit::No
@@ -79,7 +93,7 @@ impl Breakers {
     /// A failure of the member itself; returns true when it opened the breaker.
     pub fn failure(&self, member: &str) -> bool {
         let mut m = self.members.lock();
-        let now = Instant::now();
+        let now = self.clock.now();
         let next = match m.get(member).copied() {
             None => State::Closed { failures: 1 },
             Some(State::Closed { failures }) => State::Closed {
@@ -118,6 +132,7 @@ impl Breakers {
     }
 
     pub fn snapshot(&self) -> Vec<BreakerView> {
+        let now = self.clock.now();
         self.members
             .lock()
             .iter()
@@ -132,7 +147,7 @@ impl Breakers {
                     member: member.clone(),
                     state: "open",
                     consecutive_failures: self.threshold,
-                    open_for_seconds: Some(since.elapsed().as_secs()),
+                    open_for_seconds: Some(now.duration_since(*since).as_secs()),
                 },
             })
             .collect()
@@ -166,15 +181,19 @@ mod tests {
     /// open, a successful one closes it.
     #[test]
     fn probes_then_closes() {
-        let b = Breakers::new(1, Duration::from_millis(50));
+        let clock = Arc::new(crate::util::ManualClock::default());
+        let b = Breakers::with_clock(1, Duration::from_secs(5), clock.clone());
         assert!(b.failure("m"));
         assert_eq!(b.admit("m"), Admit::No);
-        std::thread::sleep(Duration::from_millis(60));
+        clock.advance(Duration::from_secs(4));
+        assert_eq!(b.admit("m"), Admit::No, "not before the interval");
+        clock.advance(Duration::from_secs(1));
         assert_eq!(b.admit("m"), Admit::Probe);
         assert_eq!(b.admit("m"), Admit::No, "one probe per interval");
         assert!(!b.failure("m"), "a failed probe does not re-open");
         assert!(b.is_open("m"));
-        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(b.snapshot()[0].open_for_seconds, Some(5));
+        clock.advance(Duration::from_secs(5));
         assert_eq!(b.admit("m"), Admit::Probe);
         b.success("m");
         assert!(!b.is_open("m"));

@@ -4,8 +4,8 @@
 //! service encodes the outgoing frame once per framing in use (shared
 //! [`Bytes`]), then sends one [`Delivery`] to the relay of each worker thread
 //! that owns subscribers of the topic (one thread crossing per worker, never
-//! one per subscriber), and — the seam for the cluster issue — hands the
-//! message to the mesh ([`MeshSink`]). Messages arriving from the mesh enter
+//! one per subscriber), and hands the
+//! message to the mesh ([`MeshSink`]) in cluster mode. Messages arriving from the mesh enter
 //! through the namespace's supervisor (it owns the topic table) and come back
 //! here with [`Origin::Mesh`], so they are fanned out locally and never
 //! re-forwarded: each subscriber receives a message by exactly one path.
@@ -104,7 +104,7 @@ impl PubSubService {
         }))
     }
 
-    /// Plugs the cluster mesh in (the cluster issue calls this once).
+    /// Plugs the cluster mesh in (the node calls this once at start in cluster mode).
     pub fn set_mesh(&self, mesh: Arc<dyn MeshSink>) {
         *self.0.mesh.write() = Some(mesh);
     }

@@ -112,7 +112,6 @@ impl fmt::Display for ApiError {
     }
 }
 
-
 impl ApiError {
     /// The fault kind of this error (see [`Fault`]).
     pub fn fault(&self) -> Fault {

@@ -22,14 +22,14 @@
 //! Forwarding keeps nothing for the namespace on this node but its breakers
 //! ([`crate::placement::Cluster::breakers`]): no namespace supervisor is started.
 
-use crate::placement::peer::{PeerTimeouts, hop_body_limit, peer_client};
-use crate::placement::{Admit, rendezvous};
 use crate::auth::{HopIdentity, HopRequest, canonical_json, hop_body_sha256};
 use crate::deploy::proxy::{connection_listed, is_hop_by_hop, stream_response};
 use crate::error::ApiError;
+use crate::http::state::Node;
 use crate::http::{Policy, Target};
 use crate::identity::Identity;
-use crate::http::state::Node;
+use crate::placement::peer::{PeerTimeouts, hop_body_limit, peer_client};
+use crate::placement::{Admit, rendezvous};
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderName, HeaderValue};

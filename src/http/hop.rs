@@ -20,8 +20,8 @@ use crate::auth::{
     self, HOP_ACCEPTED_VERSION, HOP_BODY_SHA256_HEADER, HOP_MAC_HEADER, HOP_VERSION_HEADER,
     HopRequest,
 };
-use crate::http::state::Node;
 use crate::http::forward::{ANONYMOUS_HOP, AnonymousHop};
+use crate::http::state::Node;
 use actix_web::HttpMessage;
 use actix_web::dev::{Payload, ServiceRequest};
 use actix_web::http::StatusCode;

@@ -17,36 +17,67 @@ pub const MAX_NAMESPACE_LABELS: usize = 200;
 #[derive(Clone)]
 pub struct Metrics(Arc<Inner>);
 
+/// The metric handles behind [`Metrics`]; reached through its `Deref`.
 pub struct Inner {
+    /// Every metric below is registered here; `/metrics` renders it and the
+    /// dashboard reads the same series.
     pub registry: Registry,
+    /// Namespaces already given their own label value (at most
+    /// [`MAX_NAMESPACE_LABELS`]); see [`Metrics::ns_label`].
     labelled: Mutex<HashSet<String>>,
+    /// When the metrics were created (node start); the dashboard's uptime.
     pub started: std::time::Instant,
     // Actors.
+    /// Messages waiting in actor mailboxes, by `kind` and (capped) `namespace`.
     pub actor_mailbox_depth: IntGaugeVec,
+    /// Messages handled, by actor `kind` and `namespace`.
     pub actor_handled: IntCounterVec,
+    /// Seconds spent handling one message, by `kind` and `namespace`; the
+    /// dashboard's p50/p99 come from its buckets.
     pub actor_handling_seconds: HistogramVec,
+    /// Actor restarts after a panic, by `kind` and `namespace`.
     pub actor_restarts: IntCounterVec,
+    /// Messages refused because the actor's mailbox was full.
     pub actor_overloaded: IntCounterVec,
     // HTTP.
+    /// Finished HTTP requests by status `class` (`2xx` … `5xx`).
     pub http_requests: IntCounterVec,
+    /// HTTP request duration in seconds, by status `class`.
     pub http_duration_seconds: HistogramVec,
+    /// HTTP requests being handled now.
     pub http_in_flight: IntGauge,
+    /// Requests refused by a rate limit, by `bucket` (`general`, `credential`,
+    /// `namespace`, `wallet`).
     pub rate_limited: IntCounterVec,
     // Namespaces.
+    /// Messages published, per namespace.
     pub publishes: IntCounterVec,
+    /// Function invocations, per namespace.
     pub invocations: IntCounterVec,
+    /// Function invocations that failed, per namespace.
     pub invocation_errors: IntCounterVec,
+    /// WebSocket connections open now.
     pub ws_connections: IntGauge,
+    /// Live topic subscriptions, per namespace.
     pub ws_subscribers: IntGaugeVec,
     /// Topics with at least one local subscriber, per namespace (set by pub/sub).
     pub pubsub_topics: IntGaugeVec,
+    /// Frames handed to subscriber queues by the relays.
     pub pubsub_delivered: IntCounter,
+    /// Frames not delivered, by `reason` (`gone`, `closing`, `slow_consumer`,
+    /// `closed`, `relay_full`).
     pub pubsub_dropped: IntCounterVec,
+    /// Subscriber sockets closed with 4008 because their queue stayed full.
     pub slow_consumers_closed: IntCounter,
+    /// Invocation records dropped because the invocation log's queue was full.
     pub invocation_records_dropped: IntCounter,
+    /// WASM workers running a guest now.
     pub wasm_pool_busy: IntGauge,
+    /// Invocations waiting for a free WASM worker.
     pub wasm_pool_queued: IntGauge,
+    /// WASM worker threads in the pool.
     pub wasm_pool_workers: IntGauge,
+    /// Breaker state per `namespace` and `member`: 0 closed, 1 half-open, 2 open.
     pub breaker_state: IntGaugeVec,
     /// Requests forwarded to a member, by outcome.
     pub forwards: IntCounterVec,
@@ -84,6 +115,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// A fresh registry with every metric registered; one per node.
     pub fn new() -> Metrics {
         let registry = Registry::new();
         macro_rules! reg {

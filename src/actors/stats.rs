@@ -27,22 +27,37 @@ pub enum AskError {
 
 /// Numbers one actor reports.
 pub struct ActorStats {
+    /// Unique per node, given in registration order; the dashboard's row key.
     pub id: u64,
+    /// What the actor is (`node`, `namespace`); the `kind` metric label.
     pub kind: &'static str,
+    /// The namespace it serves, empty for the node's own actor.
     pub namespace: String,
+    /// Most messages admitted at once; [`ActorStats::admit`] refuses past it.
     capacity: i64,
+    /// Messages admitted and not yet taken out of the mailbox.
     depth: AtomicI64,
+    /// `depth` mirrored into `meshgate_actor_mailbox_depth` (summed per label).
     depth_gauge: IntGauge,
+    /// Messages handled: the `meshgate_actor_messages_handled_total` series of
+    /// this actor's labels (shared with actors whose labels match).
     handled: IntCounter,
+    /// Handling time in seconds (`meshgate_actor_handling_seconds` for its labels).
     handling: Histogram,
+    /// `meshgate_actor_restarts_total`, shared by actors with the same labels.
     restarts: IntCounter,
+    /// Messages refused because the mailbox was full (`meshgate_actor_overloaded_total`).
     overloaded: IntCounter,
+    /// This actor's own restarts: the labelled counter is shared (capped
+    /// namespaces fold into `_other`), so the dashboard reads this one.
     restarts_local: AtomicU64,
 }
 
 /// Records one message's handling time when dropped.
 pub struct HandleTimer {
+    /// Whose `handled` and `handling` the drop records into.
     stats: Arc<ActorStats>,
+    /// When handling began.
     start: Instant,
 }
 
@@ -102,12 +117,16 @@ impl ActorStats {
         self.restarts_local.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Messages waiting in the mailbox now (never negative).
     pub fn depth(&self) -> i64 {
         self.depth.load(Ordering::Relaxed).max(0)
     }
+    /// Messages handled by this actor's label series (its own unless its
+    /// namespace folded into `_other`).
     pub fn handled(&self) -> u64 {
         self.handled.get()
     }
+    /// Restarts of this actor after a panic.
     pub fn restarts(&self) -> u64 {
         self.restarts_local.load(Ordering::Relaxed)
     }
@@ -148,7 +167,9 @@ pub fn histogram_quantile(h: &Histogram, q: f64) -> f64 {
 /// Every live actor's stats, for the dashboard and `/v1/status`.
 #[derive(Clone, Default)]
 pub struct ActorDirectory {
+    /// Weak, so a stopped actor leaves the list; dead entries are pruned on register.
     actors: Arc<Mutex<Vec<Weak<ActorStats>>>>,
+    /// The next [`ActorStats::id`].
     next_id: Arc<AtomicU64>,
 }
 

@@ -24,6 +24,7 @@ pub const MAX_VIEWERS: usize = 1024;
 
 /// One tick, rendered once and shared by every viewer.
 pub struct Frame {
+    /// The tick's numbers, for `/__admin/api/snapshot`.
     pub snapshot: Arc<Snapshot>,
     /// The snapshot as a server-sent event (`event: snapshot`).
     pub sse: Bytes,
@@ -47,8 +48,11 @@ impl Frame {
 
 /// The dashboard's state on the node: the latest frame, the history, the viewers.
 pub struct Dashboard {
+    /// The latest frame; every stream holds a receiver and wakes on a new one.
     latest: tokio::sync::watch::Sender<Arc<Frame>>,
+    /// Chart points, oldest first, at most [`HISTORY_LEN`].
     history: Mutex<VecDeque<HistoryPoint>>,
+    /// Streams open now (shared with each [`ViewerGuard`]), capped by [`MAX_VIEWERS`].
     viewers: Arc<AtomicUsize>,
 }
 
@@ -100,6 +104,7 @@ impl Dashboard {
         self.history.lock().iter().cloned().collect()
     }
 
+    /// Appends the snapshot to the history and hands it to every viewer.
     fn publish(&self, snapshot: Snapshot) {
         {
             let mut h = self.history.lock();

@@ -2,8 +2,8 @@
 //! Prometheus registry and actor directory (the same handles `/metrics` exports),
 //! and the per-second rates derived from two consecutive readings.
 
-use crate::metrics::Metrics;
 use crate::http::state::Node;
+use crate::metrics::Metrics;
 use prometheus::core::Collector;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -15,22 +15,31 @@ pub const QUANTILE_WINDOW_TICKS: usize = 10;
 /// One actor's row.
 #[derive(Debug, Clone, Serialize)]
 pub struct ActorRow {
+    /// The actor's directory id (unique per node, in start order); rows sort by it.
     pub id: u64,
+    /// `node` or `namespace`.
     pub kind: &'static str,
+    /// The namespace it serves; empty for the node actor.
     pub namespace: String,
+    /// Messages waiting in its mailbox now.
     pub mailbox_depth: i64,
+    /// Messages handled since start (its `(kind, namespace)` label series).
     pub handled: u64,
+    /// `handled` per second since the previous tick.
     pub handled_per_sec: f64,
     /// Handling time percentiles over the last [`QUANTILE_WINDOW_TICKS`] ticks, in
     /// seconds, of the actor's `(kind, namespace)` series; None when it handled nothing then.
     pub p50_seconds: Option<f64>,
+    /// As `p50_seconds`, the 99th percentile.
     pub p99_seconds: Option<f64>,
+    /// Restarts of this actor after a panic.
     pub restarts: u64,
 }
 
 /// One breaker (a namespace's view of one member node).
 #[derive(Debug, Clone, Serialize)]
 pub struct BreakerRow {
+    /// The member node's id (the breaker gauge's `member` label).
     pub member: String,
     /// `closed`, `half-open` or `open`.
     pub state: &'static str,
@@ -39,46 +48,78 @@ pub struct BreakerRow {
 /// One namespace's row.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct NamespaceRow {
+    /// The namespace's name, or its metric label (`_other` past the label cap).
     pub namespace: String,
     /// Whether its supervisor runs on this node now.
     pub running: bool,
+    /// Live actors serving it.
     pub actors: usize,
+    /// Sum of its actors' mailbox depths.
     pub mailbox_depth: i64,
+    /// Sum of its actors' messages handled.
     pub handled: u64,
+    /// Sum of its actors' handled per second.
     pub handled_per_sec: f64,
+    /// Sum of its actors' restarts.
     pub restarts: u64,
+    /// Live topic subscriptions on this node (`meshgate_ws_subscribers`).
     pub subscribers: i64,
+    /// Topics with at least one local subscriber (`meshgate_pubsub_topics`).
     pub topics: i64,
+    /// Messages published since start.
     pub publishes: u64,
+    /// `publishes` per second since the previous tick.
     pub publishes_per_sec: f64,
+    /// Function invocations since start.
     pub invocations: u64,
+    /// `invocations` per second since the previous tick.
     pub invocations_per_sec: f64,
+    /// Failed function invocations since start.
     pub errors: u64,
+    /// `errors` per second since the previous tick.
     pub errors_per_sec: f64,
+    /// Its breakers, one per member node, sorted by member.
     pub breakers: Vec<BreakerRow>,
 }
 
 /// The node's own numbers.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct NodeRow {
+    /// The crate version the node was built from.
     pub version: &'static str,
+    /// Seconds since the node's metrics were created (its start).
     pub uptime_seconds: u64,
+    /// `starting`, `ready` or `draining`.
     pub phase: String,
+    /// HTTP requests finished since start, every status class.
     pub http_requests: u64,
+    /// `http_requests` per second since the previous tick.
     pub http_requests_per_sec: f64,
+    /// HTTP requests being handled now.
     pub http_in_flight: i64,
+    /// WebSocket connections open now.
     pub ws_connections: i64,
+    /// Live topic subscriptions, every namespace.
     pub ws_subscribers: i64,
+    /// WASM workers running a guest now.
     pub wasm_pool_busy: i64,
+    /// Invocations waiting for a free WASM worker.
     pub wasm_pool_queued: i64,
+    /// WASM worker threads in the pool.
     pub wasm_pool_workers: i64,
     /// Resident memory from `/proc/self/status` (`VmRSS`), in bytes; 0 where unknown.
     pub memory_rss_bytes: u64,
+    /// Live actors, the node actor included.
     pub actors: usize,
+    /// Namespaces whose supervisor runs on this node now.
     pub namespaces_running: usize,
+    /// Messages handled per second, summed over every actor.
     pub handled_per_sec: f64,
+    /// Publishes per second, summed over the namespace rows.
     pub publishes_per_sec: f64,
+    /// Invocations per second, summed over the namespace rows.
     pub invocations_per_sec: f64,
+    /// Failed invocations per second, summed over the namespace rows.
     pub errors_per_sec: f64,
 }
 
@@ -89,28 +130,41 @@ pub struct Snapshot {
     pub at_ms: u64,
     /// Sequence number of the tick (increases by one per tick).
     pub tick: u64,
+    /// The node-wide numbers.
     pub node: NodeRow,
+    /// One row per namespace known (stored, running or with series), by name.
     pub namespaces: Vec<NamespaceRow>,
+    /// One row per live actor, by id.
     pub actors: Vec<ActorRow>,
 }
 
 /// One point of history, for the charts.
 #[derive(Debug, Clone, Serialize)]
 pub struct HistoryPoint {
+    /// The snapshot's time, Unix milliseconds.
     pub at_ms: u64,
+    /// HTTP requests per second ([`NodeRow::http_requests_per_sec`]).
     pub http_rps: f64,
+    /// Actor messages handled per second, node-wide.
     pub handled_ps: f64,
+    /// Publishes per second, node-wide.
     pub publishes_ps: f64,
+    /// Invocations per second, node-wide.
     pub invocations_ps: f64,
+    /// Failed invocations per second, node-wide.
     pub errors_ps: f64,
+    /// WebSocket connections open.
     pub connections: i64,
+    /// Live topic subscriptions.
     pub subscribers: i64,
+    /// Resident memory in bytes.
     pub memory_rss_bytes: u64,
     /// Per namespace: `[handled/s, publishes/s, invocations/s]`.
     pub ns: BTreeMap<String, [f64; 3]>,
 }
 
 impl HistoryPoint {
+    /// The chart numbers of one snapshot.
     pub fn of(s: &Snapshot) -> HistoryPoint {
         HistoryPoint {
             at_ms: s.at_ms,
@@ -140,23 +194,33 @@ impl HistoryPoint {
     }
 }
 
+/// A handling-time series: `(kind, namespace label)`.
 type SeriesKey = (String, String);
 
 /// Cumulative histogram buckets of one series: upper bounds and counts.
 #[derive(Clone)]
 struct Buckets {
+    /// Upper bound of each bucket, in seconds, ascending.
     bounds: Vec<f64>,
+    /// Observations at or below the matching bound, since start.
     counts: Vec<u64>,
 }
 
 /// What the sampler remembers between ticks to turn totals into rates.
 #[derive(Default)]
 pub struct Previous {
+    /// When the last snapshot was taken; None before the first (rates read 0).
     at: Option<Instant>,
+    /// The last tick's sequence number.
     tick: u64,
+    /// Each live actor's `handled` at the last tick, by actor id.
     actor_handled: HashMap<u64, u64>,
+    /// Each namespace's `[publishes, invocations, errors]` at the last tick.
     ns_totals: HashMap<String, [u64; 3]>,
+    /// HTTP requests finished, as of the last tick.
     http_total: u64,
+    /// Handling-time buckets of the last [`QUANTILE_WINDOW_TICKS`] ticks,
+    /// oldest first: the percentiles' window starts at the front.
     handling: VecDeque<HashMap<SeriesKey, Buckets>>,
 }
 
@@ -183,6 +247,7 @@ fn by_namespace(c: &impl Collector) -> HashMap<String, f64> {
     out
 }
 
+/// The value of label `name` on one metric, empty when absent.
 fn label<'a>(m: &'a prometheus::proto::Metric, name: &str) -> &'a str {
     m.get_label()
         .iter()
@@ -191,6 +256,7 @@ fn label<'a>(m: &'a prometheus::proto::Metric, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// The current buckets of every actor handling-time series.
 fn handling_buckets(metrics: &Metrics) -> HashMap<SeriesKey, Buckets> {
     let mut out = HashMap::new();
     for fam in metrics.actor_handling_seconds.collect() {

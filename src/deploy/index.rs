@@ -10,21 +10,30 @@ use std::sync::Arc;
 /// What serves a matched route.
 #[derive(Clone)]
 pub enum Serve {
+    /// A static site's manifest, path to file (the bytes are blobs in the store).
     Static(Arc<BTreeMap<String, SiteFile>>),
+    /// The upstream instances, their egress policy and passive health.
     Upstream(Arc<UpstreamPool>),
 }
 
 /// One route of one deployment's active version.
 pub struct Bound {
+    /// The namespace owning the deployment (its limits and metrics apply).
     pub namespace: String,
+    /// The deployment's name; breaks priority ties.
     pub deployment: String,
+    /// Its active version when the index was built.
     pub version: u64,
+    /// What the route takes and how it rewrites the path.
     pub route: RouteSpec,
+    /// What answers the matched requests.
     pub serve: Serve,
 }
 
+/// One path segment of a host's trie.
 #[derive(Default)]
 struct TrieNode {
+    /// The next segments.
     children: HashMap<String, TrieNode>,
     /// Sorted by priority (highest first), then deployment name.
     routes: Vec<Arc<Bound>>,
@@ -33,6 +42,7 @@ struct TrieNode {
 /// Every host's routes.
 #[derive(Default)]
 pub struct Index {
+    /// Per host: the namespace owning it and the root of its route trie.
     hosts: HashMap<String, (String, TrieNode)>,
 }
 
@@ -87,10 +97,12 @@ impl Index {
         })
     }
 
+    /// Hosts routed.
     pub fn len(&self) -> usize {
         self.hosts.len()
     }
 
+    /// Whether no host is routed.
     pub fn is_empty(&self) -> bool {
         self.hosts.is_empty()
     }

@@ -14,23 +14,33 @@ pub const MAX_ROUTES: usize = 64;
 /// A deployment's head record (`dep/<ns>/<name>`): which version serves.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeploymentRecord {
+    /// The deployment's name, unique in its namespace (see [`valid_name`]).
     pub name: String,
+    /// The owning namespace (also in the key).
     pub namespace: String,
     /// The version now serving.
     pub active: u64,
     /// The highest version ever created.
     pub latest: u64,
+    /// Unix seconds of the first version; kept across later ones.
     pub created_at: u64,
+    /// Unix seconds of the last deploy or rollback.
     pub updated_at: u64,
 }
 
 /// One immutable version of a deployment (`depv/<ns>/<name>/<version>`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeploymentVersion {
+    /// Counts up from 1 per deployment (one past the record's `latest`).
     pub version: u64,
+    /// Normalized host names (see [`normalize_host`]) this version answers, at
+    /// most [`MAX_HOSTS`]; each is claimed for the namespace under [`host_key`].
     pub hosts: Vec<String>,
+    /// Checked routes (see [`validate_routes`]); never empty.
     pub routes: Vec<RouteSpec>,
+    /// The site or upstreams that serve the routes.
     pub target: TargetSpec,
+    /// Unix seconds when this version was created.
     pub created_at: u64,
 }
 
@@ -40,18 +50,26 @@ pub struct DeploymentVersion {
 pub enum TargetSpec {
     /// Files of a tarball, each stored content-addressed under `blob/<sha256>`.
     Static {
+        /// Each file by its path inside the site (`a/b.html`, no leading `/`).
         files: BTreeMap<String, SiteFile>,
+        /// Unpacked size of the tarball's regular files, in bytes.
         total_bytes: u64,
     },
     /// HTTP instances, base URLs without a path (`http://127.0.0.1:9000`).
-    Upstream { instances: Vec<String> },
+    Upstream {
+        /// Normalized by [`normalize_instance`]; at most [`MAX_INSTANCES`].
+        instances: Vec<String>,
+    },
 }
 
 /// One file of a static site.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SiteFile {
+    /// SHA-256 (hex) of the contents: the bytes are stored under `blob/<sha256>`.
     pub sha256: String,
+    /// Size of the contents, in bytes.
     pub size: u64,
+    /// The `Content-Type` served, guessed from the path's extension.
     pub content_type: String,
 }
 
@@ -60,15 +78,21 @@ pub struct SiteFile {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
+    /// Requests whose path starts with this, on a segment boundary; `/` by default.
     #[serde(default = "root")]
     pub path_prefix: String,
     /// Upper-case method names; empty takes every method.
     #[serde(default)]
     pub methods: Vec<String>,
+    /// Removed from the front of the path before it goes upstream or to the site
+    /// (see [`RouteSpec::rewrite`]).
     #[serde(default)]
     pub strip_prefix: Option<String>,
+    /// Put in front of the path, after `strip_prefix` is removed.
     #[serde(default)]
     pub add_prefix: Option<String>,
+    /// Among routes on the same prefix of a host, the highest wins (then the
+    /// deployment name); a deeper prefix wins regardless.
     #[serde(default)]
     pub priority: i32,
 }
@@ -241,18 +265,22 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
         .collect()
 }
 
+/// `dep/<ns>/<name>`: the [`DeploymentRecord`].
 pub fn dep_key(ns: &str, name: &str) -> Vec<u8> {
     format!("dep/{ns}/{name}").into_bytes()
 }
 
+/// `dep/<ns>/`: every deployment record of the namespace.
 pub fn dep_prefix(ns: &str) -> Vec<u8> {
     format!("dep/{ns}/").into_bytes()
 }
 
+/// `depv/<ns>/<name>/<version>` (zero-padded so versions sort): a [`DeploymentVersion`].
 pub fn ver_key(ns: &str, name: &str, version: u64) -> Vec<u8> {
     format!("depv/{ns}/{name}/{version:020}").into_bytes()
 }
 
+/// `depv/<ns>/<name>/`: every version of one deployment.
 pub fn ver_prefix(ns: &str, name: &str) -> Vec<u8> {
     format!("depv/{ns}/{name}/").into_bytes()
 }
@@ -270,6 +298,7 @@ pub fn host_key(host: &str) -> Vec<u8> {
 /// The owner of a host, as stored under [`host_key`].
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HostClaim {
+    /// The only namespace whose deployments may route this host.
     pub namespace: String,
 }
 

@@ -11,15 +11,20 @@ use std::io::Read;
 /// Limits of one site.
 #[derive(Debug, Clone, Copy)]
 pub struct SiteLimits {
+    /// Most bytes the regular files may add up to (`max_site_unpacked_bytes`
+    /// in the config); past it the upload is refused with 413.
     pub max_unpacked_bytes: u64,
+    /// Most file and link entries (directories not counted; `max_site_files`).
     pub max_files: usize,
 }
 
 /// An unpacked site: its manifest and the distinct contents to store.
 pub struct Site {
+    /// Every file (links resolved to their target's contents) by site path.
     pub files: BTreeMap<String, SiteFile>,
     /// Distinct file contents by sha256 (hex).
     pub blobs: BTreeMap<String, Vec<u8>>,
+    /// Sum of the regular files' sizes, in bytes (at most `max_unpacked_bytes`).
     pub total_bytes: u64,
 }
 

@@ -24,7 +24,9 @@ use std::collections::BTreeSet;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExportedDeployment {
+    /// The head record; on import its namespace is replaced by the target's.
     pub record: DeploymentRecord,
+    /// Every version kept, the active one included (checked on import).
     pub versions: Vec<DeploymentVersion>,
 }
 
@@ -75,6 +77,7 @@ impl ExportedDeployment {
 
 /// Holds the store-wide deployment lock for the length of an import.
 pub struct ImportLock<'a> {
+    /// Held, never read: released when the import's batch is done.
     _lock: WriteLock<'a>,
 }
 

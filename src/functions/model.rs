@@ -30,30 +30,43 @@ pub const MAX_VALUE_BYTES: usize = 16 * 1024;
 /// The function record, `fn/<ns>/<name>`: what is current.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FunctionRecord {
+    /// The function's name, unique in its namespace (see [`valid_function_name`]).
     pub name: String,
+    /// The version invoked when a call names none: the newest deploy.
     pub current_version: u64,
+    /// Whether `/fn/<ns>/<name>` may be called without a credential of the namespace.
     pub is_public: bool,
     /// Versions kept, oldest first (at most [`MAX_VERSIONS`]).
     pub versions: Vec<u64>,
+    /// Unix seconds of the first deploy; kept across later deploys.
     pub created_at: u64,
+    /// Unix seconds of the last change to this record.
     pub updated_at: u64,
 }
 
 /// One version, `fnver/<ns>/<name>/<version>`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VersionMeta {
+    /// Counts up from 1 per function: one more than any version the record knows.
     pub version: u64,
     /// SHA-256 of the module: its bytes are `blob/<sha256>`.
     pub sha256: String,
+    /// Size of the module, in bytes.
     pub size_bytes: usize,
+    /// The guest's memory limit, in MiB, within [`MEMORY_MB_RANGE`].
     pub memory_limit_mb: u32,
+    /// Wall-clock limit of one invocation, in seconds, within [`TIMEOUT_RANGE`].
     pub timeout_seconds: u32,
+    /// Environment the guest sees (at most [`MAX_ENV_VARS`]).
     #[serde(default)]
     pub env_vars: BTreeMap<String, String>,
+    /// Topic patterns whose publishes invoke this version (glob, see [`topic_matches`]).
     #[serde(default)]
     pub pubsub_topics: Vec<String>,
+    /// Cron expressions (UTC, see [`parse_cron`]) that invoke this version.
     #[serde(default)]
     pub cron: Vec<String>,
+    /// Unix seconds of the deploy that made this version.
     pub created_at: u64,
 }
 
@@ -64,8 +77,11 @@ pub type ValidMetadata = (BTreeMap<String, String>, Vec<String>, Vec<String>);
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct FunctionMetadata {
+    /// Becomes [`VersionMeta::env_vars`]; names `[A-Za-z_][A-Za-z0-9_]*`.
     pub env_vars: BTreeMap<String, String>,
+    /// Becomes [`VersionMeta::pubsub_topics`]; each 1 to 256 bytes.
     pub pubsub_topics: Vec<String>,
+    /// Becomes [`VersionMeta::cron`]; a string or a list is accepted.
     pub cron: CronList,
 }
 
@@ -73,13 +89,17 @@ pub struct FunctionMetadata {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum CronList {
+    /// The field was absent: no cron trigger.
     #[default]
     None,
+    /// `"cron": "<expr>"`.
     One(String),
+    /// `"cron": ["<expr>", ...]`.
     Many(Vec<String>),
 }
 
 impl CronList {
+    /// The expressions, in order.
     pub fn into_vec(self) -> Vec<String> {
         match self {
             CronList::None => Vec::new(),
@@ -143,24 +163,33 @@ impl FunctionMetadata {
 /// One invocation record, `log/<ns>/<name>/<time>`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InvocationRecord {
+    /// The request id of the call (also part of the record's key).
     pub request_id: String,
+    /// The function's name.
     pub function: String,
+    /// The version that ran.
     pub version: u64,
     /// `http`, `public`, `ws`, `pubsub`, `cron`.
     pub trigger: String,
     /// `ok` or the error code.
     pub status: String,
+    /// The error's message when the invocation failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Time the guest ran, in milliseconds; 0 when it failed.
     pub duration_ms: u64,
+    /// Unix milliseconds when the call finished (the key's time).
     pub timestamp_ms: u64,
+    /// What the guest logged, in order; empty when it failed.
     pub logs: Vec<LogEntry>,
 }
 
 /// One guest log line in a record.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LogEntry {
+    /// `debug`, `info`, `warn` or `error` from the `log` import; stderr lines are `info`.
     pub level: String,
+    /// The line, cut to the host's per-line limit, invalid UTF-8 replaced.
     pub message: String,
 }
 
@@ -271,7 +300,9 @@ pub fn fnver_prefix(ns: &str) -> Vec<u8> {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ExportedFunction {
+    /// The function record as stored; its `versions` must match those carried.
     pub record: FunctionRecord,
+    /// Every version the record lists, in the same order.
     pub versions: Vec<VersionMeta>,
 }
 

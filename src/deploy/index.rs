@@ -18,7 +18,7 @@ pub enum Serve {
 
 /// One route of one deployment's active version.
 pub struct Bound {
-    /// The namespace owning the deployment (its limits and metrics apply).
+    /// The namespace owning the deployment; [`Index::host_namespace`] answers it.
     pub namespace: String,
     /// The deployment's name; breaks priority ties.
     pub deployment: String,

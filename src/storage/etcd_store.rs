@@ -36,6 +36,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// HTTP/2 pings, so a connection that died silently is noticed.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a keep-alive ping may go unanswered before the connection is dropped.
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Bytes one request may carry. etcd's default `--max-request-bytes` is 1.5 MiB;
 /// the rest is left for framing.
@@ -46,48 +47,65 @@ const OP_OVERHEAD: usize = 64;
 const CHUNK_BYTES: usize = 1 << 20;
 /// Operations one transaction may hold: etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
-/// Keys read per request of a scan, and chunks per request of a large value.
+/// Keys read per request of a scan.
 const SCAN_PAGE: i64 = 64;
+/// Chunks read per request when a large value is assembled.
 const CHUNK_PAGE: i64 = 16;
 /// Largest response accepted from etcd (a page of a scan of large values).
 const MAX_RESPONSE_BYTES: usize = 256 << 20;
 /// Seconds chunks written ahead of their record live if the record never comes.
 const PENDING_CHUNK_TTL: i64 = 300;
 
+/// Prefix of every key's record; scans range over it only.
 const DATA: &[u8] = b"meshgate/d/";
+/// Prefix of the chunks of large values, by generation.
 const CHUNKS: &[u8] = b"meshgate/c/";
+/// Record tag: the value follows inline.
 const INLINE: u8 = 0;
+/// Record tag: a chunk header follows.
 const CHUNKED: u8 = 1;
+/// Random bytes naming one write's chunks, so a rewrite never mixes old and new chunks.
 const GENERATION_BYTES: usize = 16;
+/// Length of an encoded [`ChunkHeader`]: tag, generation, length, count, CRC-32.
 const HEADER_BYTES: usize = 1 + GENERATION_BYTES + 8 + 4 + 4;
 
 /// The store on an etcd cluster (cheap to clone). etcd-client reconnects by
 /// itself when etcd comes back (tested: `unavailable_then_recovers`).
 #[derive(Clone)]
 pub struct EtcdStore {
+    /// Shared by every clone of the store.
     clients: Arc<Clients>,
 }
 
 /// Each request runs on a clone (the clients' calls take `&mut self`).
 struct Clients {
+    /// Reads, writes and transactions.
     kv: KvClient,
+    /// Leases: a time to live, and the pending lease of chunks written ahead.
     lease: LeaseClient,
+    /// Prefix watches ([`EtcdStore::watch_prefix`]).
     watch: WatchClient,
 }
 
 /// What a committed write found: whether its guard held, and the records it
 /// replaced or deleted.
 struct Committed {
+    /// Whether the transaction's compare held (so its writes were applied).
     succeeded: bool,
+    /// The previous records of the keys written: their chunks are removed after.
     replaced: Vec<KeyValue>,
 }
 
 /// The header of a chunked value.
 #[derive(Debug, Clone, PartialEq)]
 struct ChunkHeader {
+    /// Names the chunk keys (`meshgate/c/<generation hex>/<index>`) of this write.
     generation: [u8; GENERATION_BYTES],
+    /// Length of the whole value, in bytes.
     len: u64,
+    /// Number of chunks, each [`CHUNK_BYTES`] but the last.
     count: u32,
+    /// CRC-32 of the whole value: a torn or mixed read is reported corrupt.
     crc: u32,
 }
 
@@ -189,15 +207,27 @@ async fn rpc<T>(
 enum Op {
     /// A record (asks for the record it replaces) or a chunk.
     Put {
+        /// The full etcd key (`meshgate/d/...` or `meshgate/c/...`).
         key: Vec<u8>,
+        /// The encoded record or the chunk's bytes.
         value: Vec<u8>,
+        /// The etcd lease it is attached to; 0 for none.
         lease: i64,
+        /// A record (its previous value is asked for), not a chunk.
         record: bool,
     },
     /// Moves an existing chunk to `lease`, keeping its value.
-    Relabel { key: Vec<u8>, lease: i64 },
+    Relabel {
+        /// The chunk's etcd key.
+        key: Vec<u8>,
+        /// The lease it moves to (the record's; 0 for none).
+        lease: i64,
+    },
     /// Deletes a record (asks for the record it deletes).
-    Delete { key: Vec<u8> },
+    Delete {
+        /// The record's etcd key.
+        key: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -239,8 +269,12 @@ impl Op {
 
 /// A write split into its records and the chunks of its large values.
 struct Plan {
+    /// One put or delete per distinct key (the last write of a key wins).
     records: Vec<Op>,
+    /// The chunk puts of the values too large to go inline.
     chunks: Vec<Op>,
+    /// The generation of each chunked value: their chunks are deleted if the
+    /// write's guard fails.
     generations: Vec<[u8; GENERATION_BYTES]>,
 }
 
@@ -318,7 +352,6 @@ fn plan(writes: Vec<(Vec<u8>, Option<Vec<u8>>)>, lease: i64) -> Plan {
     p
 }
 
-/// Cuts `ops` into consecutive groups that each fit one transaction.
 /// A large value's chunks written first under the `pending` lease, and the
 /// relabels that move them to `lease` in the step that makes the record
 /// visible (so a record never shows before its chunks are final).
@@ -342,6 +375,7 @@ fn staged_chunks(chunks: Vec<Op>, pending: i64, lease: i64) -> (Vec<Op>, Vec<Op>
     (staged, relabels)
 }
 
+/// Cuts `ops` into consecutive groups that each fit one transaction.
 fn groups(ops: Vec<Op>) -> Vec<Vec<Op>> {
     let mut out: Vec<Vec<Op>> = Vec::new();
     let mut bytes = 0;
@@ -406,8 +440,11 @@ pub enum ConnectError {
     /// A file `[cluster]` names cannot be used (missing, not PEM, mismatched).
     #[error("cluster.{setting} {path}: {reason}")]
     File {
+        /// The `[cluster]` setting naming the file (`etcd_ca_file`, ...).
         setting: &'static str,
+        /// The file's path as configured.
         path: String,
+        /// What is wrong with it.
         reason: String,
     },
     /// etcd answered, and refused what this node presented (its certificate,
@@ -431,17 +468,26 @@ pub struct EtcdAccess {
     user: Option<EtcdUser>,
 }
 
+/// The client certificate presented to etcd (mutual TLS).
 #[derive(Clone)]
 struct ClientIdentity {
+    /// `etcd_cert_file`, named in errors and `Debug`.
     cert_file: String,
+    /// The certificate chain, PEM.
     cert: Vec<u8>,
+    /// The private key, PEM; checked at start-up to match `cert`.
     key: Vec<u8>,
 }
 
+/// The etcd user the node authenticates as.
 #[derive(Clone)]
 struct EtcdUser {
+    /// `etcd_user`.
     name: String,
+    /// Read from `etcd_password_file` (one trailing newline dropped); never
+    /// printed (`Debug` of [`EtcdAccess`] leaves it out).
     password: String,
+    /// `etcd_password_file`, named in errors.
     password_file: String,
 }
 
@@ -1096,6 +1142,7 @@ impl EtcdStore {
 
 /// An etcd watch on the records under a prefix (see [`EtcdStore::watch_prefix`]).
 pub struct EtcdWatch {
+    /// etcd's event stream for the prefix (created, not yet cancelled).
     stream: WatchStream,
 }
 

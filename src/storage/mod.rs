@@ -35,7 +35,12 @@ pub enum StoreError {
     Locked(String),
     /// The data folder cannot be created or written.
     #[error("the data folder {path} is not usable: {reason}")]
-    Unusable { path: String, reason: String },
+    Unusable {
+        /// The data folder (or file in it) that failed.
+        path: String,
+        /// The operating system's or sled's error.
+        reason: String,
+    },
     /// The backend is unreachable or failed; the operation may be retried.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -44,19 +49,24 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// The result of every store operation.
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// One write of an atomic batch.
 #[derive(Debug, Clone)]
 pub enum BatchOp {
+    /// Writes the value (second) under the key (first), with no time to live.
     Put(Vec<u8>, Vec<u8>),
+    /// Removes the key; absent keys are no error.
     Delete(Vec<u8>),
 }
 
 /// The ordered-KV contract shared by every backend. Writes are durable when
 /// their future resolves.
 pub trait OrderedKv: Send + Sync {
+    /// The value under `key`; None when absent (or its time to live ran out).
     fn get(&self, key: &[u8]) -> impl Future<Output = StoreResult<Option<Vec<u8>>>> + Send;
+    /// Writes `value` under `key`, replacing any value and time to live.
     fn put(&self, key: &[u8], value: &[u8]) -> impl Future<Output = StoreResult<()>> + Send;
     /// Like `put`, but the key vanishes after `ttl`.
     fn put_ttl(
@@ -103,6 +113,7 @@ pub struct PrefixWatch(WatchInner);
 enum WatchInner {
     /// The embedded store: one node, no other writer to hear from.
     Never,
+    /// An etcd watch on the prefix.
     #[cfg(feature = "cluster")]
     Etcd(EtcdWatch),
 }
@@ -123,7 +134,9 @@ impl PrefixWatch {
 /// The node's store handle (cheap to clone).
 #[derive(Clone)]
 pub enum Store {
+    /// The embedded store of a single node (`data_dir/db`).
     Sled(SledStore),
+    /// The etcd cluster every member of a cluster shares.
     #[cfg(feature = "cluster")]
     Etcd(EtcdStore),
 }

@@ -7,17 +7,24 @@ use super::{BatchOp, OrderedKv, StoreError, StoreResult};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// Header of a value without a time to live.
 const PLAIN: u8 = 0;
+/// Header of a value followed by its expiry (8 bytes, unix ms, big-endian).
 const EXPIRING: u8 = 1;
 /// How often expired keys are removed in the background.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
+/// The embedded store of a single node (cheap to clone: clones share the database).
 #[derive(Clone)]
 pub struct SledStore {
+    /// The open database under `data_dir/db`; sled's file lock keeps out a second process.
     db: sled::Db,
+    /// Queue of the group-commit thread: a write sends a waiter and is
+    /// acknowledged when the fsync that follows answers it.
     flusher: std::sync::mpsc::Sender<FlushWaiter>,
 }
 
+/// Answered once the flush that covers the waiting write is done (or failed).
 type FlushWaiter = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 /// Group commit: one thread runs sled's synchronous `flush` (fsync) for every
@@ -133,6 +140,7 @@ impl SledStore {
         removed
     }
 
+    /// Waits until every write made so far is on disk.
     async fn durable(&self) -> StoreResult<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.flusher

@@ -39,8 +39,10 @@ pub mod close {
 /// Why a topic name is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopicError {
+    /// Empty, too long, or with whitespace or control characters: 400 `BAD_TOPIC`.
     #[error("a topic is 1 to {MAX_TOPIC_BYTES} bytes without spaces or control characters")]
     Invalid,
+    /// Under [`RESERVED_PREFIX`], which only the node publishes to: 403 `RESERVED_TOPIC`.
     #[error("topics under _mg/ are reserved")]
     Reserved,
 }
@@ -71,7 +73,9 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
+    /// Every kind, in [`FrameKind::index`] order.
     pub const ALL: [FrameKind; 3] = [FrameKind::Simple, FrameKind::Full, FrameKind::Binary];
+    /// 0, 1 or 2: the slot of this kind in per-kind arrays (frames, counts).
     pub fn index(self) -> usize {
         self as usize
     }
@@ -88,10 +92,15 @@ pub fn now_ms() -> u64 {
 /// WebSocket opcodes of the frames the server writes.
 #[derive(Clone, Copy)]
 pub enum Opcode {
+    /// A UTF-8 text frame (JSON messages, acks, errors).
     Text = 0x1,
+    /// A binary frame (`format=binary` messages).
     Binary = 0x2,
+    /// A close frame: code and reason.
     Close = 0x8,
+    /// A ping; the client answers with a pong.
     Ping = 0x9,
+    /// The answer to a client's ping.
     Pong = 0xA,
 }
 
@@ -132,10 +141,14 @@ pub fn json_frame(v: &impl Serialize) -> Bytes {
 pub fn message_frame(kind: FrameKind, topic: &str, data: &[u8], timestamp: u64) -> Bytes {
     #[derive(Serialize)]
     struct Out<'a> {
+        /// `"message"` on the full socket; absent on the simple one.
         #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
         kind: Option<&'static str>,
+        /// The topic published to.
         topic: &'a str,
+        /// The payload, standard base64.
         data_base64: String,
+        /// Unix milliseconds given by the publishing node.
         timestamp: u64,
     }
     match kind {
@@ -172,11 +185,14 @@ pub fn error_frame(id: &Value, e: &FrameError) -> Bytes {
 /// An error answered on a socket; the socket stays open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameError {
+    /// Machine-readable, the same codes as the HTTP API (`BAD_FRAME`, `BAD_TOPIC`, ...).
     pub code: &'static str,
+    /// For people; sent as `error.message`.
     pub message: String,
 }
 
 impl FrameError {
+    /// An error with `code` and `message`.
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
@@ -194,21 +210,34 @@ impl From<crate::error::ApiError> for FrameError {
 /// A client frame of `/v1/ws`, parsed.
 #[derive(Debug, PartialEq)]
 pub enum ClientFrame {
+    /// `{"type":"subscribe","topic",...}`: adds a topic to the socket.
     Subscribe {
+        /// The topic, not yet checked.
         topic: String,
+        /// With `"presence":true`: the `member_id` and `member_meta` (JSON
+        /// other than a string is kept as its text).
         presence: Option<(String, Option<String>)>,
     },
+    /// `{"type":"unsubscribe","topic"}`.
     Unsubscribe {
+        /// The topic to leave.
         topic: String,
     },
+    /// `{"type":"publish","topic","data_base64"}`.
     Publish {
+        /// The topic, not yet checked.
         topic: String,
+        /// The decoded payload; empty when `data_base64` is absent.
         data: Bytes,
     },
+    /// `{"type":"invoke","function","input_base64"}`: calls a function of the namespace.
     Invoke {
+        /// The function's name.
         function: String,
+        /// The decoded input; empty when `input_base64` is absent.
         input: Bytes,
     },
+    /// `{"type":"ping"}`: answered with an ack.
     Ping,
 }
 

@@ -24,13 +24,18 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 thread_local! {
+    /// This worker thread's relay, once a socket opened here.
     static LOCAL: RefCell<Option<Rc<Relay>>> = const { RefCell::new(None) };
 }
 
 /// The relay of one worker thread.
 pub struct Relay {
+    /// Its index in the service's relay list; [`SubscriberRef::relay`](super::SubscriberRef::relay)
+    /// names it so a publish reaches the right thread.
     pub id: u32,
+    /// The node's pub/sub service (metrics, limits, drain signal).
     service: PubSubService,
+    /// The open connections of this thread, by connection id.
     conns: RefCell<HashMap<u64, Rc<Conn>>>,
 }
 
@@ -73,6 +78,7 @@ impl Relay {
         self.conns.borrow_mut().remove(&conn);
     }
 
+    /// Pushes a publish's frame to each of its connections still open here.
     fn deliver(&self, d: Delivery) {
         let conns = self.conns.borrow();
         let mut delivered = 0u64;
@@ -94,6 +100,7 @@ impl Relay {
     }
 }
 
+/// The relay's loop: deliveries and closes from the service, in order.
 async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
     let mut batch = Vec::with_capacity(64);
     while rx.recv_many(&mut batch, 64).await > 0 {
@@ -128,8 +135,10 @@ async fn watch_drain(relay: Rc<Relay>, mut draining: tokio::sync::watch::Receive
     }
 }
 
+/// Whether a queue still takes frames.
 #[derive(Default, PartialEq, Eq, Clone, Copy)]
 enum State {
+    /// Takes frames.
     #[default]
     Open,
     /// A close frame is the last thing queued.
@@ -143,22 +152,34 @@ enum State {
 #[rtype(result = "()")]
 pub struct Shutdown;
 
+/// The mutable part of a [`Conn`].
 #[derive(Default)]
 struct Outbound {
+    /// Encoded WebSocket frames not yet handed to the dispatcher.
     queue: VecDeque<Bytes>,
+    /// Bytes in `queue`, checked against `outbound_queue_bytes`.
     bytes: usize,
+    /// The response body's task, woken when a frame is queued.
     waker: Option<Waker>,
+    /// Open, or closing with a close frame last in the queue.
     state: State,
+    /// The socket's session, told to stop on shutdown (weak: the queue must
+    /// not keep it alive).
     session: Option<actix::WeakRecipient<Shutdown>>,
 }
 
 /// One socket's bounded outbound queue, shared by its relay, its session and
 /// its response body (all on the same thread).
 pub struct Conn {
+    /// Unique per node (from the service); the subscriber's key in topic tables.
     pub id: u64,
+    /// Frames queued at most (`pubsub.outbound_queue_messages`); past it: 4008.
     max_messages: usize,
+    /// Bytes queued at most (`pubsub.outbound_queue_bytes`); past it: 4008.
     max_bytes: usize,
+    /// The queue and its state.
     out: RefCell<Outbound>,
+    /// For the drop counters.
     service: PubSubService,
 }
 

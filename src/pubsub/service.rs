@@ -30,6 +30,8 @@ pub const RELAY_QUEUE: usize = 65_536;
 pub struct Delivery {
     /// The frame of each [`FrameKind`], encoded once (None when unused).
     pub frames: Arc<[Option<Bytes>; 3]>,
+    /// The relay's subscribed connections and the framing each wants (the
+    /// topic table's list, shared, not copied).
     pub conns: Arc<Vec<(u64, FrameKind)>>,
 }
 
@@ -39,7 +41,9 @@ pub enum RelayMsg {
     Deliver(Delivery),
     /// Close these sockets with `code` (their namespace was deleted).
     Close {
+        /// The relay's connections to close (ids not open there are skipped).
         conns: Arc<Vec<(u64, FrameKind)>>,
+        /// The WebSocket close code sent (4004 for a deleted namespace).
         code: u16,
     },
 }
@@ -56,6 +60,8 @@ pub enum Origin {
 /// The cluster mesh's side of the seam: receives every locally published
 /// message once. Single nodes have none.
 pub trait MeshSink: Send + Sync {
+    /// Sends one message to the other nodes; `timestamp` (Unix ms) is the one
+    /// local subscribers saw, so every node delivers the same frame.
     fn forward(&self, namespace: &str, topic: &str, data: &Bytes, timestamp: u64);
 }
 
@@ -63,11 +69,17 @@ pub trait MeshSink: Send + Sync {
 #[derive(Clone)]
 pub struct PubSubService(Arc<Inner>);
 
+/// The state behind [`PubSubService`], reached through its `Deref`.
 pub struct Inner {
+    /// The node's metrics: delivered and dropped frames, slow consumers.
     pub metrics: Metrics,
+    /// `[pubsub]`: the socket queue limits and frame size.
     pub config: PubSubConfig,
+    /// Each worker relay's channel, indexed by relay id; relays are never removed.
     relays: RwLock<Vec<tokio::sync::mpsc::Sender<RelayMsg>>>,
+    /// The next connection id (from 1).
     next_conn: AtomicU64,
+    /// The cluster mesh, set once at start in cluster mode; None on a single node.
     mesh: RwLock<Option<Arc<dyn MeshSink>>>,
     /// Flips to true when the node drains; each relay closes its sockets (1001).
     pub draining: tokio::sync::watch::Receiver<bool>,
@@ -89,6 +101,7 @@ impl Default for PubSubService {
 }
 
 impl PubSubService {
+    /// A service with no relays yet (they register as sockets open) and no mesh.
     pub fn new(
         metrics: Metrics,
         config: PubSubConfig,

@@ -17,16 +17,22 @@ use std::sync::Arc;
 /// A local subscriber: which relay owns its socket, its connection id and framing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SubscriberRef {
+    /// The id of the relay (one per worker thread) that owns the socket.
     pub relay: u32,
+    /// The connection's id, unique per node; the key of its subscriptions.
     pub conn: u64,
+    /// How a message is framed for this socket.
     pub kind: FrameKind,
 }
 
 /// A presence member as `GET /v1/pubsub/presence` lists it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Member {
+    /// Chosen by the client (`member_id`); several sockets may share it.
     pub member_id: String,
+    /// The `member_meta` of the first join: JSON when it parses, else a string.
     pub meta: Option<serde_json::Value>,
+    /// Unix milliseconds when the first connection under this id joined.
     pub joined_at: u64,
     /// Connections present under this id (a member may join from several).
     pub connections: usize,
@@ -35,26 +41,37 @@ pub struct Member {
 /// A live topic as `GET /v1/pubsub/topics` lists it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TopicInfo {
+    /// The topic's name.
     pub topic: String,
+    /// Local subscriptions to it.
     pub subscribers: usize,
+    /// Distinct presence members on it.
     pub members: usize,
 }
 
+/// One topic with at least one local subscriber (removed with its last).
 #[derive(Default)]
 struct Topic {
+    /// The subscribers by connection id.
     subs: HashMap<u64, SubscriberRef>,
     /// Per relay, the connections to hand a message to. Copy-on-write: a
     /// delivery in flight holds the old list, the next one sees the new.
     targets: Targets,
+    /// Subscribers per [`FrameKind`] (by its index): a publish renders only
+    /// the frame kinds someone needs.
     kinds: [usize; 3],
+    /// Presence members by id.
     members: HashMap<String, Member>,
+    /// Which member each present connection joined as, to leave on unsubscribe.
     member_of_conn: HashMap<u64, String>,
 }
 
 /// A join or leave to publish on the topic (the event is the message's data).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PresenceEvent {
+    /// The topic joined or left; the event is published on it.
     pub topic: String,
+    /// The JSON event: `{"type":"presence","event":"join"|"leave",...}`.
     pub data: bytes::Bytes,
 }
 
@@ -78,12 +95,16 @@ fn presence_event(event: &str, topic: &str, m: &Member) -> PresenceEvent {
 pub struct TopicTable {
     /// The node's delivery path (every publish goes through it).
     pub service: PubSubService,
+    /// The topics with at least one local subscriber.
     topics: HashMap<String, Topic>,
+    /// Each connection's topics, so a closed socket unsubscribes from all.
     conn_topics: HashMap<u64, Vec<String>>,
+    /// Subscriptions over every topic ([`TopicTable::subscriptions`]).
     count: usize,
 }
 
 impl TopicTable {
+    /// An empty table delivering through `service`.
     pub fn new(service: PubSubService) -> Self {
         Self {
             service,

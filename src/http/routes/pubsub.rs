@@ -19,6 +19,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+/// Adds the pub/sub routes and their policies to the node's route table.
 pub fn register(t: &mut RouteTable) {
     t.add(
         Method::POST,
@@ -76,10 +77,13 @@ fn topic_ok(topic: &str) -> ApiResult<()> {
     })
 }
 
+/// One message of `POST /v1/pubsub/publish` (and of a batch).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PublishBody {
+    /// Checked by [`topic_ok`] and against the caller's `publish` grants.
     topic: String,
+    /// The payload, standard base64; at most `pubsub.max_frame_bytes` decoded.
     #[serde(default)]
     data_base64: String,
 }
@@ -118,6 +122,7 @@ async fn publish(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BatchBody {
+    /// 1 to [`MAX_BATCH`] messages; one invalid message refuses the whole batch.
     messages: Vec<PublishBody>,
 }
 
@@ -143,13 +148,19 @@ async fn publish_batch(
     Ok(HttpResponse::Ok().json(json!({"ok": true, "published": n})))
 }
 
+/// The query of `GET /v1/pubsub/ws`.
 #[derive(Deserialize)]
 struct SocketQuery {
+    /// The one topic the socket subscribes to (needs a `subscribe` grant on it).
     topic: String,
+    /// Join the topic's presence as `member_id`.
     #[serde(default)]
     presence: bool,
+    /// Required with `presence=true`; see [`check_member`] for its bounds.
     member_id: Option<String>,
+    /// Shown with the member: parsed as JSON, else kept as a string.
     member_meta: Option<String>,
+    /// `json` (default) or `binary` (raw payloads as binary frames).
     format: Option<String>,
 }
 
@@ -273,8 +284,10 @@ async fn full_socket(
     Ok(upgraded(resp, conn))
 }
 
+/// The query of `GET /v1/pubsub/presence`.
 #[derive(Deserialize)]
 struct TopicQuery {
+    /// Whose presence members to list.
     topic: String,
 }
 
@@ -285,17 +298,24 @@ const FAN_OUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// A topic as one node counts it (the shape of `TopicInfo`).
 #[derive(Serialize, Deserialize, Clone)]
 struct TopicCount {
+    /// The topic's name.
     topic: String,
+    /// Subscriptions to it on that node.
     subscribers: usize,
+    /// Presence members on that node.
     members: usize,
 }
 
 /// A presence member as one node holds it (the shape of `Member`).
 #[derive(Serialize, Deserialize, Clone)]
 struct PresenceMember {
+    /// Merged across nodes by this id.
     member_id: String,
+    /// As the member joined; the earliest join's meta wins in a merge.
     meta: Option<serde_json::Value>,
+    /// Unix milliseconds of the first join (the earliest across nodes).
     joined_at: u64,
+    /// Sockets present under this id (summed across nodes).
     connections: usize,
 }
 
@@ -303,14 +323,18 @@ struct PresenceMember {
 /// the presence members of one topic.
 #[derive(Serialize, Deserialize, Default)]
 struct LocalView {
+    /// Filled when no topic was asked for.
     #[serde(default)]
     topics: Vec<TopicCount>,
+    /// Filled when a topic was asked for: its presence members.
     #[serde(default)]
     members: Vec<PresenceMember>,
 }
 
+/// The query of [`LOCAL_VIEW_PATH`].
 #[derive(Deserialize)]
 struct LocalQuery {
+    /// Presence of this topic; None for the topic list.
     topic: Option<String>,
 }
 

@@ -9,46 +9,65 @@ use std::time::Duration;
 /// What identity operations can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
+    /// A credential's format, signature or state was refused (mapped as [`AuthError`] is).
     #[error(transparent)]
     Auth(#[from] AuthError),
+    /// The store failed; usually retryable.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A request field is out of bounds (400 `BAD_REQUEST`), the message says which.
     #[error("{0}")]
     BadInput(String),
+    /// No such key in the namespace (404).
     #[error("not found")]
     NotFound,
+    /// The wallet already has [`auth::MAX_OPEN_NONCES`] open challenges (429).
     #[error("too many open challenges for this wallet")]
     TooManyChallenges,
+    /// The key's record is marked revoked (401 `API_KEY_REVOKED`).
     #[error("the API key was revoked")]
     KeyRevoked,
+    /// The key is past its `expires_at` (401 `API_KEY_EXPIRED`).
     #[error("the API key expired")]
     KeyExpired,
 }
 
+/// The result of identity operations.
 pub type IdResult<T> = Result<T, IdentityError>;
 
 /// A stored API key (`keys/<hex hmac>`); the key itself is never stored.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiKeyRecord {
+    /// Public id derived from the key's HMAC: listed, and used to revoke it.
     pub id: String,
+    /// The namespace the key acts in (and whose key list shows it).
     pub namespace: String,
+    /// A label its creator chose (at most 128 bytes); not unique.
     pub name: String,
     /// `sk` (control plane) or `rk` (data plane).
     pub kind: String,
+    /// The role it was created with, for display; its grants are already in `grants`.
     pub role: Option<String>,
+    /// Every grant the key holds (the role's, then the extra ones), as text.
     pub grants: Vec<String>,
+    /// Unix seconds of creation.
     pub created_at: u64,
+    /// Unix seconds after which the key is refused (at most
+    /// [`auth::API_KEY_MAX_TTL_DAYS`] after creation).
     pub expires_at: u64,
+    /// Set by a revoke; the record is kept so the key answers `API_KEY_REVOKED`.
     #[serde(default)]
     pub revoked: bool,
 }
 
 impl ApiKeyRecord {
+    /// The grants that parse (a stored grant that no longer parses is skipped).
     pub fn parsed_grants(&self) -> Vec<Grant> {
         self.grants.iter().filter_map(|g| g.parse().ok()).collect()
     }
 }
 
+/// `keys/<hex hmac>`: the record of the key with this HMAC.
 fn key_record_key(hash_hex: &str) -> Vec<u8> {
     format!("keys/{hash_hex}").into_bytes()
 }
@@ -60,11 +79,17 @@ fn ns_key_index(ns: &str, id: &str) -> Vec<u8> {
 
 /// What a new key is for.
 pub struct NewKey<'a> {
+    /// The namespace it will act in.
     pub namespace: &'a str,
+    /// Its label, at most 128 bytes.
     pub name: &'a str,
+    /// `sk` (control plane) or `rk` (data plane), written into the key.
     pub kind: KeyKind,
+    /// A role whose grants it gets, before `grants`.
     pub role: Option<Role>,
+    /// Extra grants on top of the role's.
     pub grants: Vec<Grant>,
+    /// Lifetime, 1 to [`auth::API_KEY_MAX_TTL_DAYS`] days.
     pub expires_in_days: u64,
 }
 
@@ -398,7 +423,8 @@ pub async fn verify_challenge(
 /// Who is calling, as resolved by authentication (or carried by a cluster hop).
 #[derive(Debug, Clone)]
 pub struct Identity {
-    /// `operator`, an API key id, a JWT `sub`, or a wallet.
+    /// `operator`, `key:<id>` for an API key, or a JWT's `sub` (`key:<id>` or
+    /// `wallet:<address>`, whatever it was issued for); a hop carries the original's.
     pub subject: String,
     /// The credential's namespace; None for the operator.
     pub namespace: Option<String>,
@@ -406,13 +432,15 @@ pub struct Identity {
     pub grants: Vec<crate::auth::Grant>,
     /// The operator may act on any namespace.
     pub operator: bool,
-    /// `operator`, `api_key`, `jwt` or `hop`.
+    /// `operator`, `admin_session` (dashboard login), `api_key`, `jwt` or `hop`.
     pub kind: &'static str,
     /// Custom claims (JWT) as JSON.
     pub custom: serde_json::Value,
-    /// JWT id, expiry and issue time when the credential is a JWT.
+    /// JWT id when the credential is a JWT (a hop carries it on).
     pub jti: Option<String>,
+    /// JWT expiry, Unix seconds.
     pub exp: Option<u64>,
+    /// JWT issue time, Unix seconds.
     pub iat: Option<u64>,
 }
 

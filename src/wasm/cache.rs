@@ -12,14 +12,20 @@ use wasmtime::{Engine, Module};
 
 use super::error::{Result, WasmError};
 
+/// Compiled modules on disk, one file per module and engine fingerprint.
 pub(crate) struct ArtifactCache {
+    /// The folder of the `.cwasm` files, created at start.
     dir: PathBuf,
+    /// 16 hex digits of the engine's compatibility hash, in every file name.
     fingerprint: String,
+    /// Modules loaded from a file ([`WasmEngine::cache_hits`](super::WasmEngine::cache_hits)).
     hits: AtomicU64,
+    /// Lookups that found no usable file.
     misses: AtomicU64,
 }
 
 impl ArtifactCache {
+    /// A cache in `dir` (created if missing) for artifacts of `engine`.
     pub(crate) fn new(engine: &Engine, dir: PathBuf) -> Result<Self> {
         std::fs::create_dir_all(&dir).map_err(|e| {
             WasmError::Internal(format!("cannot create cache dir {}: {e}", dir.display()))
@@ -72,10 +78,12 @@ impl ArtifactCache {
         }
     }
 
+    /// Modules loaded from disk since start.
     pub(crate) fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 
+    /// Lookups that had to compile since start.
     pub(crate) fn misses(&self) -> u64 {
         self.misses.load(Ordering::Relaxed)
     }

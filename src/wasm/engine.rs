@@ -123,8 +123,11 @@ pub struct LogLine {
 
 /// A validated, compiled and linked module, ready to instantiate.
 pub struct CompiledModule {
+    /// Linked once at compile time, so each invocation only instantiates.
     pre: InstancePre<HostState>,
+    /// The `_start` export, looked up once.
     entry: ModuleExport,
+    /// SHA-256 of the module's bytes (its blob key and cache name).
     sha256: [u8; 32],
 }
 
@@ -150,18 +153,27 @@ impl std::fmt::Debug for CompiledModule {
 
 /// What a running store needs from the engine.
 pub(crate) struct Runtime {
+    /// The node's one wasmtime engine (pooling allocator, epoch interruption).
     engine: Engine,
+    /// Milliseconds per epoch tick: a deadline becomes a number of ticks.
     tick_ms: u64,
 }
 
+/// The state behind [`WasmEngine`], shared by its clones.
 struct Inner {
+    /// The engine and tick, shared with every running store.
     runtime: Arc<Runtime>,
+    /// WASI preview 1 and the `meshgate` imports, linked into each module.
     linker: Linker<HostState>,
     /// Every import the linker satisfies, as `module::name`.
     known_imports: HashSet<String>,
+    /// Compiled artifacts on disk, by module hash.
     cache: ArtifactCache,
+    /// The worker threads and their per-namespace queues.
     pool: Pool,
+    /// [`WasmConfig::max_module_bytes`].
     max_module_bytes: usize,
+    /// Set on drop: stops the epoch ticker thread.
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -174,6 +186,7 @@ impl Drop for Inner {
 /// The node's WASM engine: compile modules, run invocations on the pool.
 #[derive(Clone)]
 pub struct WasmEngine {
+    /// Shared by every clone; dropping the last stops the ticker.
     inner: Arc<Inner>,
 }
 
@@ -186,6 +199,7 @@ impl std::fmt::Debug for WasmEngine {
 }
 
 /// Serves no namespace: the store used to list the linker's imports.
+/// A host that refuses everything: lists the linker's imports at start-up.
 struct NoHost;
 
 impl HostApi for NoHost {

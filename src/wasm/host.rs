@@ -60,12 +60,16 @@ pub struct ResolvedFunction {
 /// Log lines of one invocation: stderr lines and the `log` import, in order.
 #[derive(Default)]
 pub(crate) struct LogBuf {
+    /// An unterminated stderr line, at most [`MAX_LOG_LINE_BYTES`].
     partial: Vec<u8>,
+    /// The kept lines, at most [`MAX_LOG_LINES`].
     lines: Vec<LogLine>,
+    /// Lines past [`MAX_LOG_LINES`], only counted (logged at debug on finish).
     dropped: u64,
 }
 
 impl LogBuf {
+    /// Keeps one line (cut to [`MAX_LOG_LINE_BYTES`]) unless the buffer is full.
     pub(crate) fn push(&mut self, level: &str, message: &[u8]) {
         if self.lines.len() >= MAX_LOG_LINES {
             self.dropped += 1;
@@ -78,6 +82,7 @@ impl LogBuf {
         });
     }
 
+    /// Keeps a nested invocation's lines, within the same cap.
     pub(crate) fn extend(&mut self, lines: Vec<LogLine>) {
         for line in lines {
             if self.lines.len() >= MAX_LOG_LINES {
@@ -182,22 +187,37 @@ impl tokio::io::AsyncWrite for StderrSink {
 pub(crate) struct HostState {
     /// Built on the first WASI call: a guest that never touches WASI pays nothing.
     wasi: Option<WasiP1Ctx>,
+    /// The input, moved into the WASI context when it is built.
     stdin: Vec<u8>,
+    /// Env vars and secrets, handed to the WASI context.
     env: Vec<(String, String)>,
+    /// The stdout pipe (capped at `MAX_OUTPUT_BYTES + 1`, so overflow shows);
+    /// None until WASI is built.
     stdout: Option<MemoryOutputPipe>,
+    /// stderr and the `log` import write here; shared with the stderr sink.
     pub(crate) logs: Arc<Mutex<LogBuf>>,
+    /// The store's memory and table caps.
     pub(crate) limiter: StoreLimiter,
+    /// The namespace's KV, pub/sub and function lookup.
     host: Arc<dyn HostApi>,
+    /// The engine and linker, for nested invocations run inline.
     runtime: Arc<Runtime>,
+    /// The namespace of the call; nested calls stay in it.
     namespace: String,
+    /// What the `caller` import returns; nested calls inherit it.
     caller_json: Vec<u8>,
+    /// This guest's publishes, capped at [`MAX_PUBLISHES`].
     pub(crate) publishes: u32,
+    /// Publishes of the nested invocations it made, reported with its own.
     pub(crate) nested_publishes: u32,
+    /// Nesting depth of this guest (0 for a top-level call), at most [`MAX_DEPTH`].
     depth: u32,
+    /// When the whole call chain must end; nested calls share it.
     deadline: Instant,
 }
 
 impl HostState {
+    /// The state of one invocation's store; WASI is built later, on first use.
     pub(crate) fn new(
         runtime: Arc<Runtime>,
         call: Invocation,
@@ -222,6 +242,8 @@ impl HostState {
         }
     }
 
+    /// The WASI context, built on first use: stdin, stdout pipe, stderr as
+    /// log lines, the env, and no network.
     fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
         let Self {
             wasi,

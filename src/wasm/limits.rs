@@ -30,11 +30,14 @@ pub const DEFAULT_MEMORY_MB: u32 = 64;
 /// Caps one store's memories and tables; remembers whether it refused a growth
 /// so a later trap can be reported as `MemoryLimit`.
 pub(crate) struct StoreLimiter {
+    /// The function's memory limit in bytes, clamped to 1..=[`MAX_MEMORY_MB`] MiB.
     pub(crate) max_memory_bytes: usize,
+    /// Set when a `memory.grow` past the limit was refused.
     pub(crate) memory_refused: bool,
 }
 
 impl StoreLimiter {
+    /// A limiter for a guest of `memory_limit_mb` MiB.
     pub(crate) fn new(memory_limit_mb: u32) -> Self {
         let mb = memory_limit_mb.clamp(1, MAX_MEMORY_MB) as usize;
         Self {

@@ -66,16 +66,21 @@ impl NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<Deployed>")]
 pub struct DeployFunction {
+    /// The checked name, limits and metadata, and the module's bytes.
     pub req: DeployRequest,
+    /// The compiled module, kept in the invoker's cache as the new version.
     pub module: Arc<CompiledModule>,
 }
 
 impl Handler<DeployFunction> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<Deployed>>;
     fn handle(&mut self, msg: DeployFunction, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.deploy(msg.req, msg.module).await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.deploy(msg.req, msg.module).await
+        })
     }
 }
 
@@ -87,9 +92,12 @@ pub struct ListFunctions;
 impl Handler<ListFunctions> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<Vec<FunctionRecord>>>;
     fn handle(&mut self, _: ListFunctions, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.list().await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.list().await
+        })
     }
 }
 
@@ -98,15 +106,19 @@ impl Handler<ListFunctions> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<serde_json::Value>")]
 pub struct ShowFunction {
+    /// The function's name.
     pub name: String,
 }
 
 impl Handler<ShowFunction> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<serde_json::Value>>;
     fn handle(&mut self, msg: ShowFunction, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.show(&msg.name).await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.show(&msg.name).await
+        })
     }
 }
 
@@ -114,15 +126,19 @@ impl Handler<ShowFunction> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<Vec<VersionMeta>>")]
 pub struct FunctionVersions {
+    /// The function's name.
     pub name: String,
 }
 
 impl Handler<FunctionVersions> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<Vec<VersionMeta>>>;
     fn handle(&mut self, msg: FunctionVersions, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.versions(&msg.name).await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.versions(&msg.name).await
+        })
     }
 }
 
@@ -130,15 +146,19 @@ impl Handler<FunctionVersions> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<()>")]
 pub struct DeleteFunction {
+    /// The function's name; its versions, triggers and logs go with it.
     pub name: String,
 }
 
 impl Handler<DeleteFunction> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<()>>;
     fn handle(&mut self, msg: DeleteFunction, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.delete(&msg.name).await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.delete(&msg.name).await
+        })
     }
 }
 
@@ -147,19 +167,25 @@ impl Handler<DeleteFunction> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<Prepared>")]
 pub struct PrepareInvoke {
+    /// The function to call, in this supervisor's namespace.
     pub name: String,
+    /// A kept version to run; None runs the current one.
     pub version: Option<u64>,
+    /// The guest's stdin (refused past the engine's input limit).
     pub input: Vec<u8>,
+    /// Who calls and the request id, for the `caller` import and the record.
     pub caller: CallerInfo,
+    /// What started the call, written into the invocation record.
     pub trigger: Trigger,
 }
 
 impl Handler<PrepareInvoke> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<Prepared>>;
     fn handle(&mut self, msg: PrepareInvoke, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
         Box::pin(async move {
+            let _timer = timer;
             inv?.prepare(msg.name, msg.version, msg.input, msg.caller, msg.trigger, 0)
                 .await
         })
@@ -170,16 +196,21 @@ impl Handler<PrepareInvoke> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<Vec<InvocationRecord>>")]
 pub struct FunctionLogs {
+    /// The function's name.
     pub name: String,
+    /// Most records returned, newest first; clamped to 1..=[`MAX_LOGS`](crate::functions::MAX_LOGS).
     pub limit: usize,
 }
 
 impl Handler<FunctionLogs> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<Vec<InvocationRecord>>>;
     fn handle(&mut self, msg: FunctionLogs, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.logs(&msg.name, msg.limit).await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.logs(&msg.name, msg.limit).await
+        })
     }
 }
 
@@ -187,16 +218,21 @@ impl Handler<FunctionLogs> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<()>")]
 pub struct PutSecret {
+    /// The secret's name: an environment variable name the guests see it under.
     pub key: String,
+    /// The secret, sealed before it is stored; at most 16 KiB.
     pub value: String,
 }
 
 impl Handler<PutSecret> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<()>>;
     fn handle(&mut self, msg: PutSecret, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.put_secret(&msg.key, &msg.value).await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.put_secret(&msg.key, &msg.value).await
+        })
     }
 }
 
@@ -208,9 +244,12 @@ pub struct ListSecrets;
 impl Handler<ListSecrets> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<Vec<String>>>;
     fn handle(&mut self, _: ListSecrets, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.list_secrets().await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.list_secrets().await
+        })
     }
 }
 
@@ -218,14 +257,18 @@ impl Handler<ListSecrets> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "FnResult<()>")]
 pub struct DeleteSecret {
+    /// The secret's name.
     pub key: String,
 }
 
 impl Handler<DeleteSecret> for NamespaceSupervisor {
     type Result = ResponseFuture<FnResult<()>>;
     fn handle(&mut self, msg: DeleteSecret, _: &mut Context<Self>) -> Self::Result {
-        let _t = self.stats.begin();
+        let timer = self.stats.begin();
         let inv = self.invoker();
-        Box::pin(async move { inv?.delete_secret(&msg.key).await })
+        Box::pin(async move {
+            let _timer = timer;
+            inv?.delete_secret(&msg.key).await
+        })
     }
 }

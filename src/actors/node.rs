@@ -26,8 +26,12 @@ pub const ASK_TIMEOUT: Duration = Duration::from_secs(10);
 /// A running namespace supervisor: its address and its stats.
 #[derive(Clone)]
 pub struct NsHandle {
+    /// The namespace's name.
     pub name: Arc<str>,
+    /// The supervisor's address; it runs under an actix `Supervisor`, so the
+    /// address stays valid across a restart.
     pub addr: Addr<NamespaceSupervisor>,
+    /// Its mailbox admission and counters: every `ask` goes through them.
     pub stats: Arc<ActorStats>,
     /// Whether this node is a member of the namespace (always on a single
     /// node): only then does its supervisor run triggers and cron.
@@ -52,6 +56,7 @@ impl NsHandle {
 pub struct Namespaces(Arc<RwLock<HashMap<String, NsHandle>>>);
 
 impl Namespaces {
+    /// The running supervisor of `name`, if any (no store read, no start).
     pub fn get(&self, name: &str) -> Option<NsHandle> {
         self.0.read().get(name).cloned()
     }
@@ -59,12 +64,15 @@ impl Namespaces {
     pub fn handles(&self) -> Vec<NsHandle> {
         self.0.read().values().cloned().collect()
     }
+    /// Names of the namespaces running here.
     pub fn names(&self) -> Vec<String> {
         self.0.read().keys().cloned().collect()
     }
+    /// Supervisors running here.
     pub fn len(&self) -> usize {
         self.0.read().len()
     }
+    /// Whether none runs.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -72,14 +80,24 @@ impl Namespaces {
 
 /// The node's top actor.
 pub struct NodeSupervisor {
+    /// Where namespace records are read (a namespace starts only if it exists).
     store: Store,
+    /// For the actors' labelled series.
     metrics: Metrics,
+    /// Every actor registers its stats here (the dashboard's actor rows).
     directory: ActorDirectory,
+    /// The running supervisors, shared with handlers.
     namespaces: Namespaces,
+    /// The actor threads; a namespace runs on the one its name hashes to.
     arbiters: Vec<ArbiterHandle>,
+    /// Mailbox bound of this actor and of every namespace supervisor.
     mailbox_capacity: usize,
+    /// This actor's own stats (kind `node`).
     stats: Arc<ActorStats>,
+    /// Handed to each namespace supervisor for delivery.
     pubsub: crate::pubsub::PubSubService,
+    /// Handed to each namespace supervisor for its invoker; None when the
+    /// node runs no functions.
     functions: Option<crate::functions::FunctionsService>,
     /// This node's id in a cluster ([`crate::placement::node_id`]); None on a
     /// single node, where every namespace is served in full.
@@ -87,6 +105,8 @@ pub struct NodeSupervisor {
 }
 
 impl NodeSupervisor {
+    /// A supervisor with `actor_threads` arbiters (at least one), no
+    /// functions and a default pub/sub service until the `with_*` calls.
     pub fn new(
         store: Store,
         metrics: Metrics,
@@ -132,6 +152,7 @@ impl NodeSupervisor {
         self
     }
 
+    /// The arbiter of a namespace: stable per name, so load spreads by hash.
     fn arbiter_for(&self, name: &str) -> &ArbiterHandle {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -139,6 +160,7 @@ impl NodeSupervisor {
         &self.arbiters[(h.finish() as usize) % self.arbiters.len()]
     }
 
+    /// Starts a namespace's supervisor and lists it in [`Namespaces`].
     fn start_namespace(&mut self, name: &str, member: bool) -> NsHandle {
         let stats =
             self.directory
@@ -181,6 +203,7 @@ impl Actor for NodeSupervisor {
 #[derive(Message)]
 #[rtype(result = "Result<NsHandle, NsError>")]
 pub struct Locate {
+    /// The namespace to find or start.
     pub name: String,
 }
 
@@ -216,6 +239,7 @@ impl Handler<Locate> for NodeSupervisor {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Forget {
+    /// The deleted namespace.
     pub name: String,
 }
 

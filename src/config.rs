@@ -15,15 +15,25 @@ pub struct ConfigError(pub Vec<String>);
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// `[server]`: listener, data folder, workers, mailbox bound, hosts.
     pub server: ServerConfig,
+    /// `[rate_limit]`: the GCRA buckets and the trusted proxies.
     pub rate_limit: RateLimitConfig,
+    /// `[cors]`: allowed origins.
     pub cors: CorsConfig,
+    /// `[auth]`: API key and token lifetimes.
     pub auth: AuthConfig,
+    /// `[functions]`: the WASM worker pool and module size.
     pub functions: FunctionsConfig,
+    /// `[pubsub]`: socket queues, frame size, pings.
     pub pubsub: PubSubConfig,
+    /// `[cluster]`: etcd, the cluster secret, this node's id and address, the mesh.
     pub cluster: ClusterConfig,
+    /// `[tls]`: the node's own certificate (empty: plain HTTP).
     pub tls: TlsConfig,
+    /// `[deploy]`: static sites and upstream proxying.
     pub deploy: DeployConfig,
+    /// `[debug]`: test switches, off by default.
     pub debug: DebugConfig,
 }
 
@@ -93,8 +103,10 @@ impl Default for DeployConfig {
     }
 }
 
-/// `[cluster]`: the shared store and the shared hop-MAC secret (the rest of
-/// cluster mode is not built yet). With `etcd` empty the node runs alone on sled.
+/// `[cluster]`: the shared store (etcd), the cluster secret that keys the hop
+/// MAC, this node's identity and address, the pub/sub mesh, member breakers
+/// and the TLS material for etcd and peers. With `etcd` empty the node runs
+/// alone on sled.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
@@ -416,8 +428,11 @@ pub struct DebugConfig {
 /// Command-line overrides, applied last.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
+    /// `--listen`: replaces `server.listen`.
     pub listen: Option<String>,
+    /// `--data-dir`: replaces `server.data_dir`.
     pub data_dir: Option<PathBuf>,
+    /// `--log-format`: replaces `server.log_format`.
     pub log_format: Option<String>,
 }
 

@@ -16,18 +16,25 @@ pub enum Policy {
     Credential,
     /// A credential of the target namespace holding a grant for `domain:action`.
     Ns {
+        /// The grant's domain (`kv`, `pubsub`, `functions`, ...); empty: any
+        /// credential of the namespace will do.
         domain: &'static str,
+        /// The grant's action (`read`, `write`, `publish`, ...).
         action: &'static str,
     },
     /// Like `Ns`, but anonymous callers are let through to the handler, which
     /// decides (a public function needs no credential).
     NsOrAnonymous {
+        /// As in `Ns`.
         domain: &'static str,
+        /// As in `Ns`.
         action: &'static str,
     },
     /// Like `Ns`, but in the tight credential rate bucket (API key creation).
     NsCredential {
+        /// As in `Ns`.
         domain: &'static str,
+        /// As in `Ns`.
         action: &'static str,
     },
     /// The operator key.
@@ -43,6 +50,7 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// [`Policy::Ns`] in one call, for route tables.
     pub const fn ns(domain: &'static str, action: &'static str) -> Policy {
         Policy::Ns { domain, action }
     }
@@ -69,16 +77,22 @@ impl Policy {
     }
 }
 
+/// One registered route.
 struct Entry {
+    /// The method it answers (HEAD is served by GET).
     method: Method,
+    /// The actix path pattern (`/v1/kv/{key}`), also the policy map's key.
     path: &'static str,
+    /// None only through [`RouteTable::add_unguarded`]: `build` then fails.
     policy: Option<Policy>,
+    /// The handler.
     route: actix_web::Route,
 }
 
 /// Routes with their policies, turned into actix resources and a policy map.
 #[derive(Default)]
 pub struct RouteTable {
+    /// In registration order.
     entries: Vec<Entry>,
 }
 
@@ -87,6 +101,7 @@ pub struct RouteTable {
 pub struct PolicyMap(HashMap<&'static str, Vec<(Method, Policy)>>);
 
 impl PolicyMap {
+    /// The policy of `method` on the route `pattern` (HEAD looks up GET).
     pub fn get(&self, method: &Method, pattern: &str) -> Option<&Policy> {
         // HEAD is answered by the GET route.
         let method = if method == Method::HEAD {
@@ -106,7 +121,9 @@ impl PolicyMap {
 #[derive(Debug, thiserror::Error)]
 #[error("route {method} {path} has no policy")]
 pub struct MissingPolicy {
+    /// The route's method.
     pub method: Method,
+    /// The route's path pattern.
     pub path: &'static str,
 }
 

@@ -25,13 +25,21 @@ pub enum Phase {
 
 /// Everything the node's handlers share. Holds no namespace state.
 pub struct NodeInner {
+    /// The validated configuration the node started with (file, env, CLI).
     pub config: Config,
+    /// sled on a single node, etcd in a cluster.
     pub store: Store,
+    /// The registry `/metrics` renders and the dashboard reads.
     pub metrics: Metrics,
+    /// Every live actor's stats (the dashboard's actor rows, `/v1/status`).
     pub directory: ActorDirectory,
+    /// The running namespace supervisors: a handler finds one without a hop.
     pub namespaces: Namespaces,
+    /// The node's top actor: starts a namespace's supervisor on first use.
     pub supervisor: actix::Addr<NodeSupervisor>,
+    /// The top actor's mailbox admission, for [`Node::locate`].
     pub supervisor_stats: Arc<ActorStats>,
+    /// The server secret and the operator key's HMAC, from the data folder.
     pub secrets: Secrets,
     /// The hop-MAC key, when this node has a cluster secret.
     pub hop_key: Option<crate::auth::HopKey>,
@@ -41,6 +49,7 @@ pub struct NodeInner {
     pub key_cache: crate::http::KeyCache,
     /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
     pub jwt: crate::auth::JwtKeys,
+    /// The [`Phase`] as its `u8`; read by the probes and the request chain.
     pub(crate) phase: AtomicU8,
     /// Flips to true when the drain starts; sockets watch it to send close frames.
     pub draining: tokio::sync::watch::Sender<bool>,
@@ -86,6 +95,7 @@ impl Node {
         .await
     }
 
+    /// Where the node is in its life now.
     pub fn phase(&self) -> Phase {
         match self.phase.load(Ordering::Acquire) {
             0 => Phase::Starting,
@@ -93,6 +103,7 @@ impl Node {
             _ => Phase::Draining,
         }
     }
+    /// Moves to `p`; entering [`Phase::Draining`] also signals the sockets.
     pub fn set_phase(&self, p: Phase) {
         self.phase.store(p as u8, Ordering::Release);
         if p == Phase::Draining {
@@ -116,4 +127,3 @@ impl Secrets {
         ring::hmac::verify(&key, candidate.as_bytes(), &self.operator_key_hash).is_ok()
     }
 }
-

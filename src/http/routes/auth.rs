@@ -6,13 +6,14 @@ use crate::auth::{self, Claims, Grant, KeyKind, Role};
 use crate::http::chain::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
-use crate::identity::{self, NewKey};
 use crate::http::state::Node;
+use crate::identity::{self, NewKey};
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+/// Adds these routes and their policies to the node's route table.
 pub fn register(t: &mut RouteTable) {
     t.add(
         Method::POST,
@@ -136,6 +137,8 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
 /// look-up ~1 µs. Bounded; expired entries are dropped first, then all.
 #[derive(Default)]
 pub struct TokenCache {
+    /// SHA-256 of the token to its identity and `exp` (Unix seconds; believed
+    /// until `exp` plus the JWT leeway), at most [`TOKEN_CACHE_CAPACITY`].
     map: parking_lot::Mutex<std::collections::HashMap<[u8; 32], (Identity, u64)>>,
 }
 
@@ -143,6 +146,7 @@ pub struct TokenCache {
 pub const TOKEN_CACHE_CAPACITY: usize = 10_000;
 
 impl TokenCache {
+    /// The identity of a token verified before and not yet expired.
     fn get(&self, fingerprint: &[u8; 32], now: u64) -> Option<Identity> {
         let mut map = self.map.lock();
         match map.get(fingerprint) {
@@ -155,6 +159,7 @@ impl TokenCache {
         }
     }
 
+    /// Remembers a verified token until `exp`; when full, drops the expired, else all.
     fn insert(&self, fingerprint: [u8; 32], id: Identity, exp: u64, now: u64) {
         let mut map = self.map.lock();
         if map.len() >= TOKEN_CACHE_CAPACITY {
@@ -175,6 +180,8 @@ impl TokenCache {
 /// of a cluster a revoked key keeps working for at most `KEY_CACHE_TTL`.
 #[derive(Default)]
 pub struct KeyCache {
+    /// The key's HMAC to its identity, the record's `expires_at` (Unix
+    /// seconds) and when the record was read; at most [`TOKEN_CACHE_CAPACITY`] entries.
     map: parking_lot::Mutex<
         std::collections::HashMap<[u8; 32], (Identity, u64, std::time::Instant)>,
     >,
@@ -184,6 +191,7 @@ pub struct KeyCache {
 pub const KEY_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl KeyCache {
+    /// The identity of a key read less than [`KEY_CACHE_TTL`] ago and not expired.
     fn get(&self, hash: &[u8; 32], now: u64) -> Option<Identity> {
         let mut map = self.map.lock();
         match map.get(hash) {
@@ -198,6 +206,7 @@ impl KeyCache {
         }
     }
 
+    /// Remembers a key just read from the store; when full, drops the stale, else all.
     fn insert(&self, hash: [u8; 32], id: Identity, expires_at: u64) {
         let mut map = self.map.lock();
         if map.len() >= TOKEN_CACHE_CAPACITY {
@@ -311,6 +320,7 @@ async fn token_pair(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokenRequest {
+    /// The API key to exchange for a token pair (surrounding whitespace ignored).
     api_key: String,
 }
 
@@ -328,6 +338,7 @@ async fn token(node: web::Data<Node>, body: web::Json<TokenRequest>) -> ApiResul
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RefreshRequest {
+    /// The refresh token to rotate; a reuse past the grace window revokes its family.
     refresh_token: String,
 }
 
@@ -385,7 +396,9 @@ async fn whoami(ctx: NsCtx) -> ApiResult<HttpResponse> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ChallengeRequest {
+    /// The wallet address; normalized, and the key of its own rate limit.
     wallet: String,
+    /// The namespace the sign-in is for; must exist.
     namespace: String,
 }
 
@@ -420,7 +433,9 @@ async fn challenge(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct VerifyRequest {
+    /// The challenge message exactly as `/v1/auth/challenge` returned it.
     message: String,
+    /// The wallet's signature of `message`.
     signature: String,
 }
 
@@ -444,12 +459,16 @@ async fn verify(node: web::Data<Node>, body: web::Json<VerifyRequest>) -> ApiRes
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateKeyRequest {
+    /// A label for the key list; may be empty.
     #[serde(default)]
     name: String,
+    /// A role name (`owner`, `admin`, `developer`, `runtime`, `reader`).
     #[serde(default)]
     role: Option<String>,
+    /// Extra grants; with the role's, all must be covered by the caller's own.
     #[serde(default)]
     grants: Vec<String>,
+    /// Lifetime in days; default `auth.api_key_default_days`.
     #[serde(default)]
     expires_in_days: Option<u64>,
     /// `sk` (default) or `rk`.

@@ -19,6 +19,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
+/// Adds these routes and their policies to the node's route table.
 pub fn register(t: &mut RouteTable) {
     t.add(
         Method::POST,
@@ -62,20 +63,26 @@ fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::bad_request(code, message)
 }
 
-/// The JSON form of a create (an upstream deployment).
+/// The JSON form of a create (an upstream deployment; a static site comes as multipart).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateJson {
+    /// The deployment's name; a new version if it exists.
     name: String,
+    /// 1 to [`MAX_HOSTS`] host names, normalized and deduplicated.
     hosts: Vec<String>,
+    /// Required: the JSON body only deploys upstreams.
     upstream: Option<UpstreamJson>,
+    /// None: one route taking everything.
     #[serde(default)]
     routes: Vec<RouteSpec>,
 }
 
+/// `upstream` of [`CreateJson`].
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct UpstreamJson {
+    /// 1 to [`MAX_INSTANCES`] `http(s)://host:port` base URLs.
     instances: Vec<String>,
 }
 
@@ -261,6 +268,7 @@ async fn versions(
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RollbackBody {
+    /// The kept version to serve; None (or no body): the one before the active.
     version: Option<u64>,
 }
 

@@ -5,14 +5,15 @@ use crate::actors::{Forget, GetInfo, InjectPanic, NamespaceRecord, ns_key};
 use crate::auth::{KeyKind, Role};
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
-use crate::identity::{self, NewKey};
 use crate::http::state::Node;
+use crate::identity::{self, NewKey};
 use crate::storage::{BatchOp, OrderedKv};
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+/// Adds these routes and their policies to the node's route table.
 pub fn register(t: &mut RouteTable) {
     t.add(
         Method::POST,
@@ -55,11 +56,16 @@ pub fn register(t: &mut RouteTable) {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateRequest {
+    /// 1 to 63 of `a-z`, `0-9`, `-`, not starting with `-`.
     name: String,
+    /// Node ids serving it (at most 16); empty: placed by rendezvous hashing
+    /// in a cluster, served anywhere on a single node.
     #[serde(default)]
     members: Vec<String>,
+    /// Its own request rate, per minute; None: `rate_limit.namespace_per_minute`.
     #[serde(default)]
     rate_per_minute: Option<u32>,
+    /// Its own burst; None: `rate_limit.namespace_burst`.
     #[serde(default)]
     rate_burst: Option<u32>,
 }

@@ -8,6 +8,7 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+/// Adds these routes and their policies to the node's route table.
 pub fn register(t: &mut RouteTable) {
     t.add(
         Method::GET,
@@ -121,6 +122,7 @@ async fn jwks(node: web::Data<Node>) -> HttpResponse {
 
 #[derive(Deserialize)]
 struct SleepQuery {
+    /// Milliseconds to hold the request; more than `[debug] max_sleep_ms` is refused.
     ms: u64,
 }
 

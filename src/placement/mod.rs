@@ -35,21 +35,28 @@ pub const DEFAULT_MEMBERS: usize = 3;
 /// A node as announced in the registry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NodeInfo {
+    /// The node's cluster id ([`node_id`]); the key of its registry entry.
     pub id: String,
     /// Base URL of its HTTP listener (`http://host:port`).
     pub advertise: String,
 }
 
+/// `_nodes/<id>`: a node's registry entry.
 fn node_key(id: &str) -> Vec<u8> {
     format!("_nodes/{id}").into_bytes()
 }
 
 /// This node's view of the cluster.
 pub struct Cluster {
+    /// This node's id ([`node_id`]), unique in the cluster.
     pub node_id: String,
+    /// This node's HTTP base URL as other nodes reach it.
     pub advertise: String,
+    /// The shared store holding the registry and namespace records.
     store: Store,
+    /// The live nodes as last read from the registry, this one included.
     live: RwLock<Vec<NodeInfo>>,
+    /// `register_seconds`: how often this node re-announces itself.
     every: Duration,
     /// Namespace members recently read from the store (see [`Cluster::members`]).
     members:
@@ -100,8 +107,9 @@ pub fn rendezvous<'a>(candidates: &'a [String], key: &str) -> Vec<&'a String> {
 
 /// Where nodes announce themselves in the shared store.
 const NODES_PREFIX: &[u8] = b"_nodes/";
-/// First and longest wait before a broken registry watch is made again.
+/// First wait before a broken registry watch is made again.
 const REGISTRY_WATCH_BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// Longest wait between attempts to re-make a broken registry watch.
 const REGISTRY_WATCH_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 impl Cluster {

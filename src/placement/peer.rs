@@ -70,6 +70,7 @@ fn tls_config(peer_ca_file: &str) -> Result<Arc<rustls::ClientConfig>, String> {
 static TLS: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
 
 thread_local! {
+    /// This worker thread's client and the timeouts it was built with.
     static CLIENT: RefCell<Option<((Duration, Duration), awc::Client)>> = const { RefCell::new(None) };
 }
 
@@ -77,7 +78,9 @@ thread_local! {
 /// member's response head.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PeerTimeouts {
+    /// To open the connection, TLS handshake included (`deploy.connect_timeout_seconds`).
     pub connect: Duration,
+    /// For the member's response head (`deploy.upstream_timeout_seconds`).
     pub response: Duration,
 }
 

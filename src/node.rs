@@ -71,9 +71,13 @@ fn load_secrets(
 
 /// A started node: its bound address and the server, until it is stopped.
 pub struct RunningNode {
+    /// The address the listener bound (the real port when `server.listen` asked for 0).
     pub addr: SocketAddr,
+    /// The node's shared handle, as its handlers see it.
     pub node: Node,
+    /// The server future, taken and spawned by [`RunningNode::run_until_signal`].
     server: Option<actix_web::dev::Server>,
+    /// Stops the server gracefully at the end of [`RunningNode::drain`].
     handle: actix_web::dev::ServerHandle,
 }
 
@@ -256,7 +260,6 @@ fn start_functions(
     ))
 }
 
-/// The store: etcd when `cluster.etcd` names endpoints, else sled in the data folder.
 /// Joins the pub/sub mesh: messages published here go to the other nodes, and
 /// theirs enter each namespace's supervisor here (`FromMesh`), one at a time
 /// in arrival order (one task), so each publisher's order is kept.
@@ -445,6 +448,7 @@ fn lock_data_dir(dir: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// The store: etcd when `cluster.etcd` names endpoints, else sled in the data folder.
 async fn open_store(config: &Config) -> anyhow::Result<Store> {
     // Creates the data folder: the node's keys (server secret, JWT key, mesh
     // key) and the module cache live in it in either mode.

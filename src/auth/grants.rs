@@ -41,8 +41,12 @@ const MAX_RESOURCE_LEN: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Grant {
+    /// One of [`DOMAINS`], or `*`.
     domain: String,
+    /// One of [`ACTIONS`], or `*`.
     action: String,
+    /// A glob over the resource's name (`*` any run, `?` one character), at
+    /// most 256 bytes.
     resource: String,
 }
 

@@ -30,11 +30,11 @@ const ALG: &str = "EdDSA";
 /// The claims of a meshgate access token.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Claims {
-    /// Issuer: the gateway's configured issuer.
+    /// Issuer: the node's `server.public_url`; checked on verify.
     pub iss: String,
-    /// Audience: the gateway's configured audience.
+    /// Audience: also `server.public_url`; checked on verify.
     pub aud: String,
-    /// Subject: the key id, wallet or user the token speaks for.
+    /// Subject: `key:<key id>` or `wallet:<address>`, whoever the token was issued to.
     pub sub: String,
     /// Issued at, unix seconds.
     pub iat: u64,
@@ -78,21 +78,29 @@ impl Claims {
     }
 }
 
+/// The JOSE header fields a verify reads.
 #[derive(Deserialize)]
 struct Header {
+    /// Must be `EdDSA`; anything else is refused before the signature is looked at.
     alg: String,
+    /// Which key signed the token; required to pick the verifier.
     #[serde(default)]
     kid: Option<String>,
 }
 
+/// A public key tokens are accepted from.
 struct VerifyingKey {
+    /// Its [`kid_for`] id.
     kid: String,
+    /// The raw Ed25519 public key.
     public: Vec<u8>,
 }
 
 /// The node's signing key plus every key it still accepts.
 pub struct JwtKeys {
+    /// Signs every new token.
     signer: Ed25519KeyPair,
+    /// The signer's id, put in each token's header.
     kid: String,
     /// The signer's public key first, then previous ones.
     verifiers: Vec<VerifyingKey>,

@@ -45,7 +45,9 @@ pub struct Pushed<T> {
     pub gaps_skipped: u64,
 }
 
+/// The ordering state of one stream.
 struct Stream<T> {
+    /// The sender's incarnation; a higher one replaces this stream.
     epoch: u64,
     /// The next sequence number to release.
     next: u64,
@@ -55,6 +57,7 @@ struct Stream<T> {
     weight: usize,
     /// When the current gap (pending non-empty) started waiting.
     gap_since: Option<Instant>,
+    /// When a message of the stream last came: idle streams are forgotten.
     last_seen: Instant,
 }
 
@@ -94,13 +97,16 @@ impl<T> Stream<T> {
 
 /// Per-stream reorder buffers.
 pub struct Reorder<K, T> {
+    /// One ordering state per (origin, namespace, topic) key.
     streams: HashMap<K, Stream<T>>,
     /// The weight one stream may hold back.
     capacity: usize,
+    /// How long a gap may wait to be filled before it is skipped.
     gap_timeout: Duration,
 }
 
 impl<K: Hash + Eq + Clone, T> Reorder<K, T> {
+    /// Buffers holding back at most `capacity` weight per stream (at least 1).
     pub fn new(capacity: usize, gap_timeout: Duration) -> Self {
         Self {
             streams: HashMap::new(),

@@ -298,13 +298,16 @@ pub async fn locate(
 /// Why a namespace supervisor could not be found.
 #[derive(Debug, thiserror::Error)]
 pub enum LocateError {
+    /// The node supervisor answered: no such namespace, or the store failed.
     #[error(transparent)]
     Ns(NsError),
+    /// The node supervisor did not answer (mailbox full, stopped, timed out).
     #[error(transparent)]
     Ask(AskError),
 }
 
 impl NodeSupervisor {
+    /// Its mailbox admission, kept by the node for [`locate`] before the actor starts.
     pub fn stats(&self) -> Arc<ActorStats> {
         self.stats.clone()
     }

@@ -57,7 +57,7 @@ pub struct VersionMeta {
     pub memory_limit_mb: u32,
     /// Wall-clock limit of one invocation, in seconds, within [`TIMEOUT_RANGE`].
     pub timeout_seconds: u32,
-    /// Environment the guest sees (at most [`MAX_ENV_VARS`]).
+    /// Environment the guest sees (at most `MAX_ENV_VARS`, 64).
     #[serde(default)]
     pub env_vars: BTreeMap<String, String>,
     /// Topic patterns whose publishes invoke this version (glob, see [`topic_matches`]).

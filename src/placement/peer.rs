@@ -18,7 +18,7 @@ const MULTIPART_SLACK: usize = 1 << 20;
 
 /// The largest body a hop carries, in bytes: the largest any route accepts
 /// (a JSON or raw body, a function module, a site tarball) plus
-/// [`MULTIPART_SLACK`]. The forwarder and the receiver both buffer up to it
+/// `MULTIPART_SLACK`. The forwarder and the receiver both buffer up to it
 /// (more: 413 `PAYLOAD_TOO_LARGE`); the member's own per-route limits
 /// still apply to what fits.
 pub fn hop_body_limit(cfg: &Config) -> usize {

@@ -1326,7 +1326,7 @@ impl EtcdStore {
     /// Applies `steps` then `last` as one change for readers that name
     /// `journal`: in one transaction when everything fits one, else through
     /// the journal. `last` (with the journal's deletion) must fit one
-    /// transaction ([`atomic_check`]); readers that do not name the journal
+    /// transaction (`atomic_check`); readers that do not name the journal
     /// see `steps` land in several. Fails as unavailable while another
     /// journal is under the same key.
     pub async fn apply_journaled(

@@ -27,7 +27,7 @@ pub struct ActorRow {
     pub handled: u64,
     /// `handled` per second since the previous tick.
     pub handled_per_sec: f64,
-    /// Handling time percentiles over the last [`QUANTILE_WINDOW_TICKS`] ticks, in
+    /// Handling time percentiles over the last `QUANTILE_WINDOW_TICKS` ticks, in
     /// seconds, of the actor's `(kind, namespace)` series; None when it handled nothing then.
     pub p50_seconds: Option<f64>,
     /// As `p50_seconds`, the 99th percentile.

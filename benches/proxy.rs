@@ -3,19 +3,29 @@
 //! chain), and through nginx (`proxy_pass` with upstream keep-alive), in one run
 //! with the same load generator, as ratios.
 //!
+//! Every part is its own process: the upstream (this binary started again with
+//! `PROXY_BENCH_UPSTREAM=1`), the meshgate node (the release binary, `serve`),
+//! nginx, and the load generator (this process, one thread). The node and
+//! nginx both run one worker per core and log warnings only (nginx:
+//! `access_log off`, `error_log warn`; the node: `RUST_LOG=warn`).
+//!
 //! `cargo bench --bench proxy` prints a table. Under `cargo test` (no `--bench`
-//! argument) it runs a short smoke round. nginx comes from Debian's package
+//! argument) it runs a short smoke round. `--hold` starts the three servers,
+//! prints their addresses and keeps them up until Enter (for an external load
+//! generator such as wrk, or a profiler). nginx comes from Debian's package
 //! (`scripts/test.sh` installs it); without it this fails naming the install.
-
-#[path = "support/node.rs"]
-mod node_support;
 
 #[path = "support/load.rs"]
 mod load;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
-use std::process::{Child, Command};
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Set in the environment of the upstream process.
+const UPSTREAM_ENV: &str = "PROXY_BENCH_UPSTREAM";
+const OPERATOR_KEY: &str = "mgop_proxybench_0123456789abcdef0123456789abcdef";
 
 const CONNECTIONS: usize = 32;
 const BODY: &[u8] = b"{\"hello\":\"world\",\"padding\":\"0123456789abcdef0123456789abcdef\"}";
@@ -107,49 +117,189 @@ fn start_nginx(dir: &std::path::Path, upstream: std::net::SocketAddr) -> Nginx {
     panic!("nginx did not start; see {d}/error.log");
 }
 
+/// The upstream process: a small actix-web app answering every path with
+/// [`BODY`], one worker per core. Prints its address, then serves until killed.
+fn run_upstream() {
+    actix_web::rt::System::new().block_on(async move {
+        let srv = HttpServer::new(|| App::new().default_service(web::to(hello)))
+            .workers(meshgate::node::num_cpus())
+            .backlog(4096)
+            .bind("127.0.0.1:0")
+            .unwrap();
+        println!("upstream listening on {}", srv.addrs()[0]);
+        std::io::stdout().flush().unwrap();
+        srv.run().await.unwrap();
+    });
+}
+
+/// A child process killed (and reaped) on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `cmd` with a piped stdout and waits for the line starting with
+/// `prefix`; returns the rest of that line. Stdout is drained afterwards.
+fn spawn_announcing(mut cmd: Command, prefix: &'static str, what: &str) -> (Proc, String) {
+    let mut child = Proc(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {what}: {e}")),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(a) = line.strip_prefix(prefix)
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(a.trim().to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what} did not start"));
+    (child, addr)
+}
+
+/// Starts the meshgate binary with the rate limits lifted and loopback
+/// upstreams allowed.
+fn start_node(dir: &std::path::Path) -> (Proc, String) {
+    let data = dir.join("node");
+    std::fs::create_dir_all(&data).unwrap();
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        "[rate_limit]\ngeneral_per_minute = 1000000000\ngeneral_burst = 100000000\n\
+         credential_per_minute = 1000000000\ncredential_burst = 100000000\n\
+         namespace_per_minute = 1000000000\nnamespace_burst = 100000000\n\
+         [deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_meshgate"));
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(&data)
+        .env("MESHGATE_OPERATOR_KEY", OPERATOR_KEY)
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+        );
+    let (node, addr) = spawn_announcing(cmd, "meshgate listening on http://", "the meshgate node");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http(&addr, "GET", "/readyz", None, None).0 != 200 {
+        assert!(Instant::now() < deadline, "the node never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (node, addr)
+}
+
+/// One HTTP/1.1 exchange (`Connection: close`) with a bearer credential.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let body = body.unwrap_or("");
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
 fn main() {
+    if std::env::var_os(UPSTREAM_ENV).is_some() {
+        return run_upstream();
+    }
     let full = std::env::args().any(|a| a == "--bench");
+    let hold = std::env::args().any(|a| a == "--hold");
     let secs = if full { 5.0 } else { 0.3 };
     let nginx_bin = nginx_binary();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = node_support::config(dir.path());
-    // The upstream listens on loopback, which the egress policy forbids by default.
-    cfg.deploy.upstream_allow = vec!["127.0.0.0/8".into()];
 
-    // The upstream runs on its own thread and runtime, as a separate server would.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        actix_web::rt::System::new().block_on(async move {
-            let srv = HttpServer::new(|| App::new().default_service(web::to(hello)))
-                .workers(meshgate::node::num_cpus())
-                .backlog(4096)
-                .bind("127.0.0.1:0")
-                .unwrap();
-            tx.send(srv.addrs()[0]).unwrap();
-            srv.run().await.unwrap();
-        });
-    });
-    let upstream = rx.recv().unwrap();
+    let mut up_cmd = Command::new(std::env::current_exe().unwrap());
+    up_cmd.env(UPSTREAM_ENV, "1");
+    let (_upstream_proc, upstream) =
+        spawn_announcing(up_cmd, "upstream listening on ", "the upstream");
+    let upstream: std::net::SocketAddr = upstream.parse().unwrap();
     let nginx_dir = dir.path().join("nginx");
     std::fs::create_dir_all(&nginx_dir).unwrap();
     let nginx = start_nginx(&nginx_dir, upstream);
+    let (node_proc, addr) = start_node(dir.path());
 
+    let (s, b) = http(
+        &addr,
+        "POST",
+        "/v1/namespaces",
+        Some(OPERATOR_KEY),
+        Some(r#"{"name":"bench"}"#),
+    );
+    assert_eq!(s, 201, "create namespace: {b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let key = v["api_key"].as_str().unwrap().to_string();
+    let dep = serde_json::json!({
+        "name": "app", "hosts": ["app.bench.test"],
+        "upstream": {"instances": [format!("http://{upstream}")]}
+    });
+    let (s, b) = http(
+        &addr,
+        "POST",
+        "/v1/deployments",
+        Some(&key),
+        Some(&dep.to_string()),
+    );
+    assert_eq!(s, 201, "create deployment: {b}");
+
+    if hold {
+        println!("upstream  http://{upstream}/hello");
+        println!(
+            "meshgate  http://{addr}/hello  (Host: app.bench.test; node pid {})",
+            node_proc.0.id()
+        );
+        println!(
+            "nginx     http://127.0.0.1:{}/hello  (master pid {})",
+            nginx.1,
+            nginx.0.id()
+        );
+        println!("press Enter to stop");
+        let _ = std::io::stdin().read_line(&mut String::new());
+        return;
+    }
+
+    let nginx_port = nginx.1;
     let sys = actix_web::rt::System::new();
     sys.block_on(async move {
-        let started = node_support::start(cfg).await;
-        let (addr, key) = (started.addr, started.key);
-        let client = awc::Client::default();
-        let r = client
-            .post(format!("http://{addr}/v1/deployments"))
-            .insert_header(("authorization", format!("Bearer {key}")))
-            .send_json(&serde_json::json!({
-                "name": "app", "hosts": ["app.bench.test"],
-                "upstream": {"instances": [format!("http://{upstream}")]}
-            }))
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 201);
-
         let req = |url: String| {
             let mut r = load::Request::get(url).header("host", "app.bench.test");
             r.expect_body = Some(BODY.to_vec());
@@ -157,7 +307,7 @@ fn main() {
         };
         let direct = req(format!("http://{upstream}/hello"));
         let mesh = req(format!("http://{addr}/hello"));
-        let ngx = req(format!("http://127.0.0.1:{}/hello", nginx.1));
+        let ngx = req(format!("http://127.0.0.1:{nginx_port}/hello"));
         // Warm all three, then measure in an interleaved order.
         for r in [&direct, &mesh, &ngx] {
             load::run(r.clone(), CONNECTIONS, secs / 3.0).await;
@@ -173,7 +323,7 @@ fn main() {
         let ms = |x: Duration| x.as_secs_f64() * 1000.0;
         // A smoke run under `cargo test` keeps quiet unless it fails.
         if full {
-            println!("nginx: {nginx_bin}; {CONNECTIONS} keep-alive connections, {secs} s per run, two runs each");
+            println!("nginx: {nginx_bin}; {CONNECTIONS} keep-alive connections, {secs} s per run, two runs each; every part its own process");
             println!("| path | req/s | p50 ms | p99 ms |");
             println!("|---|---|---|---|");
             println!("| upstream direct | {d:.0} | {:.2} | {:.2} |", ms(d1.p50), ms(d1.p99));
@@ -183,7 +333,7 @@ fn main() {
             println!("| ratio nginx / direct | **{:.2}** | | |", n / d);
             println!("| ratio meshgate / nginx | **{:.2}** | | |", m / n);
         }
-        drop(nginx);
-        std::process::exit(0);
     });
+    drop(node_proc);
+    drop(nginx);
 }

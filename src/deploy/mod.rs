@@ -25,7 +25,7 @@ mod serve;
 pub mod site;
 pub mod transfer;
 
-pub use serve::{RoutedHost, serve_routed};
+pub use serve::{RoutedHost, routed_fast_path, serve_routed};
 
 use crate::config::DeployConfig;
 use crate::error::ApiError;

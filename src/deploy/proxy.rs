@@ -6,7 +6,7 @@
 //! literal addresses are checked before each attempt.
 
 use super::egress::{CheckedResolver, EgressPolicy, Refusal, forbidden_at_connect, refusal_of};
-use crate::http::ApiError;
+use crate::error::ApiError;
 use actix_web::body::{BodySize, BoxBody, MessageBody, SizedStream};
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
@@ -27,6 +27,12 @@ pub struct Instance {
     /// The address the base names literally (never resolved, so checked by
     /// the proxy itself before each attempt).
     literal: Option<std::net::SocketAddr>,
+    /// The base's scheme and authority, parsed once: each request's URI is
+    /// built from them and its path, not parsed again from a string.
+    origin: Option<(
+        actix_web::http::uri::Scheme,
+        actix_web::http::uri::Authority,
+    )>,
     failures: AtomicU32,
     down_until_ms: AtomicU64,
 }
@@ -48,6 +54,37 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// The scheme and authority of an instance's base (`http://host:port`).
+fn origin_of(
+    base: &str,
+) -> Option<(
+    actix_web::http::uri::Scheme,
+    actix_web::http::uri::Authority,
+)> {
+    let uri: actix_web::http::Uri = base.parse().ok()?;
+    let p = uri.into_parts();
+    Some((p.scheme?, p.authority?))
+}
+
+impl Instance {
+    /// The URI of `path_and_query` on this instance.
+    fn uri(&self, path_and_query: &str) -> Result<actix_web::http::Uri, String> {
+        let built = self.origin.as_ref().and_then(|(scheme, authority)| {
+            let mut parts = actix_web::http::uri::Parts::default();
+            parts.scheme = Some(scheme.clone());
+            parts.authority = Some(authority.clone());
+            parts.path_and_query = Some(path_and_query.parse().ok()?);
+            actix_web::http::Uri::from_parts(parts).ok()
+        });
+        match built {
+            Some(u) => Ok(u),
+            None => format!("{}{}", self.base, path_and_query)
+                .parse()
+                .map_err(|e| format!("{e}")),
+        }
+    }
+}
+
 impl UpstreamPool {
     pub fn new(
         bases: &[String],
@@ -62,6 +99,7 @@ impl UpstreamPool {
                 .map(|b| Instance {
                     base: b.clone(),
                     literal: super::egress::literal_addr(b),
+                    origin: origin_of(b),
                     failures: AtomicU32::new(0),
                     down_until_ms: AtomicU64::new(0),
                 })
@@ -211,7 +249,7 @@ pub struct Forwarded {
 /// plus `X-Forwarded-For/Proto/Host` and `X-Request-ID`.
 fn upstream_headers(req: &HttpRequest, fwd: &Forwarded, keep_upgrade: bool) -> HeaderMap {
     let listed = connection_listed(req.headers());
-    let mut out = HeaderMap::new();
+    let mut out = HeaderMap::with_capacity(req.headers().len() + 4);
     for (k, v) in req.headers() {
         if k == header::HOST
             || (is_hop_by_hop(k, &listed) && !(keep_upgrade && k == header::UPGRADE))
@@ -346,7 +384,6 @@ pub async fn proxy_http(
         )
         .retry_after(1));
     }
-    let headers = upstream_headers(req, fwd, false);
     let kind = body_kind(req);
     let slot = Rc::new(RefCell::new(Some(payload)));
     let client = upstream_client(t, &pool.egress);
@@ -357,13 +394,20 @@ pub async fn proxy_http(
             forbidden = Some(r);
             continue;
         }
-        let url = format!("{}{}", pool.instances[i].base, path_and_query);
-        let mut creq = client
-            .request(req.method().clone(), url.as_str())
-            .no_decompress();
-        for (k, v) in &headers {
-            creq = creq.append_header((k.clone(), v.clone()));
-        }
+        let uri = match pool.instances[i].uri(path_and_query) {
+            Ok(u) => u,
+            Err(e) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "UPSTREAM_FAILED",
+                    format!("the upstream URI is not valid: {e}"),
+                ));
+            }
+        };
+        let mut creq = client.request(req.method().clone(), uri).no_decompress();
+        // The header map is set whole (the builder moves on each header added),
+        // built for this attempt (retries are rare).
+        *creq.headers_mut() = upstream_headers(req, fwd, false);
         let sent = send_once(creq, kind, &slot).await;
         match sent {
             Ok(res) => {
@@ -423,21 +467,27 @@ where
 {
     let status = res.status();
     let listed = connection_listed(res.headers());
-    let mut out = HttpResponse::build(status);
+    let mut out = HttpResponse::new(status);
     let mut len = None;
-    for (k, v) in res.headers() {
-        if k == header::CONTENT_LENGTH {
-            len = v.to_str().ok().and_then(|s| s.parse::<u64>().ok());
-            continue;
+    {
+        let h = out.headers_mut();
+        for (k, v) in res.headers() {
+            if k == header::CONTENT_LENGTH {
+                len = v.to_str().ok().and_then(|s| s.parse::<u64>().ok());
+                continue;
+            }
+            if is_hop_by_hop(k, &listed) {
+                continue;
+            }
+            h.append(k.clone(), v.clone());
         }
-        if is_hop_by_hop(k, &listed) {
-            continue;
+        // Keep the upstream's bytes as they are: the node's Compress is told to skip.
+        if !h.contains_key(header::CONTENT_ENCODING) {
+            h.insert(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
         }
-        out.append_header((k.clone(), v.clone()));
-    }
-    // Keep the upstream's bytes as they are: the node's Compress is told to skip.
-    if !res.headers().contains_key(header::CONTENT_ENCODING) {
-        out.insert_header((header::CONTENT_ENCODING, "identity"));
     }
     let no_body = req.method() == Method::HEAD
         || status == StatusCode::NO_CONTENT
@@ -445,16 +495,18 @@ where
         || status.is_informational();
     if no_body {
         if let Some(n) = len {
-            out.no_chunking(n);
+            out.head_mut().no_chunking(true);
+            out.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
         }
-        return out.finish();
+        return out;
     }
     let body: BoxBody = match len {
         Some(n) => SizedStream::new(n, res).boxed(),
         None => actix_web::body::BodyStream::new(res).boxed(),
     };
     debug_assert!(!matches!(body.size(), BodySize::None));
-    out.body(body)
+    out.set_body(body)
 }
 
 /// Relays a WebSocket upgrade: the upstream's handshake first (its refusal is

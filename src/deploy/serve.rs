@@ -1,18 +1,24 @@
 //! Answering a request whose host is routed to a deployment: a static file, or
-//! the proxy.
+//! the proxy. A plain HTTP request to an upstream route takes
+//! [`routed_fast_path`]: the steps of the chain that act on a deployment, in
+//! the chain's order, in one middleware.
 
-use super::index::Serve;
+use super::index::{Bound, Serve};
 use super::model::SiteFile;
 use super::proxy::{Forwarded, ProxyTimeouts, proxy_http, proxy_ws};
 use crate::http::ApiError;
-use crate::node::Node;
+use crate::node::{Node, Phase};
 use crate::storage::OrderedKv;
-use actix_web::dev::Payload;
-use actix_web::http::header::{self, HeaderValue};
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
-use actix_web::{HttpMessage, HttpRequest, HttpResponse};
+use actix_web::middleware::Next;
+use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Put on a request by domain routing when its host belongs to a deployment.
 #[derive(Debug, Clone)]
@@ -45,27 +51,63 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
         )
         .error_response_owned();
     };
+    // Each borrow of the request's extensions ends before the next begins.
+    let client_ip = req.extensions().get::<crate::http::ClientIp>().map(|c| c.0);
+    let request_id = req
+        .extensions()
+        .get::<crate::http::RequestId>()
+        .map(|r| r.0.clone());
+    serve_bound(
+        node,
+        &req,
+        payload,
+        &routed.host,
+        &bound,
+        client_ip,
+        request_id,
+    )
+    .await
+}
+
+/// The scheme the client used: the listener's, unless a `Forwarded` or
+/// `X-Forwarded-Proto` header says otherwise (as `connection_info` reads it,
+/// which is only computed when such a header is there).
+fn client_scheme(req: &HttpRequest) -> &'static str {
+    let h = req.headers();
+    let forwarded = h.contains_key(header::FORWARDED) || h.contains_key("x-forwarded-proto");
+    let https = if forwarded {
+        req.connection_info().scheme() == "https"
+    } else if let Some(s) = req.uri().scheme() {
+        *s == actix_web::http::uri::Scheme::HTTPS
+    } else {
+        req.app_config().secure()
+    };
+    if https { "https" } else { "http" }
+}
+
+/// Answers a request with the route it matched.
+async fn serve_bound(
+    node: &Node,
+    req: &HttpRequest,
+    payload: Payload,
+    host: &str,
+    bound: &Bound,
+    client_ip: Option<IpAddr>,
+    request_id: Option<String>,
+) -> HttpResponse {
     let path = bound.route.rewrite(req.path());
     let result = match &bound.serve {
-        Serve::Static(files) => serve_static(node, &req, files, &path).await,
+        Serve::Static(files) => serve_static(node, req, files, &path).await,
         Serve::Upstream(pool) => {
             let mut pq = path;
             if !req.query_string().is_empty() {
                 pq.push('?');
                 pq.push_str(req.query_string());
             }
-            // Each borrow of the request's extensions ends before the next begins
-            // (`connection_info` borrows them mutably).
-            let client_ip = req.extensions().get::<crate::http::ClientIp>().map(|c| c.0);
-            let request_id = req
-                .extensions()
-                .get::<crate::http::RequestId>()
-                .map(|r| r.0.clone());
-            let https = req.connection_info().scheme() == "https";
             let fwd = Forwarded {
                 client_ip: client_ip.or_else(|| req.peer_addr().map(|a| a.ip())),
-                proto: if https { "https" } else { "http" },
-                host: routed.host.clone(),
+                proto: client_scheme(req),
+                host: host.to_string(),
                 request_id,
             };
             let cfg = &node.deployments.config;
@@ -79,13 +121,252 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
             if upgrade {
-                proxy_ws(&req, payload, pool, &pq, &fwd, t).await
+                proxy_ws(req, payload, pool, &pq, &fwd, t).await
             } else {
-                proxy_http(&req, payload, pool, &pq, &fwd, t).await
+                proxy_http(req, payload, pool, &pq, &fwd, t).await
             }
         }
     };
     result.unwrap_or_else(|e| e.error_response_owned())
+}
+
+/// What the fast path serves: a plain HTTP request (no upgrade, no cluster
+/// hop headers, not a probe) to a host routed to a deployment whose matched
+/// route is an upstream.
+struct FastRoute {
+    node: Node,
+    limiters: Arc<crate::http::Limiters>,
+    host: String,
+    bound: Arc<Bound>,
+}
+
+fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
+    // Probes are answered before anything else, whatever the host.
+    if req.method() == Method::GET
+        && matches!(req.path(), "/livez" | "/readyz" | "/startupz" | "/metrics")
+    {
+        return None;
+    }
+    // Hops (the internal-auth gate checks their MAC) and upgrades take the chain.
+    if req.headers().contains_key(header::UPGRADE)
+        || req
+            .headers()
+            .keys()
+            .any(|k| k.as_str().starts_with("x-internal-auth-"))
+    {
+        return None;
+    }
+    let node = req.app_data::<web::Data<Node>>()?.get_ref().clone();
+    let limiters = req
+        .app_data::<web::Data<Arc<crate::http::Limiters>>>()?
+        .get_ref()
+        .clone();
+    let host = crate::http::request_host(req)?;
+    let bound = node
+        .deployments
+        .index()
+        .lookup(&host, req.method().as_str(), req.path())?;
+    if !matches!(bound.serve, Serve::Upstream(_)) {
+        return None;
+    }
+    Some(FastRoute {
+        node,
+        limiters,
+        host,
+        bound,
+    })
+}
+
+/// The request id of the logger step: the client's when it is sane, else 12
+/// random bytes in hex, from a per-thread buffer of OS randomness (one read of
+/// the random source per 341 ids instead of one per request).
+fn request_id(req: &ServiceRequest) -> String {
+    if let Some(v) = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return v.to_string();
+    }
+    thread_local! {
+        static POOL: std::cell::RefCell<(Box<[u8; 4092]>, usize)> =
+            std::cell::RefCell::new((Box::new([0u8; 4092]), 4092));
+    }
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.1 + 12 > p.0.len() {
+            *p.0 = crate::util::random_bytes::<4092>();
+            p.1 = 0;
+        }
+        let at = p.1;
+        p.1 += 12;
+        hex::encode(&p.0[at..at + 12])
+    })
+}
+
+/// Counts a request in flight until dropped (the drain waits for them).
+struct InFlight(prometheus::IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The fast path of a routed host's upstream request, the outermost
+/// middleware. It runs the chain's steps that act on a deployment, in the
+/// chain's order: admission (starting/draining refusals, in-flight count,
+/// request metrics), the logger (request id, span, echoed `X-Request-ID`),
+/// the client rate limit, the TLS server-name check of domain routing and
+/// the namespace rate limit, then the proxy. The others do nothing for a
+/// deployment (security headers, the envelope, CORS, authentication,
+/// authorization, the scope gate, cluster forwarding) and are not run; nor is
+/// `Compress` (an upstream's bytes are passed as they are). Every other
+/// request, static sites included, goes on through the whole chain.
+pub async fn routed_fast_path<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, Error> {
+    let Some(route) = fast_route(&req) else {
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body);
+    };
+    let node = &route.node;
+    // Admission.
+    match node.phase() {
+        Phase::Ready => {}
+        Phase::Starting => {
+            let e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "STARTING",
+                "the node is starting",
+            )
+            .retry_after(1);
+            return Ok(req
+                .into_response(e.error_response_owned())
+                .map_into_right_body());
+        }
+        Phase::Draining => {
+            let e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "DRAINING",
+                "the node is draining",
+            )
+            .retry_after(1);
+            let mut res = req.into_response(e.error_response_owned());
+            res.response_mut()
+                .head_mut()
+                .set_connection_type(actix_web::http::ConnectionType::Close);
+            return Ok(res.map_into_right_body());
+        }
+    }
+    let start = Instant::now();
+    node.metrics.http_in_flight.inc();
+    let in_flight = InFlight(node.metrics.http_in_flight.clone());
+    // The logger.
+    let id = request_id(&req);
+    let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
+    let (http, payload) = req.into_parts();
+    let mut resp = tracing::Instrument::instrument(
+        routed_steps(&route, &http, payload, id.clone()),
+        span.clone(),
+    )
+    .await;
+    drop(in_flight);
+    {
+        let _e = span.enter();
+        let status = resp.status().as_u16();
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        if status >= 500 {
+            tracing::warn!(status, duration_ms = ms, "Request failed.");
+        } else {
+            tracing::info!(status, duration_ms = ms, "Request served.");
+        }
+    }
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        h.insert(HeaderName::from_static("x-request-id"), v);
+    }
+    // The marker that keeps `Compress` off (the chain's outermost step drops it too).
+    if h.get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v == "identity")
+    {
+        h.remove(header::CONTENT_ENCODING);
+    }
+    // Admission's request metrics.
+    let class = match resp.status().as_u16() / 100 {
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    };
+    node.metrics.http_requests.with_label_values(&[class]).inc();
+    node.metrics
+        .http_duration_seconds
+        .with_label_values(&[class])
+        .observe(start.elapsed().as_secs_f64());
+    Ok(ServiceResponse::new(http, resp).map_into_right_body())
+}
+
+/// The steps between the logger and the handler, for a routed upstream request.
+async fn routed_steps(
+    route: &FastRoute,
+    req: &HttpRequest,
+    payload: Payload,
+    request_id: String,
+) -> HttpResponse {
+    let node = &route.node;
+    let l = &route.limiters;
+    // The client rate limit (the general bucket: a deployment's policy).
+    let xff = req
+        .headers()
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok());
+    let client_ip = l.client_ip(req.peer_addr(), xff);
+    if let Some(ip) = client_ip
+        && let Err(after) = l.check_general(ip)
+    {
+        node.metrics
+            .rate_limited
+            .with_label_values(&["general"])
+            .inc();
+        return ApiError::rate_limited("RATE_LIMITED", after).error_response_owned();
+    }
+    // Domain routing: on a TLS connection the host must be the server name.
+    if let Some(crate::http::Sni(Some(sni))) = req.conn_data::<crate::http::Sni>()
+        && !sni.eq_ignore_ascii_case(&route.host)
+    {
+        return ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "MISDIRECTED_REQUEST",
+            format!(
+                "host {} does not match the TLS server name {sni}",
+                route.host
+            ),
+        )
+        .error_response_owned();
+    }
+    // The namespace rate limit.
+    if let Err(after) = l.check_namespace(node, &route.bound.namespace).await {
+        node.metrics
+            .rate_limited
+            .with_label_values(&["namespace"])
+            .inc();
+        return ApiError::rate_limited("NAMESPACE_RATE_LIMITED", after).error_response_owned();
+    }
+    serve_bound(
+        node,
+        req,
+        payload,
+        &route.host,
+        &route.bound,
+        client_ip,
+        Some(request_id),
+    )
+    .await
 }
 
 /// Decodes `%XX` escapes; None for bad escapes, non-UTF-8, NUL or dot segments.

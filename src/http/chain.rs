@@ -114,8 +114,13 @@ impl Limiters {
         self.overrides.write().remove(ns);
     }
 
+    /// Checks the general bucket of a client (a deployment's fast path).
+    pub(crate) fn check_general(&self, ip: IpAddr) -> Result<(), u64> {
+        self.verdict(&self.general, &bucket_key(ip))
+    }
+
     /// Checks a namespace's bucket: its own when its record sets one, else the default.
-    async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
+    pub(crate) async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
         let known = self.overrides.read().get(ns).cloned();
         let own = match known {
             Some(o) => o,

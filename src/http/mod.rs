@@ -15,7 +15,7 @@ mod ws_session;
 
 pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession, send_now};
 
-pub use chain::{ClientIp, Identity, Limiters, Sni, Target};
+pub use chain::{ClientIp, Identity, Limiters, Sni, Target, request_host};
 pub use error::GATEWAY_FAULT;
 pub use error::{ApiError, ApiResult};
 pub use middleware::{RequestId, policy_of};
@@ -81,6 +81,8 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .wrap(from_fn(middleware::admission))
             .wrap(actix_web::middleware::Compress::default())
             .wrap(from_fn(middleware::probes))
+            // Routed upstream requests: the chain's deployment steps in one.
+            .wrap(from_fn(crate::deploy::routed_fast_path))
     })
     .workers(workers)
     // Small frames (acks, pub/sub messages) go out at once rather than

@@ -1,60 +1,35 @@
-//! Functions over HTTP: requests per second of `POST /v1/functions/echo/invoke`
-//! (the C echo module, through the whole chain, the namespace supervisor and
-//! the WASM worker pool) against a bare actix-web handler that echoes the body,
-//! in one run with the same load generator; and the deploy-to-first-invoke time
-//! of the C echo module (cold: compiled; warm: the same bytes again under
-//! another name, loaded from the artifact cache).
+//! Functions over HTTP, as issue #16 states it: requests per second of
+//! `POST /v1/functions/echo/invoke` (the C echo module, through the whole
+//! chain, the namespace supervisor and the WASM worker pool) against a KV read
+//! (`GET /v1/kv/hot`, 128 bytes) through the same chain with the same token,
+//! both on the same node over real HTTP with keep-alive connections; and the
+//! deploy-to-first-invoke time of the C echo module (cold: compiled; warm: the
+//! same bytes again under another name, loaded from the artifact cache).
 //!
-//! `cargo bench --bench functions_http` prints a table. Under `cargo test` (no
-//! `--bench` argument) it runs a short smoke round so the bench stays working.
+//! The node is the release binary in its own process (benches/support/raw.rs);
+//! runs alternate KV / invoke for several rounds, and the table gives the
+//! medians of the per-round ratios.
+//!
+//! `cargo bench --bench functions_http` prints the table. Under `cargo test`
+//! (no `--bench` argument) it runs a short smoke round so the bench stays
+//! working. `MESHGATE_BENCH_SECS` / `MESHGATE_BENCH_ROUNDS` change the run
+//! length; the node's pid is printed so a profiler can attach.
 
-#[path = "support/node.rs"]
-mod node_support;
+#[path = "support/raw.rs"]
+mod raw;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use raw::{Load, NodeProcess, median, request_bytes, run};
 use std::time::{Duration, Instant};
 
 const CONNECTIONS: usize = 16;
 const BOUNDARY: &str = "meshgatebench0123";
 const INPUT: &[u8] = br#"{"hello":"world"}"#;
 
-async fn bare_echo(body: web::Bytes) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .body(body)
-}
-
-/// Drives `url` from CONNECTIONS keep-alive clients for `secs`; returns requests/s.
-async fn load(url: String, auth: Option<String>, secs: f64) -> f64 {
-    let done = Arc::new(AtomicU64::new(0));
-    let end = Instant::now() + Duration::from_secs_f64(secs);
-    let mut tasks = Vec::new();
-    for _ in 0..CONNECTIONS {
-        let (url, auth, done) = (url.clone(), auth.clone(), done.clone());
-        tasks.push(actix_web::rt::spawn(async move {
-            let client = awc::Client::builder()
-                .connector(awc::Connector::new().limit(1))
-                .timeout(Duration::from_secs(30))
-                .finish();
-            while Instant::now() < end {
-                let mut req = client.post(&url);
-                if let Some(a) = &auth {
-                    req = req.insert_header(("authorization", a.as_str()));
-                }
-                let mut resp = req.send_body(INPUT).await.expect("request");
-                assert!(resp.status().is_success(), "{}", resp.status());
-                let b = resp.body().await.unwrap();
-                assert_eq!(&b[..], INPUT);
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    done.load(Ordering::Relaxed) as f64 / secs
+fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 fn multipart(name: &str, wasm: &[u8]) -> Vec<u8> {
@@ -68,96 +43,120 @@ fn multipart(name: &str, wasm: &[u8]) -> Vec<u8> {
 }
 
 /// Deploys `name` and invokes it once; returns the elapsed time.
-async fn deploy_and_invoke(
-    addr: std::net::SocketAddr,
-    key: &str,
-    name: &str,
-    wasm: &[u8],
-) -> Duration {
-    let client = awc::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .finish();
+fn deploy_and_invoke(node: &NodeProcess, auth: &str, name: &str, wasm: &[u8]) -> Duration {
     let t = Instant::now();
-    let r = client
-        .post(format!("http://{addr}/v1/functions"))
-        .insert_header(("authorization", format!("Bearer {key}")))
-        .insert_header((
-            "content-type",
-            format!("multipart/form-data; boundary={BOUNDARY}"),
-        ))
-        .send_body(multipart(name, wasm))
-        .await
+    let ct = format!("multipart/form-data; boundary={BOUNDARY}");
+    let (st, b) = node
+        .call(
+            "POST",
+            "/v1/functions",
+            &[("authorization", auth), ("content-type", &ct)],
+            &multipart(name, wasm),
+        )
         .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    let mut r = client
-        .post(format!("http://{addr}/v1/functions/{name}/invoke"))
-        .insert_header(("authorization", format!("Bearer {key}")))
-        .send_body(INPUT)
-        .await
+    assert_eq!(st, 201, "{}", String::from_utf8_lossy(&b));
+    let (st, b) = node
+        .call(
+            "POST",
+            &format!("/v1/functions/{name}/invoke"),
+            &[("authorization", auth)],
+            INPUT,
+        )
         .unwrap();
-    assert!(r.status().is_success());
-    let _ = r.body().await;
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(b, INPUT);
     t.elapsed()
 }
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let secs = if full { 5.0 } else { 0.3 };
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = node_support::config(dir.path());
-    // The load generator keeps CONNECTIONS calls in flight in one namespace.
-    cfg.functions.namespace_concurrency = CONNECTIONS * 2;
+    let secs: f64 = env_or("MESHGATE_BENCH_SECS", if full { 3.0 } else { 0.3 });
+    let rounds: usize = env_or("MESHGATE_BENCH_ROUNDS", if full { 5 } else { 1 });
     let wasm = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/functions/echo.wasm"
     ))
     .unwrap();
-    let sys = actix_web::rt::System::new();
-    sys.block_on(async move {
-        let started = node_support::start(cfg).await;
-        let (addr, key) = (started.addr, started.key);
+    let dir = tempfile::tempdir().unwrap();
+    // The load generator keeps CONNECTIONS calls in flight in one namespace.
+    let node = NodeProcess::start(
+        dir.path(),
+        &format!("[functions]\nnamespace_concurrency = {}\n", CONNECTIONS * 2),
+    );
+    eprintln!("node pid {} on {}", node.child.id(), node.addr);
+    let key = node.namespace("bench");
+    let auth = format!("Bearer {key}");
 
-        let cold = deploy_and_invoke(addr, &key, "echo", &wasm).await;
-        let warm = deploy_and_invoke(addr, &key, "echo2", &wasm).await;
+    let cold = deploy_and_invoke(&node, &auth, "echo", &wasm);
+    let warm = deploy_and_invoke(&node, &auth, "echo2", &wasm);
+    let value = vec![b'x'; 128];
+    let (st, _) = node
+        .call("PUT", "/v1/kv/hot", &[("authorization", &auth)], &value)
+        .unwrap();
+    assert_eq!(st, 200);
 
-        let bare = HttpServer::new(|| App::new().route("/bare", web::post().to(bare_echo)))
-            .workers(meshgate::node::num_cpus())
-            .bind("127.0.0.1:0")
-            .unwrap();
-        let bare_addr = bare.addrs()[0];
-        actix_web::rt::spawn(bare.run());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let kv = Load {
+        bytes: request_bytes("GET", "/v1/kv/hot", &[("authorization", &auth)], b""),
+        expect_body: Some(value.clone()),
+    };
+    let invoke = Load {
+        bytes: request_bytes(
+            "POST",
+            "/v1/functions/echo/invoke",
+            &[("authorization", &auth)],
+            INPUT,
+        ),
+        expect_body: Some(INPUT.to_vec()),
+    };
+    for l in [&kv, &invoke] {
+        run(node.addr, l, CONNECTIONS, secs / 3.0);
+    }
+    let (mut kvs, mut invs, mut ratios, mut p50k, mut p50i) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let a = run(node.addr, &kv, CONNECTIONS, secs);
+        let b = run(node.addr, &invoke, CONNECTIONS, secs);
+        ratios.push(b.rps / a.rps);
+        kvs.push(a.rps);
+        invs.push(b.rps);
+        p50k.push(a.p50.as_secs_f64() * 1e6);
+        p50i.push(b.p50.as_secs_f64() * 1e6);
+    }
 
-        let fn_url = format!("http://{addr}/v1/functions/echo/invoke");
-        let bare_url = format!("http://{bare_addr}/bare");
-        let auth = Some(format!("Bearer {key}"));
-        load(fn_url.clone(), auth.clone(), secs / 3.0).await;
-        load(bare_url.clone(), None, secs / 3.0).await;
-        let bare1 = load(bare_url.clone(), None, secs).await;
-        let fn_rps = load(fn_url, auth, secs).await;
-        let bare2 = load(bare_url, None, secs).await;
-        let bare_avg = (bare1 + bare2) / 2.0;
-
-        // A smoke run under `cargo test` keeps quiet unless it fails.
-        if full {
-            println!("| measurement | value |");
-            println!("|---|---|");
-            println!("| bare echo handler (no chain, no WASM), req/s | {bare_avg:.0} |");
-            println!("| HTTP invoke of the C echo module, req/s | {fn_rps:.0} |");
-            println!("| ratio invoke / bare | {:.2} |", fn_rps / bare_avg);
-            println!(
-                "| deploy-to-first-invoke, C echo, cold (compiled) | {:.1} ms |",
-                cold.as_secs_f64() * 1000.0
-            );
-            println!(
-                "| deploy-to-first-invoke, C echo, warm (artifact cache) | {:.1} ms |",
-                warm.as_secs_f64() * 1000.0
-            );
-            println!(
-                "({CONNECTIONS} keep-alive connections, {secs} s each, {}-byte JSON input, load generator in-process)",
-                INPUT.len()
-            );
-        }
-        std::process::exit(0);
-    });
+    // A smoke run under `cargo test` keeps quiet unless it fails.
+    if full {
+        let per_round = ratios
+            .iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!("| measurement (median of {rounds} rounds) | value |");
+        println!("|---|---|");
+        println!("| `GET /v1/kv/hot`, API key, req/s | {:.0} |", median(kvs));
+        println!(
+            "| `POST /v1/functions/echo/invoke`, API key, req/s | {:.0} |",
+            median(invs)
+        );
+        println!(
+            "| p50 latency KV / invoke, µs | {:.0} / {:.0} |",
+            median(p50k),
+            median(p50i)
+        );
+        println!(
+            "| ratio invoke / KV read | **{:.2}** ({per_round}) |",
+            median(ratios.clone())
+        );
+        println!(
+            "| deploy-to-first-invoke, C echo, cold (compiled) | {:.1} ms |",
+            cold.as_secs_f64() * 1000.0
+        );
+        println!(
+            "| deploy-to-first-invoke, C echo, warm (artifact cache) | {:.1} ms |",
+            warm.as_secs_f64() * 1000.0
+        );
+        println!(
+            "({CONNECTIONS} keep-alive connections, {secs} s per run, {}-byte JSON input, node = release binary in its own process logging to a file)",
+            INPUT.len()
+        );
+    }
 }

@@ -265,17 +265,25 @@ pub struct KvGet {
     pub key: String,
 }
 
+impl KvGet {
+    /// The read: needs nothing the supervisor owns but the namespace's name
+    /// and the store, so `GET /v1/kv/{key}` runs it on its own thread (no
+    /// round trip through the mailbox) and the handler below runs the same.
+    /// The import check is the same either way.
+    pub async fn run(self, store: &Store, ns: &str) -> NsResult<Option<Vec<u8>>> {
+        let k = kv_key(ns, &self.key)?;
+        let j = import_journal_key(ns);
+        unless_importing(store, ns, &j, || store.get_unless(&k, &j)).await
+    }
+}
+
 impl Handler<KvGet> for NamespaceSupervisor {
     type Result = ResponseFuture<NsResult<Option<Vec<u8>>>>;
     fn handle(&mut self, msg: KvGet, _: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
         let store = self.store.clone();
         let ns = self.name.clone();
-        Box::pin(async move {
-            let k = kv_key(&ns, &msg.key)?;
-            let j = import_journal_key(&ns);
-            unless_importing(&store, &ns, &j, || store.get_unless(&k, &j)).await
-        })
+        Box::pin(async move { msg.run(&store, &ns).await })
     }
 }
 

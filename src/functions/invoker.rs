@@ -249,6 +249,7 @@ impl FunctionsService {
             svc: self.clone(),
             st: Arc::new(NsState {
                 modules: Default::default(),
+                resolved: Default::default(),
                 triggers: Default::default(),
                 deploy_lock: Default::default(),
                 publisher: Default::default(),
@@ -351,6 +352,9 @@ struct TriggerEntry {
 
 struct NsState {
     modules: Mutex<HashMap<(String, u64), Arc<CompiledModule>>>,
+    /// Functions resolved once (record, version, module, environment), by
+    /// name and requested version; see [`Invoker::cached`].
+    resolved: Mutex<ResolvedCache>,
     triggers: RwLock<Vec<TriggerEntry>>,
     deploy_lock: tokio::sync::Mutex<()>,
     publisher: Mutex<Option<(Addr<NamespaceSupervisor>, Arc<ActorStats>)>>,
@@ -365,8 +369,23 @@ pub struct Invoker {
     st: Arc<NsState>,
 }
 
+/// Resolved functions kept between calls. `generation` moves on every change
+/// this invoker makes (deploy, delete, secrets, import): a resolution that
+/// began under an older generation is not kept.
+#[derive(Default)]
+struct ResolvedCache {
+    generation: u64,
+    map: HashMap<(String, Option<u64>), Arc<Resolved>>,
+}
+
+/// Resolutions kept per namespace before the cache is cleared.
+const MAX_CACHED_RESOLVED: usize = 256;
+
 /// A resolved function: record, version, module, environment.
 struct Resolved {
+    /// The function record's stored bytes, compared on every use of a cached
+    /// resolution (any change to the record, a delete included, misses).
+    record_bytes: Vec<u8>,
     record: FunctionRecord,
     meta: VersionMeta,
     module: Arc<CompiledModule>,
@@ -402,8 +421,9 @@ impl Prepared {
         } = self;
         let name = call.function.clone();
         let engine = inv.svc.0.engine.clone();
+        // The pool gauges are refreshed by the sampler (every second), not
+        // per call: a snapshot takes the pool's lock and copies its queues.
         let result = engine.invoke(module, call, host).await;
-        inv.svc.sample();
         let m = &inv.svc.0.metrics;
         let label = m.ns_label(&inv.ns);
         m.invocations.with_label_values(&[label.as_str()]).inc();
@@ -539,6 +559,7 @@ impl Invoker {
             serde_json::to_vec(&record).expect("serializable"),
         ));
         store.apply_batch(ops).await?;
+        self.forget_resolutions();
         {
             let mut modules = self.st.modules.lock();
             for v in evicted {
@@ -580,8 +601,10 @@ impl Invoker {
         }
     }
 
-    /// Loads the triggers of every function (at supervisor start).
+    /// Loads the triggers of every function (at supervisor start and after an
+    /// import), forgetting every kept resolution: the functions may all have changed.
     pub async fn load_triggers(&self) -> FnResult<()> {
+        self.forget_resolutions();
         for rec in self.list().await? {
             let meta: Option<VersionMeta> = self
                 .store()
@@ -654,6 +677,7 @@ impl Invoker {
             ops.push(BatchOp::Delete(k));
         }
         store.apply_batch(ops).await?;
+        self.forget_resolutions();
         self.st.modules.lock().retain(|(n, _), _| n != name);
         self.set_triggers(name, None);
         tracing::info!(namespace = %self.ns, function = %name, "Function deleted.");
@@ -689,6 +713,7 @@ impl Invoker {
         let k = secret_key(&self.ns, key);
         let sealed = self.svc.0.secrets.seal(&k, value.as_bytes());
         self.store().put(&k, &sealed).await?;
+        self.forget_resolutions();
         Ok(())
     }
 
@@ -709,7 +734,62 @@ impl Invoker {
         if !valid_secret_name(key) || !self.store().delete(&secret_key(&self.ns, key)).await? {
             return Err(FnError::NotFound(format!("no secret {key:?}")));
         }
+        self.forget_resolutions();
         Ok(())
+    }
+
+    /// Whether resolutions are kept: on the node's own sled store, where every
+    /// write to a function, its versions or the namespace's secrets goes
+    /// through this invoker (which forgets what it kept) or changes the
+    /// function record (checked on every use). On etcd another node may
+    /// change secrets unseen, so every call resolves afresh there.
+    fn keeps_resolutions(&self) -> bool {
+        self.store().as_sled().is_some()
+    }
+
+    /// A kept resolution of `name`, if the stored function record is still
+    /// byte for byte the one it was resolved from (one local sled read, no
+    /// blocking thread).
+    async fn cached(&self, name: &str, version: Option<u64>) -> FnResult<Option<Arc<Resolved>>> {
+        if !self.keeps_resolutions() {
+            return Ok(None);
+        }
+        let hit = self
+            .st
+            .resolved
+            .lock()
+            .map
+            .get(&(name.to_string(), version))
+            .cloned();
+        let Some(r) = hit else { return Ok(None) };
+        let now = self.store().get(&fn_key(&self.ns, name)).await?;
+        if now.as_deref() == Some(&r.record_bytes[..]) {
+            return Ok(Some(r));
+        }
+        self.forget_resolutions();
+        Ok(None)
+    }
+
+    /// Keeps a resolution made under `generation`, unless something changed since.
+    fn keep(&self, name: &str, version: Option<u64>, generation: u64, r: &Arc<Resolved>) {
+        if !self.keeps_resolutions() {
+            return;
+        }
+        let mut c = self.st.resolved.lock();
+        if c.generation != generation {
+            return;
+        }
+        if c.map.len() >= MAX_CACHED_RESOLVED {
+            c.map.clear();
+        }
+        c.map.insert((name.to_string(), version), r.clone());
+    }
+
+    /// Forgets every kept resolution (a deploy, a delete, a secret, an import).
+    fn forget_resolutions(&self) {
+        let mut c = self.st.resolved.lock();
+        c.generation += 1;
+        c.map.clear();
     }
 
     /// Resolves a function of THIS namespace synchronously (on a blocking or
@@ -719,10 +799,13 @@ impl Invoker {
             return Err(FnError::NotFound(format!("no function {name:?}")));
         }
         let key = fn_key(&self.ns, name);
-        let record: FunctionRecord = self
+        let record_bytes = self
             .svc
-            .store_wait(move |s| async move { s.get_json(&key).await })?
+            .store_wait(move |s| async move { s.get(&key).await })?
             .ok_or_else(|| FnError::NotFound(format!("no function {name:?}")))?;
+        let record: FunctionRecord = serde_json::from_slice(&record_bytes).map_err(|e| {
+            FnError::Internal(format!("function record {name:?} does not parse: {e}"))
+        })?;
         let version = version.unwrap_or(record.current_version);
         if !record.versions.contains(&version) {
             return Err(FnError::NotFound(format!(
@@ -784,6 +867,7 @@ impl Invoker {
             }
         }
         Ok(Resolved {
+            record_bytes,
             record,
             meta,
             module,
@@ -804,11 +888,20 @@ impl Invoker {
         if input.len() > MAX_INPUT_BYTES {
             return Err(crate::wasm::WasmError::InputTooLarge.into());
         }
-        let inv = self.clone();
-        let n = name.clone();
-        let r = tokio::task::spawn_blocking(move || inv.resolve_sync(&n, version))
-            .await
-            .map_err(|e| FnError::Internal(format!("resolve task failed: {e}")))??;
+        let r = match self.cached(&name, version).await? {
+            Some(r) => r,
+            None => {
+                let generation = self.st.resolved.lock().generation;
+                let inv = self.clone();
+                let n = name.clone();
+                let r = tokio::task::spawn_blocking(move || inv.resolve_sync(&n, version))
+                    .await
+                    .map_err(|e| FnError::Internal(format!("resolve task failed: {e}")))??;
+                let r = Arc::new(r);
+                self.keep(&name, version, generation, &r);
+                r
+            }
+        };
         let caller_json = serde_json::to_vec(&serde_json::json!({
             "subject": caller.subject,
             "namespace": &*self.ns,
@@ -821,7 +914,7 @@ impl Invoker {
             function: name,
             version: r.meta.version,
             input,
-            env: r.env,
+            env: r.env.clone(),
             memory_limit_mb: r.meta.memory_limit_mb,
             timeout: Duration::from_secs(r.meta.timeout_seconds.into()),
             caller_json,
@@ -833,7 +926,7 @@ impl Invoker {
                 depth,
             }),
             inv: self.clone(),
-            module: r.module,
+            module: r.module.clone(),
             call,
             request_id: caller.request_id,
             trigger,

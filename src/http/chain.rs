@@ -447,7 +447,8 @@ pub async fn authentication<B: MessageBody + 'static>(
     if req.extensions().get::<Identity>().is_none()
         && !req.headers().contains_key(header::AUTHORIZATION)
         && !req.headers().contains_key("x-api-key")
-        && let Some(id) = crate::http::dashboard::cookie_identity(&node(&req), req.path(), req.headers())
+        && let Some(id) =
+            crate::http::dashboard::cookie_identity(&node(&req), req.path(), req.headers())
     {
         req.extensions_mut().insert(id);
     }
@@ -499,12 +500,15 @@ fn wants_sign_in_page(req: &ServiceRequest) -> bool {
 /// operator key (admin also takes its dashboard session cookie).
 pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
     let policy = policy_of(&req);
-    let id = req.extensions().get::<Identity>().cloned();
+    // Borrowed, not cloned (an identity carries its grants and claims); the
+    // borrow ends with `check`, before the request is changed.
+    let ext = req.extensions();
+    let id = ext.get::<Identity>();
     let check = match &policy {
         None | Some(Policy::Public) | Some(Policy::Credential) | Some(Policy::Deployment) => {
             Ok(None)
         }
-        Some(Policy::Operator) => match &id {
+        Some(Policy::Operator) => match id {
             Some(i) if i.operator => Ok(None),
             Some(_) => Err(ApiError::forbidden(
                 "OPERATOR_ONLY",
@@ -517,9 +521,10 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
         },
         // No source address is trusted: behind a TLS proxy on loopback every
         // public request arrives from 127.0.0.1.
-        Some(Policy::Admin) => match &id {
+        Some(Policy::Admin) => match id {
             Some(i) if i.operator => Ok(None),
             None if wants_sign_in_page(&req) => {
+                drop(ext);
                 return Ok(req.into_response(
                     HttpResponse::SeeOther()
                         .insert_header((header::LOCATION, "/__admin/login"))
@@ -537,7 +542,7 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
                 "the dashboard needs the operator key",
             )),
         },
-        Some(Policy::Internal) => match &id {
+        Some(Policy::Internal) => match id {
             Some(i) if i.kind == "hop" => Ok(None),
             _ => Err(ApiError::forbidden(
                 "INTERNAL_ONLY",
@@ -545,8 +550,8 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
             )),
         },
         Some(Policy::Ns { .. } | Policy::NsOrAnonymous { .. } | Policy::NsCredential { .. }) => {
-            let routed = req.extensions().get::<Target>().map(|t| t.0.clone());
-            match &id {
+            let routed = ext.get::<Target>().map(|t| t.0.clone());
+            match id {
                 None if matches!(policy, Some(Policy::NsOrAnonymous { .. })) => Ok(routed),
                 None => Err(ApiError::unauthorized(
                     "MISSING_CREDENTIAL",
@@ -576,6 +581,7 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
             }
         }
     };
+    drop(ext);
     match check {
         Ok(Some(ns)) => {
             req.extensions_mut().insert(Target(ns));
@@ -592,12 +598,12 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
 /// (the resource part is checked by the handler, which knows the topic or key).
 pub async fn scope_gate<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
     if let Some((domain, action)) = policy_of(&req).and_then(|p| p.grant()) {
-        let id = req.extensions().get::<Identity>().cloned();
-        if let Some(i) = id
-            && !i.operator
-            && !domain.is_empty()
-            && !crate::auth::allows_action(&i.grants, domain, action)
-        {
+        let lacks = req.extensions().get::<Identity>().is_some_and(|i| {
+            !i.operator
+                && !domain.is_empty()
+                && !crate::auth::allows_action(&i.grants, domain, action)
+        });
+        if lacks {
             let e = ApiError::forbidden(
                 "MISSING_GRANT",
                 format!("the credential lacks a {domain}:{action} grant"),

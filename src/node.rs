@@ -261,8 +261,9 @@ fn start_functions(
 }
 
 /// Joins the pub/sub mesh: messages published here go to the other nodes, and
-/// theirs enter each namespace's supervisor here (`FromMesh`), one at a time
-/// in arrival order (one task), so each publisher's order is kept.
+/// theirs enter each namespace's supervisor here (`FromMesh`, one per
+/// namespace per received batch) in arrival order (one task), so each
+/// publisher's order is kept.
 #[cfg(feature = "cluster")]
 async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
     let c = &node.config.cluster;
@@ -272,32 +273,30 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
         .gossip_listen
         .parse()
         .map_err(|e| anyhow::anyhow!("cluster.gossip_listen {:?}: {e}", c.gossip_listen))?;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, String, bytes::Bytes, u64)>(65_536);
+    // One entry per namespace per received mesh batch.
+    let (tx, mut rx) =
+        tokio::sync::mpsc::channel::<(String, Vec<crate::actors::MeshMessage>)>(65_536);
     let metrics = node.metrics.clone();
-    let deliver: crate::cluster::DeliverFn = Arc::new(move |ns, topic, data, ts| {
-        if tx.try_send((ns, topic, data, ts)).is_err() {
+    let deliver: crate::cluster::DeliverFn = Arc::new(move |ns, messages| {
+        let n = messages.len() as u64;
+        if tx.try_send((ns, messages)).is_err() {
             metrics
                 .mesh_dropped
                 .with_label_values(&["queue_full"])
-                .inc();
+                .inc_by(n);
         }
     });
     let n = node.clone();
     actix_web::rt::spawn(async move {
-        while let Some((ns, topic, data, timestamp)) = rx.recv().await {
+        while let Some((ns, messages)) = rx.recv().await {
             // Only a running supervisor has local subscribers: a namespace
             // without one here is not started for a message (placement).
             match n.namespaces.get(&ns).ok_or("no supervisor running here") {
                 Ok(h) => {
-                    let msg = crate::actors::FromMesh {
-                        topic,
-                        data,
-                        timestamp,
-                    };
-                    msg.send_to(&h.addr, &h.stats, &n.metrics);
+                    crate::actors::FromMesh { messages }.send_to(&h.addr, &h.stats, &n.metrics);
                 }
                 Err(e) => {
-                    tracing::debug!(namespace = %ns, error = %e, "Mesh message for a namespace not here.")
+                    tracing::debug!(namespace = %ns, error = %e, "Mesh messages for a namespace not here.")
                 }
             }
         }

@@ -21,5 +21,6 @@ pub use node::{
 };
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
-    FromMesh, Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscribe, UnsubscribeAll,
+    FromMesh, MeshMessage, Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscribe,
+    UnsubscribeAll,
 };

@@ -37,6 +37,7 @@
 
 use super::reorder::{Pushed, Reorder};
 use super::{MeshError, MeshResult};
+use crate::actors::MeshMessage;
 use crate::metrics::Metrics;
 use crate::pubsub::{MeshSink, PubSubService};
 use crate::storage::{Change, OrderedKv, PrefixWatch, Store, StoreResult};
@@ -117,10 +118,12 @@ const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// How long `start` waits for the listener to come up.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Hands a message from the mesh to this node: (namespace, topic, data,
-/// origin timestamp in ms). Called from the swarm task in stream order; it
-/// must not block (the node sends `FromMesh` to the namespace's supervisor).
-pub type DeliverFn = Arc<dyn Fn(String, String, Bytes, u64) + Send + Sync>;
+/// Hands messages from the mesh to this node: a namespace and its messages
+/// (topic, data, origin timestamp in ms), in stream order. Called from the
+/// swarm task once per namespace per received batch (and per gap timeout
+/// that released held-back ones), never with an empty list; it must not
+/// block (the node sends one `FromMesh` to the namespace's supervisor).
+pub type DeliverFn = Arc<dyn Fn(String, Vec<MeshMessage>) + Send + Sync>;
 
 /// The mesh's timings and sizes; `Default` gives the production values.
 #[derive(Debug, Clone)]
@@ -1117,6 +1120,8 @@ impl SwarmTask {
         };
         self.metrics.mesh_received.inc_by(msg.entries.len() as u64);
         let now = Instant::now();
+        let mut released = Vec::with_capacity(msg.entries.len());
+        let mut gaps = 0;
         for entry in msg.entries {
             let key = (origin, entry.namespace.clone(), entry.topic.clone());
             let (epoch, seq) = (entry.epoch, entry.seq);
@@ -1131,14 +1136,42 @@ impl SwarmTask {
             if let Some(d) = dropped {
                 self.drop_count(d.label());
             }
-            self.metrics.mesh_gaps_skipped.inc_by(gaps_skipped);
-            self.deliver(ready);
+            gaps += gaps_skipped;
+            released.extend(ready);
         }
+        if gaps > 0 {
+            self.metrics.mesh_gaps_skipped.inc_by(gaps);
+        }
+        self.deliver(released);
     }
 
+    /// Hands released messages to the node: one call per namespace, each
+    /// with that namespace's messages in the order released (which keeps
+    /// every stream's order).
     fn deliver(&self, ready: Vec<WireEntry>) {
+        if ready.is_empty() {
+            return;
+        }
+        // Usually one namespace per batch; a short list, searched linearly.
+        let mut groups: Vec<(String, Vec<MeshMessage>)> = Vec::with_capacity(1);
+        let total = ready.len();
         for m in ready {
-            (self.deliver_fn)(m.namespace, m.topic, Bytes::from(m.data), m.timestamp);
+            let msg = MeshMessage {
+                topic: m.topic,
+                data: Bytes::from(m.data),
+                timestamp: m.timestamp,
+            };
+            match groups.iter_mut().find(|(ns, _)| *ns == m.namespace) {
+                Some((_, list)) => list.push(msg),
+                None => {
+                    let mut list = Vec::with_capacity(total);
+                    list.push(msg);
+                    groups.push((m.namespace, list));
+                }
+            }
+        }
+        for (ns, list) in groups {
+            (self.deliver_fn)(ns, list);
         }
     }
 }
@@ -1207,8 +1240,12 @@ mod tests {
         let pubsub = PubSubService::default();
         let got: Received = Arc::default();
         let sink = got.clone();
-        let deliver: DeliverFn = Arc::new(move |ns, topic, data, ts| {
-            sink.lock().push((ns, topic, data, ts));
+        let deliver: DeliverFn = Arc::new(move |ns, messages| {
+            assert!(!messages.is_empty(), "an empty delivery");
+            let mut got = sink.lock();
+            for m in messages {
+                got.push((ns.clone(), m.topic, m.data, m.timestamp));
+            }
         });
         let mesh = Mesh::start_with(
             store.clone(),

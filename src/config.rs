@@ -342,7 +342,8 @@ pub struct AuthConfig {
     pub api_key_default_days: u32,
     /// Access token lifetime in seconds.
     pub access_token_seconds: u64,
-    /// Refresh token lifetime in days.
+    /// Refresh token lifetime in days. Not read yet: refresh tokens live
+    /// `auth::REFRESH_TOKEN_TTL` (30 days) whatever this says.
     pub refresh_token_days: u32,
 }
 

@@ -115,7 +115,7 @@ enum WatchInner {
     Never,
     /// An etcd watch on the prefix.
     #[cfg(feature = "cluster")]
-    Etcd(EtcdWatch),
+    Etcd(Box<EtcdWatch>),
 }
 
 impl PrefixWatch {
@@ -179,7 +179,9 @@ impl Store {
                 Ok(PrefixWatch(WatchInner::Never))
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Ok(PrefixWatch(WatchInner::Etcd(s.watch_prefix(prefix).await?))),
+            Store::Etcd(s) => Ok(PrefixWatch(WatchInner::Etcd(Box::new(
+                s.watch_prefix(prefix).await?,
+            )))),
         }
     }
 

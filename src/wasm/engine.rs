@@ -284,6 +284,8 @@ impl WasmEngine {
                 .name("wasm-epoch".into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
+                        // Audited: the epoch ticker is its own thread; it sleeps one tick.
+                        #[allow(clippy::disallowed_methods)]
                         std::thread::sleep(tick);
                         engine.increment_epoch();
                     }

@@ -71,7 +71,8 @@ pub struct Inner {
     pub slow_consumers_closed: IntCounter,
     /// Invocation records dropped because the invocation log's queue was full.
     pub invocation_records_dropped: IntCounter,
-    /// WASM workers running a guest now.
+    /// WASM workers running a guest (the three pool gauges are sampled
+    /// periodically by the functions service, not set per call).
     pub wasm_pool_busy: IntGauge,
     /// Invocations waiting for a free WASM worker.
     pub wasm_pool_queued: IntGauge,

@@ -342,9 +342,16 @@ pub struct AuthConfig {
     pub api_key_default_days: u32,
     /// Access token lifetime in seconds.
     pub access_token_seconds: u64,
-    /// Refresh token lifetime in days. Not read yet: refresh tokens live
-    /// `auth::REFRESH_TOKEN_TTL` (30 days) whatever this says.
+    /// Refresh token lifetime in days (1..=365): each rotation issues a
+    /// successor valid this long again.
     pub refresh_token_days: u32,
+}
+
+impl AuthConfig {
+    /// `refresh_token_days` in seconds.
+    pub fn refresh_token_seconds(&self) -> u64 {
+        u64::from(self.refresh_token_days) * 86_400
+    }
 }
 
 impl Default for AuthConfig {
@@ -536,6 +543,9 @@ impl Config {
         }
         if self.auth.api_key_default_days == 0 || self.auth.api_key_default_days > 365 {
             errors.push("auth.api_key_default_days: must be 1..=365".into());
+        }
+        if self.auth.refresh_token_days == 0 || self.auth.refresh_token_days > 365 {
+            errors.push("auth.refresh_token_days: must be 1..=365".into());
         }
         if self.functions.namespace_concurrency == 0 || self.functions.queue == 0 {
             errors.push("functions.namespace_concurrency and functions.queue: must be > 0".into());

@@ -235,8 +235,9 @@ pub async fn issue_refresh(
     subject: &str,
     grants: Vec<String>,
     now: u64,
+    ttl: u64,
 ) -> IdResult<String> {
-    let record = RefreshRecord::new_family(ns, subject, grants, now)?;
+    let record = RefreshRecord::new_family(ns, subject, grants, now, ttl)?;
     store_refresh(store, secret, &record).await
 }
 
@@ -281,6 +282,7 @@ pub async fn rotate_refresh(
     secret: &[u8],
     token: &str,
     now: u64,
+    ttl: u64,
 ) -> IdResult<(RefreshRecord, String)> {
     if !auth::is_refresh_token_shaped(token) {
         return Err(AuthError::InvalidRefreshToken.into());
@@ -297,7 +299,7 @@ pub async fn rotate_refresh(
         let decision = auth::decide_refresh(&record, now);
         match decision {
             RefreshDecision::Rotate | RefreshDecision::GraceReuse => {
-                let successor = record.successor(now);
+                let successor = record.successor(now, ttl);
                 let mut updated = record.clone();
                 if decision == RefreshDecision::GraceReuse {
                     updated.grace_used = true;

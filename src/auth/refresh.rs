@@ -47,12 +47,14 @@ pub struct RefreshRecord {
 }
 
 impl RefreshRecord {
-    /// The record of the first token of a new family, issued `now`.
+    /// The record of the first token of a new family, issued `now`, valid
+    /// `ttl` seconds (`[auth] refresh_token_days`).
     pub fn new_family(
         namespace: &str,
         subject: &str,
         grants: Vec<String>,
         now: u64,
+        ttl: u64,
     ) -> Result<Self> {
         let mut b = [0u8; 16];
         SystemRandom::new()
@@ -64,18 +66,20 @@ impl RefreshRecord {
             subject,
             grants,
             now,
+            ttl,
         ))
     }
 
     /// The record of the token that replaces `self` (same family and
-    /// identity, a fresh 30 days).
-    pub fn successor(&self, now: u64) -> Self {
+    /// identity, a fresh `ttl` seconds).
+    pub fn successor(&self, now: u64, ttl: u64) -> Self {
         Self::issued(
             self.family.clone(),
             &self.namespace,
             &self.subject,
             self.grants.clone(),
             now,
+            ttl,
         )
     }
 
@@ -91,6 +95,7 @@ impl RefreshRecord {
         subject: &str,
         grants: Vec<String>,
         now: u64,
+        ttl: u64,
     ) -> Self {
         RefreshRecord {
             family,
@@ -98,7 +103,7 @@ impl RefreshRecord {
             subject: subject.to_owned(),
             grants,
             issued_at: now,
-            expires_at: now.saturating_add(REFRESH_TOKEN_TTL),
+            expires_at: now.saturating_add(ttl),
             rotated_at: None,
             successor_hash: None,
             grace_used: false,
@@ -187,7 +192,14 @@ mod tests {
     const NOW: u64 = 1_700_000_000;
 
     fn record() -> RefreshRecord {
-        RefreshRecord::new_family("acme", "wallet:ab", vec!["kv:read:*".into()], NOW).unwrap()
+        RefreshRecord::new_family(
+            "acme",
+            "wallet:ab",
+            vec!["kv:read:*".into()],
+            NOW,
+            REFRESH_TOKEN_TTL,
+        )
+        .unwrap()
     }
 
     /// Tokens have the documented shape and are stored hashed.
@@ -217,11 +229,24 @@ mod tests {
         );
     }
 
+    /// A family lives the lifetime it was issued with (`[auth]
+    /// refresh_token_days`), and each successor that lifetime again.
+    #[test]
+    fn lifetime_is_the_configured_one() {
+        let day = 86_400;
+        let r = RefreshRecord::new_family("acme", "key:k", vec![], NOW, day).unwrap();
+        assert_eq!(r.expires_at, NOW + day);
+        assert_eq!(decide(&r, NOW + day - 1), RefreshDecision::Rotate);
+        assert_eq!(decide(&r, NOW + day), RefreshDecision::Expired);
+        let next = r.successor(NOW + 10, 7 * day);
+        assert_eq!(next.expires_at, NOW + 10 + 7 * day);
+    }
+
     /// The rotated token is accepted once within 60 s, then never.
     #[test]
     fn grace_window_once() {
         let mut r = record();
-        let next = r.successor(NOW + 100);
+        let next = r.successor(NOW + 100, REFRESH_TOKEN_TTL);
         assert_eq!(next.family, r.family);
         assert_eq!(decide(&next, NOW + 100), RefreshDecision::Rotate);
         r.mark_rotated("abcd", NOW + 100);

@@ -310,6 +310,7 @@ async fn token_pair(
         subject,
         grants,
         t,
+        node.config.auth.refresh_token_seconds(),
     )
     .await?;
     Ok(HttpResponse::Ok().json(json!({
@@ -352,6 +353,7 @@ async fn refresh(
         &node.secrets.server_secret,
         &body.refresh_token,
         t,
+        node.config.auth.refresh_token_seconds(),
     )
     .await?;
     let iss = &node.config.server.public_url;

@@ -951,3 +951,78 @@ fn tls_sni_mismatch_http2_and_certificate_reload() {
     );
     assert_eq!(e["xfh"], "h2.test");
 }
+
+/// Routed upstream requests take the deployment fast path; the client bucket
+/// still applies to them (here a client behind a trusted proxy: a burst of 5,
+/// then 429 `RATE_LIMITED` with `Retry-After` and the request id echoed),
+/// and another client is unaffected.
+#[test]
+fn routed_requests_keep_the_client_rate_limit() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "[rate_limit]\ngeneral_per_minute = 1\ngeneral_burst = 5\n\
+             trusted_proxies = [\"127.0.0.1\"]\n[deploy]\n{ALLOW_LOOPBACK}"
+        ),
+        ..Default::default()
+    });
+    let key = node.create_namespace("limited");
+    let up = Upstream::start("one");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "app", "hosts": ["limited.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let get = |client: &str| {
+        via(
+            &node,
+            "limited.test",
+            "GET",
+            "/x",
+            &[("x-forwarded-for", client), ("x-request-id", "rid-rl")],
+            None,
+        )
+    };
+    for i in 0..5 {
+        let (s, _, b) = get("10.9.9.9");
+        assert_eq!(s, 200, "request {i}: {}", String::from_utf8_lossy(&b));
+    }
+    let (s, h, b) = get("10.9.9.9");
+    assert_eq!(s, 429, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(code(&b), "RATE_LIMITED");
+    assert!(header(&h, "retry-after").is_some(), "{h:?}");
+    assert_eq!(header(&h, "x-request-id"), Some("rid-rl"));
+    let (s, _, _) = get("10.8.8.8");
+    assert_eq!(s, 200, "another client has its own bucket");
+}
+
+/// The namespace bucket applies to routed upstream requests too.
+#[test]
+fn routed_requests_keep_the_namespace_rate_limit() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "[rate_limit]\ngeneral_per_minute = 1000000\ngeneral_burst = 100000\n\
+             namespace_per_minute = 1\nnamespace_burst = 4\n[deploy]\n{ALLOW_LOOPBACK}"
+        ),
+        ..Default::default()
+    });
+    let key = node.create_namespace("nsl");
+    let up = Upstream::start("one");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "app", "hosts": ["nsl.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    // The deploy took one of the namespace's 4; the proxied requests take the rest.
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let (s, h, b) = via(&node, "nsl.test", "GET", "/x", &[], None);
+        if s == 429 {
+            assert_eq!(code(&b), "NAMESPACE_RATE_LIMITED");
+            assert!(header(&h, "retry-after").is_some(), "{h:?}");
+        }
+        statuses.push(s);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}

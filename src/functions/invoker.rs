@@ -35,7 +35,8 @@ use crate::wasm::{
 
 /// Invocation records waiting for the writer; past this they are dropped (and counted).
 pub const RECORD_QUEUE: usize = 1024;
-/// Records written per store batch.
+/// Records written per store batch at most (etcd takes 128 operations per
+/// transaction by default).
 const RECORD_BATCH: usize = 64;
 /// How often the pool gauges and cache counters are refreshed.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -332,10 +333,25 @@ pub fn wake_namespaces_with_functions(node: &crate::node::Node) {
     });
 }
 
+/// How long the record writer waits for more records before it writes a
+/// batch that is not full: one store batch (and one durable flush) then
+/// carries the records of many calls instead of a few.
+const RECORD_LINGER: Duration = Duration::from_millis(5);
+
 /// Writes invocation records in batches until the node stops.
 async fn write_records(store: Store, mut rx: mpsc::Receiver<(Vec<u8>, Vec<u8>)>) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);
     while rx.recv_many(&mut buf, RECORD_BATCH).await > 0 {
+        let until = tokio::time::Instant::now() + RECORD_LINGER;
+        while buf.len() < RECORD_BATCH {
+            // `recv_many` is cancel safe: a timeout loses no record.
+            let room = RECORD_BATCH - buf.len();
+            let more = rx.recv_many(&mut buf, room);
+            match tokio::time::timeout_at(until, more).await {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
         let ops = buf.drain(..).map(|(k, v)| BatchOp::Put(k, v)).collect();
         if let Err(e) = store.apply_batch(ops).await {
             tracing::warn!(error = %e, "Invocation records could not be written.");

@@ -1154,3 +1154,89 @@ impl HostApi for NsHost {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOOP: &[u8] = br#"(module (func (export "_start")))"#;
+
+    fn request(name: &str) -> DeployRequest {
+        DeployRequest {
+            name: name.into(),
+            wasm: NOOP.to_vec(),
+            memory_limit_mb: 16,
+            timeout_seconds: 5,
+            is_public: false,
+            env_vars: [("MODE".to_string(), "plain".to_string())].into(),
+            pubsub_topics: Vec::new(),
+            cron: Vec::new(),
+        }
+    }
+
+    async fn prepared(inv: &Invoker, name: &str) -> FnResult<Prepared> {
+        let caller = CallerInfo {
+            subject: None,
+            request_id: "r".into(),
+        };
+        inv.prepare(name.into(), None, Vec::new(), caller, Trigger::Http, 0)
+            .await
+    }
+
+    fn env_of(p: &Prepared, k: &str) -> Option<String> {
+        p.call
+            .env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// A kept resolution is used while nothing changed, and every change a
+    /// call must see (a secret set or deleted, a new version, a delete, a
+    /// record written by another path such as an import) is seen by the next call.
+    #[actix_rt::test]
+    async fn kept_resolutions_follow_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let engine =
+            WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
+        let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
+        let inv = svc.invoker("ns");
+        let module = svc.compile(NOOP.to_vec()).await.unwrap();
+        inv.deploy(request("f"), module.clone()).await.unwrap();
+
+        inv.put_secret("TOKEN", "a").await.unwrap();
+        let p = prepared(&inv, "f").await.unwrap();
+        assert_eq!((p.version, env_of(&p, "TOKEN").as_deref()), (1, Some("a")));
+        assert_eq!(env_of(&p, "MODE").as_deref(), Some("plain"));
+        assert_eq!(inv.st.resolved.lock().map.len(), 1, "kept");
+        assert!(inv.cached("f", None).await.unwrap().is_some(), "used");
+
+        inv.put_secret("TOKEN", "b").await.unwrap();
+        let p = prepared(&inv, "f").await.unwrap();
+        assert_eq!(env_of(&p, "TOKEN").as_deref(), Some("b"));
+
+        inv.deploy(request("f"), module.clone()).await.unwrap();
+        assert_eq!(prepared(&inv, "f").await.unwrap().version, 2);
+
+        inv.delete_secret("TOKEN").await.unwrap();
+        assert_eq!(env_of(&prepared(&inv, "f").await.unwrap(), "TOKEN"), None);
+
+        // The record rewritten behind the invoker's back: the next call
+        // resolves afresh (version 1 again).
+        let key = fn_key("ns", "f");
+        let mut rec: FunctionRecord = store.get_json(&key).await.unwrap().unwrap();
+        rec.current_version = 1;
+        store
+            .put(&key, &serde_json::to_vec(&rec).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(prepared(&inv, "f").await.unwrap().version, 1);
+
+        inv.delete("f").await.unwrap();
+        assert!(matches!(
+            prepared(&inv, "f").await,
+            Err(FnError::NotFound(_))
+        ));
+    }
+}

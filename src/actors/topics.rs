@@ -184,15 +184,7 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
     }
 }
 
-/// One message published on another node, as the mesh hands it to this
-/// node's namespace supervisor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MeshMessage {
-    pub topic: String,
-    pub data: Bytes,
-    /// When the origin node accepted the message (ms since the Unix epoch).
-    pub timestamp: u64,
-}
+pub use crate::pubsub::MeshMessage;
 
 /// Sent by the cluster mesh (through [`FromMesh::send_to`], the bounded
 /// admission) with the messages of one received mesh batch for this

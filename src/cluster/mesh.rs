@@ -37,7 +37,7 @@
 
 use super::reorder::{Pushed, Reorder};
 use super::{MeshError, MeshResult};
-use crate::actors::MeshMessage;
+use crate::pubsub::MeshMessage;
 use crate::metrics::Metrics;
 use crate::pubsub::{MeshSink, PubSubService};
 use crate::storage::{Change, OrderedKv, PrefixWatch, Store, StoreResult};

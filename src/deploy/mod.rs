@@ -7,7 +7,6 @@
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
-//! - `serve`: answering a routed request (static files or the proxy).
 //! - `transfer`: a namespace's deployments in a namespace export and import.
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
@@ -21,11 +20,9 @@ pub mod egress;
 pub mod index;
 pub mod model;
 pub mod proxy;
-mod serve;
 pub mod site;
 pub mod transfer;
 
-pub use serve::{RoutedHost, routed_fast_path, serve_routed};
 
 use crate::config::DeployConfig;
 use crate::error::ApiError;

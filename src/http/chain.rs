@@ -371,7 +371,7 @@ pub async fn domain_routing<B: MessageBody + 'static>(
         let n = node(&req);
         let routed = req
             .extensions()
-            .get::<crate::deploy::RoutedHost>()
+            .get::<crate::http::deploy_serve::RoutedHost>()
             .map(|r| r.namespace.clone());
         if let Some(ns) = routed {
             req.extensions_mut().insert(Target(ns));

@@ -3,11 +3,11 @@
 //! [`routed_fast_path`]: the steps of the chain that act on a deployment, in
 //! the chain's order, in one middleware.
 
-use super::index::{Bound, Serve};
-use super::model::SiteFile;
-use super::proxy::{Forwarded, ProxyTimeouts, proxy_http, proxy_ws};
-use crate::http::ApiError;
-use crate::node::{Node, Phase};
+use crate::deploy::index::{Bound, Serve};
+use crate::deploy::model::SiteFile;
+use crate::deploy::proxy::{Forwarded, ProxyTimeouts, proxy_http, proxy_ws};
+use crate::error::ApiError;
+use crate::http::state::{Node, Phase};
 use crate::storage::OrderedKv;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};

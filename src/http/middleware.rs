@@ -227,7 +227,7 @@ pub async fn route_policy(
     if let (Some(namespace), Some(host)) = (routed, host) {
         let mut ext = req.extensions_mut();
         ext.insert(Policy::Deployment);
-        ext.insert(crate::deploy::RoutedHost { namespace, host });
+        ext.insert(crate::http::deploy_serve::RoutedHost { namespace, host });
     } else if let Some(map) = req.app_data::<web::Data<PolicyMap>>()
         && let Some(pattern) = req.match_pattern()
         && let Some(policy) = map.get(req.method(), &pattern)
@@ -394,7 +394,7 @@ pub async fn deployment_dispatch(
     }
     let node = node(&req);
     let (http, payload) = req.into_parts();
-    let resp = crate::deploy::serve_routed(&node, http.clone(), payload).await;
+    let resp = super::deploy_serve::serve_routed(&node, http.clone(), payload).await;
     Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }
 

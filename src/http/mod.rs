@@ -2,6 +2,7 @@
 
 mod chain;
 pub mod dashboard;
+mod deploy_serve;
 mod error;
 pub mod forward;
 mod hop;
@@ -82,7 +83,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .wrap(actix_web::middleware::Compress::default())
             .wrap(from_fn(middleware::probes))
             // Routed upstream requests: the chain's deployment steps in one.
-            .wrap(from_fn(crate::deploy::routed_fast_path))
+            .wrap(from_fn(deploy_serve::routed_fast_path))
     })
     .workers(workers)
     // Small frames (acks, pub/sub messages) go out at once rather than

@@ -13,5 +13,5 @@ pub use protocol::{
     check_topic, close, parse_client_frame,
 };
 pub use relay::{Conn, OutBody, Relay, Shutdown};
-pub use service::{Delivery, MeshSink, Origin, PubSubService, RelayMsg, Targets};
+pub use service::{Delivery, MeshMessage, MeshSink, Origin, PubSubService, RelayMsg, Targets};
 pub use table::{Member, PresenceEvent, SubscriberRef, TopicInfo, TopicTable};

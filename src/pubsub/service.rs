@@ -202,3 +202,13 @@ impl PubSubService {
         }
     }
 }
+
+/// One message published on another node, as the mesh hands it to this
+/// node's namespace supervisor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeshMessage {
+    pub topic: String,
+    pub data: Bytes,
+    /// When the origin node accepted the message (ms since the Unix epoch).
+    pub timestamp: u64,
+}

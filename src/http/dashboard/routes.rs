@@ -4,8 +4,8 @@
 
 use super::sampler::Frame;
 use super::session;
-use crate::http::{ApiError, Policy, RouteTable};
 use crate::http::state::Node;
+use crate::http::{ApiError, Policy, RouteTable};
 use actix_web::http::Method;
 use actix_web::http::header::{self, ContentEncoding};
 use actix_web::{HttpRequest, HttpResponse, web};

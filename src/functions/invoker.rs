@@ -294,45 +294,6 @@ impl FunctionsService {
     }
 }
 
-/// Starts, after a restart, the supervisor of every namespace that has
-/// functions, so their cron triggers tick without waiting for a request. In
-/// a cluster only the namespaces this node is a member of: cron and triggers
-/// run on members only (each cron slot still fires once in the cluster: the
-/// member that claims it runs it).
-pub fn wake_namespaces_with_functions(node: &crate::node::Node) {
-    let node = node.clone();
-    actix_web::rt::spawn(async move {
-        let rows = match node.store.scan_all(b"fn/").await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "Functions could not be listed at start.");
-                return;
-            }
-        };
-        let mut names: Vec<String> = rows
-            .iter()
-            .filter_map(|(k, _)| {
-                let k = std::str::from_utf8(k).ok()?;
-                Some(k.strip_prefix("fn/")?.split('/').next()?.to_string())
-            })
-            .collect();
-        names.dedup();
-        for ns in names {
-            if let Some(c) = node.cluster.get() {
-                match c.members(&ns).await {
-                    Ok(Some(m)) if crate::placement::is_member(&m, &c.node_id) => {}
-                    Ok(_) => continue,
-                    Err(e) => {
-                        tracing::warn!(namespace = %ns, error = %e, "Members unknown at start; its cron waits for a request.");
-                        continue;
-                    }
-                }
-            }
-            let _ = node.locate(&ns).await;
-        }
-    });
-}
-
 /// How long the record writer waits for more records before it writes a
 /// batch that is not full: one store batch (and one durable flush) then
 /// carries the records of many calls instead of a few.

@@ -289,7 +289,7 @@ impl Deployments {
         // not hold it near its time to live): a failure after this leaves
         // only unreferenced blobs, never a record pointing at missing bytes.
         for (sha, bytes) in &new.blobs {
-            let key = crate::functions::blob_key(sha);
+            let key = crate::storage::blob_key(sha);
             if self.store.get(&key).await?.is_none() {
                 self.store.put(&key, bytes).await?;
             }

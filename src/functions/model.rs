@@ -255,10 +255,7 @@ pub fn ver_key(ns: &str, name: &str, version: u64) -> Vec<u8> {
     format!("fnver/{ns}/{name}/{version:010}").into_bytes()
 }
 
-/// `blob/<sha256>`.
-pub fn blob_key(sha256_hex: &str) -> Vec<u8> {
-    format!("blob/{sha256_hex}").into_bytes()
-}
+pub use crate::storage::blob_key;
 
 /// `secret/<ns>/<key>`.
 pub fn secret_key(ns: &str, key: &str) -> Vec<u8> {

@@ -376,3 +376,9 @@ impl OrderedKv for Store {
         delegate!(self, s => s.flush().await)
     }
 }
+
+/// `blob/<sha256>`: content-addressed bytes (function modules, site files),
+/// shared by every namespace that stores the same bytes.
+pub fn blob_key(sha256_hex: &str) -> Vec<u8> {
+    format!("blob/{sha256_hex}").into_bytes()
+}

@@ -2,6 +2,7 @@
 //! variant and a stable upper-case code that the HTTP layer puts in the
 //! error body.
 
+use crate::error::Code;
 use std::fmt;
 
 /// Result alias for the auth module.
@@ -169,45 +170,46 @@ pub enum AuthError {
 }
 
 impl AuthError {
-    /// The stable upper-case code for the error body.
-    pub fn code(&self) -> &'static str {
+    /// The error's code (its row of the table in `crate::error` gives the
+    /// status); the node's own faults are `INTERNAL`.
+    pub fn code(&self) -> Code {
         use AuthError::*;
         match self {
-            MalformedKey(_) => "MALFORMED_API_KEY",
-            BadChecksum => "BAD_CHECKSUM",
-            InvalidApiKey => "INVALID_API_KEY",
-            MalformedToken(_) => "MALFORMED_TOKEN",
-            TokenEncoding(_) => "TOKEN_BAD_ENCODING",
-            TokenJson { .. } => "TOKEN_BAD_JSON",
-            UnsupportedAlg(_) => "UNSUPPORTED_ALG",
-            MissingKid => "MISSING_KID",
-            UnknownKid(_) => "UNKNOWN_KID",
-            BadSignature => "BAD_SIGNATURE",
-            TokenExpired => "TOKEN_EXPIRED",
-            TokenNotYetValid => "TOKEN_NOT_YET_VALID",
-            TokenIssuedInFuture => "TOKEN_ISSUED_IN_FUTURE",
-            WrongIssuer => "WRONG_ISSUER",
-            WrongAudience => "WRONG_AUDIENCE",
-            KeyFile { .. } => "KEY_FILE_ERROR",
-            BadKey(_) => "BAD_KEY",
-            Random => "RANDOM_FAILURE",
-            InvalidGrant { .. } => "INVALID_GRANT",
-            UnknownRole(_) => "UNKNOWN_ROLE",
-            MissingMac => "MISSING_HOP_MAC",
-            MalformedMac(_) => "MALFORMED_HOP_MAC",
-            MacExpired => "HOP_MAC_EXPIRED",
-            BadMac => "BAD_HOP_MAC",
-            MalformedChallenge(_) => "MALFORMED_CHALLENGE",
-            ChallengeExpired => "CHALLENGE_EXPIRED",
-            TooManyChallenges => "TOO_MANY_CHALLENGES",
-            NonceSpent => "NONCE_SPENT",
-            InvalidWallet(_) => "INVALID_WALLET",
-            MalformedSignature => "MALFORMED_SIGNATURE",
-            BadWalletSignature => "BAD_WALLET_SIGNATURE",
-            InvalidRefreshToken => "INVALID_REFRESH_TOKEN",
-            RefreshTokenExpired => "REFRESH_TOKEN_EXPIRED",
-            RefreshTokenRevoked => "REFRESH_TOKEN_REVOKED",
-            RefreshTokenReused => "REFRESH_TOKEN_REUSED",
+            MalformedKey(_) => Code::MalformedApiKey,
+            BadChecksum => Code::BadChecksum,
+            InvalidApiKey => Code::InvalidApiKey,
+            MalformedToken(_) => Code::MalformedToken,
+            TokenEncoding(_) => Code::TokenBadEncoding,
+            TokenJson { .. } => Code::TokenBadJson,
+            UnsupportedAlg(_) => Code::UnsupportedAlg,
+            MissingKid => Code::MissingKid,
+            UnknownKid(_) => Code::UnknownKid,
+            BadSignature => Code::BadSignature,
+            TokenExpired => Code::TokenExpired,
+            TokenNotYetValid => Code::TokenNotYetValid,
+            TokenIssuedInFuture => Code::TokenIssuedInFuture,
+            WrongIssuer => Code::WrongIssuer,
+            WrongAudience => Code::WrongAudience,
+            KeyFile { .. } => Code::Internal,
+            BadKey(_) => Code::Internal,
+            Random => Code::Internal,
+            InvalidGrant { .. } => Code::InvalidGrant,
+            UnknownRole(_) => Code::UnknownRole,
+            MissingMac => Code::MissingHopMac,
+            MalformedMac(_) => Code::MalformedHopMac,
+            MacExpired => Code::HopMacExpired,
+            BadMac => Code::BadHopMac,
+            MalformedChallenge(_) => Code::MalformedChallenge,
+            ChallengeExpired => Code::ChallengeExpired,
+            TooManyChallenges => Code::TooManyChallenges,
+            NonceSpent => Code::NonceSpent,
+            InvalidWallet(_) => Code::InvalidWallet,
+            MalformedSignature => Code::MalformedSignature,
+            BadWalletSignature => Code::BadWalletSignature,
+            InvalidRefreshToken => Code::InvalidRefreshToken,
+            RefreshTokenExpired => Code::RefreshTokenExpired,
+            RefreshTokenRevoked => Code::RefreshTokenRevoked,
+            RefreshTokenReused => Code::RefreshTokenReused,
         }
     }
 
@@ -218,19 +220,6 @@ impl AuthError {
         matches!(
             self,
             AuthError::KeyFile { .. } | AuthError::BadKey(_) | AuthError::Random
-        )
-    }
-
-    /// Whether the request is a bad request (400) rather than a refused
-    /// credential (401): input that is not a credential at all.
-    pub fn is_bad_input(&self) -> bool {
-        matches!(
-            self,
-            AuthError::InvalidGrant { .. }
-                | AuthError::UnknownRole(_)
-                | AuthError::MalformedChallenge(_)
-                | AuthError::InvalidWallet(_)
-                | AuthError::MalformedSignature
         )
     }
 }
@@ -251,7 +240,7 @@ mod tests {
         ];
         let mut seen = std::collections::HashSet::new();
         for e in samples {
-            let c = e.code();
+            let c = e.code().as_str();
             assert!(c.chars().all(|c| c.is_ascii_uppercase() || c == '_'));
             assert!(seen.insert(c));
         }

@@ -37,8 +37,8 @@
 
 use super::reorder::{Pushed, Reorder};
 use super::{MeshError, MeshResult};
-use crate::pubsub::MeshMessage;
 use crate::metrics::Metrics;
+use crate::pubsub::MeshMessage;
 use crate::pubsub::{MeshSink, PubSubService};
 use crate::storage::{Change, OrderedKv, PrefixWatch, Store, StoreResult};
 use bytes::Bytes;

@@ -19,6 +19,7 @@
 
 use crate::config::DeployConfig;
 use crate::error::ApiError;
+use crate::error::Code;
 use ipnet::IpNet;
 use parking_lot::RwLock;
 use std::fmt;
@@ -490,16 +491,16 @@ impl EgressPolicy {
     /// `UPSTREAM_UNRESOLVABLE` for a name without addresses.
     pub async fn check_instance(&self, base: &str) -> Result<(), ApiError> {
         let Some((host, port)) = host_port(base) else {
-            return Err(ApiError::bad_request(
-                "INVALID_UPSTREAM",
+            return Err(ApiError::new(
+                Code::InvalidUpstream,
                 format!("upstream {base:?} has no host"),
             ));
         };
         match self.resolve_checked(&host, port).await {
             Ok(_) => Ok(()),
             Err(EgressError::Forbidden(r)) => Err(forbidden_at_create(base, &r)),
-            Err(EgressError::Unresolved(e)) => Err(ApiError::bad_request(
-                "UPSTREAM_UNRESOLVABLE",
+            Err(EgressError::Unresolved(e)) => Err(ApiError::new(
+                Code::UpstreamUnresolvable,
                 format!(
                     "upstream {base}: {e}; every address an upstream name resolves to is checked, so it must resolve when it is deployed"
                 ),
@@ -510,8 +511,8 @@ impl EgressPolicy {
 
 /// 400 `UPSTREAM_FORBIDDEN` for a refused instance.
 pub fn forbidden_at_create(base: &str, r: &Refusal) -> ApiError {
-    ApiError::bad_request(
-        "UPSTREAM_FORBIDDEN",
+    ApiError::new(
+        Code::UpstreamForbidden,
         format!(
             "upstream {base} is refused by the egress policy: {r} (an operator opens ranges with [deploy] upstream_allow)"
         ),
@@ -520,9 +521,9 @@ pub fn forbidden_at_create(base: &str, r: &Refusal) -> ApiError {
 
 /// 502 `UPSTREAM_FORBIDDEN` when the proxy would connect to a refused address.
 pub fn forbidden_at_connect(r: &Refusal) -> ApiError {
-    ApiError::new(
+    ApiError::with_status(
         actix_web::http::StatusCode::BAD_GATEWAY,
-        "UPSTREAM_FORBIDDEN",
+        Code::UpstreamForbidden,
         format!("the egress policy forbids this upstream's address: {r}"),
     )
 }
@@ -903,7 +904,10 @@ mod tests {
         write_hosts(&dir, "169.254.169.254 meta.test\n");
         let p = policy(&dir, &[], &[]);
         let e = p.check_instance("http://meta.test:80").await.unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (400, "UPSTREAM_FORBIDDEN"));
+        assert_eq!(
+            (e.status.as_u16(), e.code.as_str()),
+            (400, "UPSTREAM_FORBIDDEN")
+        );
         assert!(e.message.contains("http://meta.test:80"), "{}", e.message);
         assert!(e.message.contains("169.254.169.254:80"), "{}", e.message);
         assert!(e.message.contains("link-local"), "{}", e.message);
@@ -911,7 +915,10 @@ mod tests {
             .check_instance("http://nowhere.test:80")
             .await
             .unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (400, "UPSTREAM_UNRESOLVABLE"));
+        assert_eq!(
+            (e.status.as_u16(), e.code.as_str()),
+            (400, "UPSTREAM_UNRESOLVABLE")
+        );
         p.check_instance("https://203.0.113.9").await.unwrap();
     }
 

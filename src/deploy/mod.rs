@@ -23,11 +23,10 @@ pub mod proxy;
 pub mod site;
 pub mod transfer;
 
-
 use crate::config::DeployConfig;
 use crate::error::ApiError;
+use crate::error::Code;
 use crate::storage::{BatchOp, OrderedKv, Store};
-use actix_web::http::StatusCode;
 use egress::EgressPolicy;
 use index::{Bound, Index, Serve};
 use model::{
@@ -144,8 +143,7 @@ impl Deployments {
         {
             if tokio::time::Instant::now() + pause > deadline {
                 return Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "DEPLOY_BUSY",
+                    Code::DeployBusy,
                     "another deployment change is in progress; try again",
                 )
                 .retry_after(1));
@@ -277,8 +275,8 @@ impl Deployments {
         self.check_egress(&new.target).await?;
         for h in &new.hosts {
             if self.reserved_host(h) {
-                return Err(ApiError::bad_request(
-                    "HOST_RESERVED",
+                return Err(ApiError::new(
+                    Code::HostReserved,
                     format!("{h} is one of the gateway's own hosts"),
                 ));
             }
@@ -356,8 +354,7 @@ impl Deployments {
                 && c.namespace != ns
             {
                 return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "HOST_TAKEN",
+                    Code::HostTaken,
                     format!("host {h} belongs to another namespace"),
                 ));
             }
@@ -418,8 +415,8 @@ impl Deployments {
             .get_json::<DeploymentRecord>(&dep_key(ns, name))
             .await?
             .ok_or_else(|| {
-                ApiError::not_found(
-                    "DEPLOYMENT_NOT_FOUND",
+                ApiError::new(
+                    Code::DeploymentNotFound,
                     format!("no deployment named {name}"),
                 )
             })
@@ -431,8 +428,7 @@ impl Deployments {
             .await?
             .ok_or_else(|| {
                 ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "VERSION_NOT_FOUND",
+                    Code::VersionNotFound,
                     format!("deployment {name} has no version {v}"),
                 )
             })
@@ -507,8 +503,7 @@ impl Deployments {
                 }
                 earlier.ok_or_else(|| {
                     ApiError::new(
-                        StatusCode::CONFLICT,
-                        "NO_EARLIER_VERSION",
+                        Code::NoEarlierVersion,
                         format!("deployment {name} has no version before {}", rec.active),
                     )
                 })?

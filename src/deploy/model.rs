@@ -1,6 +1,7 @@
 //! Deployment records, their validation and their store keys (docs/design.md §7, §8).
 
 use crate::error::ApiError;
+use crate::error::Code;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -175,8 +176,8 @@ pub fn normalize_host(raw: &str) -> Result<String, ApiError> {
     if ok {
         Ok(h)
     } else {
-        Err(ApiError::bad_request(
-            "INVALID_HOST",
+        Err(ApiError::new(
+            Code::InvalidHost,
             format!("{raw:?} is not a host name (DNS labels, no port, no scheme)"),
         ))
     }
@@ -185,8 +186,8 @@ pub fn normalize_host(raw: &str) -> Result<String, ApiError> {
 /// An upstream instance URL reduced to `scheme://authority`; only http and https.
 pub fn normalize_instance(raw: &str) -> Result<String, ApiError> {
     let bad = |why: &str| {
-        ApiError::bad_request(
-            "INVALID_UPSTREAM",
+        ApiError::new(
+            Code::InvalidUpstream,
             format!("upstream {raw:?} {why}; use http://host:port or https://host:port"),
         )
     };
@@ -219,8 +220,8 @@ const METHODS: &[&str] = &[
 /// Checks and normalizes routes (none: one route for everything).
 pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiError> {
     if routes.len() > MAX_ROUTES {
-        return Err(ApiError::bad_request(
-            "TOO_MANY_ROUTES",
+        return Err(ApiError::new(
+            Code::TooManyRoutes,
             format!("at most {MAX_ROUTES} routes"),
         ));
     }
@@ -245,8 +246,8 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
                 if let Some(v) = v
                     && !path_ok(v)
                 {
-                    return Err(ApiError::bad_request(
-                        "INVALID_ROUTE",
+                    return Err(ApiError::new(
+                        Code::InvalidRoute,
                         format!("{field} {v:?} must be an absolute path without . or .. segments"),
                     ));
                 }
@@ -254,8 +255,8 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
             for m in &mut r.methods {
                 *m = m.to_ascii_uppercase();
                 if !METHODS.contains(&m.as_str()) {
-                    return Err(ApiError::bad_request(
-                        "INVALID_ROUTE",
+                    return Err(ApiError::new(
+                        Code::InvalidRoute,
                         format!("{m:?} is not an HTTP method"),
                     ));
                 }

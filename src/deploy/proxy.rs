@@ -7,6 +7,7 @@
 
 use super::egress::{CheckedResolver, EgressPolicy, Refusal, forbidden_at_connect, refusal_of};
 use crate::error::ApiError;
+use crate::error::Code;
 use actix_web::body::{BodySize, BoxBody, MessageBody, SizedStream};
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
@@ -378,8 +379,7 @@ pub async fn proxy_http(
     let order = pool.order();
     if order.is_empty() {
         return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NO_HEALTHY_UPSTREAM",
+            Code::NoHealthyUpstream,
             "every instance of this upstream is unhealthy",
         )
         .retry_after(1));
@@ -398,8 +398,7 @@ pub async fn proxy_http(
             Ok(u) => u,
             Err(e) => {
                 return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "UPSTREAM_FAILED",
+                    Code::UpstreamFailed,
                     format!("the upstream URI is not valid: {e}"),
                 ));
             }
@@ -431,8 +430,7 @@ pub async fn proxy_http(
             Err(awc::error::SendRequestError::Timeout) => {
                 pool.failed(i);
                 return Err(ApiError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "UPSTREAM_TIMEOUT",
+                    Code::UpstreamTimeout,
                     "the upstream did not answer in time",
                 ));
             }
@@ -440,8 +438,7 @@ pub async fn proxy_http(
                 // Reached and failed: never retried.
                 tracing::warn!(instance = %pool.instances[i].base, error = %e, "Upstream request failed.");
                 return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "UPSTREAM_FAILED",
+                    Code::UpstreamFailed,
                     format!("the upstream failed: {e}"),
                 ));
             }
@@ -451,8 +448,7 @@ pub async fn proxy_http(
         return Err(forbidden_at_connect(&r));
     }
     Err(ApiError::new(
-        StatusCode::BAD_GATEWAY,
-        "UPSTREAM_UNAVAILABLE",
+        Code::UpstreamUnavailable,
         format!(
             "no upstream instance could be reached: {}",
             last_err.unwrap_or_default()
@@ -522,12 +518,11 @@ pub async fn proxy_ws(
     use actix_web::FromRequest;
     let payload = actix_web::web::Payload::from_request(req, &mut payload)
         .await
-        .map_err(|e| ApiError::bad_request("BAD_UPGRADE", e.to_string()))?;
+        .map_err(|e| ApiError::new(Code::BadUpgrade, e.to_string()))?;
     let order = pool.order();
     if order.is_empty() {
         return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NO_HEALTHY_UPSTREAM",
+            Code::NoHealthyUpstream,
             "every instance of this upstream is unhealthy",
         ));
     }
@@ -558,7 +553,7 @@ pub async fn proxy_ws(
                 pool.succeeded(i);
                 let protocol = res.headers().get(header::SEC_WEBSOCKET_PROTOCOL).cloned();
                 let (mut resp, session, stream) = actix_ws::handle(req, payload)
-                    .map_err(|e| ApiError::bad_request("BAD_UPGRADE", e.to_string()))?;
+                    .map_err(|e| ApiError::new(Code::BadUpgrade, e.to_string()))?;
                 if let Some(p) = protocol {
                     resp.headers_mut().insert(header::SEC_WEBSOCKET_PROTOCOL, p);
                 }
@@ -578,8 +573,7 @@ pub async fn proxy_ws(
             }
             Err(e) => {
                 return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "UPSTREAM_FAILED",
+                    Code::UpstreamFailed,
                     format!("the upstream refused the WebSocket upgrade: {e}"),
                 ));
             }
@@ -589,8 +583,7 @@ pub async fn proxy_ws(
         return Err(forbidden_at_connect(&r));
     }
     Err(ApiError::new(
-        StatusCode::BAD_GATEWAY,
-        "UPSTREAM_UNAVAILABLE",
+        Code::UpstreamUnavailable,
         format!("no upstream instance could be reached: {last_err}"),
     ))
 }

@@ -5,6 +5,7 @@
 
 use super::model::SiteFile;
 use crate::error::ApiError;
+use crate::error::Code;
 use std::collections::BTreeMap;
 use std::io::Read;
 
@@ -29,14 +30,14 @@ pub struct Site {
 }
 
 fn unsafe_tar(msg: String) -> ApiError {
-    ApiError::bad_request("UNSAFE_TARBALL", msg)
+    ApiError::new(Code::UnsafeTarball, msg)
 }
 
 /// The path of an entry inside the site (`a/b.html`), or why it is refused.
 /// Leading `./` is allowed; `..`, absolute paths and empty names are not.
 fn site_path(raw: &[u8]) -> Result<Option<String>, ApiError> {
     let s = std::str::from_utf8(raw)
-        .map_err(|_| ApiError::bad_request("INVALID_TARBALL", "an entry name is not UTF-8"))?;
+        .map_err(|_| ApiError::new(Code::InvalidTarball, "an entry name is not UTF-8"))?;
     if s.starts_with('/') {
         return Err(unsafe_tar(format!("entry {s:?} is an absolute path")));
     }
@@ -101,8 +102,8 @@ fn sha256_hex(b: &[u8]) -> String {
 /// Unpacks and checks a gzip-compressed tarball.
 pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
     let bad = |e: std::io::Error| {
-        ApiError::bad_request(
-            "INVALID_TARBALL",
+        ApiError::new(
+            Code::InvalidTarball,
             format!("the tarball does not read as .tar.gz: {e}"),
         )
     };
@@ -116,8 +117,8 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
         let kind = entry.header().entry_type();
         let path = site_path(&raw_path)?;
         if contents.len() + links.len() >= limits.max_files {
-            return Err(ApiError::payload_too_large(
-                "SITE_TOO_LARGE",
+            return Err(ApiError::new(
+                Code::SiteTooLarge,
                 format!("a site has at most {} files", limits.max_files),
             ));
         }
@@ -131,8 +132,8 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
                 let size = entry.size();
                 total = total.saturating_add(size);
                 if total > limits.max_unpacked_bytes {
-                    return Err(ApiError::payload_too_large(
-                        "SITE_TOO_LARGE",
+                    return Err(ApiError::new(
+                        Code::SiteTooLarge,
                         format!(
                             "the site unpacks to more than {} bytes",
                             limits.max_unpacked_bytes
@@ -209,8 +210,8 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
         blobs.entry(sha).or_insert(bytes);
     }
     if files.is_empty() {
-        return Err(ApiError::bad_request(
-            "INVALID_TARBALL",
+        return Err(ApiError::new(
+            Code::InvalidTarball,
             "the tarball holds no files",
         ));
     }

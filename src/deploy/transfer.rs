@@ -16,6 +16,7 @@ use super::model::{
 };
 use super::{DeployResult, Deployments, GENERATION_KEY, WriteLock};
 use crate::error::ApiError;
+use crate::error::Code;
 use crate::storage::BatchOp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -82,7 +83,7 @@ pub struct ImportLock<'a> {
 }
 
 fn invalid(message: String) -> ApiError {
-    ApiError::bad_request("INVALID_EXPORT", message)
+    ApiError::new(Code::InvalidExport, message)
 }
 
 impl Deployments {
@@ -122,8 +123,8 @@ impl Deployments {
                     .collect::<Result<_, _>>()?;
                 for h in &v.hosts {
                     if self.reserved_host(h) {
-                        return Err(ApiError::bad_request(
-                            "HOST_RESERVED",
+                        return Err(ApiError::new(
+                            Code::HostReserved,
                             format!("{h} is one of the gateway's own hosts"),
                         ));
                     }

@@ -1,5 +1,6 @@
 //! Errors of the functions capability.
 
+use crate::error::Code;
 use crate::storage::StoreError;
 use crate::wasm::WasmError;
 
@@ -15,14 +16,11 @@ pub enum FnError {
     /// The request is malformed or out of range; `code` is the stable API code.
     #[error("{message}")]
     BadInput {
-        /// Stable upper-case code.
-        code: &'static str,
+        /// Its code (a 400 or 413 of the table in `crate::error`).
+        code: Code,
         /// What is wrong.
         message: String,
     },
-    /// The caller may not do this (a non-public function called anonymously).
-    #[error("{0}")]
-    Denied(String),
     /// The namespace is gone.
     #[error("namespace not found")]
     NamespaceGone,
@@ -38,7 +36,7 @@ pub enum FnError {
 }
 
 impl FnError {
-    pub(crate) fn bad(code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn bad(code: Code, message: impl Into<String>) -> Self {
         FnError::BadInput {
             code,
             message: message.into(),
@@ -47,34 +45,19 @@ impl FnError {
 }
 
 /// The stable API code of a sandbox error (also the `status` of its invocation record).
-pub fn wasm_error_code(e: &WasmError) -> &'static str {
+pub fn wasm_error_code(e: &WasmError) -> Code {
     match e {
-        WasmError::InvalidModule(_) => "INVALID_MODULE",
-        WasmError::UnknownImport(_) => "UNKNOWN_IMPORT",
-        WasmError::ModuleTooLarge { .. } => "MODULE_TOO_LARGE",
-        WasmError::InputTooLarge => "INPUT_TOO_LARGE",
-        WasmError::OutputTooLarge => "OUTPUT_TOO_LARGE",
-        WasmError::Timeout => "FUNCTION_TIMEOUT",
-        WasmError::Trapped(_) => "FUNCTION_TRAPPED",
-        WasmError::MemoryLimit => "FUNCTION_MEMORY_LIMIT",
-        WasmError::Busy => "FUNCTION_BUSY",
-        WasmError::Overloaded => "OVERLOADED",
-        WasmError::DepthExceeded => "DEPTH_EXCEEDED",
-        WasmError::Internal(_) => "INTERNAL",
-    }
-}
-
-impl FnError {
-    /// The stable API code (the `status` of an invocation record).
-    pub fn code(&self) -> &'static str {
-        match self {
-            FnError::NotFound(_) => "FUNCTION_NOT_FOUND",
-            FnError::BadInput { code, .. } => code,
-            FnError::Denied(_) => "FUNCTION_NOT_PUBLIC",
-            FnError::NamespaceGone => "NAMESPACE_NOT_FOUND",
-            FnError::Wasm(w) => wasm_error_code(w),
-            FnError::Store(_) => "STORE_UNAVAILABLE",
-            FnError::Internal(_) => "INTERNAL",
-        }
+        WasmError::InvalidModule(_) => Code::InvalidModule,
+        WasmError::UnknownImport(_) => Code::UnknownImport,
+        WasmError::ModuleTooLarge { .. } => Code::ModuleTooLarge,
+        WasmError::InputTooLarge => Code::InputTooLarge,
+        WasmError::OutputTooLarge => Code::OutputTooLarge,
+        WasmError::Timeout => Code::FunctionTimeout,
+        WasmError::Trapped(_) => Code::FunctionTrapped,
+        WasmError::MemoryLimit => Code::FunctionMemoryLimit,
+        WasmError::Busy => Code::FunctionBusy,
+        WasmError::Overloaded => Code::Overloaded,
+        WasmError::DepthExceeded => Code::DepthExceeded,
+        WasmError::Internal(_) => Code::Internal,
     }
 }

@@ -6,6 +6,7 @@
 //! whose [`HostApi`] reaches only that namespace's KV, topics and functions.
 //! Guests run on the engine's worker pool, never on the actor's thread.
 
+use crate::error::Code;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -677,13 +678,13 @@ impl Invoker {
     pub async fn put_secret(&self, key: &str, value: &str) -> FnResult<()> {
         if !valid_secret_name(key) {
             return Err(FnError::bad(
-                "INVALID_SECRET",
+                Code::InvalidSecret,
                 "a secret name is 1 to 128 of [A-Za-z0-9_], not starting with a digit",
             ));
         }
         if value.len() > MAX_VALUE_BYTES {
             return Err(FnError::bad(
-                "INVALID_SECRET",
+                Code::InvalidSecret,
                 format!("a secret value is at most {MAX_VALUE_BYTES} bytes"),
             ));
         }

@@ -1,6 +1,7 @@
 //! What is stored for a function, under which keys, and the checks on what a
 //! deployer sends.
 
+use crate::error::Code;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
@@ -114,34 +115,34 @@ impl FunctionMetadata {
     pub fn validate(self) -> FnResult<ValidMetadata> {
         if self.env_vars.len() > MAX_ENV_VARS {
             return Err(FnError::bad(
-                "INVALID_METADATA",
+                Code::InvalidMetadata,
                 format!("at most {MAX_ENV_VARS} env_vars"),
             ));
         }
         for (k, v) in &self.env_vars {
             if !valid_env_name(k) {
                 return Err(FnError::bad(
-                    "INVALID_METADATA",
+                    Code::InvalidMetadata,
                     format!("env var name {k:?} must be [A-Za-z_][A-Za-z0-9_]*"),
                 ));
             }
             if v.len() > MAX_VALUE_BYTES {
                 return Err(FnError::bad(
-                    "INVALID_METADATA",
+                    Code::InvalidMetadata,
                     format!("env var {k} is longer than {MAX_VALUE_BYTES} bytes"),
                 ));
             }
         }
         if self.pubsub_topics.len() > MAX_TOPICS {
             return Err(FnError::bad(
-                "INVALID_METADATA",
+                Code::InvalidMetadata,
                 format!("at most {MAX_TOPICS} pubsub_topics"),
             ));
         }
         for t in &self.pubsub_topics {
             if t.is_empty() || t.len() > 256 {
                 return Err(FnError::bad(
-                    "INVALID_METADATA",
+                    Code::InvalidMetadata,
                     "a pubsub_topics pattern is 1 to 256 bytes",
                 ));
             }
@@ -149,7 +150,7 @@ impl FunctionMetadata {
         let cron = self.cron.into_vec();
         if cron.len() > MAX_CRONS {
             return Err(FnError::bad(
-                "INVALID_METADATA",
+                Code::InvalidMetadata,
                 format!("at most {MAX_CRONS} cron expressions"),
             ));
         }
@@ -225,13 +226,13 @@ pub fn parse_cron(expr: &str) -> FnResult<cron::Schedule> {
         6 => expr.to_string(),
         _ => {
             return Err(FnError::bad(
-                "INVALID_CRON",
+                Code::InvalidCron,
                 format!("cron {expr:?}: expected 5 or 6 fields, got {fields}"),
             ));
         }
     };
     cron::Schedule::from_str(&full)
-        .map_err(|e| FnError::bad("INVALID_CRON", format!("cron {expr:?}: {e}")))
+        .map_err(|e| FnError::bad(Code::InvalidCron, format!("cron {expr:?}: {e}")))
 }
 
 /// Glob match of a topic against a trigger pattern: `*` any run of

@@ -5,6 +5,7 @@ use super::error::ApiError;
 use super::middleware::policy_of;
 use super::policy::Policy;
 use crate::config::Config;
+use crate::error::Code;
 use crate::http::state::Node;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -236,9 +237,9 @@ pub async fn client_rate_limit<B: MessageBody + 'static>(
         let key = bucket_key(ip);
         let (lim, code, bucket) = match policy_of(&req) {
             Some(Policy::Credential | Policy::NsCredential { .. }) => {
-                (&l.credential, "RATE_LIMITED", "credential")
+                (&l.credential, Code::RateLimited, "credential")
             }
-            _ => (&l.general, "RATE_LIMITED", "general"),
+            _ => (&l.general, Code::RateLimited, "general"),
         };
         if let Err(after) = l.verdict(lim, &key) {
             node(&req)
@@ -283,7 +284,7 @@ pub async fn cors<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) 
         if !allowed {
             return Ok(refuse(
                 req,
-                ApiError::forbidden("CORS_ORIGIN_DENIED", "this origin is not allowed"),
+                ApiError::new(Code::CorsOriginDenied, "this origin is not allowed"),
             ));
         }
         let resp = HttpResponse::NoContent()
@@ -362,8 +363,7 @@ pub async fn domain_routing<B: MessageBody + 'static>(
             && !sni.eq_ignore_ascii_case(&host)
         {
             let e = ApiError::new(
-                actix_web::http::StatusCode::MISDIRECTED_REQUEST,
-                "MISDIRECTED_REQUEST",
+                Code::MisdirectedRequest,
                 format!("host {host} does not match the TLS server name {sni}"),
             );
             return Ok(refuse(req, e));
@@ -510,12 +510,12 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
         }
         Some(Policy::Operator) => match id {
             Some(i) if i.operator => Ok(None),
-            Some(_) => Err(ApiError::forbidden(
-                "OPERATOR_ONLY",
+            Some(_) => Err(ApiError::new(
+                Code::OperatorOnly,
                 "this route needs the operator key",
             )),
-            None => Err(ApiError::unauthorized(
-                "MISSING_CREDENTIAL",
+            None => Err(ApiError::new(
+                Code::MissingCredential,
                 "this route needs the operator key",
             )),
         },
@@ -533,19 +533,19 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
                         .map_into_right_body(),
                 ));
             }
-            Some(_) => Err(ApiError::forbidden(
-                "OPERATOR_ONLY",
+            Some(_) => Err(ApiError::new(
+                Code::OperatorOnly,
                 "the dashboard needs the operator key",
             )),
-            None => Err(ApiError::unauthorized(
-                "MISSING_CREDENTIAL",
+            None => Err(ApiError::new(
+                Code::MissingCredential,
                 "the dashboard needs the operator key",
             )),
         },
         Some(Policy::Internal) => match id {
             Some(i) if i.kind == "hop" => Ok(None),
-            _ => Err(ApiError::forbidden(
-                "INTERNAL_ONLY",
+            _ => Err(ApiError::new(
+                Code::InternalOnly,
                 "this route is for cluster peers",
             )),
         },
@@ -553,14 +553,14 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
             let routed = ext.get::<Target>().map(|t| t.0.clone());
             match id {
                 None if matches!(policy, Some(Policy::NsOrAnonymous { .. })) => Ok(routed),
-                None => Err(ApiError::unauthorized(
-                    "MISSING_CREDENTIAL",
+                None => Err(ApiError::new(
+                    Code::MissingCredential,
                     "this route needs a credential",
                 )),
                 Some(i) if i.operator => match routed.or_else(|| named_namespace(&req)) {
                     Some(ns) => Ok(Some(ns)),
-                    None => Err(ApiError::bad_request(
-                        "NAMESPACE_REQUIRED",
+                    None => Err(ApiError::new(
+                        Code::NamespaceRequired,
                         "the operator must name the namespace (X-Namespace header or ?namespace=)",
                     )),
                 },
@@ -572,8 +572,8 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
                     if target == own {
                         Ok(Some(target))
                     } else {
-                        Err(ApiError::forbidden(
-                            "NAMESPACE_MISMATCH",
+                        Err(ApiError::new(
+                            Code::NamespaceMismatch,
                             "the credential belongs to another namespace",
                         ))
                     }
@@ -604,8 +604,8 @@ pub async fn scope_gate<B: MessageBody + 'static>(req: ServiceRequest, next: Nex
                 && !crate::auth::allows_action(&i.grants, domain, action)
         });
         if lacks {
-            let e = ApiError::forbidden(
-                "MISSING_GRANT",
+            let e = ApiError::new(
+                Code::MissingGrant,
                 format!("the credential lacks a {domain}:{action} grant"),
             );
             return Ok(refuse(req, e));
@@ -632,7 +632,7 @@ pub async fn namespace_rate_limit<B: MessageBody + 'static>(
                 .inc();
             return Ok(refuse(
                 req,
-                ApiError::rate_limited("NAMESPACE_RATE_LIMITED", after),
+                ApiError::rate_limited(Code::NamespaceRateLimited, after),
             ));
         }
     }

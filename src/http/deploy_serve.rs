@@ -7,12 +7,13 @@ use crate::deploy::index::{Bound, Serve};
 use crate::deploy::model::SiteFile;
 use crate::deploy::proxy::{Forwarded, ProxyTimeouts, proxy_http, proxy_ws};
 use crate::error::ApiError;
+use crate::error::Code;
 use crate::http::state::{Node, Phase};
 use crate::storage::OrderedKv;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::Method;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
-use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
 use std::collections::BTreeMap;
@@ -30,18 +31,13 @@ pub struct RoutedHost {
 /// Serves a routed request; every failure is the JSON envelope.
 pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> HttpResponse {
     let Some(routed) = req.extensions().get::<RoutedHost>().cloned() else {
-        return ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NO_ROUTE",
-            "no deployment serves this host",
-        )
-        .error_response_owned();
+        return ApiError::new(Code::NoRoute, "no deployment serves this host")
+            .error_response_owned();
     };
     let index = node.deployments.index();
     let Some(bound) = index.lookup(&routed.host, req.method().as_str(), req.path()) else {
         return ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NO_ROUTE",
+            Code::NoRoute,
             format!(
                 "no route of {} takes {} {}",
                 routed.host,
@@ -239,23 +235,13 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     match node.phase() {
         Phase::Ready => {}
         Phase::Starting => {
-            let e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "STARTING",
-                "the node is starting",
-            )
-            .retry_after(1);
+            let e = ApiError::new(Code::Starting, "the node is starting").retry_after(1);
             return Ok(req
                 .into_response(e.error_response_owned())
                 .map_into_right_body());
         }
         Phase::Draining => {
-            let e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "DRAINING",
-                "the node is draining",
-            )
-            .retry_after(1);
+            let e = ApiError::new(Code::Draining, "the node is draining").retry_after(1);
             let mut res = req.into_response(e.error_response_owned());
             res.response_mut()
                 .head_mut()
@@ -333,15 +319,14 @@ async fn routed_steps(
             .rate_limited
             .with_label_values(&["general"])
             .inc();
-        return ApiError::rate_limited("RATE_LIMITED", after).error_response_owned();
+        return ApiError::rate_limited(Code::RateLimited, after).error_response_owned();
     }
     // Domain routing: on a TLS connection the host must be the server name.
     if let Some(crate::http::Sni(Some(sni))) = req.conn_data::<crate::http::Sni>()
         && !sni.eq_ignore_ascii_case(&route.host)
     {
         return ApiError::new(
-            StatusCode::MISDIRECTED_REQUEST,
-            "MISDIRECTED_REQUEST",
+            Code::MisdirectedRequest,
             format!(
                 "host {} does not match the TLS server name {sni}",
                 route.host
@@ -355,7 +340,7 @@ async fn routed_steps(
             .rate_limited
             .with_label_values(&["namespace"])
             .inc();
-        return ApiError::rate_limited("NAMESPACE_RATE_LIMITED", after).error_response_owned();
+        return ApiError::rate_limited(Code::NamespaceRateLimited, after).error_response_owned();
     }
     serve_bound(
         node,
@@ -409,20 +394,15 @@ async fn serve_static(
     path: &str,
 ) -> Result<HttpResponse, ApiError> {
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
-        let mut r = ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "METHOD_NOT_ALLOWED",
-            "a static site answers GET and HEAD",
-        )
-        .error_response_owned();
+        let mut r = ApiError::new(Code::MethodNotAllowed, "a static site answers GET and HEAD")
+            .error_response_owned();
         r.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Ok(r);
     }
     let Some(file) = decode_path(path).and_then(|p| find(files, &p)) else {
         return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "FILE_NOT_FOUND",
+            Code::FileNotFound,
             format!("no file at {path}"),
         ));
     };
@@ -448,8 +428,7 @@ async fn serve_static(
         .await?
         .ok_or_else(|| {
             ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL",
+                Code::Internal,
                 "a file of this site is missing from the store",
             )
         })?;

@@ -2,6 +2,7 @@
 //! `{"ok":false,"error":{"code","message","retryable"}}` with a stable code.
 
 use crate::actors::{AskError, LocateError, NsError};
+use crate::error::Code;
 use crate::storage::StoreError;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
@@ -24,7 +25,7 @@ impl ResponseError for ApiError {
         r.insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-store")));
         // A failure of this node itself (not a function's own answer): a node
         // forwarding here counts it against this member's breaker.
-        if matches!(self.status.as_u16(), 502..=504) && !self.code.starts_with("FUNCTION_") {
+        if self.is_gateway_fault() {
             r.insert_header((GATEWAY_FAULT, HeaderValue::from_static("gateway")));
         }
         r.json(self.body())
@@ -34,12 +35,9 @@ impl ResponseError for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "STORE_UNAVAILABLE",
-                e.to_string(),
-            )
-            .retry_after(1),
+            StoreError::Unavailable(_) => {
+                ApiError::new(Code::StoreUnavailable, e.to_string()).retry_after(1)
+            }
             _ => ApiError::internal(e.to_string()),
         }
     }
@@ -48,8 +46,8 @@ impl From<StoreError> for ApiError {
 impl From<NsError> for ApiError {
     fn from(e: NsError) -> Self {
         match e {
-            NsError::NotFound => ApiError::not_found("NAMESPACE_NOT_FOUND", "namespace not found"),
-            NsError::BadInput(m) => ApiError::bad_request("BAD_REQUEST", m),
+            NsError::NotFound => ApiError::new(Code::NamespaceNotFound, "namespace not found"),
+            NsError::BadInput(m) => ApiError::new(Code::BadRequest, m),
             NsError::Store(s) => s.into(),
             NsError::Panicked => ApiError::internal(e.to_string()),
         }
@@ -62,13 +60,8 @@ impl From<AskError> for ApiError {
             AskError::Overloaded => {
                 ApiError::overloaded("the namespace is overloaded; retry later")
             }
-            AskError::Gone => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "RESTARTING", e.to_string())
-                    .retry_after(1)
-            }
-            AskError::Timeout => {
-                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "TIMEOUT", e.to_string())
-            }
+            AskError::Gone => ApiError::new(Code::Restarting, e.to_string()).retry_after(1),
+            AskError::Timeout => ApiError::new(Code::Timeout, e.to_string()),
         }
     }
 }
@@ -93,12 +86,11 @@ pub fn json_config(limit: usize) -> actix_web::web::JsonConfig {
                     ApiError::too_large(err.to_string())
                 }
                 J::ContentType => ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UNSUPPORTED_MEDIA_TYPE",
+                    Code::UnsupportedMediaType,
                     "expected Content-Type: application/json",
                 ),
-                J::Deserialize(e) => ApiError::bad_request("MALFORMED_JSON", e.to_string()),
-                _ => ApiError::bad_request("MALFORMED_BODY", err.to_string()),
+                J::Deserialize(e) => ApiError::new(Code::MalformedJson, e.to_string()),
+                _ => ApiError::new(Code::MalformedBody, err.to_string()),
             };
             api.into()
         })
@@ -112,26 +104,19 @@ pub fn payload_config(limit: usize) -> actix_web::web::PayloadConfig {
 /// The same for query strings.
 pub fn query_config() -> actix_web::web::QueryConfig {
     actix_web::web::QueryConfig::default()
-        .error_handler(|err, _| ApiError::bad_request("BAD_QUERY", err.to_string()).into())
+        .error_handler(|err, _| ApiError::new(Code::BadQuery, err.to_string()).into())
 }
 
 /// The same for path parameters.
 pub fn path_config() -> actix_web::web::PathConfig {
     actix_web::web::PathConfig::default()
-        .error_handler(|err, _| ApiError::bad_request("BAD_PATH", err.to_string()).into())
+        .error_handler(|err, _| ApiError::new(Code::BadPath, err.to_string()).into())
 }
 
 impl From<crate::auth::AuthError> for ApiError {
     fn from(e: crate::auth::AuthError) -> Self {
-        if e.is_node_fault() {
-            return ApiError::internal(e.to_string());
-        }
-        let status = if e.is_bad_input() {
-            StatusCode::BAD_REQUEST
-        } else {
-            StatusCode::UNAUTHORIZED
-        };
-        ApiError::new(status, e.code(), e.to_string())
+        // The node's own faults (key file, randomness) are INTERNAL.
+        ApiError::new(e.code(), e.to_string())
     }
 }
 
@@ -141,11 +126,11 @@ impl From<crate::identity::IdentityError> for ApiError {
         match e {
             I::Auth(a) => a.into(),
             I::Store(s) => s.into(),
-            I::BadInput(m) => ApiError::bad_request("BAD_REQUEST", m),
-            I::NotFound => ApiError::not_found("NOT_FOUND", "no such key"),
-            I::TooManyChallenges => ApiError::rate_limited("TOO_MANY_CHALLENGES", 60),
-            I::KeyRevoked => ApiError::unauthorized("API_KEY_REVOKED", e.to_string()),
-            I::KeyExpired => ApiError::unauthorized("API_KEY_EXPIRED", e.to_string()),
+            I::BadInput(m) => ApiError::new(Code::BadRequest, m),
+            I::NotFound => ApiError::new(Code::NotFound, "no such key"),
+            I::TooManyChallenges => ApiError::rate_limited(Code::TooManyChallenges, 60),
+            I::KeyRevoked => ApiError::new(Code::ApiKeyRevoked, e.to_string()),
+            I::KeyExpired => ApiError::new(Code::ApiKeyExpired, e.to_string()),
         }
     }
 }
@@ -153,20 +138,7 @@ impl From<crate::identity::IdentityError> for ApiError {
 impl From<crate::wasm::WasmError> for ApiError {
     fn from(e: crate::wasm::WasmError) -> Self {
         use crate::wasm::WasmError as W;
-        let code = crate::functions::wasm_error_code(&e);
-        let status = match &e {
-            W::InvalidModule(_) | W::UnknownImport(_) => StatusCode::BAD_REQUEST,
-            W::ModuleTooLarge { .. } | W::InputTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            W::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            W::Busy => StatusCode::TOO_MANY_REQUESTS,
-            W::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-            W::OutputTooLarge
-            | W::Trapped(_)
-            | W::MemoryLimit
-            | W::DepthExceeded
-            | W::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        let api = ApiError::new(status, code, e.to_string());
+        let api = ApiError::new(crate::functions::wasm_error_code(&e), e.to_string());
         match e {
             W::Busy | W::Overloaded => api.retry_after(1),
             _ => api,
@@ -178,10 +150,9 @@ impl From<crate::functions::FnError> for ApiError {
     fn from(e: crate::functions::FnError) -> Self {
         use crate::functions::FnError as F;
         match e {
-            F::NotFound(m) => ApiError::not_found("FUNCTION_NOT_FOUND", m),
-            F::BadInput { code, message } => ApiError::bad_request(code, message),
-            F::Denied(m) => ApiError::forbidden("FUNCTION_NOT_PUBLIC", m),
-            F::NamespaceGone => ApiError::not_found("NAMESPACE_NOT_FOUND", "namespace not found"),
+            F::NotFound(m) => ApiError::new(Code::FunctionNotFound, m),
+            F::BadInput { code, message } => ApiError::new(code, message),
+            F::NamespaceGone => ApiError::new(Code::NamespaceNotFound, "namespace not found"),
             F::Wasm(w) => w.into(),
             F::Store(s) => s.into(),
             F::Internal(m) => ApiError::internal(m),

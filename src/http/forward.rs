@@ -25,6 +25,7 @@
 use crate::auth::{HopIdentity, HopRequest, canonical_json, hop_body_sha256};
 use crate::deploy::proxy::{connection_listed, is_hop_by_hop, stream_response};
 use crate::error::ApiError;
+use crate::error::Code;
 use crate::http::state::Node;
 use crate::http::{Policy, Target};
 use crate::identity::Identity;
@@ -257,7 +258,7 @@ async fn read_body(
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request("MALFORMED_BODY", e.to_string()))?;
+        let chunk = chunk.map_err(|e| ApiError::new(Code::MalformedBody, e.to_string()))?;
         if buf.len() + chunk.len() > limit {
             return Err(too_large());
         }
@@ -277,8 +278,7 @@ async fn forward(
     let cluster = n.cluster.get().expect("cluster mode");
     let key = n.hop_key.as_ref().ok_or_else(|| {
         ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NO_CLUSTER_SECRET",
+            Code::NoClusterSecret,
             "this node has no cluster secret, so it cannot forward",
         )
     })?;
@@ -311,7 +311,7 @@ async fn forward(
     let peer_ca = &n.config.cluster.peer_ca_file;
     let client = peer_client(peer_ca, t).map_err(|e| {
         tracing::error!(error = %e, "No client for other members.");
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "NO_MEMBER_AVAILABLE", e).retry_after(1)
+        ApiError::new(Code::NoMemberAvailable, e).retry_after(1)
     })?;
     let request_id = req
         .extensions()
@@ -430,13 +430,13 @@ async fn forward(
                 }
                 tracing::warn!(namespace = target, member = %member, advertise = %base, error = %e, "Forward to a member failed.");
                 if !unconnected {
-                    return Err(ApiError::new(
+                    return Err(ApiError::with_status(
                         if timed_out {
                             StatusCode::GATEWAY_TIMEOUT
                         } else {
                             StatusCode::BAD_GATEWAY
                         },
-                        "MEMBER_FAILED",
+                        Code::MemberFailed,
                         format!("member {member} failed: {e}"),
                     ));
                 }
@@ -444,8 +444,7 @@ async fn forward(
         }
     }
     Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "NO_MEMBER_AVAILABLE",
+        Code::NoMemberAvailable,
         format!("no member of namespace {target} could take the request"),
     )
     .retry_after(1))

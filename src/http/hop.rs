@@ -20,11 +20,11 @@ use crate::auth::{
     self, HOP_ACCEPTED_VERSION, HOP_BODY_SHA256_HEADER, HOP_MAC_HEADER, HOP_VERSION_HEADER,
     HopRequest,
 };
+use crate::error::Code;
 use crate::http::forward::{ANONYMOUS_HOP, AnonymousHop};
 use crate::http::state::Node;
 use actix_web::HttpMessage;
 use actix_web::dev::{Payload, ServiceRequest};
-use actix_web::http::StatusCode;
 use actix_web::http::header;
 use bytes::BytesMut;
 use futures_util::StreamExt;
@@ -112,8 +112,8 @@ async fn check_body(node: &Node, req: &mut ServiceRequest, claimed: &str) -> Res
     let path = req.path().to_string();
     let mismatch = || {
         tracing::warn!(path = %path, "Hop refused: its body is not the one its MAC was made for.");
-        ApiError::unauthorized(
-            "HOP_BODY_MISMATCH",
+        ApiError::new(
+            Code::HopBodyMismatch,
             "the body of this hop is not the one its MAC was made for",
         )
     };
@@ -137,8 +137,7 @@ async fn check_body(node: &Node, req: &mut ServiceRequest, claimed: &str) -> Res
     let mut payload = req.take_payload();
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "MALFORMED_BODY", e.to_string()))?;
+        let chunk = chunk.map_err(|e| ApiError::new(Code::MalformedBody, e.to_string()))?;
         if buf.len() + chunk.len() > limit {
             return Err(too_large());
         }

@@ -3,6 +3,7 @@
 
 use super::error::ApiError;
 use super::policy::{Policy, PolicyMap};
+use crate::error::Code;
 use crate::http::state::{Node, Phase};
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -62,18 +63,12 @@ pub async fn probes(
         "/startupz" => HttpResponse::Ok().json(serde_json::json!({"status": "started"})),
         "/readyz" => match node.phase() {
             Phase::Ready => HttpResponse::Ok().json(serde_json::json!({"status": "ready"})),
-            Phase::Starting => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "STARTING",
-                "the node is starting",
-            )
-            .error_response_owned(),
-            Phase::Draining => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "DRAINING",
-                "the node is draining",
-            )
-            .error_response_owned(),
+            Phase::Starting => {
+                ApiError::new(Code::Starting, "the node is starting").error_response_owned()
+            }
+            Phase::Draining => {
+                ApiError::new(Code::Draining, "the node is draining").error_response_owned()
+            }
         },
         _ => HttpResponse::Ok()
             .content_type("text/plain; version=0.0.4")
@@ -92,21 +87,11 @@ pub async fn admission(
     match node.phase() {
         Phase::Ready => {}
         Phase::Starting => {
-            let e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "STARTING",
-                "the node is starting",
-            )
-            .retry_after(1);
+            let e = ApiError::new(Code::Starting, "the node is starting").retry_after(1);
             return Ok(short_circuit(req, e));
         }
         Phase::Draining => {
-            let e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "DRAINING",
-                "the node is draining",
-            )
-            .retry_after(1);
+            let e = ApiError::new(Code::Draining, "the node is draining").retry_after(1);
             let mut res = short_circuit(req, e);
             res.response_mut()
                 .head_mut()
@@ -321,23 +306,24 @@ pub async fn envelope(
         .map(|e| e.to_string())
         .unwrap_or_default();
     let (code, message) = match status {
-        StatusCode::NOT_FOUND => ("NOT_FOUND", "no such route".to_string()),
+        StatusCode::NOT_FOUND => (Code::NotFound, "no such route".to_string()),
         StatusCode::PAYLOAD_TOO_LARGE => (
-            "PAYLOAD_TOO_LARGE",
+            Code::PayloadTooLarge,
             or(message, "the request body is too large"),
         ),
         StatusCode::METHOD_NOT_ALLOWED => (
-            "METHOD_NOT_ALLOWED",
+            Code::MethodNotAllowed,
             "this route does not take that method".into(),
         ),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => (
-            "UNSUPPORTED_MEDIA_TYPE",
+            Code::UnsupportedMediaType,
             or(message, "unsupported content type"),
         ),
-        s if s.is_client_error() => ("BAD_REQUEST", or(message, "bad request")),
-        _ => ("INTERNAL", or(message, "internal error")),
+        s if s.is_client_error() => (Code::BadRequest, or(message, "bad request")),
+        _ => (Code::Internal, or(message, "internal error")),
     };
-    let api = ApiError::new(status, code, message);
+    // actix's own answer keeps its status (a 408 stays a 408).
+    let api = ApiError::with_status(status, code, message);
     let (req, old) = res.into_parts();
     let mut new = api.error_response_owned();
     for (k, v) in old.headers() {

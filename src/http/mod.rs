@@ -23,6 +23,7 @@ pub use middleware::{RequestId, policy_of};
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
 pub use routes::{KeyCache, TokenCache, now};
 
+use crate::error::Code;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 pub use state::{Node, Phase};
@@ -59,7 +60,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .app_data(error::query_config())
             .app_data(error::path_config())
             .default_service(web::to(|| async {
-                ApiError::not_found("NOT_FOUND", "no such route").error_response_owned()
+                ApiError::new(Code::NotFound, "no such route").error_response_owned()
             }));
         for r in resources {
             app = app.service(r);

@@ -3,6 +3,7 @@
 //! policy on the request, and later steps read the policy, never the path. A
 //! resource registered without a policy makes startup fail.
 
+use crate::error::Code;
 use actix_web::http::Method;
 use actix_web::{HttpResponse, Resource, web};
 use std::collections::HashMap;
@@ -197,8 +198,7 @@ impl RouteTable {
 
 async fn method_not_allowed() -> HttpResponse {
     super::error::ApiError::new(
-        actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
-        "METHOD_NOT_ALLOWED",
+        Code::MethodNotAllowed,
         "this route does not take that method",
     )
     .error_response_owned()

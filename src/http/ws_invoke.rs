@@ -64,7 +64,7 @@ pub fn ws_invoke(
                 use base64::Engine;
                 json!({"output_base64": base64::engine::general_purpose::STANDARD.encode(&reply.output)})
             })),
-            Err(e) => Err(FrameError::new(e.code, e.message)),
+            Err(e) => Err(FrameError::new(e.code.as_str(), e.message)),
         }
     })
 }

@@ -203,7 +203,7 @@ impl FrameError {
 
 impl From<crate::error::ApiError> for FrameError {
     fn from(e: crate::error::ApiError) -> Self {
-        FrameError::new(e.code, e.message)
+        FrameError::new(e.code.as_str(), e.message)
     }
 }
 

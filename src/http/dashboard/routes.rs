@@ -4,6 +4,7 @@
 
 use super::sampler::Frame;
 use super::session;
+use crate::error::Code;
 use crate::http::state::Node;
 use crate::http::{ApiError, Policy, RouteTable};
 use actix_web::http::Method;
@@ -108,7 +109,7 @@ async fn asset(file: web::Path<String>) -> Result<HttpResponse, ApiError> {
     match file.as_str() {
         "app.js" => Ok(page(APP_JS, "text/javascript; charset=utf-8", None)),
         "app.css" => Ok(page(APP_CSS, "text/css; charset=utf-8", None)),
-        _ => Err(ApiError::not_found("NOT_FOUND", "no such asset")),
+        _ => Err(ApiError::new(Code::NotFound, "no such asset")),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::{NsCtx, now};
 use crate::auth::{self, Claims, Grant, KeyKind, Role};
+use crate::error::Code;
 use crate::http::chain::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
@@ -104,8 +105,8 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
         return Ok(id);
     }
     if cred.starts_with("mgop_") {
-        return Err(ApiError::unauthorized(
-            "INVALID_OPERATOR_KEY",
+        return Err(ApiError::new(
+            Code::InvalidOperatorKey,
             "the operator key is wrong",
         ));
     }
@@ -247,13 +248,7 @@ async fn custom_claims(
     let Some(provider) = record.and_then(|r| r.claims_provider) else {
         return Ok(serde_json::Value::Null);
     };
-    let failed = |m: String| {
-        ApiError::new(
-            actix_web::http::StatusCode::BAD_GATEWAY,
-            "CLAIMS_PROVIDER_FAILED",
-            m,
-        )
-    };
+    let failed = |m: String| ApiError::new(Code::ClaimsProviderFailed, m);
     let h = node.locate(ns).await?;
     let input = json!({"subject": subject, "namespace": ns, "grants": grants})
         .to_string()
@@ -387,7 +382,7 @@ async fn logout(node: web::Data<Node>, body: web::Json<RefreshRequest>) -> ApiRe
 async fn whoami(ctx: NsCtx) -> ApiResult<HttpResponse> {
     let id = ctx
         .identity
-        .ok_or_else(|| ApiError::unauthorized("MISSING_CREDENTIAL", "no credential"))?;
+        .ok_or_else(|| ApiError::new(Code::MissingCredential, "no credential"))?;
     Ok(HttpResponse::Ok().json(json!({
         "subject": id.subject, "namespace": ctx.name, "kind": id.kind, "operator": id.operator,
         "grants": id.grants.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
@@ -415,7 +410,7 @@ async fn challenge(
             .rate_limited
             .with_label_values(&["wallet"])
             .inc();
-        return Err(ApiError::rate_limited("WALLET_RATE_LIMITED", after));
+        return Err(ApiError::rate_limited(Code::WalletRateLimited, after));
     }
     if node
         .store
@@ -423,8 +418,8 @@ async fn challenge(
         .await?
         .is_none()
     {
-        return Err(ApiError::not_found(
-            "NAMESPACE_NOT_FOUND",
+        return Err(ApiError::new(
+            Code::NamespaceNotFound,
             "namespace not found",
         ));
     }
@@ -486,20 +481,20 @@ async fn create_key(
     let caller = ctx
         .identity
         .clone()
-        .ok_or_else(|| ApiError::unauthorized("MISSING_CREDENTIAL", "no credential"))?;
+        .ok_or_else(|| ApiError::new(Code::MissingCredential, "no credential"))?;
     let role = body.role.as_deref().map(str::parse::<Role>).transpose()?;
     let grants: Vec<Grant> = auth::parse_grants(&body.grants)?;
     if role.is_none() && grants.is_empty() {
-        return Err(ApiError::bad_request(
-            "BAD_REQUEST",
+        return Err(ApiError::new(
+            Code::BadRequest,
             "give a role or at least one grant",
         ));
     }
     let mut requested = role.map(|r| r.grants()).unwrap_or_default();
     requested.extend(grants.iter().cloned());
     if !caller.operator && !auth::grants_cover(&caller.grants, &requested) {
-        return Err(ApiError::forbidden(
-            "GRANT_ESCALATION",
+        return Err(ApiError::new(
+            Code::GrantEscalation,
             "a key cannot be given grants its creator lacks",
         ));
     }
@@ -507,8 +502,8 @@ async fn create_key(
         None | Some("sk") => KeyKind::Secret,
         Some("rk") => KeyKind::Runtime,
         Some(other) => {
-            return Err(ApiError::bad_request(
-                "BAD_REQUEST",
+            return Err(ApiError::new(
+                Code::BadRequest,
                 format!("kind {other:?} is not sk or rk"),
             ));
         }

@@ -9,6 +9,7 @@ use crate::deploy::model::{
     valid_name, validate_routes,
 };
 use crate::deploy::site::{SiteLimits, unpack};
+use crate::error::Code;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
@@ -59,8 +60,8 @@ pub fn register(t: &mut RouteTable) {
     );
 }
 
-fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(code, message)
+fn bad(code: Code, message: impl Into<String>) -> ApiError {
+    ApiError::new(code, message)
 }
 
 /// The JSON form of a create (an upstream deployment; a static site comes as multipart).
@@ -91,7 +92,7 @@ fn check_name(name: &str) -> ApiResult<()> {
         Ok(())
     } else {
         Err(bad(
-            "INVALID_NAME",
+            Code::InvalidName,
             "a deployment name is 1 to 63 of a-z, 0-9, '-', '_', starting with a letter or digit",
         ))
     }
@@ -100,7 +101,7 @@ fn check_name(name: &str) -> ApiResult<()> {
 fn check_hosts(raw: &[String]) -> ApiResult<Vec<String>> {
     if raw.is_empty() || raw.len() > MAX_HOSTS {
         return Err(bad(
-            "INVALID_HOST",
+            Code::InvalidHost,
             format!("a deployment has 1 to {MAX_HOSTS} hosts"),
         ));
     }
@@ -139,7 +140,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     let limit = node.config.server.max_body_bytes;
     let mut body = Vec::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| bad("BAD_BODY", e.to_string()))?;
+        let chunk = chunk.map_err(|e| bad(Code::BadBody, e.to_string()))?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::too_large(format!(
                 "the body is larger than {limit} bytes"
@@ -149,7 +150,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     }
     let c: CreateJson = serde_json::from_slice(&body).map_err(|e| {
         bad(
-            "INVALID_JSON",
+            Code::InvalidJson,
             format!("the body is not a deployment ({e}); a static site is sent as multipart"),
         )
     })?;
@@ -157,13 +158,13 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     let hosts = check_hosts(&c.hosts)?;
     let Some(up) = c.upstream else {
         return Err(bad(
-            "MISSING_TARGET",
+            Code::MissingTarget,
             "give `upstream.instances`, or send a static site as multipart with a `tarball` part",
         ));
     };
     if up.instances.is_empty() || up.instances.len() > MAX_INSTANCES {
         return Err(bad(
-            "INVALID_UPSTREAM",
+            Code::InvalidUpstream,
             format!("an upstream has 1 to {MAX_INSTANCES} instances"),
         ));
     }
@@ -191,11 +192,12 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<NewDeployment
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
             "tarball" => {
-                tarball = Some(read_field(&mut field, cfg.max_site_bytes, "SITE_TOO_LARGE").await?)
+                tarball =
+                    Some(read_field(&mut field, cfg.max_site_bytes, Code::SiteTooLarge).await?)
             }
             "name" | "hosts" | "routes" => {
                 let text = field_text(
-                    read_field(&mut field, 64 * 1024, "PAYLOAD_TOO_LARGE").await?,
+                    read_field(&mut field, 64 * 1024, Code::PayloadTooLarge).await?,
                     &part,
                 )?;
                 match part.as_str() {
@@ -204,24 +206,25 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<NewDeployment
                     _ => {
                         routes = Some(
                             serde_json::from_str::<Vec<RouteSpec>>(&text)
-                                .map_err(|e| bad("INVALID_ROUTE", e.to_string()))?,
+                                .map_err(|e| bad(Code::InvalidRoute, e.to_string()))?,
                         )
                     }
                 }
             }
-            other => return Err(bad("UNKNOWN_PART", format!("unknown part {other:?}"))),
+            other => return Err(bad(Code::UnknownPart, format!("unknown part {other:?}"))),
         }
     }
-    let name = name.ok_or_else(|| bad("MISSING_PART", "the `name` part is required"))?;
+    let name = name.ok_or_else(|| bad(Code::MissingPart, "the `name` part is required"))?;
     check_name(&name)?;
     let hosts: Vec<String> = hosts
-        .ok_or_else(|| bad("MISSING_PART", "the `hosts` part is required"))?
+        .ok_or_else(|| bad(Code::MissingPart, "the `hosts` part is required"))?
         .split(',')
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .collect();
     let hosts = check_hosts(&hosts)?;
-    let tarball = tarball.ok_or_else(|| bad("MISSING_PART", "the `tarball` part is required"))?;
+    let tarball =
+        tarball.ok_or_else(|| bad(Code::MissingPart, "the `tarball` part is required"))?;
     let limits = SiteLimits {
         max_unpacked_bytes: cfg.max_site_unpacked_bytes as u64,
         max_files: cfg.max_site_files,
@@ -283,7 +286,12 @@ async fn rollback(
         None
     } else {
         serde_json::from_slice::<RollbackBody>(&body)
-            .map_err(|e| bad("INVALID_JSON", format!("expected {{\"version\": N}}: {e}")))?
+            .map_err(|e| {
+                bad(
+                    Code::InvalidJson,
+                    format!("expected {{\"version\": N}}: {e}"),
+                )
+            })?
             .version
     };
     let d = node.deployments.rollback(&ctx.name, &name, to).await?;

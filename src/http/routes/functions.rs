@@ -8,6 +8,7 @@ use crate::actors::{
     DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
     ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
 };
+use crate::error::Code;
 use crate::functions::{
     CallerInfo, DeployRequest, FunctionMetadata, MAX_LOGS, Reply, Trigger, valid_function_name,
 };
@@ -18,7 +19,7 @@ use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::wasm::MAX_INPUT_BYTES;
 use actix_multipart::Multipart;
-use actix_web::http::{Method, StatusCode};
+use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use futures_util::StreamExt;
 use serde::Deserialize;
@@ -101,8 +102,8 @@ pub fn register(t: &mut RouteTable) {
     );
 }
 
-fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(code, message)
+fn bad(code: Code, message: impl Into<String>) -> ApiError {
+    ApiError::new(code, message)
 }
 
 /// A multipart parse failure in words a person reads (the parser's own
@@ -126,21 +127,20 @@ pub(super) fn multipart_error(e: actix_multipart::MultipartError) -> ApiError {
         E::Payload(p) => format!("the body could not be read: {p}"),
         other => format!("the multipart body could not be parsed: {other}"),
     };
-    bad("MALFORMED_MULTIPART", why)
+    bad(Code::MalformedMultipart, why)
 }
 
 /// Reads one multipart field whole, refusing more than `limit` bytes with 413.
 pub(super) async fn read_field(
     field: &mut actix_multipart::Field,
     limit: usize,
-    code: &'static str,
+    code: Code,
 ) -> ApiResult<Vec<u8>> {
     let mut buf = Vec::new();
     while let Some(chunk) = field.next().await {
         let chunk = chunk.map_err(multipart_error)?;
         if buf.len() + chunk.len() > limit {
             return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
                 code,
                 format!("the part is larger than {limit} bytes"),
             ));
@@ -153,14 +153,19 @@ pub(super) async fn read_field(
 pub(super) fn field_text(bytes: Vec<u8>, part: &str) -> ApiResult<String> {
     String::from_utf8(bytes)
         .map(|s| s.trim().to_string())
-        .map_err(|_| bad("MALFORMED_MULTIPART", format!("part {part:?} is not UTF-8")))
+        .map_err(|_| {
+            bad(
+                Code::MalformedMultipart,
+                format!("part {part:?} is not UTF-8"),
+            )
+        })
 }
 
 fn parse_range(text: &str, part: &str, lo: u32, hi: u32) -> ApiResult<u32> {
     match text.parse::<u32>() {
         Ok(v) if (lo..=hi).contains(&v) => Ok(v),
         _ => Err(bad(
-            "INVALID_LIMIT",
+            Code::InvalidLimit,
             format!("{part} must be an integer from {lo} to {hi}, got {text:?}"),
         )),
     }
@@ -174,10 +179,10 @@ async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployR
         let mut field = field.map_err(multipart_error)?;
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
-            "wasm" => wasm = Some(read_field(&mut field, max_module, "MODULE_TOO_LARGE").await?),
+            "wasm" => wasm = Some(read_field(&mut field, max_module, Code::ModuleTooLarge).await?),
             "name" | "memory_limit_mb" | "timeout_seconds" | "is_public" | "metadata" => {
                 let text = field_text(
-                    read_field(&mut field, MAX_FIELD_BYTES, "PAYLOAD_TOO_LARGE").await?,
+                    read_field(&mut field, MAX_FIELD_BYTES, Code::PayloadTooLarge).await?,
                     &part,
                 )?;
                 match part.as_str() {
@@ -196,7 +201,7 @@ async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployR
                             "false" | "0" | "no" | "" => false,
                             _ => {
                                 return Err(bad(
-                                    "INVALID_FIELD",
+                                    Code::InvalidField,
                                     "is_public must be true or false",
                                 ));
                             }
@@ -205,24 +210,24 @@ async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployR
                     _ => {
                         meta = Some(
                             serde_json::from_str::<FunctionMetadata>(&text)
-                                .map_err(|e| bad("INVALID_METADATA", e.to_string()))?,
+                                .map_err(|e| bad(Code::InvalidMetadata, e.to_string()))?,
                         )
                     }
                 }
             }
-            other => return Err(bad("UNKNOWN_PART", format!("unknown part {other:?}"))),
+            other => return Err(bad(Code::UnknownPart, format!("unknown part {other:?}"))),
         }
     }
-    let name = name.ok_or_else(|| bad("MISSING_PART", "the `name` part is required"))?;
+    let name = name.ok_or_else(|| bad(Code::MissingPart, "the `name` part is required"))?;
     if !valid_function_name(&name) || RESERVED_NAMES.contains(&name.as_str()) {
         return Err(bad(
-            "INVALID_NAME",
+            Code::InvalidName,
             "a function name is 1 to 63 of a-z, 0-9, '-', '_', starting with a letter or digit",
         ));
     }
-    let wasm = wasm.ok_or_else(|| bad("MISSING_PART", "the `wasm` part is required"))?;
+    let wasm = wasm.ok_or_else(|| bad(Code::MissingPart, "the `wasm` part is required"))?;
     if wasm.is_empty() {
-        return Err(bad("INVALID_MODULE", "the `wasm` part is empty"));
+        return Err(bad(Code::InvalidModule, "the `wasm` part is empty"));
     }
     let (env_vars, pubsub_topics, cron) = meta.unwrap_or_default().validate()?;
     Ok(DeployRequest {
@@ -347,7 +352,10 @@ fn split_version(target: &str) -> ApiResult<(String, Option<u64>)> {
         None => Ok((target.to_string(), None)),
         Some((name, v)) => match v.parse::<u64>() {
             Ok(v) => Ok((name.to_string(), Some(v))),
-            Err(_) => Err(bad("BAD_VERSION", format!("version {v:?} is not a number"))),
+            Err(_) => Err(bad(
+                Code::BadVersion,
+                format!("version {v:?} is not a number"),
+            )),
         },
     }
 }
@@ -356,7 +364,7 @@ fn split_version(target: &str) -> ApiResult<(String, Option<u64>)> {
 async fn read_input(mut payload: web::Payload) -> ApiResult<Vec<u8>> {
     let mut buf = Vec::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| bad("MALFORMED_BODY", e.to_string()))?;
+        let chunk = chunk.map_err(|e| bad(Code::MalformedBody, e.to_string()))?;
         if buf.len() + chunk.len() > MAX_INPUT_BYTES {
             return Err(ApiError::too_large(format!(
                 "the input is larger than {MAX_INPUT_BYTES} bytes"
@@ -426,8 +434,8 @@ async fn invoke_by_namespace(
 ) -> ApiResult<HttpResponse> {
     let (ns, target) = path.into_inner();
     if !super::valid_namespace_name(&ns) {
-        return Err(ApiError::not_found(
-            "NAMESPACE_NOT_FOUND",
+        return Err(ApiError::new(
+            Code::NamespaceNotFound,
             "namespace not found",
         ));
     }
@@ -437,8 +445,8 @@ async fn invoke_by_namespace(
         Some(i) if i.operator => true,
         Some(i) if i.namespace.as_deref() == Some(ns.as_str()) => {
             if !i.allows("functions", "invoke", &name) {
-                return Err(ApiError::forbidden(
-                    "MISSING_GRANT",
+                return Err(ApiError::new(
+                    Code::MissingGrant,
                     format!("the credential lacks functions:invoke:{name}"),
                 ));
             }
@@ -463,12 +471,12 @@ async fn invoke_by_namespace(
         .await??;
     if !member && !prepared.is_public {
         return Err(match identity {
-            None => ApiError::unauthorized(
-                "MISSING_CREDENTIAL",
+            None => ApiError::new(
+                Code::MissingCredential,
                 "this function is not public; it needs a credential of its namespace",
             ),
-            Some(_) => ApiError::forbidden(
-                "NAMESPACE_MISMATCH",
+            Some(_) => ApiError::new(
+                Code::NamespaceMismatch,
                 "the credential belongs to another namespace and the function is not public",
             ),
         });

@@ -7,6 +7,7 @@ use crate::actors::{
     NamespaceExport,
 };
 use crate::deploy::transfer::ExportedDeployment;
+use crate::error::Code;
 use crate::functions::{
     ExportBox, ExportedFunction, FunctionRecord, SecretBox, VersionMeta, blob_key, fn_prefix,
     fnver_prefix, kv_prefix, secret_key, secret_prefix,
@@ -15,7 +16,7 @@ use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::storage::OrderedKv;
-use actix_web::http::{Method, StatusCode};
+use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use base64::Engine;
 use futures_util::StreamExt;
@@ -30,8 +31,8 @@ pub const MAX_KV_KEY_BYTES: usize = 1024;
 fn key_checked(key: web::Path<String>) -> ApiResult<String> {
     let key = key.into_inner();
     if key.len() > MAX_KV_KEY_BYTES {
-        return Err(ApiError::bad_request(
-            "KEY_TOO_LONG",
+        return Err(ApiError::new(
+            Code::KeyTooLong,
             format!("the key is {} bytes; at most {MAX_KV_KEY_BYTES}", key.len()),
         ));
     }
@@ -87,7 +88,7 @@ async fn get(ctx: NsCtx, node: web::Data<Node>, key: web::Path<String>) -> ApiRe
         Some(v) => Ok(HttpResponse::Ok()
             .content_type("application/octet-stream")
             .body(v)),
-        None => Err(ApiError::not_found("KEY_NOT_FOUND", "no such key")),
+        None => Err(ApiError::new(Code::KeyNotFound, "no such key")),
     }
 }
 
@@ -108,7 +109,7 @@ async fn delete(ctx: NsCtx, key: web::Path<String>) -> ApiResult<HttpResponse> {
     ctx.require("kv", "write", &key)?;
     let existed = ctx.handle.ask(KvDelete { key }).await??;
     if !existed {
-        return Err(ApiError::not_found("KEY_NOT_FOUND", "no such key"));
+        return Err(ApiError::new(Code::KeyNotFound, "no such key"));
     }
     Ok(HttpResponse::Ok().json(json!({"ok": true})))
 }
@@ -191,11 +192,11 @@ fn b64() -> &'static base64::engine::GeneralPurpose {
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request("INVALID_EXPORT", message)
+    ApiError::new(Code::InvalidExport, message)
 }
 
 fn too_large(message: impl Into<String>) -> ApiError {
-    ApiError::payload_too_large("IMPORT_TOO_LARGE", message)
+    ApiError::new(Code::ImportTooLarge, message)
 }
 
 async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
@@ -333,15 +334,15 @@ async fn import(
         None => false,
         Some("skip") => true,
         Some(other) => {
-            return Err(ApiError::bad_request(
-                "BAD_QUERY",
+            return Err(ApiError::new(
+                Code::BadQuery,
                 format!("secrets={other:?}: the only value is `skip`"),
             ));
         }
     };
     let mut body = Vec::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request("BAD_BODY", e.to_string()))?;
+        let chunk = chunk.map_err(|e| ApiError::new(Code::BadBody, e.to_string()))?;
         if body.len() + chunk.len() > MAX_IMPORT_BYTES {
             return Err(too_large(format!(
                 "an import body is at most {MAX_IMPORT_BYTES} bytes"
@@ -349,9 +350,8 @@ async fn import(
         }
         body.extend_from_slice(&chunk);
     }
-    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request("MALFORMED_JSON", format!("the body is not JSON: {e}"))
-    })?;
+    let value: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(Code::MalformedJson, format!("the body is not JSON: {e}")))?;
     drop(body);
     let format = value.get("format").cloned();
     match format {
@@ -376,8 +376,8 @@ async fn import(
         Some(f) if f.as_str() == Some(EXPORT_FORMAT) => {
             let version = value.get("version").and_then(|v| v.as_u64());
             if version != Some(u64::from(EXPORT_VERSION)) {
-                return Err(ApiError::bad_request(
-                    "UNSUPPORTED_EXPORT_VERSION",
+                return Err(ApiError::new(
+                    Code::UnsupportedExportVersion,
                     format!(
                         "export version {}: this node reads version {EXPORT_VERSION} (and the KV-only format 1)",
                         value
@@ -390,8 +390,8 @@ async fn import(
                 .map_err(|e| invalid(format!("not a version {EXPORT_VERSION} export: {e}")))?;
             import_v2(ctx, &node, e, skip_secrets).await
         }
-        _ => Err(ApiError::bad_request(
-            "UNSUPPORTED_EXPORT_FORMAT",
+        _ => Err(ApiError::new(
+            Code::UnsupportedExportFormat,
             format!(
                 "`format` must be \"{EXPORT_FORMAT}\" (with `version` {EXPORT_VERSION}) or 1 (KV only)"
             ),
@@ -441,8 +441,7 @@ async fn import_v2(
         let export_box = ExportBox::new(&node.secrets.server_secret);
         if e.secrets.key_id != export_box.key_id() {
             return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "SECRETS_SEALED_ELSEWHERE",
+                Code::SecretsSealedElsewhere,
                 format!(
                     "the export's secrets were sealed under another server secret (key id {:?}, \
                      this node's {}); import on a node of the exporting cluster, or add \
@@ -486,8 +485,8 @@ async fn import_v2(
     for sha in modules {
         if let Some(bytes) = blobs.get(sha) {
             if bytes.len() > max_module {
-                return Err(ApiError::payload_too_large(
-                    "MODULE_TOO_LARGE",
+                return Err(ApiError::new(
+                    Code::ModuleTooLarge,
                     format!(
                         "module {sha} is {} bytes; this node takes at most {max_module}",
                         bytes.len()

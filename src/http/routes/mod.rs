@@ -14,6 +14,7 @@ use super::chain::{Identity, Target};
 use super::error::ApiError;
 use super::policy::RouteTable;
 use crate::actors::NsHandle;
+use crate::error::Code;
 use crate::http::state::Node;
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
@@ -56,12 +57,12 @@ impl NsCtx {
     pub fn require(&self, domain: &str, action: &str, resource: &str) -> Result<(), ApiError> {
         match &self.identity {
             Some(i) if i.allows(domain, action, resource) => Ok(()),
-            Some(_) => Err(ApiError::forbidden(
-                "MISSING_GRANT",
+            Some(_) => Err(ApiError::new(
+                Code::MissingGrant,
                 format!("the credential lacks {domain}:{action}:{resource}"),
             )),
-            None => Err(ApiError::unauthorized(
-                "MISSING_CREDENTIAL",
+            None => Err(ApiError::new(
+                Code::MissingCredential,
                 "this route needs a credential",
             )),
         }
@@ -81,9 +82,8 @@ impl FromRequest for NsCtx {
         let target = req.extensions().get::<Target>().map(|t| t.0.clone());
         let identity = req.extensions().get::<Identity>().cloned();
         Box::pin(async move {
-            let name = target.ok_or_else(|| {
-                ApiError::bad_request("NAMESPACE_REQUIRED", "no target namespace")
-            })?;
+            let name = target
+                .ok_or_else(|| ApiError::new(Code::NamespaceRequired, "no target namespace"))?;
             let handle = node.locate(&name).await?;
             Ok(NsCtx {
                 name,

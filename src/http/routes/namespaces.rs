@@ -3,6 +3,7 @@
 use super::{now, valid_namespace_name};
 use crate::actors::{Forget, GetInfo, InjectPanic, NamespaceRecord, ns_key};
 use crate::auth::{KeyKind, Role};
+use crate::error::Code;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
@@ -78,16 +79,13 @@ async fn create(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     if !valid_namespace_name(&body.name) {
-        return Err(ApiError::bad_request(
-            "INVALID_NAMESPACE_NAME",
+        return Err(ApiError::new(
+            Code::InvalidNamespaceName,
             "a namespace name is 1-63 of a-z, 0-9 and '-', not starting with '-'",
         ));
     }
     if body.rate_per_minute == Some(0) || body.rate_burst == Some(0) {
-        return Err(ApiError::bad_request(
-            "BAD_REQUEST",
-            "rate limits must be > 0",
-        ));
+        return Err(ApiError::new(Code::BadRequest, "rate limits must be > 0"));
     }
     // Members: the named nodes, else (in a cluster) three live nodes by
     // rendezvous hashing; empty on a single node (served wherever it lands).
@@ -98,8 +96,8 @@ async fn create(
             && m.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
         if !ok {
-            return Err(ApiError::bad_request(
-                "INVALID_MEMBER",
+            return Err(ApiError::new(
+                Code::InvalidMember,
                 format!("{m:?} is not a node id"),
             ));
         }
@@ -108,10 +106,7 @@ async fn create(
         }
     }
     if members.len() > 16 {
-        return Err(ApiError::bad_request(
-            "INVALID_MEMBER",
-            "at most 16 members",
-        ));
+        return Err(ApiError::new(Code::InvalidMember, "at most 16 members"));
     }
     if members.is_empty()
         && let Some(c) = node.cluster.get()
@@ -146,8 +141,8 @@ async fn create(
         .compare_and_swap(&ns_key(&body.name), None, Some(&rec_bytes), None)
         .await?
     {
-        return Err(ApiError::conflict(
-            "NAMESPACE_EXISTS",
+        return Err(ApiError::new(
+            Code::NamespaceExists,
             format!("namespace {:?} already exists", body.name),
         ));
     }
@@ -193,8 +188,8 @@ async fn delete(
 ) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     if node.store.get(&ns_key(&name)).await?.is_none() {
-        return Err(ApiError::not_found(
-            "NAMESPACE_NOT_FOUND",
+        return Err(ApiError::new(
+            Code::NamespaceNotFound,
             "namespace not found",
         ));
     }
@@ -221,7 +216,7 @@ async fn delete(
 /// panic so supervision can be observed. 404 when switched off.
 async fn panic(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
     if !node.config.debug.fault_injection {
-        return Err(ApiError::not_found("NOT_FOUND", "no such route"));
+        return Err(ApiError::new(Code::NotFound, "no such route"));
     }
     let h = node.locate(&name).await?;
     let r = h.ask(InjectPanic).await?;
@@ -243,8 +238,8 @@ async fn set_claims_provider(
 ) -> ApiResult<HttpResponse> {
     let key = ns_key(&name);
     let Some(mut record) = node.store.get_json::<NamespaceRecord>(&key).await? else {
-        return Err(ApiError::not_found(
-            "NAMESPACE_NOT_FOUND",
+        return Err(ApiError::new(
+            Code::NamespaceNotFound,
             "namespace not found",
         ));
     };
@@ -255,8 +250,8 @@ async fn set_claims_provider(
             .await?
             .is_none()
     {
-        return Err(ApiError::not_found(
-            "FUNCTION_NOT_FOUND",
+        return Err(ApiError::new(
+            Code::FunctionNotFound,
             format!("no function {f:?} in {name}"),
         ));
     }

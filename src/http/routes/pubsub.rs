@@ -3,6 +3,7 @@
 
 use super::NsCtx;
 use crate::actors::{Presence, Publish, PublishBatch, Subscribe, Topics, UnsubscribeAll};
+use crate::error::Code;
 use crate::http::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
@@ -72,8 +73,8 @@ const LOCAL_VIEW_PATH: &str = "/v1/internal/pubsub/local";
 /// A topic as a client names it: 400 when invalid, 403 when reserved.
 fn topic_ok(topic: &str) -> ApiResult<()> {
     check_topic(topic).map_err(|e| match e {
-        TopicError::Reserved => ApiError::forbidden("RESERVED_TOPIC", e.to_string()),
-        TopicError::Invalid => ApiError::bad_request("BAD_TOPIC", e.to_string()),
+        TopicError::Reserved => ApiError::new(Code::ReservedTopic, e.to_string()),
+        TopicError::Invalid => ApiError::new(Code::BadTopic, e.to_string()),
     })
 }
 
@@ -94,7 +95,7 @@ fn message(ctx: &NsCtx, node: &Node, m: PublishBody) -> ApiResult<(String, Bytes
     ctx.require("pubsub", "publish", &m.topic)?;
     let data = base64::engine::general_purpose::STANDARD
         .decode(m.data_base64.as_bytes())
-        .map_err(|_| ApiError::bad_request("BAD_BASE64", "data_base64 is not base64"))?;
+        .map_err(|_| ApiError::new(Code::BadBase64, "data_base64 is not base64"))?;
     if data.len() > node.config.pubsub.max_frame_bytes {
         return Err(ApiError::too_large(
             "the message is larger than pubsub.max_frame_bytes",
@@ -133,8 +134,8 @@ async fn publish_batch(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     if body.messages.is_empty() || body.messages.len() > MAX_BATCH {
-        return Err(ApiError::bad_request(
-            "BAD_BATCH",
+        return Err(ApiError::new(
+            Code::BadBatch,
             format!("a batch holds 1 to {MAX_BATCH} messages"),
         ));
     }
@@ -169,9 +170,8 @@ fn handshake(
     req: &HttpRequest,
     body: web::Payload,
 ) -> ApiResult<(HttpResponse, actix_ws::MessageStream)> {
-    let (resp, _unused_session, stream) = actix_ws::handle(req, body).map_err(|e| {
-        ApiError::bad_request("NOT_A_WEBSOCKET", format!("WebSocket handshake: {e}"))
-    })?;
+    let (resp, _unused_session, stream) = actix_ws::handle(req, body)
+        .map_err(|e| ApiError::new(Code::NotAWebsocket, format!("WebSocket handshake: {e}")))?;
     Ok((resp, stream))
 }
 
@@ -196,18 +196,16 @@ async fn simple_socket(
         None | Some("json") => FrameKind::Simple,
         Some("binary") => FrameKind::Binary,
         Some(_) => {
-            return Err(ApiError::bad_request(
-                "BAD_FORMAT",
-                "format is json or binary",
-            ));
+            return Err(ApiError::new(Code::BadFormat, "format is json or binary"));
         }
     };
     let presence = if q.presence {
         let member = q
             .member_id
-            .ok_or_else(|| ApiError::bad_request("BAD_MEMBER", "presence=true needs member_id"))?;
+            .ok_or_else(|| ApiError::new(Code::BadMember, "presence=true needs member_id"))?;
         check_member(&member, q.member_meta.as_deref())
-            .map_err(|e| ApiError::bad_request(e.code, e.message))?;
+            // Its only refusal is BAD_MEMBER.
+            .map_err(|e| ApiError::new(Code::BadMember, e.message))?;
         Some((member, q.member_meta))
     } else {
         None
@@ -387,7 +385,7 @@ async fn local_view(
         .extensions()
         .get::<Identity>()
         .and_then(|i| i.namespace.clone())
-        .ok_or_else(|| ApiError::bad_request("NAMESPACE_REQUIRED", "the hop names no namespace"))?;
+        .ok_or_else(|| ApiError::new(Code::NamespaceRequired, "the hop names no namespace"))?;
     let topic = q.into_inner().topic;
     if let Some(t) = &topic {
         topic_ok(t)?;

@@ -1,5 +1,6 @@
 //! `/v1/health`, `/v1/status`, `/v1/version`, the JWKS, and the debug sleep route.
 
+use crate::error::Code;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
@@ -131,7 +132,7 @@ struct SleepQuery {
 async fn sleep(node: web::Data<Node>, q: web::Query<SleepQuery>) -> ApiResult<HttpResponse> {
     let max = node.config.debug.max_sleep_ms;
     if max == 0 {
-        return Err(ApiError::not_found("NOT_FOUND", "no such route"));
+        return Err(ApiError::new(Code::NotFound, "no such route"));
     }
     tokio::time::sleep(std::time::Duration::from_millis(q.ms.min(max))).await;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "slept_ms": q.ms.min(max)})))

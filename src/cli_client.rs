@@ -1,5 +1,7 @@
 //! The client half of the CLI: each command is one or two HTTP calls.
 
+#![forbid(unsafe_code)]
+
 use crate::cli::{ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, NsCommand};
 use serde_json::{Value, json};
 use std::process::ExitCode;

@@ -2,6 +2,8 @@
 //! overrides, then CLI flags. Unknown keys are rejected and every problem is
 //! reported at once.
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

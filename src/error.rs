@@ -7,6 +7,8 @@
 //! gateway-fault header, and maps the lower layers' own error types onto it.
 //! Imports nothing of the crate.
 
+#![forbid(unsafe_code)]
+
 use serde_json::json;
 use std::fmt;
 use std::sync::Arc;
@@ -354,7 +356,7 @@ impl std::error::Error for ApiError {
 mod tests {
     use super::*;
 
-    /// Every code has one wire name, upper snake case, that parses back to it.
+    /// Every code has one wire name, upper snake case (digits allowed), that parses back to it.
     #[test]
     fn wire_names_are_unique_and_parse_back() {
         let mut seen = std::collections::HashSet::new();
@@ -362,7 +364,8 @@ mod tests {
             let w = c.as_str();
             assert!(seen.insert(w), "{w} twice");
             assert!(
-                w.chars().all(|ch| ch.is_ascii_uppercase() || ch == '_'),
+                w.chars()
+                    .all(|ch| ch.is_ascii_uppercase() || ch.is_ascii_digit() || ch == '_'),
                 "{w}"
             );
             assert_eq!(Code::parse(w), Some(c));

@@ -1,6 +1,8 @@
 //! Store-backed identity: API key records, refresh token families and wallet
 //! nonces (docs/design.md §3, §8). The pure formats and checks live in [`crate::auth`].
 
+#![forbid(unsafe_code)]
+
 use crate::auth::{self, AuthError, Grant, KeyKind, RefreshDecision, RefreshRecord, Role};
 use crate::storage::{BatchOp, OrderedKv, Store, StoreError};
 use serde::{Deserialize, Serialize};

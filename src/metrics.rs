@@ -2,6 +2,8 @@
 //! the dashboard: one source of truth). Namespace labels are capped at
 //! [`MAX_NAMESPACE_LABELS`]; later namespaces share the label `_other`.
 
+#![forbid(unsafe_code)]
+
 use parking_lot::Mutex;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,

@@ -3,6 +3,8 @@
 //! supervisor (`actors/namespace.rs`); every other room reads it or asks the
 //! supervisor.
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 
 /// The durable record of a namespace (`ns/<name>`).

@@ -1,5 +1,7 @@
 //! The node: what one `meshgate serve` process holds, its start-up and its drain.
 
+#![forbid(unsafe_code)]
+
 use crate::actors::{ActorDirectory, Namespaces, NodeSupervisor};
 use crate::config::Config;
 pub use crate::http::state::{Node, NodeInner, Phase, Secrets};

@@ -2,6 +2,8 @@
 //! Unix seconds, secure random bytes, the host name, the number of CPUs.
 //! The bottom layer: it imports nothing of the crate.
 
+#![forbid(unsafe_code)]
+
 /// Unix seconds now.
 pub fn now() -> u64 {
     std::time::SystemTime::now()

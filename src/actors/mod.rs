@@ -1,6 +1,8 @@
 //! The actor topology of docs/design.md §1: the node supervisor, one supervisor per
 //! namespace, and the instrumentation every actor reports through.
 
+#![forbid(unsafe_code)]
+
 mod functions;
 mod namespace;
 mod node;

@@ -4,6 +4,8 @@
 //! nodes in per-publisher order (`mesh.rs`, `reorder.rs`), and the node's
 //! mesh identity (`key.rs`).
 
+#![forbid(unsafe_code)]
+
 mod key;
 mod mesh;
 mod reorder;

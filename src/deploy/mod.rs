@@ -16,6 +16,8 @@
 //! and swapped. In a cluster every node polls the generation and rebuilds its
 //! index when another node changed it.
 
+#![forbid(unsafe_code)]
+
 pub mod egress;
 pub mod index;
 pub mod model;

@@ -8,6 +8,8 @@
 //!   [`Invoker`] (one per namespace, owned by its supervisor).
 //! - `error`: [`FnError`].
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod invoker;
 mod model;

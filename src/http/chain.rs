@@ -76,6 +76,8 @@ impl Limiters {
             .name("bucket-evictor".into())
             .spawn(move || {
                 loop {
+                    // Audited: the evictor is its own thread.
+                    #[allow(clippy::disallowed_methods)]
                     std::thread::sleep(BUCKET_EVICTION_INTERVAL);
                     let Some(l) = weak.upgrade() else { return };
                     l.evict_idle();
@@ -502,86 +504,89 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
     let policy = policy_of(&req);
     // Borrowed, not cloned (an identity carries its grants and claims); the
     // borrow ends with `check`, before the request is changed.
-    let ext = req.extensions();
-    let id = ext.get::<Identity>();
-    let check = match &policy {
-        None | Some(Policy::Public) | Some(Policy::Credential) | Some(Policy::Deployment) => {
-            Ok(None)
-        }
-        Some(Policy::Operator) => match id {
-            Some(i) if i.operator => Ok(None),
-            Some(_) => Err(ApiError::new(
-                Code::OperatorOnly,
-                "this route needs the operator key",
-            )),
-            None => Err(ApiError::new(
-                Code::MissingCredential,
-                "this route needs the operator key",
-            )),
-        },
-        // No source address is trusted: behind a TLS proxy on loopback every
-        // public request arrives from 127.0.0.1.
-        Some(Policy::Admin) => match id {
-            Some(i) if i.operator => Ok(None),
-            None if wants_sign_in_page(&req) => {
-                drop(ext);
-                return Ok(req.into_response(
-                    HttpResponse::SeeOther()
-                        .insert_header((header::LOCATION, "/__admin/login"))
-                        .insert_header((header::CACHE_CONTROL, "no-store"))
-                        .finish()
-                        .map_into_right_body(),
-                ));
+    let check = {
+        let ext = req.extensions();
+        let id = ext.get::<Identity>();
+        match &policy {
+            None | Some(Policy::Public) | Some(Policy::Credential) | Some(Policy::Deployment) => {
+                Ok(None)
             }
-            Some(_) => Err(ApiError::new(
-                Code::OperatorOnly,
-                "the dashboard needs the operator key",
-            )),
-            None => Err(ApiError::new(
-                Code::MissingCredential,
-                "the dashboard needs the operator key",
-            )),
-        },
-        Some(Policy::Internal) => match id {
-            Some(i) if i.kind == "hop" => Ok(None),
-            _ => Err(ApiError::new(
-                Code::InternalOnly,
-                "this route is for cluster peers",
-            )),
-        },
-        Some(Policy::Ns { .. } | Policy::NsOrAnonymous { .. } | Policy::NsCredential { .. }) => {
-            let routed = ext.get::<Target>().map(|t| t.0.clone());
-            match id {
-                None if matches!(policy, Some(Policy::NsOrAnonymous { .. })) => Ok(routed),
+            Some(Policy::Operator) => match id {
+                Some(i) if i.operator => Ok(None),
+                Some(_) => Err(ApiError::new(
+                    Code::OperatorOnly,
+                    "this route needs the operator key",
+                )),
                 None => Err(ApiError::new(
                     Code::MissingCredential,
-                    "this route needs a credential",
+                    "this route needs the operator key",
                 )),
-                Some(i) if i.operator => match routed.or_else(|| named_namespace(&req)) {
-                    Some(ns) => Ok(Some(ns)),
+            },
+            // No source address is trusted: behind a TLS proxy on loopback every
+            // public request arrives from 127.0.0.1.
+            Some(Policy::Admin) => match id {
+                Some(i) if i.operator => Ok(None),
+                None if wants_sign_in_page(&req) => {
+                    drop(ext);
+                    return Ok(req.into_response(
+                        HttpResponse::SeeOther()
+                            .insert_header((header::LOCATION, "/__admin/login"))
+                            .insert_header((header::CACHE_CONTROL, "no-store"))
+                            .finish()
+                            .map_into_right_body(),
+                    ));
+                }
+                Some(_) => Err(ApiError::new(
+                    Code::OperatorOnly,
+                    "the dashboard needs the operator key",
+                )),
+                None => Err(ApiError::new(
+                    Code::MissingCredential,
+                    "the dashboard needs the operator key",
+                )),
+            },
+            Some(Policy::Internal) => match id {
+                Some(i) if i.kind == "hop" => Ok(None),
+                _ => Err(ApiError::new(
+                    Code::InternalOnly,
+                    "this route is for cluster peers",
+                )),
+            },
+            Some(
+                Policy::Ns { .. } | Policy::NsOrAnonymous { .. } | Policy::NsCredential { .. },
+            ) => {
+                let routed = ext.get::<Target>().map(|t| t.0.clone());
+                match id {
+                    None if matches!(policy, Some(Policy::NsOrAnonymous { .. })) => Ok(routed),
                     None => Err(ApiError::new(
-                        Code::NamespaceRequired,
-                        "the operator must name the namespace (X-Namespace header or ?namespace=)",
+                        Code::MissingCredential,
+                        "this route needs a credential",
                     )),
-                },
-                Some(i) => {
-                    let own = i.namespace.clone().unwrap_or_default();
-                    let target = routed
-                        .or_else(|| named_namespace(&req))
-                        .unwrap_or_else(|| own.clone());
-                    if target == own {
-                        Ok(Some(target))
-                    } else {
-                        Err(ApiError::new(
-                            Code::NamespaceMismatch,
-                            "the credential belongs to another namespace",
-                        ))
+                    Some(i) if i.operator => match routed.or_else(|| named_namespace(&req)) {
+                        Some(ns) => Ok(Some(ns)),
+                        None => Err(ApiError::new(
+                            Code::NamespaceRequired,
+                            "the operator must name the namespace (X-Namespace header or ?namespace=)",
+                        )),
+                    },
+                    Some(i) => {
+                        let own = i.namespace.clone().unwrap_or_default();
+                        let target = routed
+                            .or_else(|| named_namespace(&req))
+                            .unwrap_or_else(|| own.clone());
+                        if target == own {
+                            Ok(Some(target))
+                        } else {
+                            Err(ApiError::new(
+                                Code::NamespaceMismatch,
+                                "the credential belongs to another namespace",
+                            ))
+                        }
                     }
                 }
             }
         }
     };
-    drop(ext);
     match check {
         Ok(Some(ns)) => {
             req.extensions_mut().insert(Target(ns));

@@ -1,5 +1,7 @@
 //! HTTP: the listener, the middleware chain of docs/design.md §2 and the routes of §10.
 
+#![forbid(unsafe_code)]
+
 mod chain;
 pub mod dashboard;
 mod deploy_serve;

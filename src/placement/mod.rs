@@ -18,6 +18,8 @@
 //!   members only). A non-member keeps nothing for a namespace it forwards
 //!   but its breakers, held here ([`Cluster::breakers`]), not in a supervisor.
 
+#![forbid(unsafe_code)]
+
 mod breaker;
 pub mod peer;
 

@@ -3,6 +3,8 @@
 //! namespace supervisor owns, and the wire protocol (docs/pubsub.md). The
 //! socket's own actor, `WsSession`, is the WebSocket front end: `http/ws_session.rs`.
 
+#![forbid(unsafe_code)]
+
 pub mod protocol;
 mod relay;
 mod service;

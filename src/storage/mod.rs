@@ -9,6 +9,8 @@
 //! [`SealKey`] and [`adopt_sealed`] keep the cluster's secrets in the shared
 //! store as ciphertext (`seal.rs`).
 
+#![forbid(unsafe_code)]
+
 #[cfg(all(test, feature = "cluster"))]
 mod etcd_process;
 #[cfg(feature = "cluster")]

@@ -1,6 +1,8 @@
 //! The engine: one wasmtime `Engine` per node, compilation with the artifact
 //! cache, and running one invocation in a fresh `Store`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! Errors of the WASM module and the guest ABI error codes.
 
+#![forbid(unsafe_code)]
+
 /// Result alias of the WASM module.
 pub type Result<T, E = WasmError> = std::result::Result<T, E>;
 

@@ -1,6 +1,8 @@
 //! What a guest can reach: the node's [`HostApi`], the `meshgate` imports,
 //! WASI preview 1 (built lazily) and the per-store state behind them.
 
+#![forbid(unsafe_code)]
+
 use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;

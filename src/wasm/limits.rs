@@ -1,5 +1,7 @@
 //! Fixed limits of the guest ABI and the per-store resource limiter.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 /// Largest input (stdin) of one invocation.

@@ -11,6 +11,8 @@
 //! Nothing here blocks the caller: `submit` takes a lock for a few
 //! instructions and the answer comes through the job.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! Every limit as an obeyed/violated pair, the guest ABI and the C examples.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

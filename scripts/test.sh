@@ -42,3 +42,13 @@ MESHGATE_TEST_CLUSTER=1 cargo test --features cluster --test it -- \
 # certificates (issue #13: a cluster on a locked-down etcd works as on a
 # plain one). About a minute.
 MESHGATE_TEST_ETCD_TLS=1 cargo test --features cluster --test it -- cluster:: etcd::
+# The lints of clippy.toml and what must not come back (docs/architecture.md,
+# "Lints"): blocking sleeps outside the audited threads, a RefCell borrow or
+# a lock held across an await. Only these are denied; about 4 minutes.
+cargo clippy --version >/dev/null 2>&1 || {
+  echo "scripts/test.sh: cargo clippy is missing: rustup component add clippy" >&2
+  exit 1
+}
+cargo clippy --features cluster --lib -- -A clippy::all \
+  -D clippy::disallowed_methods -D clippy::await_holding_refcell_ref \
+  -D clippy::await_holding_lock

@@ -238,7 +238,7 @@ fn start_functions(
     store: &Store,
     metrics: &Metrics,
     secrets: &Secrets,
-) -> anyhow::Result<crate::functions::FunctionsService> {
+) -> anyhow::Result<crate::actors::FunctionsService> {
     let f = &config.functions;
     let wasm = crate::wasm::WasmConfig {
         workers: if f.workers == 0 {
@@ -254,7 +254,7 @@ fn start_functions(
     };
     let engine = crate::wasm::WasmEngine::new(wasm, data_dir.join("wasm-cache"))
         .map_err(|e| anyhow::anyhow!("cannot start the WASM engine: {e}"))?;
-    Ok(crate::functions::FunctionsService::start(
+    Ok(crate::actors::FunctionsService::start(
         engine,
         store.clone(),
         metrics.clone(),

@@ -7,11 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::invoker::{CallerInfo, DeployRequest, Deployed, Invoker, Prepared, Trigger};
 use super::namespace::NamespaceSupervisor;
-use crate::functions::{
-    CallerInfo, DeployRequest, Deployed, FnError, FnResult, FunctionRecord, InvocationRecord,
-    Invoker, Prepared, Trigger, VersionMeta,
-};
+use crate::functions::{FnError, FnResult, FunctionRecord, InvocationRecord, VersionMeta};
 use crate::wasm::CompiledModule;
 use actix::prelude::*;
 use bytes::Bytes;
@@ -198,7 +196,7 @@ impl Handler<PrepareInvoke> for NamespaceSupervisor {
 pub struct FunctionLogs {
     /// The function's name.
     pub name: String,
-    /// Most records returned, newest first; clamped to 1..=[`MAX_LOGS`](crate::functions::MAX_LOGS).
+    /// Most records returned, newest first; clamped to 1..=[`MAX_LOGS`](crate::actors::MAX_LOGS).
     pub limit: usize,
 }
 

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod functions;
+mod invoker;
 mod namespace;
 mod node;
 mod stats;
@@ -12,6 +13,10 @@ mod topics;
 pub use functions::{
     CRON_TICK, DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions,
     ListFunctions, ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
+};
+pub use invoker::{
+    CallerInfo, DeployRequest, Deployed, FunctionsService, Invoker, MAX_LOGS, MAX_TRIGGER_DEPTH,
+    Prepared, Reply, Trigger,
 };
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,

@@ -99,7 +99,7 @@ pub struct NamespaceSupervisor {
     pub topics: crate::pubsub::TopicTable,
     /// The namespace's function invoker (`actors/functions.rs`); None on a
     /// node built without the functions service.
-    pub functions: Option<crate::functions::Invoker>,
+    pub functions: Option<crate::actors::Invoker>,
     /// Whether this node is a member of the namespace. A non-member's
     /// supervisor (sockets, operator views, claims) loads no triggers and
     /// runs no cron: those run on members only.
@@ -132,7 +132,7 @@ impl NamespaceSupervisor {
     }
 
     /// Gives the namespace its invoker from the node's functions service.
-    pub fn with_functions(mut self, service: Option<crate::functions::FunctionsService>) -> Self {
+    pub fn with_functions(mut self, service: Option<crate::actors::FunctionsService>) -> Self {
         self.functions = service.map(|s| s.invoker(&self.name));
         self
     }

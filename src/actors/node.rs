@@ -98,7 +98,7 @@ pub struct NodeSupervisor {
     pubsub: crate::pubsub::PubSubService,
     /// Handed to each namespace supervisor for its invoker; None when the
     /// node runs no functions.
-    functions: Option<crate::functions::FunctionsService>,
+    functions: Option<crate::actors::FunctionsService>,
     /// This node's id in a cluster ([`crate::placement::node_id`]); None on a
     /// single node, where every namespace is served in full.
     node_id: Option<String>,
@@ -141,7 +141,7 @@ impl NodeSupervisor {
     }
 
     /// Gives every namespace supervisor an invoker from the node's functions service.
-    pub fn with_functions(mut self, functions: crate::functions::FunctionsService) -> Self {
+    pub fn with_functions(mut self, functions: crate::actors::FunctionsService) -> Self {
         self.functions = Some(functions);
         self
     }

@@ -11,8 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
-mod invoker;
-mod model;
+pub mod model;
 mod secrets;
 
 #[cfg(test)]
@@ -20,10 +19,6 @@ mod tests;
 
 pub use self::{
     error::{FnError, FnResult, wasm_error_code},
-    invoker::{
-        CallerInfo, DeployRequest, Deployed, FunctionsService, Invoker, MAX_LOGS,
-        MAX_TRIGGER_DEPTH, Prepared, Reply, Trigger,
-    },
     model::{
         DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_SECONDS, FunctionMetadata, FunctionRecord,
         InvocationRecord, MAX_VERSIONS, MEMORY_MB_RANGE, TIMEOUT_RANGE, VersionMeta, blob_key,

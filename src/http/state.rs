@@ -58,7 +58,7 @@ pub struct NodeInner {
     /// The dashboard's latest frame, history and viewers.
     pub dashboard: crate::http::dashboard::Dashboard,
     /// The WASM engine, the invocation-record queue and the secret key.
-    pub functions: crate::functions::FunctionsService,
+    pub functions: crate::actors::FunctionsService,
     /// Host-routed deployments: records and the routing index.
     pub deployments: Arc<crate::deploy::Deployments>,
     /// This node's view of the cluster (set once the listener is bound, in

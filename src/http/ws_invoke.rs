@@ -5,9 +5,9 @@ use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
 use serde_json::{Value, json};
 
+use crate::actors::{CallerInfo, Trigger};
 use crate::actors::{NsHandle, PrepareInvoke};
 use crate::error::ApiError;
-use crate::functions::{CallerInfo, Trigger};
 use crate::identity::Identity;
 use crate::pubsub::FrameError;
 

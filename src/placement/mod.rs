@@ -8,7 +8,7 @@
 //!   means every node. Created without members in a cluster, a namespace is
 //!   placed on three live nodes chosen by rendezvous hashing.
 //! - A request for a namespace this node is not a member of is forwarded
-//!   ([`crate::http::forward`]): to the member the credential hashes to, then the others,
+//!   (the HTTP layer's forwarder, `http/forward.rs`): to the member the credential hashes to, then the others,
 //!   skipping open breakers, with the resolved identity under a hop MAC (V4,
 //!   over the query and the body's digest too), over TLS to a member that
 //!   advertises `https://` ([`peer`]). Anonymous public invokes are forwarded

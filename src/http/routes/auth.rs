@@ -240,7 +240,7 @@ async fn custom_claims(
     subject: &str,
     grants: &[String],
 ) -> ApiResult<serde_json::Value> {
-    use crate::functions::{CallerInfo, Trigger};
+    use crate::actors::{CallerInfo, Trigger};
     let record = node
         .store
         .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))

@@ -4,14 +4,13 @@
 //! namespace's supervisor, which owns the namespace's invoker.
 
 use super::NsCtx;
+use crate::actors::{CallerInfo, DeployRequest, MAX_LOGS, Reply, Trigger};
 use crate::actors::{
     DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
     ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
 };
 use crate::error::Code;
-use crate::functions::{
-    CallerInfo, DeployRequest, FunctionMetadata, MAX_LOGS, Reply, Trigger, valid_function_name,
-};
+use crate::functions::{FunctionMetadata, valid_function_name};
 use crate::http::chain::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::middleware::RequestId;

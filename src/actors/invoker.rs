@@ -20,14 +20,13 @@ use prometheus::IntCounter;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::error::{FnError, FnResult};
-use super::model::{
+use super::{ActorStats, MAX_KV_KEY, NamespaceSupervisor, Publish};
+use crate::functions::model::{
     FunctionRecord, InvocationRecord, LogEntry, MAX_VALUE_BYTES, MAX_VERSIONS, VersionMeta,
     blob_key, cron_claim_key, fn_key, fn_prefix, kv_prefix, log_key, log_prefix, parse_cron,
     secret_key, secret_prefix, topic_matches, valid_function_name, valid_secret_name, ver_key,
 };
-use super::secrets::SecretBox;
-use crate::actors::{ActorStats, MAX_KV_KEY, NamespaceSupervisor, Publish};
+use crate::functions::{FnError, FnResult, SecretBox};
 use crate::metrics::Metrics;
 use crate::storage::{BatchOp, OrderedKv, Store, StoreError, StoreResult};
 use crate::wasm::{
@@ -412,7 +411,7 @@ impl Prepared {
                     .with_label_values(&[label.as_str()])
                     .inc();
                 (
-                    super::error::wasm_error_code(e).to_string(),
+                    crate::functions::wasm_error_code(e).to_string(),
                     Some(e.to_string()),
                     Duration::ZERO,
                     Vec::new(),

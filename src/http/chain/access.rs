@@ -1,0 +1,228 @@
+//! Steps 8 to 10: authentication, authorization and the scope gate.
+
+use super::*;
+
+/// The credential a request presents: `Authorization: Bearer`, `X-API-Key`, or
+/// `?token=` on a WebSocket upgrade.
+fn presented_credential(req: &ServiceRequest) -> Option<String> {
+    raw_credential(req).filter(|c| !c.is_empty())
+}
+
+fn raw_credential(req: &ServiceRequest) -> Option<String> {
+    if let Some(v) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        let v = v.trim();
+        if v.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        if let Some(t) = v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+        {
+            return Some(t.trim().to_string());
+        }
+        return Some(v.to_string());
+    }
+    if let Some(v) = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(v.trim().to_string());
+    }
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if upgrade {
+        return web::Query::<std::collections::HashMap<String, String>>::from_query(
+            req.query_string(),
+        )
+        .ok()
+        .and_then(|q| q.get("token").cloned());
+    }
+    None
+}
+
+/// Step 8: authentication. A presented credential must be valid (else 401); no
+/// credential leaves the request anonymous for authorization to judge.
+pub async fn authentication<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Res<B> {
+    // On `/__admin` routes only, a dashboard session cookie stands for the operator
+    // key (EventSource cannot send headers); a presented header still wins.
+    if req.extensions().get::<Identity>().is_none()
+        && !req.headers().contains_key(header::AUTHORIZATION)
+        && !req.headers().contains_key("x-api-key")
+        && let Some(id) =
+            crate::http::dashboard::cookie_identity(&node(&req), req.path(), req.headers())
+    {
+        req.extensions_mut().insert(id);
+    }
+    // A deployment's Authorization header belongs to its upstream.
+    if req.extensions().get::<Identity>().is_none()
+        && policy_of(&req) != Some(Policy::Deployment)
+        && let Some(cred) = presented_credential(&req)
+    {
+        let n = node(&req);
+        match crate::http::routes::authenticate(&n, &cred).await {
+            Ok(id) => {
+                req.extensions_mut().insert(id);
+            }
+            Err(e) => return Ok(refuse(req, e)),
+        }
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}
+
+/// The namespace an operator names explicitly (`X-Namespace` or `?namespace=`).
+fn named_namespace(req: &ServiceRequest) -> Option<String> {
+    req.headers()
+        .get("x-namespace")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+                .ok()
+                .and_then(|q| q.get("namespace").cloned())
+        })
+}
+
+/// A browser opening a dashboard page (not its JSON API or assets) without a
+/// credential: it is sent to the sign-in form instead of a JSON 401.
+fn wants_sign_in_page(req: &ServiceRequest) -> bool {
+    req.method() == actix_web::http::Method::GET
+        && matches!(req.path(), "/__admin" | "/__admin/")
+        && req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("text/html"))
+}
+
+/// Step 9: authorization. The credential's namespace must be the target
+/// namespace (operators may act on any); operator and admin routes need the
+/// operator key (admin also takes its dashboard session cookie).
+pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
+    let policy = policy_of(&req);
+    // Borrowed, not cloned (an identity carries its grants and claims); the
+    // borrow ends with `check`, before the request is changed.
+    let check = {
+        let ext = req.extensions();
+        let id = ext.get::<Identity>();
+        match &policy {
+            None | Some(Policy::Public) | Some(Policy::Credential) | Some(Policy::Deployment) => {
+                Ok(None)
+            }
+            Some(Policy::Operator) => match id {
+                Some(i) if i.operator => Ok(None),
+                Some(_) => Err(ApiError::new(
+                    Code::OperatorOnly,
+                    "this route needs the operator key",
+                )),
+                None => Err(ApiError::new(
+                    Code::MissingCredential,
+                    "this route needs the operator key",
+                )),
+            },
+            // No source address is trusted: behind a TLS proxy on loopback every
+            // public request arrives from 127.0.0.1.
+            Some(Policy::Admin) => match id {
+                Some(i) if i.operator => Ok(None),
+                None if wants_sign_in_page(&req) => {
+                    drop(ext);
+                    return Ok(req.into_response(
+                        HttpResponse::SeeOther()
+                            .insert_header((header::LOCATION, "/__admin/login"))
+                            .insert_header((header::CACHE_CONTROL, "no-store"))
+                            .finish()
+                            .map_into_right_body(),
+                    ));
+                }
+                Some(_) => Err(ApiError::new(
+                    Code::OperatorOnly,
+                    "the dashboard needs the operator key",
+                )),
+                None => Err(ApiError::new(
+                    Code::MissingCredential,
+                    "the dashboard needs the operator key",
+                )),
+            },
+            Some(Policy::Internal) => match id {
+                Some(i) if i.kind == "hop" => Ok(None),
+                _ => Err(ApiError::new(
+                    Code::InternalOnly,
+                    "this route is for cluster peers",
+                )),
+            },
+            Some(
+                Policy::Ns { .. } | Policy::NsOrAnonymous { .. } | Policy::NsCredential { .. },
+            ) => {
+                let routed = ext.get::<Target>().map(|t| t.0.clone());
+                match id {
+                    None if matches!(policy, Some(Policy::NsOrAnonymous { .. })) => Ok(routed),
+                    None => Err(ApiError::new(
+                        Code::MissingCredential,
+                        "this route needs a credential",
+                    )),
+                    Some(i) if i.operator => match routed.or_else(|| named_namespace(&req)) {
+                        Some(ns) => Ok(Some(ns)),
+                        None => Err(ApiError::new(
+                            Code::NamespaceRequired,
+                            "the operator must name the namespace (X-Namespace header or ?namespace=)",
+                        )),
+                    },
+                    Some(i) => {
+                        let own = i.namespace.clone().unwrap_or_default();
+                        let target = routed
+                            .or_else(|| named_namespace(&req))
+                            .unwrap_or_else(|| own.clone());
+                        if target == own {
+                            Ok(Some(target))
+                        } else {
+                            Err(ApiError::new(
+                                Code::NamespaceMismatch,
+                                "the credential belongs to another namespace",
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+    };
+    match check {
+        Ok(Some(ns)) => {
+            req.extensions_mut().insert(Target(ns));
+        }
+        Ok(None) => {}
+        Err(e) => return Ok(refuse(req, e)),
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}
+
+/// Step 10: the route's required grant must be among the credential's grants
+/// (the resource part is checked by the handler, which knows the topic or key).
+pub async fn scope_gate<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
+    if let Some((domain, action)) = policy_of(&req).and_then(|p| p.grant()) {
+        let lacks = req.extensions().get::<Identity>().is_some_and(|i| {
+            !i.operator
+                && !domain.is_empty()
+                && !crate::auth::allows_action(&i.grants, domain, action)
+        });
+        if lacks {
+            let e = ApiError::new(
+                Code::MissingGrant,
+                format!("the credential lacks a {domain}:{action} grant"),
+            );
+            return Ok(refuse(req, e));
+        }
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}

@@ -1,0 +1,298 @@
+//! Steps 5 and 11: the client rate limit (per address, or per /64) and the
+//! namespace rate limit, and the buckets behind them.
+
+use super::*;
+
+/// The node's rate limiters; idle buckets are evicted periodically.
+pub struct Limiters {
+    general: DefaultKeyedRateLimiter<IpAddr>,
+    credential: DefaultKeyedRateLimiter<IpAddr>,
+    pub wallet: DefaultKeyedRateLimiter<String>,
+    namespace: DefaultKeyedRateLimiter<String>,
+    /// Namespaces with their own bucket (`rate_per_minute`/`rate_burst` in the
+    /// namespace record); `None` means the record has no override. Filled lazily.
+    overrides: parking_lot::RwLock<
+        std::collections::HashMap<String, Option<Arc<governor::DefaultDirectRateLimiter>>>,
+    >,
+    trusted: Vec<IpAddr>,
+    clock: DefaultClock,
+}
+
+fn quota(per_minute: u32, burst: u32) -> Quota {
+    let per = Duration::from_nanos(60_000_000_000 / per_minute.max(1) as u64);
+    Quota::with_period(per)
+        .expect("non-zero")
+        .allow_burst(NonZeroU32::new(burst.max(1)).expect("non-zero"))
+}
+
+/// How often idle buckets are dropped.
+pub const BUCKET_EVICTION_INTERVAL: Duration = Duration::from_secs(60);
+
+impl Limiters {
+    pub fn new(cfg: &Config) -> Arc<Limiters> {
+        let rl = &cfg.rate_limit;
+        let l = Arc::new(Limiters {
+            general: RateLimiter::keyed(quota(rl.general_per_minute, rl.general_burst)),
+            credential: RateLimiter::keyed(quota(rl.credential_per_minute, rl.credential_burst)),
+            wallet: RateLimiter::keyed(quota(rl.wallet_per_minute, rl.wallet_burst)),
+            namespace: RateLimiter::keyed(quota(rl.namespace_per_minute, rl.namespace_burst)),
+            overrides: Default::default(),
+            trusted: rl
+                .trusted_proxies
+                .iter()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+            clock: DefaultClock::default(),
+        });
+        let weak = Arc::downgrade(&l);
+        std::thread::Builder::new()
+            .name("bucket-evictor".into())
+            .spawn(move || {
+                loop {
+                    // Audited: the evictor is its own thread.
+                    #[allow(clippy::disallowed_methods)]
+                    std::thread::sleep(BUCKET_EVICTION_INTERVAL);
+                    let Some(l) = weak.upgrade() else { return };
+                    l.evict_idle();
+                }
+            })
+            .expect("thread");
+        l
+    }
+
+    /// Drops buckets that are full again (idle), keeping memory bounded under churn.
+    pub fn evict_idle(&self) {
+        for lim in [&self.general, &self.credential] {
+            lim.retain_recent();
+            lim.shrink_to_fit();
+        }
+        self.wallet.retain_recent();
+        self.wallet.shrink_to_fit();
+        self.namespace.retain_recent();
+        self.namespace.shrink_to_fit();
+    }
+
+    fn verdict<K: Clone + std::hash::Hash + Eq>(
+        &self,
+        lim: &DefaultKeyedRateLimiter<K>,
+        key: &K,
+    ) -> Result<(), u64> {
+        lim.check_key(key).map_err(|nu| {
+            nu.wait_time_from(self.clock.now())
+                .as_secs_f64()
+                .ceil()
+                .max(1.0) as u64
+        })
+    }
+
+    /// Forgets what is known of a namespace's bucket (after it is created or deleted).
+    pub fn forget_namespace(&self, ns: &str) {
+        self.overrides.write().remove(ns);
+    }
+
+    /// Checks the general bucket of a client (a deployment's fast path).
+    pub(crate) fn check_general(&self, ip: IpAddr) -> Result<(), u64> {
+        self.verdict(&self.general, &bucket_key(ip))
+    }
+
+    /// Checks a namespace's bucket: its own when its record sets one, else the default.
+    pub(crate) async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
+        let known = self.overrides.read().get(ns).cloned();
+        let own = match known {
+            Some(o) => o,
+            None => {
+                let rec = node
+                    .store
+                    .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
+                    .await;
+                let own = match rec {
+                    Ok(Some(r)) if r.rate_per_minute.is_some() || r.rate_burst.is_some() => {
+                        let rl = &node.config.rate_limit;
+                        let q = quota(
+                            r.rate_per_minute.unwrap_or(rl.namespace_per_minute),
+                            r.rate_burst.unwrap_or(rl.namespace_burst),
+                        );
+                        Some(Arc::new(RateLimiter::direct(q)))
+                    }
+                    _ => None,
+                };
+                self.overrides.write().insert(ns.to_string(), own.clone());
+                own
+            }
+        };
+        match own {
+            Some(lim) => lim.check().map_err(|nu| {
+                nu.wait_time_from(self.clock.now())
+                    .as_secs_f64()
+                    .ceil()
+                    .max(1.0) as u64
+            }),
+            None => self.verdict(&self.namespace, &ns.to_string()),
+        }
+    }
+
+    /// Checks the per-wallet challenge bucket; Err carries Retry-After seconds.
+    pub fn check_wallet(&self, wallet: &str) -> Result<(), u64> {
+        self.verdict(&self.wallet, &wallet.to_string())
+    }
+
+    /// The client address: the peer, or the last `X-Forwarded-For` entry when the
+    /// peer is a trusted proxy.
+    pub fn client_ip(&self, peer: Option<SocketAddr>, xff: Option<&str>) -> Option<IpAddr> {
+        let peer = peer?.ip();
+        if self.trusted.contains(&peer)
+            && let Some(last) = xff.and_then(|v| v.rsplit(',').next()).map(str::trim)
+            && let Ok(ip) = last.parse::<IpAddr>()
+        {
+            return Some(ip);
+        }
+        Some(peer)
+    }
+}
+
+/// The bucket key of a client: its IPv4 address, or its IPv6 /64.
+pub fn bucket_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+pub(super) fn limiters(req: &ServiceRequest) -> Arc<Limiters> {
+    req.app_data::<web::Data<Arc<Limiters>>>()
+        .expect("limiters")
+        .get_ref()
+        .clone()
+}
+
+/// Step 5: the client rate limit, before authentication so the auth path is capped
+/// too. Cluster peers (a valid hop) are exempt.
+pub async fn client_rate_limit<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Res<B> {
+    let l = limiters(&req);
+    let xff = req
+        .headers()
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok());
+    let ip = l.client_ip(req.peer_addr(), xff);
+    if let Some(ip) = ip {
+        req.extensions_mut().insert(ClientIp(ip));
+    }
+    let from_peer = req
+        .extensions()
+        .get::<Identity>()
+        .is_some_and(|i| i.kind == "hop")
+        || req
+            .extensions()
+            .get::<crate::http::forward::AnonymousHop>()
+            .is_some();
+    if !from_peer && let Some(ip) = ip {
+        let key = bucket_key(ip);
+        let (lim, code, bucket) = match policy_of(&req) {
+            Some(Policy::Credential | Policy::NsCredential { .. }) => {
+                (&l.credential, Code::RateLimited, "credential")
+            }
+            _ => (&l.general, Code::RateLimited, "general"),
+        };
+        if let Err(after) = l.verdict(lim, &key) {
+            node(&req)
+                .metrics
+                .rate_limited
+                .with_label_values(&[bucket])
+                .inc();
+            return Ok(refuse(req, ApiError::rate_limited(code, after)));
+        }
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}
+
+/// Step 11: the per-namespace bucket.
+pub async fn namespace_rate_limit<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Res<B> {
+    let target = req.extensions().get::<Target>().map(|t| t.0.clone());
+    if let Some(ns) = target {
+        let l = limiters(&req);
+        if let Err(after) = l.check_namespace(&node(&req), &ns).await {
+            node(&req)
+                .metrics
+                .rate_limited
+                .with_label_values(&["namespace"])
+                .inc();
+            return Ok(refuse(
+                req,
+                ApiError::rate_limited(Code::NamespaceRateLimited, after),
+            ));
+        }
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two IPv6 addresses of one /64 share a bucket key; another /64 does not.
+    #[test]
+    fn ipv6_slash_64_buckets() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(bucket_key(a), bucket_key(b));
+        assert_ne!(bucket_key(a), bucket_key(c));
+        let v4: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(bucket_key(v4), v4);
+    }
+
+    /// X-Forwarded-For is believed only from a trusted proxy, and only its last entry.
+    #[test]
+    fn forwarded_for_only_from_trusted_proxies() {
+        let mut cfg = Config::default();
+        cfg.rate_limit.trusted_proxies = vec!["127.0.0.2".into()];
+        let l = Limiters::new(&cfg);
+        let untrusted: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let trusted: SocketAddr = "127.0.0.2:5000".parse().unwrap();
+        assert_eq!(
+            l.client_ip(Some(untrusted), Some("9.9.9.9")),
+            Some("127.0.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            l.client_ip(Some(trusted), Some("1.1.1.1, 9.9.9.9")),
+            Some("9.9.9.9".parse().unwrap())
+        );
+        assert_eq!(
+            l.client_ip(Some(trusted), Some("garbage")),
+            Some("127.0.0.2".parse().unwrap())
+        );
+    }
+
+    /// The general bucket refuses past its burst and says when to retry.
+    #[test]
+    fn bucket_refuses_past_burst() {
+        let mut cfg = Config::default();
+        cfg.rate_limit.general_burst = 3;
+        cfg.rate_limit.general_per_minute = 60;
+        let l = Limiters::new(&cfg);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        for _ in 0..3 {
+            assert!(l.verdict(&l.general, &ip).is_ok());
+        }
+        let after = l.verdict(&l.general, &ip).unwrap_err();
+        assert!((1..=2).contains(&after), "{after}");
+        // Another client is unaffected.
+        assert!(l.verdict(&l.general, &"10.0.0.2".parse().unwrap()).is_ok());
+    }
+}

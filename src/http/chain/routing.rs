@@ -1,0 +1,142 @@
+//! Steps 6 and 7: CORS, the request's host, and domain routing.
+
+use super::*;
+
+/// Step 6: CORS. Allowed origins come from `[cors] allowed_origins`; a preflight
+/// is answered 204 here.
+pub async fn cors<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    // A deployment answers its own CORS.
+    let origin = origin.filter(|_| policy_of(&req) != Some(Policy::Deployment));
+    let Some(origin) = origin else {
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body);
+    };
+    let allowed = {
+        let n = node(&req);
+        let o = origin.to_str().unwrap_or("");
+        n.config
+            .cors
+            .allowed_origins
+            .iter()
+            .any(|a| a == "*" || a == o)
+    };
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if preflight {
+        if !allowed {
+            return Ok(refuse(
+                req,
+                ApiError::new(Code::CorsOriginDenied, "this origin is not allowed"),
+            ));
+        }
+        let resp = HttpResponse::NoContent()
+            .insert_header((header::ACCESS_CONTROL_ALLOW_ORIGIN, origin))
+            .insert_header((
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                "GET, POST, PUT, DELETE, PATCH, OPTIONS",
+            ))
+            .insert_header((
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                "authorization, content-type, x-api-key, x-request-id, x-namespace",
+            ))
+            .insert_header((header::ACCESS_CONTROL_MAX_AGE, "600"))
+            .insert_header((header::VARY, "Origin"))
+            .finish();
+        return Ok(req.into_response(resp).map_into_right_body());
+    }
+    let mut res = next.call(req).await?;
+    if allowed {
+        let h = res.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("x-request-id, retry-after"),
+        );
+    }
+    Ok(res.map_into_left_body())
+}
+
+/// The request's host: `:authority`/`Host`, lower-cased, port stripped.
+pub fn request_host(req: &ServiceRequest) -> Option<String> {
+    let raw = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })?;
+    let raw = raw.rsplit('@').next().unwrap_or(&raw).to_ascii_lowercase();
+    let host = if raw.starts_with('[') {
+        raw.split(']')
+            .next()
+            .map(|h| format!("{h}]"))
+            .unwrap_or(raw.clone())
+    } else {
+        raw.split(':').next().unwrap_or("").to_string()
+    };
+    Some(host)
+}
+
+/// The request's host as `request_host` found it (set by the route-policy step).
+#[derive(Debug, Clone)]
+pub struct RequestHost(pub String);
+
+/// The TLS server name a connection presented (set when the node terminates TLS).
+#[derive(Debug, Clone)]
+pub struct Sni(pub Option<String>);
+
+/// Step 7: maps the host to a deployment, a namespace (`ns-<name>.<base_domain>`)
+/// or the gateway. On a TLS connection a host that disagrees with the SNI is 421.
+pub async fn domain_routing<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Res<B> {
+    let host = req
+        .extensions()
+        .get::<RequestHost>()
+        .map(|h| h.0.clone())
+        .or_else(|| request_host(&req));
+    if let Some(host) = host {
+        if let Some(Sni(Some(sni))) = req.conn_data::<Sni>()
+            && !sni.eq_ignore_ascii_case(&host)
+        {
+            let e = ApiError::new(
+                Code::MisdirectedRequest,
+                format!("host {host} does not match the TLS server name {sni}"),
+            );
+            return Ok(refuse(req, e));
+        }
+        let n = node(&req);
+        let routed = req
+            .extensions()
+            .get::<crate::http::deploy_serve::RoutedHost>()
+            .map(|r| r.namespace.clone());
+        if let Some(ns) = routed {
+            req.extensions_mut().insert(Target(ns));
+            return next
+                .call(req)
+                .await
+                .map(ServiceResponse::map_into_left_body);
+        }
+        let suffix = format!(".{}", n.config.server.base_domain);
+        if let Some(label) = host
+            .strip_suffix(&suffix)
+            .and_then(|h| h.strip_prefix("ns-"))
+            && crate::http::routes::valid_namespace_name(label)
+        {
+            req.extensions_mut().insert(Target(label.to_string()));
+        }
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}

@@ -1,0 +1,549 @@
+//! The node's [`FunctionsService`] and each namespace's [`Invoker`].
+//!
+//! The invoker belongs to its namespace's supervisor: every path that runs a
+//! function (HTTP, the public route, `/v1/ws`, pub/sub and cron triggers,
+//! nested `invoke`) goes through the invoker of the function's own namespace,
+//! whose [`HostApi`] reaches only that namespace's KV, topics and functions.
+//! Guests run on the engine's worker pool, never on the actor's thread.
+
+use crate::error::Code;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake};
+use std::time::Duration;
+
+use actix::Addr;
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use prometheus::IntCounter;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::{ActorStats, MAX_KV_KEY, NamespaceSupervisor, Publish};
+use crate::functions::model::{
+    FunctionRecord, InvocationRecord, LogEntry, MAX_VALUE_BYTES, MAX_VERSIONS, VersionMeta,
+    blob_key, cron_claim_key, fn_key, fn_prefix, kv_prefix, log_key, log_prefix, parse_cron,
+    secret_key, secret_prefix, topic_matches, valid_function_name, valid_secret_name, ver_key,
+};
+use crate::functions::{FnError, FnResult, SecretBox};
+use crate::metrics::Metrics;
+use crate::storage::{BatchOp, OrderedKv, Store, StoreError, StoreResult};
+use crate::wasm::{
+    CompiledModule, HostApi, HostError, Invocation, MAX_INPUT_BYTES, ResolvedFunction, WasmEngine,
+};
+
+mod host;
+mod run;
+mod service;
+mod triggers;
+
+use host::NsHost;
+pub use service::FunctionsService;
+
+/// Invocation records waiting for the writer; past this they are dropped (and counted).
+pub const RECORD_QUEUE: usize = 1024;
+/// Records written per store batch at most (etcd takes 128 operations per
+/// transaction by default).
+const RECORD_BATCH: usize = 64;
+/// How often the pool gauges and cache counters are refreshed.
+const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+/// Trigger chains (pub/sub publishes from triggered functions) stop at this depth.
+pub const MAX_TRIGGER_DEPTH: u8 = 5;
+/// Compiled modules kept per namespace before the cache is cleared.
+const MAX_CACHED_MODULES: usize = 64;
+/// Largest value a guest may write into the KV.
+const MAX_KV_VALUE: usize = 1 << 20;
+/// How long a claimed cron slot is remembered.
+const CRON_CLAIM_TTL: Duration = Duration::from_secs(3600);
+/// Records `GET /v1/functions/{name}/logs` returns at most.
+pub const MAX_LOGS: usize = 100;
+
+/// Unix milliseconds now.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// Polls a future to completion on the current (non-runtime) thread, parking
+/// between polls. Only for sled, which does its work synchronously and needs
+/// no runtime (see [`FunctionsService::store_wait`]).
+fn poll_here<F: Future>(f: F) -> F::Output {
+    struct ThreadWaker(std::thread::Thread);
+    impl Wake for ThreadWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(ThreadWaker(std::thread::current())).into();
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        match f.as_mut().poll(&mut cx) {
+            Poll::Ready(v) => return v,
+            Poll::Pending => std::thread::park(),
+        }
+    }
+}
+
+/// What started an invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trigger {
+    /// `POST /v1/functions/{name}/invoke`.
+    Http,
+    /// `POST /v1/invoke/{namespace}/{name}`.
+    Public,
+    /// The `invoke` frame of `/v1/ws`.
+    Ws,
+    /// A pub/sub trigger.
+    Pubsub,
+    /// A cron trigger.
+    Cron,
+    /// The namespace's claims provider, when one of its tokens is issued.
+    Claims,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Http => "http",
+            Trigger::Public => "public",
+            Trigger::Ws => "ws",
+            Trigger::Pubsub => "pubsub",
+            Trigger::Cron => "cron",
+            Trigger::Claims => "claims",
+        }
+    }
+}
+
+/// Who is calling, as the guest's `caller` import shows it.
+#[derive(Debug, Clone, Default)]
+pub struct CallerInfo {
+    /// The credential's subject; None for anonymous callers and triggers.
+    pub subject: Option<String>,
+    /// The request id (generated for triggers).
+    pub request_id: String,
+}
+
+/// A validated deploy.
+#[derive(Debug, Clone)]
+pub struct DeployRequest {
+    pub name: String,
+    pub wasm: Vec<u8>,
+    pub memory_limit_mb: u32,
+    pub timeout_seconds: u32,
+    pub is_public: bool,
+    pub env_vars: std::collections::BTreeMap<String, String>,
+    pub pubsub_topics: Vec<String>,
+    pub cron: Vec<String>,
+}
+
+/// What a deploy answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Deployed {
+    pub name: String,
+    pub version: u64,
+    pub sha256: String,
+    pub size_bytes: usize,
+    pub is_public: bool,
+    pub created_at: u64,
+}
+
+/// A successful invocation.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub output: Vec<u8>,
+    pub duration: Duration,
+    pub version: u64,
+    pub request_id: String,
+}
+
+/// The triggers of one function's current version.
+struct TriggerEntry {
+    name: String,
+    topics: Vec<String>,
+    crons: Vec<(String, cron::Schedule)>,
+}
+
+struct NsState {
+    modules: Mutex<HashMap<(String, u64), Arc<CompiledModule>>>,
+    /// Functions resolved once (record, version, module, environment), by
+    /// name and requested version; see [`Invoker::cached`].
+    resolved: Mutex<ResolvedCache>,
+    triggers: RwLock<Vec<TriggerEntry>>,
+    deploy_lock: tokio::sync::Mutex<()>,
+    publisher: Mutex<Option<(Addr<NamespaceSupervisor>, Arc<ActorStats>)>>,
+    last_cron: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+}
+
+/// One namespace's invoker: runs only that namespace's functions.
+#[derive(Clone)]
+pub struct Invoker {
+    ns: Arc<str>,
+    svc: FunctionsService,
+    st: Arc<NsState>,
+}
+
+/// Resolved functions kept between calls. `generation` moves on every change
+/// this invoker makes (deploy, delete, secrets, import): a resolution that
+/// began under an older generation is not kept.
+#[derive(Default)]
+struct ResolvedCache {
+    generation: u64,
+    map: HashMap<(String, Option<u64>), Arc<Resolved>>,
+}
+
+/// Resolutions kept per namespace before the cache is cleared.
+const MAX_CACHED_RESOLVED: usize = 256;
+
+/// A resolved function: record, version, module, environment.
+struct Resolved {
+    /// The function record's stored bytes, compared on every use of a cached
+    /// resolution (any change to the record, a delete included, misses).
+    record_bytes: Vec<u8>,
+    record: FunctionRecord,
+    meta: VersionMeta,
+    module: Arc<CompiledModule>,
+    env: Vec<(String, String)>,
+}
+
+/// An invocation ready to run (the module resolved, the call built).
+pub struct Prepared {
+    inv: Invoker,
+    module: Arc<CompiledModule>,
+    call: Invocation,
+    host: Arc<dyn HostApi>,
+    request_id: String,
+    trigger: Trigger,
+    /// The version that will run.
+    pub version: u64,
+    /// Whether the function is public.
+    pub is_public: bool,
+}
+
+impl Invoker {
+    fn store(&self) -> &Store {
+        &self.svc.0.store
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.ns
+    }
+
+    /// Gives the invoker its supervisor, the one way its guests publish.
+    pub fn attach(&self, addr: Addr<NamespaceSupervisor>, stats: Arc<ActorStats>) {
+        *self.st.publisher.lock() = Some((addr, stats));
+    }
+
+    fn record(&self, rec: InvocationRecord) {
+        let key = log_key(&self.ns, &rec.function, rec.timestamp_ms, &rec.request_id);
+        let value = serde_json::to_vec(&rec).expect("serializable");
+        if self.svc.0.records.try_send((key, value)).is_err() {
+            self.svc.0.metrics.invocation_records_dropped.inc();
+        }
+    }
+
+    /// Deploys a compiled module as the function's next version: the blob
+    /// first, then version and record in one atomic batch, so a crash leaves
+    /// the function at its old version or its new one.
+    pub async fn deploy(
+        &self,
+        req: DeployRequest,
+        module: Arc<CompiledModule>,
+    ) -> FnResult<Deployed> {
+        let _g = self.st.deploy_lock.lock().await;
+        let store = self.store();
+        let sha = module.sha256_hex();
+        let blob = blob_key(&sha);
+        if store.get(&blob).await?.is_none() {
+            store.put(&blob, &req.wasm).await?;
+        }
+        let key = fn_key(&self.ns, &req.name);
+        let old: Option<FunctionRecord> = store.get_json(&key).await?;
+        let now = crate::util::now();
+        let (version, mut versions, created_at) = match &old {
+            Some(r) => (
+                r.versions
+                    .iter()
+                    .copied()
+                    .max()
+                    .unwrap_or(0)
+                    .max(r.current_version)
+                    + 1,
+                r.versions.clone(),
+                r.created_at,
+            ),
+            None => (1, Vec::new(), now),
+        };
+        versions.push(version);
+        let mut ops = Vec::new();
+        let mut evicted = Vec::new();
+        while versions.len() > MAX_VERSIONS {
+            let v = versions.remove(0);
+            evicted.push(v);
+            ops.push(BatchOp::Delete(ver_key(&self.ns, &req.name, v)));
+        }
+        let meta = VersionMeta {
+            version,
+            sha256: sha.clone(),
+            size_bytes: req.wasm.len(),
+            memory_limit_mb: req.memory_limit_mb,
+            timeout_seconds: req.timeout_seconds,
+            env_vars: req.env_vars,
+            pubsub_topics: req.pubsub_topics,
+            cron: req.cron,
+            created_at: now,
+        };
+        let record = FunctionRecord {
+            name: req.name.clone(),
+            current_version: version,
+            is_public: req.is_public,
+            versions,
+            created_at,
+            updated_at: now,
+        };
+        ops.push(BatchOp::Put(
+            ver_key(&self.ns, &req.name, version),
+            serde_json::to_vec(&meta).expect("serializable"),
+        ));
+        ops.push(BatchOp::Put(
+            key,
+            serde_json::to_vec(&record).expect("serializable"),
+        ));
+        store.apply_batch(ops).await?;
+        self.forget_resolutions();
+        {
+            let mut modules = self.st.modules.lock();
+            for v in evicted {
+                modules.remove(&(req.name.clone(), v));
+            }
+            if modules.len() >= MAX_CACHED_MODULES {
+                modules.clear();
+            }
+            modules.insert((req.name.clone(), version), module);
+        }
+        self.set_triggers(&req.name, Some(&meta));
+        tracing::info!(namespace = %self.ns, function = %req.name, version, "Function deployed.");
+        Ok(Deployed {
+            name: req.name,
+            version,
+            sha256: sha,
+            size_bytes: meta.size_bytes,
+            is_public: req.is_public,
+            created_at: now,
+        })
+    }
+
+    /// Every function of the namespace, by name.
+    pub async fn list(&self) -> FnResult<Vec<FunctionRecord>> {
+        let rows = self.store().scan_all(&fn_prefix(&self.ns)).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
+            .collect())
+    }
+
+    async fn record_of(&self, name: &str) -> FnResult<FunctionRecord> {
+        if !valid_function_name(name) {
+            return Err(FnError::NotFound(format!("no function {name:?}")));
+        }
+        self.store()
+            .get_json(&fn_key(&self.ns, name))
+            .await?
+            .ok_or_else(|| FnError::NotFound(format!("no function {name:?}")))
+    }
+
+    /// A function, its current version's settings, and the engine's cache counters.
+    pub async fn show(&self, name: &str) -> FnResult<serde_json::Value> {
+        let record = self.record_of(name).await?;
+        let meta: Option<VersionMeta> = self
+            .store()
+            .get_json(&ver_key(&self.ns, name, record.current_version))
+            .await?;
+        Ok(serde_json::json!({
+            "function": record,
+            "current": meta,
+            "engine": {
+                "cache_hits": self.svc.0.engine.cache_hits(),
+                "cache_misses": self.svc.0.engine.cache_misses(),
+            },
+        }))
+    }
+
+    /// The kept versions, oldest first.
+    pub async fn versions(&self, name: &str) -> FnResult<Vec<VersionMeta>> {
+        let record = self.record_of(name).await?;
+        let mut out = Vec::new();
+        for v in record.versions {
+            if let Some(m) = self.store().get_json(&ver_key(&self.ns, name, v)).await? {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes a function with its versions and records (blobs are shared, kept).
+    pub async fn delete(&self, name: &str) -> FnResult<()> {
+        let _g = self.st.deploy_lock.lock().await;
+        self.record_of(name).await?;
+        let store = self.store();
+        let mut ops = vec![BatchOp::Delete(fn_key(&self.ns, name))];
+        let ver_prefix = format!("fnver/{}/{name}/", self.ns).into_bytes();
+        for (k, _) in store.scan_all(&ver_prefix).await? {
+            ops.push(BatchOp::Delete(k));
+        }
+        for (k, _) in store.scan_all(&log_prefix(&self.ns, name)).await? {
+            ops.push(BatchOp::Delete(k));
+        }
+        store.apply_batch(ops).await?;
+        self.forget_resolutions();
+        self.st.modules.lock().retain(|(n, _), _| n != name);
+        self.set_triggers(name, None);
+        tracing::info!(namespace = %self.ns, function = %name, "Function deleted.");
+        Ok(())
+    }
+
+    /// The newest invocation records of a function, newest first.
+    pub async fn logs(&self, name: &str, limit: usize) -> FnResult<Vec<InvocationRecord>> {
+        self.record_of(name).await?;
+        let rows = self.store().scan_all(&log_prefix(&self.ns, name)).await?;
+        Ok(rows
+            .into_iter()
+            .rev()
+            .take(limit.clamp(1, MAX_LOGS))
+            .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
+            .collect())
+    }
+
+    /// Seals and stores a secret.
+    pub async fn put_secret(&self, key: &str, value: &str) -> FnResult<()> {
+        if !valid_secret_name(key) {
+            return Err(FnError::bad(
+                Code::InvalidSecret,
+                "a secret name is 1 to 128 of [A-Za-z0-9_], not starting with a digit",
+            ));
+        }
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(FnError::bad(
+                Code::InvalidSecret,
+                format!("a secret value is at most {MAX_VALUE_BYTES} bytes"),
+            ));
+        }
+        let k = secret_key(&self.ns, key);
+        let sealed = self.svc.0.secrets.seal(&k, value.as_bytes());
+        self.store().put(&k, &sealed).await?;
+        self.forget_resolutions();
+        Ok(())
+    }
+
+    /// Secret names (never values).
+    pub async fn list_secrets(&self) -> FnResult<Vec<String>> {
+        let p = secret_prefix(&self.ns);
+        Ok(self
+            .store()
+            .scan_all(&p)
+            .await?
+            .into_iter()
+            .map(|(k, _)| String::from_utf8_lossy(&k[p.len()..]).into_owned())
+            .collect())
+    }
+
+    /// Deletes a secret.
+    pub async fn delete_secret(&self, key: &str) -> FnResult<()> {
+        if !valid_secret_name(key) || !self.store().delete(&secret_key(&self.ns, key)).await? {
+            return Err(FnError::NotFound(format!("no secret {key:?}")));
+        }
+        self.forget_resolutions();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOOP: &[u8] = br#"(module (func (export "_start")))"#;
+
+    fn request(name: &str) -> DeployRequest {
+        DeployRequest {
+            name: name.into(),
+            wasm: NOOP.to_vec(),
+            memory_limit_mb: 16,
+            timeout_seconds: 5,
+            is_public: false,
+            env_vars: [("MODE".to_string(), "plain".to_string())].into(),
+            pubsub_topics: Vec::new(),
+            cron: Vec::new(),
+        }
+    }
+
+    async fn prepared(inv: &Invoker, name: &str) -> FnResult<Prepared> {
+        let caller = CallerInfo {
+            subject: None,
+            request_id: "r".into(),
+        };
+        inv.prepare(name.into(), None, Vec::new(), caller, Trigger::Http, 0)
+            .await
+    }
+
+    fn env_of(p: &Prepared, k: &str) -> Option<String> {
+        p.call
+            .env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// A kept resolution is used while nothing changed, and every change a
+    /// call must see (a secret set or deleted, a new version, a delete, a
+    /// record written by another path such as an import) is seen by the next call.
+    #[actix_rt::test]
+    async fn kept_resolutions_follow_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let engine =
+            WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
+        let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
+        let inv = svc.invoker("ns");
+        let module = svc.compile(NOOP.to_vec()).await.unwrap();
+        inv.deploy(request("f"), module.clone()).await.unwrap();
+
+        inv.put_secret("TOKEN", "a").await.unwrap();
+        let p = prepared(&inv, "f").await.unwrap();
+        assert_eq!((p.version, env_of(&p, "TOKEN").as_deref()), (1, Some("a")));
+        assert_eq!(env_of(&p, "MODE").as_deref(), Some("plain"));
+        assert_eq!(inv.st.resolved.lock().map.len(), 1, "kept");
+        assert!(inv.cached("f", None).await.unwrap().is_some(), "used");
+
+        inv.put_secret("TOKEN", "b").await.unwrap();
+        let p = prepared(&inv, "f").await.unwrap();
+        assert_eq!(env_of(&p, "TOKEN").as_deref(), Some("b"));
+
+        inv.deploy(request("f"), module.clone()).await.unwrap();
+        assert_eq!(prepared(&inv, "f").await.unwrap().version, 2);
+
+        inv.delete_secret("TOKEN").await.unwrap();
+        assert_eq!(env_of(&prepared(&inv, "f").await.unwrap(), "TOKEN"), None);
+
+        // The record rewritten behind the invoker's back: the next call
+        // resolves afresh (version 1 again).
+        let key = fn_key("ns", "f");
+        let mut rec: FunctionRecord = store.get_json(&key).await.unwrap().unwrap();
+        rec.current_version = 1;
+        store
+            .put(&key, &serde_json::to_vec(&rec).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(prepared(&inv, "f").await.unwrap().version, 1);
+
+        inv.delete("f").await.unwrap();
+        assert!(matches!(
+            prepared(&inv, "f").await,
+            Err(FnError::NotFound(_))
+        ));
+    }
+}

@@ -1,0 +1,275 @@
+//! Resolving a call (record, version, module, secrets; kept until a change)
+//! and running it on the pool.
+
+use super::*;
+
+impl Invoker {
+    /// Whether resolutions are kept: on the node's own sled store, where every
+    /// write to a function, its versions or the namespace's secrets goes
+    /// through this invoker (which forgets what it kept) or changes the
+    /// function record (checked on every use). On etcd another node may
+    /// change secrets unseen, so every call resolves afresh there.
+    pub(super) fn keeps_resolutions(&self) -> bool {
+        self.store().as_sled().is_some()
+    }
+
+    /// A kept resolution of `name`, if the stored function record is still
+    /// byte for byte the one it was resolved from (one local sled read, no
+    /// blocking thread).
+    pub(super) async fn cached(
+        &self,
+        name: &str,
+        version: Option<u64>,
+    ) -> FnResult<Option<Arc<Resolved>>> {
+        if !self.keeps_resolutions() {
+            return Ok(None);
+        }
+        let hit = self
+            .st
+            .resolved
+            .lock()
+            .map
+            .get(&(name.to_string(), version))
+            .cloned();
+        let Some(r) = hit else { return Ok(None) };
+        let now = self.store().get(&fn_key(&self.ns, name)).await?;
+        if now.as_deref() == Some(&r.record_bytes[..]) {
+            return Ok(Some(r));
+        }
+        self.forget_resolutions();
+        Ok(None)
+    }
+
+    /// Keeps a resolution made under `generation`, unless something changed since.
+    pub(super) fn keep(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        generation: u64,
+        r: &Arc<Resolved>,
+    ) {
+        if !self.keeps_resolutions() {
+            return;
+        }
+        let mut c = self.st.resolved.lock();
+        if c.generation != generation {
+            return;
+        }
+        if c.map.len() >= MAX_CACHED_RESOLVED {
+            c.map.clear();
+        }
+        c.map.insert((name.to_string(), version), r.clone());
+    }
+
+    /// Forgets every kept resolution (a deploy, a delete, a secret, an import).
+    pub(super) fn forget_resolutions(&self) {
+        let mut c = self.st.resolved.lock();
+        c.generation += 1;
+        c.map.clear();
+    }
+
+    /// Resolves a function of THIS namespace synchronously (on a blocking or
+    /// worker thread): record, version, module (cached or compiled), env.
+    pub(super) fn resolve_sync(&self, name: &str, version: Option<u64>) -> FnResult<Resolved> {
+        if !valid_function_name(name) {
+            return Err(FnError::NotFound(format!("no function {name:?}")));
+        }
+        let key = fn_key(&self.ns, name);
+        let record_bytes = self
+            .svc
+            .store_wait(move |s| async move { s.get(&key).await })?
+            .ok_or_else(|| FnError::NotFound(format!("no function {name:?}")))?;
+        let record: FunctionRecord = serde_json::from_slice(&record_bytes).map_err(|e| {
+            FnError::Internal(format!("function record {name:?} does not parse: {e}"))
+        })?;
+        let version = version.unwrap_or(record.current_version);
+        if !record.versions.contains(&version) {
+            return Err(FnError::NotFound(format!(
+                "function {name:?} has no version {version}"
+            )));
+        }
+        let key = ver_key(&self.ns, name, version);
+        let meta: VersionMeta = self
+            .svc
+            .store_wait(move |s| async move { s.get_json(&key).await })?
+            .ok_or_else(|| {
+                FnError::NotFound(format!("function {name:?} has no version {version}"))
+            })?;
+        let cached = self
+            .st
+            .modules
+            .lock()
+            .get(&(name.to_string(), version))
+            .cloned();
+        let module = match cached {
+            Some(m) => m,
+            None => {
+                let key = blob_key(&meta.sha256);
+                let bytes = self
+                    .svc
+                    .store_wait(move |s| async move { s.get(&key).await })?
+                    .ok_or_else(|| {
+                        FnError::Internal(format!("module blob {} is missing", meta.sha256))
+                    })?;
+                let m = self.svc.sync_compile(&bytes)?;
+                let mut modules = self.st.modules.lock();
+                if modules.len() >= MAX_CACHED_MODULES {
+                    modules.clear();
+                }
+                modules.insert((name.to_string(), version), m.clone());
+                m
+            }
+        };
+        let mut env: Vec<(String, String)> = meta
+            .env_vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let p = secret_prefix(&self.ns);
+        let prefix = p.clone();
+        let sealed_secrets = self
+            .svc
+            .store_wait(move |s| async move { s.scan_all(&prefix).await })?;
+        for (k, sealed) in sealed_secrets {
+            let name = String::from_utf8_lossy(&k[p.len()..]).into_owned();
+            match self.svc.0.secrets.open(&k, &sealed) {
+                Some(v) => {
+                    env.retain(|(n, _)| *n != name);
+                    env.push((name, String::from_utf8_lossy(&v).into_owned()));
+                }
+                None => {
+                    tracing::warn!(namespace = %self.ns, secret = %name, "Secret does not open; skipped.")
+                }
+            }
+        }
+        Ok(Resolved {
+            record_bytes,
+            record,
+            meta,
+            module,
+            env,
+        })
+    }
+
+    /// Resolves the function and builds the call; the guest does not run yet.
+    pub async fn prepare(
+        &self,
+        name: String,
+        version: Option<u64>,
+        input: Vec<u8>,
+        caller: CallerInfo,
+        trigger: Trigger,
+        depth: u8,
+    ) -> FnResult<Prepared> {
+        if input.len() > MAX_INPUT_BYTES {
+            return Err(crate::wasm::WasmError::InputTooLarge.into());
+        }
+        let r = match self.cached(&name, version).await? {
+            Some(r) => r,
+            None => {
+                let generation = self.st.resolved.lock().generation;
+                let inv = self.clone();
+                let n = name.clone();
+                let r = tokio::task::spawn_blocking(move || inv.resolve_sync(&n, version))
+                    .await
+                    .map_err(|e| FnError::Internal(format!("resolve task failed: {e}")))??;
+                let r = Arc::new(r);
+                self.keep(&name, version, generation, &r);
+                r
+            }
+        };
+        let caller_json = serde_json::to_vec(&serde_json::json!({
+            "subject": caller.subject,
+            "namespace": &*self.ns,
+            "request_id": caller.request_id,
+            "trigger": trigger.as_str(),
+        }))
+        .expect("serializable");
+        let call = Invocation {
+            namespace: self.ns.to_string(),
+            function: name,
+            version: r.meta.version,
+            input,
+            env: r.env.clone(),
+            memory_limit_mb: r.meta.memory_limit_mb,
+            timeout: Duration::from_secs(r.meta.timeout_seconds.into()),
+            caller_json,
+            depth: 0,
+        };
+        Ok(Prepared {
+            host: Arc::new(NsHost {
+                inv: self.clone(),
+                depth,
+            }),
+            inv: self.clone(),
+            module: r.module.clone(),
+            call,
+            request_id: caller.request_id,
+            trigger,
+            version: r.meta.version,
+            is_public: r.record.is_public,
+        })
+    }
+}
+
+impl Prepared {
+    /// Runs the guest on the worker pool, counts it and queues its record.
+    pub async fn run(self) -> FnResult<Reply> {
+        let Prepared {
+            inv,
+            module,
+            call,
+            host,
+            request_id,
+            trigger,
+            version,
+            ..
+        } = self;
+        let name = call.function.clone();
+        let engine = inv.svc.0.engine.clone();
+        // The pool gauges are refreshed by the sampler (every second), not
+        // per call: a snapshot takes the pool's lock and copies its queues.
+        let result = engine.invoke(module, call, host).await;
+        let m = &inv.svc.0.metrics;
+        let label = m.ns_label(&inv.ns);
+        m.invocations.with_label_values(&[label.as_str()]).inc();
+        let (status, error, duration, logs) = match &result {
+            Ok(out) => ("ok".to_string(), None, out.duration, out.logs.clone()),
+            Err(e) => {
+                m.invocation_errors
+                    .with_label_values(&[label.as_str()])
+                    .inc();
+                (
+                    crate::functions::wasm_error_code(e).to_string(),
+                    Some(e.to_string()),
+                    Duration::ZERO,
+                    Vec::new(),
+                )
+            }
+        };
+        inv.record(InvocationRecord {
+            request_id: request_id.clone(),
+            function: name,
+            version,
+            trigger: trigger.as_str().into(),
+            status,
+            error,
+            duration_ms: duration.as_millis() as u64,
+            timestamp_ms: now_ms(),
+            logs: logs
+                .into_iter()
+                .map(|l| LogEntry {
+                    level: l.level,
+                    message: l.message,
+                })
+                .collect(),
+        });
+        let out = result?;
+        Ok(Reply {
+            output: out.stdout,
+            duration: out.duration,
+            version,
+            request_id,
+        })
+    }
+}

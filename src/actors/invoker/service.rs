@@ -1,0 +1,171 @@
+//! The node's functions service: the engine, the module cache, the
+//! invocation-record writer, and one invoker per namespace.
+
+use super::*;
+
+pub(super) struct ServiceInner {
+    pub(super) engine: WasmEngine,
+    pub(super) store: Store,
+    pub(super) metrics: Metrics,
+    pub(super) records: mpsc::Sender<(Vec<u8>, Vec<u8>)>,
+    /// The runtime the store was opened on (the node's), where the
+    /// synchronous paths run their store operations (`store_wait`).
+    pub(super) store_runtime: tokio::runtime::Handle,
+    pub(super) secrets: SecretBox,
+    pub(super) cache_hits: IntCounter,
+    pub(super) cache_misses: IntCounter,
+}
+
+/// The node's functions service: the engine, the record queue, the secret key.
+#[derive(Clone)]
+pub struct FunctionsService(pub(super) Arc<ServiceInner>);
+
+impl FunctionsService {
+    /// Starts the record writer and the sampler. Must run inside the node's
+    /// runtime, the one the store was opened on.
+    pub fn start(engine: WasmEngine, store: Store, metrics: Metrics, server_secret: &[u8]) -> Self {
+        let (tx, rx) = mpsc::channel(RECORD_QUEUE);
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            // A second service on the same registry (tests) keeps the first's counter.
+            let _ = metrics.registry.register(Box::new(c.clone()));
+            c
+        };
+        let cache_hits = counter(
+            "meshgate_wasm_cache_hits_total",
+            "Modules loaded from the compiled-artifact cache",
+        );
+        let cache_misses = counter(
+            "meshgate_wasm_cache_misses_total",
+            "Modules compiled because the artifact cache did not have them",
+        );
+        let svc = FunctionsService(Arc::new(ServiceInner {
+            engine,
+            store: store.clone(),
+            metrics,
+            records: tx,
+            store_runtime: tokio::runtime::Handle::current(),
+            secrets: SecretBox::new(server_secret),
+            cache_hits,
+            cache_misses,
+        }));
+        actix_web::rt::spawn(write_records(store, rx));
+        let sampler = svc.clone();
+        actix_web::rt::spawn(async move {
+            let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
+            loop {
+                tick.tick().await;
+                sampler.sample();
+            }
+        });
+        svc
+    }
+
+    /// The node's engine.
+    pub fn engine(&self) -> &WasmEngine {
+        &self.0.engine
+    }
+
+    /// Validates and compiles a module off the event loop.
+    pub async fn compile(&self, wasm: Vec<u8>) -> FnResult<Arc<CompiledModule>> {
+        let svc = self.clone();
+        let module = tokio::task::spawn_blocking(move || svc.0.engine.compile(&wasm))
+            .await
+            .map_err(|e| FnError::Internal(format!("compile task failed: {e}")))??;
+        self.sample();
+        Ok(module)
+    }
+
+    /// Refreshes the pool gauges and the cache counters.
+    pub fn sample(&self) {
+        let s = self.0.engine.stats();
+        let m = &self.0.metrics;
+        m.wasm_pool_workers.set(s.workers as i64);
+        m.wasm_pool_busy.set(s.busy as i64);
+        m.wasm_pool_queued.set(s.queued as i64);
+        let hits = self.0.engine.cache_hits();
+        let misses = self.0.engine.cache_misses();
+        self.0
+            .cache_hits
+            .inc_by(hits.saturating_sub(self.0.cache_hits.get()));
+        self.0
+            .cache_misses
+            .inc_by(misses.saturating_sub(self.0.cache_misses.get()));
+    }
+
+    /// The invoker of one namespace.
+    pub fn invoker(&self, ns: &str) -> Invoker {
+        Invoker {
+            ns: ns.into(),
+            svc: self.clone(),
+            st: Arc::new(NsState {
+                modules: Default::default(),
+                resolved: Default::default(),
+                triggers: Default::default(),
+                deploy_lock: Default::default(),
+                publisher: Default::default(),
+                last_cron: Default::default(),
+            }),
+        }
+    }
+
+    /// Runs a store operation from a thread that is no runtime's and may block:
+    /// a WASM worker (the guest's host calls) or a blocking task (`resolve_sync`).
+    /// sled works synchronously, so its future is polled right here. etcd's
+    /// client needs a runtime (its request deadlines are tokio timers) and its
+    /// connection lives on the runtime that opened it, so the operation is
+    /// spawned onto that runtime and this thread waits for the answer. Never
+    /// call it on a runtime thread: it blocks.
+    pub(super) fn store_wait<T, F>(&self, op: impl FnOnce(Store) -> F) -> StoreResult<T>
+    where
+        F: Future<Output = StoreResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let store = self.0.store.clone();
+        if store.as_sled().is_some() {
+            return poll_here(op(store));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let fut = op(store);
+        self.0.store_runtime.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the node's runtime stopped before the store answered".into(),
+            ))
+        })
+    }
+
+    pub(super) fn sync_compile(&self, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
+        let m = self.0.engine.compile(wasm)?;
+        self.sample();
+        Ok(m)
+    }
+}
+
+/// How long the record writer waits for more records before it writes a
+/// batch that is not full: one store batch (and one durable flush) then
+/// carries the records of many calls instead of a few.
+pub(super) const RECORD_LINGER: Duration = Duration::from_millis(5);
+
+/// Writes invocation records in batches until the node stops.
+pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<(Vec<u8>, Vec<u8>)>) {
+    let mut buf = Vec::with_capacity(RECORD_BATCH);
+    while rx.recv_many(&mut buf, RECORD_BATCH).await > 0 {
+        let until = tokio::time::Instant::now() + RECORD_LINGER;
+        while buf.len() < RECORD_BATCH {
+            // `recv_many` is cancel safe: a timeout loses no record.
+            let room = RECORD_BATCH - buf.len();
+            let more = rx.recv_many(&mut buf, room);
+            match tokio::time::timeout_at(until, more).await {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
+        let ops = buf.drain(..).map(|(k, v)| BatchOp::Put(k, v)).collect();
+        if let Err(e) = store.apply_batch(ops).await {
+            tracing::warn!(error = %e, "Invocation records could not be written.");
+        }
+    }
+}

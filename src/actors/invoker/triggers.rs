@@ -1,0 +1,150 @@
+//! Pub/sub and cron triggers: which functions a publish or a cron slot
+//! fires, and running them with their depth bound.
+
+use super::*;
+
+impl Invoker {
+    pub(super) fn set_triggers(&self, name: &str, meta: Option<&VersionMeta>) {
+        let mut t = self.st.triggers.write();
+        t.retain(|e| e.name != name);
+        if let Some(meta) = meta {
+            let crons: Vec<_> = meta
+                .cron
+                .iter()
+                .filter_map(|c| parse_cron(c).ok().map(|s| (c.clone(), s)))
+                .collect();
+            if !meta.pubsub_topics.is_empty() || !crons.is_empty() {
+                t.push(TriggerEntry {
+                    name: name.to_string(),
+                    topics: meta.pubsub_topics.clone(),
+                    crons,
+                });
+            }
+        }
+    }
+
+    /// Loads the triggers of every function (at supervisor start and after an
+    /// import), forgetting every kept resolution: the functions may all have changed.
+    pub async fn load_triggers(&self) -> FnResult<()> {
+        self.forget_resolutions();
+        for rec in self.list().await? {
+            let meta: Option<VersionMeta> = self
+                .store()
+                .get_json(&ver_key(&self.ns, &rec.name, rec.current_version))
+                .await?;
+            self.set_triggers(&rec.name, meta.as_ref());
+        }
+        Ok(())
+    }
+
+    /// Fires the pub/sub triggers matching `topic` (called by the supervisor
+    /// for every accepted publish). `depth` is the publisher's trigger depth.
+    pub fn on_published(&self, topic: &str, data: &Bytes, depth: u8) {
+        if depth >= MAX_TRIGGER_DEPTH {
+            return;
+        }
+        let names: Vec<String> = self
+            .st
+            .triggers
+            .read()
+            .iter()
+            .filter(|e| e.topics.iter().any(|p| topic_matches(p, topic)))
+            .map(|e| e.name.clone())
+            .collect();
+        if names.is_empty() {
+            return;
+        }
+        use base64::Engine;
+        let event = serde_json::to_vec(&serde_json::json!({
+            "topic": topic,
+            "data_base64": base64::engine::general_purpose::STANDARD.encode(data),
+            "namespace": &*self.ns,
+            "trigger_depth": depth + 1,
+            "timestamp": crate::util::now(),
+        }))
+        .expect("serializable");
+        for name in names {
+            self.spawn_trigger(name, event.clone(), Trigger::Pubsub, depth + 1, None);
+        }
+    }
+
+    /// Fires the cron slots that fell since the last tick (called each second).
+    pub fn cron_tick(&self) {
+        let now = chrono::Utc::now();
+        let last = self.st.last_cron.lock().replace(now);
+        let Some(last) = last else { return };
+        let mut due = Vec::new();
+        for e in self.st.triggers.read().iter() {
+            for (expr, s) in &e.crons {
+                if let Some(next) = s.after(&last).next()
+                    && next <= now
+                {
+                    due.push((e.name.clone(), expr.clone(), next.timestamp()));
+                }
+            }
+        }
+        for (name, expr, slot) in due {
+            let event = serde_json::to_vec(&serde_json::json!({
+                "cron": expr,
+                "scheduled_at": slot,
+                "namespace": &*self.ns,
+            }))
+            .expect("serializable");
+            self.spawn_trigger(name, event, Trigger::Cron, 1, Some(slot));
+        }
+    }
+
+    pub(super) fn spawn_trigger(
+        &self,
+        name: String,
+        input: Vec<u8>,
+        trigger: Trigger,
+        depth: u8,
+        slot: Option<i64>,
+    ) {
+        let inv = self.clone();
+        actix::spawn(async move {
+            if let Some(slot) = slot {
+                // In a cluster every member ticks: the one that claims the slot runs it.
+                let claim = cron_claim_key(&inv.ns, &name, slot);
+                let claimed = inv
+                    .store()
+                    .compare_and_swap(&claim, None, Some(b"1"), Some(CRON_CLAIM_TTL))
+                    .await;
+                let outcome = match &claimed {
+                    Ok(true) => "claimed",
+                    Ok(false) => "lost",
+                    Err(_) => "error",
+                };
+                inv.svc
+                    .0
+                    .metrics
+                    .cron_slots
+                    .with_label_values(&[outcome])
+                    .inc();
+                match claimed {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::warn!(namespace = %inv.ns, function = %name, error = %e, "Cron slot could not be claimed.");
+                        return;
+                    }
+                }
+            }
+            let caller = CallerInfo {
+                subject: None,
+                request_id: hex::encode(crate::util::random_bytes::<8>()),
+            };
+            let res = match inv
+                .prepare(name.clone(), None, input, caller, trigger, depth)
+                .await
+            {
+                Ok(p) => p.run().await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = res {
+                tracing::debug!(namespace = %inv.ns, function = %name, trigger = trigger.as_str(), error = %e, "Triggered invocation failed.");
+            }
+        });
+    }
+}

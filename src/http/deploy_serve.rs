@@ -282,18 +282,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     {
         h.remove(header::CONTENT_ENCODING);
     }
-    // Admission's request metrics.
-    let class = match resp.status().as_u16() / 100 {
-        2 => "2xx",
-        3 => "3xx",
-        4 => "4xx",
-        _ => "5xx",
-    };
-    node.metrics.http_requests.with_label_values(&[class]).inc();
-    node.metrics
-        .http_duration_seconds
-        .with_label_values(&[class])
-        .observe(start.elapsed().as_secs_f64());
+    super::middleware::record_request(&node, resp.status(), start);
     Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }
 

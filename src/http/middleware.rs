@@ -119,6 +119,13 @@ pub async fn admission(
         Ok(r) => r.status(),
         Err(e) => e.as_response_error().status_code(),
     };
+    record_request(&node, status, start);
+    res.map(ServiceResponse::map_into_left_body)
+}
+
+/// Counts a finished request and its duration by status class (admission's
+/// metrics; the routed fast path records the same).
+pub(crate) fn record_request(node: &Node, status: StatusCode, start: std::time::Instant) {
     let class = match status.as_u16() / 100 {
         2 => "2xx",
         3 => "3xx",
@@ -130,7 +137,6 @@ pub async fn admission(
         .http_duration_seconds
         .with_label_values(&[class])
         .observe(start.elapsed().as_secs_f64());
-    res.map(ServiceResponse::map_into_left_body)
 }
 
 /// One request in flight, counted until dropped.

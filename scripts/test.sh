@@ -44,7 +44,7 @@ MESHGATE_TEST_CLUSTER=1 cargo test --features cluster --test it -- \
 MESHGATE_TEST_ETCD_TLS=1 cargo test --features cluster --test it -- cluster:: etcd::
 # The lints of clippy.toml and what must not come back (docs/architecture.md,
 # "Lints"): blocking sleeps outside the audited threads, a RefCell borrow or
-# a lock held across an await. Only these are denied; about 4 minutes.
+# a lock held across an await. Only these are denied; about 2 minutes.
 cargo clippy --version >/dev/null 2>&1 || {
   echo "scripts/test.sh: cargo clippy is missing: rustup component add clippy" >&2
   exit 1

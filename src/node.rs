@@ -141,6 +141,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let pubsub =
         crate::pubsub::PubSubService::new(metrics.clone(), config.pubsub.clone(), draining_rx);
     let functions = start_functions(&config, &data_dir, &store, &metrics, &secrets)?;
+    let records = crate::actors::Records::new(store.clone());
     let sup = NodeSupervisor::new(
         store.clone(),
         metrics.clone(),
@@ -149,11 +150,18 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         threads,
         config.server.mailbox_capacity,
     )
+    .with_records(records.clone())
     .with_pubsub(pubsub.clone())
     .with_functions(functions.clone())
     .with_node_id(crate::placement::node_id(&config.cluster));
     let supervisor_stats = sup.stats();
     let supervisor = sup.start();
+    crate::actors::follow_records(
+        store.clone(),
+        records.clone(),
+        namespaces.clone(),
+        supervisor.clone(),
+    );
     let deployments = Arc::new(crate::deploy::Deployments::new(
         store.clone(),
         config.deploy.clone(),
@@ -171,6 +179,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         namespaces,
         supervisor,
         supervisor_stats,
+        records,
         secrets,
         jwt,
         hop_key,
@@ -615,8 +624,8 @@ fn wake_namespaces_with_functions(node: &Node) {
         names.dedup();
         for ns in names {
             if let Some(c) = node.cluster.get() {
-                match c.members(&ns).await {
-                    Ok(Some(m)) if crate::placement::is_member(&m, &c.node_id) => {}
+                match node.records.get(&ns).await {
+                    Ok(Some(r)) if crate::placement::is_member(&r.members, &c.node_id) => {}
                     Ok(_) => continue,
                     Err(e) => {
                         tracing::warn!(namespace = %ns, error = %e, "Members unknown at start; its cron waits for a request.");

@@ -7,6 +7,7 @@ mod functions;
 mod invoker;
 mod namespace;
 mod node;
+mod records;
 mod stats;
 mod topics;
 
@@ -21,11 +22,12 @@ pub use invoker::{
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
     MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
-    NamespaceSupervisor, NsError, NsResult, ns_key,
+    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, ns_key,
 };
 pub use node::{
     ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,
 };
+pub use records::{RECORD_TTL, Records, follow as follow_records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
     FromMesh, MeshMessage, Presence, Publish, PublishBatch, Subscribe, Topics, Unsubscribe,

@@ -104,6 +104,9 @@ pub struct NamespaceSupervisor {
     /// supervisor (sockets, operator views, claims) loads no triggers and
     /// runs no cron: those run on members only.
     pub member: bool,
+    /// Where the record is published for the other rooms to read
+    /// (`actors/records.rs`); this supervisor is its one writer here.
+    pub records: Option<super::Records>,
 }
 
 impl NamespaceSupervisor {
@@ -122,7 +125,22 @@ impl NamespaceSupervisor {
             topics: Default::default(),
             functions: None,
             member: true,
+            records: None,
         }
+    }
+
+    /// Publishes the record to the node's directory of records.
+    pub fn with_records(mut self, records: super::Records) -> Self {
+        self.records = Some(records);
+        self
+    }
+
+    /// Sets the record and publishes it (None: the namespace is gone).
+    pub(super) fn set_record(&mut self, record: Option<NamespaceRecord>) {
+        if let Some(r) = &self.records {
+            r.publish(&self.name, record.as_ref());
+        }
+        self.record = record;
     }
 
     /// Marks this node a member of the namespace or not (see `member`).
@@ -150,7 +168,7 @@ impl NamespaceSupervisor {
         ctx.wait(
             async move { store.get_json::<NamespaceRecord>(&key).await }.into_actor(self).map(|res, act, _| {
                 match res {
-                    Ok(rec) => act.record = rec,
+                    Ok(rec) => act.set_record(rec),
                     Err(e) => tracing::error!(namespace = %act.name, error = %e, "Namespace state could not be loaded."),
                 }
             }),
@@ -186,6 +204,14 @@ impl Actor for NamespaceSupervisor {
         } else if let Some(inv) = &self.functions {
             // Guests it runs directly may still publish; no triggers, no cron.
             inv.attach(ctx.address(), self.stats.clone());
+        }
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // Readers go back to the store until a supervisor runs again (a
+        // restart under `Supervisor` publishes again at once).
+        if let Some(r) = &self.records {
+            r.retire(&self.name);
         }
     }
 }
@@ -224,6 +250,61 @@ impl Handler<GetInfo> for NamespaceSupervisor {
                 handled: act.stats.handled(),
             })
         })
+    }
+}
+
+/// Sent when the record changed in the store elsewhere (another node of the
+/// cluster wrote it): the supervisor reads it again and republishes it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReloadRecord;
+
+impl Handler<ReloadRecord> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, _: ReloadRecord, ctx: &mut Context<Self>) {
+        // Sent with `do_send` by the store watch, past admission.
+        let _t = self.stats.timer();
+        self.reload(ctx);
+    }
+}
+
+/// Sent by `PUT /v1/namespaces/{ns}/claims-provider`: names the function that
+/// adds custom claims to the namespace's tokens (None removes it). The
+/// supervisor writes its record and publishes it; replies with the record.
+#[derive(Message)]
+#[rtype(result = "NsResult<NamespaceRecord>")]
+pub struct SetClaimsProvider {
+    /// A function of the namespace (checked to exist by the caller), or None.
+    pub function: Option<String>,
+}
+
+impl Handler<SetClaimsProvider> for NamespaceSupervisor {
+    type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
+    fn handle(&mut self, msg: SetClaimsProvider, _: &mut Context<Self>) -> Self::Result {
+        let timer = self.stats.begin();
+        let store = self.store.clone();
+        let key = ns_key(&self.name);
+        Box::pin(
+            async move {
+                let _timer = timer;
+                // Read, change, write back: the record's other fields are the
+                // store's (another node may have written them), only this one
+                // is ours to change.
+                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
+                    return Err(NsError::NotFound);
+                };
+                rec.claims_provider = msg.function;
+                store.put_json(&key, &rec).await?;
+                Ok(rec)
+            }
+            .into_actor(self)
+            .map(|res, act, _| {
+                if let Ok(rec) = &res {
+                    act.set_record(Some(rec.clone()));
+                }
+                res
+            }),
+        )
     }
 }
 

@@ -9,7 +9,7 @@
 //! claims provider), and then without triggers or cron; forwarding itself
 //! starts none (its breakers live in [`crate::placement::Cluster`]).
 
-use super::namespace::{NamespaceRecord, NamespaceSupervisor, NsError, ns_key};
+use super::namespace::{NamespaceSupervisor, NsError};
 use super::stats::{ActorDirectory, ActorStats, AskError, ask};
 use crate::metrics::Metrics;
 use crate::storage::Store;
@@ -102,6 +102,9 @@ pub struct NodeSupervisor {
     /// This node's id in a cluster ([`crate::placement::node_id`]); None on a
     /// single node, where every namespace is served in full.
     node_id: Option<String>,
+    /// The published records: `Locate` reads them, each namespace
+    /// supervisor publishes its own.
+    records: super::Records,
 }
 
 impl NodeSupervisor {
@@ -120,6 +123,7 @@ impl NodeSupervisor {
             .collect();
         let stats = directory.register(&metrics, "node", "", mailbox_capacity);
         Self {
+            records: super::Records::new(store.clone()),
             store,
             metrics,
             directory,
@@ -137,6 +141,12 @@ impl NodeSupervisor {
     /// get a full supervisor.
     pub fn with_node_id(mut self, node_id: Option<String>) -> Self {
         self.node_id = node_id;
+        self
+    }
+
+    /// Shares the node's directory of published records (else a private one).
+    pub fn with_records(mut self, records: super::Records) -> Self {
+        self.records = records;
         self
     }
 
@@ -165,16 +175,18 @@ impl NodeSupervisor {
         let stats =
             self.directory
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
-        let (n, store, s, cap, pubsub, functions) = (
+        let (n, store, s, cap, pubsub, functions, records) = (
             name.to_string(),
             self.store.clone(),
             stats.clone(),
             self.mailbox_capacity,
             self.pubsub.clone(),
             self.functions.clone(),
+            self.records.clone(),
         );
         let addr = Supervisor::start_in_arbiter(self.arbiter_for(name), move |_| {
             NamespaceSupervisor::new(n, store, s, cap)
+                .with_records(records)
                 .with_pubsub(pubsub)
                 .with_functions(functions)
                 .with_member(member)
@@ -214,10 +226,10 @@ impl Handler<Locate> for NodeSupervisor {
         if let Some(h) = self.namespaces.get(&msg.name) {
             return Box::pin(actix::fut::ready(Ok(h)));
         }
-        let store = self.store.clone();
-        let key = ns_key(&msg.name);
+        let records = self.records.clone();
+        let name = msg.name.clone();
         Box::pin(
-            async move { store.get_json::<NamespaceRecord>(&key).await }
+            async move { records.get(&name).await }
                 .into_actor(self)
                 .map(move |res, act, _| match res? {
                     None => Err(NsError::NotFound),

@@ -173,14 +173,16 @@ async fn members_elsewhere(
         return Ok(None);
     }
     // A namespace that does not exist is answered here (404 from its handler).
-    let Some(members) = cluster.members(&target).await? else {
+    // The members as the namespace's owner published them (or the store's,
+    // kept briefly, where no owner runs here: see `actors/records.rs`).
+    let Some(record) = node.records.get(&target).await? else {
         cluster.forget_breakers(&target);
         return Ok(None);
     };
-    if crate::placement::is_member(&members, &cluster.node_id) {
+    if crate::placement::is_member(&record.members, &cluster.node_id) {
         return Ok(None);
     }
-    Ok(Some((target, members)))
+    Ok(Some((target, record.members.clone())))
 }
 
 /// Mirrors a breaker in `meshgate_breaker_state` (0 closed, 2 open).

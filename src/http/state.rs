@@ -37,6 +37,9 @@ pub struct NodeInner {
     pub namespaces: Namespaces,
     /// The node's top actor: starts a namespace's supervisor on first use.
     pub supervisor: actix::Addr<NodeSupervisor>,
+    /// The namespace records as their supervisors published them (read-only
+    /// here: the chain's namespace limits, the forwarder's members, claims).
+    pub records: crate::actors::Records,
     /// The top actor's mailbox admission, for [`Node::locate`].
     pub supervisor_stats: Arc<ActorStats>,
     /// The server secret and the operator key's HMAC, from the data folder.

@@ -60,9 +60,6 @@ pub struct Cluster {
     live: RwLock<Vec<NodeInfo>>,
     /// `register_seconds`: how often this node re-announces itself.
     every: Duration,
-    /// Namespace members recently read from the store (see [`Cluster::members`]).
-    members:
-        parking_lot::Mutex<std::collections::HashMap<String, (Vec<String>, std::time::Instant)>>,
     /// The breakers of the namespaces this node forwarded for, one
     /// [`Breakers`] (per member) per namespace: all a non-member keeps.
     breakers: RwLock<std::collections::BTreeMap<String, Arc<Breakers>>>,
@@ -85,13 +82,6 @@ pub fn node_id(c: &crate::config::ClusterConfig) -> Option<String> {
 pub fn is_member(members: &[String], id: &str) -> bool {
     members.is_empty() || members.iter().any(|m| m == id)
 }
-
-/// How long a namespace's members, once read, are believed. Members are set
-/// when the namespace is created; a deleted or re-created namespace is seen
-/// within this time.
-pub const MEMBERS_TTL: Duration = Duration::from_secs(2);
-/// Namespaces whose members are remembered at once.
-const MEMBERS_CAPACITY: usize = 10_000;
 
 /// Rendezvous (highest random weight) order of `candidates` for `key`.
 pub fn rendezvous<'a>(candidates: &'a [String], key: &str) -> Vec<&'a String> {
@@ -128,7 +118,6 @@ impl Cluster {
             store,
             live: RwLock::new(Vec::new()),
             every,
-            members: Default::default(),
             breakers: Default::default(),
         });
         c.announce().await?;
@@ -184,40 +173,6 @@ impl Cluster {
                 backoff = (backoff * 2).min(REGISTRY_WATCH_BACKOFF_MAX);
             }
         });
-    }
-
-    /// The members of namespace `ns` (empty: every node serves it), from a
-    /// cache of at most `MEMBERS_TTL`, else from the store. None when the
-    /// namespace does not exist.
-    pub async fn members(
-        &self,
-        ns: &str,
-    ) -> Result<Option<Vec<String>>, crate::storage::StoreError> {
-        if let Some((m, read)) = self.members.lock().get(ns)
-            && read.elapsed() < MEMBERS_TTL
-        {
-            return Ok(Some(m.clone()));
-        }
-        let Some(rec) = self
-            .store
-            .get_json::<crate::namespace::NamespaceRecord>(&crate::namespace::ns_key(ns))
-            .await?
-        else {
-            self.members.lock().remove(ns);
-            return Ok(None);
-        };
-        let mut cache = self.members.lock();
-        if cache.len() >= MEMBERS_CAPACITY {
-            cache.retain(|_, (_, read)| read.elapsed() < MEMBERS_TTL);
-            if cache.len() >= MEMBERS_CAPACITY {
-                cache.clear();
-            }
-        }
-        cache.insert(
-            ns.to_string(),
-            (rec.members.clone(), std::time::Instant::now()),
-        );
-        Ok(Some(rec.members))
     }
 
     /// The breakers of namespace `ns`'s members, created (with `threshold`

@@ -1297,3 +1297,78 @@ async fn topics_and_presence_span_the_cluster() {
     assert_eq!(v["nodes_missing"], serde_json::json!(["c"]), "{b}");
     drop(sockets);
 }
+
+/// The claims provider `GET /v1/namespaces/{ns}` shows through `node`.
+fn shown_provider(node: &TestNode, ns: &str) -> serde_json::Value {
+    let (s, b) = node.op("GET", &format!("/v1/namespaces/{ns}"), None);
+    assert_eq!(s, 200, "{b}");
+    json(&b)["record"]["claims_provider"].clone()
+}
+
+/// A namespace record has one owner per node, its supervisor, which
+/// publishes it: a change written through one node reaches the supervisors
+/// already running on the others (the store watch has them reload), and a
+/// namespace deleted through one node stops its supervisors everywhere, so
+/// a socket held on another node is closed with 4004 instead of staying
+/// open on a namespace that no longer exists.
+#[actix_rt::test]
+async fn record_changes_and_deletes_reach_every_node() {
+    use futures_util::StreamExt as _;
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| TestNode::start_with(member_opts(&etcd, id, free_port(), tmp.path())))
+        .collect();
+    let (s, body) = nodes[0].op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"shared","members":["a","b","c"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let key = json(&body)["api_key"].as_str().unwrap().to_string();
+    deploy_as_operator(&nodes[0], "shared", "claims", EVERY_SECOND, &[]);
+    // A supervisor runs on every node (each is a member and answers itself).
+    for n in &nodes {
+        assert_eq!(shown_provider(n, "shared"), serde_json::Value::Null);
+    }
+    let mut socket = subscribe(&nodes[2], &key, "t").await;
+
+    let (s, b) = nodes[0].op(
+        "PUT",
+        "/v1/namespaces/shared/claims-provider",
+        Some(r#"{"function":"claims"}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["namespace"]["claims_provider"], "claims");
+    for (i, n) in nodes.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shown_provider(n, "shared") != "claims" {
+            assert!(
+                Instant::now() < deadline,
+                "node {i}'s supervisor never saw the new record"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    let (s, b) = nodes[0].op("DELETE", "/v1/namespaces/shared", None);
+    assert_eq!(s, 200, "{b}");
+    let code = loop {
+        match tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("the socket on node c closes within 10 s")
+        {
+            Some(Ok(awc::ws::Frame::Close(r))) => {
+                break r.map(|r| u16::from(r.code)).unwrap_or(1005);
+            }
+            Some(Ok(_)) => {}
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    assert_eq!(code, 4004);
+    for (i, n) in nodes.iter().enumerate() {
+        let (s, b) = n.op("GET", "/v1/namespaces/shared", None);
+        assert_eq!(s, 404, "node {i}: {b}");
+    }
+}

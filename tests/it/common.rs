@@ -118,12 +118,15 @@ impl TestNode {
         let stderr = child.stderr.take().unwrap();
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let log2 = log.clone();
+        // Says when the reader has read the whole of stderr (the process is gone).
+        let (read_all, stderr_read) = std::sync::mpsc::channel::<()>();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let mut l = log2.lock().unwrap();
                 l.push_str(&line);
                 l.push('\n');
             }
+            let _ = read_all.send(());
         });
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -143,8 +146,8 @@ impl TestNode {
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                // The stderr reader may still be at work.
-                std::thread::sleep(Duration::from_millis(50));
+                // Until the stderr reader has read the pipe to its end.
+                let _ = stderr_read.recv_timeout(Duration::from_secs(10));
                 return Err(log.lock().unwrap().clone());
             }
         };
@@ -329,6 +332,17 @@ impl Drop for TestNode {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// Polls `cond` (every 20 ms) until it holds; panics naming `what` when it
+/// still does not after `within`. The way a test waits for something the
+/// node does in the background, instead of sleeping a fixed time.
+pub fn wait_until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

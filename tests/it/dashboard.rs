@@ -1,7 +1,9 @@
 //! The `/__admin` dashboard: access rules, sessions, the JSON API against
 //! `/metrics`, the event stream, and the browser test.
 
-use crate::common::{NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http, json};
+use crate::common::{
+    NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http, json, wait_until,
+};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -213,7 +215,18 @@ fn api_numbers_match_metrics() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(saw_rate, "alpha never showed a handled/s rate");
-    std::thread::sleep(Duration::from_millis(2200));
+    // Quiet: until a tick saw nothing handled since the one before (its
+    // totals are the final ones), with three points in the history.
+    wait_until(Duration::from_secs(10), "the totals never settled", || {
+        let (_, _, body) = admin(&n, "/__admin/api/namespaces");
+        let rows = json(&body)["namespaces"].as_array().unwrap().clone();
+        let quiet = ["alpha", "beta"].iter().all(|ns| {
+            rows.iter()
+                .any(|r| r["namespace"] == *ns && r["handled_per_sec"].as_f64() == Some(0.0))
+        });
+        let (_, _, history) = admin(&n, "/__admin/api/history");
+        quiet && json(&history)["points"].as_array().map_or(0, Vec::len) >= 3
+    });
     let (_, _, metrics) = get(&n, "/metrics", &[]);
     let (_, _, body) = admin(&n, "/__admin/api/namespaces");
     let rows = json(&body)["namespaces"].as_array().unwrap().clone();
@@ -330,8 +343,16 @@ fn pubsub_numbers_match_metrics() {
         saw_a && saw_b,
         "publishes/s never moved (alpha {saw_a}, beta {saw_b})"
     );
-    // Quiet: the next tick holds the final totals.
-    std::thread::sleep(Duration::from_millis(2200));
+    // Quiet: until a tick saw no publish since the one before (it holds the
+    // final totals).
+    wait_until(Duration::from_secs(10), "the totals never settled", || {
+        let (_, _, body) = admin(&n, "/__admin/api/namespaces");
+        let rows = json(&body)["namespaces"].as_array().unwrap().clone();
+        ["alpha", "beta"].iter().all(|ns| {
+            rows.iter()
+                .any(|r| r["namespace"] == *ns && r["publishes_per_sec"].as_f64() == Some(0.0))
+        })
+    });
     let (_, _, metrics) = get(&n, "/metrics", &[]);
     for (ns, subs, topics) in [("alpha", 3.0, 2.0), ("beta", 1.0, 1.0)] {
         let r = row(ns);

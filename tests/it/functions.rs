@@ -2,7 +2,7 @@
 //! bad deploys, isolation between namespaces, crash safety of a deploy and
 //! the compiled-artifact cache across a restart. Each test drives a real node.
 
-use crate::common::{NodeOpts, TEST_CONFIG, TestNode, header, http, json};
+use crate::common::{NodeOpts, TEST_CONFIG, TestNode, header, http, json, wait_until};
 use std::time::{Duration, Instant};
 
 /// Two workers so a stuck guest never holds the whole pool in these tests.
@@ -513,6 +513,15 @@ fn functions_namespaces_are_isolated() {
         MARK_HIT.as_bytes(),
         &[("metadata", r#"{"pubsub_topics":["t*"]}"#)],
     );
+    // A's own trigger on the same topics: the probe's publish fires it, which
+    // shows that publish was taken and its triggers started.
+    deploy(
+        &node,
+        &ka,
+        "atrig",
+        MARK_HIT.as_bytes(),
+        &[("metadata", r#"{"pubsub_topics":["t*"]}"#)],
+    );
     deploy(&node, &ka, "probe", PROBE.as_bytes(), &[]);
 
     let (s, _, b) = invoke(&node, &ka, "probe", b"");
@@ -536,8 +545,11 @@ fn functions_namespaces_are_isolated() {
     let (s, _, _) = http("POST", &node.url("/v1/invoke/ib/btrig"), &[], Some(b""));
     assert_eq!(s, 401, "not public: anonymous refused");
 
-    // A's publish of "t1" did not fire B's trigger.
-    std::thread::sleep(Duration::from_millis(500));
+    // A's publish of "t1" did not fire B's trigger: it fired A's own (the
+    // dispatch that would have started B's too), whose mark comes first.
+    wait_until(Duration::from_secs(5), "A's trigger never fired", || {
+        node.with_key(&ka, "GET", "/v1/kv/hit", None).0 == 200
+    });
     assert_eq!(node.with_key(&kb, "GET", "/v1/kv/hit", None).0, 404);
 
     // The pair: a publish in B fires B's trigger.
@@ -553,6 +565,15 @@ fn functions_namespaces_are_isolated() {
         assert!(Instant::now() < deadline, "B's trigger never fired");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // B's functions ran once in all: for B's publish, none for A's.
+    wait_until(Duration::from_secs(5), "B's run never counted", || {
+        invocations(&node, "ib") >= 1
+    });
+    assert_eq!(
+        invocations(&node, "ib"),
+        1,
+        "B's trigger ran for A's publish"
+    );
 }
 
 /// A public function answers anonymous callers on /v1/invoke/{namespace}/{name}.
@@ -623,6 +644,9 @@ fn functions_crash_during_deploy_and_warm_restart() {
             })
             .ok()
         });
+        // Kept: not a wait for anything. The delay is the round's crash
+        // point (0 to 60 ms into the deploy); no event marks a point inside
+        // the deploy to kill at, and the test is that any point is safe.
         std::thread::sleep(Duration::from_millis(delay_ms));
         node.kill9();
         let _ = t.join();
@@ -771,8 +795,39 @@ fn functions_pubsub_trigger_depth_is_bounded() {
         assert!(Instant::now() < deadline, "chain stalled");
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(700));
-    assert_eq!(invocations(&node, "loopns"), 5);
+    // The fifth run's publish (depth 5) is taken like the others (the
+    // client's and four runs' before it), and fires nothing.
+    let published =
+        || node.metric_sum("meshgate_pubsub_published_total{namespace=\"loopns\"}") as u64;
+    wait_until(Duration::from_secs(5), "the fifth run's publish", || {
+        published() >= 6
+    });
+    // A sentinel behind it in the namespace's mailbox: a client publish that
+    // fires another function. Once that has run, a sixth run of the chain,
+    // started before it, would have run too.
+    deploy(
+        &node,
+        &key,
+        "sentinel",
+        MARK_HIT.as_bytes(),
+        &[("metadata", r#"{"pubsub_topics":["sentinel"]}"#)],
+    );
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(br#"{"topic":"sentinel","data_base64":"eA=="}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    wait_until(Duration::from_secs(5), "the sentinel never ran", || {
+        invocations(&node, "loopns") >= 6 && node.with_key(&key, "GET", "/v1/kv/hit", None).0 == 200
+    });
+    assert_eq!(published(), 7, "the chain's six and the sentinel's one");
+    assert_eq!(
+        invocations(&node, "loopns"),
+        6,
+        "five runs and the sentinel"
+    );
 }
 
 /// The claims provider: a function of the namespace adds custom claims to the

@@ -29,13 +29,18 @@ fn probes_while_starting_running_draining() {
     // Drain with a request in flight so the drain window is observable.
     let url = node.url("/v1/debug/sleep?ms=1500");
     let inflight = std::thread::spawn(move || http("GET", &url, &[], None).0);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until(Duration::from_secs(10), "the request never got in", || {
+        node.metric_sum("meshgate_http_in_flight") >= 1.0
+    });
     node.signal(15);
-    std::thread::sleep(Duration::from_millis(200));
+    // The signal is handled asynchronously: readyz turns 503 once it is.
+    wait_until(Duration::from_secs(5), "readyz never turned 503", || {
+        status(&node, "/readyz") == 503
+    });
     assert_eq!(
-        status(&node, "/readyz"),
-        503,
-        "readyz must turn 503 at once"
+        node.metric_sum("meshgate_http_in_flight"),
+        1.0,
+        "the drain was seen with the request in flight"
     );
     assert_eq!(
         status(&node, "/livez"),

@@ -10,13 +10,17 @@ pub struct Limiters {
     pub wallet: DefaultKeyedRateLimiter<String>,
     namespace: DefaultKeyedRateLimiter<String>,
     /// Namespaces with their own bucket (`rate_per_minute`/`rate_burst` in the
-    /// namespace record); `None` means the record has no override. Filled lazily.
-    overrides: parking_lot::RwLock<
-        std::collections::HashMap<String, Option<Arc<governor::DefaultDirectRateLimiter>>>,
-    >,
+    /// namespace record), with the limits it was made for. Filled lazily.
+    overrides: parking_lot::RwLock<std::collections::HashMap<String, OwnBucket>>,
     trusted: Vec<IpAddr>,
     clock: DefaultClock,
 }
+
+/// A namespace's own bucket and the (`rate_per_minute`, `rate_burst`) it was made for.
+type OwnBucket = (
+    (Option<u32>, Option<u32>),
+    Arc<governor::DefaultDirectRateLimiter>,
+);
 
 fn quota(per_minute: u32, burst: u32) -> Quota {
     let per = Duration::from_nanos(60_000_000_000 / per_minute.max(1) as u64);
@@ -96,39 +100,46 @@ impl Limiters {
     }
 
     /// Checks a namespace's bucket: its own when its record sets one, else the default.
+    /// The record is the one its owner published (`actors/records.rs`); the
+    /// bucket is made again only when the record's limits change.
     pub(crate) async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
-        let known = self.overrides.read().get(ns).cloned();
+        let limits = match node.records.get(ns).await {
+            Ok(Some(r)) if r.rate_per_minute.is_some() || r.rate_burst.is_some() => {
+                Some((r.rate_per_minute, r.rate_burst))
+            }
+            // No override, no such namespace, or the store failed: the default bucket.
+            _ => None,
+        };
+        let Some(limits) = limits else {
+            return self.verdict(&self.namespace, &ns.to_string());
+        };
+        let known = self
+            .overrides
+            .read()
+            .get(ns)
+            .filter(|(set, _)| *set == limits)
+            .map(|(_, lim)| lim.clone());
         let own = match known {
-            Some(o) => o,
+            Some(lim) => lim,
             None => {
-                let rec = node
-                    .store
-                    .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
-                    .await;
-                let own = match rec {
-                    Ok(Some(r)) if r.rate_per_minute.is_some() || r.rate_burst.is_some() => {
-                        let rl = &node.config.rate_limit;
-                        let q = quota(
-                            r.rate_per_minute.unwrap_or(rl.namespace_per_minute),
-                            r.rate_burst.unwrap_or(rl.namespace_burst),
-                        );
-                        Some(Arc::new(RateLimiter::direct(q)))
-                    }
-                    _ => None,
-                };
-                self.overrides.write().insert(ns.to_string(), own.clone());
-                own
+                let rl = &node.config.rate_limit;
+                let q = quota(
+                    limits.0.unwrap_or(rl.namespace_per_minute),
+                    limits.1.unwrap_or(rl.namespace_burst),
+                );
+                let lim = Arc::new(RateLimiter::direct(q));
+                self.overrides
+                    .write()
+                    .insert(ns.to_string(), (limits, lim.clone()));
+                lim
             }
         };
-        match own {
-            Some(lim) => lim.check().map_err(|nu| {
-                nu.wait_time_from(self.clock.now())
-                    .as_secs_f64()
-                    .ceil()
-                    .max(1.0) as u64
-            }),
-            None => self.verdict(&self.namespace, &ns.to_string()),
-        }
+        own.check().map_err(|nu| {
+            nu.wait_time_from(self.clock.now())
+                .as_secs_f64()
+                .ceil()
+                .max(1.0) as u64
+        })
     }
 
     /// Checks the per-wallet challenge bucket; Err carries Retry-After seconds.

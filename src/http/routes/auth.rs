@@ -262,11 +262,8 @@ async fn custom_claims(
     grants: &[String],
 ) -> ApiResult<serde_json::Value> {
     use crate::actors::{CallerInfo, Trigger};
-    let record = node
-        .store
-        .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
-        .await?;
-    let Some(provider) = record.and_then(|r| r.claims_provider) else {
+    let record = node.records.get(ns).await?;
+    let Some(provider) = record.and_then(|r| r.claims_provider.clone()) else {
         return Ok(serde_json::Value::Null);
     };
     let failed = |m: String| ApiError::new(Code::ClaimsProviderFailed, m);
@@ -433,12 +430,7 @@ async fn challenge(
             .inc();
         return Err(ApiError::rate_limited(Code::WalletRateLimited, after));
     }
-    if node
-        .store
-        .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(&body.namespace))
-        .await?
-        .is_none()
-    {
+    if node.records.get(&body.namespace).await?.is_none() {
         return Err(ApiError::new(
             Code::NamespaceNotFound,
             "namespace not found",

@@ -236,13 +236,8 @@ async fn set_claims_provider(
     name: web::Path<String>,
     body: web::Json<ClaimsProviderRequest>,
 ) -> ApiResult<HttpResponse> {
-    let key = ns_key(&name);
-    let Some(mut record) = node.store.get_json::<NamespaceRecord>(&key).await? else {
-        return Err(ApiError::new(
-            Code::NamespaceNotFound,
-            "namespace not found",
-        ));
-    };
+    // The record is its supervisor's: it writes the change and publishes it.
+    let h = node.locate(&name).await?;
     if let Some(f) = &body.function
         && node
             .store
@@ -255,7 +250,10 @@ async fn set_claims_provider(
             format!("no function {f:?} in {name}"),
         ));
     }
-    record.claims_provider = body.function.clone();
-    node.store.put_json(&key, &record).await?;
+    let record = h
+        .ask(crate::actors::SetClaimsProvider {
+            function: body.function.clone(),
+        })
+        .await??;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "namespace": record})))
 }

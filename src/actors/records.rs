@@ -1,0 +1,365 @@
+//! The namespace records as their owners published them: the read-only
+//! snapshots every other room reads (the chain's namespace rate limit, the
+//! cluster forwarder's members, token issue's claims provider, `Locate`).
+//!
+//! A namespace's record has one owner: its supervisor, where one runs on
+//! this node. The supervisor publishes the record here when it loads it and
+//! whenever it changes it (`SetClaimsProvider`), and takes it back when it
+//! stops. Where none runs (a node that only forwards for the namespace, or
+//! before its first use) a reader loads the record from the store, and that
+//! copy is kept for at most [`RECORD_TTL`].
+//!
+//! In a cluster the record may change on another node: [`follow`] watches
+//! `ns/` in the store and, on a change, has the running supervisor reload
+//! (which republishes) or drops the read copy; on a delete it stops the
+//! supervisor. The TTL is the safety net while that watch is being made
+//! again.
+
+#![forbid(unsafe_code)]
+
+use crate::namespace::{NamespaceRecord, ns_key};
+use crate::storage::{Store, StoreError};
+use crate::util::{Clock, SystemClock};
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a record read by a non-owner is trusted.
+pub const RECORD_TTL: Duration = Duration::from_secs(2);
+
+/// Read copies kept at most; past it the stale ones go, then all of them.
+const READ_CAPACITY: usize = 10_000;
+
+/// How a snapshot is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// Published by the namespace's running supervisor: current until it
+    /// publishes again or stops.
+    Owner,
+    /// Read from the store by a non-owner at this instant.
+    Read(Instant),
+}
+
+struct Entry {
+    record: Arc<NamespaceRecord>,
+    source: Source,
+}
+
+/// The node's directory of published namespace records. Cheap to clone.
+#[derive(Clone)]
+pub struct Records(Arc<Inner>);
+
+struct Inner {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    map: RwLock<HashMap<String, Entry>>,
+}
+
+impl Records {
+    /// An empty directory reading missing records from `store`.
+    pub fn new(store: Store) -> Self {
+        Self::with_clock(store, Arc::new(SystemClock))
+    }
+
+    /// The same with the clock that ages read copies (tests move it by hand).
+    pub fn with_clock(store: Store, clock: Arc<dyn Clock>) -> Self {
+        Records(Arc::new(Inner {
+            store,
+            clock,
+            map: RwLock::new(HashMap::new()),
+        }))
+    }
+
+    /// The record of `ns`: its owner's snapshot, a fresh read copy, or the
+    /// store's (kept for [`RECORD_TTL`]). None when the namespace does not
+    /// exist; a missing namespace is not remembered, so one created on
+    /// another node is seen at once.
+    pub async fn get(&self, ns: &str) -> Result<Option<Arc<NamespaceRecord>>, StoreError> {
+        if let Some(r) = self.cached(ns) {
+            return Ok(Some(r));
+        }
+        let read = self.0.clock.now();
+        let rec = self
+            .0
+            .store
+            .get_json::<NamespaceRecord>(&ns_key(ns))
+            .await?;
+        let mut map = self.0.map.write();
+        // The owner may have published while we read: its snapshot wins.
+        if let Some(e) = map.get(ns)
+            && e.source == Source::Owner
+        {
+            return Ok(Some(e.record.clone()));
+        }
+        let Some(rec) = rec else {
+            map.remove(ns);
+            return Ok(None);
+        };
+        let rec = Arc::new(rec);
+        if map.len() >= READ_CAPACITY {
+            let now = self.0.clock.now();
+            map.retain(|_, e| fresh(e.source, now));
+            if map.len() >= READ_CAPACITY {
+                map.retain(|_, e| e.source == Source::Owner);
+            }
+        }
+        map.insert(
+            ns.to_string(),
+            Entry {
+                record: rec.clone(),
+                source: Source::Read(read),
+            },
+        );
+        Ok(Some(rec))
+    }
+
+    /// The snapshot of `ns` if one is current, without reading the store.
+    pub fn cached(&self, ns: &str) -> Option<Arc<NamespaceRecord>> {
+        let map = self.0.map.read();
+        let e = map.get(ns)?;
+        match e.source {
+            Source::Owner => Some(e.record.clone()),
+            Source::Read(_) if fresh(e.source, self.0.clock.now()) => Some(e.record.clone()),
+            Source::Read(_) => None,
+        }
+    }
+
+    /// The owner publishes its record (None: the namespace is gone).
+    pub(crate) fn publish(&self, ns: &str, record: Option<&NamespaceRecord>) {
+        let mut map = self.0.map.write();
+        match record {
+            Some(r) => {
+                map.insert(
+                    ns.to_string(),
+                    Entry {
+                        record: Arc::new(r.clone()),
+                        source: Source::Owner,
+                    },
+                );
+            }
+            None => {
+                map.remove(ns);
+            }
+        }
+    }
+
+    /// The owner stopped: readers go back to the store.
+    pub(crate) fn retire(&self, ns: &str) {
+        let mut map = self.0.map.write();
+        if map.get(ns).is_some_and(|e| e.source == Source::Owner) {
+            map.remove(ns);
+        }
+    }
+
+    /// Drops a read copy (the record changed in the store); an owner's
+    /// snapshot stays until the owner republishes.
+    pub fn forget_read(&self, ns: &str) {
+        let mut map = self.0.map.write();
+        if map.get(ns).is_some_and(|e| e.source != Source::Owner) {
+            map.remove(ns);
+        }
+    }
+}
+
+fn fresh(source: Source, now: Instant) -> bool {
+    match source {
+        Source::Owner => true,
+        Source::Read(at) => now.saturating_duration_since(at) < RECORD_TTL,
+    }
+}
+
+/// The namespace a changed store key names, if it is a record's (`ns/<name>`).
+pub fn changed_namespace(key: &[u8]) -> Option<&str> {
+    let name = std::str::from_utf8(key.strip_prefix(b"ns/")?).ok()?;
+    (!name.is_empty() && !name.contains('/')).then_some(name)
+}
+
+/// First wait before a broken record watch is made again.
+const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(200);
+/// Longest wait between attempts to make the record watch again.
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Follows record changes made anywhere in the cluster (on the embedded
+/// store every write is this node's own, and the watch never fires): a
+/// changed record is reloaded by its running supervisor or its read copy
+/// dropped; a deleted namespace's supervisor is stopped (its sockets closed).
+/// After a broken watch is made again, every snapshot is refreshed, since
+/// changes may have been missed meanwhile. Ends when the node supervisor does.
+pub fn follow(
+    store: Store,
+    records: Records,
+    namespaces: super::Namespaces,
+    supervisor: actix::Addr<super::NodeSupervisor>,
+) {
+    actix::spawn(async move {
+        let mut backoff = WATCH_BACKOFF_MIN;
+        let mut first = true;
+        while supervisor.connected() {
+            match store.watch_prefix(b"ns/").await {
+                Ok(mut watch) => {
+                    backoff = WATCH_BACKOFF_MIN;
+                    if !first {
+                        records
+                            .0
+                            .map
+                            .write()
+                            .retain(|_, e| e.source == Source::Owner);
+                        for h in namespaces.handles() {
+                            h.addr.do_send(super::namespace::ReloadRecord);
+                        }
+                    }
+                    first = false;
+                    loop {
+                        let changes = match watch.next().await {
+                            Ok(c) => c,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "Namespace record watch broke; watching again.");
+                                break;
+                            }
+                        };
+                        for c in changes {
+                            apply(&records, &namespaces, &supervisor, c);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Namespace record watch not started; retrying.")
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(WATCH_BACKOFF_MAX);
+        }
+    });
+}
+
+fn apply(
+    records: &Records,
+    namespaces: &super::Namespaces,
+    supervisor: &actix::Addr<super::NodeSupervisor>,
+    change: crate::storage::Change,
+) {
+    use crate::storage::Change;
+    match change {
+        Change::Put(key) => {
+            let Some(ns) = changed_namespace(&key) else {
+                return;
+            };
+            records.forget_read(ns);
+            if let Some(h) = namespaces.get(ns) {
+                h.addr.do_send(super::namespace::ReloadRecord);
+            }
+        }
+        Change::Delete(key) => {
+            let Some(ns) = changed_namespace(&key) else {
+                return;
+            };
+            records.forget_read(ns);
+            supervisor.do_send(super::Forget {
+                name: ns.to_string(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::ManualClock;
+
+    fn record(name: &str, rate: Option<u32>) -> NamespaceRecord {
+        NamespaceRecord {
+            name: name.into(),
+            created_at: 1,
+            members: vec![],
+            rate_per_minute: rate,
+            rate_burst: None,
+            claims_provider: None,
+        }
+    }
+
+    fn store() -> (Store, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        (Store::open_sled(dir.path()).unwrap(), dir)
+    }
+
+    #[actix_rt::test]
+    async fn a_read_copy_is_kept_for_the_ttl_then_read_again() {
+        let (store, _dir) = store();
+        let clock = Arc::new(ManualClock::default());
+        let records = Records::with_clock(store.clone(), clock.clone());
+        store
+            .put_json(&ns_key("a"), &record("a", Some(10)))
+            .await
+            .unwrap();
+        assert_eq!(
+            records.get("a").await.unwrap().unwrap().rate_per_minute,
+            Some(10)
+        );
+        store
+            .put_json(&ns_key("a"), &record("a", Some(20)))
+            .await
+            .unwrap();
+        // Within the TTL the copy stands; past it the store is read again.
+        assert_eq!(
+            records.get("a").await.unwrap().unwrap().rate_per_minute,
+            Some(10)
+        );
+        clock.advance(RECORD_TTL);
+        assert!(records.cached("a").is_none());
+        assert_eq!(
+            records.get("a").await.unwrap().unwrap().rate_per_minute,
+            Some(20)
+        );
+    }
+
+    #[actix_rt::test]
+    async fn the_owners_snapshot_wins_and_never_ages() {
+        let (store, _dir) = store();
+        let clock = Arc::new(ManualClock::default());
+        let records = Records::with_clock(store.clone(), clock.clone());
+        store
+            .put_json(&ns_key("a"), &record("a", Some(10)))
+            .await
+            .unwrap();
+        records.publish("a", Some(&record("a", Some(30))));
+        clock.advance(RECORD_TTL * 10);
+        assert_eq!(
+            records.get("a").await.unwrap().unwrap().rate_per_minute,
+            Some(30)
+        );
+        // A store change does not drop it: the owner reloads and republishes.
+        records.forget_read("a");
+        assert_eq!(records.cached("a").unwrap().rate_per_minute, Some(30));
+        // Once the owner stops, readers go to the store again.
+        records.retire("a");
+        assert_eq!(
+            records.get("a").await.unwrap().unwrap().rate_per_minute,
+            Some(10)
+        );
+    }
+
+    #[actix_rt::test]
+    async fn a_missing_namespace_is_not_remembered() {
+        let (store, _dir) = store();
+        let records = Records::new(store.clone());
+        assert!(records.get("b").await.unwrap().is_none());
+        store
+            .put_json(&ns_key("b"), &record("b", None))
+            .await
+            .unwrap();
+        assert!(records.get("b").await.unwrap().is_some());
+        // The owner publishing a delete removes the snapshot.
+        records.publish("b", Some(&record("b", None)));
+        records.publish("b", None);
+        assert!(records.cached("b").is_none());
+    }
+
+    #[test]
+    fn only_record_keys_name_a_namespace() {
+        assert_eq!(changed_namespace(b"ns/acme"), Some("acme"));
+        assert_eq!(changed_namespace(b"ns/"), None);
+        assert_eq!(changed_namespace(b"nskeys/acme/x"), None);
+        assert_eq!(changed_namespace(b"ns/acme/x"), None);
+    }
+}

@@ -144,9 +144,9 @@ pub(crate) fn forwarding_and_breakers_on(etcd: &EtcdProcess) {
     );
 
     // The member comes back on its port; after the probe interval a request
-    // probes it, succeeds, and closes the breaker.
+    // probes it, succeeds, and closes the breaker (until then the open
+    // breaker skips it and the other member serves).
     let back = TestNode::start_with(member_opts(etcd, &first, ports[idx], tmp.path()));
-    std::thread::sleep(Duration::from_millis(1100));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (s, m, _) = read_via(&a, "shop");
@@ -286,12 +286,20 @@ fn cron_fires_once_per_slot_in_the_cluster() {
         .iter()
         .map(|n| metric_sum(n, "meshgate_function_invocations_total{namespace=\"clock\""))
         .sum();
-    std::thread::sleep(Duration::from_secs(4));
-    let claimed: f64 = nodes
-        .iter()
-        .map(|n| metric_sum(n, "meshgate_cron_slots_total{outcome=\"claimed\""))
-        .sum::<f64>()
-        - claimed0;
+    // A window of six claims: about 6 s when each slot is claimed once,
+    // about 3 s (or less) when two or three nodes claim each one, which the
+    // claims-per-second check below tells apart.
+    let claimed_since = || {
+        nodes
+            .iter()
+            .map(|n| metric_sum(n, "meshgate_cron_slots_total{outcome=\"claimed\""))
+            .sum::<f64>()
+            - claimed0
+    };
+    wait_until(Duration::from_secs(30), "six slots never claimed", || {
+        claimed_since() >= 6.0
+    });
+    let claimed = claimed_since();
     let lost: f64 = nodes
         .iter()
         .map(|n| metric_sum(n, "meshgate_cron_slots_total{outcome=\"lost\""))
@@ -449,10 +457,13 @@ pub(crate) async fn thousand_messages_on(etcd: &EtcdProcess) {
         }
     }
     publisher.join().unwrap();
+    // A last message behind the thousand: each subscriber's next message is
+    // that one (messages come in publish order), so no message came twice.
+    publish(&nodes[0], &key, "room", "end");
     for (n, s) in subs.iter_mut().enumerate() {
         assert_eq!(
-            next_message(s, Duration::from_millis(700)).await,
-            None,
+            next_message(s, Duration::from_secs(20)).await.as_deref(),
+            Some("end"),
             "node {n} got a message twice"
         );
     }

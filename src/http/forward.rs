@@ -306,10 +306,7 @@ async fn forward(
         .map(|p| p.as_str())
         .unwrap_or(path);
     let listed = connection_listed(req.headers());
-    let t = PeerTimeouts {
-        connect: Duration::from_secs(n.config.deploy.connect_timeout_seconds),
-        response: Duration::from_secs(n.config.deploy.upstream_timeout_seconds),
-    };
+    let t = PeerTimeouts::from_config(&n.config);
     let peer_ca = &n.config.cluster.peer_ca_file;
     let client = peer_client(peer_ca, t).map_err(|e| {
         tracing::error!(error = %e, "No client for other members.");

@@ -84,6 +84,18 @@ pub struct PeerTimeouts {
     pub response: Duration,
 }
 
+impl PeerTimeouts {
+    /// A hop's timeouts from the `[deploy]` section: the same connect and
+    /// response bounds as a proxied upstream (forwarding and internal asks
+    /// both use these).
+    pub fn from_config(cfg: &Config) -> Self {
+        Self {
+            connect: Duration::from_secs(cfg.deploy.connect_timeout_seconds),
+            response: Duration::from_secs(cfg.deploy.upstream_timeout_seconds),
+        }
+    }
+}
+
 /// The worker thread's client to other members (awc is single-threaded),
 /// with keep-alive connections and TLS trusting `peer_ca_file` only. `Err`
 /// if the CA file cannot be loaded.
@@ -134,11 +146,7 @@ pub async fn internal_get(
     if base.starts_with("https://") && peer_ca.is_empty() {
         return Err("the peer advertises https:// and peer_ca_file is not set".into());
     }
-    let t = PeerTimeouts {
-        connect: Duration::from_secs(config.deploy.connect_timeout_seconds),
-        response: Duration::from_secs(config.deploy.upstream_timeout_seconds),
-    };
-    let client = peer_client(peer_ca, t)?;
+    let client = peer_client(peer_ca, PeerTimeouts::from_config(config))?;
     let digest = crate::auth::hop_body_sha256(b"");
     let signed = crate::auth::HopRequest {
         method: "GET",
@@ -182,6 +190,17 @@ mod tests {
         assert_eq!(hop_body_limit(&cfg), 30 + MULTIPART_SLACK);
         cfg.server.max_body_bytes = 100;
         assert_eq!(hop_body_limit(&cfg), 100 + MULTIPART_SLACK);
+    }
+
+    /// A hop's timeouts are the `[deploy]` connect and upstream ones, each in its field.
+    #[test]
+    fn timeouts_from_deploy_config() {
+        let mut cfg = Config::default();
+        cfg.deploy.connect_timeout_seconds = 3;
+        cfg.deploy.upstream_timeout_seconds = 17;
+        let t = PeerTimeouts::from_config(&cfg);
+        assert_eq!(t.connect, Duration::from_secs(3));
+        assert_eq!(t.response, Duration::from_secs(17));
     }
 
     /// A file with no certificate, or none at all, is refused with its name.

@@ -111,12 +111,7 @@ async fn serve_bound(
                 connect: Duration::from_secs(cfg.connect_timeout_seconds),
                 response: Duration::from_secs(cfg.upstream_timeout_seconds),
             };
-            let upgrade = req
-                .headers()
-                .get(header::UPGRADE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-            if upgrade {
+            if crate::http::is_websocket_upgrade(req.headers()) {
                 proxy_ws(req, payload, pool, &pq, &fwd, t).await
             } else {
                 proxy_http(req, payload, pool, &pq, &fwd, t).await
@@ -144,7 +139,7 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
         return None;
     }
     // Hops (the internal-auth gate checks their MAC) and upgrades take the chain.
-    if req.headers().contains_key(header::UPGRADE)
+    if crate::http::has_upgrade(req.headers())
         || req
             .headers()
             .keys()

@@ -37,8 +37,6 @@ use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use std::time::Duration;
 
 /// Names the member that served a forwarded request.
@@ -163,7 +161,7 @@ async fn members_elsewhere(
         return Ok(None);
     }
     // Sockets stay on the node they reached; the mesh carries their messages.
-    if req.headers().contains_key(header::UPGRADE) {
+    if crate::http::has_upgrade(req.headers()) {
         return Ok(None);
     }
     // Deployment reads are answered here: their records are in the shared
@@ -242,33 +240,6 @@ async fn after_forwarded_change(n: &Node, req: &HttpRequest) {
     }
 }
 
-/// The client's body, read whole up to `limit` bytes (413 above, before
-/// reading when its Content-Length already says so).
-async fn read_body(
-    req: &HttpRequest,
-    mut payload: actix_web::dev::Payload,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    let too_large = || ApiError::too_large(format!("the body is larger than {limit} bytes"));
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::new(Code::MalformedBody, e.to_string()))?;
-        if buf.len() + chunk.len() > limit {
-            return Err(too_large());
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf.freeze())
-}
-
 async fn forward(
     n: &Node,
     req: &HttpRequest,
@@ -295,7 +266,9 @@ async fn forward(
     };
     // Sockets are never forwarded (see `members_elsewhere`), so the body is
     // a finite one: read it whole, as its digest goes into the MAC.
-    let body = read_body(req, payload, hop_body_limit(&n.config)).await?;
+    // The client's body, read whole up to the hop bound (413 above, before
+    // reading when its Content-Length already says so).
+    let body = crate::http::read_limited(req.headers(), payload, hop_body_limit(&n.config)).await?;
     let digest = hop_body_sha256(&body);
     let had_body = !body.is_empty() || req.headers().contains_key(header::CONTENT_LENGTH);
     let path = req.path();

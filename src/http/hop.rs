@@ -25,9 +25,6 @@ use crate::http::forward::{ANONYMOUS_HOP, AnonymousHop};
 use crate::http::state::Node;
 use actix_web::HttpMessage;
 use actix_web::dev::{Payload, ServiceRequest};
-use actix_web::http::header;
-use bytes::BytesMut;
-use futures_util::StreamExt;
 
 /// The identity a valid hop carries (`Ok(None)`: no hop, or one not
 /// believed: its headers are simply dropped). `Err` is the request's answer:
@@ -117,7 +114,7 @@ async fn check_body(node: &Node, req: &mut ServiceRequest, claimed: &str) -> Res
             "the body of this hop is not the one its MAC was made for",
         )
     };
-    if req.headers().contains_key(header::UPGRADE) {
+    if crate::http::has_upgrade(req.headers()) {
         return if claimed == auth::hop_body_sha256(b"") {
             Ok(())
         } else {
@@ -125,25 +122,8 @@ async fn check_body(node: &Node, req: &mut ServiceRequest, claimed: &str) -> Res
         };
     }
     let limit = crate::placement::peer::hop_body_limit(&node.config);
-    let too_large = || ApiError::too_large(format!("the body is larger than {limit} bytes"));
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let mut payload = req.take_payload();
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::new(Code::MalformedBody, e.to_string()))?;
-        if buf.len() + chunk.len() > limit {
-            return Err(too_large());
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    let body = buf.freeze();
+    let payload = req.take_payload();
+    let body = crate::http::read_limited(req.headers(), payload, limit).await?;
     if auth::hop_body_sha256(&body) != claimed {
         return Err(mismatch());
     }

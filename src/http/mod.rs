@@ -10,6 +10,7 @@ pub mod forward;
 mod hop;
 mod middleware;
 mod policy;
+mod request;
 mod routes;
 pub mod state;
 pub mod tls;
@@ -23,6 +24,7 @@ pub use error::GATEWAY_FAULT;
 pub use error::{ApiError, ApiResult};
 pub use middleware::{RequestId, policy_of};
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
+pub use request::{has_upgrade, is_websocket_upgrade, read_limited};
 pub use routes::{KeyCache, TokenCache, now};
 
 use crate::error::Code;

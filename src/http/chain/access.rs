@@ -29,12 +29,7 @@ fn raw_credential(req: &ServiceRequest) -> Option<String> {
     if let Some(v) = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
         return Some(v.trim().to_string());
     }
-    let upgrade = req
-        .headers()
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    if upgrade {
+    if crate::http::is_websocket_upgrade(req.headers()) {
         return web::Query::<std::collections::HashMap<String, String>>::from_query(
             req.query_string(),
         )

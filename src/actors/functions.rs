@@ -169,7 +169,8 @@ pub struct PrepareInvoke {
     pub name: String,
     /// A kept version to run; None runs the current one.
     pub version: Option<u64>,
-    /// The guest's stdin (refused past the engine's input limit).
+    /// The guest's stdin, already within the engine's input limit: the
+    /// sender's edge checked it (see `docs/architecture.md`, "Checked once").
     pub input: Vec<u8>,
     /// Who calls and the request id, for the `caller` import and the record.
     pub caller: CallerInfo,

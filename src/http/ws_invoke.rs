@@ -7,9 +7,10 @@ use serde_json::{Value, json};
 
 use crate::actors::{CallerInfo, Trigger};
 use crate::actors::{NsHandle, PrepareInvoke};
-use crate::error::ApiError;
+use crate::error::{ApiError, Code};
 use crate::identity::Identity;
 use crate::pubsub::FrameError;
+use crate::wasm::MAX_INPUT_BYTES;
 
 /// Runs `function` of the socket's namespace with `input`; the result is the
 /// output as JSON when it parses, else `{"output_base64": ...}`.
@@ -41,6 +42,7 @@ pub fn ws_invoke(
                 format!("the credential lacks functions:invoke:{name}"),
             ));
         }
+        check_input(&input)?;
         let caller = CallerInfo {
             subject: identity.map(|i| i.subject),
             request_id: hex::encode(crate::util::random_bytes::<12>()),
@@ -67,4 +69,34 @@ pub fn ws_invoke(
             Err(e) => Err(FrameError::new(e.code.as_str(), e.message)),
         }
     })
+}
+
+/// The socket path's check of the engine's input limit, on the input as the
+/// frame decoded it (the frame reader bounds a frame by
+/// `pubsub.max_frame_bytes`, another limit): `INPUT_TOO_LARGE` above it.
+/// `PrepareInvoke` and the invoker take the input as checked here.
+fn check_input(input: &[u8]) -> Result<(), FrameError> {
+    if input.len() > MAX_INPUT_BYTES {
+        return Err(FrameError::new(
+            Code::InputTooLarge.as_str(),
+            format!("the input is larger than {MAX_INPUT_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An input of exactly the engine's limit passes; one byte more is
+    /// `INPUT_TOO_LARGE`, the code the engine itself answers.
+    #[test]
+    fn input_limit() {
+        assert_eq!(check_input(&vec![0; MAX_INPUT_BYTES]), Ok(()));
+        let e = check_input(&vec![0; MAX_INPUT_BYTES + 1]).unwrap_err();
+        assert_eq!(e.code, "INPUT_TOO_LARGE");
+        let engine = crate::functions::wasm_error_code(&crate::wasm::WasmError::InputTooLarge);
+        assert_eq!(e.code, engine.as_str());
+    }
 }

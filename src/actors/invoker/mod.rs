@@ -29,9 +29,7 @@ use crate::functions::model::{
 use crate::functions::{FnError, FnResult, SecretBox};
 use crate::metrics::Metrics;
 use crate::storage::{BatchOp, OrderedKv, Store, StoreError, StoreResult};
-use crate::wasm::{
-    CompiledModule, HostApi, HostError, Invocation, MAX_INPUT_BYTES, ResolvedFunction, WasmEngine,
-};
+use crate::wasm::{CompiledModule, HostApi, HostError, Invocation, ResolvedFunction, WasmEngine};
 
 mod host;
 mod run;

@@ -152,6 +152,9 @@ impl Invoker {
     }
 
     /// Resolves the function and builds the call; the guest does not run yet.
+    /// `input` is taken as it is: the edge that read it checked the engine's
+    /// input limit (the HTTP body read, the socket's `invoke` frame), and a
+    /// trigger's input meets the engine's own check when it runs.
     pub async fn prepare(
         &self,
         name: String,
@@ -161,9 +164,6 @@ impl Invoker {
         trigger: Trigger,
         depth: u8,
     ) -> FnResult<Prepared> {
-        if input.len() > MAX_INPUT_BYTES {
-            return Err(crate::wasm::WasmError::InputTooLarge.into());
-        }
         let r = match self.cached(&name, version).await? {
             Some(r) => r,
             None => {

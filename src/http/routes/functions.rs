@@ -359,19 +359,13 @@ fn split_version(target: &str) -> ApiResult<(String, Option<u64>)> {
     }
 }
 
-/// Reads the raw body up to the 1 MiB input limit (413 above).
-async fn read_input(mut payload: web::Payload) -> ApiResult<Vec<u8>> {
-    let mut buf = Vec::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| bad(Code::MalformedBody, e.to_string()))?;
-        if buf.len() + chunk.len() > MAX_INPUT_BYTES {
-            return Err(ApiError::too_large(format!(
-                "the input is larger than {MAX_INPUT_BYTES} bytes"
-            )));
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf)
+/// Reads the raw body, the guest's input: the HTTP invoke paths' check of
+/// the engine's input limit, as the bytes are read (413 `PAYLOAD_TOO_LARGE`
+/// above it, before reading when the Content-Length says so).
+/// `PrepareInvoke` and the invoker take the input as read.
+async fn read_input(req: &HttpRequest, payload: web::Payload) -> ApiResult<Vec<u8>> {
+    let body = crate::http::read_limited(req.headers(), payload, MAX_INPUT_BYTES).await?;
+    Ok(body.into())
 }
 
 fn request_id(req: &HttpRequest) -> String {
@@ -404,7 +398,7 @@ async fn invoke(
 ) -> ApiResult<HttpResponse> {
     let (name, version) = split_version(&target)?;
     ctx.require("functions", "invoke", &name)?;
-    let input = read_input(payload).await?;
+    let input = read_input(&req, payload).await?;
     let caller = CallerInfo {
         subject: ctx.identity.as_ref().map(|i| i.subject.clone()),
         request_id: request_id(&req),
@@ -453,7 +447,7 @@ async fn invoke_by_namespace(
         }
         _ => false,
     };
-    let input = read_input(payload).await?;
+    let input = read_input(&req, payload).await?;
     let handle = node.locate(&ns).await?;
     let caller = CallerInfo {
         subject: identity.as_ref().map(|i| i.subject.clone()),

@@ -133,6 +133,9 @@ impl Handler<UnsubscribeAll> for NamespaceSupervisor {
 
 /// Sent by `POST /v1/pubsub/publish` and socket publishes; replies once the
 /// message is accepted (handed to the delivery path; delivery is at most once).
+/// The topic and the payload's size were checked by the sender
+/// ([`check_topic`](crate::pubsub::check_topic),
+/// [`check_payload`](crate::pubsub::check_payload)): not again here.
 #[derive(Message)]
 #[rtype(result = "NsResult<()>")]
 pub struct Publish {

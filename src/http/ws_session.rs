@@ -202,7 +202,7 @@ impl WsSession {
                 Some(("pong", Value::Bool(true))),
             )))),
             ClientFrame::Subscribe { topic, presence } => {
-                protocol::check_topic(&topic).map_err(topic_error)?;
+                protocol::check_topic(&topic).map_err(ApiError::from)?;
                 self.allows("subscribe", &topic)?;
                 if let Some((m, meta)) = &presence {
                     protocol::check_member(m, meta.as_deref())?;
@@ -248,9 +248,11 @@ impl WsSession {
                 Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
             }
             ClientFrame::Publish { topic, data } => {
-                protocol::check_topic(&topic).map_err(topic_error)?;
+                // The checks of `POST /v1/pubsub/publish`, in its order.
+                protocol::check_topic(&topic).map_err(ApiError::from)?;
                 self.allows("publish", &topic)?;
-                self.check_size(&data)?;
+                protocol::check_payload(&data, self.node.config.pubsub.max_frame_bytes)
+                    .map_err(ApiError::from)?;
                 let reply = send_now(
                     &self.ns,
                     Publish {
@@ -276,16 +278,6 @@ impl WsSession {
                 }))
             }
         }
-    }
-
-    fn check_size(&self, data: &Bytes) -> Result<(), FrameError> {
-        if data.len() > self.node.config.pubsub.max_frame_bytes {
-            return Err(FrameError::new(
-                "PAYLOAD_TOO_LARGE",
-                "the message is larger than pubsub.max_frame_bytes",
-            ));
-        }
-        Ok(())
     }
 
     /// A frame on the simple socket: published to the socket's topic.
@@ -320,19 +312,15 @@ impl WsSession {
     }
 }
 
-fn topic_error(e: protocol::TopicError) -> FrameError {
-    match e {
-        protocol::TopicError::Reserved => FrameError::new("RESERVED_TOPIC", e.to_string()),
-        protocol::TopicError::Invalid => FrameError::new("BAD_TOPIC", e.to_string()),
-    }
+/// A supervisor's answer, refused on the way ([`AskError`]) or by its
+/// handler: one error either way. The socket's frames and the simple
+/// socket's handshake (`routes/pubsub.rs`) both settle through it.
+pub(crate) fn settle<T>(r: Result<NsResult<T>, AskError>) -> Result<T, ApiError> {
+    r?.map_err(ApiError::from)
 }
 
 fn flatten(r: Result<NsResult<()>, AskError>) -> Result<(), FrameError> {
-    match r {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(ApiError::from(e).into()),
-        Err(e) => Err(ApiError::from(e).into()),
-    }
+    settle(r).map_err(FrameError::from)
 }
 
 /// Sends `msg` through the supervisor's bounded admission *now* (so messages

@@ -11,8 +11,8 @@ mod service;
 mod table;
 
 pub use protocol::{
-    ClientFrame, FrameError, FrameKind, MAX_BATCH, RESERVED_PREFIX, TopicError, check_member,
-    check_topic, close, parse_client_frame,
+    ClientFrame, FrameError, FrameKind, MAX_BATCH, NotBase64, PayloadTooLarge, RESERVED_PREFIX,
+    TopicError, check_member, check_payload, check_topic, close, decode_base64, parse_client_frame,
 };
 pub use relay::{Conn, OutBody, Relay, Shutdown};
 pub use service::{Delivery, MeshMessage, MeshSink, Origin, PubSubService, RelayMsg, Targets};

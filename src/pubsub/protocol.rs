@@ -61,6 +61,36 @@ pub fn check_topic(topic: &str) -> Result<(), TopicError> {
     Ok(())
 }
 
+/// A payload larger than `pubsub.max_frame_bytes`: 413 `PAYLOAD_TOO_LARGE`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the message is larger than pubsub.max_frame_bytes")]
+pub struct PayloadTooLarge;
+
+/// Checks the payload of a client's publish against `max_frame_bytes`
+/// (`pubsub.max_frame_bytes`): the one size check of both publish paths,
+/// `POST /v1/pubsub/publish[-batch]` and the `publish` frame of `/v1/ws`.
+/// Called after [`check_topic`] and the caller's grant.
+pub fn check_payload(data: &[u8], max_frame_bytes: usize) -> Result<(), PayloadTooLarge> {
+    if data.len() > max_frame_bytes {
+        return Err(PayloadTooLarge);
+    }
+    Ok(())
+}
+
+/// A payload field that is not standard base64: 400 `BAD_BASE64`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not standard base64")]
+pub struct NotBase64;
+
+/// A payload as clients send it (`data_base64`, `input_base64`), decoded:
+/// standard base64, the one decoding of both publish paths.
+pub fn decode_base64(text: &str) -> Result<Bytes, NotBase64> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map(Bytes::from)
+        .map_err(|_| NotBase64)
+}
+
 /// How a subscriber wants its messages framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameKind {
@@ -251,9 +281,7 @@ fn str_field(v: &Value, k: &str) -> Result<String, FrameError> {
 fn b64_field(v: &Value, k: &str) -> Result<Bytes, FrameError> {
     match v.get(k) {
         None | Some(Value::Null) => Ok(Bytes::new()),
-        Some(Value::String(s)) => base64::engine::general_purpose::STANDARD
-            .decode(s)
-            .map(Bytes::from)
+        Some(Value::String(s)) => decode_base64(s)
             .map_err(|_| FrameError::new("BAD_BASE64", format!("`{k}` is not base64"))),
         Some(_) => Err(FrameError::new(
             "BAD_FRAME",
@@ -374,6 +402,24 @@ mod tests {
         assert_eq!(check_topic(""), Err(TopicError::Invalid));
         assert_eq!(check_topic("a b"), Err(TopicError::Invalid));
         assert_eq!(check_topic(&"x".repeat(257)), Err(TopicError::Invalid));
+    }
+
+    /// A payload of exactly `max_frame_bytes` passes; one byte more is refused.
+    #[test]
+    fn payload_bound() {
+        assert_eq!(check_payload(&[0; 16], 16), Ok(()));
+        assert_eq!(check_payload(&[], 16), Ok(()));
+        assert_eq!(check_payload(&[0; 17], 16), Err(PayloadTooLarge));
+    }
+
+    /// Standard base64 decodes (the empty text to no bytes); anything else is refused.
+    #[test]
+    fn base64_payloads() {
+        assert_eq!(decode_base64("aGk="), Ok(Bytes::from_static(b"hi")));
+        assert_eq!(decode_base64(""), Ok(Bytes::new()));
+        assert_eq!(decode_base64("!!"), Err(NotBase64));
+        // URL-safe base64 is not the standard alphabet.
+        assert_eq!(decode_base64("-_8="), Err(NotBase64));
     }
 
     /// Each frame type parses; errors keep the id.

@@ -8,14 +8,15 @@ use crate::http::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
+use crate::http::ws_session::settle;
 use crate::http::{Mode, WsSession};
 use crate::pubsub::{
-    FrameKind, MAX_BATCH, OutBody, Relay, SubscriberRef, TopicError, check_member, check_topic,
+    FrameKind, MAX_BATCH, OutBody, PayloadTooLarge, Relay, SubscriberRef, TopicError, check_member,
+    check_payload, check_topic, decode_base64,
 };
 use actix_web::body::BodyStream;
 use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
-use base64::Engine as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -70,12 +71,25 @@ pub fn register(t: &mut RouteTable) {
 /// live node: that node's own sockets only (no fan-out from there).
 const LOCAL_VIEW_PATH: &str = "/v1/internal/pubsub/local";
 
-/// A topic as a client names it: 400 when invalid, 403 when reserved.
-fn topic_ok(topic: &str) -> ApiResult<()> {
-    check_topic(topic).map_err(|e| match e {
-        TopicError::Reserved => ApiError::new(Code::ReservedTopic, e.to_string()),
-        TopicError::Invalid => ApiError::new(Code::BadTopic, e.to_string()),
-    })
+/// A topic a client names, refused: 400 `BAD_TOPIC` when invalid, 403
+/// `RESERVED_TOPIC` when reserved. The one mapping of both the routes and
+/// the socket's frames (`http/ws_session.rs`).
+impl From<TopicError> for ApiError {
+    fn from(e: TopicError) -> Self {
+        let code = match e {
+            TopicError::Reserved => Code::ReservedTopic,
+            TopicError::Invalid => Code::BadTopic,
+        };
+        ApiError::new(code, e.to_string())
+    }
+}
+
+/// A publish's payload over `pubsub.max_frame_bytes`: 413 `PAYLOAD_TOO_LARGE`
+/// (the routes and the socket's `publish` frame alike).
+impl From<PayloadTooLarge> for ApiError {
+    fn from(e: PayloadTooLarge) -> Self {
+        ApiError::too_large(e.to_string())
+    }
 }
 
 /// One message of `POST /v1/pubsub/publish` (and of a batch).
@@ -89,19 +103,15 @@ struct PublishBody {
     data_base64: String,
 }
 
-/// Validates one message: topic, grant, base64, size.
+/// Validates one message: topic, grant, base64, size (the same checks, in
+/// the same order, as the socket's `publish` frame).
 fn message(ctx: &NsCtx, node: &Node, m: PublishBody) -> ApiResult<(String, Bytes)> {
-    topic_ok(&m.topic)?;
+    check_topic(&m.topic)?;
     ctx.require("pubsub", "publish", &m.topic)?;
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(m.data_base64.as_bytes())
+    let data = decode_base64(&m.data_base64)
         .map_err(|_| ApiError::new(Code::BadBase64, "data_base64 is not base64"))?;
-    if data.len() > node.config.pubsub.max_frame_bytes {
-        return Err(ApiError::too_large(
-            "the message is larger than pubsub.max_frame_bytes",
-        ));
-    }
-    Ok((m.topic, data.into()))
+    check_payload(&data, node.config.pubsub.max_frame_bytes)?;
+    Ok((m.topic, data))
 }
 
 async fn publish(
@@ -190,7 +200,7 @@ async fn simple_socket(
     q: web::Query<SocketQuery>,
 ) -> ApiResult<HttpResponse> {
     let q = q.into_inner();
-    topic_ok(&q.topic)?;
+    check_topic(&q.topic)?;
     ctx.require("pubsub", "subscribe", &q.topic)?;
     let kind = match q.format.as_deref() {
         None | Some("json") => FrameKind::Simple,
@@ -230,7 +240,7 @@ async fn simple_socket(
             presence,
         })
         .await;
-    if let Err(e) = flatten(subscribed) {
+    if let Err(e) = settle(subscribed) {
         relay.forget(conn.id);
         // A timed-out subscribe may still be applied later: undo it.
         ctx.handle.stats.admit_always();
@@ -252,10 +262,6 @@ async fn simple_socket(
     )
     .start_with(stream);
     Ok(upgraded(resp, conn))
-}
-
-fn flatten(r: Result<crate::actors::NsResult<()>, crate::actors::AskError>) -> ApiResult<()> {
-    r?.map_err(ApiError::from)
 }
 
 /// `GET /v1/ws`: the full socket; subscriptions come as frames.
@@ -388,7 +394,7 @@ async fn local_view(
         .ok_or_else(|| ApiError::new(Code::NamespaceRequired, "the hop names no namespace"))?;
     let topic = q.into_inner().topic;
     if let Some(t) = &topic {
-        topic_ok(t)?;
+        check_topic(t)?;
     }
     let view = match node.namespaces.get(&ns) {
         Some(handle) => local_of(&handle, topic.as_deref()).await?,
@@ -515,7 +521,7 @@ async fn presence(
     q: web::Query<TopicQuery>,
 ) -> ApiResult<HttpResponse> {
     let topic = q.into_inner().topic;
-    topic_ok(&topic)?;
+    check_topic(&topic)?;
     ctx.require("pubsub", "read", &topic)?;
     let here = local_of(&ctx.handle, Some(&topic)).await?;
     let Some((mut views, missing)) = others_views(&node, &ctx.name, Some(&topic)).await else {
@@ -610,6 +616,21 @@ mod tests {
             .map(|t| (t.topic.as_str(), t.subscribers))
             .collect();
         assert_eq!(got, vec![("x", 4), ("y", 2)]);
+    }
+
+    /// The one mapping of the domain's refusals: the codes and statuses both
+    /// publish paths answer, the socket's frames through the same error.
+    #[test]
+    fn refusals_map_to_their_codes() {
+        let code = |e: ApiError| (e.code, e.status.as_u16());
+        let reserved = check_topic("_mg/x").unwrap_err();
+        assert_eq!(code(reserved.clone().into()), (Code::ReservedTopic, 403));
+        let invalid = check_topic("a b").unwrap_err();
+        assert_eq!(code(invalid.into()), (Code::BadTopic, 400));
+        let big = check_payload(&[0; 3], 2).unwrap_err();
+        assert_eq!(code(big.into()), (Code::PayloadTooLarge, 413));
+        let frame = crate::pubsub::FrameError::from(ApiError::from(reserved));
+        assert_eq!(frame.code, "RESERVED_TOPIC");
     }
 
     /// A topic goes into the query string intact, whatever it holds.

@@ -3,6 +3,10 @@
 //! [`MAX_NAMESPACE_LABELS`]; later namespaces share the label `_other`.
 
 #![forbid(unsafe_code)]
+// Registering the node's fixed metric set at start-up fails only on a
+// programming error (a name or label set written twice): it runs before any
+// request, so it may unwrap.
+#![allow(clippy::unwrap_used)]
 
 use parking_lot::Mutex;
 use prometheus::{
@@ -136,7 +140,7 @@ impl Metrics {
         ];
         let inner = Inner {
             labelled: Mutex::new(HashSet::new()),
-            started: std::time::Instant::now(),
+            started: crate::util::mono_now(),
             actor_mailbox_depth: reg!(
                 IntGaugeVec::new(
                     Opts::new(

@@ -51,7 +51,11 @@ impl NamespaceSupervisor {
         });
     }
 
-    /// The pub/sub trigger path: fires the functions whose patterns match.
+    /// The pub/sub trigger path, called once for every accepted client
+    /// publish (not for presence events), after local delivery, with the
+    /// publisher's trigger depth (0 for clients; a function publishing from a
+    /// trigger passes its depth + 1, and triggers stop at depth 5): fires the
+    /// functions whose patterns match.
     pub(super) fn fire_pubsub_triggers(&self, topic: &str, data: &Bytes, depth: u8) {
         if let Some(inv) = &self.functions {
             inv.on_published(topic, data, depth);

@@ -48,7 +48,7 @@ async fn unless_importing<T, Fut>(
 where
     Fut: std::future::Future<Output = crate::storage::StoreResult<Option<T>>>,
 {
-    let start = std::time::Instant::now();
+    let start = crate::util::mono_now();
     let mut pause = std::time::Duration::from_millis(5);
     let mut took_over = false;
     loop {

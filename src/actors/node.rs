@@ -49,6 +49,36 @@ impl NsHandle {
     {
         ask(&self.addr, &self.stats, msg, ASK_TIMEOUT).await
     }
+
+    /// Sends `msg` through the bounded admission *now* (so a socket's
+    /// messages keep the order its frames arrived in) and returns the future
+    /// of the reply.
+    pub fn ask_now<M>(
+        &self,
+        msg: M,
+    ) -> futures_util::future::LocalBoxFuture<'static, Result<M::Result, AskError>>
+    where
+        NamespaceSupervisor: Handler<M>,
+        <NamespaceSupervisor as Actor>::Context: ToEnvelope<NamespaceSupervisor, M>,
+        M: Message + Send + 'static,
+        M::Result: Send,
+    {
+        if !self.stats.admit() {
+            return Box::pin(std::future::ready(Err(AskError::Overloaded)));
+        }
+        let req = self.addr.send(msg).timeout(ASK_TIMEOUT);
+        let stats = self.stats.clone();
+        Box::pin(async move {
+            match req.await {
+                Ok(r) => Ok(r),
+                Err(MailboxError::Timeout) => Err(AskError::Timeout),
+                Err(MailboxError::Closed) => {
+                    stats.cancel();
+                    Err(AskError::Gone)
+                }
+            }
+        })
+    }
 }
 
 /// The directory of running namespace supervisors, shared with handlers.

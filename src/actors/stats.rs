@@ -107,7 +107,7 @@ impl ActorStats {
     pub fn timer(self: &Arc<Self>) -> HandleTimer {
         HandleTimer {
             stats: self.clone(),
-            start: Instant::now(),
+            start: crate::util::mono_now(),
         }
     }
 

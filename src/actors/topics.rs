@@ -26,15 +26,6 @@ impl NamespaceSupervisor {
         }
     }
 
-    /// The hook the namespace's pub/sub triggers plug into: called once for
-    /// every accepted client publish (not for presence events), after local
-    /// delivery, with the trigger depth of the publisher (0 for clients; a
-    /// function publishing from a trigger passes its depth + 1, and triggers
-    /// stop at depth 5). Fires the namespace's pub/sub triggers (`actors/functions.rs`).
-    pub fn on_published(&mut self, _ctx: &mut Context<Self>, topic: &str, data: &Bytes, depth: u8) {
-        self.fire_pubsub_triggers(topic, data, depth);
-    }
-
     /// What the pub/sub gauges count now: (subscriptions, topics).
     fn gauge_base(&self) -> (usize, usize) {
         (self.topics.subscriptions(), self.topics.topic_count())
@@ -155,7 +146,7 @@ impl Handler<Publish> for NamespaceSupervisor {
             Ok(())
         })?;
         self.count_publishes(1);
-        self.on_published(ctx, &msg.topic, &msg.data, msg.depth);
+        self.fire_pubsub_triggers(&msg.topic, &msg.data, msg.depth);
         Ok(())
     }
 }
@@ -181,7 +172,7 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
         })?;
         self.count_publishes(msg.messages.len() as u64);
         for (topic, data) in &msg.messages {
-            self.on_published(ctx, topic, data, 0);
+            self.fire_pubsub_triggers(topic, data, 0);
         }
         Ok(msg.messages.len())
     }

@@ -419,7 +419,7 @@ impl Mesh {
     /// the registry as last read (the watch keeps it current) and each of
     /// them is subscribed to the mesh topic, so messages flow both ways.
     pub async fn wait_connected(&self, limit: Duration) -> Connectedness {
-        let deadline = Instant::now() + limit;
+        let deadline = crate::util::mono_now() + limit;
         loop {
             let Some(st) = self.status().await else {
                 return Connectedness::RegistryUnread;
@@ -433,7 +433,7 @@ impl Mesh {
             if st.registry_read && missing.is_empty() {
                 return Connectedness::Connected;
             }
-            if Instant::now() >= deadline {
+            if crate::util::mono_now() >= deadline {
                 return if st.registry_read {
                     Connectedness::Unreached(missing)
                 } else {
@@ -727,7 +727,7 @@ impl SwarmTask {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, tick: Duration) {
         let mut tick = tokio::time::interval(tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_sweep = Instant::now();
+        let mut last_sweep = crate::util::mono_now();
         let mut retry = tokio::time::interval(BACKLOG_RETRY);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut dial_tick = tokio::time::interval(DIAL_TICK);
@@ -754,7 +754,7 @@ impl SwarmTask {
                     None => break,
                 },
                 _ = tick.tick() => {
-                    let now = Instant::now();
+                    let now = crate::util::mono_now();
                     let (ready, skipped) = self.reorder.expire(now, STREAM_IDLE);
                     self.metrics.mesh_gaps_skipped.inc_by(skipped);
                     self.deliver(ready);
@@ -838,7 +838,7 @@ impl SwarmTask {
     /// when GossipSub took the batch, so a batch with no peer to reach leaves
     /// no gap behind, and a refused one is numbered again on its retry.
     fn publish(&mut self, n: usize) -> Published {
-        let now = Instant::now();
+        let now = crate::util::mono_now();
         let mut taken: HashMap<(String, String), u64> = HashMap::new();
         let mut entries = Vec::with_capacity(n);
         for out in self.backlog.iter().take(n) {
@@ -957,7 +957,7 @@ impl SwarmTask {
             DIAL_GRACE
         };
         self.dials.entry(peer).or_insert_with(|| Redial {
-            at: Instant::now() + grace,
+            at: crate::util::mono_now() + grace,
             backoff: DIAL_BACKOFF_MIN,
         });
     }
@@ -968,7 +968,7 @@ impl SwarmTask {
     /// connection that opens and is closed at once (the other side did not
     /// know this node yet) is retried with backoff, not in a loop.
     fn dial_due(&mut self) {
-        let now = Instant::now();
+        let now = crate::util::mono_now();
         let mut due = Vec::new();
         for (peer, r) in self.dials.iter_mut() {
             if now >= r.at && !self.swarm.is_connected(peer) {
@@ -1119,7 +1119,7 @@ impl SwarmTask {
             }
         };
         self.metrics.mesh_received.inc_by(msg.entries.len() as u64);
-        let now = Instant::now();
+        let now = crate::util::mono_now();
         let mut released = Vec::with_capacity(msg.entries.len());
         let mut gaps = 0;
         for entry in msg.entries {

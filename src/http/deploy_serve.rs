@@ -19,7 +19,7 @@ use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Put on a request by domain routing when its host belongs to a deployment.
 #[derive(Debug, Clone)]
@@ -244,7 +244,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
             return Ok(res.map_into_right_body());
         }
     }
-    let start = Instant::now();
+    let start = crate::util::mono_now();
     node.metrics.http_in_flight.inc();
     let in_flight = InFlight(node.metrics.http_in_flight.clone());
     // The logger.

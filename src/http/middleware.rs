@@ -11,7 +11,6 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpResponse, web};
-use std::time::Instant;
 
 /// The request id (`X-Request-ID`), generated when the client sent none.
 #[derive(Clone, Debug)]
@@ -99,7 +98,7 @@ pub async fn admission(
             return Ok(res);
         }
     }
-    let start = Instant::now();
+    let start = crate::util::mono_now();
     // Decremented on drop, so a panicking handler cannot hold the drain forever.
     let in_flight = InFlight::enter(&node);
     let mut res = next.call(req).await;
@@ -244,7 +243,7 @@ pub async fn logger(
         .unwrap_or_else(fresh_request_id);
     req.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
-    let start = Instant::now();
+    let start = crate::util::mono_now();
     let res = tracing::Instrument::instrument(next.call(req), span.clone()).await;
     let _e = span.enter();
     match res {

@@ -17,7 +17,7 @@ pub mod tls;
 mod ws_invoke;
 mod ws_session;
 
-pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession, send_now};
+pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession};
 
 pub use chain::{ClientIp, Identity, Limiters, Sni, Target, request_host};
 pub use error::GATEWAY_FAULT;

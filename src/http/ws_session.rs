@@ -10,8 +10,7 @@
 //! order it sent them, while many are in flight.
 
 use crate::actors::{
-    ASK_TIMEOUT, AskError, NamespaceSupervisor, NsHandle, NsResult, Publish, Subscribe,
-    Unsubscribe, UnsubscribeAll,
+    AskError, NsHandle, NsResult, Publish, Subscribe, Unsubscribe, UnsubscribeAll,
 };
 use crate::error::ApiError;
 use crate::http::state::Node;
@@ -78,7 +77,7 @@ impl WsSession {
             relay,
             conn,
             mode,
-            last_heard: Instant::now(),
+            last_heard: crate::util::mono_now(),
             slots: VecDeque::new(),
             base: 0,
         }
@@ -224,27 +223,21 @@ impl WsSession {
                     conn: self.conn.id,
                     kind: FrameKind::Full,
                 };
-                let reply = send_now(
-                    &self.ns,
-                    Subscribe {
-                        topic,
-                        sub,
-                        presence,
-                    },
-                );
+                let reply = self.ns.ask_now(Subscribe {
+                    topic,
+                    sub,
+                    presence,
+                });
                 Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
             }
             ClientFrame::Unsubscribe { topic } => {
                 if let Mode::Full { topics } = &mut self.mode {
                     topics.remove(&topic);
                 }
-                let reply = send_now(
-                    &self.ns,
-                    Unsubscribe {
-                        topic,
-                        conn: self.conn.id,
-                    },
-                );
+                let reply = self.ns.ask_now(Unsubscribe {
+                    topic,
+                    conn: self.conn.id,
+                });
                 Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
             }
             ClientFrame::Publish { topic, data } => {
@@ -253,14 +246,11 @@ impl WsSession {
                 self.allows("publish", &topic)?;
                 protocol::check_payload(&data, self.node.config.pubsub.max_frame_bytes)
                     .map_err(ApiError::from)?;
-                let reply = send_now(
-                    &self.ns,
-                    Publish {
-                        topic,
-                        data,
-                        depth: 0,
-                    },
-                );
+                let reply = self.ns.ask_now(Publish {
+                    topic,
+                    data,
+                    depth: 0,
+                });
                 Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
             }
             ClientFrame::Invoke { function, input } => {
@@ -296,14 +286,11 @@ impl WsSession {
             self.conn.push(error_frame(&Value::Null, &e));
             return;
         }
-        let reply = send_now(
-            &self.ns,
-            Publish {
-                topic: topic.clone(),
-                data,
-                depth: 0,
-            },
-        );
+        let reply = self.ns.ask_now(Publish {
+            topic: topic.clone(),
+            data,
+            depth: 0,
+        });
         ctx.spawn(reply.into_actor(self).map(|r, act, _| {
             if let Err(e) = flatten(r) {
                 act.conn.push(error_frame(&Value::Null, &e));
@@ -321,31 +308,6 @@ pub(crate) fn settle<T>(r: Result<NsResult<T>, AskError>) -> Result<T, ApiError>
 
 fn flatten(r: Result<NsResult<()>, AskError>) -> Result<(), FrameError> {
     settle(r).map_err(FrameError::from)
-}
-
-/// Sends `msg` through the supervisor's bounded admission *now* (so messages
-/// keep the order frames arrived in) and returns the future of the reply.
-pub fn send_now<M>(ns: &NsHandle, msg: M) -> LocalBoxFuture<'static, Result<M::Result, AskError>>
-where
-    NamespaceSupervisor: Handler<M>,
-    M: Message + Send + 'static,
-    M::Result: Send,
-{
-    if !ns.stats.admit() {
-        return Box::pin(std::future::ready(Err(AskError::Overloaded)));
-    }
-    let req = ns.addr.send(msg).timeout(ASK_TIMEOUT);
-    let stats = ns.stats.clone();
-    Box::pin(async move {
-        match req.await {
-            Ok(r) => Ok(r),
-            Err(MailboxError::Timeout) => Err(AskError::Timeout),
-            Err(MailboxError::Closed) => {
-                stats.cancel();
-                Err(AskError::Gone)
-            }
-        }
-    })
 }
 
 impl Actor for WsSession {
@@ -382,7 +344,7 @@ impl Handler<Shutdown> for WsSession {
 
 impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for WsSession {
     fn handle(&mut self, item: Result<AggregatedMessage, ProtocolError>, ctx: &mut Context<Self>) {
-        self.last_heard = Instant::now();
+        self.last_heard = crate::util::mono_now();
         let msg = match item {
             Ok(m) => m,
             Err(ProtocolError::Overflow) => {

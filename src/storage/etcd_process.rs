@@ -117,7 +117,7 @@ impl TestPki {
                 "{}",
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
+                    .expect("the clock is past 1970")
                     .as_nanos()
             );
             openssl(

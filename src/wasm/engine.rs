@@ -264,7 +264,12 @@ impl WasmEngine {
             .map_err(|e| WasmError::Internal(format!("cannot build the linker: {e:#}")))?;
         let known_imports = {
             let call = Invocation::new("", "", Vec::new());
-            let state = HostState::new(runtime.clone(), call, Arc::new(NoHost), Instant::now());
+            let state = HostState::new(
+                runtime.clone(),
+                call,
+                Arc::new(NoHost),
+                crate::util::mono_now(),
+            );
             let mut store = Store::new(&engine, state);
             linker
                 .iter(&mut store)
@@ -375,12 +380,8 @@ impl WasmEngine {
         call: Invocation,
         host: Arc<dyn HostApi>,
     ) -> Result<InvokeOutput> {
-        if call.input.len() > MAX_INPUT_BYTES {
-            return Err(WasmError::InputTooLarge);
-        }
-        if call.depth > MAX_DEPTH {
-            return Err(WasmError::DepthExceeded);
-        }
+        // The input and depth limits are checked once, in `execute`, which
+        // every path (pool, inline, nested) runs.
         let (tx, rx) = tokio::sync::oneshot::channel();
         let runtime = self.inner.runtime.clone();
         let namespace = call.namespace.clone();
@@ -455,7 +456,7 @@ pub(crate) fn execute(
             "module compiled by another engine".into(),
         ));
     }
-    let start = Instant::now();
+    let start = crate::util::mono_now();
     let mut deadline = start
         .checked_add(call.timeout)
         .unwrap_or(start + Duration::from_secs(3600));

@@ -189,7 +189,7 @@ impl Pool {
     /// queue is full; `Overloaded`: the node's is). An admitted job is later
     /// called once, to run or to hear it waited too long.
     pub(crate) fn submit(&self, namespace: &str, job: Job) -> Result<()> {
-        let deadline = Instant::now() + self.queue_wait;
+        let deadline = crate::util::mono_now() + self.queue_wait;
         let mut state = self.shared.state.lock();
         if state.stopped {
             return Err(WasmError::Internal("WASM worker pool stopped".into()));
@@ -260,7 +260,7 @@ fn worker(shared: &Shared) {
             shared.work.wait(&mut state);
             continue;
         };
-        if task.deadline <= Instant::now() {
+        if task.deadline <= crate::util::mono_now() {
             // Waited too long: refused like the timer would have.
             state.tidy(&ns);
             drop(state);
@@ -293,7 +293,7 @@ fn timer(shared: &Shared) {
         if state.stopped {
             return;
         }
-        let (expired, next) = state.expire(Instant::now());
+        let (expired, next) = state.expire(crate::util::mono_now());
         if !expired.is_empty() {
             drop(state);
             for task in expired {

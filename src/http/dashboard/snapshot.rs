@@ -343,7 +343,7 @@ fn rate(now: u64, before: Option<u64>, secs: f64) -> f64 {
 /// `known` names the namespaces in the store, listed even while idle.
 pub fn take(node: &Node, prev: &mut Previous, known: &[String]) -> Snapshot {
     let m = &node.metrics;
-    let now = Instant::now();
+    let now = crate::util::mono_now();
     let secs = prev
         .at
         .map(|t| now.duration_since(t).as_secs_f64())

@@ -72,13 +72,8 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         // `wrap` makes the last one outermost: listed here innermost first.
         app.wrap(from_fn(middleware::deployment_dispatch))
             .wrap(from_fn(forward::cluster_forward))
-            .wrap(from_fn(chain::namespace_rate_limit))
-            .wrap(from_fn(chain::scope_gate))
-            .wrap(from_fn(chain::authorization))
-            .wrap(from_fn(chain::authentication))
-            .wrap(from_fn(chain::domain_routing))
-            .wrap(from_fn(chain::cors))
-            .wrap(from_fn(chain::client_rate_limit))
+            // Steps 5 to 11 (client rate limit … namespace rate limit), in order.
+            .wrap(from_fn(chain::steps))
             .wrap(from_fn(middleware::security_headers))
             .wrap(from_fn(middleware::envelope))
             .wrap(from_fn(middleware::logger))

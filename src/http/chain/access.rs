@@ -41,36 +41,26 @@ fn raw_credential(req: &ServiceRequest) -> Option<String> {
 
 /// Step 8: authentication. A presented credential must be valid (else 401); no
 /// credential leaves the request anonymous for authorization to judge.
-pub async fn authentication<B: MessageBody + 'static>(
-    req: ServiceRequest,
-    next: Next<B>,
-) -> Res<B> {
+pub(super) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError> {
     // On `/__admin` routes only, a dashboard session cookie stands for the operator
     // key (EventSource cannot send headers); a presented header still wins.
     if req.extensions().get::<Identity>().is_none()
         && !req.headers().contains_key(header::AUTHORIZATION)
         && !req.headers().contains_key("x-api-key")
         && let Some(id) =
-            crate::http::dashboard::cookie_identity(&node(&req), req.path(), req.headers())
+            crate::http::dashboard::cookie_identity(node_ref(req), req.path(), req.headers())
     {
         req.extensions_mut().insert(id);
     }
     // A deployment's Authorization header belongs to its upstream.
     if req.extensions().get::<Identity>().is_none()
-        && policy_of(&req) != Some(Policy::Deployment)
-        && let Some(cred) = presented_credential(&req)
+        && policy_of(req) != Some(Policy::Deployment)
+        && let Some(cred) = presented_credential(req)
     {
-        let n = node(&req);
-        match crate::http::routes::authenticate(&n, &cred).await {
-            Ok(id) => {
-                req.extensions_mut().insert(id);
-            }
-            Err(e) => return Ok(refuse(req, e)),
-        }
+        let id = crate::http::routes::authenticate(node_ref(req), &cred).await?;
+        req.extensions_mut().insert(id);
     }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
+    Ok(())
 }
 
 /// The namespace an operator names explicitly (`X-Namespace` or `?namespace=`).
@@ -101,8 +91,8 @@ fn wants_sign_in_page(req: &ServiceRequest) -> bool {
 /// Step 9: authorization. The credential's namespace must be the target
 /// namespace (operators may act on any); operator and admin routes need the
 /// operator key (admin also takes its dashboard session cookie).
-pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
-    let policy = policy_of(&req);
+pub(super) fn authorization(req: &ServiceRequest) -> Result<(), Early> {
+    let policy = policy_of(req);
     // Borrowed, not cloned (an identity carries its grants and claims); the
     // borrow ends with `check`, before the request is changed.
     let check = {
@@ -127,14 +117,12 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
             // public request arrives from 127.0.0.1.
             Some(Policy::Admin) => match id {
                 Some(i) if i.operator => Ok(None),
-                None if wants_sign_in_page(&req) => {
-                    drop(ext);
-                    return Ok(req.into_response(
+                None if wants_sign_in_page(req) => {
+                    return Err(Early::Answer(
                         HttpResponse::SeeOther()
                             .insert_header((header::LOCATION, "/__admin/login"))
                             .insert_header((header::CACHE_CONTROL, "no-store"))
-                            .finish()
-                            .map_into_right_body(),
+                            .finish(),
                     ));
                 }
                 Some(_) => Err(ApiError::new(
@@ -163,7 +151,7 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
                         Code::MissingCredential,
                         "this route needs a credential",
                     )),
-                    Some(i) if i.operator => match routed.or_else(|| named_namespace(&req)) {
+                    Some(i) if i.operator => match routed.or_else(|| named_namespace(req)) {
                         Some(ns) => Ok(Some(ns)),
                         None => Err(ApiError::new(
                             Code::NamespaceRequired,
@@ -173,7 +161,7 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
                     Some(i) => {
                         let own = i.namespace.clone().unwrap_or_default();
                         let target = routed
-                            .or_else(|| named_namespace(&req))
+                            .or_else(|| named_namespace(req))
                             .unwrap_or_else(|| own.clone());
                         if target == own {
                             Ok(Some(target))
@@ -188,36 +176,27 @@ pub async fn authorization<B: MessageBody + 'static>(req: ServiceRequest, next: 
             }
         }
     };
-    match check {
-        Ok(Some(ns)) => {
-            req.extensions_mut().insert(Target(ns));
-        }
-        Ok(None) => {}
-        Err(e) => return Ok(refuse(req, e)),
+    if let Some(ns) = check? {
+        req.extensions_mut().insert(Target(ns));
     }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
+    Ok(())
 }
 
 /// Step 10: the route's required grant must be among the credential's grants
 /// (the resource part is checked by the handler, which knows the topic or key).
-pub async fn scope_gate<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
-    if let Some((domain, action)) = policy_of(&req).and_then(|p| p.grant()) {
+pub(super) fn scope_gate(req: &ServiceRequest) -> Result<(), ApiError> {
+    if let Some((domain, action)) = policy_of(req).and_then(|p| p.grant()) {
         let lacks = req.extensions().get::<Identity>().is_some_and(|i| {
             !i.operator
                 && !domain.is_empty()
                 && !crate::auth::allows_action(&i.grants, domain, action)
         });
         if lacks {
-            let e = ApiError::new(
+            return Err(ApiError::new(
                 Code::MissingGrant,
                 format!("the credential lacks a {domain}:{action} grant"),
-            );
-            return Ok(refuse(req, e));
+            ));
         }
     }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
+    Ok(())
 }

@@ -175,20 +175,16 @@ pub fn bucket_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-pub(super) fn limiters(req: &ServiceRequest) -> Arc<Limiters> {
+pub(super) fn limiters(req: &ServiceRequest) -> &Limiters {
     req.app_data::<web::Data<Arc<Limiters>>>()
         .expect("limiters")
         .get_ref()
-        .clone()
 }
 
 /// Step 5: the client rate limit, before authentication so the auth path is capped
 /// too. Cluster peers (a valid hop) are exempt.
-pub async fn client_rate_limit<B: MessageBody + 'static>(
-    req: ServiceRequest,
-    next: Next<B>,
-) -> Res<B> {
-    let l = limiters(&req);
+pub(super) fn client_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
+    let l = limiters(req);
     let xff = req
         .headers()
         .get("x-forwarded-for")
@@ -197,59 +193,43 @@ pub async fn client_rate_limit<B: MessageBody + 'static>(
     if let Some(ip) = ip {
         req.extensions_mut().insert(ClientIp(ip));
     }
-    let from_peer = req
-        .extensions()
-        .get::<Identity>()
-        .is_some_and(|i| i.kind == "hop")
-        || req
-            .extensions()
-            .get::<crate::http::forward::AnonymousHop>()
-            .is_some();
+    let from_peer = {
+        let ext = req.extensions();
+        ext.get::<Identity>().is_some_and(|i| i.kind == "hop")
+            || ext.get::<crate::http::forward::AnonymousHop>().is_some()
+    };
     if !from_peer && let Some(ip) = ip {
         let key = bucket_key(ip);
-        let (lim, code, bucket) = match policy_of(&req) {
-            Some(Policy::Credential | Policy::NsCredential { .. }) => {
-                (&l.credential, Code::RateLimited, "credential")
-            }
-            _ => (&l.general, Code::RateLimited, "general"),
+        let (lim, bucket) = match policy_of(req) {
+            Some(Policy::Credential | Policy::NsCredential { .. }) => (&l.credential, "credential"),
+            _ => (&l.general, "general"),
         };
         if let Err(after) = l.verdict(lim, &key) {
-            node(&req)
+            node_ref(req)
                 .metrics
                 .rate_limited
                 .with_label_values(&[bucket])
                 .inc();
-            return Ok(refuse(req, ApiError::rate_limited(code, after)));
+            return Err(ApiError::rate_limited(Code::RateLimited, after));
         }
     }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
+    Ok(())
 }
 
 /// Step 11: the per-namespace bucket.
-pub async fn namespace_rate_limit<B: MessageBody + 'static>(
-    req: ServiceRequest,
-    next: Next<B>,
-) -> Res<B> {
+pub(super) async fn namespace_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
     let target = req.extensions().get::<Target>().map(|t| t.0.clone());
     if let Some(ns) = target {
-        let l = limiters(&req);
-        if let Err(after) = l.check_namespace(&node(&req), &ns).await {
-            node(&req)
-                .metrics
+        let n = node_ref(req);
+        if let Err(after) = limiters(req).check_namespace(n, &ns).await {
+            n.metrics
                 .rate_limited
                 .with_label_values(&["namespace"])
                 .inc();
-            return Ok(refuse(
-                req,
-                ApiError::rate_limited(Code::NamespaceRateLimited, after),
-            ));
+            return Err(ApiError::rate_limited(Code::NamespaceRateLimited, after));
         }
     }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -3,21 +3,20 @@
 use super::*;
 
 /// Step 6: CORS. Allowed origins come from `[cors] allowed_origins`; a preflight
-/// is answered 204 here.
-pub async fn cors<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) -> Res<B> {
-    let origin = req.headers().get(header::ORIGIN).cloned();
+/// is answered 204 here. Returns the origin whose headers go on the answer.
+pub(super) fn cors(req: &ServiceRequest) -> Result<Option<HeaderValue>, Early> {
     // A deployment answers its own CORS.
-    let origin = origin.filter(|_| policy_of(&req) != Some(Policy::Deployment));
-    let Some(origin) = origin else {
-        return next
-            .call(req)
-            .await
-            .map(ServiceResponse::map_into_left_body);
+    let Some(origin) = req
+        .headers()
+        .get(header::ORIGIN)
+        .filter(|_| policy_of(req) != Some(Policy::Deployment))
+    else {
+        return Ok(None);
     };
     let allowed = {
-        let n = node(&req);
         let o = origin.to_str().unwrap_or("");
-        n.config
+        node_ref(req)
+            .config
             .cors
             .allowed_origins
             .iter()
@@ -29,37 +28,38 @@ pub async fn cors<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>) 
             .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
     if preflight {
         if !allowed {
-            return Ok(refuse(
-                req,
-                ApiError::new(Code::CorsOriginDenied, "this origin is not allowed"),
-            ));
+            return Err(Early::Refuse(ApiError::new(
+                Code::CorsOriginDenied,
+                "this origin is not allowed",
+            )));
         }
-        let resp = HttpResponse::NoContent()
-            .insert_header((header::ACCESS_CONTROL_ALLOW_ORIGIN, origin))
-            .insert_header((
-                header::ACCESS_CONTROL_ALLOW_METHODS,
-                "GET, POST, PUT, DELETE, PATCH, OPTIONS",
-            ))
-            .insert_header((
-                header::ACCESS_CONTROL_ALLOW_HEADERS,
-                "authorization, content-type, x-api-key, x-request-id, x-namespace",
-            ))
-            .insert_header((header::ACCESS_CONTROL_MAX_AGE, "600"))
-            .insert_header((header::VARY, "Origin"))
-            .finish();
-        return Ok(req.into_response(resp).map_into_right_body());
+        return Err(Early::Answer(
+            HttpResponse::NoContent()
+                .insert_header((header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone()))
+                .insert_header((
+                    header::ACCESS_CONTROL_ALLOW_METHODS,
+                    "GET, POST, PUT, DELETE, PATCH, OPTIONS",
+                ))
+                .insert_header((
+                    header::ACCESS_CONTROL_ALLOW_HEADERS,
+                    "authorization, content-type, x-api-key, x-request-id, x-namespace",
+                ))
+                .insert_header((header::ACCESS_CONTROL_MAX_AGE, "600"))
+                .insert_header((header::VARY, "Origin"))
+                .finish(),
+        ));
     }
-    let mut res = next.call(req).await?;
-    if allowed {
-        let h = res.headers_mut();
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        h.insert(header::VARY, HeaderValue::from_static("Origin"));
-        h.insert(
-            header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static("x-request-id, retry-after"),
-        );
-    }
-    Ok(res.map_into_left_body())
+    Ok(allowed.then(|| origin.clone()))
+}
+
+/// Puts an allowed origin's CORS headers on the answer (step 6's second half).
+pub(super) fn cors_headers(h: &mut header::HeaderMap, origin: HeaderValue) {
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("x-request-id, retry-after"),
+    );
 }
 
 /// The request's host: `:authority`/`Host`, lower-cased, port stripped.
@@ -96,47 +96,37 @@ pub struct Sni(pub Option<String>);
 
 /// Step 7: maps the host to a deployment, a namespace (`ns-<name>.<base_domain>`)
 /// or the gateway. On a TLS connection a host that disagrees with the SNI is 421.
-pub async fn domain_routing<B: MessageBody + 'static>(
-    req: ServiceRequest,
-    next: Next<B>,
-) -> Res<B> {
+pub(super) fn domain_routing(req: &ServiceRequest) -> Result<(), ApiError> {
     let host = req
         .extensions()
         .get::<RequestHost>()
         .map(|h| h.0.clone())
-        .or_else(|| request_host(&req));
-    if let Some(host) = host {
-        if let Some(Sni(Some(sni))) = req.conn_data::<Sni>()
-            && !sni.eq_ignore_ascii_case(&host)
-        {
-            let e = ApiError::new(
-                Code::MisdirectedRequest,
-                format!("host {host} does not match the TLS server name {sni}"),
-            );
-            return Ok(refuse(req, e));
-        }
-        let n = node(&req);
-        let routed = req
-            .extensions()
-            .get::<crate::http::deploy_serve::RoutedHost>()
-            .map(|r| r.namespace.clone());
-        if let Some(ns) = routed {
-            req.extensions_mut().insert(Target(ns));
-            return next
-                .call(req)
-                .await
-                .map(ServiceResponse::map_into_left_body);
-        }
-        let suffix = format!(".{}", n.config.server.base_domain);
-        if let Some(label) = host
-            .strip_suffix(&suffix)
-            .and_then(|h| h.strip_prefix("ns-"))
-            && crate::http::routes::valid_namespace_name(label)
-        {
-            req.extensions_mut().insert(Target(label.to_string()));
-        }
+        .or_else(|| request_host(req));
+    let Some(host) = host else { return Ok(()) };
+    if let Some(Sni(Some(sni))) = req.conn_data::<Sni>()
+        && !sni.eq_ignore_ascii_case(&host)
+    {
+        return Err(ApiError::new(
+            Code::MisdirectedRequest,
+            format!("host {host} does not match the TLS server name {sni}"),
+        ));
     }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
+    let routed = req
+        .extensions()
+        .get::<crate::http::deploy_serve::RoutedHost>()
+        .map(|r| r.namespace.clone());
+    if let Some(ns) = routed {
+        req.extensions_mut().insert(Target(ns));
+        return Ok(());
+    }
+    let base = &node_ref(req).config.server.base_domain;
+    if let Some(label) = host
+        .strip_suffix(base.as_str())
+        .and_then(|h| h.strip_suffix('.'))
+        .and_then(|h| h.strip_prefix("ns-"))
+        && crate::http::routes::valid_namespace_name(label)
+    {
+        req.extensions_mut().insert(Target(label.to_string()));
+    }
+    Ok(())
 }

@@ -147,11 +147,7 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     {
         return None;
     }
-    let node = req.app_data::<web::Data<Node>>()?.get_ref().clone();
-    let limiters = req
-        .app_data::<web::Data<Arc<crate::http::Limiters>>>()?
-        .get_ref()
-        .clone();
+    let node = req.app_data::<web::Data<Node>>()?.get_ref();
     let host = crate::http::request_host(req)?;
     let bound = node
         .deployments
@@ -160,6 +156,12 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     if !matches!(bound.serve, Serve::Upstream(_)) {
         return None;
     }
+    // Cloned only for a routed request (every other request takes the chain).
+    let node = node.clone();
+    let limiters = req
+        .app_data::<web::Data<Arc<crate::http::Limiters>>>()?
+        .get_ref()
+        .clone();
     Some(FastRoute {
         node,
         limiters,

@@ -257,7 +257,13 @@ fn worker(shared: &Shared) {
             return; // The engine is gone; waiting jobs drop and their callers hear it.
         }
         let Some((ns, task)) = state.pick() else {
-            shared.work.wait(&mut state);
+            // Before sleeping, look again for a short while, giving the core
+            // away between looks: a call submitted meanwhile starts without
+            // a wake-up, which costs tens of µs on a virtual machine (the
+            // no-op invoke bench: 56 µs through the pool against 2 µs inline).
+            if state.queued == 0 && !idle_spin(&mut state) {
+                shared.work.wait(&mut state);
+            }
             continue;
         };
         if task.deadline <= crate::util::mono_now() {
@@ -283,6 +289,28 @@ fn worker(shared: &Shared) {
             q.running = q.running.saturating_sub(1);
         }
         state.tidy(&ns);
+    }
+}
+
+/// How long an idle worker keeps looking for work before it sleeps.
+const IDLE_SPIN: Duration = Duration::from_micros(50);
+
+/// Looks for work for [`IDLE_SPIN`], yielding the core between looks (so a
+/// runnable thread, such as an HTTP worker, is never kept waiting by it).
+/// True when work arrived or the pool stopped; the lock is held again on return.
+fn idle_spin(state: &mut parking_lot::MutexGuard<'_, State>) -> bool {
+    let until = crate::util::mono_now() + IDLE_SPIN;
+    loop {
+        let over = parking_lot::MutexGuard::unlocked(state, || {
+            std::thread::yield_now();
+            crate::util::mono_now() >= until
+        });
+        if state.queued > 0 || state.stopped {
+            return true;
+        }
+        if over {
+            return false;
+        }
     }
 }
 

@@ -89,10 +89,16 @@ pub type NsResult<T> = Result<T, NsError>;
 
 /// The actor.
 pub struct NamespaceSupervisor {
+    /// The namespace this actor serves; every key it reads or writes is under it.
     pub name: String,
+    /// The node's store (local or cluster), where the namespace's data lives.
     pub store: Store,
+    /// Mailbox admission, handled and restart counters, shared with the senders:
+    /// the admission counter is what bounds the mailbox.
     pub stats: Arc<ActorStats>,
+    /// The namespace's record as last loaded; None before the load or once deleted.
     pub record: Option<NamespaceRecord>,
+    /// The admission bound; the actix mailbox is set to twice it, as a backstop.
     mailbox_capacity: usize,
     /// Live topics, local subscribers and presence (`actors/topics.rs`). Kept
     /// across a restart: it describes live sockets, which did not restart.
@@ -233,8 +239,11 @@ pub struct GetInfo;
 /// A namespace as shown by its supervisor.
 #[derive(Debug, Clone, Serialize)]
 pub struct NamespaceInfo {
+    /// The namespace's stored record.
     pub record: NamespaceRecord,
+    /// How often the supervisor restarted after a panic (an operator's health signal).
     pub restarts: u64,
+    /// Messages the supervisor has handled since the node started.
     pub handled: u64,
 }
 
@@ -343,6 +352,7 @@ fn check_key(key: &str) -> NsResult<()> {
 #[derive(Message)]
 #[rtype(result = "NsResult<Option<Vec<u8>>>")]
 pub struct KvGet {
+    /// The key within the namespace's KV, 1 to `MAX_KV_KEY` bytes (checked by `run`).
     pub key: String,
 }
 
@@ -372,7 +382,9 @@ impl Handler<KvGet> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<()>")]
 pub struct KvPut {
+    /// The key within the namespace's KV, 1 to `MAX_KV_KEY` bytes.
     pub key: String,
+    /// The value to store: the request body as given (bounded by the HTTP payload limit).
     pub value: Vec<u8>,
 }
 
@@ -398,6 +410,7 @@ impl Handler<KvPut> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<bool>")]
 pub struct KvDelete {
+    /// The key within the namespace's KV to delete.
     pub key: String,
 }
 
@@ -419,7 +432,9 @@ impl Handler<KvDelete> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<Vec<String>>")]
 pub struct KvList {
+    /// Only keys starting with this are listed (empty: all).
     pub prefix: String,
+    /// Most keys to return; capped at `MAX_KV_LIST` by the handler.
     pub limit: usize,
 }
 
@@ -452,7 +467,9 @@ impl Handler<KvList> for NamespaceSupervisor {
 /// One exported KV entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ExportEntry {
+    /// The key within the namespace's KV (its store prefix stripped).
     pub key: String,
+    /// The value, base64 (standard alphabet): values are arbitrary bytes.
     pub value_base64: String,
 }
 
@@ -461,9 +478,12 @@ pub struct ExportEntry {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceExport {
+    /// The export format: 1 for this KV-only layout.
     pub format: u32,
+    /// The namespace exported from; informational (an import may target another).
     #[serde(default)]
     pub namespace: String,
+    /// Every KV entry of the namespace, in key order.
     pub kv: Vec<ExportEntry>,
 }
 
@@ -473,11 +493,17 @@ pub struct NamespaceExport {
 /// at which no import was in progress.
 #[derive(Debug, Default)]
 pub struct NamespaceRows {
+    /// KV entries: key within the namespace, raw value.
     pub kv: Vec<(String, Vec<u8>)>,
+    /// Function records (JSON), by function name.
     pub functions: Vec<(String, Vec<u8>)>,
+    /// Function version records (JSON), by `<function>/<version>`.
     pub versions: Vec<(String, Vec<u8>)>,
+    /// Secrets as sealed in the store, by name; the route reseals them for the export.
     pub secrets: Vec<(String, Vec<u8>)>,
+    /// Deployment records (JSON), by deployment name.
     pub deployments: Vec<(String, Vec<u8>)>,
+    /// Deployment version records (JSON), relative to their prefix.
     pub deployment_versions: Vec<(String, Vec<u8>)>,
 }
 
@@ -540,9 +566,13 @@ impl Handler<Export> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<Result<(), String>>")]
 pub struct Import {
+    /// The namespace's whole new KV, as full store keys and values: every other key goes.
     pub kv: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Store prefixes whose keys become exactly `records` (empty for a KV-only import).
     pub replace: Vec<Vec<u8>>,
+    /// The new rows under `replace` (full store keys), written in the journal's last part.
     pub records: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Further writes (deployments, host claims) that land with `records`, atomically.
     pub extra: Vec<BatchOp>,
 }
 

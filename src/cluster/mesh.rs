@@ -158,7 +158,9 @@ impl Default for MeshConfig {
 /// What a node writes under `_pubsub_mesh_peers/<peer id>`.
 #[derive(Debug, Serialize, Deserialize)]
 struct Registration {
+    /// The registering node's peer id; peers put only ids from the registry on their allow list.
     peer_id: String,
+    /// The node's current listen addresses: the only ones peers dial it at.
     addrs: Vec<String>,
 }
 
@@ -170,13 +172,16 @@ struct WireBatch {
     /// The origin's count of publishes refused because every peer's queue
     /// was full: a retried batch must not hash to an id GossipSub remembers.
     attempt: u64,
+    /// The messages, in the origin's publish order, each numbered in its own stream.
     entries: Vec<WireEntry>,
 }
 
 /// One pub/sub message in a batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct WireEntry {
+    /// Tenant namespace the message was published in; delivery stays inside it.
     namespace: String,
+    /// Topic within the namespace; with origin and namespace it keys a reorder stream.
     topic: String,
     /// Names the origin's counter for (namespace, topic); a higher epoch
     /// restarts the stream.
@@ -229,10 +234,13 @@ mod byte_string {
 /// A snapshot of the mesh, for tests and the status page.
 #[derive(Debug, Clone)]
 pub struct MeshStatus {
+    /// This node's id in the mesh.
     pub peer_id: PeerId,
+    /// Addresses this node listens on now (also what it registers).
     pub listen_addrs: Vec<Multiaddr>,
     /// Peers in the latest registry scan (this node excluded).
     pub registered: Vec<PeerId>,
+    /// Peers with an open connection, subscribed or not.
     pub connected: Vec<PeerId>,
     /// Connected peers subscribed to [`MESH_TOPIC`]: the ones a publish reaches.
     pub subscribed: Vec<PeerId>,
@@ -256,9 +264,13 @@ pub enum Connectedness {
 
 /// A locally published message on its way to the mesh.
 struct Outbound {
+    /// Namespace the local client published in.
     namespace: String,
+    /// Topic it published to; picks the (namespace, topic) send stream.
     topic: String,
+    /// The payload; counted against `BACKLOG_BYTES` while it waits.
     data: Bytes,
+    /// When this node accepted the publish (ms since the Unix epoch), sent along.
     timestamp: u64,
 }
 
@@ -270,17 +282,24 @@ enum Command {
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
+    /// Allows connections only from peers in the registry; updated on every registry read.
     allow: allow_block_list::Behaviour<allow_block_list::AllowedPeers>,
+    /// Carries the signed batches on `MESH_TOPIC` to every subscribed peer.
     gossipsub: gossipsub::Behaviour,
 }
 
 /// The node's side of the mesh. Plugged into the [`PubSubService`] as its
 /// [`MeshSink`] by [`Mesh::start`].
 pub struct Mesh {
+    /// This node's id, which keys its registration (removed on stop).
     peer_id: PeerId,
+    /// Commands to the swarm task (bounded by `FORWARD_QUEUE`; a full queue drops the message).
     tx: mpsc::Sender<Command>,
+    /// Node metrics; the mesh counts drops here and resets the peer gauge on stop.
     metrics: Metrics,
+    /// The cluster store holding the peer registry; `stop` deletes this node's entry.
     store: Store,
+    /// The swarm and registry tasks, aborted by `stop`.
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -669,8 +688,11 @@ fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
 
 /// A sender's counter for one (namespace, topic).
 struct SendStream {
+    /// The stream's epoch: larger than any earlier one of this origin, across restarts too.
     epoch: u64,
+    /// The sequence number the next sent message gets (starts at 1).
     next: u64,
+    /// Last publish on the stream; an idle one (`STREAM_IDLE`) is forgotten.
     last_used: Instant,
 }
 
@@ -687,23 +709,35 @@ enum Published {
 }
 
 struct SwarmTask {
+    /// The libp2p swarm: connections, allow list and GossipSub.
     swarm: Swarm<Behaviour>,
+    /// Hash of `MESH_TOPIC`, the one topic batches are published on.
     topic: TopicHash,
+    /// This node's id; its own messages are refused and it decides who dials first.
     peer_id: PeerId,
+    /// This node's peer id as bytes, put in every batch (checked against the signer).
     origin: Vec<u8>,
+    /// Current listen addresses, shared with the registry task that registers them.
     listen_addrs: Arc<parking_lot::RwLock<Vec<Multiaddr>>>,
     /// The latest registry scan.
     registry: HashMap<PeerId, Vec<Multiaddr>>,
+    /// Send counters by (namespace, topic); idle ones are swept.
     send: HashMap<(String, String), SendStream>,
+    /// The largest epoch handed out, so a new counter takes a larger one.
     last_epoch: u64,
+    /// Received messages held per stream until the gap before them fills or times out.
     reorder: Reorder<StreamKey, WireEntry>,
+    /// Hands received messages to this node's subscribers, per namespace.
     deliver_fn: DeliverFn,
+    /// Node metrics: sent, batches, deferred, drops, gaps skipped, peers.
     metrics: Metrics,
+    /// Wakes the registry task early, when an unknown peer's connection was refused.
     refresh: Arc<Notify>,
     /// Messages waiting for the mesh, oldest first: published in batches,
     /// in order; while every peer's send queue is full they wait, so a burst
     /// is delayed rather than lost.
     backlog: VecDeque<Outbound>,
+    /// Payload bytes in `backlog`; a message past `BACKLOG_BYTES` is dropped.
     backlog_bytes: usize,
     /// Publishes refused because every peer's send queue was full.
     refused: u64,
@@ -719,7 +753,9 @@ struct SwarmTask {
 
 /// The dial schedule of a registered peer that is not connected.
 struct Redial {
+    /// When to dial the peer next.
     at: Instant,
+    /// The wait after that dial; doubles each time, so a failing peer is not hammered.
     backoff: Duration,
 }
 
@@ -1192,8 +1228,11 @@ mod tests {
     type Received = Arc<Mutex<Vec<(String, String, Bytes, u64)>>>;
 
     struct TestNode {
+        /// The node's mesh, started on a loopback address.
         mesh: Arc<Mesh>,
+        /// The node's delivery service, through which the test publishes.
         pubsub: PubSubService,
+        /// What the node's deliver_fn received from the mesh: (namespace, topic, data, timestamp).
         got: Received,
     }
 
@@ -1626,10 +1665,12 @@ mod tests {
         // earlier versions wrote, both ways.
         #[derive(Serialize, Deserialize, PartialEq, Debug)]
         struct Legacy {
+            /// The payload as earlier versions encoded it, a sequence of u8.
             data: Vec<u8>,
         }
         #[derive(Serialize, Deserialize, PartialEq, Debug)]
         struct Now {
+            /// The payload encoded as a byte string, as `WireEntry` now does.
             #[serde(with = "byte_string")]
             data: Vec<u8>,
         }

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 /// One upstream instance and its passive health.
 pub struct Instance {
+    /// The instance's base URL (`http://host:port`), as deployed; logs and status name it.
     pub base: String,
     /// The address the base names literally (never resolved, so checked by
     /// the proxy itself before each attempt).
@@ -34,17 +35,23 @@ pub struct Instance {
         actix_web::http::uri::Scheme,
         actix_web::http::uri::Authority,
     )>,
+    /// Connection failures or timeouts in a row; reset by a success.
     failures: AtomicU32,
+    /// Unix ms until which the instance is skipped (0: healthy); set at `fail_after`.
     down_until_ms: AtomicU64,
 }
 
 /// The instances of one deployment version.
 pub struct UpstreamPool {
+    /// The version's instances, in deploy order; picked round-robin among the healthy.
     pub instances: Vec<Instance>,
     /// Where the instances may be connected.
     pub egress: Arc<EgressPolicy>,
+    /// Round-robin cursor: where the next request starts looking for a healthy instance.
     next: AtomicUsize,
+    /// Failures in a row that mark an instance down (at least 1).
     fail_after: u32,
+    /// How long a down instance is skipped before it is tried again.
     down_for: Duration,
 }
 
@@ -169,7 +176,9 @@ impl UpstreamPool {
 /// Timeouts of the proxy.
 #[derive(Clone, Copy)]
 pub struct ProxyTimeouts {
+    /// Limit on connecting to an instance (deployment config `connect_timeout_seconds`).
     pub connect: Duration,
+    /// Limit on the whole upstream exchange (config `upstream_timeout_seconds`).
     pub response: Duration,
 }
 
@@ -240,9 +249,13 @@ pub(crate) fn connection_listed(h: &HeaderMap) -> Vec<String> {
 
 /// What the proxy adds about the client.
 pub struct Forwarded {
+    /// The client's address (from a trusted hop or the peer), appended to X-Forwarded-For.
     pub client_ip: Option<std::net::IpAddr>,
+    /// The scheme the client used (`http`/`https`), sent as X-Forwarded-Proto.
     pub proto: &'static str,
+    /// The Host the client asked for, sent as X-Forwarded-Host (Host itself is not passed).
     pub host: String,
+    /// The request's id, sent as X-Request-ID so upstream logs can be correlated.
     pub request_id: Option<String>,
 }
 
@@ -294,7 +307,9 @@ fn upstream_headers(req: &HttpRequest, fwd: &Forwarded, keep_upgrade: bool) -> H
 /// connection failed never polled it, so the next instance can still take it;
 /// once polled it is gone and no retry happens.
 struct OnceBody {
+    /// The client's body, shared by the attempts: the first poll takes it out.
     slot: Rc<RefCell<Option<Payload>>>,
+    /// The body once this attempt took it; afterwards no other attempt can retry.
     taken: Option<Payload>,
 }
 

@@ -129,59 +129,92 @@ pub struct CallerInfo {
 /// A validated deploy.
 #[derive(Debug, Clone)]
 pub struct DeployRequest {
+    /// Function name in the namespace (already checked valid); keys its record and versions.
     pub name: String,
+    /// The module's bytes, stored once as `blob/<sha256>` (shared by identical deploys).
     pub wasm: Vec<u8>,
+    /// Guest memory limit in MiB for the new version, within `MEMORY_MB_RANGE`.
     pub memory_limit_mb: u32,
+    /// Wall-clock limit of one invocation of the new version, within `TIMEOUT_RANGE`.
     pub timeout_seconds: u32,
+    /// Whether the function may be called on its public route without a credential.
     pub is_public: bool,
+    /// Plain environment the guest sees; secrets of the same name override it.
     pub env_vars: std::collections::BTreeMap<String, String>,
+    /// Topic patterns whose publishes fire the new version (see `set_triggers`).
     pub pubsub_topics: Vec<String>,
+    /// Cron expressions (UTC) that fire the new version; the cron tick reads them.
     pub cron: Vec<String>,
 }
 
 /// What a deploy answers.
 #[derive(Debug, Clone, Serialize)]
 pub struct Deployed {
+    /// The deployed function's name, echoed back to the deployer.
     pub name: String,
+    /// The version this deploy created, now the function's current one.
     pub version: u64,
+    /// Hex SHA-256 of the module, its blob's key; lets the client verify what ran.
     pub sha256: String,
+    /// Size of the uploaded module, in bytes.
     pub size_bytes: usize,
+    /// Whether the deployed function is callable without a credential.
     pub is_public: bool,
+    /// Unix seconds of this deploy (the new version's `created_at`).
     pub created_at: u64,
 }
 
 /// A successful invocation.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// What the guest wrote to stdout: the response body.
     pub output: Vec<u8>,
+    /// Time the guest ran, as measured by the engine (not including queueing).
     pub duration: Duration,
+    /// The version that ran (the current one when the call named none).
     pub version: u64,
+    /// The call's request id, also the key of its invocation record.
     pub request_id: String,
 }
 
 /// The triggers of one function's current version.
 struct TriggerEntry {
+    /// Function the triggers fire; one entry per function, replaced on each deploy.
     name: String,
+    /// Topic patterns matched against every accepted publish by `on_published`.
     topics: Vec<String>,
+    /// Each cron expression with its parsed schedule: the text goes in the event.
     crons: Vec<(String, cron::Schedule)>,
 }
 
 struct NsState {
+    /// Compiled modules by (function, version), so a call skips the blob read and compile;
+    /// cleared at `MAX_CACHED_MODULES`, and evicted versions dropped on deploy.
     modules: Mutex<HashMap<(String, u64), Arc<CompiledModule>>>,
     /// Functions resolved once (record, version, module, environment), by
     /// name and requested version; see [`Invoker::cached`].
     resolved: Mutex<ResolvedCache>,
+    /// Pub/sub and cron triggers of each function's current version, read on every
+    /// publish and cron tick, rewritten on deploy, delete and `load_triggers`.
     triggers: RwLock<Vec<TriggerEntry>>,
+    /// Serializes deploy and delete in this namespace, so two deploys cannot both
+    /// read the same old record and write the same version number.
     deploy_lock: tokio::sync::Mutex<()>,
+    /// The namespace supervisor and its mailbox stats, set by `attach`: a guest's
+    /// `publish` goes through it (bounded) and fails while it is unset.
     publisher: Mutex<Option<(Addr<NamespaceSupervisor>, Arc<ActorStats>)>>,
+    /// When `cron_tick` last ran: slots after it and up to now are due (None on the first tick).
     last_cron: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
 }
 
 /// One namespace's invoker: runs only that namespace's functions.
 #[derive(Clone)]
 pub struct Invoker {
+    /// The namespace this invoker serves; every store key it builds is under it.
     ns: Arc<str>,
+    /// The shared functions service: store, engine, secrets, metrics, record queue.
     svc: FunctionsService,
+    /// This namespace's state, shared by every clone of the invoker.
     st: Arc<NsState>,
 }
 
@@ -190,7 +223,9 @@ pub struct Invoker {
 /// began under an older generation is not kept.
 #[derive(Default)]
 struct ResolvedCache {
+    /// Bumped by `forget_resolutions`; a resolution that began under an older one is not kept.
     generation: u64,
+    /// Kept resolutions by (function, requested version or None), at most `MAX_CACHED_RESOLVED`.
     map: HashMap<(String, Option<u64>), Arc<Resolved>>,
 }
 
@@ -202,19 +237,29 @@ struct Resolved {
     /// The function record's stored bytes, compared on every use of a cached
     /// resolution (any change to the record, a delete included, misses).
     record_bytes: Vec<u8>,
+    /// The parsed function record; gives the call's public flag.
     record: FunctionRecord,
+    /// The resolved version's settings: limits, environment, triggers.
     meta: VersionMeta,
+    /// The version's compiled module.
     module: Arc<CompiledModule>,
+    /// Environment the guest gets: the version's variables with the opened secrets over them.
     env: Vec<(String, String)>,
 }
 
 /// An invocation ready to run (the module resolved, the call built).
 pub struct Prepared {
+    /// The invoker the call belongs to: its metrics and invocation record queue.
     inv: Invoker,
+    /// The compiled module to run.
     module: Arc<CompiledModule>,
+    /// The built call: input, environment, limits and the caller JSON.
     call: Invocation,
+    /// Host imports for this call (KV, publish), carrying the trigger depth.
     host: Arc<dyn HostApi>,
+    /// The caller's request id, written to the invocation record and the reply.
     request_id: String,
+    /// What caused the call, recorded in the invocation record.
     trigger: Trigger,
     /// The version that will run.
     pub version: u64,

@@ -80,24 +80,28 @@ fn start_node(dir: &Path, name: &str, extra_config: &str) -> NodeProc {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_meshgate"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .arg("--data-dir")
-        .arg(&data)
-        .env("MESHGATE_OPERATOR_KEY", OPERATOR_KEY)
-        .env("MESHGATE_CLUSTER_SECRET", CLUSTER_SECRET)
-        .env(
-            "RUST_LOG",
-            std::env::var("BENCH_NODE_LOG").unwrap_or_else(|_| "error".into()),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn the meshgate binary");
+    let mut child = Command::new(
+        // MESHGATE_BENCH_BIN runs another build of the node (a saved baseline).
+        std::env::var("MESHGATE_BENCH_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_meshgate").to_string()),
+    )
+    .arg("serve")
+    .arg("--config")
+    .arg(&cfg)
+    .arg("--listen")
+    .arg("127.0.0.1:0")
+    .arg("--data-dir")
+    .arg(&data)
+    .env("MESHGATE_OPERATOR_KEY", OPERATOR_KEY)
+    .env("MESHGATE_CLUSTER_SECRET", CLUSTER_SECRET)
+    .env(
+        "RUST_LOG",
+        std::env::var("BENCH_NODE_LOG").unwrap_or_else(|_| "error".into()),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .expect("spawn the meshgate binary");
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -183,7 +183,11 @@ fn start_node(dir: &std::path::Path) -> (Proc, String) {
          [deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n",
     )
     .unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_meshgate"));
+    let mut cmd = Command::new(
+        // MESHGATE_BENCH_BIN runs another build of the node (a saved baseline).
+        std::env::var("MESHGATE_BENCH_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_meshgate").to_string()),
+    );
     cmd.arg("serve")
         .arg("--config")
         .arg(&cfg)

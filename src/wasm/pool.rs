@@ -52,23 +52,31 @@ pub struct NamespaceStats {
 pub(crate) type Job = Box<dyn FnOnce(Result<()>) + Send>;
 
 struct Task {
+    /// The invocation's work, called once: to run, or with `Busy` when it waited too long.
     job: Job,
+    /// When the task stops waiting (submit time plus `queue_wait`); later it is refused.
     deadline: Instant,
 }
 
 #[derive(Default)]
 struct NsQueue {
+    /// The namespace's invocations on a worker now; `pick` favours the namespace with fewest.
     running: usize,
+    /// The namespace's waiting invocations, in submit order (so deadlines grow along it).
     tasks: VecDeque<Task>,
 }
 
 #[derive(Default)]
 struct State {
+    /// Queues of namespaces with something running or waiting; `tidy` drops empty ones.
     namespaces: HashMap<String, NsQueue>,
     /// Namespaces with waiting tasks, in round-robin order.
     ring: VecDeque<String>,
+    /// Tasks waiting node-wide, across all namespaces; bounded by `Pool::queue`.
     queued: usize,
+    /// Workers running a job now; the rest are idle and exempt calls from the queue bounds.
     busy: usize,
+    /// Set when the pool is dropped: workers and the timer exit, submits are refused.
     stopped: bool,
 }
 
@@ -133,6 +141,7 @@ impl State {
 }
 
 struct Shared {
+    /// Queues and counters, guarded by one lock shared with the condvars.
     state: Mutex<State>,
     /// Signals the workers: a task is waiting, or the pool stopped.
     work: Condvar,
@@ -141,10 +150,16 @@ struct Shared {
 }
 
 pub(crate) struct Pool {
+    /// State shared with the worker threads and the timer thread.
     shared: Arc<Shared>,
+    /// Number of worker threads (at least 1): the most invocations running at once.
     workers: usize,
+    /// Most invocations waiting node-wide (beyond idle workers); past it, `Overloaded`.
     queue: usize,
+    /// Most waiting per namespace (beyond idle workers), so one tenant cannot fill
+    /// the node's queue; past it, `Busy`.
     namespace_queue: usize,
+    /// Longest an invocation waits for a worker before it is refused as `Busy`.
     queue_wait: Duration,
 }
 

@@ -116,8 +116,10 @@ async fn delete(ctx: NsCtx, key: web::Path<String>) -> ApiResult<HttpResponse> {
 
 #[derive(Deserialize)]
 struct ListQuery {
+    /// List only keys starting with this (default empty: all); also the authorized scope.
     #[serde(default)]
     prefix: String,
+    /// Most keys wanted; absent or larger means `MAX_KV_LIST`.
     #[serde(default)]
     limit: Option<usize>,
     /// Consumed by the authorization step (operators naming a namespace).
@@ -152,16 +154,23 @@ pub const MAX_IMPORT_BYTES: usize = 64 << 20;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ExportV2 {
+    /// Always `EXPORT_FORMAT`: tells this layout from the KV-only format 1.
     format: String,
+    /// `EXPORT_VERSION`; another version is refused, not half-read.
     version: u32,
+    /// The namespace exported from; logged on import (the target is the caller's).
     #[serde(default)]
     namespace: String,
+    /// Every KV entry, with its key relative to the namespace.
     #[serde(default)]
     kv: Vec<ExportEntry>,
+    /// Each function's record with its kept versions (modules in `blobs`).
     #[serde(default)]
     functions: Vec<ExportedFunction>,
+    /// The function secrets, resealed under the export key.
     #[serde(default)]
     secrets: SealedSecrets,
+    /// Each deployment with its versions (site files in `blobs`).
     #[serde(default)]
     deployments: Vec<ExportedDeployment>,
     /// Function modules and site files by SHA-256 (hex), base64.
@@ -174,8 +183,11 @@ struct ExportV2 {
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SealedSecrets {
+    /// Id of the export key (`ExportBox::key_id`); an import under another server
+    /// secret refuses the secrets unless `?secrets=skip`.
     #[serde(default)]
     key_id: String,
+    /// One sealed value per secret.
     #[serde(default)]
     entries: Vec<SealedSecret>,
 }
@@ -183,7 +195,9 @@ struct SealedSecrets {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SealedSecret {
+    /// The secret's name; also bound into the seal, so a renamed entry does not open.
     name: String,
+    /// The value sealed by `ExportBox::seal`, base64.
     sealed_base64: String,
 }
 

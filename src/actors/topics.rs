@@ -57,8 +57,11 @@ impl NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<()>")]
 pub struct Subscribe {
+    /// Topic within the namespace the connection subscribes to.
     pub topic: String,
+    /// The socket to deliver to: its relay, connection id and frame kind.
     pub sub: SubscriberRef,
+    /// With presence: the client's `member_id` and `member_meta`; its join is published.
     pub presence: Option<(String, Option<String>)>,
 }
 
@@ -81,7 +84,9 @@ impl Handler<Subscribe> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<()>")]
 pub struct Unsubscribe {
+    /// The topic the connection leaves.
     pub topic: String,
+    /// The leaving connection's node-wide id (`SubscriberRef::conn`).
     pub conn: u64,
 }
 
@@ -105,6 +110,7 @@ impl Handler<Unsubscribe> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct UnsubscribeAll {
+    /// Node-wide id of the ended connection whose subscriptions and presence all go.
     pub conn: u64,
 }
 
@@ -130,7 +136,9 @@ impl Handler<UnsubscribeAll> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<()>")]
 pub struct Publish {
+    /// Topic within the namespace, already checked by the sender.
     pub topic: String,
+    /// The payload, size-checked by the sender; shared, not copied, per subscriber.
     pub data: Bytes,
     /// Trigger depth of the publisher (0 for clients).
     pub depth: u8,
@@ -156,6 +164,7 @@ impl Handler<Publish> for NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<usize>")]
 pub struct PublishBatch {
+    /// (topic, payload) pairs in publish order, delivered all or none.
     pub messages: Vec<(String, Bytes)>,
 }
 
@@ -190,6 +199,8 @@ pub use crate::pubsub::MeshMessage;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct FromMesh {
+    /// One mesh batch's messages for this namespace, in stream order, each with
+    /// its origin's timestamp; each took a mailbox slot.
     pub messages: Vec<MeshMessage>,
 }
 
@@ -293,6 +304,7 @@ impl NamespaceSupervisor {
 #[derive(Message)]
 #[rtype(result = "NsResult<Vec<Member>>")]
 pub struct Presence {
+    /// The topic whose presence members are listed.
     pub topic: String,
 }
 

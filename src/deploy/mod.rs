@@ -47,9 +47,14 @@ pub type DeployResult<T> = Result<T, ApiError>;
 
 /// A validated deployment request.
 pub struct NewDeployment {
+    /// Deployment name within the namespace; a new one or the next version of it.
     pub name: String,
+    /// Hostnames the deployment serves; none may be a gateway host or another
+    /// namespace's (checked again under the lock).
     pub hosts: Vec<String>,
+    /// Which requests (path prefix, methods) go to the target, and their rewrites.
     pub routes: Vec<RouteSpec>,
+    /// What serves: a static site's file list or upstream instances (egress-checked).
     pub target: TargetSpec,
     /// Static-site contents by sha256, stored before the records.
     pub blobs: Vec<(String, Vec<u8>)>,
@@ -57,17 +62,21 @@ pub struct NewDeployment {
 
 /// The node's deployments: records in the store, an index in memory.
 pub struct Deployments {
+    /// The node's store: records, blobs, the generation and the store-wide lock.
     store: Store,
+    /// Deployment limits, proxy timeouts and health thresholds; the proxy reads it per request.
     pub config: DeployConfig,
     /// Where upstreams may connect: checked at create, rollback and connect.
     pub egress: Arc<EgressPolicy>,
     /// The node's gateway hosts (`base_domain` and `ns-*.<base_domain>`) that no
     /// deployment may take.
     base_domain: String,
+    /// The routing index by host, swapped whole on rebuild; readers clone the Arc.
     index: RwLock<Arc<Index>>,
     /// Upstream pools by (namespace, deployment, version), kept across index
     /// rebuilds so passive health survives other deployments' changes.
     pools: Mutex<HashMap<(String, String, u64), Arc<UpstreamPool>>>,
+    /// Serializes this node's changes before they contend for the store-wide lock.
     writes: tokio::sync::Mutex<()>,
     /// The generation the index was built from.
     loaded: Mutex<Option<Vec<u8>>>,
@@ -92,8 +101,11 @@ pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
 /// Holds the node's write mutex and the store-wide lock; dropping it releases
 /// both (the store lock by a compare-and-swap of our token, in a task).
 struct WriteLock<'a> {
+    /// The store holding the lock, released on drop.
     store: Store,
+    /// This holder's random token: the release deletes the lock only if it is still ours.
     token: Vec<u8>,
+    /// The node's write mutex, held for as long as the store lock.
     _local: tokio::sync::MutexGuard<'a, ()>,
 }
 

@@ -37,6 +37,7 @@ pub use crate::config::parse_range;
 /// A range no upstream reaches by default.
 #[derive(Debug, Clone, Copy)]
 pub struct Rule {
+    /// The range the rule covers; an address in it is refused unless `upstream_allow` has it.
     pub net: IpNet,
     /// Its short name: `loopback`, `unspecified`, `link-local`, `private`,
     /// `cgnat`, `multicast`, `broadcast` or `reserved`.
@@ -273,17 +274,26 @@ enum OwnHost {
 
 #[derive(Debug, Clone)]
 struct Own {
+    /// Which of the node's addresses this is ("listen address", ...), named in the refusal.
     what: &'static str,
+    /// The address, or the name as configured (names are also noted resolved).
     host: OwnHost,
+    /// The port it listens on: only this port of the host counts as the node itself.
     port: u16,
 }
 
 /// The policy: the operator's ranges, the node's own addresses, the resolver.
 pub struct EgressPolicy {
+    /// `[deploy] upstream_allow`: ranges exempt from the built-in rules (and, for an
+    /// exact address, from the own-address check).
     allow: Vec<IpNet>,
+    /// `[deploy] upstream_deny`: ranges always refused, checked before everything else.
     deny: Vec<IpNet>,
+    /// The node's own addresses, noted at start, so an upstream cannot loop back into it.
     own: RwLock<Vec<Own>>,
+    /// How upstream names resolve: the system's, or a hosts file in tests.
     resolver: Resolver,
+    /// Limit on one name lookup: the connect timeout, at least one second.
     lookup_timeout: Duration,
 }
 

@@ -49,15 +49,23 @@ pub enum Mode {
 
 /// The actor.
 pub struct WsSession {
+    /// The node: its pub/sub settings (frame size, ping, read timeout) and metrics.
     node: Node,
+    /// The namespace's supervisor handle: subscribes, publishes and invokes go through it.
     ns: NsHandle,
+    /// The socket's credential, checked on every frame (None: no grants at all).
     identity: Option<Identity>,
+    /// The worker thread's relay that delivers pub/sub messages to this socket.
     relay: Rc<Relay>,
+    /// The socket's outgoing side: frames queue here; its id keys the subscriptions.
     conn: Rc<Conn>,
+    /// Single-topic `/v1/pubsub/ws` or multi-topic `/v1/ws`, with its topics.
     mode: Mode,
+    /// When the client last sent anything; past the read timeout the socket closes.
     last_heard: Instant,
     /// Answers in client order: `slots[0]` answers frame number `base`.
     slots: VecDeque<Option<Bytes>>,
+    /// Sequence number of the client frame `slots[0]` answers; grows as answers go out.
     base: u64,
 }
 

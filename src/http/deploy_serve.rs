@@ -24,7 +24,9 @@ use std::time::Duration;
 /// Put on a request by domain routing when its host belongs to a deployment.
 #[derive(Debug, Clone)]
 pub struct RoutedHost {
+    /// The namespace owning the host's deployment: the request's target namespace.
     pub namespace: String,
+    /// The request's host, as the deployment index knows it; looked up again to serve.
     pub host: String,
 }
 
@@ -125,9 +127,13 @@ async fn serve_bound(
 /// hop headers, not a probe) to a host routed to a deployment whose matched
 /// route is an upstream.
 struct FastRoute {
+    /// The node (cloned for this request only): metrics, config, deployments.
     node: Node,
+    /// The rate limiters, applied as the chain would: client bucket, then namespace.
     limiters: Arc<crate::http::Limiters>,
+    /// The request's host: compared with the TLS server name, sent as X-Forwarded-Host.
     host: String,
+    /// The matched deployment route and its upstream pool.
     bound: Arc<Bound>,
 }
 

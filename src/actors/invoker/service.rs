@@ -4,15 +4,23 @@
 use super::*;
 
 pub(super) struct ServiceInner {
+    /// The node's WASM engine: compiles modules and runs guests on its worker pool.
     pub(super) engine: WasmEngine,
+    /// The node's store: function records, versions, blobs, secrets and logs.
     pub(super) store: Store,
+    /// Node metrics: invocation counts and errors, pool gauges, dropped records.
     pub(super) metrics: Metrics,
+    /// Queue of (key, JSON) invocation records to the writer task; bounded
+    /// (`RECORD_QUEUE`), a full queue drops the record and counts it.
     pub(super) records: mpsc::Sender<(Vec<u8>, Vec<u8>)>,
     /// The runtime the store was opened on (the node's), where the
     /// synchronous paths run their store operations (`store_wait`).
     pub(super) store_runtime: tokio::runtime::Handle,
+    /// Seals and opens secrets in the store, each bound to its key.
     pub(super) secrets: SecretBox,
+    /// `meshgate_wasm_cache_hits_total`, caught up to the engine's count by `sample`.
     pub(super) cache_hits: IntCounter,
+    /// `meshgate_wasm_cache_misses_total`, caught up to the engine's count by `sample`.
     pub(super) cache_misses: IntCounter,
 }
 

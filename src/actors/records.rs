@@ -42,7 +42,9 @@ enum Source {
 }
 
 struct Entry {
+    /// The namespace's record, shared with readers without a copy.
     record: Arc<NamespaceRecord>,
+    /// Whether the owner published it (current) or a reader read it (trusted for `RECORD_TTL`).
     source: Source,
 }
 
@@ -51,8 +53,11 @@ struct Entry {
 pub struct Records(Arc<Inner>);
 
 struct Inner {
+    /// Where records are read when no supervisor on this node published one.
     store: Store,
+    /// Ages the read copies; a `ManualClock` in tests.
     clock: Arc<dyn Clock>,
+    /// Snapshots by namespace name; read copies bounded by `READ_CAPACITY`.
     map: RwLock<HashMap<String, Entry>>,
 }
 

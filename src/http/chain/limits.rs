@@ -5,14 +5,20 @@ use super::*;
 
 /// The node's rate limiters; idle buckets are evicted periodically.
 pub struct Limiters {
+    /// Per-client bucket (IPv4 address or IPv6 /64) for ordinary routes and deployments.
     general: DefaultKeyedRateLimiter<IpAddr>,
+    /// Per-client bucket for credential-issuing routes, tighter so guessing is slow.
     credential: DefaultKeyedRateLimiter<IpAddr>,
+    /// Per-wallet bucket of the auth challenge, so one wallet cannot be flooded from many IPs.
     pub wallet: DefaultKeyedRateLimiter<String>,
+    /// The default per-namespace bucket, for namespaces whose record sets no override.
     namespace: DefaultKeyedRateLimiter<String>,
     /// Namespaces with their own bucket (`rate_per_minute`/`rate_burst` in the
     /// namespace record), with the limits it was made for. Filled lazily.
     overrides: parking_lot::RwLock<std::collections::HashMap<String, OwnBucket>>,
+    /// `trusted_proxies`: peers whose last X-Forwarded-For entry is taken as the client.
     trusted: Vec<IpAddr>,
+    /// The limiters' clock, used to turn a refusal into Retry-After seconds.
     clock: DefaultClock,
 }
 

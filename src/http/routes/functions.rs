@@ -289,8 +289,10 @@ async fn delete(ctx: NsCtx, name: web::Path<String>) -> ApiResult<HttpResponse> 
 
 #[derive(Deserialize)]
 struct LogsQuery {
+    /// Most records wanted, newest first; absent means `MAX_LOGS`, clamped to 1..=`MAX_LOGS`.
     #[serde(default)]
     limit: Option<usize>,
+    /// Consumed by the authorization step (operators naming a namespace).
     #[serde(default, rename = "namespace")]
     _namespace: Option<String>,
 }
@@ -314,7 +316,9 @@ async fn logs(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SecretBody {
+    /// The secret's name (checked by the invoker), also the resource the grant must cover.
     key: String,
+    /// The secret's value, sealed before it is stored; never returned by the API.
     value: String,
 }
 

@@ -47,8 +47,11 @@ pub use crate::util::now;
 
 /// The target namespace of an `ns` route, its running supervisor and the caller.
 pub struct NsCtx {
+    /// The target namespace, as the routing step chose it (its `Target`); keys every call below.
     pub name: String,
+    /// The namespace's supervisor on this node (found or started by `locate`); routes `ask` it.
     pub handle: NsHandle,
+    /// The caller's verified credential, if any; `require` checks its grants.
     pub identity: Option<Identity>,
 }
 

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 /// The durable record of a namespace (`ns/<name>`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct NamespaceRecord {
+    /// The namespace's name (`valid_namespace_name`), also the key `ns/<name>`.
     pub name: String,
+    /// Unix seconds of the namespace's creation.
     pub created_at: u64,
     /// Member nodes (cluster placement); empty on a single node.
     #[serde(default)]

@@ -32,6 +32,7 @@ fn derive(server_secret: &[u8], info: &[u8], out: &mut [u8]) {
 
 /// The sealing key of the node.
 pub struct SecretBox {
+    /// AES-256-GCM key derived from the server secret by HKDF (per purpose `info`).
     key: LessSafeKey,
 }
 
@@ -86,7 +87,9 @@ impl SecretBox {
 /// on any node with the same server secret (every node of a cluster) and into
 /// any namespace there, and nowhere else.
 pub struct ExportBox {
+    /// The sealing key for exports, derived under its own HKDF info (not the store's key).
     inner: SecretBox,
+    /// Public id of the key (hex of a separate HKDF output), written as an export's `key_id`.
     id: String,
 }
 

@@ -41,10 +41,13 @@ pub struct Breakers {
 /// A breaker as shown in `/v1/status`.
 #[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
 pub struct BreakerView {
+    /// The member node (its id) this namespace forwards to that the breaker guards.
     pub member: String,
     /// `closed` or `open`.
     pub state: &'static str,
+    /// Failed forwards in a row (the threshold once open); a success resets it.
     pub consecutive_failures: u32,
+    /// How long the breaker has been open; None while closed.
     pub open_for_seconds: Option<u64>,
 }
 

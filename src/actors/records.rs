@@ -1,6 +1,7 @@
 //! The namespace records as their owners published them: the read-only
 //! snapshots every other room reads (the chain's namespace rate limit, the
-//! cluster forwarder's members, token issue's claims provider, `Locate`).
+//! cluster forwarder's members, token issue's claims provider). `Locate`,
+//! which decides whether a supervisor starts, reads the store itself.
 //!
 //! A namespace's record has one owner: its supervisor, where one runs on
 //! this node. The supervisor publishes the record here when it loads it and

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::invoker::{CallerInfo, DeployRequest, Deployed, Invoker, Prepared, Trigger};
+use super::invoker::{CallerInfo, DeployRequest, Deployed, Invoker, Trigger};
 use super::namespace::NamespaceSupervisor;
 use crate::functions::{FnError, FnResult, FunctionRecord, InvocationRecord, VersionMeta};
 use crate::wasm::CompiledModule;
@@ -164,12 +164,10 @@ impl Handler<DeleteFunction> for NamespaceSupervisor {
     }
 }
 
-/// Sent by the invoke routes and `/v1/ws`; replies with the call resolved in
-/// THIS namespace and ready to run (the sender runs it on the worker pool).
-#[derive(Message)]
-#[rtype(result = "FnResult<Prepared>")]
+/// A call to resolve in one namespace: what the invoke routes, `/v1/ws` and
+/// the claims provider hand to [`NsHandle::prepare`](crate::actors::NsHandle::prepare).
 pub struct PrepareInvoke {
-    /// The function to call, in this supervisor's namespace.
+    /// The function to call, in the handle's namespace.
     pub name: String,
     /// A kept version to run; None runs the current one.
     pub version: Option<u64>,
@@ -180,19 +178,6 @@ pub struct PrepareInvoke {
     pub caller: CallerInfo,
     /// What started the call, written into the invocation record.
     pub trigger: Trigger,
-}
-
-impl Handler<PrepareInvoke> for NamespaceSupervisor {
-    type Result = ResponseFuture<FnResult<Prepared>>;
-    fn handle(&mut self, msg: PrepareInvoke, _: &mut Context<Self>) -> Self::Result {
-        let timer = self.stats.begin();
-        let inv = self.invoker();
-        Box::pin(async move {
-            let _timer = timer;
-            inv?.prepare(msg.name, msg.version, msg.input, msg.caller, msg.trigger, 0)
-                .await
-        })
-    }
 }
 
 /// Sent by `GET /v1/functions/{name}/logs`; replies with the newest records.

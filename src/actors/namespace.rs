@@ -156,8 +156,8 @@ impl NamespaceSupervisor {
     }
 
     /// Gives the namespace its invoker from the node's functions service.
-    pub fn with_functions(mut self, service: Option<crate::actors::FunctionsService>) -> Self {
-        self.functions = service.map(|s| s.invoker(&self.name));
+    pub fn with_functions(mut self, invoker: Option<crate::actors::Invoker>) -> Self {
+        self.functions = invoker;
         self
     }
 

@@ -36,6 +36,11 @@ pub struct NsHandle {
     /// Whether this node is a member of the namespace (always on a single
     /// node): only then does its supervisor run triggers and cron.
     pub member: bool,
+    /// The namespace's invoker, shared with its supervisor (which owns its
+    /// state and changes it: deploys, secrets, triggers). Calls are resolved
+    /// through it on the caller's thread, as KV reads go to the store: no
+    /// mailbox round trip per call. None when functions are off.
+    pub invoker: Option<crate::actors::Invoker>,
 }
 
 impl NsHandle {
@@ -48,6 +53,23 @@ impl NsHandle {
         M::Result: Send,
     {
         ask(&self.addr, &self.stats, msg, ASK_TIMEOUT).await
+    }
+
+    /// Resolves a call in this namespace, ready to run on the worker pool
+    /// (the caller runs it). The supervisor is not asked: its invoker is
+    /// shared through this handle, and a resolution is checked against the
+    /// stored function record on every call, so a deploy or secret change made
+    /// through the supervisor is seen by the next call.
+    pub async fn prepare(
+        &self,
+        msg: super::PrepareInvoke,
+    ) -> crate::functions::FnResult<super::Prepared> {
+        let _t = self.stats.timer();
+        let inv = self.invoker.as_ref().ok_or_else(|| {
+            crate::functions::FnError::Internal("functions are not enabled on this node".into())
+        })?;
+        inv.prepare(msg.name, msg.version, msg.input, msg.caller, msg.trigger, 0)
+            .await
     }
 
     /// Sends `msg` through the bounded admission *now* (so a socket's
@@ -205,13 +227,14 @@ impl NodeSupervisor {
         let stats =
             self.directory
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
+        let invoker = self.functions.as_ref().map(|f| f.invoker(name));
         let (n, store, s, cap, pubsub, functions, records) = (
             name.to_string(),
             self.store.clone(),
             stats.clone(),
             self.mailbox_capacity,
             self.pubsub.clone(),
-            self.functions.clone(),
+            invoker.clone(),
             self.records.clone(),
         );
         let addr = Supervisor::start_in_arbiter(self.arbiter_for(name), move |_| {
@@ -226,6 +249,7 @@ impl NodeSupervisor {
             addr,
             stats,
             member,
+            invoker,
         };
         self.namespaces
             .0

@@ -49,7 +49,7 @@ pub fn ws_invoke(
         };
         let run = async {
             let prepared = ns
-                .ask(PrepareInvoke {
+                .prepare(PrepareInvoke {
                     name,
                     version,
                     input: input.to_vec(),
@@ -57,7 +57,6 @@ pub fn ws_invoke(
                     trigger: Trigger::Ws,
                 })
                 .await
-                .map_err(ApiError::from)?
                 .map_err(ApiError::from)?;
             prepared.run().await.map_err(ApiError::from)
         };

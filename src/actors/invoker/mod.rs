@@ -41,9 +41,14 @@ pub use service::FunctionsService;
 
 /// Invocation records waiting for the writer; past this they are dropped (and counted).
 pub const RECORD_QUEUE: usize = 1024;
-/// Records written per store batch at most (etcd takes 128 operations per
+/// Records the writer takes from the queue for one store batch at most.
+const RECORD_BATCH: usize = 512;
+/// Store entries written per batch at most (etcd takes 128 operations per
 /// transaction by default).
-const RECORD_BATCH: usize = 64;
+const RECORD_ENTRIES_PER_BATCH: usize = 64;
+/// One stored log entry holds a function's records of one batch up to about
+/// this many bytes of JSON (etcd's request limit is 1.5 MiB).
+const RECORD_ENTRY_BYTES: usize = 256 << 10;
 /// How often the pool gauges and cache counters are refreshed.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 /// Trigger chains (pub/sub publishes from triggered functions) stop at this depth.
@@ -56,6 +61,31 @@ const MAX_KV_VALUE: usize = 1 << 20;
 const CRON_CLAIM_TTL: Duration = Duration::from_secs(3600);
 /// Records `GET /v1/functions/{name}/logs` returns at most.
 pub const MAX_LOGS: usize = 100;
+
+/// An invocation record on its way to the writer.
+pub(super) struct QueuedRecord {
+    /// `log/<ns>/<name>/`: records of one function are stored together.
+    prefix: Vec<u8>,
+    /// The record's own key (`log/<ns>/<name>/<time>-<request id>`); an
+    /// entry is stored under the key of the newest record it holds.
+    key: Vec<u8>,
+    /// The record as JSON.
+    json: Vec<u8>,
+}
+
+/// The records of one stored log entry, oldest first: a JSON array of
+/// records (what the writer stores: one entry per function per batch) or
+/// one record (entries written before records were grouped). An entry that
+/// does not decode yields nothing.
+fn decode_log_entry(v: &[u8]) -> Vec<InvocationRecord> {
+    if v.first() == Some(&b'[') {
+        serde_json::from_slice(v).unwrap_or_default()
+    } else {
+        serde_json::from_slice(v)
+            .map(|r| vec![r])
+            .unwrap_or_default()
+    }
+}
 
 /// Unix milliseconds now.
 fn now_ms() -> u64 {
@@ -283,9 +313,12 @@ impl Invoker {
     }
 
     fn record(&self, rec: InvocationRecord) {
-        let key = log_key(&self.ns, &rec.function, rec.timestamp_ms, &rec.request_id);
-        let value = serde_json::to_vec(&rec).expect("serializable");
-        if self.svc.0.records.try_send((key, value)).is_err() {
+        let queued = QueuedRecord {
+            prefix: log_prefix(&self.ns, &rec.function),
+            key: log_key(&self.ns, &rec.function, rec.timestamp_ms, &rec.request_id),
+            json: serde_json::to_vec(&rec).expect("serializable"),
+        };
+        if self.svc.0.records.try_send(queued).is_err() {
             self.svc.0.metrics.invocation_records_dropped.inc();
         }
     }
@@ -453,13 +486,23 @@ impl Invoker {
     /// The newest invocation records of a function, newest first.
     pub async fn logs(&self, name: &str, limit: usize) -> FnResult<Vec<InvocationRecord>> {
         self.record_of(name).await?;
+        let limit = limit.clamp(1, MAX_LOGS);
         let rows = self.store().scan_all(&log_prefix(&self.ns, name)).await?;
-        Ok(rows
-            .into_iter()
-            .rev()
-            .take(limit.clamp(1, MAX_LOGS))
-            .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
-            .collect())
+        // Entries sort by their newest record, and a record finished late may
+        // sit in a newer entry than one that started after it: read one entry
+        // past `limit` records, then order the records by their own time.
+        let mut out = Vec::new();
+        let mut past_limit = false;
+        for (_, v) in rows.iter().rev() {
+            out.extend(decode_log_entry(v));
+            if past_limit {
+                break;
+            }
+            past_limit = out.len() >= limit;
+        }
+        out.sort_by(|a, b| (b.timestamp_ms, &b.request_id).cmp(&(a.timestamp_ms, &a.request_id)));
+        out.truncate(limit);
+        Ok(out)
     }
 
     /// Seals and stores a secret.
@@ -588,5 +631,109 @@ mod tests {
             prepared(&inv, "f").await,
             Err(FnError::NotFound(_))
         ));
+    }
+
+    fn rec(name: &str, ts: u64, id: &str) -> InvocationRecord {
+        InvocationRecord {
+            request_id: id.into(),
+            function: name.into(),
+            version: 1,
+            trigger: "http".into(),
+            status: "ok".into(),
+            error: None,
+            duration_ms: 0,
+            timestamp_ms: ts,
+            logs: Vec::new(),
+        }
+    }
+
+    fn queued(ns: &str, r: &InvocationRecord) -> QueuedRecord {
+        QueuedRecord {
+            prefix: log_prefix(ns, &r.function),
+            key: log_key(ns, &r.function, r.timestamp_ms, &r.request_id),
+            json: serde_json::to_vec(r).unwrap(),
+        }
+    }
+
+    /// One batch's records become one entry per function, under the key of
+    /// its newest record, and each entry decodes back to its records in order.
+    #[test]
+    fn a_batch_is_one_entry_per_function() {
+        let (a1, b1, a2, a3) = (
+            rec("a", 10, "r1"),
+            rec("b", 11, "r2"),
+            rec("a", 14, "r4"),
+            rec("a", 12, "r3"),
+        );
+        let entries =
+            service::group_records([&a1, &b1, &a2, &a3].into_iter().map(|r| queued("ns", r)));
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].0, log_key("ns", "a", 14, "r4"), "newest key");
+        assert_eq!(decode_log_entry(&entries[0].1), vec![a1, a2, a3]);
+        assert_eq!(entries[1].0, log_key("ns", "b", 11, "r2"));
+        assert_eq!(decode_log_entry(&entries[1].1), vec![b1]);
+        assert!(decode_log_entry(b"not json").is_empty());
+    }
+
+    /// A function's records stay in entries of bounded size.
+    #[test]
+    fn entries_are_bounded_in_size() {
+        let mut big = rec("a", 1, "x");
+        big.logs = vec![LogEntry {
+            level: "info".into(),
+            message: "y".repeat(16 << 10),
+        }];
+        let n = 3 * RECORD_ENTRY_BYTES / (16 << 10);
+        let entries = service::group_records((0..n).map(|i| {
+            let mut r = big.clone();
+            r.request_id = format!("r{i:04}");
+            queued("ns", &r)
+        }));
+        assert!(entries.len() >= 3, "{} entries", entries.len());
+        assert!(
+            entries
+                .iter()
+                .all(|(_, v)| v.len() <= RECORD_ENTRY_BYTES + (17 << 10))
+        );
+        let total: usize = entries.iter().map(|(_, v)| decode_log_entry(v).len()).sum();
+        assert_eq!(total, n);
+    }
+
+    /// `logs` reads grouped entries and entries of one record (as written
+    /// before grouping) alike, newest first by the records' own time.
+    #[actix_rt::test]
+    async fn logs_read_grouped_and_single_entries_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let engine =
+            WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
+        let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
+        let inv = svc.invoker("ns");
+        let module = svc.compile(NOOP.to_vec()).await.unwrap();
+        inv.deploy(request("f"), module).await.unwrap();
+        // An old single-record entry, then a grouped one whose newest record
+        // finished after a record that started later (r3 sits in the older entry).
+        let old = rec("f", 5, "r0");
+        store
+            .put(
+                &log_key("ns", "f", 5, "r0"),
+                &serde_json::to_vec(&old).unwrap(),
+            )
+            .await
+            .unwrap();
+        let first = [rec("f", 20, "r3"), rec("f", 7, "r1")];
+        let second = [rec("f", 9, "r2"), rec("f", 30, "r4")];
+        for batch in [&first, &second] {
+            for (k, v) in service::group_records(batch.iter().map(|r| queued("ns", r))) {
+                store.put(&k, &v).await.unwrap();
+            }
+        }
+        let ids =
+            |v: Vec<InvocationRecord>| v.into_iter().map(|r| r.request_id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(inv.logs("f", 100).await.unwrap()),
+            ["r4", "r3", "r2", "r1", "r0"]
+        );
+        assert_eq!(ids(inv.logs("f", 2).await.unwrap()), ["r4", "r3"]);
     }
 }

@@ -10,9 +10,9 @@ pub(super) struct ServiceInner {
     pub(super) store: Store,
     /// Node metrics: invocation counts and errors, pool gauges, dropped records.
     pub(super) metrics: Metrics,
-    /// Queue of (key, JSON) invocation records to the writer task; bounded
+    /// Queue of invocation records to the writer task; bounded
     /// (`RECORD_QUEUE`), a full queue drops the record and counts it.
-    pub(super) records: mpsc::Sender<(Vec<u8>, Vec<u8>)>,
+    pub(super) records: mpsc::Sender<QueuedRecord>,
     /// The runtime the store was opened on (the node's), where the
     /// synchronous paths run their store operations (`store_wait`).
     pub(super) store_runtime: tokio::runtime::Handle,
@@ -157,8 +157,11 @@ impl FunctionsService {
 /// carries the records of many calls instead of a few.
 pub(super) const RECORD_LINGER: Duration = Duration::from_millis(5);
 
-/// Writes invocation records in batches until the node stops.
-pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<(Vec<u8>, Vec<u8>)>) {
+/// Writes invocation records in batches until the node stops. A batch's
+/// records of one function go into one store entry (a JSON array, under the
+/// newest record's key): one store write per function per batch, where a
+/// write per record cost more than the guest's own run under load.
+pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRecord>) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);
     while rx.recv_many(&mut buf, RECORD_BATCH).await > 0 {
         let until = tokio::time::Instant::now() + RECORD_LINGER;
@@ -171,9 +174,49 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<(Vec<u8>,
                 _ => break,
             }
         }
-        let ops = buf.drain(..).map(|(k, v)| BatchOp::Put(k, v)).collect();
-        if let Err(e) = store.apply_batch(ops).await {
-            tracing::warn!(error = %e, "Invocation records could not be written.");
+        let entries = group_records(buf.drain(..));
+        for chunk in entries.chunks(RECORD_ENTRIES_PER_BATCH) {
+            let ops = chunk
+                .iter()
+                .map(|(k, v)| BatchOp::Put(k.clone(), v.clone()))
+                .collect();
+            if let Err(e) = store.apply_batch(ops).await {
+                tracing::warn!(error = %e, "Invocation records could not be written.");
+            }
         }
     }
+}
+
+/// Groups records by function, in queue order, into (key, JSON array)
+/// entries of at most about `RECORD_ENTRY_BYTES` each.
+pub(super) fn group_records(
+    records: impl Iterator<Item = QueuedRecord>,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    // Index of each function's open entry in `out`.
+    let mut open: HashMap<Vec<u8>, usize> = HashMap::new();
+    let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    for r in records {
+        match open.get(&r.prefix) {
+            Some(&i) if out[i].1.len() + r.json.len() < RECORD_ENTRY_BYTES => {
+                let (key, value) = &mut out[i];
+                value.pop(); // the closing `]`
+                value.push(b',');
+                value.extend_from_slice(&r.json);
+                value.push(b']');
+                // The entry sorts by its newest record.
+                if r.key > *key {
+                    *key = r.key;
+                }
+            }
+            _ => {
+                let mut value = Vec::with_capacity(r.json.len() + 2);
+                value.push(b'[');
+                value.extend_from_slice(&r.json);
+                value.push(b']');
+                open.insert(r.prefix, out.len());
+                out.push((r.key, value));
+            }
+        }
+    }
+    out
 }

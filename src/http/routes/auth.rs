@@ -276,14 +276,14 @@ async fn custom_claims(
         request_id: hex::encode(crate::util::random_bytes::<12>()),
     };
     let prepared = h
-        .ask(crate::actors::PrepareInvoke {
+        .prepare(crate::actors::PrepareInvoke {
             name: provider.clone(),
             version: None,
             input,
             caller,
             trigger: Trigger::Claims,
         })
-        .await?
+        .await
         .map_err(|e| failed(format!("claims provider {provider:?}: {e}")))?;
     let reply = prepared
         .run()

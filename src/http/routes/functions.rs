@@ -409,14 +409,14 @@ async fn invoke(
     };
     let prepared = ctx
         .handle
-        .ask(PrepareInvoke {
+        .prepare(PrepareInvoke {
             name,
             version,
             input,
             caller,
             trigger: Trigger::Http,
         })
-        .await??;
+        .await?;
     Ok(reply(prepared.run().await?))
 }
 
@@ -458,14 +458,14 @@ async fn invoke_by_namespace(
         request_id: request_id(&req),
     };
     let prepared = handle
-        .ask(PrepareInvoke {
+        .prepare(PrepareInvoke {
             name,
             version,
             input,
             caller,
             trigger: Trigger::Public,
         })
-        .await??;
+        .await?;
     if !member && !prepared.is_public {
         return Err(match identity {
             None => ApiError::new(

@@ -164,14 +164,15 @@ pub(super) const RECORD_LINGER: Duration = Duration::from_millis(5);
 pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRecord>) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);
     while rx.recv_many(&mut buf, RECORD_BATCH).await > 0 {
-        let until = tokio::time::Instant::now() + RECORD_LINGER;
-        while buf.len() < RECORD_BATCH {
-            // `recv_many` is cancel safe: a timeout loses no record.
-            let room = RECORD_BATCH - buf.len();
-            let more = rx.recv_many(&mut buf, room);
-            match tokio::time::timeout_at(until, more).await {
-                Ok(n) if n > 0 => {}
-                _ => break,
+        // Linger asleep, then take what came meanwhile: waiting on the queue
+        // instead would wake this task once per record.
+        if buf.len() < RECORD_BATCH {
+            tokio::time::sleep(RECORD_LINGER).await;
+            while buf.len() < RECORD_BATCH {
+                match rx.try_recv() {
+                    Ok(r) => buf.push(r),
+                    Err(_) => break,
+                }
             }
         }
         let entries = group_records(buf.drain(..));

@@ -235,6 +235,8 @@ struct NsState {
     publisher: Mutex<Option<(Addr<NamespaceSupervisor>, Arc<ActorStats>)>>,
     /// When `cron_tick` last ran: slots after it and up to now are due (None on the first tick).
     last_cron: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+    /// This namespace's invocation and error counters, looked up by label once.
+    counters: std::sync::OnceLock<(IntCounter, IntCounter)>,
 }
 
 /// One namespace's invoker: runs only that namespace's functions.

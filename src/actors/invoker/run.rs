@@ -178,12 +178,24 @@ impl Invoker {
                 r
             }
         };
-        let caller_json = serde_json::to_vec(&serde_json::json!({
-            "subject": caller.subject,
-            "namespace": &*self.ns,
-            "request_id": caller.request_id,
-            "trigger": trigger.as_str(),
-        }))
+        /// What the `caller` import hands the guest.
+        #[derive(serde::Serialize)]
+        struct CallerJson<'a> {
+            /// The credential's subject; null for an anonymous public call.
+            subject: &'a Option<String>,
+            /// This namespace.
+            namespace: &'a str,
+            /// The request id of the call.
+            request_id: &'a str,
+            /// What started the call.
+            trigger: &'a str,
+        }
+        let caller_json = serde_json::to_vec(&CallerJson {
+            subject: &caller.subject,
+            namespace: &self.ns,
+            request_id: &caller.request_id,
+            trigger: trigger.as_str(),
+        })
         .expect("serializable");
         let call = Invocation {
             namespace: self.ns.to_string(),
@@ -229,16 +241,25 @@ impl Prepared {
         let engine = inv.svc.0.engine.clone();
         // The pool gauges are refreshed by the sampler (every second), not
         // per call: a snapshot takes the pool's lock and copies its queues.
-        let result = engine.invoke(module, call, host).await;
-        let m = &inv.svc.0.metrics;
-        let label = m.ns_label(&inv.ns);
-        m.invocations.with_label_values(&[label.as_str()]).inc();
-        let (status, error, duration, logs) = match &result {
-            Ok(out) => ("ok".to_string(), None, out.duration, out.logs.clone()),
+        let mut result = engine.invoke(module, call, host).await;
+        let (calls, errors) = inv.st.counters.get_or_init(|| {
+            let m = &inv.svc.0.metrics;
+            let label = m.ns_label(&inv.ns);
+            (
+                m.invocations.with_label_values(&[label.as_str()]),
+                m.invocation_errors.with_label_values(&[label.as_str()]),
+            )
+        });
+        calls.inc();
+        let (status, error, duration, logs) = match &mut result {
+            Ok(out) => (
+                "ok".to_string(),
+                None,
+                out.duration,
+                std::mem::take(&mut out.logs),
+            ),
             Err(e) => {
-                m.invocation_errors
-                    .with_label_values(&[label.as_str()])
-                    .inc();
+                errors.inc();
                 (
                     crate::functions::wasm_error_code(e).to_string(),
                     Some(e.to_string()),

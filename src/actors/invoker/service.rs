@@ -113,6 +113,7 @@ impl FunctionsService {
                 deploy_lock: Default::default(),
                 publisher: Default::default(),
                 last_cron: Default::default(),
+                counters: Default::default(),
             }),
         }
     }

@@ -78,8 +78,6 @@ struct State {
     busy: usize,
     /// Set when the pool is dropped: workers and the timer exit, submits are refused.
     stopped: bool,
-    /// The timer sleeps with no deadline to wake for: the next submit wakes it.
-    timer_idle: bool,
 }
 
 impl State {
@@ -229,10 +227,8 @@ impl Pool {
         }
         state.queued += 1;
         // Deadlines only grow, so the timer needs a word only when it sleeps
-        // without one (else it wakes at a deadline at most `queue_wait` off,
-        // and sees this task then).
-        if state.timer_idle {
-            state.timer_idle = false;
+        // without one.
+        if state.queued == 1 {
             self.shared.timer.notify_one();
         }
         drop(state);
@@ -353,11 +349,7 @@ fn timer(shared: &Shared) {
             Some(at) => {
                 shared.timer.wait_until(&mut state, at);
             }
-            None => {
-                state.timer_idle = true;
-                shared.timer.wait(&mut state);
-                state.timer_idle = false;
-            }
+            None => shared.timer.wait(&mut state),
         }
     }
 }

@@ -258,7 +258,15 @@ fn main() {
     let secs = if full { 5.0 } else { 0.3 };
     let dir = tempfile::tempdir().unwrap();
     // The default [functions] settings: only the rate limits are lifted.
-    let cfg = node_support::config(dir.path());
+    let mut cfg = node_support::config(dir.path());
+    // Another workers' nice value than the default, to compare (the
+    // `[functions] worker_nice` setting).
+    if let Some(n) = std::env::var("MESHGATE_BENCH_WORKER_NICE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.functions.worker_nice = n;
+    }
     let data_dir = cfg.server.data_dir.clone();
     let workers = meshgate::node::num_cpus();
     let echo = std::fs::read(concat!(

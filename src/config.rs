@@ -381,6 +381,10 @@ pub struct FunctionsConfig {
     pub queue_wait_ms: u64,
     /// Largest module accepted by a deploy, in bytes.
     pub max_module_bytes: usize,
+    /// The WASM workers' nice value, 0 to 19: above 0 the threads serving
+    /// requests run first when guests keep every core busy; 0 runs guests
+    /// at the same priority.
+    pub worker_nice: i32,
 }
 
 impl Default for FunctionsConfig {
@@ -391,6 +395,7 @@ impl Default for FunctionsConfig {
             namespace_concurrency: 64,
             queue_wait_ms: 3_000,
             max_module_bytes: 16 << 20,
+            worker_nice: crate::wasm::WORKER_NICE,
         }
     }
 }
@@ -554,6 +559,9 @@ impl Config {
         }
         if !(1..=60_000).contains(&self.functions.queue_wait_ms) {
             errors.push("functions.queue_wait_ms: must be 1..=60000".into());
+        }
+        if !(0..=19).contains(&self.functions.worker_nice) {
+            errors.push("functions.worker_nice: must be 0..=19".into());
         }
         if self.pubsub.outbound_queue_messages == 0 || self.pubsub.ping_interval_seconds == 0 {
             errors.push(
@@ -1109,6 +1117,22 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
         )
         .unwrap_err();
         assert_eq!(err.0.len(), 2, "{:?}", err.0);
+    }
+
+    /// The workers' nice value is 0..=19: below is a priority above the
+    /// request path's (and needs privileges), above is not a nice value.
+    #[test]
+    fn worker_nice_is_bounded() {
+        for bad in ["-1", "20"] {
+            let err = load_str(&format!("[functions]\nworker_nice = {bad}\n"), &[]).unwrap_err();
+            assert!(
+                err.0.iter().any(|e| e.contains("functions.worker_nice")),
+                "{err:?}"
+            );
+        }
+        let c = load_str("", &[("MESHGATE_FUNCTIONS_WORKER_NICE", "0")]).unwrap();
+        assert_eq!(c.functions.worker_nice, 0);
+        assert_eq!(Config::default().functions.worker_nice, 10);
     }
 }
 

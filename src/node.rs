@@ -259,6 +259,7 @@ fn start_functions(
         namespace_concurrency: f.namespace_concurrency,
         queue_wait: std::time::Duration::from_millis(f.queue_wait_ms),
         max_module_bytes: f.max_module_bytes,
+        worker_nice: f.worker_nice,
         ..Default::default()
     };
     let engine = crate::wasm::WasmEngine::new(wasm, data_dir.join("wasm-cache"))

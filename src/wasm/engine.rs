@@ -48,6 +48,9 @@ pub struct WasmConfig {
     pub max_module_bytes: usize,
     /// Epoch tick, in milliseconds: the granularity of deadlines; default 5.
     pub epoch_tick_ms: u64,
+    /// The workers' nice value (0 to 19; 0 leaves them at the request
+    /// path's priority); default [`WORKER_NICE`](super::priority::WORKER_NICE).
+    pub worker_nice: i32,
 }
 
 impl Default for WasmConfig {
@@ -58,6 +61,7 @@ impl Default for WasmConfig {
             namespace_concurrency: 64,
             queue_wait: Duration::from_secs(3),
             max_module_bytes: 16 << 20,
+            worker_nice: super::priority::WORKER_NICE,
             epoch_tick_ms: 5,
         }
     }
@@ -289,6 +293,7 @@ impl WasmEngine {
             cfg.queue,
             cfg.namespace_concurrency,
             cfg.queue_wait,
+            cfg.worker_nice,
         )?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         {

@@ -19,6 +19,7 @@ mod error;
 mod host;
 mod limits;
 mod pool;
+mod priority;
 
 #[cfg(test)]
 mod tests;
@@ -29,4 +30,5 @@ pub use self::{
     host::{HostApi, ResolvedFunction},
     limits::{MAX_DEPTH, MAX_INPUT_BYTES, MAX_OUTPUT_BYTES, MAX_PUBLISHES},
     pool::{NamespaceStats, PoolStats},
+    priority::WORKER_NICE,
 };

@@ -171,6 +171,7 @@ impl Pool {
         queue: usize,
         namespace_queue: usize,
         queue_wait: Duration,
+        nice: i32,
     ) -> Result<Self> {
         let workers = workers.max(1);
         let shared = Arc::new(Shared {
@@ -190,7 +191,7 @@ impl Pool {
             std::thread::Builder::new()
                 .name(format!("wasm-worker-{i}"))
                 .stack_size(WORKER_STACK_BYTES)
-                .spawn(move || worker(&shared))
+                .spawn(move || worker(&shared, nice))
                 .map_err(|e| WasmError::Internal(format!("cannot spawn a WASM worker: {e}")))?;
         }
         std::thread::Builder::new()
@@ -265,7 +266,11 @@ impl Drop for Pool {
     }
 }
 
-fn worker(shared: &Shared) {
+fn worker(shared: &Shared, nice: i32) {
+    // Below the request path: see `priority.rs`.
+    if nice > 0 && !super::priority::lower_this_thread(nice) {
+        tracing::debug!("A WASM worker keeps the default CPU priority.");
+    }
     let mut state = shared.state.lock();
     loop {
         if state.stopped {

@@ -59,7 +59,7 @@ outbound_queue_messages = 65536
 outbound_queue_bytes = 67108864
 CONF
 export MESHGATE_OPERATOR_KEY="mgop_bench_$(date +%s%N)"
-RUST_LOG=warn "$TARGET_DIR/release/meshgate" serve --config "$WORK/meshgate.toml" \
+RUST_LOG=warn "${MESHGATE_BENCH_BIN:-$TARGET_DIR/release/meshgate}" serve --config "$WORK/meshgate.toml" \
     --listen "127.0.0.1:$MG_PORT" --data-dir "$WORK/data" >"$WORK/mg.log" 2>&1 &
 MG_PID=$!
 PIDS+=("$MG_PID")

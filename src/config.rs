@@ -395,7 +395,7 @@ impl Default for FunctionsConfig {
             namespace_concurrency: 64,
             queue_wait_ms: 3_000,
             max_module_bytes: 16 << 20,
-            worker_nice: crate::wasm::WORKER_NICE,
+            worker_nice: 10,
         }
     }
 }

@@ -40,6 +40,15 @@ pub fn lower_this_thread(nice: i32) -> bool {
 mod tests {
     use super::*;
 
+    /// The node's `[functions] worker_nice` default is this engine's default.
+    #[test]
+    fn the_config_default_is_the_engine_default() {
+        assert_eq!(
+            crate::config::Config::default().functions.worker_nice,
+            WORKER_NICE
+        );
+    }
+
     /// A thread that lowers itself reads its new nice value back; another
     /// thread of the process keeps its own.
     #[test]

@@ -74,8 +74,8 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .wrap(from_fn(forward::cluster_forward))
             // Steps 5 to 11 (client rate limit … namespace rate limit), in order.
             .wrap(from_fn(chain::steps))
-            .wrap(from_fn(middleware::security_headers))
-            .wrap(from_fn(middleware::envelope))
+            // The envelope and the security headers (steps 3½ and 4).
+            .wrap(from_fn(middleware::answer))
             .wrap(from_fn(middleware::logger))
             .wrap(from_fn(middleware::route_policy))
             .wrap(from_fn(middleware::internal_auth_gate))

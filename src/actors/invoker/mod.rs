@@ -46,6 +46,9 @@ const RECORD_BATCH: usize = 512;
 /// Store entries written per batch at most (etcd takes 128 operations per
 /// transaction by default).
 const RECORD_ENTRIES_PER_BATCH: usize = 64;
+/// Bytes of entries written per batch at most, past one entry (etcd refuses
+/// a request above 1.5 MiB by default).
+const RECORD_BATCH_BYTES: usize = 1 << 20;
 /// One stored log entry holds a function's records of one batch up to about
 /// this many bytes of JSON (etcd's request limit is 1.5 MiB).
 const RECORD_ENTRY_BYTES: usize = 256 << 10;
@@ -699,6 +702,44 @@ mod tests {
         );
         let total: usize = entries.iter().map(|(_, v)| decode_log_entry(v).len()).sum();
         assert_eq!(total, n);
+    }
+
+    /// Store batches stay within etcd's limits: at most 64 entries and about
+    /// 1 MiB each, an entry larger than that alone, every entry once, in order.
+    #[test]
+    fn store_batches_are_bounded() {
+        let entry = |i: usize, n: usize| (format!("k{i:04}").into_bytes(), vec![b'x'; n]);
+        let mut entries: Vec<_> = (0..200).map(|i| entry(i, 10)).collect();
+        entries.extend((200..206).map(|i| entry(i, 300 << 10)));
+        entries.push(entry(206, 2 << 20));
+        entries.push(entry(207, 10));
+        let batches = service::store_batches(entries);
+        let mut keys = Vec::new();
+        for b in &batches {
+            assert!(!b.is_empty() && b.len() <= RECORD_ENTRIES_PER_BATCH);
+            let size: usize = b
+                .iter()
+                .map(|op| match op {
+                    BatchOp::Put(k, v) => k.len() + v.len(),
+                    BatchOp::Delete(k) => k.len(),
+                })
+                .sum();
+            assert!(
+                b.len() == 1 || size <= RECORD_BATCH_BYTES,
+                "{size} bytes in {}",
+                b.len()
+            );
+            keys.extend(b.iter().map(|op| match op {
+                BatchOp::Put(k, _) | BatchOp::Delete(k) => k.clone(),
+            }));
+        }
+        let want: Vec<_> = (0..208).map(|i| format!("k{i:04}").into_bytes()).collect();
+        assert_eq!(keys, want);
+        assert!(
+            batches
+                .iter()
+                .any(|b| b.len() == 1 && matches!(&b[0], BatchOp::Put(_, v) if v.len() == 2 << 20))
+        );
     }
 
     /// `logs` reads grouped entries and entries of one record (as written

@@ -176,17 +176,33 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
                 }
             }
         }
-        let entries = group_records(buf.drain(..));
-        for chunk in entries.chunks(RECORD_ENTRIES_PER_BATCH) {
-            let ops = chunk
-                .iter()
-                .map(|(k, v)| BatchOp::Put(k.clone(), v.clone()))
-                .collect();
+        for ops in store_batches(group_records(buf.drain(..))) {
             if let Err(e) = store.apply_batch(ops).await {
                 tracing::warn!(error = %e, "Invocation records could not be written.");
             }
         }
     }
+}
+
+/// Splits entries into store batches of at most `RECORD_ENTRIES_PER_BATCH`
+/// entries and `RECORD_BATCH_BYTES` bytes (a larger entry goes alone).
+pub(super) fn store_batches(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<Vec<BatchOp>> {
+    let mut batches: Vec<Vec<BatchOp>> = Vec::new();
+    let mut bytes = 0;
+    for (k, v) in entries {
+        let size = k.len() + v.len();
+        match batches.last_mut() {
+            Some(b) if b.len() < RECORD_ENTRIES_PER_BATCH && bytes + size <= RECORD_BATCH_BYTES => {
+                bytes += size;
+                b.push(BatchOp::Put(k, v));
+            }
+            _ => {
+                bytes = size;
+                batches.push(vec![BatchOp::Put(k, v)]);
+            }
+        }
+    }
+    batches
 }
 
 /// Groups records by function, in queue order, into (key, JSON array)

@@ -581,6 +581,20 @@ mod tests {
             .await
     }
 
+    /// A node's functions service on a fresh sled store, and namespace
+    /// `ns`'s invoker with the no-op module deployed as `f` (version 1).
+    async fn deployed_f() -> (tempfile::TempDir, Store, Invoker, Arc<CompiledModule>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let engine =
+            WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
+        let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
+        let inv = svc.invoker("ns");
+        let module = svc.compile(NOOP.to_vec()).await.unwrap();
+        inv.deploy(request("f"), module.clone()).await.unwrap();
+        (dir, store, inv, module)
+    }
+
     fn env_of(p: &Prepared, k: &str) -> Option<String> {
         p.call
             .env
@@ -594,14 +608,7 @@ mod tests {
     /// record written by another path such as an import) is seen by the next call.
     #[actix_rt::test]
     async fn kept_resolutions_follow_every_change() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_sled(dir.path()).unwrap();
-        let engine =
-            WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
-        let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
-        let inv = svc.invoker("ns");
-        let module = svc.compile(NOOP.to_vec()).await.unwrap();
-        inv.deploy(request("f"), module.clone()).await.unwrap();
+        let (_dir, store, inv, module) = deployed_f().await;
 
         inv.put_secret("TOKEN", "a").await.unwrap();
         let p = prepared(&inv, "f").await.unwrap();
@@ -746,14 +753,7 @@ mod tests {
     /// before grouping) alike, newest first by the records' own time.
     #[actix_rt::test]
     async fn logs_read_grouped_and_single_entries_newest_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_sled(dir.path()).unwrap();
-        let engine =
-            WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
-        let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
-        let inv = svc.invoker("ns");
-        let module = svc.compile(NOOP.to_vec()).await.unwrap();
-        inv.deploy(request("f"), module).await.unwrap();
+        let (_dir, store, inv, _) = deployed_f().await;
         // An old single-record entry, then a grouped one whose newest record
         // finished after a record that started later (r3 sits in the older entry).
         let old = rec("f", 5, "r0");

@@ -38,9 +38,10 @@ fn run(script: &str, dir: &Path, env: &[(&str, &str)]) -> String {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(script)
+    // Bounded: a documented step that waits forever (a node that never
+    // gets ready) fails the test with its output instead of hanging the suite.
+    let out = Command::new("timeout")
+        .args(["180", "bash", "-c", script])
         .current_dir(dir)
         .env("PATH", path)
         .env_remove("MESHGATE_KEY")

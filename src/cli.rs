@@ -150,11 +150,11 @@ pub fn main() -> ExitCode {
 /// log line is appended to a shared buffer, not written by the worker that
 /// served it, and the thread writes what gathered every few milliseconds.
 /// The returned guard writes what is left when it is dropped, at exit.
-fn init_logging(format: &str) -> log_sink::Guard {
+fn init_logging(format: &str) -> std::io::Result<log_sink::Guard> {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,libp2p_gossipsub=error"));
-    let (writer, guard) = log_sink::start(std::io::stderr());
+    let (writer, guard) = log_sink::start(std::io::stderr())?;
     // Colours only for a person at a terminal: a log file or a collector
     // gets plain text (the escape codes also cost about 5% of a request's
     // CPU, written into every line's fields).
@@ -168,7 +168,7 @@ fn init_logging(format: &str) -> log_sink::Guard {
     } else {
         builder.init();
     }
-    guard
+    Ok(guard)
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
@@ -187,7 +187,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _log = init_logging(&config.server.log_format);
+    let _log = match init_logging(&config.server.log_format) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("meshgate: cannot start the log writer thread: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let system = actix_web::rt::System::new();
     let result = system.block_on(async move {
         let running = crate::node::start(config).await?;
@@ -368,15 +374,22 @@ mod log_sink {
         thread: Option<std::thread::JoinHandle<()>>,
     }
 
-    /// Starts the writer thread over `out`.
-    pub fn start<W: Write + Send + 'static>(out: W) -> (Sink, Guard) {
+    /// Starts the writer thread over `out`. Without it the buffer would only
+    /// fill and then hold every logging thread: a thread that cannot be
+    /// started is an error at start-up.
+    pub fn start<W: Write + Send + 'static>(out: W) -> std::io::Result<(Sink, Guard)> {
         let shared = Arc::new(Shared::default());
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("log-writer".into())
-            .spawn(move || writer(&s, out))
-            .ok();
-        (Sink(shared.clone()), Guard { shared, thread })
+            .spawn(move || writer(&s, out))?;
+        Ok((
+            Sink(shared.clone()),
+            Guard {
+                shared,
+                thread: Some(thread),
+            },
+        ))
     }
 
     fn writer<W: Write>(shared: &Shared, mut out: W) {
@@ -458,7 +471,7 @@ mod log_sink {
         #[test]
         fn every_line_is_written_in_order() {
             let out = Captured::default();
-            let (sink, guard) = start(out.clone());
+            let (sink, guard) = start(out.clone()).unwrap();
             let line = vec![b'x'; 4096];
             let threads: Vec<_> = (0..2u8)
                 .map(|t| {

@@ -681,10 +681,17 @@ mod tests {
             service::group_records([&a1, &b1, &a2, &a3].into_iter().map(|r| queued("ns", r)));
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[0].0, log_key("ns", "a", 14, "r4"), "newest key");
-        assert_eq!(decode_log_entry(&entries[0].1), vec![a1, a2, a3]);
+        assert_eq!(decode_log_entry(&entries[0].1), vec![a1.clone(), a2, a3]);
         assert_eq!(entries[1].0, log_key("ns", "b", 11, "r2"));
         assert_eq!(decode_log_entry(&entries[1].1), vec![b1]);
         assert!(decode_log_entry(b"not json").is_empty());
+        // The same function name in another namespace never shares an entry.
+        let other = rec("a", 15, "r5");
+        let entries =
+            service::group_records([queued("ns", &a1), queued("other", &other)].into_iter());
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[1].0, log_key("other", "a", 15, "r5"));
+        assert_eq!(decode_log_entry(&entries[1].1), vec![other]);
     }
 
     /// A function's records stay in entries of bounded size.

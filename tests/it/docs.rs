@@ -38,12 +38,17 @@ fn run(script: &str, dir: &Path, env: &[(&str, &str)]) -> String {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    // A documented step's `mktemp -d` (etcd's and the nodes' folders) lands
+    // in a folder of the test's own, removed when it ends: a reader's script
+    // need not clean up, and repeated runs do not fill the disk.
+    let tmp = tempfile::tempdir().expect("a temporary folder");
     // Bounded: a documented step that waits forever (a node that never
     // gets ready) fails the test with its output instead of hanging the suite.
     let out = Command::new("timeout")
         .args(["180", "bash", "-c", script])
         .current_dir(dir)
         .env("PATH", path)
+        .env("TMPDIR", tmp.path())
         .env_remove("MESHGATE_KEY")
         .env_remove("MESHGATE_URL")
         .env_remove("MESHGATE_OPERATOR_KEY")

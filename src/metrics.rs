@@ -309,7 +309,11 @@ impl Metrics {
                 .unwrap()
             ),
             wasm_pool_workers: reg!(
-                IntGauge::new("meshgate_wasm_pool_workers", "WASM worker threads").unwrap()
+                IntGauge::new(
+                    "meshgate_wasm_pool_workers",
+                    "WASM worker threads, the spare one included"
+                )
+                .unwrap()
             ),
             breaker_state: reg!(
                 IntGaugeVec::new(

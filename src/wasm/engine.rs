@@ -27,6 +27,8 @@ use super::pool::{Pool, PoolStats};
 const ENTRY_POINT: &str = "_start";
 /// Most pooled instance slots, whatever the worker count.
 const MAX_POOL_SLOTS: usize = 1_000;
+/// Spare threads of the pool (see `pool.rs`).
+pub const SPARE_WORKERS: usize = 1;
 /// Bytes of each pool slot's linear memory kept resident between calls.
 const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 
@@ -35,6 +37,10 @@ const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 pub struct WasmConfig {
     /// Worker threads running guests; default: the number of CPUs.
     pub workers: usize,
+    /// Threads beside the workers that only start the call of a namespace
+    /// with nothing running, at the request path's priority, when no worker
+    /// is free (a quiet tenant beside a flood); default [`SPARE_WORKERS`].
+    pub spare_workers: usize,
     /// Invocations that may wait for a worker, node-wide; default 256.
     pub queue: usize,
     /// Invocations of one namespace that may wait for a worker (its queue
@@ -57,6 +63,7 @@ impl Default for WasmConfig {
     fn default() -> Self {
         Self {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            spare_workers: SPARE_WORKERS,
             queue: 256,
             namespace_concurrency: 64,
             queue_wait: Duration::from_secs(3),
@@ -264,7 +271,7 @@ fn wasmtime_config(workers: usize) -> Config {
 impl WasmEngine {
     /// Starts the engine: wasmtime, the epoch ticker and the worker pool.
     pub fn new(cfg: WasmConfig, cache_dir: PathBuf) -> Result<Self> {
-        let engine = Engine::new(&wasmtime_config(cfg.workers))
+        let engine = Engine::new(&wasmtime_config(cfg.workers.max(1) + cfg.spare_workers))
             .map_err(|e| WasmError::Internal(format!("cannot start wasmtime: {e:#}")))?;
         let tick_ms = cfg.epoch_tick_ms.max(1);
         let runtime = Arc::new(Runtime {
@@ -290,6 +297,7 @@ impl WasmEngine {
         let cache = ArtifactCache::new(&engine, cache_dir)?;
         let pool = Pool::new(
             cfg.workers,
+            cfg.spare_workers,
             cfg.queue,
             cfg.namespace_concurrency,
             cfg.queue_wait,

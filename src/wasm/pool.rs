@@ -3,7 +3,20 @@
 //! Fair share: a free worker takes the next invocation of the waiting
 //! namespace with the fewest invocations running (ties in round-robin order),
 //! so a namespace alone on the node may use every worker, and namespaces busy
-//! at the same time converge on an equal share of them. Admission is bounded
+//! at the same time converge on an equal share of them.
+//!
+//! Spare threads: beside the `workers`, the pool runs `spare` threads that
+//! only start the call of a namespace with nothing running, and stay at the
+//! request path's CPU priority (the workers run below it, `priority.rs`).
+//! A neighbour's flood of long calls holds every worker, and a quiet
+//! tenant's call used to wait for one of them to end and then run at the
+//! flood's priority: its p99 rose 3× to 4.5× beside the flood
+//! (BENCHMARKS.md). Now it starts at once on a spare thread. A flooding
+//! namespace always has a call running, so a spare thread never runs more
+//! than the first of its calls: the spare threads cannot be taken by a
+//! flood, and a namespace alone on the node still uses exactly the workers.
+//!
+//! Admission is bounded
 //! three ways: per namespace (`namespace_queue` waiting invocations, past it
 //! `Busy`), node-wide (`queue` waiting invocations, past it `Overloaded`) and
 //! in time (an invocation that waited `queue_wait` without a worker is
@@ -76,6 +89,8 @@ struct State {
     queued: usize,
     /// Workers running a job now; the rest are idle and exempt calls from the queue bounds.
     busy: usize,
+    /// Spare threads running a job now.
+    spare_busy: usize,
     /// Set when the pool is dropped: workers and the timer exit, submits are refused.
     stopped: bool,
 }
@@ -97,6 +112,25 @@ impl State {
             self.ring.push_back(ns.clone());
         }
         Some((ns, task))
+    }
+
+    /// Takes the next task of a namespace with nothing running (for a spare
+    /// thread): the first such in the ring, which moves to the back.
+    fn pick_first_call(&mut self) -> Option<(String, Task)> {
+        let pos = self.ring.iter().position(|ns| self.running(ns) == 0)?;
+        let ns = self.ring.remove(pos)?;
+        let q = self.namespaces.get_mut(&ns)?;
+        let task = q.tasks.pop_front()?;
+        self.queued -= 1;
+        if !q.tasks.is_empty() {
+            self.ring.push_back(ns.clone());
+        }
+        Some((ns, task))
+    }
+
+    /// The namespace's calls running now (on a worker or a spare thread).
+    fn running(&self, ns: &str) -> usize {
+        self.namespaces.get(ns).map_or(0, |q| q.running)
     }
 
     /// Forgets a namespace with nothing running or waiting.
@@ -145,6 +179,9 @@ struct Shared {
     state: Mutex<State>,
     /// Signals the workers: a task is waiting, or the pool stopped.
     work: Condvar,
+    /// Signals the spare threads: a namespace with nothing running has a
+    /// call waiting and no worker is free, or the pool stopped.
+    spare: Condvar,
     /// Signals the timer: the first task of an empty pool, or the pool stopped.
     timer: Condvar,
 }
@@ -152,8 +189,10 @@ struct Shared {
 pub(crate) struct Pool {
     /// State shared with the worker threads and the timer thread.
     shared: Arc<Shared>,
-    /// Number of worker threads (at least 1): the most invocations running at once.
+    /// Number of worker threads (at least 1).
     workers: usize,
+    /// Number of spare threads (see the module's documentation).
+    spare: usize,
     /// Most invocations waiting node-wide (beyond idle workers); past it, `Overloaded`.
     queue: usize,
     /// Most waiting per namespace (beyond idle workers), so one tenant cannot fill
@@ -164,10 +203,12 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// `workers` threads; at most `queue` invocations waiting node-wide, at
-    /// most `namespace_queue` per namespace, each for at most `queue_wait`.
+    /// `workers` threads and `spare` ones; at most `queue` invocations
+    /// waiting node-wide, at most `namespace_queue` per namespace, each for
+    /// at most `queue_wait`.
     pub(crate) fn new(
         workers: usize,
+        spare: usize,
         queue: usize,
         namespace_queue: usize,
         queue_wait: Duration,
@@ -177,11 +218,13 @@ impl Pool {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
+            spare: Condvar::new(),
             timer: Condvar::new(),
         });
         let pool = Self {
             shared: shared.clone(),
             workers,
+            spare,
             queue: queue.max(1),
             namespace_queue: namespace_queue.max(1),
             queue_wait,
@@ -193,6 +236,16 @@ impl Pool {
                 .stack_size(WORKER_STACK_BYTES)
                 .spawn(move || worker(&shared, nice))
                 .map_err(|e| WasmError::Internal(format!("cannot spawn a WASM worker: {e}")))?;
+        }
+        for i in 0..spare {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("wasm-spare-{i}"))
+                .stack_size(WORKER_STACK_BYTES)
+                .spawn(move || spare_thread(&shared))
+                .map_err(|e| {
+                    WasmError::Internal(format!("cannot spawn a WASM spare thread: {e}"))
+                })?;
         }
         std::thread::Builder::new()
             .name("wasm-queue-timer".into())
@@ -212,7 +265,8 @@ impl Pool {
         }
         // The bounds are for calls that will wait: the calls idle workers are
         // about to take do not count (calls arriving together at an idle pool
-        // all run, whatever the namespace's queue bound).
+        // all run, whatever the namespace's queue bound). Spare threads are
+        // not counted: they take only a namespace's first call.
         let idle = self.workers.saturating_sub(state.busy);
         let waiting = state.namespaces.get(namespace).map_or(0, |q| q.tasks.len());
         if waiting >= self.namespace_queue + idle {
@@ -232,8 +286,16 @@ impl Pool {
         if state.queued == 1 {
             self.shared.timer.notify_one();
         }
+        // A free worker takes it; with none free, a spare thread takes a
+        // namespace's first call. Only one is woken: no wake-up in vain.
+        let spare =
+            state.queued > idle && state.spare_busy < self.spare && state.running(namespace) == 0;
         drop(state);
-        self.shared.work.notify_one();
+        if spare {
+            self.shared.spare.notify_one();
+        } else {
+            self.shared.work.notify_one();
+        }
         Ok(())
     }
 
@@ -250,8 +312,8 @@ impl Pool {
             .collect();
         namespaces.sort_by(|a, b| a.namespace.cmp(&b.namespace));
         PoolStats {
-            workers: self.workers,
-            busy: state.busy,
+            workers: self.workers + self.spare,
+            busy: state.busy + state.spare_busy,
             queued: state.queued,
             namespaces,
         }
@@ -262,6 +324,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.state.lock().stopped = true;
         self.shared.work.notify_all();
+        self.shared.spare.notify_all();
         self.shared.timer.notify_all();
     }
 }
@@ -305,6 +368,44 @@ fn worker(shared: &Shared, nice: i32) {
         }
         state = shared.state.lock();
         state.busy -= 1;
+        if let Some(q) = state.namespaces.get_mut(&ns) {
+            q.running = q.running.saturating_sub(1);
+        }
+        state.tidy(&ns);
+    }
+}
+
+/// A spare thread: starts the first call of namespaces with nothing running,
+/// at the request path's priority (never lowered: it runs one call of a
+/// namespace at most, so no namespace can hold it with a flood).
+fn spare_thread(shared: &Shared) {
+    let mut state = shared.state.lock();
+    loop {
+        if state.stopped {
+            return;
+        }
+        let Some((ns, task)) = state.pick_first_call() else {
+            shared.spare.wait(&mut state);
+            continue;
+        };
+        if task.deadline <= crate::util::mono_now() {
+            state.tidy(&ns);
+            drop(state);
+            (task.job)(Err(WasmError::Busy));
+            state = shared.state.lock();
+            continue;
+        }
+        if let Some(q) = state.namespaces.get_mut(&ns) {
+            q.running += 1;
+        }
+        state.spare_busy += 1;
+        drop(state);
+        let job = task.job;
+        if std::panic::catch_unwind(AssertUnwindSafe(move || job(Ok(())))).is_err() {
+            tracing::error!("A WASM job panicked; the spare thread carries on.");
+        }
+        state = shared.state.lock();
+        state.spare_busy -= 1;
         if let Some(q) = state.namespaces.get_mut(&ns) {
             q.running = q.running.saturating_sub(1);
         }

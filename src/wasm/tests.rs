@@ -77,9 +77,12 @@ impl HostApi for FakeHost {
     }
 }
 
+/// A pool of exactly `workers` threads (no spare one): the queue tests count
+/// on every thread being one a namespace may fill.
 fn config(workers: usize, queue: usize, namespace_concurrency: usize) -> WasmConfig {
     WasmConfig {
         workers,
+        spare_workers: 0,
         queue,
         namespace_concurrency,
         ..WasmConfig::default()
@@ -1071,6 +1074,85 @@ async fn two_namespaces_flooding_split_the_workers() {
     // A FIFO would have started all of a's 8 waiting calls first.
     assert_eq!(gate.started()[2], "b", "the first freed worker went to b");
     gate.open(16);
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+}
+
+/// Spare thread, obeyed: namespace a holds both workers of a 2-worker pool
+/// with long calls and 4 more waiting; namespace b's call starts at once on
+/// the spare thread and ends while all of a's still hold theirs. The spare
+/// thread never runs a call of a (a has calls running): a stays at 2.
+#[tokio::test]
+async fn another_namespace_starts_on_the_spare_thread_at_once() {
+    let (engine, _dir) = engine_with(WasmConfig {
+        spare_workers: 1,
+        ..config_wait(2, 64, Duration::from_secs(10))
+    });
+    assert_eq!(engine.stats().workers, 3, "two workers and a spare thread");
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let mut calls: Vec<Pending> = (0..6).map(|_| gated(&engine, &m, &gate, "a")).collect();
+    gate.wait_started(2).await;
+    wait_until(&engine, |s| s.queued == 4).await;
+    assert_eq!(
+        ns_stats(&engine, "a"),
+        (2, 4),
+        "a on both workers, the spare idle"
+    );
+    assert_eq!(engine.stats().busy, 2);
+    // b's call is not gated: it runs and answers with a's calls all held.
+    let noop = engine.compile(&wat(NOOP)).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        engine.invoke(
+            noop,
+            Invocation::new("b", "f", Vec::new()),
+            Arc::new(FakeHost::default()),
+        ),
+    )
+    .await
+    .expect("b ran without waiting for a's calls")
+    .unwrap();
+    assert_eq!(ns_stats(&engine, "a"), (2, 4), "a's calls still held");
+    assert_eq!(gate.started(), ["a", "a"]);
+    // Each of a's calls that ends lets one waiting call of a start, never two.
+    for step in 1..=4 {
+        gate.open(1);
+        gate.wait_started(2 + step).await;
+        assert!(ns_stats(&engine, "a").0 <= 2, "step {step}: a on the spare");
+    }
+    gate.open(2);
+    for c in calls.drain(..) {
+        c.await.unwrap().unwrap();
+    }
+}
+
+/// Spare thread, violated: with every thread taken (a on the two workers, b
+/// on the spare), a third namespace's call waits in its queue, and is the
+/// next to start when a thread frees (it has nothing running).
+#[tokio::test]
+async fn a_third_namespace_waits_when_the_spare_is_taken() {
+    let (engine, _dir) = engine_with(WasmConfig {
+        spare_workers: 1,
+        ..config_wait(2, 64, Duration::from_secs(10))
+    });
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let mut calls: Vec<Pending> = (0..3).map(|_| gated(&engine, &m, &gate, "a")).collect();
+    gate.wait_started(2).await;
+    wait_until(&engine, |s| s.queued == 1).await;
+    calls.push(gated(&engine, &m, &gate, "b"));
+    gate.wait_started(3).await;
+    calls.push(gated(&engine, &m, &gate, "c"));
+    wait_until(&engine, |s| s.queued == 2).await;
+    assert_eq!(engine.stats().busy, 3);
+    assert_eq!(ns_stats(&engine, "b"), (1, 0), "b on the spare");
+    assert_eq!(ns_stats(&engine, "c"), (0, 1), "c waits: no thread free");
+    gate.open(1);
+    gate.wait_started(4).await;
+    assert_eq!(gate.started()[3], "c", "the freed thread went to c");
+    gate.open(2);
     for c in calls {
         c.await.unwrap().unwrap();
     }

@@ -352,8 +352,8 @@ fn functions_invoke_depth_limit() {
 
 /// Fair-share pair: namespace A alone takes both workers; with its queue (1)
 /// full it answers 429 FUNCTION_BUSY with Retry-After at once, while namespace
-/// B's invoke is admitted and served (on the first worker freed) and A's
-/// waiting call runs too.
+/// B's invoke is admitted and served at once (on the pool's spare thread,
+/// while A's spins still hold both workers) and A's waiting call runs too.
 #[test]
 fn functions_namespace_cap_does_not_starve_others() {
     let node = start("namespace_concurrency = 1\nqueue_wait_ms = 10000");
@@ -403,6 +403,11 @@ fn functions_namespace_cap_does_not_starve_others() {
     assert!(header(&h, "retry-after").is_some());
     let (s, _, b) = invoke(&node, &kb, "echo", b"b");
     assert_eq!((s, b.as_slice()), (200, &b"b"[..]));
+    // B did not wait for a worker: both of A's 6 s spins still run.
+    assert!(
+        spins.iter().all(|s| !s.is_finished()),
+        "B was served only after A's spins ended"
+    );
     for spin in spins {
         assert_eq!(spin.join().unwrap(), 504);
     }

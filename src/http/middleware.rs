@@ -219,8 +219,8 @@ pub async fn route_policy(
         ext.insert(Policy::Deployment);
         ext.insert(crate::http::deploy_serve::RoutedHost { namespace, host });
     } else if let Some(map) = req.app_data::<web::Data<PolicyMap>>()
-        && let Some(pattern) = req.match_pattern()
-        && let Some(policy) = map.get(req.method(), &pattern)
+        && let Some(pattern) = map.pattern_of(req.path(), || req.match_pattern())
+        && let Some(policy) = map.get(req.method(), pattern)
     {
         let p = policy.clone();
         req.extensions_mut().insert(p);

@@ -6,7 +6,9 @@
 use crate::error::Code;
 use actix_web::http::Method;
 use actix_web::{HttpResponse, Resource, web};
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Who may call a route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,10 +100,81 @@ pub struct RouteTable {
 }
 
 /// Policies by (method, route pattern), read by the policy middleware.
-#[derive(Default, Clone)]
-pub struct PolicyMap(HashMap<&'static str, Vec<(Method, Policy)>>);
+#[derive(Clone)]
+pub struct PolicyMap {
+    /// Tells this map's entries of the per-thread pattern cache from another's.
+    id: u64,
+    routes: HashMap<&'static str, Vec<(Method, Policy)>>,
+}
+
+impl Default for PolicyMap {
+    fn default() -> Self {
+        Self::new(HashMap::new())
+    }
+}
+
+/// Paths whose route pattern one worker thread remembers; past it the cache
+/// starts over (a client sending ever new paths costs the router walk, as
+/// without a cache).
+const PATTERN_CACHE_ENTRIES: usize = 4096;
+/// Longer paths are not remembered.
+const PATTERN_CACHE_PATH_BYTES: usize = 256;
+
+thread_local! {
+    /// The route pattern of each path this thread saw, for one map (its id).
+    static PATTERNS: RefCell<(u64, HashMap<Box<str>, Option<&'static str>>)> =
+        RefCell::new((0, HashMap::new()));
+}
 
 impl PolicyMap {
+    fn new(routes: HashMap<&'static str, Vec<(Method, Policy)>>) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            routes,
+        }
+    }
+
+    /// The registered pattern `path` matches, found by `find` (the router's
+    /// own walk, `HttpRequest::match_pattern`) once per path and worker
+    /// thread. Which route a path matches depends only on the path and the
+    /// routes, fixed at start, so the answer can be kept: the policy step
+    /// no longer walks the router's regexes a second time per request.
+    pub fn pattern_of(
+        &self,
+        path: &str,
+        find: impl FnOnce() -> Option<String>,
+    ) -> Option<&'static str> {
+        if path.len() > PATTERN_CACHE_PATH_BYTES {
+            return find().and_then(|p| self.registered(&p));
+        }
+        PATTERNS.with(|cache| {
+            if let Some(hit) = {
+                let c = cache.borrow();
+                if c.0 == self.id {
+                    c.1.get(path).copied()
+                } else {
+                    None
+                }
+            } {
+                return hit;
+            }
+            let found = find().and_then(|p| self.registered(&p));
+            let mut c = cache.borrow_mut();
+            if c.0 != self.id || c.1.len() >= PATTERN_CACHE_ENTRIES {
+                c.0 = self.id;
+                c.1.clear();
+            }
+            c.1.insert(path.into(), found);
+            found
+        })
+    }
+
+    /// The map's own copy of `pattern`, if a route has it.
+    fn registered(&self, pattern: &str) -> Option<&'static str> {
+        self.routes.get_key_value(pattern).map(|(k, _)| *k)
+    }
+
     /// The policy of `method` on the route `pattern` (HEAD looks up GET).
     pub fn get(&self, method: &Method, pattern: &str) -> Option<&Policy> {
         // HEAD is answered by the GET route.
@@ -110,7 +183,7 @@ impl PolicyMap {
         } else {
             method
         };
-        self.0
+        self.routes
             .get(pattern)?
             .iter()
             .find(|(m, _)| m == method)
@@ -192,7 +265,7 @@ impl RouteTable {
                 r.default_service(web::to(method_not_allowed))
             })
             .collect();
-        Ok((resources, PolicyMap(map)))
+        Ok((resources, PolicyMap::new(map)))
     }
 }
 
@@ -256,5 +329,90 @@ mod tests {
             Some(&Policy::ns("kv", "read"))
         );
         assert_eq!(map.get(&Method::POST, "/v1/kv/{key}"), None);
+    }
+
+    fn two_route_map() -> PolicyMap {
+        let mut t = RouteTable::default();
+        t.add(
+            Method::GET,
+            "/v1/kv/{key}",
+            Policy::ns("kv", "read"),
+            web::get().to(HttpResponse::Ok),
+        );
+        t.add(
+            Method::GET,
+            "/v1/status",
+            Policy::Public,
+            web::get().to(HttpResponse::Ok),
+        );
+        t.build().unwrap().1
+    }
+
+    /// The router is walked once per path and thread; later requests of the
+    /// same path get the same pattern without a walk. A path matching no
+    /// route is remembered as such.
+    #[test]
+    fn a_path_is_matched_once_per_thread() {
+        let map = two_route_map();
+        let walks = std::cell::Cell::new(0);
+        let find = |p: &str| {
+            walks.set(walks.get() + 1);
+            Some(p.to_string())
+        };
+        for _ in 0..3 {
+            assert_eq!(
+                map.pattern_of("/v1/kv/a", || find("/v1/kv/{key}")),
+                Some("/v1/kv/{key}")
+            );
+        }
+        assert_eq!(walks.get(), 1);
+        for _ in 0..2 {
+            assert_eq!(
+                map.pattern_of("/nowhere", || {
+                    walks.set(walks.get() + 1);
+                    None
+                }),
+                None
+            );
+        }
+        assert_eq!(walks.get(), 2);
+        // A pattern the map does not register is no pattern.
+        assert_eq!(map.pattern_of("/other", || find("/v1/unknown")), None);
+    }
+
+    /// Another map (another node's routes in the same thread) never sees the
+    /// first map's answers; paths past 256 bytes are never kept; past 4,096
+    /// paths the cache starts over, so it stays bounded.
+    #[test]
+    fn the_pattern_cache_is_per_map_and_bounded() {
+        let (a, b) = (two_route_map(), two_route_map());
+        assert_eq!(
+            a.pattern_of("/v1/status", || Some("/v1/status".into())),
+            Some("/v1/status")
+        );
+        let mut walked = false;
+        assert_eq!(
+            b.pattern_of("/v1/status", || {
+                walked = true;
+                None
+            }),
+            None,
+            "b's own walk decides"
+        );
+        assert!(walked);
+        let long = format!("/v1/kv/{}", "x".repeat(300));
+        let mut walks = 0;
+        for _ in 0..2 {
+            a.pattern_of(&long, || {
+                walks += 1;
+                Some("/v1/kv/{key}".into())
+            });
+        }
+        assert_eq!(walks, 2, "a long path is walked every time");
+        for i in 0..=PATTERN_CACHE_ENTRIES {
+            a.pattern_of(&format!("/v1/kv/{i}"), || Some("/v1/kv/{key}".into()));
+        }
+        let kept = PATTERNS.with(|c| c.borrow().1.len());
+        assert!(kept <= PATTERN_CACHE_ENTRIES, "{kept} paths kept");
     }
 }

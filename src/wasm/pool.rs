@@ -287,9 +287,15 @@ impl Pool {
             self.shared.timer.notify_one();
         }
         // A free worker takes it; with none free, a spare thread takes a
-        // namespace's first call. Only one is woken: no wake-up in vain.
-        let spare =
-            state.queued > idle && state.spare_busy < self.spare && state.running(namespace) == 0;
+        // namespace's first call (nothing of it running or waiting before
+        // this one: a burst at an idle pool is the workers'). Only one
+        // thread is woken: no wake-up in vain.
+        let first = state.running(namespace) == 0
+            && state
+                .namespaces
+                .get(namespace)
+                .is_some_and(|q| q.tasks.len() == 1);
+        let spare = state.queued > idle && state.spare_busy < self.spare && first;
         drop(state);
         if spare {
             self.shared.spare.notify_one();

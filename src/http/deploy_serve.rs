@@ -259,8 +259,11 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     let id = request_id(&req);
     let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
     let (http, payload) = req.into_parts();
+    // Boxed: the steps' future holds the upstream exchange (kilobytes), and
+    // this future is moved whole into actix's box and between its layers;
+    // in a box of its own it is allocated once and never copied.
     let mut resp = tracing::Instrument::instrument(
-        routed_steps(&route, &http, payload, id.clone()),
+        Box::pin(routed_steps(&route, &http, payload, id.clone())),
         span.clone(),
     )
     .await;

@@ -306,6 +306,20 @@ mod tests {
     /// Policies are found by method and pattern; HEAD uses GET's.
     #[test]
     fn policy_lookup() {
+        let map = kv_and_status_map();
+        assert_eq!(
+            map.get(&Method::PUT, "/v1/kv/{key}"),
+            Some(&Policy::ns("kv", "write"))
+        );
+        assert_eq!(
+            map.get(&Method::HEAD, "/v1/kv/{key}"),
+            Some(&Policy::ns("kv", "read"))
+        );
+        assert_eq!(map.get(&Method::POST, "/v1/kv/{key}"), None);
+    }
+
+    /// GET and PUT on `/v1/kv/{key}`, GET on `/v1/status`.
+    fn kv_and_status_map() -> PolicyMap {
         let mut t = RouteTable::default();
         t.add(
             Method::GET,
@@ -318,26 +332,6 @@ mod tests {
             "/v1/kv/{key}",
             Policy::ns("kv", "write"),
             web::put().to(HttpResponse::Ok),
-        );
-        let (_, map) = t.build().unwrap();
-        assert_eq!(
-            map.get(&Method::PUT, "/v1/kv/{key}"),
-            Some(&Policy::ns("kv", "write"))
-        );
-        assert_eq!(
-            map.get(&Method::HEAD, "/v1/kv/{key}"),
-            Some(&Policy::ns("kv", "read"))
-        );
-        assert_eq!(map.get(&Method::POST, "/v1/kv/{key}"), None);
-    }
-
-    fn two_route_map() -> PolicyMap {
-        let mut t = RouteTable::default();
-        t.add(
-            Method::GET,
-            "/v1/kv/{key}",
-            Policy::ns("kv", "read"),
-            web::get().to(HttpResponse::Ok),
         );
         t.add(
             Method::GET,
@@ -353,7 +347,7 @@ mod tests {
     /// route is remembered as such.
     #[test]
     fn a_path_is_matched_once_per_thread() {
-        let map = two_route_map();
+        let map = kv_and_status_map();
         let walks = std::cell::Cell::new(0);
         let find = |p: &str| {
             walks.set(walks.get() + 1);
@@ -385,7 +379,7 @@ mod tests {
     /// paths the cache starts over, so it stays bounded.
     #[test]
     fn the_pattern_cache_is_per_map_and_bounded() {
-        let (a, b) = (two_route_map(), two_route_map());
+        let (a, b) = (kv_and_status_map(), kv_and_status_map());
         assert_eq!(
             a.pattern_of("/v1/status", || Some("/v1/status".into())),
             Some("/v1/status")

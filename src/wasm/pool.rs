@@ -103,21 +103,20 @@ impl State {
             .ring
             .iter()
             .enumerate()
-            .min_by_key(|(_, ns)| self.namespaces.get(*ns).map_or(0, |q| q.running))?;
-        let ns = self.ring.remove(pos)?;
-        let q = self.namespaces.get_mut(&ns)?;
-        let task = q.tasks.pop_front()?;
-        self.queued -= 1;
-        if !q.tasks.is_empty() {
-            self.ring.push_back(ns.clone());
-        }
-        Some((ns, task))
+            .min_by_key(|(_, ns)| self.running(ns))?;
+        self.take_at(pos)
     }
 
     /// Takes the next task of a namespace with nothing running (for a spare
     /// thread): the first such in the ring, which moves to the back.
     fn pick_first_call(&mut self) -> Option<(String, Task)> {
         let pos = self.ring.iter().position(|ns| self.running(ns) == 0)?;
+        self.take_at(pos)
+    }
+
+    /// Takes the first task of the ring's `pos`-th namespace, which moves to
+    /// the back of the ring if it has more waiting.
+    fn take_at(&mut self, pos: usize) -> Option<(String, Task)> {
         let ns = self.ring.remove(pos)?;
         let q = self.namespaces.get_mut(&ns)?;
         let task = q.tasks.pop_front()?;
@@ -355,29 +354,7 @@ fn worker(shared: &Shared, nice: i32) {
             }
             continue;
         };
-        if task.deadline <= crate::util::mono_now() {
-            // Waited too long: refused like the timer would have.
-            state.tidy(&ns);
-            drop(state);
-            (task.job)(Err(WasmError::Busy));
-            state = shared.state.lock();
-            continue;
-        }
-        if let Some(q) = state.namespaces.get_mut(&ns) {
-            q.running += 1;
-        }
-        state.busy += 1;
-        drop(state);
-        let job = task.job;
-        if std::panic::catch_unwind(AssertUnwindSafe(move || job(Ok(())))).is_err() {
-            tracing::error!("A WASM job panicked; the worker carries on.");
-        }
-        state = shared.state.lock();
-        state.busy -= 1;
-        if let Some(q) = state.namespaces.get_mut(&ns) {
-            q.running = q.running.saturating_sub(1);
-        }
-        state.tidy(&ns);
+        state = run_task(shared, state, &ns, task, Thread::Worker);
     }
 }
 
@@ -394,29 +371,58 @@ fn spare_thread(shared: &Shared) {
             shared.spare.wait(&mut state);
             continue;
         };
-        if task.deadline <= crate::util::mono_now() {
-            state.tidy(&ns);
-            drop(state);
-            (task.job)(Err(WasmError::Busy));
-            state = shared.state.lock();
-            continue;
-        }
-        if let Some(q) = state.namespaces.get_mut(&ns) {
-            q.running += 1;
-        }
-        state.spare_busy += 1;
-        drop(state);
-        let job = task.job;
-        if std::panic::catch_unwind(AssertUnwindSafe(move || job(Ok(())))).is_err() {
-            tracing::error!("A WASM job panicked; the spare thread carries on.");
-        }
-        state = shared.state.lock();
-        state.spare_busy -= 1;
-        if let Some(q) = state.namespaces.get_mut(&ns) {
-            q.running = q.running.saturating_sub(1);
-        }
-        state.tidy(&ns);
+        state = run_task(shared, state, &ns, task, Thread::Spare);
     }
+}
+
+/// Which kind of pool thread runs a task (each has its busy count).
+#[derive(Clone, Copy)]
+enum Thread {
+    Worker,
+    Spare,
+}
+
+impl State {
+    fn busy_of(&mut self, thread: Thread) -> &mut usize {
+        match thread {
+            Thread::Worker => &mut self.busy,
+            Thread::Spare => &mut self.spare_busy,
+        }
+    }
+}
+
+/// Runs a picked task of `ns` without the lock (or refuses it, Busy, when it
+/// waited past its deadline, as the timer would have), counting it as
+/// running meanwhile; returns the lock again.
+fn run_task<'a>(
+    shared: &'a Shared,
+    mut state: parking_lot::MutexGuard<'a, State>,
+    ns: &str,
+    task: Task,
+    thread: Thread,
+) -> parking_lot::MutexGuard<'a, State> {
+    if task.deadline <= crate::util::mono_now() {
+        state.tidy(ns);
+        drop(state);
+        (task.job)(Err(WasmError::Busy));
+        return shared.state.lock();
+    }
+    if let Some(q) = state.namespaces.get_mut(ns) {
+        q.running += 1;
+    }
+    *state.busy_of(thread) += 1;
+    drop(state);
+    let job = task.job;
+    if std::panic::catch_unwind(AssertUnwindSafe(move || job(Ok(())))).is_err() {
+        tracing::error!("A WASM job panicked; the thread carries on.");
+    }
+    let mut state = shared.state.lock();
+    *state.busy_of(thread) -= 1;
+    if let Some(q) = state.namespaces.get_mut(ns) {
+        q.running = q.running.saturating_sub(1);
+    }
+    state.tidy(ns);
+    state
 }
 
 /// How long an idle worker keeps looking for work before it sleeps.

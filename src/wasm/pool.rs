@@ -29,6 +29,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -183,6 +184,9 @@ struct Shared {
     spare: Condvar,
     /// Signals the timer: the first task of an empty pool, or the pool stopped.
     timer: Condvar,
+    /// `State::queued` as last set under the lock, for an idle worker to
+    /// watch without taking the lock (see [`idle_spin`]).
+    queued: AtomicUsize,
 }
 
 pub(crate) struct Pool {
@@ -219,6 +223,7 @@ impl Pool {
             work: Condvar::new(),
             spare: Condvar::new(),
             timer: Condvar::new(),
+            queued: AtomicUsize::new(0),
         });
         let pool = Self {
             shared: shared.clone(),
@@ -276,24 +281,21 @@ impl Pool {
         }
         let q = state.namespaces.entry(namespace.to_owned()).or_default();
         q.tasks.push_back(Task { job, deadline });
+        // The namespace's first call: nothing of it running or waiting before.
+        let first = q.running == 0 && q.tasks.len() == 1;
         if q.tasks.len() == 1 {
             state.ring.push_back(namespace.to_owned());
         }
         state.queued += 1;
+        self.shared.queued.store(state.queued, Ordering::Release);
         // Deadlines only grow, so the timer needs a word only when it sleeps
         // without one.
         if state.queued == 1 {
             self.shared.timer.notify_one();
         }
         // A free worker takes it; with none free, a spare thread takes a
-        // namespace's first call (nothing of it running or waiting before
-        // this one: a burst at an idle pool is the workers'). Only one
-        // thread is woken: no wake-up in vain.
-        let first = state.running(namespace) == 0
-            && state
-                .namespaces
-                .get(namespace)
-                .is_some_and(|q| q.tasks.len() == 1);
+        // namespace's first call (a burst at an idle pool is the workers').
+        // Only one thread is woken: no wake-up in vain.
         let spare = state.queued > idle && state.spare_busy < self.spare && first;
         drop(state);
         if spare {
@@ -349,7 +351,7 @@ fn worker(shared: &Shared, nice: i32) {
             // away between looks: a call submitted meanwhile starts without
             // a wake-up, which costs tens of µs on a virtual machine (the
             // no-op invoke bench: 56 µs through the pool against 2 µs inline).
-            if state.queued == 0 && !idle_spin(&mut state) {
+            if state.queued == 0 && !idle_spin(shared, &mut state) {
                 shared.work.wait(&mut state);
             }
             continue;
@@ -401,6 +403,7 @@ fn run_task<'a>(
     task: Task,
     thread: Thread,
 ) -> parking_lot::MutexGuard<'a, State> {
+    shared.queued.store(state.queued, Ordering::Release);
     if task.deadline <= crate::util::mono_now() {
         state.tidy(ns);
         drop(state);
@@ -430,21 +433,22 @@ const IDLE_SPIN: Duration = Duration::from_micros(50);
 
 /// Looks for work for [`IDLE_SPIN`], yielding the core between looks (so a
 /// runnable thread, such as an HTTP worker, is never kept waiting by it).
-/// True when work arrived or the pool stopped; the lock is held again on return.
-fn idle_spin(state: &mut parking_lot::MutexGuard<'_, State>) -> bool {
+/// It watches `Shared::queued` without the lock: a spinning worker that
+/// took the lock between looks made a submit that met it park on the lock
+/// and wait for a wake-up, the very cost the spin is there to avoid (the
+/// pooled no-op call doubled, BENCHMARKS.md). True when work arrived or the
+/// pool stopped; the lock is held again on return.
+fn idle_spin(shared: &Shared, state: &mut parking_lot::MutexGuard<'_, State>) -> bool {
     let until = crate::util::mono_now() + IDLE_SPIN;
-    loop {
-        let over = parking_lot::MutexGuard::unlocked(state, || {
+    parking_lot::MutexGuard::unlocked(state, || {
+        loop {
             std::thread::yield_now();
-            crate::util::mono_now() >= until
-        });
-        if state.queued > 0 || state.stopped {
-            return true;
+            if shared.queued.load(Ordering::Acquire) > 0 || crate::util::mono_now() >= until {
+                return;
+            }
         }
-        if over {
-            return false;
-        }
-    }
+    });
+    state.queued > 0 || state.stopped
 }
 
 /// Refuses the invocations that waited past their deadline, as it passes.
@@ -455,6 +459,7 @@ fn timer(shared: &Shared) {
             return;
         }
         let (expired, next) = state.expire(crate::util::mono_now());
+        shared.queued.store(state.queued, Ordering::Release);
         if !expired.is_empty() {
             drop(state);
             for task in expired {

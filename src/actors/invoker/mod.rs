@@ -786,4 +786,99 @@ mod tests {
         );
         assert_eq!(ids(inv.logs("f", 2).await.unwrap()), ["r4", "r3"]);
     }
+
+    /// Trimming keeps the entries that hold the newest `MAX_LOGS` records and
+    /// one entry more, deletes the older ones, and leaves other functions'
+    /// logs alone; `logs` answers the same after it as before.
+    #[actix_rt::test]
+    async fn trimming_keeps_the_newest_records_and_one_entry_more() {
+        let (_dir, store, inv, _) = deployed_f().await;
+        // 30 entries of 10 records each, oldest first.
+        for e in 0..30u64 {
+            let batch: Vec<_> = (0..10u64)
+                .map(|i| rec("f", 1000 + e * 10 + i, &format!("r{:03}", e * 10 + i)))
+                .collect();
+            for (k, v) in service::group_records(batch.iter().map(|r| queued("ns", r))) {
+                store.put(&k, &v).await.unwrap();
+            }
+        }
+        let other = rec("g", 5, "g0");
+        for (k, v) in service::group_records(std::iter::once(queued("ns", &other))) {
+            store.put(&k, &v).await.unwrap();
+        }
+        let before = inv.logs("f", MAX_LOGS).await.unwrap();
+        assert_eq!(before.len(), MAX_LOGS);
+
+        let deleted = service::trim_records(&store, &log_prefix("ns", "f"))
+            .await
+            .unwrap();
+        assert_eq!(deleted, 30 - (MAX_LOGS / 10 + 1));
+        let left = store.scan_all(&log_prefix("ns", "f")).await.unwrap();
+        assert_eq!(left.len(), MAX_LOGS / 10 + 1);
+        let records: usize = left.iter().map(|(_, v)| decode_log_entry(v).len()).sum();
+        assert_eq!(records, MAX_LOGS + 10);
+        assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), before);
+        assert_eq!(
+            store.scan_all(&log_prefix("ns", "g")).await.unwrap().len(),
+            1
+        );
+        // A log already short enough is left as it is.
+        assert_eq!(
+            service::trim_records(&store, &log_prefix("ns", "f"))
+                .await
+                .unwrap(),
+            0
+        );
+    }
+
+    /// The writer keeps a busy function's log bounded: after 400 records
+    /// (in waves, so in many entries) at most twice `MAX_LOGS` are stored,
+    /// and `logs` still returns the newest `MAX_LOGS`; a quiet function's
+    /// records are all kept.
+    #[actix_rt::test]
+    async fn the_writer_keeps_a_busy_functions_log_bounded() {
+        let (_dir, store, inv, _) = deployed_f().await;
+        let (tx, rx) = mpsc::channel(RECORD_QUEUE);
+        let writer = actix_rt::spawn(service::write_records(store.clone(), rx));
+        let mut all = Vec::new();
+        for wave in 0..8u64 {
+            for i in 0..50u64 {
+                let n = wave * 50 + i;
+                let r = rec("f", 10_000 + n, &format!("r{n:03}"));
+                tx.send(queued("ns", &r)).await.unwrap();
+                all.push(r);
+            }
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        for i in 0..3u64 {
+            tx.send(queued("ns", &rec("g", 5 + i, &format!("g{i}"))))
+                .await
+                .unwrap();
+        }
+        drop(tx);
+        writer.await.unwrap();
+
+        let stored: usize = store
+            .scan_all(&log_prefix("ns", "f"))
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, v)| decode_log_entry(v).len())
+            .sum();
+        assert!(
+            (MAX_LOGS..=2 * MAX_LOGS).contains(&stored),
+            "{stored} of 400 records stored"
+        );
+        all.reverse();
+        all.truncate(MAX_LOGS);
+        assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), all);
+        let quiet: usize = store
+            .scan_all(&log_prefix("ns", "g"))
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, v)| decode_log_entry(v).len())
+            .sum();
+        assert_eq!(quiet, 3);
+    }
 }

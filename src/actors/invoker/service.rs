@@ -162,8 +162,16 @@ pub(super) const RECORD_LINGER: Duration = Duration::from_millis(5);
 /// records of one function go into one store entry (a JSON array, under the
 /// newest record's key): one store write per function per batch, where a
 /// write per record cost more than the guest's own run under load.
+///
+/// It also keeps each function's log bounded: once it has written
+/// [`MAX_LOGS`] records of a function since it last looked, it deletes that
+/// function's entries older than the newest `MAX_LOGS` records
+/// ([`trim_records`]). A busy function's log used to grow without bound,
+/// on sled and on etcd, while `logs` never returns more than `MAX_LOGS`.
 pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRecord>) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);
+    // Records written per function (`log/<ns>/<name>/`) since its last trim.
+    let mut since_trim: HashMap<Vec<u8>, usize> = HashMap::new();
     while rx.recv_many(&mut buf, RECORD_BATCH).await > 0 {
         // Linger asleep, then take what came meanwhile: waiting on the queue
         // instead would wake this task once per record.
@@ -176,12 +184,68 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
                 }
             }
         }
+        if since_trim.len() >= TRIM_TRACKED_FUNCTIONS {
+            // Functions long gone (or very many): forget the counts; a
+            // function still busy is trimmed after its next MAX_LOGS records.
+            since_trim.clear();
+        }
+        for r in &buf {
+            match since_trim.get_mut(&r.prefix) {
+                Some(n) => *n += 1,
+                None => {
+                    since_trim.insert(r.prefix.clone(), 1);
+                }
+            }
+        }
         for ops in store_batches(group_records(buf.drain(..))) {
             if let Err(e) = store.apply_batch(ops).await {
                 tracing::warn!(error = %e, "Invocation records could not be written.");
             }
         }
+        let due: Vec<Vec<u8>> = since_trim
+            .iter()
+            .filter(|(_, n)| **n >= MAX_LOGS)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for prefix in due {
+            since_trim.remove(&prefix);
+            if let Err(e) = trim_records(&store, &prefix).await {
+                tracing::warn!(error = %e, "Old invocation records could not be deleted.");
+            }
+        }
     }
+}
+
+/// Functions whose written-record counts the writer tracks at most.
+const TRIM_TRACKED_FUNCTIONS: usize = 10_000;
+
+/// Deletes a function's log entries (`prefix` is `log/<ns>/<name>/`) older
+/// than those holding its newest [`MAX_LOGS`] records, keeping one entry
+/// more: `logs` reads that one too, since a record that finished late can
+/// sit in an older entry than a record that started after it. Returns the
+/// entries deleted. Another node's writer trimming the same function at
+/// the same time deletes the same old entries; nothing newer is touched.
+pub(super) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<usize> {
+    let rows = store.scan_all(prefix).await?;
+    let mut kept_records = 0;
+    let mut keep = rows.len();
+    for (i, (_, v)) in rows.iter().enumerate().rev() {
+        if kept_records >= MAX_LOGS {
+            keep = rows.len() - i; // this entry is the one kept past the limit
+            break;
+        }
+        kept_records += decode_log_entry(v).len();
+    }
+    let old = rows.len() - keep;
+    let deletes: Vec<BatchOp> = rows
+        .into_iter()
+        .take(old)
+        .map(|(k, _)| BatchOp::Delete(k))
+        .collect();
+    for chunk in deletes.chunks(RECORD_ENTRIES_PER_BATCH) {
+        store.apply_batch(chunk.to_vec()).await?;
+    }
+    Ok(old)
 }
 
 /// Splits entries into store batches of at most `RECORD_ENTRIES_PER_BATCH`

@@ -59,6 +59,15 @@ pub struct WasmConfig {
     pub worker_nice: i32,
 }
 
+impl WasmConfig {
+    /// Threads that run guests: the workers (at least one) and the spare
+    /// threads. wasmtime's slots are sized for this many, and `Pool` starts
+    /// this many.
+    pub fn pool_threads(&self) -> usize {
+        self.workers.max(1) + self.spare_workers
+    }
+}
+
 impl Default for WasmConfig {
     fn default() -> Self {
         Self {
@@ -271,7 +280,7 @@ fn wasmtime_config(workers: usize) -> Config {
 impl WasmEngine {
     /// Starts the engine: wasmtime, the epoch ticker and the worker pool.
     pub fn new(cfg: WasmConfig, cache_dir: PathBuf) -> Result<Self> {
-        let engine = Engine::new(&wasmtime_config(cfg.workers.max(1) + cfg.spare_workers))
+        let engine = Engine::new(&wasmtime_config(cfg.pool_threads()))
             .map_err(|e| WasmError::Internal(format!("cannot start wasmtime: {e:#}")))?;
         let tick_ms = cfg.epoch_tick_ms.max(1);
         let runtime = Arc::new(Runtime {

@@ -206,7 +206,8 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// `workers` threads and `spare` ones; at most `queue` invocations
+    /// `workers` threads (at least one) and `spare` ones, as
+    /// `WasmConfig::pool_threads` counts them; at most `queue` invocations
     /// waiting node-wide, at most `namespace_queue` per namespace, each for
     /// at most `queue_wait`.
     pub(crate) fn new(

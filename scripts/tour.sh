@@ -47,11 +47,15 @@ grep -qx hi "$tmp/sub" && pass "subscribed over /v1/pubsub/ws (meshgate sub) and
 [ "$(code "$BASE/__admin/api/snapshot")" = 401 ] && pass "dashboard refused without the key, from any address" || miss "dashboard" "/__admin/api/snapshot without a key is not 401"
 up=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 mkdir -p "$tmp/www"; echo upstream > "$tmp/www/index.html"
-(cd "$tmp/www" && exec python3 -m http.server "$up" --bind 127.0.0.1 >/dev/null 2>&1) & upid=$!; sleep 0.5
+(cd "$tmp/www" && exec python3 -m http.server "$up" --bind 127.0.0.1 >/dev/null 2>&1) & upid=$!
+# Wait until the upstream answers: a first request to an instance not yet
+# listening marks it unhealthy for a while (a busy machine starts python slowly).
+for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$up/" && break; sleep 0.1; done
 c=$(code -X POST -H "Authorization: Bearer $tok" -H 'content-type: application/json' \
   -d "{\"name\":\"site\",\"hosts\":[\"$ns.example.test\"],\"upstream\":{\"instances\":[\"http://127.0.0.1:$up\"]}}" "$BASE/v1/deployments")
 case $c in 200|201)
-  [ "$(curl -s -H "Host: $ns.example.test" "$BASE/index.html")" = upstream ] && pass "host routed to an upstream deployment" || miss "deployment routing" "proxied body wrong";;
+  got=$(curl -s -H "Host: $ns.example.test" "$BASE/index.html")
+  [ "$got" = upstream ] && pass "host routed to an upstream deployment" || miss "deployment routing" "proxied body wrong: $(echo "$got" | head -c 200)";;
 400) grep -q UPSTREAM_FORBIDDEN "$tmp/body" && pass "loopback upstream refused by the egress policy (start the node with MESHGATE_DEPLOY_UPSTREAM_ALLOW='[\"127.0.0.0/8\"]' to walk the proxy step)" \
      || miss "deployment" "HTTP 400 $(head -c 200 "$tmp/body")";;
 *) miss "deployment" "HTTP $c $(head -c 200 "$tmp/body")";; esac

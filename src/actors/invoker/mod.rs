@@ -787,6 +787,17 @@ mod tests {
         assert_eq!(ids(inv.logs("f", 2).await.unwrap()), ["r4", "r3"]);
     }
 
+    /// Records stored for function `name` of namespace `ns`.
+    async fn stored_records(store: &Store, name: &str) -> usize {
+        store
+            .scan_all(&log_prefix("ns", name))
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, v)| decode_log_entry(v).len())
+            .sum()
+    }
+
     /// Trimming keeps the entries that hold the newest `MAX_LOGS` records and
     /// one entry more, deletes the older ones, and leaves other functions'
     /// logs alone; `logs` answers the same after it as before.
@@ -802,9 +813,16 @@ mod tests {
                 store.put(&k, &v).await.unwrap();
             }
         }
-        let other = rec("g", 5, "g0");
-        for (k, v) in service::group_records(std::iter::once(queued("ns", &other))) {
-            store.put(&k, &v).await.unwrap();
+        // Another function, one whose name starts with f's, and f in another
+        // namespace: none of them is f's log.
+        for (ns, r) in [
+            ("ns", rec("g", 5, "g0")),
+            ("ns", rec("f2", 5, "h0")),
+            ("other", rec("f", 5, "o0")),
+        ] {
+            for (k, v) in service::group_records(std::iter::once(queued(ns, &r))) {
+                store.put(&k, &v).await.unwrap();
+            }
         }
         let before = inv.logs("f", MAX_LOGS).await.unwrap();
         assert_eq!(before.len(), MAX_LOGS);
@@ -815,13 +833,12 @@ mod tests {
         assert_eq!(deleted, 30 - (MAX_LOGS / 10 + 1));
         let left = store.scan_all(&log_prefix("ns", "f")).await.unwrap();
         assert_eq!(left.len(), MAX_LOGS / 10 + 1);
-        let records: usize = left.iter().map(|(_, v)| decode_log_entry(v).len()).sum();
-        assert_eq!(records, MAX_LOGS + 10);
+        assert_eq!(stored_records(&store, "f").await, MAX_LOGS + 10);
         assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), before);
-        assert_eq!(
-            store.scan_all(&log_prefix("ns", "g")).await.unwrap().len(),
-            1
-        );
+        assert_eq!(stored_records(&store, "g").await, 1);
+        assert_eq!(stored_records(&store, "f2").await, 1);
+        let in_other = store.scan_all(&log_prefix("other", "f")).await.unwrap();
+        assert_eq!(in_other.len(), 1);
         // A log already short enough is left as it is.
         assert_eq!(
             service::trim_records(&store, &log_prefix("ns", "f"))
@@ -858,13 +875,7 @@ mod tests {
         drop(tx);
         writer.await.unwrap();
 
-        let stored: usize = store
-            .scan_all(&log_prefix("ns", "f"))
-            .await
-            .unwrap()
-            .iter()
-            .map(|(_, v)| decode_log_entry(v).len())
-            .sum();
+        let stored = stored_records(&store, "f").await;
         assert!(
             (MAX_LOGS..=2 * MAX_LOGS).contains(&stored),
             "{stored} of 400 records stored"
@@ -872,13 +883,7 @@ mod tests {
         all.reverse();
         all.truncate(MAX_LOGS);
         assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), all);
-        let quiet: usize = store
-            .scan_all(&log_prefix("ns", "g"))
-            .await
-            .unwrap()
-            .iter()
-            .map(|(_, v)| decode_log_entry(v).len())
-            .sum();
+        let quiet = stored_records(&store, "g").await;
         assert_eq!(quiet, 3);
     }
 }

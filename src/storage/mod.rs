@@ -12,7 +12,7 @@
 #![forbid(unsafe_code)]
 
 #[cfg(all(test, feature = "cluster"))]
-mod etcd_process;
+pub(crate) mod etcd_process;
 #[cfg(feature = "cluster")]
 mod etcd_store;
 mod seal;

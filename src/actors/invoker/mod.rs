@@ -586,13 +586,22 @@ mod tests {
     async fn deployed_f() -> (tempfile::TempDir, Store, Invoker, Arc<CompiledModule>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_sled(dir.path()).unwrap();
+        let (store, inv, module) = deployed_f_on(&dir, store).await;
+        (dir, store, inv, module)
+    }
+
+    /// As [`deployed_f`], on `store` (sled or etcd), caches under `dir`.
+    async fn deployed_f_on(
+        dir: &tempfile::TempDir,
+        store: Store,
+    ) -> (Store, Invoker, Arc<CompiledModule>) {
         let engine =
             WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
         let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
         let inv = svc.invoker("ns");
         let module = svc.compile(NOOP.to_vec()).await.unwrap();
         inv.deploy(request("f"), module.clone()).await.unwrap();
-        (dir, store, inv, module)
+        (store, inv, module)
     }
 
     fn env_of(p: &Prepared, k: &str) -> Option<String> {
@@ -885,5 +894,49 @@ mod tests {
         assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), all);
         let quiet = stored_records(&store, "g").await;
         assert_eq!(quiet, 3);
+    }
+
+    /// On etcd, as in a cluster: two nodes' writers record calls of the same
+    /// function at once, each trimming after its own `MAX_LOGS`. The log
+    /// stays bounded (the newest `MAX_LOGS`, plus what each writer wrote
+    /// since its last trim, plus the kept entries), and `logs` answers the
+    /// newest `MAX_LOGS` of both nodes' records.
+    #[cfg(feature = "cluster")]
+    #[actix_rt::test]
+    async fn two_nodes_writers_keep_a_functions_log_bounded_on_etcd() {
+        let etcd = crate::storage::etcd_process::EtcdProcess::start();
+        let cfg: crate::config::ClusterConfig = toml::from_str(&etcd.cluster_toml()).unwrap();
+        let access = crate::storage::EtcdAccess::from_config(&cfg).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_etcd(&[etcd.url()], &access).await.unwrap();
+        let (store, inv, _) = deployed_f_on(&dir, store).await;
+        let other = Store::open_etcd(&[etcd.url()], &access).await.unwrap();
+        let (tx_a, rx_a) = mpsc::channel(RECORD_QUEUE);
+        let (tx_b, rx_b) = mpsc::channel(RECORD_QUEUE);
+        let writer_a = actix_rt::spawn(service::write_records(store.clone(), rx_a));
+        let writer_b = actix_rt::spawn(service::write_records(other, rx_b));
+        let mut all = Vec::new();
+        for wave in 0..8u64 {
+            for i in 0..50u64 {
+                let n = wave * 50 + i;
+                let r = rec("f", 10_000 + n, &format!("r{n:03}"));
+                let tx = if n % 2 == 0 { &tx_a } else { &tx_b };
+                tx.send(queued("ns", &r)).await.unwrap();
+                all.push(r);
+            }
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop((tx_a, tx_b));
+        writer_a.await.unwrap();
+        writer_b.await.unwrap();
+
+        let stored = stored_records(&store, "f").await;
+        assert!(
+            (MAX_LOGS..=3 * MAX_LOGS).contains(&stored),
+            "{stored} of 400 records stored on etcd"
+        );
+        all.reverse();
+        all.truncate(MAX_LOGS);
+        assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), all);
     }
 }

@@ -124,5 +124,69 @@ fn bench(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench);
+/// The C echo module (`examples/functions/echo.c`): reads stdin, writes it back.
+const ECHO: &[u8] = include_bytes!("../examples/functions/echo.wasm");
+const ECHO_INPUT: &[u8] = br#"{"hello":"world"}"#;
+
+/// Raw wasmtime running the echo module: a fresh store with a WASI context
+/// on in-memory pipes, instantiate, `_start`; returns what it wrote.
+fn raw_echo(
+    engine: &wasmtime::Engine,
+    pre: &wasmtime::InstancePre<wasmtime_wasi::p1::WasiP1Ctx>,
+) -> Vec<u8> {
+    use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+    let out = MemoryOutputPipe::new(1 << 20);
+    let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+        .stdin(MemoryInputPipe::new(ECHO_INPUT))
+        .stdout(out.clone())
+        .build_p1();
+    let mut store = wasmtime::Store::new(engine, wasi);
+    store.set_epoch_deadline(1_000);
+    let instance = pre.instantiate(&mut store).expect("instantiate");
+    let start = instance
+        .get_typed_func::<(), ()>(&mut store, "_start")
+        .expect("_start");
+    start.call(&mut store, ()).expect("call");
+    drop(store);
+    out.contents().to_vec()
+}
+
+/// The echo guest: raw wasmtime with WASI against the engine run inline on
+/// this thread (what a pool worker does per call), so the cost of the
+/// guest's own run is seen apart from the HTTP path.
+fn echo(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = WasmConfig {
+        workers: 1,
+        ..WasmConfig::default()
+    };
+    let engine = WasmEngine::new(cfg, dir.path().to_path_buf()).expect("engine");
+    let module: Arc<CompiledModule> = engine.compile(ECHO).expect("compile");
+    let host: Arc<dyn HostApi> = Arc::new(NoopHost);
+    let call = Invocation::new("bench", "echo", ECHO_INPUT.to_vec());
+
+    let raw_engine = engine.wasmtime_engine().clone();
+    let raw_module = wasmtime::Module::new(&raw_engine, ECHO).expect("raw module");
+    let mut linker = wasmtime::Linker::new(&raw_engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |t| t).expect("wasi");
+    let pre = linker.instantiate_pre(&raw_module).expect("raw pre");
+    assert_eq!(raw_echo(&raw_engine, &pre), ECHO_INPUT);
+    let out = engine
+        .invoke_inline_for_bench(module.clone(), call.clone(), host.clone())
+        .expect("invoke");
+    assert_eq!(out.stdout, ECHO_INPUT);
+
+    let mut group = c.benchmark_group("echo_invoke");
+    group.bench_function("raw_wasmtime", |b| b.iter(|| raw_echo(&raw_engine, &pre)));
+    group.bench_function("engine_inline", |b| {
+        b.iter(|| {
+            engine
+                .invoke_inline_for_bench(module.clone(), call.clone(), host.clone())
+                .expect("invoke")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, echo);
 criterion_main!(benches);

@@ -94,6 +94,11 @@ struct State {
     spare_busy: usize,
     /// Set when the pool is dropped: workers and the timer exit, submits are refused.
     stopped: bool,
+    /// The timer sleeps with no deadline (nothing was queued when it last
+    /// looked): the next submit must wake it. Otherwise it sleeps until the
+    /// deadline of a task submitted earlier, which comes no later than any
+    /// new task's (one `queue_wait` for all), so a submit need not wake it.
+    timer_idle: bool,
 }
 
 impl State {
@@ -290,8 +295,10 @@ impl Pool {
         state.queued += 1;
         self.shared.queued.store(state.queued, Ordering::Release);
         // Deadlines only grow, so the timer needs a word only when it sleeps
-        // without one.
-        if state.queued == 1 {
+        // without one (a wake-up per call that found the queue empty cost a
+        // futex wake here and a context switch there).
+        if state.timer_idle {
+            state.timer_idle = false;
             self.shared.timer.notify_one();
         }
         // A free worker takes it; with none free, a spare thread takes a
@@ -469,6 +476,7 @@ fn timer(shared: &Shared) {
             state = shared.state.lock();
             continue;
         }
+        state.timer_idle = next.is_none();
         match next {
             Some(at) => {
                 shared.timer.wait_until(&mut state, at);

@@ -90,6 +90,23 @@ fn decode_log_entry(v: &[u8]) -> Vec<InvocationRecord> {
     }
 }
 
+/// How many records an entry holds, as [`decode_log_entry`] would return,
+/// without building them (the writer's trim counts, it does not read).
+fn count_log_entry(v: &[u8]) -> usize {
+    use serde::de::IgnoredAny;
+    /// An array's elements, each only checked to be a record's shape.
+    #[derive(serde::Deserialize)]
+    struct Shape {
+        #[allow(dead_code)] // only its presence is checked
+        request_id: IgnoredAny,
+    }
+    if v.first() == Some(&b'[') {
+        serde_json::from_slice::<Vec<Shape>>(v).map_or(0, |r| r.len())
+    } else {
+        usize::from(serde_json::from_slice::<Shape>(v).is_ok())
+    }
+}
+
 /// Unix milliseconds now.
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -673,6 +690,35 @@ mod tests {
             prefix: log_prefix(ns, &r.function),
             key: log_key(ns, &r.function, r.timestamp_ms, &r.request_id),
             json: serde_json::to_vec(r).unwrap(),
+        }
+    }
+
+    /// The trim's count of an entry's records is what `logs` would decode
+    /// from it: a grouped entry, a single-record one, an array holding
+    /// something that is not a record, and bytes that are not JSON.
+    #[test]
+    fn an_entrys_count_is_its_decoded_records() {
+        let grouped = service::group_records(
+            [rec("a", 1, "r1"), rec("a", 2, "r2"), rec("a", 3, "r3")]
+                .iter()
+                .map(|r| queued("ns", r)),
+        );
+        let single = serde_json::to_vec(&rec("a", 4, "r4")).unwrap();
+        let mixed = br#"[{"request_id":"x"},{"not":"a record"}]"#.to_vec();
+        for (v, n) in [
+            (grouped[0].1.clone(), 3),
+            (single, 1),
+            (mixed, 0),
+            (b"not json".to_vec(), 0),
+            (b"[]".to_vec(), 0),
+        ] {
+            assert_eq!(
+                decode_log_entry(&v).len(),
+                n,
+                "{}",
+                String::from_utf8_lossy(&v)
+            );
+            assert_eq!(count_log_entry(&v), n, "{}", String::from_utf8_lossy(&v));
         }
     }
 

@@ -234,7 +234,7 @@ pub(super) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<us
             keep = rows.len() - i; // this entry is the one kept past the limit
             break;
         }
-        kept_records += decode_log_entry(v).len();
+        kept_records += count_log_entry(v);
     }
     let old = rows.len() - keep;
     let deletes: Vec<BatchOp> = rows

@@ -1218,6 +1218,54 @@ async fn queued_past_wait_deadline_busy() {
     assert_eq!(gate.started(), ["a"]);
 }
 
+/// Wait deadline, violated again and again: the queue timer is woken only
+/// when it sleeps with no deadline, so a call queued while it sleeps until
+/// the deadline of a call that has since left the queue (D), and one queued
+/// after the queue emptied (E), are each refused once their own
+/// `queue_wait` (150 ms) has passed, not left waiting.
+#[tokio::test]
+async fn every_call_past_its_wait_deadline_is_refused() {
+    let (engine, _dir) = engine_with(config_wait(1, 64, Duration::from_millis(150)));
+    let m = engine.compile(&wat(GATED)).unwrap();
+    let gate = Arc::new(Gate::default());
+    let holder = gated(&engine, &m, &gate, "a");
+    gate.wait_started(1).await;
+    // C waits; the timer now sleeps until C's deadline.
+    let c = gated(&engine, &m, &gate, "a");
+    wait_until(&engine, |s| s.queued == 1).await;
+    // The holder ends and C takes the worker: the timer's deadline is stale.
+    gate.open(1);
+    holder.await.unwrap().unwrap();
+    gate.wait_started(2).await;
+    let refused_in_time = |what: &'static str| {
+        let engine = engine.clone();
+        let m = m.clone();
+        async move {
+            let t = std::time::Instant::now();
+            let call = engine.invoke(
+                m,
+                Invocation::new("a", "gated", Vec::new()),
+                Arc::new(FakeHost::default()),
+            );
+            let out = tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .unwrap_or_else(|_| panic!("{what} was never refused"));
+            assert_eq!(out.unwrap_err(), WasmError::Busy, "{what}");
+            assert!(
+                t.elapsed() >= Duration::from_millis(150),
+                "{what}: {:?}",
+                t.elapsed()
+            );
+        }
+    };
+    refused_in_time("D, queued while the timer waits for C's deadline").await;
+    refused_in_time("E, queued after the queue emptied").await;
+    assert_eq!(engine.stats().queued, 0);
+    gate.open(1);
+    c.await.unwrap().unwrap();
+    assert_eq!(gate.started(), ["a", "a"]);
+}
+
 /// Wait deadline, obeyed: a call that gets a worker within `queue_wait` runs.
 #[tokio::test]
 async fn queued_within_wait_deadline_runs() {

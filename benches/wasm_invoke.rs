@@ -41,14 +41,19 @@ impl HostApi for NoopHost {
     }
 }
 
-fn raw_call(engine: &wasmtime::Engine, pre: &wasmtime::InstancePre<()>) {
-    let mut store = wasmtime::Store::new(engine, ());
+/// Raw wasmtime: a fresh store holding `data`, instantiate, `_start`.
+fn raw_start<T: 'static>(engine: &wasmtime::Engine, pre: &wasmtime::InstancePre<T>, data: T) {
+    let mut store = wasmtime::Store::new(engine, data);
     store.set_epoch_deadline(1_000);
     let instance = pre.instantiate(&mut store).expect("instantiate");
     let start = instance
         .get_typed_func::<(), ()>(&mut store, "_start")
         .expect("_start");
     start.call(&mut store, ()).expect("call");
+}
+
+fn raw_call(engine: &wasmtime::Engine, pre: &wasmtime::InstancePre<()>) {
+    raw_start(engine, pre, ());
 }
 
 fn mean_of(iters: u32, mut f: impl FnMut()) -> Duration {
@@ -62,13 +67,35 @@ fn mean_of(iters: u32, mut f: impl FnMut()) -> Duration {
     t.elapsed() / iters
 }
 
-fn bench(c: &mut Criterion) {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// An engine with one pool worker, its artifact cache under `dir`.
+fn one_worker_engine(dir: &tempfile::TempDir) -> WasmEngine {
     let cfg = WasmConfig {
         workers: 1,
         ..WasmConfig::default()
     };
-    let engine = WasmEngine::new(cfg, dir.path().to_path_buf()).expect("engine");
+    WasmEngine::new(cfg, dir.path().to_path_buf()).expect("engine")
+}
+
+/// Criterion's `engine_inline`: the call run by the engine on this thread.
+fn bench_inline(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    engine: &WasmEngine,
+    module: &Arc<CompiledModule>,
+    call: &Invocation,
+    host: &Arc<dyn HostApi>,
+) {
+    group.bench_function("engine_inline", |b| {
+        b.iter(|| {
+            engine
+                .invoke_inline_for_bench(module.clone(), call.clone(), host.clone())
+                .expect("invoke")
+        })
+    });
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = one_worker_engine(&dir);
     let module: Arc<CompiledModule> = engine.compile(NOOP.as_bytes()).expect("compile");
     let host: Arc<dyn HostApi> = Arc::new(NoopHost);
     let call = Invocation::new("bench", "noop", Vec::new());
@@ -84,13 +111,7 @@ fn bench(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("noop_invoke");
     group.bench_function("raw_wasmtime", |b| b.iter(|| raw_call(&raw_engine, &pre)));
-    group.bench_function("engine_inline", |b| {
-        b.iter(|| {
-            engine
-                .invoke_inline_for_bench(module.clone(), call.clone(), host.clone())
-                .expect("invoke")
-        })
-    });
+    bench_inline(&mut group, &engine, &module, &call, &host);
     group.bench_function("engine_invoke", |b| {
         b.iter(|| {
             rt.block_on(engine.invoke(module.clone(), call.clone(), host.clone()))
@@ -140,14 +161,7 @@ fn raw_echo(
         .stdin(MemoryInputPipe::new(ECHO_INPUT))
         .stdout(out.clone())
         .build_p1();
-    let mut store = wasmtime::Store::new(engine, wasi);
-    store.set_epoch_deadline(1_000);
-    let instance = pre.instantiate(&mut store).expect("instantiate");
-    let start = instance
-        .get_typed_func::<(), ()>(&mut store, "_start")
-        .expect("_start");
-    start.call(&mut store, ()).expect("call");
-    drop(store);
+    raw_start(engine, pre, wasi);
     out.contents().to_vec()
 }
 
@@ -156,11 +170,7 @@ fn raw_echo(
 /// guest's own run is seen apart from the HTTP path.
 fn echo(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = WasmConfig {
-        workers: 1,
-        ..WasmConfig::default()
-    };
-    let engine = WasmEngine::new(cfg, dir.path().to_path_buf()).expect("engine");
+    let engine = one_worker_engine(&dir);
     let module: Arc<CompiledModule> = engine.compile(ECHO).expect("compile");
     let host: Arc<dyn HostApi> = Arc::new(NoopHost);
     let call = Invocation::new("bench", "echo", ECHO_INPUT.to_vec());
@@ -178,13 +188,7 @@ fn echo(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("echo_invoke");
     group.bench_function("raw_wasmtime", |b| b.iter(|| raw_echo(&raw_engine, &pre)));
-    group.bench_function("engine_inline", |b| {
-        b.iter(|| {
-            engine
-                .invoke_inline_for_bench(module.clone(), call.clone(), host.clone())
-                .expect("invoke")
-        })
-    });
+    bench_inline(&mut group, &engine, &module, &call, &host);
     group.finish();
 }
 

@@ -903,6 +903,31 @@ mod tests {
         );
     }
 
+    /// Sends 400 records of `f` in 8 waves of 50 (20 ms apart, so they land
+    /// in many entries), spread over `writers` in turn; returns them in order.
+    async fn send_400_in_waves(writers: &[&mpsc::Sender<QueuedRecord>]) -> Vec<InvocationRecord> {
+        let mut all = Vec::new();
+        for wave in 0..8u64 {
+            for i in 0..50u64 {
+                let n = wave * 50 + i;
+                let r = rec("f", 10_000 + n, &format!("r{n:03}"));
+                let tx = writers[n as usize % writers.len()];
+                tx.send(queued("ns", &r)).await.unwrap();
+                all.push(r);
+            }
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        all
+    }
+
+    /// The newest `MAX_LOGS` of `all` (sent oldest first), newest first: what
+    /// `logs` must answer.
+    fn newest(mut all: Vec<InvocationRecord>) -> Vec<InvocationRecord> {
+        all.reverse();
+        all.truncate(MAX_LOGS);
+        all
+    }
+
     /// The writer keeps a busy function's log bounded: after 400 records
     /// (in waves, so in many entries) at most twice `MAX_LOGS` are stored,
     /// and `logs` still returns the newest `MAX_LOGS`; a quiet function's
@@ -912,16 +937,7 @@ mod tests {
         let (_dir, store, inv, _) = deployed_f().await;
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
         let writer = actix_rt::spawn(service::write_records(store.clone(), rx));
-        let mut all = Vec::new();
-        for wave in 0..8u64 {
-            for i in 0..50u64 {
-                let n = wave * 50 + i;
-                let r = rec("f", 10_000 + n, &format!("r{n:03}"));
-                tx.send(queued("ns", &r)).await.unwrap();
-                all.push(r);
-            }
-            actix_rt::time::sleep(Duration::from_millis(20)).await;
-        }
+        let all = send_400_in_waves(&[&tx]).await;
         for i in 0..3u64 {
             tx.send(queued("ns", &rec("g", 5 + i, &format!("g{i}"))))
                 .await
@@ -935,9 +951,7 @@ mod tests {
             (MAX_LOGS..=2 * MAX_LOGS).contains(&stored),
             "{stored} of 400 records stored"
         );
-        all.reverse();
-        all.truncate(MAX_LOGS);
-        assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), all);
+        assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), newest(all));
         let quiet = stored_records(&store, "g").await;
         assert_eq!(quiet, 3);
     }
@@ -961,17 +975,7 @@ mod tests {
         let (tx_b, rx_b) = mpsc::channel(RECORD_QUEUE);
         let writer_a = actix_rt::spawn(service::write_records(store.clone(), rx_a));
         let writer_b = actix_rt::spawn(service::write_records(other, rx_b));
-        let mut all = Vec::new();
-        for wave in 0..8u64 {
-            for i in 0..50u64 {
-                let n = wave * 50 + i;
-                let r = rec("f", 10_000 + n, &format!("r{n:03}"));
-                let tx = if n % 2 == 0 { &tx_a } else { &tx_b };
-                tx.send(queued("ns", &r)).await.unwrap();
-                all.push(r);
-            }
-            actix_rt::time::sleep(Duration::from_millis(20)).await;
-        }
+        let all = send_400_in_waves(&[&tx_a, &tx_b]).await;
         drop((tx_a, tx_b));
         writer_a.await.unwrap();
         writer_b.await.unwrap();
@@ -981,8 +985,6 @@ mod tests {
             (MAX_LOGS..=3 * MAX_LOGS).contains(&stored),
             "{stored} of 400 records stored on etcd"
         );
-        all.reverse();
-        all.truncate(MAX_LOGS);
-        assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), all);
+        assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), newest(all));
     }
 }

@@ -187,6 +187,21 @@ impl Store {
         }
     }
 
+    /// Applies `ops` as [`OrderedKv::apply_batch`] does, without waiting for
+    /// the disk on the embedded store: sled writes it out in its own
+    /// background flush (every 500 ms) or with the next durable write, so a
+    /// crash may lose the last of these batches. For data the node can lose
+    /// (invocation records, written after their call was answered); never
+    /// for what a caller was told is stored. On etcd the same as
+    /// `apply_batch` (raft makes every write durable).
+    pub async fn apply_batch_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+        match self {
+            Store::Sled(s) => s.apply_batch_buffered(ops),
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => s.apply_batch(ops).await,
+        }
+    }
+
     /// Whether [`OrderedKv::apply_batch`] of `ops` lands all at once for
     /// every reader on this backend: always on sled (one sled batch); on etcd
     /// only when it fits one transaction (`etcd_store::atomic_check`).

@@ -140,6 +140,19 @@ impl SledStore {
         removed
     }
 
+    /// Applies `ops` in one sled batch without waiting for the disk (see
+    /// `Store::apply_batch_buffered`).
+    pub(crate) fn apply_batch_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+        let mut batch = sled::Batch::default();
+        for op in ops {
+            match op {
+                BatchOp::Put(k, v) => batch.insert(k, encode(&v, None)),
+                BatchOp::Delete(k) => batch.remove(k),
+            }
+        }
+        self.db.apply_batch(batch).map_err(unavailable)
+    }
+
     /// Waits until every write made so far is on disk.
     async fn durable(&self) -> StoreResult<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -229,14 +242,7 @@ impl OrderedKv for SledStore {
     }
 
     async fn apply_batch(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
-        let mut batch = sled::Batch::default();
-        for op in ops {
-            match op {
-                BatchOp::Put(k, v) => batch.insert(k, encode(&v, None)),
-                BatchOp::Delete(k) => batch.remove(k),
-            }
-        }
-        self.db.apply_batch(batch).map_err(unavailable)?;
+        self.apply_batch_buffered(ops)?;
         self.durable().await
     }
 
@@ -254,6 +260,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = SledStore::open(dir.path()).unwrap();
         (dir, s)
+    }
+
+    /// A buffered batch is read back at once (puts and deletes, as one
+    /// batch), and once the store is flushed (as the node's drain does) it
+    /// is there after the store is opened again.
+    #[tokio::test]
+    async fn a_buffered_batch_is_read_at_once_and_kept_after_a_flush() {
+        let (dir, s) = store();
+        s.put(b"old", b"1").await.unwrap();
+        s.apply_batch_buffered(vec![
+            BatchOp::Put(b"log/a".to_vec(), b"x".to_vec()),
+            BatchOp::Put(b"log/b".to_vec(), b"y".to_vec()),
+            BatchOp::Delete(b"old".to_vec()),
+        ])
+        .unwrap();
+        assert_eq!(s.get(b"log/a").await.unwrap(), Some(b"x".to_vec()));
+        assert_eq!(s.get(b"old").await.unwrap(), None);
+        assert_eq!(s.scan_prefix(b"log/", 10).await.unwrap().len(), 2);
+        s.flush().await.unwrap();
+        drop(s);
+        // The flusher thread lets go of the database when it sees the store gone.
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        let again = loop {
+            match SledStore::open(dir.path()) {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() < end => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("reopen: {e}"),
+            }
+        };
+        assert_eq!(again.get(b"log/b").await.unwrap(), Some(b"y".to_vec()));
+        assert_eq!(again.get(b"old").await.unwrap(), None);
     }
 
     /// Of many concurrent writers doing CAS from the same expected value, exactly one wins.

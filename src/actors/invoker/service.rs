@@ -154,7 +154,7 @@ impl FunctionsService {
 }
 
 /// How long the record writer waits for more records before it writes a
-/// batch that is not full: one store batch (and one durable flush) then
+/// batch that is not full: one store batch then
 /// carries the records of many calls instead of a few.
 pub(super) const RECORD_LINGER: Duration = Duration::from_millis(5);
 
@@ -197,8 +197,11 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
                 }
             }
         }
+        // Buffered: a record is written after its call was answered, and an
+        // fsync per batch cost more CPU than the batch (sled's threads and
+        // the flusher, a few µs per invoke); a crash may lose the last ones.
         for ops in store_batches(group_records(buf.drain(..))) {
-            if let Err(e) = store.apply_batch(ops).await {
+            if let Err(e) = store.apply_batch_buffered(ops).await {
                 tracing::warn!(error = %e, "Invocation records could not be written.");
             }
         }
@@ -243,7 +246,7 @@ pub(super) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<us
         .map(|(k, _)| BatchOp::Delete(k))
         .collect();
     for chunk in deletes.chunks(RECORD_ENTRIES_PER_BATCH) {
-        store.apply_batch(chunk.to_vec()).await?;
+        store.apply_batch_buffered(chunk.to_vec()).await?;
     }
     Ok(old)
 }

@@ -285,8 +285,7 @@ mod tests {
         let again = loop {
             match SledStore::open(dir.path()) {
                 Ok(s) => break s,
-                Err(e) if std::time::Instant::now() < end => {
-                    let _ = e;
+                Err(_) if std::time::Instant::now() < end => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => panic!("reopen: {e}"),

@@ -1188,6 +1188,27 @@ async fn full_namespace_queue_busy_other_namespace_admitted() {
     assert_eq!(gate.started(), ["a", "a", "b", "a"]);
 }
 
+/// Invokes a gated call of namespace `a` while the only worker is held and
+/// asserts it is refused with Busy, no sooner than `queue_wait` (150 ms) and
+/// not never (10 s at most); `what` names the call in a failure.
+async fn refused_after_150ms(engine: &WasmEngine, m: &Arc<CompiledModule>, what: &str) {
+    let t = std::time::Instant::now();
+    let call = engine.invoke(
+        m.clone(),
+        Invocation::new("a", "gated", Vec::new()),
+        Arc::new(FakeHost::default()),
+    );
+    let out = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} was never refused"));
+    assert_eq!(out.unwrap_err(), WasmError::Busy, "{what}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(150),
+        "{what}: {:?}",
+        t.elapsed()
+    );
+}
+
 /// Wait deadline, violated: a call that waits past `queue_wait` (150 ms) for
 /// the only worker is refused with Busy while that worker is still held.
 #[tokio::test]
@@ -1197,20 +1218,7 @@ async fn queued_past_wait_deadline_busy() {
     let gate = Arc::new(Gate::default());
     let holder = gated(&engine, &m, &gate, "a");
     gate.wait_started(1).await;
-    let t = std::time::Instant::now();
-    let late = engine
-        .invoke(
-            m.clone(),
-            Invocation::new("a", "gated", Vec::new()),
-            Arc::new(FakeHost::default()),
-        )
-        .await;
-    assert_eq!(late.unwrap_err(), WasmError::Busy);
-    assert!(
-        t.elapsed() >= Duration::from_millis(150),
-        "{:?}",
-        t.elapsed()
-    );
+    refused_after_150ms(&engine, &m, "the late call").await;
     assert_eq!(engine.stats().busy, 1, "refused while the worker is held");
     assert_eq!(engine.stats().queued, 0);
     gate.open(1);
@@ -1237,29 +1245,13 @@ async fn every_call_past_its_wait_deadline_is_refused() {
     gate.open(1);
     holder.await.unwrap().unwrap();
     gate.wait_started(2).await;
-    let refused_in_time = |what: &'static str| {
-        let engine = engine.clone();
-        let m = m.clone();
-        async move {
-            let t = std::time::Instant::now();
-            let call = engine.invoke(
-                m,
-                Invocation::new("a", "gated", Vec::new()),
-                Arc::new(FakeHost::default()),
-            );
-            let out = tokio::time::timeout(Duration::from_secs(10), call)
-                .await
-                .unwrap_or_else(|_| panic!("{what} was never refused"));
-            assert_eq!(out.unwrap_err(), WasmError::Busy, "{what}");
-            assert!(
-                t.elapsed() >= Duration::from_millis(150),
-                "{what}: {:?}",
-                t.elapsed()
-            );
-        }
-    };
-    refused_in_time("D, queued while the timer waits for C's deadline").await;
-    refused_in_time("E, queued after the queue emptied").await;
+    refused_after_150ms(
+        &engine,
+        &m,
+        "D, queued while the timer waits for C's deadline",
+    )
+    .await;
+    refused_after_150ms(&engine, &m, "E, queued after the queue emptied").await;
     assert_eq!(engine.stats().queued, 0);
     gate.open(1);
     c.await.unwrap().unwrap();

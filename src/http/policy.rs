@@ -5,7 +5,7 @@
 
 use crate::error::Code;
 use actix_web::http::Method;
-use actix_web::{HttpResponse, Resource, web};
+use actix_web::{HttpResponse, Resource, Scope, web};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -235,9 +235,14 @@ impl RouteTable {
         self
     }
 
-    /// Checks every route has a policy and builds the resources (one per path, the
-    /// methods as its routes) and the policy map.
-    pub fn build(self) -> Result<(Vec<Resource>, PolicyMap), MissingPolicy> {
+    /// Checks every route has a policy and builds the services and the policy
+    /// map: one resource per path (the methods as its routes), the resources
+    /// under one scope per static prefix ([`scope_prefix`], `/v1/kv`,
+    /// `/v1/functions`, ...). actix's router tries its services in order and
+    /// runs a regex search for every dynamic pattern it tries; a scope is a
+    /// plain prefix compare, so a request runs the regexes of its own scope's
+    /// routes only (BENCHMARKS.md, "Routes under scopes").
+    pub fn build(self) -> Result<(Vec<Scope>, PolicyMap), MissingPolicy> {
         let mut map: HashMap<&'static str, Vec<(Method, Policy)>> = HashMap::new();
         let mut by_path: Vec<(&'static str, Vec<(Method, actix_web::Route)>)> = Vec::new();
         for e in self.entries {
@@ -255,18 +260,69 @@ impl RouteTable {
                 None => by_path.push((e.path, vec![(e.method, e.route)])),
             }
         }
-        let resources = by_path
-            .into_iter()
-            .map(|(path, routes)| {
-                let mut r = web::resource(path);
-                for (method, route) in routes {
-                    r = r.route(route.method(method));
-                }
-                r.default_service(web::to(method_not_allowed))
-            })
-            .collect();
-        Ok((resources, PolicyMap::new(map)))
+        let prefixes = scope_prefixes(by_path.iter().map(|(p, _)| *p));
+        let mut groups: Vec<(&str, Vec<Resource>)> =
+            prefixes.iter().map(|&p| (p, Vec::new())).collect();
+        for (path, routes) in by_path {
+            let Some((prefix, group)) = groups.iter_mut().find(|(p, _)| under(path, p)) else {
+                continue; // unreachable: the root scope "" is there when no prefix covers a path
+            };
+            let mut r = web::resource(&path[prefix.len()..]);
+            for (method, route) in routes {
+                r = r.route(route.method(method));
+            }
+            group.push(r.default_service(web::to(method_not_allowed)));
+        }
+        let scopes = groups.into_iter().map(|(prefix, resources)| {
+            resources
+                .into_iter()
+                .fold(web::scope(prefix), Scope::service)
+        });
+        Ok((scopes.collect(), PolicyMap::new(map)))
     }
+}
+
+/// Whether `path` is `prefix` or below it (a segment boundary follows).
+fn under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// A path's candidate scope: its leading static segments, at most two
+/// (`/v1/kv/{key}` → `/v1/kv`, `/__admin/login` → `/__admin/login`,
+/// `/__admin/` → `/__admin`); empty when its first segment is dynamic.
+fn scope_prefix(path: &str) -> &str {
+    let mut end = 0;
+    for seg in path.split('/').skip(1).take(2) {
+        if seg.is_empty() || seg.contains('{') {
+            break;
+        }
+        end += 1 + seg.len();
+    }
+    &path[..end]
+}
+
+/// The scopes for `paths`: each path's candidate, merged into a shorter one
+/// that covers it (a scope answers every path under its prefix, so
+/// `/__admin` takes `/__admin/login` with it), in first-seen order. Paths
+/// under no prefix (a dynamic first segment) go to the root scope `""`,
+/// listed last so no prefix is shadowed by it.
+fn scope_prefixes<'a>(paths: impl Iterator<Item = &'a str> + Clone) -> Vec<&'a str> {
+    let candidates: Vec<&str> = paths.clone().map(scope_prefix).collect();
+    let mut out: Vec<&str> = Vec::new();
+    for c in candidates.iter().copied().filter(|c| !c.is_empty()) {
+        let covered = candidates
+            .iter()
+            .copied()
+            .any(|o| !o.is_empty() && o != c && under(c, o));
+        if !covered && !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    if paths.map(scope_prefix).any(str::is_empty) {
+        out.push("");
+    }
+    out
 }
 
 async fn method_not_allowed() -> HttpResponse {
@@ -408,5 +464,72 @@ mod tests {
         }
         let kept = PATTERNS.with(|c| c.borrow().1.len());
         assert!(kept <= PATTERN_CACHE_ENTRIES, "{kept} paths kept");
+    }
+
+    /// Routes are grouped under scopes by their static prefix, and every path
+    /// still reaches its own route: the exact prefix, a dynamic route beside
+    /// a static one (registration order kept), a deeper path whose prefix
+    /// merges into a shorter one, a trailing slash, a dynamic first segment
+    /// (the root scope, last), and a miss under a scope's prefix answered by
+    /// the app's default, not by a route of another scope.
+    #[actix_rt::test]
+    async fn scoped_routes_reach_their_own_handlers() {
+        use actix_web::test;
+        let paths: [&'static str; 8] = [
+            "/v1/kv",
+            "/v1/kv/{key:.+}",
+            "/v1/fn/secrets",
+            "/v1/fn/{name}",
+            "/adm",
+            "/adm/",
+            "/adm/api/x",
+            "/{any}/tail",
+        ];
+        assert_eq!(
+            scope_prefixes(paths.iter().copied()),
+            vec!["/v1/kv", "/v1/fn", "/adm", ""]
+        );
+        let mut t = RouteTable::default();
+        for p in paths {
+            t.add(
+                Method::GET,
+                p,
+                Policy::Public,
+                web::get().to(move || async move { HttpResponse::Ok().body(p) }),
+            );
+        }
+        let (scopes, _) = t.build().unwrap();
+        let mut app = actix_web::App::new().default_service(web::to(HttpResponse::NotFound));
+        for s in scopes {
+            app = app.service(s);
+        }
+        let app = test::init_service(app).await;
+        for (uri, want) in [
+            ("/v1/kv", Some("/v1/kv")),
+            ("/v1/kv/a/b", Some("/v1/kv/{key:.+}")),
+            ("/v1/kv/", None),
+            ("/v1/kvx", None),
+            ("/v1/fn/secrets", Some("/v1/fn/secrets")),
+            ("/v1/fn/f", Some("/v1/fn/{name}")),
+            ("/adm", Some("/adm")),
+            ("/adm/", Some("/adm/")),
+            ("/adm/api/x", Some("/adm/api/x")),
+            ("/adm/api/y", None),
+            ("/x/tail", Some("/{any}/tail")),
+            ("/nowhere", None),
+        ] {
+            let res =
+                test::call_service(&app, test::TestRequest::get().uri(uri).to_request()).await;
+            match want {
+                Some(body) => {
+                    assert!(res.status().is_success(), "{uri}: {}", res.status());
+                    assert_eq!(test::read_body(res).await, body.as_bytes(), "{uri}");
+                }
+                None => assert_eq!(res.status(), 404, "{uri}"),
+            }
+        }
+        let res =
+            test::call_service(&app, test::TestRequest::post().uri("/v1/kv/a").to_request()).await;
+        assert_eq!(res.status(), 405, "a route's other method");
     }
 }

@@ -241,6 +241,9 @@ pub fn topic_matches(pattern: &str, topic: &str) -> bool {
     crate::auth::glob_match(pattern, topic)
 }
 
+/// The prefix of every namespace's function records.
+pub const FN_RECORDS: &[u8] = b"fn/";
+
 /// `fn/<ns>/<name>`.
 pub fn fn_key(ns: &str, name: &str) -> Vec<u8> {
     format!("fn/{ns}/{name}").into_bytes()

@@ -4,7 +4,10 @@
 //! expiry (unix milliseconds). Expired values read as absent and are swept.
 
 use super::{BatchOp, OrderedKv, StoreError, StoreResult};
+use parking_lot::RwLock;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Header of a value without a time to live.
@@ -22,6 +25,8 @@ pub struct SledStore {
     /// Queue of the group-commit thread: a write sends a waiter and is
     /// acknowledged when the fsync that follows answers it.
     flusher: std::sync::mpsc::Sender<FlushWaiter>,
+    /// Write counters by key prefix ([`SledStore::write_counter`]).
+    counters: Arc<RwLock<Vec<(Vec<u8>, Arc<AtomicU64>)>>>,
 }
 
 /// Answered once the flush that covers the waiting write is done (or failed).
@@ -119,7 +124,11 @@ impl SledStore {
                 other => unusable(other.to_string()),
             })?;
         let flusher = spawn_flusher(db.clone());
-        Ok(SledStore { db, flusher })
+        Ok(SledStore {
+            db,
+            flusher,
+            counters: Arc::default(),
+        })
     }
 
     /// Removes expired keys; returns how many.
@@ -133,6 +142,7 @@ impl SledStore {
                     .db
                     .compare_and_swap(&k, Some(&v), None as Option<&[u8]>)
                 {
+                    self.wrote([&k[..]]);
                     removed += 1;
                 }
             }
@@ -140,17 +150,53 @@ impl SledStore {
         removed
     }
 
+    /// A counter of the writes to keys under `prefix` (the same counter for
+    /// the same prefix), bumped once a write is applied (readable), before it
+    /// is acknowledged. Every write to the database goes through this store
+    /// and sled lets one process at a time open it, so a reader that kept a
+    /// value read under the prefix knows it is still the stored one while
+    /// the counter has not moved since it loaded it before the read: one
+    /// atomic load instead of a store read (a kept function resolution, see
+    /// `Invoker::cached`).
+    pub fn write_counter(&self, prefix: &[u8]) -> Arc<AtomicU64> {
+        let mut counters = self.counters.write();
+        if let Some((_, c)) = counters.iter().find(|(p, _)| p == prefix) {
+            return c.clone();
+        }
+        let c = Arc::new(AtomicU64::new(0));
+        counters.push((prefix.to_vec(), c.clone()));
+        c
+    }
+
+    /// Counts a write applied to `keys` in the counters of their prefixes.
+    fn wrote<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]> + Clone) {
+        for (prefix, c) in self.counters.read().iter() {
+            if keys.clone().into_iter().any(|k| k.starts_with(prefix)) {
+                c.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
     /// Applies `ops` in one sled batch without waiting for the disk (see
     /// `Store::apply_batch_buffered`).
     pub(crate) fn apply_batch_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
         let mut batch = sled::Batch::default();
+        let mut keys = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
-                BatchOp::Put(k, v) => batch.insert(k, encode(&v, None)),
-                BatchOp::Delete(k) => batch.remove(k),
+                BatchOp::Put(k, v) => {
+                    batch.insert(&k[..], encode(&v, None));
+                    keys.push(k);
+                }
+                BatchOp::Delete(k) => {
+                    batch.remove(&k[..]);
+                    keys.push(k);
+                }
             }
         }
-        self.db.apply_batch(batch).map_err(unavailable)
+        self.db.apply_batch(batch).map_err(unavailable)?;
+        self.wrote(keys.iter().map(Vec::as_slice));
+        Ok(())
     }
 
     /// Waits until every write made so far is on disk.
@@ -177,6 +223,7 @@ impl OrderedKv for SledStore {
         self.db
             .insert(key, encode(value, None))
             .map_err(unavailable)?;
+        self.wrote([key]);
         self.durable().await
     }
 
@@ -184,11 +231,13 @@ impl OrderedKv for SledStore {
         self.db
             .insert(key, encode(value, Some(ttl)))
             .map_err(unavailable)?;
+        self.wrote([key]);
         self.durable().await
     }
 
     async fn delete(&self, key: &[u8]) -> StoreResult<bool> {
         let old = self.db.remove(key).map_err(unavailable)?;
+        self.wrote([key]);
         self.durable().await?;
         Ok(old.is_some_and(|r| decode(&r, now_ms()).is_some()))
     }
@@ -232,6 +281,7 @@ impl OrderedKv for SledStore {
                 .map_err(unavailable)?
             {
                 Ok(()) => {
+                    self.wrote([key]);
                     self.durable().await?;
                     return Ok(true);
                 }
@@ -293,6 +343,49 @@ mod tests {
         };
         assert_eq!(again.get(b"log/b").await.unwrap(), Some(b"y".to_vec()));
         assert_eq!(again.get(b"old").await.unwrap(), None);
+    }
+
+    /// A write counter moves once per applied write under its prefix (put,
+    /// put with a time to live, delete, a won compare-and-swap, a batch,
+    /// buffered or not) and never for another prefix or a lost swap; the
+    /// same prefix gets the same counter.
+    #[tokio::test]
+    async fn a_write_counter_counts_the_writes_under_its_prefix() {
+        let (_dir, s) = store();
+        let c = s.write_counter(b"fn/");
+        assert!(Arc::ptr_eq(&c, &s.write_counter(b"fn/")));
+        let n = || c.load(Ordering::Acquire);
+        s.put(b"fnver/a", b"x").await.unwrap();
+        s.put(b"kv/fn/a", b"x").await.unwrap();
+        assert_eq!(n(), 0, "other prefixes");
+        s.put(b"fn/a", b"1").await.unwrap();
+        s.put_ttl(b"fn/b", b"1", Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(s.delete(b"fn/b").await.unwrap());
+        assert_eq!(n(), 3);
+        assert!(
+            !s.compare_and_swap(b"fn/a", Some(b"0"), Some(b"2"), None)
+                .await
+                .unwrap()
+        );
+        assert_eq!(n(), 3, "a lost swap writes nothing");
+        assert!(
+            s.compare_and_swap(b"fn/a", Some(b"1"), Some(b"2"), None)
+                .await
+                .unwrap()
+        );
+        s.apply_batch(vec![
+            BatchOp::Put(b"kv/x".to_vec(), b"1".to_vec()),
+            BatchOp::Delete(b"fn/a".to_vec()),
+        ])
+        .await
+        .unwrap();
+        s.apply_batch_buffered(vec![BatchOp::Put(b"fn/c".to_vec(), b"1".to_vec())])
+            .unwrap();
+        s.apply_batch_buffered(vec![BatchOp::Put(b"log/c".to_vec(), b"1".to_vec())])
+            .unwrap();
+        assert_eq!(n(), 6);
     }
 
     /// Of many concurrent writers doing CAS from the same expected value, exactly one wins.

@@ -244,6 +244,9 @@ struct NsState {
     /// Functions resolved once (record, version, module, environment), by
     /// name and requested version; see [`Invoker::cached`].
     resolved: Mutex<ResolvedCache>,
+    /// The embedded store's count of writes to function records (any
+    /// namespace's); None on etcd, where no resolution is kept.
+    fn_writes: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// Pub/sub and cron triggers of each function's current version, read on every
     /// publish and cron tick, rewritten on deploy, delete and `load_triggers`.
     triggers: RwLock<Vec<TriggerEntry>>,
@@ -277,8 +280,10 @@ pub struct Invoker {
 struct ResolvedCache {
     /// Bumped by `forget_resolutions`; a resolution that began under an older one is not kept.
     generation: u64,
-    /// Kept resolutions by (function, requested version or None), at most `MAX_CACHED_RESOLVED`.
-    map: HashMap<(String, Option<u64>), Arc<Resolved>>,
+    /// Kept resolutions by (function, requested version or None), at most
+    /// `MAX_CACHED_RESOLVED`, each with the store's count of function-record
+    /// writes when its record was last read (see [`Invoker::cached`]).
+    map: HashMap<(String, Option<u64>), (Arc<Resolved>, u64)>,
 }
 
 /// Resolutions kept per namespace before the cache is cleared.
@@ -573,6 +578,9 @@ impl Invoker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::functions::model::{FN_RECORDS, ver_key};
+    use crate::storage::BatchOp;
+    use std::sync::atomic::Ordering;
 
     const NOOP: &[u8] = br#"(module (func (export "_start")))"#;
 
@@ -669,6 +677,57 @@ mod tests {
             prepared(&inv, "f").await,
             Err(FnError::NotFound(_))
         ));
+    }
+
+    /// A kept resolution carries the store's function-record write count of
+    /// its last check: writes elsewhere (KV, versions, records) leave it as
+    /// it is, so calls use it without a read; a write to another function's
+    /// record moves the count, and the next call reads f's record once,
+    /// finds it unchanged and stamps it with the new count.
+    #[actix_rt::test]
+    async fn a_kept_resolution_is_checked_only_after_a_function_record_write() {
+        let (_dir, store, inv, _module) = deployed_f().await;
+        let writes = store.as_sled().unwrap().write_counter(FN_RECORDS);
+        let stamp = || {
+            inv.st
+                .resolved
+                .lock()
+                .map
+                .get(&("f".to_string(), None))
+                .map(|k| k.1)
+        };
+        prepared(&inv, "f").await.unwrap();
+        let first = stamp().expect("kept");
+        assert_eq!(first, writes.load(Ordering::Acquire));
+
+        store.put(b"kv/ns/a", b"1").await.unwrap();
+        store.put(&ver_key("ns", "f", 9), b"{}").await.unwrap();
+        store
+            .apply_batch_buffered(vec![BatchOp::Put(b"log/ns/f/1".to_vec(), b"[]".to_vec())])
+            .await
+            .unwrap();
+        assert_eq!(
+            writes.load(Ordering::Acquire),
+            first,
+            "no function record written"
+        );
+        assert!(inv.cached("f", None).await.unwrap().is_some());
+
+        store.put(&fn_key("ns", "g"), b"{}").await.unwrap();
+        let moved = writes.load(Ordering::Acquire);
+        assert!(moved > first, "another record's write counts");
+        assert!(
+            inv.cached("f", None).await.unwrap().is_some(),
+            "f unchanged: still used"
+        );
+        assert_eq!(stamp(), Some(moved), "stamped with the count of its check");
+
+        store.delete(&fn_key("ns", "f")).await.unwrap();
+        assert!(
+            inv.cached("f", None).await.unwrap().is_none(),
+            "f deleted: dropped"
+        );
+        assert!(stamp().is_none());
     }
 
     fn rec(name: &str, ts: u64, id: &str) -> InvocationRecord {

@@ -2,53 +2,71 @@
 //! and running it on the pool.
 
 use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Invoker {
-    /// Whether resolutions are kept: on the node's own sled store, where every
-    /// write to a function, its versions or the namespace's secrets goes
-    /// through this invoker (which forgets what it kept) or changes the
-    /// function record (checked on every use). On etcd another node may
-    /// change secrets unseen, so every call resolves afresh there.
-    pub(super) fn keeps_resolutions(&self) -> bool {
-        self.store().as_sled().is_some()
+    /// The store's count of function-record writes, when resolutions are
+    /// kept: on the node's own sled store, where every write to a function,
+    /// its versions or the namespace's secrets goes through this invoker
+    /// (which forgets what it kept) or changes the function record (checked
+    /// when that count moved). On etcd another node may change secrets
+    /// unseen, so every call resolves afresh there.
+    fn fn_writes(&self) -> Option<&AtomicU64> {
+        self.st.fn_writes.as_deref()
     }
 
     /// A kept resolution of `name`, if the stored function record is still
-    /// byte for byte the one it was resolved from (one local sled read, no
-    /// blocking thread).
+    /// byte for byte the one it was resolved from. While no function record
+    /// was written since it was last read, that is known without a read: one
+    /// atomic load (a store read per call took sled's lock, which its
+    /// writers hold; BENCHMARKS.md). After such a write, one local sled read
+    /// compares the record (no blocking thread) and stamps the resolution
+    /// anew when it is unchanged.
     pub(super) async fn cached(
         &self,
         name: &str,
         version: Option<u64>,
     ) -> FnResult<Option<Arc<Resolved>>> {
-        if !self.keeps_resolutions() {
+        let Some(writes) = self.fn_writes() else {
             return Ok(None);
+        };
+        let key = (name.to_string(), version);
+        let Some((r, stamp)) = self.st.resolved.lock().map.get(&key).cloned() else {
+            return Ok(None);
+        };
+        let count = writes.load(Ordering::Acquire);
+        if count == stamp {
+            return Ok(Some(r));
         }
-        let hit = self
-            .st
-            .resolved
-            .lock()
-            .map
-            .get(&(name.to_string(), version))
-            .cloned();
-        let Some(r) = hit else { return Ok(None) };
         let now = self.store().get(&fn_key(&self.ns, name)).await?;
         if now.as_deref() == Some(&r.record_bytes[..]) {
+            if let Some(kept) = self.st.resolved.lock().map.get_mut(&key)
+                && Arc::ptr_eq(&kept.0, &r)
+            {
+                kept.1 = kept.1.max(count);
+            }
             return Ok(Some(r));
         }
         self.forget_resolutions();
         Ok(None)
     }
 
-    /// Keeps a resolution made under `generation`, unless something changed since.
+    /// The count of function-record writes before a resolution reads the
+    /// record (0 where none is kept).
+    pub(super) fn fn_writes_now(&self) -> u64 {
+        self.fn_writes().map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Keeps a resolution made under `generation` from a record read after
+    /// the write count was `count`, unless something changed since.
     pub(super) fn keep(
         &self,
         name: &str,
         version: Option<u64>,
-        generation: u64,
+        (generation, count): (u64, u64),
         r: &Arc<Resolved>,
     ) {
-        if !self.keeps_resolutions() {
+        if self.fn_writes().is_none() {
             return;
         }
         let mut c = self.st.resolved.lock();
@@ -58,7 +76,8 @@ impl Invoker {
         if c.map.len() >= MAX_CACHED_RESOLVED {
             c.map.clear();
         }
-        c.map.insert((name.to_string(), version), r.clone());
+        c.map
+            .insert((name.to_string(), version), (r.clone(), count));
     }
 
     /// Forgets every kept resolution (a deploy, a delete, a secret, an import).
@@ -167,14 +186,14 @@ impl Invoker {
         let r = match self.cached(&name, version).await? {
             Some(r) => r,
             None => {
-                let generation = self.st.resolved.lock().generation;
+                let stamp = (self.st.resolved.lock().generation, self.fn_writes_now());
                 let inv = self.clone();
                 let n = name.clone();
                 let r = tokio::task::spawn_blocking(move || inv.resolve_sync(&n, version))
                     .await
                     .map_err(|e| FnError::Internal(format!("resolve task failed: {e}")))??;
                 let r = Arc::new(r);
-                self.keep(&name, version, generation, &r);
+                self.keep(&name, version, stamp, &r);
                 r
             }
         };

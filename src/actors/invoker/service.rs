@@ -109,6 +109,11 @@ impl FunctionsService {
             st: Arc::new(NsState {
                 modules: Default::default(),
                 resolved: Default::default(),
+                fn_writes: self
+                    .0
+                    .store
+                    .as_sled()
+                    .map(|s| s.write_counter(crate::functions::model::FN_RECORDS)),
                 triggers: Default::default(),
                 deploy_lock: Default::default(),
                 publisher: Default::default(),

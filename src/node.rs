@@ -65,10 +65,7 @@ fn load_secrets(
         },
     };
     let operator_key_hash = hmac(&server_secret, operator_key.as_bytes());
-    Ok(Secrets {
-        server_secret,
-        operator_key_hash,
-    })
+    Ok(Secrets::new(server_secret, operator_key_hash))
 }
 
 /// A started node: its bound address and the server, until it is stopped.

@@ -125,14 +125,23 @@ pub fn parse(s: &str) -> Result<ParsedKey> {
     }
     let body = &rest[1..1 + BODY_LEN];
     let crc = &rest[2 + BODY_LEN..];
-    if base62_decode::<RANDOM_LEN>(body).is_none() {
+    // The body is RANDOM_LEN bytes in base62: digits only, at most the
+    // largest such number. ALPHABET is in ASCII order, so between strings of
+    // digits of one length the byte order is the numeric order (no decode
+    // per request; a test holds this to `base62_decode`).
+    if !is_base62(body) || body.as_bytes() > largest_body() {
         return Err(AuthError::MalformedKey("body is not base62"));
     }
-    if !crc.bytes().all(|b| DIGITS[usize::from(b)] != NOT_DIGIT) {
+    if !is_base62(crc) {
         return Err(AuthError::MalformedKey("checksum is not base62"));
     }
     let signed = &s[..s.len() - CRC_LEN - 1];
-    if checksum(signed) != crc {
+    // CRC_LEN digits hold any u32 one way only, so comparing numbers is
+    // comparing `checksum(signed)` with `crc`, without building the string.
+    let stated = crc
+        .bytes()
+        .fold(0u64, |n, b| n * 62 + u64::from(DIGITS[usize::from(b)]));
+    if stated != u64::from(crc32fast::hash(signed.as_bytes())) {
         return Err(AuthError::BadChecksum);
     }
     Ok(ParsedKey {
@@ -159,6 +168,19 @@ fn checksum(s: &str) -> String {
     base62_encode(&crc32fast::hash(s.as_bytes()).to_be_bytes(), CRC_LEN)
 }
 
+/// Whether every byte of `s` is a base62 digit.
+fn is_base62(s: &str) -> bool {
+    s.bytes().all(|b| DIGITS[usize::from(b)] != NOT_DIGIT)
+}
+
+/// The largest body: RANDOM_LEN bytes of 0xff in BODY_LEN digits.
+fn largest_body() -> &'static [u8] {
+    static LARGEST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LARGEST
+        .get_or_init(|| base62_encode(&[0xff; RANDOM_LEN], BODY_LEN))
+        .as_bytes()
+}
+
 /// Big-endian base62, left-padded with `0` to `width` digits.
 fn base62_encode(bytes: &[u8], width: usize) -> String {
     let mut num = bytes.to_vec();
@@ -181,6 +203,7 @@ fn base62_encode(bytes: &[u8], width: usize) -> String {
 
 /// Inverse of `base62_encode`; `None` on a foreign character or a value
 /// that does not fit in `N` bytes.
+#[cfg(test)]
 fn base62_decode<const N: usize>(s: &str) -> Option<[u8; N]> {
     let mut out = [0u8; N];
     for c in s.bytes() {
@@ -331,6 +354,46 @@ mod tests {
         #[test]
         fn parse_near_keys(s in "mg_[sr]k_[0-9A-Za-z_é]{33}_[0-9A-Za-z]{6}") {
             let _ = parse(&s);
+        }
+
+        /// `parse`'s body check (digits, then byte order against the largest
+        /// body) accepts exactly the bodies that decode to 24 bytes, near the
+        /// largest one as well as anywhere.
+        #[test]
+        fn the_body_check_is_the_decode(
+            body in prop_oneof![
+                "[0-9A-Za-z]{33}",
+                "[0-9A-Za-z_]{33}",
+                "[0-9A-Za-z]{1}".prop_map(|t| {
+                    let mut b = largest_body().to_vec();
+                    b[32] = t.as_bytes()[0];
+                    String::from_utf8(b).unwrap()
+                }),
+                "[0-9A-Za-z]{2}".prop_map(|t| {
+                    let mut b = largest_body().to_vec();
+                    b[5] = t.as_bytes()[0];
+                    b[6] = t.as_bytes()[1];
+                    String::from_utf8(b).unwrap()
+                }),
+            ]
+        ) {
+            let fits = is_base62(&body) && body.as_bytes() <= largest_body();
+            prop_assert_eq!(fits, base62_decode::<24>(&body).is_some(), "{}", body);
+        }
+
+        /// A key with any checksum digits parses exactly when they are the
+        /// checksum's string (`checksum`), and a generated key always does.
+        #[test]
+        fn the_checksum_check_is_the_string_compare(
+            crc in "[0-9A-Za-z]{6}",
+            random in proptest::array::uniform24(any::<u8>()),
+        ) {
+            let signed = format!("mg_rk_{}", base62_encode(&random, BODY_LEN));
+            let right = checksum(&signed);
+            let key = format!("{signed}_{crc}");
+            prop_assert_eq!(parse(&key).is_ok(), crc == right);
+            let good = format!("{signed}_{right}");
+            prop_assert!(parse(&good).is_ok());
         }
 
         /// base62 round-trips any 24 bytes.

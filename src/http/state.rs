@@ -121,12 +121,56 @@ pub struct Secrets {
     pub server_secret: Vec<u8>,
     /// HMAC of the operator key (the key itself is never kept in memory).
     pub operator_key_hash: [u8; 32],
+    /// `server_secret` as an HMAC key, prepared once (its inner and outer
+    /// pads), for the checks every request makes.
+    mac_key: ring::hmac::Key,
 }
 
 impl Secrets {
+    /// The node's secrets: the server secret and the operator key's HMAC.
+    pub fn new(server_secret: Vec<u8>, operator_key_hash: [u8; 32]) -> Secrets {
+        let mac_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &server_secret);
+        Secrets {
+            server_secret,
+            operator_key_hash,
+            mac_key,
+        }
+    }
+
     /// Whether `candidate` is the operator key (constant time).
     pub fn is_operator_key(&self, candidate: &str) -> bool {
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.server_secret);
-        ring::hmac::verify(&key, candidate.as_bytes(), &self.operator_key_hash).is_ok()
+        ring::hmac::verify(&self.mac_key, candidate.as_bytes(), &self.operator_key_hash).is_ok()
+    }
+
+    /// An API key's stored form, `auth::hash_api_key(server_secret, key)`,
+    /// with the prepared key.
+    pub fn api_key_hash(&self, key: &str) -> [u8; 32] {
+        let tag = ring::hmac::sign(&self.mac_key, key.as_bytes());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prepared key gives the same HMACs as a key made per call: an API
+    /// key hashes to what `auth::hash_api_key` stored, and only the operator
+    /// key itself passes `is_operator_key`.
+    #[test]
+    fn the_prepared_key_gives_the_stored_forms() {
+        let secret = b"0123456789abcdef0123456789abcdef".to_vec();
+        let op = "mgop_test_operator_key";
+        let s = Secrets::new(secret.clone(), crate::util::hmac(&secret, op.as_bytes()));
+        let key = crate::auth::generate_api_key(crate::auth::KeyKind::Runtime).unwrap();
+        assert_eq!(
+            s.api_key_hash(&key),
+            crate::auth::hash_api_key(&secret, &key)
+        );
+        assert!(s.is_operator_key(op));
+        assert!(!s.is_operator_key("mgop_test_operator_kex"));
+        assert!(!s.is_operator_key(&key));
     }
 }

@@ -95,7 +95,7 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
     if cred.starts_with("mg_") {
         // Checksum first: a mistyped key never reaches the cache or the store.
         auth::parse_api_key(cred).map_err(identity::IdentityError::from)?;
-        let hash = auth::hash_api_key(&node.secrets.server_secret, cred);
+        let hash = node.secrets.api_key_hash(cred);
         let t = now();
         if let Some(id) = node.key_cache.get(&hash, t) {
             return Ok(id);

@@ -53,6 +53,27 @@ fn bench(c: &mut Criterion) {
     g.bench_function("api_key_parse", |b| {
         b.iter(|| parse_api_key(black_box(&key)).is_ok())
     });
+    // What an API-key request computes before its cache lookup: the
+    // operator-key check, the parse and the key's HMAC; with the server
+    // secret's HMAC key made per call (as before `Secrets::new`) and prepared.
+    let secret = b"0123456789abcdef0123456789abcdef".to_vec();
+    let op_hash = meshgate::auth::hash_api_key(&secret, "mgop_bench");
+    g.bench_function("api_key_request_key_per_call", |b| {
+        b.iter(|| {
+            let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
+            let op = ring::hmac::verify(&k, black_box(&key).as_bytes(), &op_hash).is_ok();
+            let parsed = parse_api_key(black_box(&key)).is_ok();
+            (op, parsed, meshgate::auth::hash_api_key(&secret, black_box(&key)))
+        })
+    });
+    let secrets = meshgate::http::state::Secrets::new(secret.clone(), op_hash);
+    g.bench_function("api_key_request_prepared", |b| {
+        b.iter(|| {
+            let op = secrets.is_operator_key(black_box(&key));
+            let parsed = parse_api_key(black_box(&key)).is_ok();
+            (op, parsed, secrets.api_key_hash(black_box(&key)))
+        })
+    });
     let hop = HopKey::from_secret(b"0123456789abcdef0123456789abcdef");
     let id = HopIdentity::from_claims(&claims);
     let digest = meshgate::auth::hop_body_sha256(b"");

@@ -63,7 +63,11 @@ fn bench(c: &mut Criterion) {
             let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
             let op = ring::hmac::verify(&k, black_box(&key).as_bytes(), &op_hash).is_ok();
             let parsed = parse_api_key(black_box(&key)).is_ok();
-            (op, parsed, meshgate::auth::hash_api_key(&secret, black_box(&key)))
+            (
+                op,
+                parsed,
+                meshgate::auth::hash_api_key(&secret, black_box(&key)),
+            )
         })
     });
     let secrets = meshgate::http::state::Secrets::new(secret.clone(), op_hash);

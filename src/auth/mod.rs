@@ -18,8 +18,8 @@ mod wallet;
 pub use self::{
     apikey::{
         API_KEY_DEFAULT_TTL_DAYS, API_KEY_MAX_TTL_DAYS, KeyKind, ParsedKey,
-        generate as generate_api_key, hash as hash_api_key, is_api_key_shaped, key_id,
-        parse as parse_api_key,
+        generate as generate_api_key, hash as hash_api_key, hash_with as hash_api_key_with,
+        is_api_key_shaped, key_id, parse as parse_api_key,
     },
     error::{AuthError, Result, TokenPart},
     grants::{

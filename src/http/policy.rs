@@ -241,7 +241,7 @@ impl RouteTable {
     /// `/v1/functions`, ...). actix's router tries its services in order and
     /// runs a regex search for every dynamic pattern it tries; a scope is a
     /// plain prefix compare, so a request runs the regexes of its own scope's
-    /// routes only (BENCHMARKS.md, "Routes under scopes").
+    /// routes only (BENCHMARKS.md, "Routes under one scope per static prefix").
     pub fn build(self) -> Result<(Vec<Scope>, PolicyMap), MissingPolicy> {
         let mut map: HashMap<&'static str, Vec<(Method, Policy)>> = HashMap::new();
         let mut by_path: Vec<(&'static str, Vec<(Method, actix_web::Route)>)> = Vec::new();
@@ -307,19 +307,18 @@ fn scope_prefix(path: &str) -> &str {
 /// `/__admin` takes `/__admin/login` with it), in first-seen order. Paths
 /// under no prefix (a dynamic first segment) go to the root scope `""`,
 /// listed last so no prefix is shadowed by it.
-fn scope_prefixes<'a>(paths: impl Iterator<Item = &'a str> + Clone) -> Vec<&'a str> {
-    let candidates: Vec<&str> = paths.clone().map(scope_prefix).collect();
+fn scope_prefixes<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let candidates: Vec<&str> = paths.map(scope_prefix).collect();
     let mut out: Vec<&str> = Vec::new();
-    for c in candidates.iter().copied().filter(|c| !c.is_empty()) {
+    for &c in &candidates {
         let covered = candidates
             .iter()
-            .copied()
-            .any(|o| !o.is_empty() && o != c && under(c, o));
-        if !covered && !out.contains(&c) {
+            .any(|&o| !o.is_empty() && o != c && under(c, o));
+        if !c.is_empty() && !covered && !out.contains(&c) {
             out.push(c);
         }
     }
-    if paths.map(scope_prefix).any(str::is_empty) {
+    if candidates.contains(&"") {
         out.push("");
     }
     out

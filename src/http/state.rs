@@ -145,10 +145,7 @@ impl Secrets {
     /// An API key's stored form, `auth::hash_api_key(server_secret, key)`,
     /// with the prepared key.
     pub fn api_key_hash(&self, key: &str) -> [u8; 32] {
-        let tag = ring::hmac::sign(&self.mac_key, key.as_bytes());
-        let mut out = [0u8; 32];
-        out.copy_from_slice(tag.as_ref());
-        out
+        crate::auth::hash_api_key_with(&self.mac_key, key)
     }
 }
 

@@ -31,6 +31,16 @@ const MAX_POOL_SLOTS: usize = 1_000;
 pub const SPARE_WORKERS: usize = 1;
 /// Bytes of each pool slot's linear memory kept resident between calls.
 const KEEP_RESIDENT_BYTES: usize = 1 << 20;
+/// Epoch ticks a speculative run on the caller's thread may take before it
+/// is stopped and run again on the pool: at least one whole tick (5 ms at
+/// the default), at most two.
+const HERE_BUDGET_TICKS: u64 = 2;
+/// Largest input run on the caller's thread (a run that must start again
+/// keeps its input; larger calls go to the pool at once).
+const HERE_MAX_INPUT: usize = 64 << 10;
+/// The `meshgate` imports a module run on the caller's thread may use: they
+/// neither wait nor act outside the store.
+const HERE_IMPORTS: &[&str] = &["caller", "log"];
 
 /// Settings of the [`WasmEngine`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +163,12 @@ pub struct CompiledModule {
     entry: ModuleExport,
     /// SHA-256 of the module's bytes (its blob key and cache name).
     sha256: [u8; 32],
+    /// Whether a call may run speculatively on its caller's thread
+    /// ([`WasmEngine::invoke_here`]): the module imports nothing that waits
+    /// or acts outside its own store (no sleep, no KV, publish or nested
+    /// call), so a run cut short leaves no trace and can start again on the
+    /// pool. Cleared for good when a run outlasts [`HERE_BUDGET_TICKS`].
+    here: AtomicBool,
 }
 
 impl CompiledModule {
@@ -399,7 +415,17 @@ impl WasmEngine {
             // Only modules that passed every check reach the cache.
             inner.cache.store(&module, &sha256);
         }
-        Ok(Arc::new(CompiledModule { pre, entry, sha256 }))
+        let here = module.imports().all(|i| match i.module() {
+            "meshgate" => HERE_IMPORTS.contains(&i.name()),
+            m if m == super::wasi::MODULE => !super::wasi::BLOCKING.contains(&i.name()),
+            _ => false,
+        });
+        Ok(Arc::new(CompiledModule {
+            pre,
+            entry,
+            sha256,
+            here: AtomicBool::new(here),
+        }))
     }
 
     /// Runs `call` on the worker pool and waits for it.
@@ -428,6 +454,52 @@ impl WasmEngine {
         self.inner.pool.submit(&namespace, job)?;
         rx.await
             .map_err(|_| WasmError::Internal("the WASM worker dropped the invocation".into()))?
+    }
+
+    /// Runs `call` on this thread when that is safe and cheap, else on the
+    /// pool as [`WasmEngine::invoke`]. On this thread: the module waits on
+    /// nothing and acts on nothing outside its store (`CompiledModule::here`),
+    /// a pool worker is free and nothing waits (its place is taken for the
+    /// run, so the fair share and the bounds count it), and the input is at
+    /// most [`HERE_MAX_INPUT`]. The run gets [`HERE_BUDGET_TICKS`]; a guest
+    /// still running then is stopped, which nobody can observe (no effect
+    /// left the store, its output is dropped), and runs again from the start
+    /// on the pool, and the module runs there from then on. A request thread
+    /// thus never runs a guest longer than two ticks, and a short pure
+    /// function costs no thread hop.
+    pub async fn invoke_here(
+        &self,
+        module: Arc<CompiledModule>,
+        call: Invocation,
+        host: Arc<dyn HostApi>,
+    ) -> Result<InvokeOutput> {
+        let call = match self.try_here(&module, call, &host) {
+            Ok(done) => return done,
+            Err(call) => call,
+        };
+        self.invoke(module, call, host).await
+    }
+
+    /// The run on this thread, or the call back when it must go to the pool.
+    fn try_here(
+        &self,
+        module: &CompiledModule,
+        call: Invocation,
+        host: &Arc<dyn HostApi>,
+    ) -> std::result::Result<Result<InvokeOutput>, Invocation> {
+        if !module.here.load(Ordering::Relaxed) || call.input.len() > HERE_MAX_INPUT {
+            return Err(call);
+        }
+        let Some(_hold) = self.inner.pool.try_hold(&call.namespace) else {
+            return Err(call);
+        };
+        match run(&self.inner.runtime, module, call, host.clone(), None, true) {
+            Ran::Done(out) => Ok(out),
+            Ran::OverBudget(call) => {
+                module.here.store(false, Ordering::Relaxed);
+                Err(call)
+            }
+        }
     }
 
     /// A snapshot of the worker pool.
@@ -474,16 +546,41 @@ pub(crate) fn execute(
     host: Arc<dyn HostApi>,
     deadline_cap: Option<Instant>,
 ) -> Result<InvokeOutput> {
+    match run(runtime, module, call, host, deadline_cap, false) {
+        Ran::Done(out) => out,
+        Ran::OverBudget(_) => unreachable!("a run without a budget is never over it"),
+    }
+}
+
+/// How a run ended.
+enum Ran {
+    /// It ended (or failed) on its own, or at its deadline.
+    Done(Result<InvokeOutput>),
+    /// It was stopped at [`HERE_BUDGET_TICKS`] before its deadline; the call
+    /// is handed back whole, to run again from the start.
+    OverBudget(Invocation),
+}
+
+/// [`execute`], and with `budget` the speculative run of
+/// [`WasmEngine::invoke_here`]: stopped after [`HERE_BUDGET_TICKS`].
+fn run(
+    runtime: &Arc<Runtime>,
+    module: &CompiledModule,
+    mut call: Invocation,
+    host: Arc<dyn HostApi>,
+    deadline_cap: Option<Instant>,
+    budget: bool,
+) -> Ran {
     if call.input.len() > MAX_INPUT_BYTES {
-        return Err(WasmError::InputTooLarge);
+        return Ran::Done(Err(WasmError::InputTooLarge));
     }
     if call.depth > MAX_DEPTH {
-        return Err(WasmError::DepthExceeded);
+        return Ran::Done(Err(WasmError::DepthExceeded));
     }
     if !Engine::same(module.pre.module().engine(), &runtime.engine) {
-        return Err(WasmError::Internal(
+        return Ran::Done(Err(WasmError::Internal(
             "module compiled by another engine".into(),
-        ));
+        )));
     }
     let start = crate::util::mono_now();
     let mut deadline = start
@@ -492,7 +589,18 @@ pub(crate) fn execute(
     if let Some(cap) = deadline_cap {
         deadline = deadline.min(cap);
     }
-    let ticks = deadline.saturating_duration_since(start).as_millis() as u64 / runtime.tick_ms + 1;
+    let mut ticks =
+        deadline.saturating_duration_since(start).as_millis() as u64 / runtime.tick_ms + 1;
+    let over_budget = budget && ticks > HERE_BUDGET_TICKS;
+    if over_budget {
+        ticks = HERE_BUDGET_TICKS;
+    }
+    let (function, version, memory_limit_mb, timeout) = (
+        std::mem::take(&mut call.function),
+        call.version,
+        call.memory_limit_mb,
+        call.timeout,
+    );
 
     let state = HostState::new(runtime.clone(), call, host, deadline);
     let mut store = Store::new(&runtime.engine, state);
@@ -506,27 +614,37 @@ pub(crate) fn execute(
         }
     });
     let duration = start.elapsed();
+    if over_budget
+        && let Err(e) = &outcome
+        && e.downcast_ref::<Trap>() == Some(&Trap::Interrupt)
+        && crate::util::mono_now() < deadline
+    {
+        let state = store.into_data();
+        return Ran::OverBudget(state.into_call(function, version, memory_limit_mb, timeout));
+    }
     let mut state = store.into_data();
     let stdout = state.take_stdout();
     let logs = state.logs.lock().finish();
 
     if stdout.len() > MAX_OUTPUT_BYTES {
-        return Err(WasmError::OutputTooLarge);
+        return Ran::Done(Err(WasmError::OutputTooLarge));
     }
-    if let Err(err) = outcome {
-        classify(err, state.limiter.memory_refused)?;
+    if let Err(err) = outcome
+        && let Err(e) = classify(err, state.limiter.memory_refused)
+    {
+        return Ran::Done(Err(e));
     }
-    Ok(InvokeOutput {
+    Ran::Done(Ok(InvokeOutput {
         stdout,
         logs,
         duration,
         publishes: state.publishes.saturating_add(state.nested_publishes),
-    })
+    }))
 }
 
 /// Maps a failed run to its error, or `Ok` for `proc_exit(0)`.
 fn classify(err: wasmtime::Error, memory_refused: bool) -> Result<()> {
-    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+    if let Some(exit) = err.downcast_ref::<super::wasi::Exit>() {
         return match exit.0 {
             0 => Ok(()),
             _ if memory_refused => Err(WasmError::MemoryLimit),
@@ -563,5 +681,60 @@ fn check_module_shape(wasm: &[u8]) -> Result<()> {
         _ => Err(WasmError::InvalidModule(
             "not a WebAssembly module (no \\0asm header, and not WAT text)".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod wasi_tests {
+    use super::*;
+
+    /// The imports of `module` that `linker` defines, with their types.
+    fn funcs<T>(
+        linker: &Linker<T>,
+        store: &mut Store<T>,
+        module: &str,
+    ) -> std::collections::BTreeMap<String, String> {
+        let found: Vec<(String, Extern)> = linker
+            .iter(&mut *store)
+            .filter(|(m, _, _)| *m == module)
+            .map(|(_, n, e)| (n.to_string(), e))
+            .collect();
+        found
+            .into_iter()
+            .map(|(n, e)| {
+                let ty = match e {
+                    Extern::Func(f) => format!("{:?}", f.ty(&*store)),
+                    other => format!("not a function: {other:?}"),
+                };
+                (n, ty)
+            })
+            .collect()
+    }
+
+    /// Our WASI preview 1 defines every function wasmtime-wasi's does, each
+    /// with the same type, so any module that linked before links now.
+    #[test]
+    fn our_preview1_links_as_wasmtime_wasi() {
+        let engine = Engine::new(&wasmtime_config(1)).unwrap();
+        let mut theirs: Linker<wasmtime_wasi::p1::WasiP1Ctx> = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut theirs, |t| t).unwrap();
+        let mut their_store = Store::new(&engine, wasmtime_wasi::WasiCtxBuilder::new().build_p1());
+        let want = funcs(&theirs, &mut their_store, super::super::wasi::MODULE);
+
+        let ours = build_linker(&engine).unwrap();
+        let runtime = Arc::new(Runtime {
+            engine: engine.clone(),
+            tick_ms: 5,
+        });
+        let state = HostState::new(
+            runtime,
+            Invocation::new("", "", Vec::new()),
+            Arc::new(NoHost),
+            crate::util::mono_now(),
+        );
+        let mut store = Store::new(&engine, state);
+        let got = funcs(&ours, &mut store, super::super::wasi::MODULE);
+        assert_eq!(want.len(), 46, "preview 1 has 46 functions");
+        assert_eq!(got, want);
     }
 }

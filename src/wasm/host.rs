@@ -4,24 +4,16 @@
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use wasmtime::{Caller, Extern, Linker, Memory};
-use wasmtime_wasi::WasiCtxBuilder;
-use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
-use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use super::engine::{CompiledModule, Invocation, LogLine, Runtime, execute};
 use super::error::{HostError, WasmError, codes};
 use super::limits::{
-    MAX_DEPTH, MAX_INPUT_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_OUTPUT_BYTES, MAX_PUBLISHES,
-    StoreLimiter,
+    MAX_DEPTH, MAX_INPUT_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_PUBLISHES, StoreLimiter,
 };
 
 /// The node's services for the guests of one namespace.
@@ -95,7 +87,7 @@ impl LogBuf {
         }
     }
 
-    fn write_stderr(&mut self, mut bytes: &[u8]) {
+    pub(super) fn write_stderr(&mut self, mut bytes: &[u8]) {
         while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
             let (line, rest) = bytes.split_at(nl);
             if self.partial.is_empty() {
@@ -126,76 +118,13 @@ impl LogBuf {
     }
 }
 
-/// The guest's stderr: every line becomes a log line.
-#[derive(Clone)]
-struct StderrSink(Arc<Mutex<LogBuf>>);
-
-impl IsTerminal for StderrSink {
-    fn is_terminal(&self) -> bool {
-        false
-    }
-}
-
-impl StdoutStream for StderrSink {
-    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(self.clone())
-    }
-
-    fn p2_stream(&self) -> Box<dyn OutputStream> {
-        Box::new(self.clone())
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl Pollable for StderrSink {
-    async fn ready(&mut self) {}
-}
-
-impl OutputStream for StderrSink {
-    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
-        self.0.lock().write_stderr(&bytes);
-        Ok(())
-    }
-
-    fn flush(&mut self) -> StreamResult<()> {
-        Ok(())
-    }
-
-    fn check_write(&mut self) -> StreamResult<usize> {
-        Ok(64 * 1024)
-    }
-}
-
-impl tokio::io::AsyncWrite for StderrSink {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.0.lock().write_stderr(buf);
-        Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
 /// The data of one invocation's `Store`.
 pub(crate) struct HostState {
-    /// Built on the first WASI call: a guest that never touches WASI pays nothing.
-    wasi: Option<WasiP1Ctx>,
-    /// The input, moved into the WASI context when it is built.
-    stdin: Vec<u8>,
-    /// Env vars and secrets, handed to the WASI context.
-    env: Vec<(String, String)>,
-    /// The stdout pipe (capped at `MAX_OUTPUT_BYTES + 1`, so overflow shows);
-    /// None until WASI is built.
-    stdout: Option<MemoryOutputPipe>,
+    /// stdin (the input), stdout (capped at `MAX_OUTPUT_BYTES + 1`, so an
+    /// overflow shows) and which of the three the guest closed.
+    pub(super) stdio: super::wasi::Stdio,
+    /// Env vars and secrets, as WASI's `environ_get` hands them out.
+    pub(super) env: Vec<(String, String)>,
     /// stderr and the `log` import write here; shared with the stderr sink.
     pub(crate) logs: Arc<Mutex<LogBuf>>,
     /// The store's memory and table caps.
@@ -215,7 +144,7 @@ pub(crate) struct HostState {
     /// Nesting depth of this guest (0 for a top-level call), at most [`MAX_DEPTH`].
     depth: u32,
     /// When the whole call chain must end; nested calls share it.
-    deadline: Instant,
+    pub(super) deadline: Instant,
 }
 
 impl HostState {
@@ -227,10 +156,8 @@ impl HostState {
         deadline: Instant,
     ) -> Self {
         Self {
-            wasi: None,
-            stdin: call.input,
+            stdio: super::wasi::Stdio::new(call.input),
             env: call.env,
-            stdout: None,
             logs: Arc::new(Mutex::new(LogBuf::default())),
             limiter: StoreLimiter::new(call.memory_limit_mb),
             host,
@@ -244,50 +171,39 @@ impl HostState {
         }
     }
 
-    /// The WASI context, built on first use: stdin, stdout pipe, stderr as
-    /// log lines, the env, and no network.
-    fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
-        let Self {
-            wasi,
-            stdin,
-            env,
-            stdout,
-            logs,
-            ..
-        } = self;
-        wasi.get_or_insert_with(|| {
-            let out = MemoryOutputPipe::new(MAX_OUTPUT_BYTES + 1);
-            *stdout = Some(out.clone());
-            WasiCtxBuilder::new()
-                .stdin(MemoryInputPipe::new(std::mem::take(stdin)))
-                .stdout(out)
-                .stderr(StderrSink(logs.clone()))
-                .envs(env)
-                .allow_tcp(false)
-                .allow_udp(false)
-                .allow_ip_name_lookup(false)
-                .build_p1()
-        })
+    /// The call this state was made from, whole again (its input unread),
+    /// so that it can run from the start elsewhere: a speculative run on a
+    /// request thread that used up its budget (`engine::invoke_here`).
+    pub(crate) fn into_call(
+        self,
+        function: String,
+        version: u64,
+        memory_limit_mb: u32,
+        timeout: Duration,
+    ) -> Invocation {
+        Invocation {
+            namespace: self.namespace,
+            function,
+            version,
+            input: self.stdio.stdin,
+            env: self.env,
+            memory_limit_mb,
+            timeout,
+            caller_json: self.caller_json,
+            depth: self.depth,
+        }
     }
 
     /// What the guest wrote to stdout (at most `MAX_OUTPUT_BYTES + 1` bytes).
     pub(crate) fn take_stdout(&mut self) -> Vec<u8> {
-        // Drop the WASI context first so the pipe's only owner is `stdout`.
-        self.wasi = None;
-        match self.stdout.take() {
-            Some(pipe) => match pipe.try_into_inner() {
-                Some(bytes) => bytes.into(),
-                None => Vec::new(),
-            },
-            None => Vec::new(),
-        }
+        std::mem::take(&mut self.stdio.stdout)
     }
 }
 
 /// Builds the linker shared by every module: WASI preview 1 and `meshgate`.
 pub(crate) fn build_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, HostState::wasi_ctx)?;
+    super::wasi::add_to_linker(&mut linker)?;
     linker.func_wrap("meshgate", "publish", publish)?;
     linker.func_wrap("meshgate", "kv_get", kv_get)?;
     linker.func_wrap("meshgate", "kv_put", kv_put)?;

@@ -20,6 +20,7 @@ mod host;
 mod limits;
 mod pool;
 mod priority;
+mod wasi;
 
 #[cfg(test)]
 mod tests;

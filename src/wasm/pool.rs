@@ -314,6 +314,28 @@ impl Pool {
         Ok(())
     }
 
+    /// Takes a free worker's place for a call of `namespace` that its
+    /// caller runs on its own thread, when a worker is free and nothing
+    /// waits (so nothing is overtaken): the call counts as running for the
+    /// fair share, the bounds and the stats, as on a worker, until the hold
+    /// is dropped. None when the pool is busy or stopped.
+    pub(crate) fn try_hold(&self, namespace: &str) -> Option<Hold<'_>> {
+        let mut state = self.shared.state.lock();
+        if state.stopped || state.queued > 0 || state.busy >= self.workers {
+            return None;
+        }
+        state.busy += 1;
+        state
+            .namespaces
+            .entry(namespace.to_owned())
+            .or_default()
+            .running += 1;
+        Some(Hold {
+            shared: &self.shared,
+            namespace: namespace.to_owned(),
+        })
+    }
+
     pub(crate) fn stats(&self) -> PoolStats {
         let state = self.shared.state.lock();
         let mut namespaces: Vec<NamespaceStats> = state
@@ -331,6 +353,30 @@ impl Pool {
             busy: state.busy + state.spare_busy,
             queued: state.queued,
             namespaces,
+        }
+    }
+}
+
+/// A worker's place taken by a call running on its caller's thread
+/// ([`Pool::try_hold`]); dropping it gives the place back.
+pub(crate) struct Hold<'a> {
+    shared: &'a Shared,
+    namespace: String,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        let mut state = self.shared.state.lock();
+        state.busy -= 1;
+        if let Some(q) = state.namespaces.get_mut(&self.namespace) {
+            q.running = q.running.saturating_sub(1);
+        }
+        state.tidy(&self.namespace);
+        // A call queued while this held the place: a worker is free for it.
+        let wake = state.queued > 0;
+        drop(state);
+        if wake {
+            self.shared.work.notify_one();
         }
     }
 }

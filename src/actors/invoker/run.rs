@@ -260,7 +260,18 @@ impl Prepared {
         let engine = inv.svc.0.engine.clone();
         // The pool gauges are refreshed by the sampler (every second), not
         // per call: a snapshot takes the pool's lock and copies its queues.
-        let mut result = engine.invoke(module, call, host).await;
+        // A request's own call may run on the request's thread when its
+        // guest is short and pure (`WasmEngine::invoke_here`); triggers run
+        // on the actor threads, which serve every namespace, so they go to
+        // the pool.
+        let mut result = match trigger {
+            Trigger::Http | Trigger::Public | Trigger::Ws => {
+                engine.invoke_here(module, call, host).await
+            }
+            Trigger::Pubsub | Trigger::Cron | Trigger::Claims => {
+                engine.invoke(module, call, host).await
+            }
+        };
         let (calls, errors) = inv.st.counters.get_or_init(|| {
             let m = &inv.svc.0.metrics;
             let label = m.ns_label(&inv.ns);

@@ -752,6 +752,29 @@ mod tests {
         }
     }
 
+    /// Of a batch, only each function's newest records up to the cap are
+    /// written, in arrival order; a function under the cap keeps them all.
+    #[test]
+    fn a_batch_keeps_each_functions_newest_records() {
+        let mut buf: Vec<QueuedRecord> = (0..7u64)
+            .map(|i| {
+                let f = if i % 2 == 0 { "busy" } else { "quiet" };
+                queued("ns", &rec(f, i, &format!("r{i}")))
+            })
+            .collect();
+        buf.push(queued("other", &rec("busy", 9, "r9")));
+        service::keep_newest(&mut buf, 2);
+        let left: Vec<String> = buf
+            .iter()
+            .map(|q| {
+                let r: InvocationRecord = serde_json::from_slice(&q.json).unwrap();
+                r.request_id
+            })
+            .collect();
+        // busy: r0 r2 r4 r6 -> r4 r6; quiet: r1 r3 r5 -> r3 r5; other ns: r9.
+        assert_eq!(left, ["r3", "r4", "r5", "r6", "r9"]);
+    }
+
     /// The trim's count of an entry's records is what `logs` would decode
     /// from it: a grouped entry, a single-record one, an array holding
     /// something that is not a record, and bytes that are not JSON.

@@ -160,8 +160,11 @@ impl FunctionsService {
 
 /// How long the record writer waits for more records before it writes a
 /// batch that is not full: one store batch then
-/// carries the records of many calls instead of a few.
-pub(super) const RECORD_LINGER: Duration = Duration::from_millis(5);
+/// carries the records of many calls instead of a few, and of a busy
+/// function's records in it only the newest [`MAX_LOGS`] are written
+/// ([`keep_newest`]). 20 ms: a function's log shows a call at most that much
+/// (plus the write) after its answer.
+pub(super) const RECORD_LINGER: Duration = Duration::from_millis(20);
 
 /// Writes invocation records in batches until the node stops. A batch's
 /// records of one function go into one store entry (a JSON array, under the
@@ -202,6 +205,7 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
                 }
             }
         }
+        keep_newest(&mut buf, MAX_LOGS);
         // Buffered: a record is written after its call was answered, and an
         // fsync per batch cost more CPU than the batch (sled's threads and
         // the flusher, a few µs per invoke); a crash may lose the last ones.
@@ -254,6 +258,28 @@ pub(super) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<us
         store.apply_batch_buffered(chunk.to_vec()).await?;
     }
     Ok(old)
+}
+
+/// Drops every record of `buf` (in arrival order) but the newest `n` of
+/// each function: the older ones are past what `logs` answers and what the
+/// trim keeps, so writing them only to delete them was sled's and etcd's
+/// busiest work under load (a third of an invoke's store threads' CPU,
+/// BENCHMARKS.md).
+pub(super) fn keep_newest(buf: &mut Vec<QueuedRecord>, n: usize) {
+    let mut seen: HashMap<&[u8], usize> = HashMap::new();
+    let mut keep: Vec<bool> = buf
+        .iter()
+        .rev()
+        .map(|r| {
+            let c = seen.entry(&r.prefix[..]).or_default();
+            *c += 1;
+            *c <= n
+        })
+        .collect();
+    drop(seen);
+    keep.reverse();
+    let mut flags = keep.into_iter();
+    buf.retain(|_| flags.next().unwrap_or(true));
 }
 
 /// Splits entries into store batches of at most `RECORD_ENTRIES_PER_BATCH`

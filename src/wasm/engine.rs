@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmtime::{
@@ -35,6 +35,8 @@ const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 /// is stopped and run again on the pool: at least one whole tick (5 ms at
 /// the default), at most two.
 const HERE_BUDGET_TICKS: u64 = 2;
+/// Runs in a row over the budget after which a module runs on the pool only.
+const HERE_STRIKES: u32 = 3;
 /// Largest input run on the caller's thread (a run that must start again
 /// keeps its input; larger calls go to the pool at once).
 const HERE_MAX_INPUT: usize = 64 << 10;
@@ -167,8 +169,13 @@ pub struct CompiledModule {
     /// ([`WasmEngine::invoke_here`]): the module imports nothing that waits
     /// or acts outside its own store (no sleep, no KV, publish or nested
     /// call), so a run cut short leaves no trace and can start again on the
-    /// pool. Cleared for good when a run outlasts [`HERE_BUDGET_TICKS`].
+    /// pool. Cleared for good after [`HERE_STRIKES`] runs in a row
+    /// outlasted [`HERE_BUDGET_TICKS`].
     here: AtomicBool,
+    /// Runs on the caller's thread in a row that outlasted the budget (a
+    /// thread descheduled for a while on a busy machine looks the same once,
+    /// a long guest every time).
+    here_misses: AtomicU32,
 }
 
 impl CompiledModule {
@@ -180,6 +187,18 @@ impl CompiledModule {
     /// SHA-256 of the module's bytes, as lowercase hex.
     pub fn sha256_hex(&self) -> String {
         hex::encode(self.sha256)
+    }
+
+    /// Whether a call may still run on its caller's thread.
+    #[cfg(test)]
+    pub(crate) fn runs_here(&self) -> bool {
+        self.here.load(Ordering::Relaxed)
+    }
+
+    /// Runs on the caller's thread in a row that were over the budget.
+    #[cfg(test)]
+    pub(crate) fn here_misses(&self) -> u32 {
+        self.here_misses.load(Ordering::Relaxed)
     }
 }
 
@@ -260,10 +279,11 @@ impl HostApi for NoHost {
     }
 }
 
-fn wasmtime_config(workers: usize) -> Config {
+fn wasmtime_config(workers: usize, here: usize) -> Config {
     // A worker holds at most MAX_DEPTH + 1 live instances (nested calls run
-    // inline), so this many slots can never run out.
-    let slots = (workers.max(1) * (MAX_DEPTH as usize + 1) + 4).min(MAX_POOL_SLOTS) as u32;
+    // inline), a call on its caller's thread one (it makes no nested call),
+    // so this many slots can never run out.
+    let slots = (workers.max(1) * (MAX_DEPTH as usize + 1) + here + 4).min(MAX_POOL_SLOTS) as u32;
     let mut pool = PoolingAllocationConfig::new();
     pool.total_core_instances(slots)
         .total_memories(slots)
@@ -296,7 +316,7 @@ fn wasmtime_config(workers: usize) -> Config {
 impl WasmEngine {
     /// Starts the engine: wasmtime, the epoch ticker and the worker pool.
     pub fn new(cfg: WasmConfig, cache_dir: PathBuf) -> Result<Self> {
-        let engine = Engine::new(&wasmtime_config(cfg.pool_threads()))
+        let engine = Engine::new(&wasmtime_config(cfg.pool_threads(), cfg.workers.max(1)))
             .map_err(|e| WasmError::Internal(format!("cannot start wasmtime: {e:#}")))?;
         let tick_ms = cfg.epoch_tick_ms.max(1);
         let runtime = Arc::new(Runtime {
@@ -425,6 +445,7 @@ impl WasmEngine {
             entry,
             sha256,
             here: AtomicBool::new(here),
+            here_misses: AtomicU32::new(0),
         }))
     }
 
@@ -459,14 +480,14 @@ impl WasmEngine {
     /// Runs `call` on this thread when that is safe and cheap, else on the
     /// pool as [`WasmEngine::invoke`]. On this thread: the module waits on
     /// nothing and acts on nothing outside its store (`CompiledModule::here`),
-    /// a pool worker is free and nothing waits (its place is taken for the
-    /// run, so the fair share and the bounds count it), and the input is at
-    /// most [`HERE_MAX_INPUT`]. The run gets [`HERE_BUDGET_TICKS`]; a guest
+    /// nothing waits for a pool worker (so no queued call is overtaken; the
+    /// run counts as the namespace's for the fair share), and the input is
+    /// at most [`HERE_MAX_INPUT`]. The run gets [`HERE_BUDGET_TICKS`]; a guest
     /// still running then is stopped, which nobody can observe (no effect
     /// left the store, its output is dropped), and runs again from the start
-    /// on the pool, and the module runs there from then on. A request thread
-    /// thus never runs a guest longer than two ticks, and a short pure
-    /// function costs no thread hop.
+    /// on the pool; after [`HERE_STRIKES`] such runs in a row the module runs
+    /// there from then on. A request thread thus never runs a guest longer
+    /// than two ticks, and a short pure function costs no thread hop.
     pub async fn invoke_here(
         &self,
         module: Arc<CompiledModule>,
@@ -494,9 +515,16 @@ impl WasmEngine {
             return Err(call);
         };
         match run(&self.inner.runtime, module, call, host.clone(), None, true) {
-            Ran::Done(out) => Ok(out),
+            Ran::Done(out) => {
+                if module.here_misses.load(Ordering::Relaxed) != 0 {
+                    module.here_misses.store(0, Ordering::Relaxed);
+                }
+                Ok(out)
+            }
             Ran::OverBudget(call) => {
-                module.here.store(false, Ordering::Relaxed);
+                if module.here_misses.fetch_add(1, Ordering::Relaxed) + 1 >= HERE_STRIKES {
+                    module.here.store(false, Ordering::Relaxed);
+                }
                 Err(call)
             }
         }
@@ -715,7 +743,7 @@ mod wasi_tests {
     /// with the same type, so any module that linked before links now.
     #[test]
     fn our_preview1_links_as_wasmtime_wasi() {
-        let engine = Engine::new(&wasmtime_config(1)).unwrap();
+        let engine = Engine::new(&wasmtime_config(1, 1)).unwrap();
         let mut theirs: Linker<wasmtime_wasi::p1::WasiP1Ctx> = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut theirs, |t| t).unwrap();
         let mut their_store = Store::new(&engine, wasmtime_wasi::WasiCtxBuilder::new().build_p1());

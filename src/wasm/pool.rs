@@ -74,8 +74,11 @@ struct Task {
 
 #[derive(Default)]
 struct NsQueue {
-    /// The namespace's invocations on a worker now; `pick` favours the namespace with fewest.
+    /// The namespace's invocations running now (on a worker, or on their
+    /// callers' threads: `here`); `pick` favours the namespace with fewest.
     running: usize,
+    /// Of `running`, those on their callers' threads ([`Pool::try_hold`]).
+    here: usize,
     /// The namespace's waiting invocations, in submit order (so deadlines grow along it).
     tasks: VecDeque<Task>,
 }
@@ -92,6 +95,8 @@ struct State {
     busy: usize,
     /// Spare threads running a job now.
     spare_busy: usize,
+    /// Calls running on their callers' threads ([`Pool::try_hold`]).
+    here: usize,
     /// Set when the pool is dropped: workers and the timer exit, submits are refused.
     stopped: bool,
     /// The timer sleeps with no deadline (nothing was queued when it last
@@ -314,22 +319,37 @@ impl Pool {
         Ok(())
     }
 
-    /// Takes a free worker's place for a call of `namespace` that its
-    /// caller runs on its own thread, when a worker is free and nothing
-    /// waits (so nothing is overtaken): the call counts as running for the
-    /// fair share, the bounds and the stats, as on a worker, until the hold
-    /// is dropped. None when the pool is busy or stopped.
+    /// Counts a call of `namespace` that its caller runs on its own thread,
+    /// when nothing waits for a worker (so no queued call is overtaken) and
+    /// the namespace does not hold every worker already (its share of the
+    /// pool is not grown by the request threads): the call counts as running
+    /// for the namespace's fair share and in the stats until the hold is
+    /// dropped, but takes no worker. At most as many run so at once as the
+    /// pool has workers (wasmtime's instance slots are sized for that). None
+    /// otherwise, or when the pool stopped.
     pub(crate) fn try_hold(&self, namespace: &str) -> Option<Hold<'_>> {
         let mut state = self.shared.state.lock();
-        if state.stopped || state.queued > 0 || state.busy >= self.workers {
+        if state.stopped || state.queued > 0 || state.here >= self.workers {
             return None;
         }
-        state.busy += 1;
-        state
-            .namespaces
-            .entry(namespace.to_owned())
-            .or_default()
-            .running += 1;
+        match state.namespaces.get_mut(namespace) {
+            Some(q) if q.running.saturating_sub(q.here) >= self.workers => return None,
+            Some(q) => {
+                q.running += 1;
+                q.here += 1;
+            }
+            None => {
+                state.namespaces.insert(
+                    namespace.to_owned(),
+                    NsQueue {
+                        running: 1,
+                        here: 1,
+                        ..NsQueue::default()
+                    },
+                );
+            }
+        }
+        state.here += 1;
         Some(Hold {
             shared: &self.shared,
             namespace: namespace.to_owned(),
@@ -350,15 +370,15 @@ impl Pool {
         namespaces.sort_by(|a, b| a.namespace.cmp(&b.namespace));
         PoolStats {
             workers: self.workers + self.spare,
-            busy: state.busy + state.spare_busy,
+            busy: state.busy + state.spare_busy + state.here,
             queued: state.queued,
             namespaces,
         }
     }
 }
 
-/// A worker's place taken by a call running on its caller's thread
-/// ([`Pool::try_hold`]); dropping it gives the place back.
+/// A call running on its caller's thread, counted ([`Pool::try_hold`]);
+/// dropping it ends the count.
 pub(crate) struct Hold<'a> {
     shared: &'a Shared,
     namespace: String,
@@ -367,17 +387,12 @@ pub(crate) struct Hold<'a> {
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
         let mut state = self.shared.state.lock();
-        state.busy -= 1;
+        state.here -= 1;
         if let Some(q) = state.namespaces.get_mut(&self.namespace) {
             q.running = q.running.saturating_sub(1);
+            q.here = q.here.saturating_sub(1);
         }
         state.tidy(&self.namespace);
-        // A call queued while this held the place: a worker is free for it.
-        let wake = state.queued > 0;
-        drop(state);
-        if wake {
-            self.shared.work.notify_one();
-        }
     }
 }
 

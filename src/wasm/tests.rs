@@ -1351,3 +1351,309 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<
     })
     .await
 }
+
+/// A module whose only imports are `import` (WAT text of one import line).
+fn importing(import: &str) -> Vec<u8> {
+    wat(&format!(
+        r#"(module {import} (memory (export "memory") 1) (func (export "_start")))"#
+    ))
+}
+
+/// A module runs on its caller's thread only when it can neither wait nor
+/// act outside its own store: WASI streams, env, clocks, randomness and the
+/// `caller` and `log` imports; never with a sleep, KV, publish or nested call.
+#[test]
+fn only_pure_modules_may_run_on_the_callers_thread() {
+    let (engine, _dir) = engine();
+    assert!(engine.compile(ECHO).unwrap().runs_here(), "the C echo");
+    assert!(engine.compile(&wat(INFINITE_LOOP)).unwrap().runs_here());
+    for pure in [
+        r#"(import "meshgate" "log" (func (param i32 i32 i32) (result i32)))"#,
+        r#"(import "meshgate" "caller" (func (param i32 i32) (result i64)))"#,
+        r#"(import "wasi_snapshot_preview1" "random_get" (func (param i32 i32) (result i32)))"#,
+    ] {
+        assert!(
+            engine.compile(&importing(pure)).unwrap().runs_here(),
+            "{pure}"
+        );
+    }
+    for impure in [
+        r#"(import "wasi_snapshot_preview1" "poll_oneoff" (func (param i32 i32 i32 i32) (result i32)))"#,
+        r#"(import "meshgate" "kv_get" (func (param i32 i32 i32 i32) (result i64)))"#,
+        r#"(import "meshgate" "kv_put" (func (param i32 i32 i32 i32) (result i32)))"#,
+        r#"(import "meshgate" "kv_delete" (func (param i32 i32) (result i32)))"#,
+        r#"(import "meshgate" "publish" (func (param i32 i32 i32 i32) (result i32)))"#,
+        r#"(import "meshgate" "invoke" (func (param i32 i32 i32 i32 i32 i32) (result i64)))"#,
+    ] {
+        assert!(
+            !engine.compile(&importing(impure)).unwrap().runs_here(),
+            "{impure}"
+        );
+    }
+}
+
+/// With the one worker busy with namespace `other`, a pure call of `ns` is
+/// answered at its first poll (it ran on this thread) while a pure call of
+/// `other` (which holds every worker) is not; a call of `ns` that puts a KV
+/// key waits for the worker, and while it waits a pure call queues behind it
+/// instead of overtaking it.
+#[test]
+fn a_pure_call_runs_on_the_callers_thread_unless_a_call_waits() {
+    use futures_util::FutureExt;
+    let mut cfg = config(1, 16, 4);
+    cfg.spare_workers = 0;
+    let (engine, _dir) = engine_with(cfg);
+    let looping = engine.compile(&wat(INFINITE_LOOP)).unwrap();
+    let blocker = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut c = Invocation::new("other", "f", Vec::new());
+            c.timeout = Duration::from_secs(3);
+            rt.block_on(engine.invoke(looping, c, Arc::new(FakeHost::default())))
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.stats().busy == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let echo = engine.compile(ECHO).unwrap();
+    let host: Arc<dyn HostApi> = Arc::new(FakeHost::default());
+    let out = engine
+        .invoke_here(echo.clone(), call(b"hi"), host.clone())
+        .now_or_never()
+        .expect("answered at the first poll")
+        .unwrap();
+    assert_eq!(out.stdout, b"hi");
+    let other = Invocation::new("other", "f", b"hi".to_vec());
+    assert!(
+        engine
+            .invoke_here(echo.clone(), other, host.clone())
+            .now_or_never()
+            .is_none(),
+        "a namespace holding every worker does not also run here"
+    );
+
+    let put = engine
+        .compile(&wat(r#"(module
+          (import "meshgate" "kv_put" (func $put (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (data (i32.const 0) "k")
+          (func (export "_start") (drop (call $put (i32.const 0) (i32.const 1) (i32.const 0) (i32.const 1)))))"#))
+        .unwrap();
+    let mut waiting = Box::pin(engine.invoke_here(put, call(b""), host.clone()));
+    assert!(
+        (&mut waiting).now_or_never().is_none(),
+        "a KV call waits for the worker"
+    );
+    // It and `other`'s call (dropped, but waiting until a worker finds its
+    // caller gone).
+    assert_eq!(engine.stats().queued, 2);
+    assert!(
+        engine
+            .invoke_here(echo, call(b"hi"), host)
+            .now_or_never()
+            .is_none(),
+        "a pure call does not overtake a waiting one"
+    );
+    drop(waiting);
+    assert_eq!(blocker.join().unwrap().unwrap_err(), WasmError::Timeout);
+}
+
+/// A pure guest that outlasts the budget on the caller's thread is stopped
+/// and runs again from the start on the pool: one answer, one set of log
+/// lines (the stopped run's are dropped). After three such runs in a row the
+/// module runs on the pool only.
+#[test]
+fn a_pure_call_over_its_budget_runs_again_on_the_pool_and_shows_once() {
+    let (engine, _dir) = engine();
+    let slow = engine
+        .compile(&wat(r#"(module
+          (import "meshgate" "log" (func $log (param i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (data (i32.const 64) "started")
+          (data (i32.const 80) "done")
+          (func (export "_start") (local i32)
+            (drop (call $log (i32.const 1) (i32.const 64) (i32.const 7)))
+            (loop (local.set 0 (i32.add (local.get 0) (i32.const 1)))
+                  (br_if 0 (i32.lt_u (local.get 0) (i32.const 150000000))))
+            (i32.store (i32.const 0) (i32.const 80))
+            (i32.store (i32.const 4) (i32.const 4))
+            (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#))
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let host: Arc<dyn HostApi> = Arc::new(FakeHost::default());
+    for run in 1..=3u32 {
+        assert!(slow.runs_here(), "run {run} starts on this thread");
+        let out = rt
+            .block_on(engine.invoke_here(slow.clone(), call(b""), host.clone()))
+            .unwrap();
+        assert_eq!(out.stdout, b"done");
+        let logs: Vec<&str> = out.logs.iter().map(|l| l.message.as_str()).collect();
+        assert_eq!(logs, ["started"], "run {run}: the stopped run left no line");
+        assert_eq!(slow.here_misses(), run);
+    }
+    assert!(
+        !slow.runs_here(),
+        "three runs over the budget: the pool only"
+    );
+}
+
+/// What our WASI preview 1 answers: stdin read to its end, env strings,
+/// a closed stdout refusing writes (EBADF), an iovec outside memory
+/// (EFAULT), the realtime clock near the host's, randomness filled, a
+/// stream that cannot seek (ESPIPE), the CPU clocks refused (EBADF), and a
+/// sleep of 1 ms that ends.
+#[tokio::test]
+async fn wasi_preview1_answers() {
+    let (engine, _dir) = engine();
+    let m = engine
+        .compile(&wat(r#"(module
+          (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "fd_close" (func $close (param i32) (result i32)))
+          (import "wasi_snapshot_preview1" "fd_seek" (func $seek (param i32 i64 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "environ_get" (func $env (param i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "clock_time_get" (func $clock (param i32 i64 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+          (import "meshgate" "kv_put" (func $put (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (data (i32.const 0) "res")
+          (func $word (param $at i32) (param $v i32)
+            (i32.store (i32.add (i32.const 1024) (i32.mul (local.get $at) (i32.const 4))) (local.get $v)))
+          (func (export "_start")
+            ;; stdin: two reads of 4 bytes into 2000.., then one that finds the end
+            (i32.store (i32.const 100) (i32.const 2000))
+            (i32.store (i32.const 104) (i32.const 4))
+            (call $word (i32.const 0) (call $read (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))
+            (call $word (i32.const 1) (i32.load (i32.const 200)))
+            (i32.store (i32.const 100) (i32.const 2004))
+            (drop (call $read (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))
+            (call $word (i32.const 2) (i32.load (i32.const 200)))
+            (drop (call $read (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))
+            (call $word (i32.const 3) (i32.load (i32.const 200)))
+            ;; env: pointers at 300.., strings at 3000..
+            (call $word (i32.const 4) (call $env (i32.const 300) (i32.const 3000)))
+            (call $word (i32.const 5) (i32.sub (i32.load (i32.const 304)) (i32.load (i32.const 300))))
+            ;; an iovec pointing past memory: EFAULT
+            (i32.store (i32.const 100) (i32.const 65530))
+            (i32.store (i32.const 104) (i32.const 100))
+            (call $word (i32.const 6) (call $write (i32.const 1) (i32.const 100) (i32.const 1) (i32.const 200)))
+            ;; close stdout, then write to it: EBADF; close it again: EBADF
+            (call $word (i32.const 7) (call $close (i32.const 1)))
+            (i32.store (i32.const 100) (i32.const 2000))
+            (i32.store (i32.const 104) (i32.const 4))
+            (call $word (i32.const 8) (call $write (i32.const 1) (i32.const 100) (i32.const 1) (i32.const 200)))
+            (call $word (i32.const 9) (call $close (i32.const 1)))
+            ;; seek on stdin: ESPIPE; on fd 9: EBADF
+            (call $word (i32.const 10) (call $seek (i32.const 0) (i64.const 0) (i32.const 0) (i32.const 200)))
+            (call $word (i32.const 11) (call $seek (i32.const 9) (i64.const 0) (i32.const 0) (i32.const 200)))
+            ;; realtime clock, in seconds, at 400; the process CPU clock: EBADF
+            (call $word (i32.const 12) (call $clock (i32.const 0) (i64.const 1) (i32.const 400)))
+            (call $word (i32.const 13) (i32.wrap_i64 (i64.div_u (i64.load (i32.const 400)) (i64.const 1000000000))))
+            (call $word (i32.const 14) (call $clock (i32.const 2) (i64.const 1) (i32.const 400)))
+            ;; 64 random bytes at 500: any word not zero
+            (call $word (i32.const 15) (call $random (i32.const 500) (i32.const 64)))
+            (call $word (i32.const 16) (i32.or (i32.or (i64.ne (i64.load (i32.const 500)) (i64.const 0))
+                                                       (i64.ne (i64.load (i32.const 508)) (i64.const 0)))
+                                              (i64.ne (i64.load (i32.const 516)) (i64.const 0))))
+            ;; one clock subscription of 1 ms (relative) at 600, event at 700
+            (i64.store (i32.const 600) (i64.const 42))
+            (i32.store8 (i32.const 608) (i32.const 0))
+            (i32.store (i32.const 616) (i32.const 1))
+            (i64.store (i32.const 624) (i64.const 1000000))
+            (i64.store (i32.const 632) (i64.const 0))
+            (i32.store16 (i32.const 640) (i32.const 0))
+            (call $word (i32.const 17) (call $poll (i32.const 600) (i32.const 700) (i32.const 1) (i32.const 800)))
+            (call $word (i32.const 18) (i32.load (i32.const 800)))
+            (call $word (i32.const 19) (i32.wrap_i64 (i64.load (i32.const 700))))
+            ;; stdin bytes as read
+            (call $word (i32.const 20) (i32.load (i32.const 2000)))
+            (call $word (i32.const 21) (i32.load (i32.const 2004)))
+            (drop (call $put (i32.const 0) (i32.const 3) (i32.const 1024) (i32.const 88)))))"#))
+        .unwrap();
+    let host = Arc::new(FakeHost::default());
+    let mut c = call(b"abcdefg");
+    c.env = vec![("A".into(), "1".into()), ("B".into(), "22".into())];
+    run(&engine, &m, c, host.clone()).await.unwrap();
+    let v = host.get("res").unwrap();
+    let word = |i: usize| u32::from_le_bytes(v[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!(
+        (word(0), word(1), word(2), word(3)),
+        (0, 4, 3, 0),
+        "stdin: 4, 3, then the end"
+    );
+    assert_eq!(word(20), u32::from_le_bytes(*b"abcd"));
+    assert_eq!(word(21) & 0x00ff_ffff, u32::from_le_bytes(*b"efg\0"));
+    assert_eq!(
+        (word(4), word(5)),
+        (0, "A=1\0".len() as u32),
+        "env strings packed in order"
+    );
+    assert_eq!(word(6), 21, "an iovec past memory: EFAULT");
+    assert_eq!(
+        (word(7), word(8), word(9)),
+        (0, 8, 8),
+        "closed stdout: EBADF"
+    );
+    assert_eq!(
+        (word(10), word(11)),
+        (70, 8),
+        "seek: ESPIPE on a stream, EBADF elsewhere"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as u32;
+    assert_eq!(word(12), 0);
+    assert!(
+        word(13).abs_diff(now) <= 5,
+        "realtime clock {} vs {now}",
+        word(13)
+    );
+    assert_eq!(word(14), 8, "process CPU clock: EBADF");
+    assert_eq!((word(15), word(16)), (0, 1), "random bytes filled");
+    assert_eq!(
+        (word(17), word(18), word(19)),
+        (0, 1, 42),
+        "the sleep's one event"
+    );
+}
+
+/// A sleep past the call's deadline ends the call as timed out at the
+/// deadline, not after the sleep.
+#[tokio::test]
+async fn a_sleep_past_the_deadline_times_out() {
+    let (engine, _dir) = engine();
+    let m = engine
+        .compile(&wat(r#"(module
+          (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (func (export "_start")
+            (i32.store8 (i32.const 8) (i32.const 0))
+            (i32.store (i32.const 16) (i32.const 1))
+            (i64.store (i32.const 24) (i64.const 60000000000))
+            (drop (call $poll (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))))"#))
+        .unwrap();
+    let mut c = call(b"");
+    c.timeout = Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let err = run(&engine, &m, c, Arc::default()).await.unwrap_err();
+    assert_eq!(err, WasmError::Timeout);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "slept the whole minute"
+    );
+}

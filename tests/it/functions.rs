@@ -911,3 +911,58 @@ fn claims_provider_adds_custom_claims() {
         200
     );
 }
+
+/// A pure guest (only stdout and the `log` import) that runs longer than
+/// the budget of a call on the request's thread: it writes a log line,
+/// loops a while, then answers. Through the node it answers once, its call
+/// record holds the one line (the stopped run on the request thread left
+/// nothing), and the node answers other requests meanwhile.
+const SLOW_PURE: &str = r#"(module
+  (import "meshgate" "log" (func $log (param i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 64) "started")
+  (data (i32.const 80) "done")
+  (func (export "_start") (local i32)
+    (drop (call $log (i32.const 1) (i32.const 64) (i32.const 7)))
+    (loop (local.set 0 (i32.add (local.get 0) (i32.const 1)))
+          (br_if 0 (i32.lt_u (local.get 0) (i32.const 150000000))))
+    (i32.store (i32.const 0) (i32.const 80))
+    (i32.store (i32.const 4) (i32.const 4))
+    (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
+#[test]
+fn a_slow_pure_function_answers_once_with_one_set_of_logs() {
+    let node = start("");
+    let key = node.create_namespace("fpure");
+    deploy(&node, &key, "slow", SLOW_PURE.as_bytes(), &[]);
+    let caller = std::thread::spawn({
+        let url = node.url("/v1/functions/slow/invoke");
+        let auth = format!("Bearer {key}");
+        move || http("POST", &url, &[("authorization", &auth)], Some(b""))
+    });
+    // While the guest runs, the node serves another request.
+    assert_eq!(http("GET", &node.url("/livez"), &[], None).0, 200);
+    let (s, _, b) = caller.join().unwrap();
+    assert_eq!(
+        (s, b.as_slice()),
+        (200, &b"done"[..]),
+        "{}",
+        String::from_utf8_lossy(&b)
+    );
+    let mut records = Vec::new();
+    wait_until(Duration::from_secs(10), "the call's record", || {
+        let (s, b) = node.with_key(&key, "GET", "/v1/functions/slow/logs", None);
+        assert_eq!(s, 200);
+        records = json(&b)["logs"].as_array().unwrap().clone();
+        !records.is_empty()
+    });
+    assert_eq!(records.len(), 1, "one call, one record: {records:?}");
+    let lines: Vec<&str> = records[0]["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(lines, ["started"]);
+}

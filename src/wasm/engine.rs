@@ -35,8 +35,12 @@ const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 /// is stopped and run again on the pool: at least one whole tick (5 ms at
 /// the default), at most two.
 const HERE_BUDGET_TICKS: u64 = 2;
-/// Runs in a row over the budget after which a module runs on the pool only.
+/// Long runs in a row after which a module's calls go to the pool.
 const HERE_STRIKES: u32 = 3;
+/// A run longer than this is long: a guest that takes it is work for the
+/// pool (its fair share, its lower priority), not for a request thread
+/// (about ten times a chain request's own CPU).
+const HERE_MAX_RUN: Duration = Duration::from_micros(200);
 /// Largest input run on the caller's thread (a run that must start again
 /// keeps its input; larger calls go to the pool at once).
 const HERE_MAX_INPUT: usize = 64 << 10;
@@ -165,17 +169,17 @@ pub struct CompiledModule {
     entry: ModuleExport,
     /// SHA-256 of the module's bytes (its blob key and cache name).
     sha256: [u8; 32],
-    /// Whether a call may run speculatively on its caller's thread
-    /// ([`WasmEngine::invoke_here`]): the module imports nothing that waits
-    /// or acts outside its own store (no sleep, no KV, publish or nested
-    /// call), so a run cut short leaves no trace and can start again on the
-    /// pool. Cleared for good after [`HERE_STRIKES`] runs in a row
-    /// outlasted [`HERE_BUDGET_TICKS`].
-    here: AtomicBool,
-    /// Runs on the caller's thread in a row that outlasted the budget (a
-    /// thread descheduled for a while on a busy machine looks the same once,
-    /// a long guest every time).
-    here_misses: AtomicU32,
+    /// Whether the module imports nothing that waits or acts outside its
+    /// own store (no sleep, no KV, publish or nested call): a run of it cut
+    /// short leaves no trace and can start again elsewhere, so a call may
+    /// run on its caller's thread ([`WasmEngine::invoke_here`]).
+    pure: bool,
+    /// Its last runs in a row (wherever they ran) that took longer than
+    /// [`HERE_MAX_RUN`] or were stopped at the budget; from
+    /// [`HERE_STRIKES`] on, calls go to the pool until a run there is short
+    /// again. One slow run is a thread descheduled on a busy machine as
+    /// often as a long guest; a long guest is slow every time.
+    long_runs: AtomicU32,
 }
 
 impl CompiledModule {
@@ -189,16 +193,36 @@ impl CompiledModule {
         hex::encode(self.sha256)
     }
 
-    /// Whether a call may still run on its caller's thread.
-    #[cfg(test)]
+    /// Whether a call may run on its caller's thread now.
     pub(crate) fn runs_here(&self) -> bool {
-        self.here.load(Ordering::Relaxed)
+        self.pure && self.long_runs.load(Ordering::Relaxed) < HERE_STRIKES
     }
 
-    /// Runs on the caller's thread in a row that were over the budget.
+    /// The last runs in a row that were long (see `long_runs`).
     #[cfg(test)]
-    pub(crate) fn here_misses(&self) -> u32 {
-        self.here_misses.load(Ordering::Relaxed)
+    pub(crate) fn long_runs(&self) -> u32 {
+        self.long_runs.load(Ordering::Relaxed)
+    }
+
+    /// Notes how long a run took (None: stopped at a budget or a deadline).
+    fn note_run(&self, took: Option<Duration>) {
+        if !self.pure {
+            return;
+        }
+        match took {
+            Some(d) if d <= HERE_MAX_RUN => {
+                if self.long_runs.load(Ordering::Relaxed) != 0 {
+                    self.long_runs.store(0, Ordering::Relaxed);
+                }
+            }
+            _ => {
+                let _ = self
+                    .long_runs
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        Some(n.saturating_add(1))
+                    });
+            }
+        }
     }
 }
 
@@ -435,7 +459,7 @@ impl WasmEngine {
             // Only modules that passed every check reach the cache.
             inner.cache.store(&module, &sha256);
         }
-        let here = module.imports().all(|i| match i.module() {
+        let pure = module.imports().all(|i| match i.module() {
             "meshgate" => HERE_IMPORTS.contains(&i.name()),
             m if m == super::wasi::MODULE => !super::wasi::BLOCKING.contains(&i.name()),
             _ => false,
@@ -444,8 +468,8 @@ impl WasmEngine {
             pre,
             entry,
             sha256,
-            here: AtomicBool::new(here),
-            here_misses: AtomicU32::new(0),
+            pure,
+            long_runs: AtomicU32::new(0),
         }))
     }
 
@@ -461,6 +485,7 @@ impl WasmEngine {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let runtime = self.inner.runtime.clone();
         let namespace = call.namespace.clone();
+        let module_ref = module.clone();
         let job = Box::new(move |admitted: Result<()>| {
             if let Err(refused) = admitted {
                 let _ = tx.send(Err(refused));
@@ -473,21 +498,31 @@ impl WasmEngine {
             let _ = tx.send(execute(&runtime, &module, call, host, None));
         });
         self.inner.pool.submit(&namespace, job)?;
-        rx.await
-            .map_err(|_| WasmError::Internal("the WASM worker dropped the invocation".into()))?
+        let out = rx
+            .await
+            .map_err(|_| WasmError::Internal("the WASM worker dropped the invocation".into()))?;
+        match &out {
+            Ok(o) => module_ref.note_run(Some(o.duration)),
+            Err(WasmError::Timeout) => module_ref.note_run(None),
+            Err(_) => {}
+        }
+        out
     }
 
     /// Runs `call` on this thread when that is safe and cheap, else on the
     /// pool as [`WasmEngine::invoke`]. On this thread: the module waits on
-    /// nothing and acts on nothing outside its store (`CompiledModule::here`),
+    /// nothing and acts on nothing outside its store (`CompiledModule::pure`)
+    /// and its last runs were short (`CompiledModule::long_runs`),
     /// nothing waits for a pool worker (so no queued call is overtaken; the
     /// run counts as the namespace's for the fair share), and the input is
     /// at most [`HERE_MAX_INPUT`]. The run gets [`HERE_BUDGET_TICKS`]; a guest
     /// still running then is stopped, which nobody can observe (no effect
     /// left the store, its output is dropped), and runs again from the start
-    /// on the pool; after [`HERE_STRIKES`] such runs in a row the module runs
-    /// there from then on. A request thread thus never runs a guest longer
-    /// than two ticks, and a short pure function costs no thread hop.
+    /// on the pool. A module whose runs take longer than [`HERE_MAX_RUN`]
+    /// [`HERE_STRIKES`] times in a row runs on the pool until a run there is
+    /// short again. A request thread thus never runs a guest longer than two
+    /// ticks, runs a long one a few times at most, and a short pure function
+    /// costs no thread hop.
     pub async fn invoke_here(
         &self,
         module: Arc<CompiledModule>,
@@ -508,7 +543,7 @@ impl WasmEngine {
         call: Invocation,
         host: &Arc<dyn HostApi>,
     ) -> std::result::Result<Result<InvokeOutput>, Invocation> {
-        if !module.here.load(Ordering::Relaxed) || call.input.len() > HERE_MAX_INPUT {
+        if !module.runs_here() || call.input.len() > HERE_MAX_INPUT {
             return Err(call);
         }
         let Some(_hold) = self.inner.pool.try_hold(&call.namespace) else {
@@ -516,15 +551,15 @@ impl WasmEngine {
         };
         match run(&self.inner.runtime, module, call, host.clone(), None, true) {
             Ran::Done(out) => {
-                if module.here_misses.load(Ordering::Relaxed) != 0 {
-                    module.here_misses.store(0, Ordering::Relaxed);
+                match &out {
+                    Ok(o) => module.note_run(Some(o.duration)),
+                    Err(WasmError::Timeout) => module.note_run(None),
+                    Err(_) => {}
                 }
                 Ok(out)
             }
             Ran::OverBudget(call) => {
-                if module.here_misses.fetch_add(1, Ordering::Relaxed) + 1 >= HERE_STRIKES {
-                    module.here.store(false, Ordering::Relaxed);
-                }
+                module.note_run(None);
                 Err(call)
             }
         }

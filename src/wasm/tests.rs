@@ -1469,22 +1469,30 @@ fn a_pure_call_runs_on_the_callers_thread_unless_a_call_waits() {
 
 /// A pure guest that outlasts the budget on the caller's thread is stopped
 /// and runs again from the start on the pool: one answer, one set of log
-/// lines (the stopped run's are dropped). After three such runs in a row the
-/// module runs on the pool only.
+/// lines (the stopped run's are dropped). A module slow three runs in a row
+/// goes to the pool, and comes back once a run there is short. The guest
+/// loops a million times per the value of its input's first byte.
 #[test]
 fn a_pure_call_over_its_budget_runs_again_on_the_pool_and_shows_once() {
     let (engine, _dir) = engine();
     let slow = engine
         .compile(&wat(r#"(module
           (import "meshgate" "log" (func $log (param i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "fd_read" (func $r (param i32 i32 i32 i32) (result i32)))
           (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
           (memory (export "memory") 1)
           (data (i32.const 64) "started")
           (data (i32.const 80) "done")
-          (func (export "_start") (local i32)
+          (func (export "_start") (local i32) (local $n i32)
             (drop (call $log (i32.const 1) (i32.const 64) (i32.const 7)))
-            (loop (local.set 0 (i32.add (local.get 0) (i32.const 1)))
-                  (br_if 0 (i32.lt_u (local.get 0) (i32.const 150000000))))
+            (i32.store (i32.const 0) (i32.const 200))
+            (i32.store (i32.const 4) (i32.const 1))
+            (drop (call $r (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
+            (local.set $n (i32.mul (i32.load8_u (i32.const 200)) (i32.const 1000000)))
+            (block $end (loop
+              (br_if $end (i32.ge_u (local.get 0) (local.get $n)))
+              (local.set 0 (i32.add (local.get 0) (i32.const 1)))
+              (br 0)))
             (i32.store (i32.const 0) (i32.const 80))
             (i32.store (i32.const 4) (i32.const 4))
             (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#))
@@ -1494,20 +1502,26 @@ fn a_pure_call_over_its_budget_runs_again_on_the_pool_and_shows_once() {
         .build()
         .unwrap();
     let host: Arc<dyn HostApi> = Arc::new(FakeHost::default());
-    for run in 1..=3u32 {
-        assert!(slow.runs_here(), "run {run} starts on this thread");
+    let go = |input: &[u8]| {
         let out = rt
-            .block_on(engine.invoke_here(slow.clone(), call(b""), host.clone()))
+            .block_on(engine.invoke_here(slow.clone(), call(input), host.clone()))
             .unwrap();
         assert_eq!(out.stdout, b"done");
         let logs: Vec<&str> = out.logs.iter().map(|l| l.message.as_str()).collect();
-        assert_eq!(logs, ["started"], "run {run}: the stopped run left no line");
-        assert_eq!(slow.here_misses(), run);
-    }
-    assert!(
-        !slow.runs_here(),
-        "three runs over the budget: the pool only"
-    );
+        assert_eq!(logs, ["started"], "the stopped run left no line");
+    };
+    // 150 million turns: far past two 5 ms ticks.
+    assert!(slow.runs_here());
+    go(&[150]);
+    assert_eq!(slow.long_runs(), 2, "stopped here, then long on the pool");
+    assert!(slow.runs_here());
+    go(&[150]);
+    assert_eq!(slow.long_runs(), 4);
+    assert!(!slow.runs_here(), "slow three times in a row: the pool");
+    // A short run (on the pool) brings it back.
+    go(&[0]);
+    assert_eq!(slow.long_runs(), 0);
+    assert!(slow.runs_here());
 }
 
 /// What our WASI preview 1 answers: stdin read to its end, env strings,

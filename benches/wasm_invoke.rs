@@ -189,6 +189,18 @@ fn echo(c: &mut Criterion) {
     let mut group = c.benchmark_group("echo_invoke");
     group.bench_function("raw_wasmtime", |b| b.iter(|| raw_echo(&raw_engine, &pre)));
     bench_inline(&mut group, &engine, &module, &call, &host);
+    // What an HTTP invoke runs: the call on the caller's thread, through the
+    // pool's count (`WasmEngine::invoke_here`).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    group.bench_function("engine_here", |b| {
+        b.iter(|| {
+            rt.block_on(engine.invoke_here(module.clone(), call.clone(), host.clone()))
+                .expect("invoke")
+        })
+    });
     group.finish();
 }
 

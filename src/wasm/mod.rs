@@ -8,6 +8,8 @@
 //!
 //! - `engine`: [`WasmEngine`], compilation and running one invocation.
 //! - `host`: [`HostApi`], the `meshgate` imports and the store state.
+//! - `wasi`: WASI preview 1 as a function's sandbox offers it (stdio, env,
+//!   clocks, randomness, a bounded sleep; no file or socket).
 //! - `pool`: the worker threads and the per-namespace queues (fair share).
 //! - `cache`: compiled artifacts on disk.
 //! - `limits`: the fixed limits and the resource limiter.

@@ -1518,9 +1518,16 @@ fn a_pure_call_over_its_budget_runs_again_on_the_pool_and_shows_once() {
     go(&[150]);
     assert_eq!(slow.long_runs(), 4);
     assert!(!slow.runs_here(), "slow three times in a row: the pool");
-    // A short run (on the pool) brings it back.
-    go(&[0]);
-    assert_eq!(slow.long_runs(), 0);
+    // A short run (on the pool) brings it back. A run of nothing is short
+    // unless this thread is descheduled meanwhile (a loaded machine), so
+    // one of a few tries is.
+    for _ in 0..50 {
+        go(&[0]);
+        if slow.long_runs() == 0 {
+            break;
+        }
+    }
+    assert_eq!(slow.long_runs(), 0, "no short run in 50");
     assert!(slow.runs_here());
 }
 

@@ -204,6 +204,16 @@ impl CompiledModule {
         self.long_runs.load(Ordering::Relaxed)
     }
 
+    /// Notes how a run ended: its length when it answered, long when it
+    /// was stopped at its deadline; other failures say nothing of length.
+    fn note_outcome(&self, out: &Result<InvokeOutput>) {
+        match out {
+            Ok(o) => self.note_run(Some(o.duration)),
+            Err(WasmError::Timeout) => self.note_run(None),
+            Err(_) => {}
+        }
+    }
+
     /// Notes how long a run took (None: stopped at a budget or a deadline).
     fn note_run(&self, took: Option<Duration>) {
         if !self.pure {
@@ -501,11 +511,7 @@ impl WasmEngine {
         let out = rx
             .await
             .map_err(|_| WasmError::Internal("the WASM worker dropped the invocation".into()))?;
-        match &out {
-            Ok(o) => module_ref.note_run(Some(o.duration)),
-            Err(WasmError::Timeout) => module_ref.note_run(None),
-            Err(_) => {}
-        }
+        module_ref.note_outcome(&out);
         out
     }
 
@@ -551,11 +557,7 @@ impl WasmEngine {
         };
         match run(&self.inner.runtime, module, call, host.clone(), None, true) {
             Ran::Done(out) => {
-                match &out {
-                    Ok(o) => module.note_run(Some(o.duration)),
-                    Err(WasmError::Timeout) => module.note_run(None),
-                    Err(_) => {}
-                }
+                module.note_outcome(&out);
                 Ok(out)
             }
             Ran::OverBudget(call) => {

@@ -1352,6 +1352,22 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<
     .await
 }
 
+/// A guest that sleeps `secs` seconds: one relative clock subscription of
+/// the monotonic clock through `poll_oneoff` (its event at 100, the count
+/// at 200).
+fn sleeper(secs: u64) -> Vec<u8> {
+    let nanos = secs * 1_000_000_000;
+    wat(&format!(
+        r#"(module
+          (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (func (export "_start")
+            (i32.store (i32.const 16) (i32.const 1))
+            (i64.store (i32.const 24) (i64.const {nanos}))
+            (drop (call $poll (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))))"#
+    ))
+}
+
 /// A module whose only imports are `import` (WAT text of one import line).
 fn importing(import: &str) -> Vec<u8> {
     wat(&format!(
@@ -1405,15 +1421,7 @@ fn a_pure_call_runs_on_the_callers_thread_unless_a_call_waits() {
     let (engine, _dir) = engine_with(cfg);
     // The worker sleeps (no CPU) until its 30 s deadline: the asserts below
     // run while it holds the worker, however slow the machine.
-    let sleeping = engine
-        .compile(&wat(r#"(module
-          (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
-          (memory (export "memory") 1)
-          (func (export "_start")
-            (i32.store (i32.const 16) (i32.const 1))
-            (i64.store (i32.const 24) (i64.const 600000000000))
-            (drop (call $poll (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))))"#))
-        .unwrap();
+    let sleeping = engine.compile(&sleeper(600)).unwrap();
     let blocker = {
         let engine = engine.clone();
         std::thread::spawn(move || {
@@ -1669,16 +1677,7 @@ async fn wasi_preview1_answers() {
 #[tokio::test]
 async fn a_sleep_past_the_deadline_times_out() {
     let (engine, _dir) = engine();
-    let m = engine
-        .compile(&wat(r#"(module
-          (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
-          (memory (export "memory") 1)
-          (func (export "_start")
-            (i32.store8 (i32.const 8) (i32.const 0))
-            (i32.store (i32.const 16) (i32.const 1))
-            (i64.store (i32.const 24) (i64.const 60000000000))
-            (drop (call $poll (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))))"#))
-        .unwrap();
+    let m = engine.compile(&sleeper(60)).unwrap();
     let mut c = call(b"");
     c.timeout = Duration::from_millis(200);
     let started = std::time::Instant::now();

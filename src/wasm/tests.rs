@@ -1688,3 +1688,49 @@ async fn a_sleep_past_the_deadline_times_out() {
         "slept the whole minute"
     );
 }
+
+/// A host call is not stopped by the deadline, so our WASI bounds each
+/// call's work against a hostile guest: 2,000 iovecs are refused (EINVAL,
+/// past POSIX's 1,024), a 100 KiB stderr write takes 64 KiB (a partial
+/// write, as a pipe's), and 2 MiB of randomness in one call is refused
+/// while 1 MiB is filled.
+#[tokio::test]
+async fn wasi_bounds_each_calls_work() {
+    let (engine, _dir) = engine();
+    let m = engine
+        .compile(&wat(r#"(module
+          (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+          (import "meshgate" "kv_put" (func $put (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 40)
+          (data (i32.const 0) "res")
+          (func $word (param $at i32) (param $v i32)
+            (i32.store (i32.add (i32.const 1024) (i32.mul (local.get $at) (i32.const 4))) (local.get $v)))
+          (func (export "_start")
+            (i32.store (i32.const 100) (i32.const 4096))
+            (i32.store (i32.const 104) (i32.const 102400))
+            (call $word (i32.const 0) (call $write (i32.const 2) (i32.const 100) (i32.const 1) (i32.const 200)))
+            (call $word (i32.const 1) (i32.load (i32.const 200)))
+            (call $word (i32.const 2) (call $write (i32.const 2) (i32.const 100) (i32.const 2000) (i32.const 200)))
+            (call $word (i32.const 3) (call $read (i32.const 0) (i32.const 100) (i32.const 2000) (i32.const 200)))
+            (call $word (i32.const 4) (call $random (i32.const 65536) (i32.const 2097152)))
+            (call $word (i32.const 5) (call $random (i32.const 65536) (i32.const 1048576)))
+            (drop (call $put (i32.const 0) (i32.const 3) (i32.const 1024) (i32.const 24)))))"#))
+        .unwrap();
+    let host = Arc::new(FakeHost::default());
+    run(&engine, &m, call(b""), host.clone()).await.unwrap();
+    let v = host.get("res").unwrap();
+    let word = |i: usize| u32::from_le_bytes(v[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!(
+        (word(0), word(1)),
+        (0, 64 << 10),
+        "stderr: 64 KiB of 100 taken"
+    );
+    assert_eq!((word(2), word(3)), (28, 28), "2,000 iovecs: EINVAL");
+    assert_eq!(
+        (word(4), word(5)),
+        (28, 0),
+        "2 MiB of randomness refused, 1 MiB filled"
+    );
+}

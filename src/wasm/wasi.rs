@@ -41,6 +41,17 @@ const EINVAL: i32 = 28;
 const ENOSYS: i32 = 52;
 const ESPIPE: i32 = 70;
 
+/// Most iovecs in one `fd_read`/`fd_write` (POSIX's `IOV_MAX`), and most
+/// subscriptions in one `poll_oneoff`: past it `EINVAL`. A guest's memory
+/// could hold millions, each a host allocation.
+const MAX_VECTORS: usize = 1024;
+/// Most stderr bytes one `fd_write` takes (a partial write, as a pipe's;
+/// libc writes the rest in its next call): a host call is not interrupted
+/// by the deadline, so its work is bounded.
+const MAX_STDERR_PER_CALL: usize = 64 << 10;
+/// Most bytes one `random_get` fills (`EINVAL` past it), for the same reason.
+const MAX_RANDOM_PER_CALL: usize = 1 << 20;
+
 /// `filetype::unknown`: stdio is a pipe, not a terminal (so libc buffers it).
 const FILETYPE_UNKNOWN: u8 = 0;
 /// `rights::fd_read`.
@@ -134,6 +145,9 @@ fn get_u64(mem: &[u8], at: usize) -> Result<u64, i32> {
 /// The (address, length) pairs of an iovec array, each checked against `mem`.
 fn iovecs(mem: &[u8], iovs: i32, count: i32) -> Result<Vec<std::ops::Range<usize>>, i32> {
     let count = count as u32 as usize;
+    if count > MAX_VECTORS {
+        return Err(EINVAL);
+    }
     // Each entry is 8 bytes: the whole array must lie in memory.
     span(mem, iovs as u32, count.checked_mul(8).ok_or(EFAULT)?).ok_or(EFAULT)?;
     (0..count)
@@ -190,17 +204,24 @@ fn fd_write(mut caller: Caller<'_, HostState>, fd: i32, iovs: i32, n: i32, nwrit
         }
         let mut total = 0usize;
         for r in iovecs(mem, iovs, n)? {
-            total += r.len();
             let bytes = &mem[r];
             if fd == 1 {
+                // Past the cap the bytes are dropped but counted as written
+                // (the call fails as OutputTooLarge when the guest ends).
                 let out = &mut st.stdio.stdout;
                 let room = (MAX_OUTPUT_BYTES + 1).saturating_sub(out.len());
                 out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                total = total.saturating_add(bytes.len());
             } else {
-                st.logs.lock().write_stderr(bytes);
+                let take = bytes.len().min(MAX_STDERR_PER_CALL - total);
+                st.logs.lock().write_stderr(&bytes[..take]);
+                total += take;
+                if total == MAX_STDERR_PER_CALL {
+                    break;
+                }
             }
         }
-        put_u32(mem, nwritten, total as u32)
+        put_u32(mem, nwritten, total.min(u32::MAX as usize) as u32)
     })
 }
 
@@ -356,6 +377,9 @@ fn clock_time_get(mut caller: Caller<'_, HostState>, id: i32, _precision: i64, o
 
 fn random_get(mut caller: Caller<'_, HostState>, buf: i32, len: i32) -> i32 {
     with_mem(&mut caller, |mem, _| {
+        if len as u32 as usize > MAX_RANDOM_PER_CALL {
+            return Err(EINVAL);
+        }
         let r = span(mem, buf as u32, len as u32 as usize).ok_or(EFAULT)?;
         use ring::rand::SecureRandom;
         ring::rand::SystemRandom::new()
@@ -453,7 +477,7 @@ fn poll_oneoff(
         return Ok(EFAULT);
     };
     let (mem, st) = m.data_and_store_mut(&mut caller);
-    if n == 0 {
+    if n == 0 || n as u32 as usize > MAX_VECTORS {
         return Ok(EINVAL);
     }
     let subs = match subscriptions(mem, subs, n as u32) {

@@ -77,8 +77,9 @@ pub struct Inner {
     pub slow_consumers_closed: IntCounter,
     /// Invocation records dropped because the invocation log's queue was full.
     pub invocation_records_dropped: IntCounter,
-    /// WASM workers running a guest (the three pool gauges are sampled
-    /// periodically by the functions service, not set per call).
+    /// WASM calls running a guest, on the pool or on request threads (the
+    /// three pool gauges are sampled periodically by the functions service,
+    /// not set per call).
     pub wasm_pool_busy: IntGauge,
     /// Invocations waiting for a free WASM worker.
     pub wasm_pool_queued: IntGauge,
@@ -299,7 +300,7 @@ impl Metrics {
                 .unwrap()
             ),
             wasm_pool_busy: reg!(
-                IntGauge::new("meshgate_wasm_pool_busy", "WASM workers running a guest").unwrap()
+                IntGauge::new("meshgate_wasm_pool_busy", "WASM calls running a guest (pool threads and request threads)").unwrap()
             ),
             wasm_pool_queued: reg!(
                 IntGauge::new(

@@ -42,7 +42,8 @@ use super::limits::WORKER_STACK_BYTES;
 pub struct PoolStats {
     /// Worker threads.
     pub workers: usize,
-    /// Workers running a guest now.
+    /// Calls running a guest now: on the workers, the spare threads, and
+    /// on their callers' threads (`Pool::try_hold`).
     pub busy: usize,
     /// Invocations waiting for a worker.
     pub queued: usize,

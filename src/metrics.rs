@@ -300,7 +300,11 @@ impl Metrics {
                 .unwrap()
             ),
             wasm_pool_busy: reg!(
-                IntGauge::new("meshgate_wasm_pool_busy", "WASM calls running a guest (pool threads and request threads)").unwrap()
+                IntGauge::new(
+                    "meshgate_wasm_pool_busy",
+                    "WASM calls running a guest (pool threads and request threads)"
+                )
+                .unwrap()
             ),
             wasm_pool_queued: reg!(
                 IntGauge::new(

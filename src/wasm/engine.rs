@@ -495,7 +495,6 @@ impl WasmEngine {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let runtime = self.inner.runtime.clone();
         let namespace = call.namespace.clone();
-        let module_ref = module.clone();
         let job = Box::new(move |admitted: Result<()>| {
             if let Err(refused) = admitted {
                 let _ = tx.send(Err(refused));
@@ -505,14 +504,13 @@ impl WasmEngine {
             if tx.is_closed() {
                 return;
             }
-            let _ = tx.send(execute(&runtime, &module, call, host, None));
+            let out = execute(&runtime, &module, call, host, None);
+            module.note_outcome(&out);
+            let _ = tx.send(out);
         });
         self.inner.pool.submit(&namespace, job)?;
-        let out = rx
-            .await
-            .map_err(|_| WasmError::Internal("the WASM worker dropped the invocation".into()))?;
-        module_ref.note_outcome(&out);
-        out
+        rx.await
+            .map_err(|_| WasmError::Internal("the WASM worker dropped the invocation".into()))?
     }
 
     /// Runs `call` on this thread when that is safe and cheap, else on the
@@ -656,8 +654,8 @@ fn run(
     }
     let mut ticks =
         deadline.saturating_duration_since(start).as_millis() as u64 / runtime.tick_ms + 1;
-    let over_budget = budget && ticks > HERE_BUDGET_TICKS;
-    if over_budget {
+    let budgeted = budget && ticks > HERE_BUDGET_TICKS;
+    if budgeted {
         ticks = HERE_BUDGET_TICKS;
     }
     let (function, version, memory_limit_mb, timeout) = (
@@ -679,7 +677,7 @@ fn run(
         }
     });
     let duration = start.elapsed();
-    if over_budget
+    if budgeted
         && let Err(e) = &outcome
         && e.downcast_ref::<Trap>() == Some(&Trap::Interrupt)
         && crate::util::mono_now() < deadline

@@ -214,7 +214,7 @@ pub(crate) fn build_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker
     Ok(linker)
 }
 
-fn guest_memory(caller: &mut Caller<'_, HostState>) -> Option<Memory> {
+pub(super) fn guest_memory(caller: &mut Caller<'_, HostState>) -> Option<Memory> {
     match caller.get_export("memory") {
         Some(Extern::Memory(m)) => Some(m),
         _ => None,

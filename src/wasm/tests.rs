@@ -1734,3 +1734,42 @@ async fn wasi_bounds_each_calls_work() {
         "2 MiB of randomness refused, 1 MiB filled"
     );
 }
+
+/// A guest that tries to reach the node's files or network through WASI
+/// gets EBADF for each: `path_open` of `/etc/passwd` from fd 3 (and from
+/// the stdin fd), a preopen's name, `sock_accept` on fd 3 and `sock_send`
+/// on stdout. There is no descriptor that names a file or a socket.
+#[tokio::test]
+async fn wasi_names_no_file_and_no_socket() {
+    let (engine, _dir) = engine();
+    let m = engine
+        .compile(&wat(r#"(module
+          (import "wasi_snapshot_preview1" "path_open" (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "fd_prestat_dir_name" (func $name (param i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "sock_accept" (func $accept (param i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "sock_send" (func $send (param i32 i32 i32 i32 i32) (result i32)))
+          (import "meshgate" "kv_put" (func $put (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (data (i32.const 0) "res")
+          (data (i32.const 64) "/etc/passwd")
+          (func $word (param $at i32) (param $v i32)
+            (i32.store (i32.add (i32.const 1024) (i32.mul (local.get $at) (i32.const 4))) (local.get $v)))
+          (func (export "_start")
+            (call $word (i32.const 0) (call $open (i32.const 3) (i32.const 0) (i32.const 64) (i32.const 11)
+              (i32.const 0) (i64.const -1) (i64.const -1) (i32.const 0) (i32.const 200)))
+            (call $word (i32.const 1) (call $open (i32.const 0) (i32.const 0) (i32.const 64) (i32.const 11)
+              (i32.const 0) (i64.const -1) (i64.const -1) (i32.const 0) (i32.const 200)))
+            (call $word (i32.const 2) (call $name (i32.const 3) (i32.const 300) (i32.const 64)))
+            (call $word (i32.const 3) (call $accept (i32.const 3) (i32.const 0) (i32.const 200)))
+            (call $word (i32.const 4) (call $send (i32.const 1) (i32.const 100) (i32.const 1) (i32.const 0) (i32.const 200)))
+            (drop (call $put (i32.const 0) (i32.const 3) (i32.const 1024) (i32.const 20)))))"#))
+        .unwrap();
+    let host = Arc::new(FakeHost::default());
+    run(&engine, &m, call(b""), host.clone()).await.unwrap();
+    let v = host.get("res").unwrap();
+    let words: Vec<u32> = v
+        .chunks(4)
+        .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    assert_eq!(words, [8, 8, 8, 8, 8], "every one EBADF");
+}

@@ -22,9 +22,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use wasmtime::{Caller, Extern, Linker, Trap};
+use wasmtime::{Caller, Linker, Trap};
 
-use super::host::HostState;
+use super::host::{HostState, guest_memory, guest_range};
 use super::limits::MAX_OUTPUT_BYTES;
 
 /// The module name of WASI preview 1's imports.
@@ -101,19 +101,11 @@ impl Stdio {
     }
 }
 
-/// The guest's exported memory, if it has one.
-fn memory(caller: &mut Caller<'_, HostState>) -> Option<wasmtime::Memory> {
-    match caller.get_export("memory") {
-        Some(Extern::Memory(m)) => Some(m),
-        _ => None,
-    }
-}
-
-/// `len` bytes at guest address `ptr`, if they lie inside `mem`.
+/// `len` bytes at guest address `ptr`, if they lie inside `mem`: the
+/// `meshgate` imports' bounds check ([`guest_range`]), for lengths counted
+/// on the host (a length past 32 bits is never inside).
 fn span(mem: &[u8], ptr: u32, len: usize) -> Option<std::ops::Range<usize>> {
-    let start = ptr as usize;
-    let end = start.checked_add(len)?;
-    (end <= mem.len()).then_some(start..end)
+    guest_range(ptr as i32, u32::try_from(len).ok()? as i32, mem.len())
 }
 
 fn put_u32(mem: &mut [u8], ptr: i32, v: u32) -> Result<(), i32> {
@@ -166,7 +158,7 @@ fn with_mem(
     caller: &mut Caller<'_, HostState>,
     f: impl FnOnce(&mut [u8], &mut HostState) -> Result<(), i32>,
 ) -> i32 {
-    let Some(m) = memory(caller) else {
+    let Some(m) = guest_memory(caller) else {
         return EFAULT;
     };
     let (mem, state) = m.data_and_store_mut(caller);
@@ -473,7 +465,7 @@ fn poll_oneoff(
     n: i32,
     nevents: i32,
 ) -> wasmtime::Result<i32> {
-    let Some(m) = memory(&mut caller) else {
+    let Some(m) = guest_memory(&mut caller) else {
         return Ok(EFAULT);
     };
     let (mem, st) = m.data_and_store_mut(&mut caller);

@@ -10,8 +10,8 @@
 
 use parking_lot::Mutex;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -50,6 +50,9 @@ pub struct Inner {
     pub http_requests: IntCounterVec,
     /// HTTP request duration in seconds, by status `class`.
     pub http_duration_seconds: HistogramVec,
+    /// The two above for one class (`2xx`, `3xx`, `4xx`, other), looked up
+    /// once: [`Metrics::http_class`].
+    http_classes: [std::sync::OnceLock<(IntCounter, Histogram)>; 4],
     /// HTTP requests being handled now.
     pub http_in_flight: IntGauge,
     /// Requests refused by a rate limit, by `bucket` (`general`, `credential`,
@@ -405,9 +408,27 @@ impl Metrics {
                 )
                 .unwrap()
             ),
+            http_classes: Default::default(),
             registry,
         };
         Metrics(Arc::new(inner))
+    }
+
+    /// The request counter and duration histogram of a status's class,
+    /// resolved once per class (a label lookup hashes and locks).
+    pub fn http_class(&self, status: u16) -> &(IntCounter, Histogram) {
+        let (i, class) = match status / 100 {
+            2 => (0, "2xx"),
+            3 => (1, "3xx"),
+            4 => (2, "4xx"),
+            _ => (3, "5xx"),
+        };
+        self.0.http_classes[i].get_or_init(|| {
+            (
+                self.0.http_requests.with_label_values(&[class]),
+                self.0.http_duration_seconds.with_label_values(&[class]),
+            )
+        })
     }
 
     /// The label value for a namespace, capped so label cardinality stays bounded.

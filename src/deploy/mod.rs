@@ -7,6 +7,7 @@
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
+//! - `h1`: the proxy's pooled HTTP/1.1 client of plain-HTTP instances (hyper).
 //! - `transfer`: a namespace's deployments in a namespace export and import.
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod egress;
+pub mod h1;
 pub mod index;
 pub mod model;
 pub mod proxy;

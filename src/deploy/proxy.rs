@@ -28,7 +28,12 @@ pub struct Instance {
     pub base: String,
     /// The address the base names literally (never resolved, so checked by
     /// the proxy itself before each attempt).
-    literal: Option<std::net::SocketAddr>,
+    pub(crate) literal: Option<std::net::SocketAddr>,
+    /// The host and port the base names (a name resolves through the egress policy).
+    pub(crate) host_port: Option<(String, u16)>,
+    /// The `Host` sent to a plain-HTTP instance (its authority), made once;
+    /// None for an `https://` instance (reached through awc).
+    pub(crate) plain_host: Option<hyper::header::HeaderValue>,
     /// The base's scheme and authority, parsed once: each request's URI is
     /// built from them and its path, not parsed again from a string.
     origin: Option<(
@@ -47,6 +52,9 @@ pub struct UpstreamPool {
     pub instances: Vec<Instance>,
     /// Where the instances may be connected.
     pub egress: Arc<EgressPolicy>,
+    /// Every instance is plain HTTP: requests go through [`super::h1`]
+    /// (otherwise through awc, which speaks TLS).
+    plain: bool,
     /// Round-robin cursor: where the next request starts looking for a healthy instance.
     next: AtomicUsize,
     /// Failures in a row that mark an instance down (at least 1).
@@ -72,6 +80,15 @@ fn origin_of(
     let uri: actix_web::http::Uri = base.parse().ok()?;
     let p = uri.into_parts();
     Some((p.scheme?, p.authority?))
+}
+
+/// The `Host` of a plain `http://` base: its authority.
+fn plain_host(base: &str) -> Option<hyper::header::HeaderValue> {
+    let (scheme, authority) = origin_of(base)?;
+    if scheme != actix_web::http::uri::Scheme::HTTP {
+        return None;
+    }
+    hyper::header::HeaderValue::from_str(authority.as_str()).ok()
 }
 
 impl Instance {
@@ -100,18 +117,22 @@ impl UpstreamPool {
         fail_after: u32,
         down_for: Duration,
     ) -> UpstreamPool {
+        let instances: Vec<Instance> = bases
+            .iter()
+            .map(|b| Instance {
+                base: b.clone(),
+                literal: super::egress::literal_addr(b),
+                host_port: super::egress::host_port(b),
+                plain_host: plain_host(b),
+                origin: origin_of(b),
+                failures: AtomicU32::new(0),
+                down_until_ms: AtomicU64::new(0),
+            })
+            .collect();
         UpstreamPool {
             egress,
-            instances: bases
-                .iter()
-                .map(|b| Instance {
-                    base: b.clone(),
-                    literal: super::egress::literal_addr(b),
-                    origin: origin_of(b),
-                    failures: AtomicU32::new(0),
-                    down_until_ms: AtomicU64::new(0),
-                })
-                .collect(),
+            plain: !instances.is_empty() && instances.iter().all(|i| i.plain_host.is_some()),
+            instances,
             next: AtomicUsize::new(0),
             fail_after: fail_after.max(1),
             down_for,
@@ -399,6 +420,23 @@ pub async fn proxy_http(
         )
         .retry_after(1));
     }
+    if pool.plain {
+        return proxy_h1(req, payload, pool, order, path_and_query, fwd, t).await;
+    }
+    // Boxed: awc's exchange is large, and kept out of the plain path's future.
+    Box::pin(proxy_awc(req, payload, pool, order, path_and_query, fwd, t)).await
+}
+
+/// [`proxy_http`] through awc (a pool with an `https://` instance).
+async fn proxy_awc(
+    req: &HttpRequest,
+    payload: Payload,
+    pool: &UpstreamPool,
+    order: Vec<usize>,
+    path_and_query: &str,
+    fwd: &Forwarded,
+    t: ProxyTimeouts,
+) -> Result<HttpResponse, ApiError> {
     let kind = body_kind(req);
     let slot = Rc::new(RefCell::new(Some(payload)));
     let client = upstream_client(t, &pool.egress);
@@ -469,6 +507,194 @@ pub async fn proxy_http(
             last_err.unwrap_or_default()
         ),
     ))
+}
+
+/// [`proxy_http`] to plain-HTTP instances, through [`super::h1`]: the
+/// request is built once and, when an instance could not be connected
+/// (nothing sent), handed to the next.
+async fn proxy_h1(
+    req: &HttpRequest,
+    payload: Payload,
+    pool: &UpstreamPool,
+    order: Vec<usize>,
+    path_and_query: &str,
+    fwd: &Forwarded,
+    t: ProxyTimeouts,
+) -> Result<HttpResponse, ApiError> {
+    use super::h1::{ConnectFailure, Exchange, UpBody};
+    let uri: hyper::Uri = path_and_query.parse().map_err(|e| {
+        ApiError::new(
+            Code::UpstreamFailed,
+            format!("the upstream URI is not valid: {e}"),
+        )
+    })?;
+    let method = hyper::Method::from_bytes(req.method().as_str().as_bytes())
+        .map_err(|e| ApiError::new(Code::BadRequest, format!("bad method: {e}")))?;
+    let body = match body_kind(req) {
+        BodyKind::None => UpBody::empty(),
+        BodyKind::Sized(n) => UpBody::stream(payload, Some(n)),
+        BodyKind::Chunked => UpBody::stream(payload, None),
+    };
+    let mut hreq = hyper::Request::new(body);
+    *hreq.method_mut() = method;
+    *hreq.uri_mut() = uri;
+    *hreq.headers_mut() = h1_headers(req, fwd);
+    let mut pending = Some(hreq);
+    let mut last_err = None;
+    let mut forbidden = None;
+    for i in order {
+        if let Some(r) = pool.refused(i) {
+            forbidden = Some(r);
+            continue;
+        }
+        let inst = &pool.instances[i];
+        let Some(mut r) = pending.take() else { break };
+        if let Some(h) = &inst.plain_host {
+            r.headers_mut().insert(hyper::header::HOST, h.clone());
+        }
+        match super::h1::exchange(pool, inst, r, t).await {
+            Exchange::Answered(res) => {
+                pool.succeeded(i);
+                return Ok(h1_response(req, res));
+            }
+            Exchange::NotConnected(ConnectFailure::Refused(r), back) => {
+                tracing::warn!(instance = %inst.base, refusal = %r, "Upstream refused by the egress policy.");
+                forbidden = Some(r);
+                pending = Some(back);
+            }
+            Exchange::NotConnected(ConnectFailure::Failed(e), back) => {
+                pool.failed(i);
+                tracing::warn!(instance = %inst.base, error = %e, "Upstream connection failed.");
+                last_err = Some(e);
+                pending = Some(back);
+            }
+            Exchange::TimedOut => {
+                pool.failed(i);
+                return Err(ApiError::new(
+                    Code::UpstreamTimeout,
+                    "the upstream did not answer in time",
+                ));
+            }
+            Exchange::Failed(e) => {
+                // Reached and failed: never retried.
+                tracing::warn!(instance = %inst.base, error = %e, "Upstream request failed.");
+                return Err(ApiError::new(
+                    Code::UpstreamFailed,
+                    format!("the upstream failed: {e}"),
+                ));
+            }
+        }
+    }
+    if let Some(r) = forbidden {
+        return Err(forbidden_at_connect(&r));
+    }
+    Err(ApiError::new(
+        Code::UpstreamUnavailable,
+        format!(
+            "no upstream instance could be reached: {}",
+            last_err.unwrap_or_default()
+        ),
+    ))
+}
+
+/// [`upstream_headers`] as hyper's header map (`Host` is set per instance).
+fn h1_headers(req: &HttpRequest, fwd: &Forwarded) -> hyper::HeaderMap {
+    use hyper::header::{HeaderName as HName, HeaderValue as HValue};
+    let listed = connection_listed(req.headers());
+    let mut out = hyper::HeaderMap::with_capacity(req.headers().len() + 5);
+    let mut prev_xff = None;
+    for (k, v) in req.headers() {
+        if k == header::HOST || is_hop_by_hop(k, &listed) {
+            continue;
+        }
+        if k.as_str() == "x-forwarded-for" {
+            prev_xff = v.to_str().ok();
+            continue;
+        }
+        if let (Ok(k), Ok(v)) = (
+            HName::from_bytes(k.as_str().as_bytes()),
+            HValue::from_bytes(v.as_bytes()),
+        ) {
+            out.append(k, v);
+        }
+    }
+    let xff = match (prev_xff, fwd.client_ip) {
+        (Some(prev), Some(ip)) => Some(format!("{prev}, {ip}")),
+        (None, Some(ip)) => Some(ip.to_string()),
+        (Some(prev), None) => Some(prev.to_string()),
+        (None, None) => None,
+    };
+    if let Some(v) = xff.and_then(|x| HValue::from_str(&x).ok()) {
+        out.insert(HName::from_static("x-forwarded-for"), v);
+    }
+    out.insert(
+        HName::from_static("x-forwarded-proto"),
+        HValue::from_static(fwd.proto),
+    );
+    if let Ok(v) = HValue::from_str(&fwd.host) {
+        out.insert(HName::from_static("x-forwarded-host"), v);
+    }
+    if let Some(id) = &fwd.request_id
+        && let Ok(v) = HValue::from_str(id)
+    {
+        out.insert(HName::from_static("x-request-id"), v);
+    }
+    out
+}
+
+/// The upstream's answer from [`super::h1`], its body streamed as it arrives.
+fn h1_response(req: &HttpRequest, res: hyper::Response<super::h1::UpstreamBody>) -> HttpResponse {
+    let (parts, body) = res.into_parts();
+    let status = StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let listed: Vec<String> = parts
+        .headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut out = HttpResponse::new(status);
+    let mut len = None;
+    {
+        let h = out.headers_mut();
+        for (k, v) in &parts.headers {
+            if *k == hyper::header::CONTENT_LENGTH {
+                len = v.to_str().ok().and_then(|s| s.parse::<u64>().ok());
+                continue;
+            }
+            let Ok(name) = HeaderName::from_bytes(k.as_str().as_bytes()) else {
+                continue;
+            };
+            if is_hop_by_hop(&name, &listed) {
+                continue;
+            }
+            if let Ok(v) = HeaderValue::from_bytes(v.as_bytes()) {
+                h.append(name, v);
+            }
+        }
+        // Keep the upstream's bytes as they are: the node's Compress is told to skip.
+        if !h.contains_key(header::CONTENT_ENCODING) {
+            h.insert(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
+    }
+    let no_body = req.method() == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status.is_informational();
+    if no_body {
+        if let Some(n) = len {
+            out.head_mut().no_chunking(true);
+            out.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        return out;
+    }
+    out.set_body(BoxBody::new(body))
 }
 
 /// The upstream's answer, its body streamed as it arrives.

@@ -95,7 +95,8 @@ async fn serve_bound(
 ) -> HttpResponse {
     let path = bound.route.rewrite(req.path());
     let result = match &bound.serve {
-        Serve::Static(files) => serve_static(node, req, files, &path).await,
+        // Boxed, as is the WebSocket relay: the proxy's path is kept small.
+        Serve::Static(files) => Box::pin(serve_static(node, req, files, &path)).await,
         Serve::Upstream(pool) => {
             let mut pq = path;
             if !req.query_string().is_empty() {
@@ -114,7 +115,7 @@ async fn serve_bound(
                 response: Duration::from_secs(cfg.upstream_timeout_seconds),
             };
             if crate::http::is_websocket_upgrade(req.headers()) {
-                proxy_ws(req, payload, pool, &pq, &fwd, t).await
+                Box::pin(proxy_ws(req, payload, pool, &pq, &fwd, t)).await
             } else {
                 proxy_http(req, payload, pool, &pq, &fwd, t).await
             }

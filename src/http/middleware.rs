@@ -125,17 +125,9 @@ pub async fn admission(
 /// Counts a finished request and its duration by status class (admission's
 /// metrics; the routed fast path records the same).
 pub(crate) fn record_request(node: &Node, status: StatusCode, start: std::time::Instant) {
-    let class = match status.as_u16() / 100 {
-        2 => "2xx",
-        3 => "3xx",
-        4 => "4xx",
-        _ => "5xx",
-    };
-    node.metrics.http_requests.with_label_values(&[class]).inc();
-    node.metrics
-        .http_duration_seconds
-        .with_label_values(&[class])
-        .observe(start.elapsed().as_secs_f64());
+    let (count, duration) = node.metrics.http_class(status.as_u16());
+    count.inc();
+    duration.observe(start.elapsed().as_secs_f64());
 }
 
 /// One request in flight, counted until dropped.

@@ -1044,3 +1044,100 @@ fn routed_requests_keep_the_namespace_rate_limit() {
     let want: Vec<u16> = (0..5).map(|i| if i < left { 200 } else { 429 }).collect();
     assert_eq!(statuses, want);
 }
+
+/// A raw HTTP/1.1 upstream on 127.0.0.1 answering `ok` to every request of
+/// a connection (keep-alive), counting the connections it accepts. With
+/// `close_idle_after`, it closes each connection that long after answering
+/// (as an upstream's keep-alive timeout does).
+fn counting_upstream(
+    close_idle_after: Option<Duration>,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n = accepted.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request head (these requests have no body).
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    buf.drain(..end);
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .is_err()
+                    {
+                        return;
+                    }
+                    if let Some(d) = close_idle_after {
+                        std::thread::sleep(d);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), accepted)
+}
+
+/// The proxy keeps its upstream connections: sequential requests from new
+/// client connections reuse one upstream connection per HTTP worker.
+#[test]
+fn upstream_connections_are_pooled() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[server]\nworkers = 1\n[deploy]\n{ALLOW_LOOPBACK}"),
+        ..Default::default()
+    });
+    let key = node.create_namespace("pooled");
+    let (url, accepted) = counting_upstream(None);
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "api", "hosts": ["pooled.test"], "upstream": {"instances": [url]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    for _ in 0..6 {
+        let (s, _, b) = via(&node, "pooled.test", "GET", "/x", &[], None);
+        assert_eq!((s, b.as_slice()), (200, &b"ok"[..]));
+    }
+    // In cluster mode the other nodes route nothing here: one worker, one connection.
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// An upstream that closes idle keep-alive connections: a pooled connection
+/// it closed is never used for a request (no 502), a new one is made.
+#[test]
+fn an_upstream_closing_idle_connections_costs_no_request() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[server]\nworkers = 1\n[deploy]\n{ALLOW_LOOPBACK}"),
+        ..Default::default()
+    });
+    let key = node.create_namespace("closing");
+    let (url, accepted) = counting_upstream(Some(Duration::from_millis(30)));
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "api", "hosts": ["closing.test"], "upstream": {"instances": [url]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    for _ in 0..5 {
+        let (s, _, b) = via(&node, "closing.test", "GET", "/x", &[], None);
+        assert_eq!(
+            (s, b.as_slice()),
+            (200, &b"ok"[..]),
+            "{}",
+            String::from_utf8_lossy(&b)
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
+}

@@ -1,0 +1,335 @@
+//! The client of plain-HTTP upstream instances: hyper's HTTP/1.1 client
+//! connection, pooled per worker thread and instance (docs/decisions.md, "The
+//! proxy's client for plain-HTTP upstreams"). `https://` instances and
+//! WebSocket upgrades go through awc ([`super::proxy`]).
+//!
+//! A connection is taken from its thread's pool for one exchange and given
+//! back when the upstream's answer has been read to its end; one whose answer
+//! was not read to the end (the client went away) is closed. Idle connections
+//! are kept at most [`IDLE_FOR`], at most [`MAX_IDLE`] per instance. Every
+//! new connection is made to an address the egress policy allows: a literal
+//! instance is checked before each attempt, a named one resolves through
+//! [`super::egress::EgressPolicy::resolve_checked`].
+
+use super::egress::{EgressError, Refusal};
+use super::proxy::{Instance, ProxyTimeouts, UpstreamPool};
+use actix_web::body::{BodySize, MessageBody};
+use actix_web::dev::Payload;
+use actix_web::error::PayloadError;
+use bytes::Bytes;
+use futures_util::Stream;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::http;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// How long an idle pooled connection is kept.
+pub const IDLE_FOR: Duration = Duration::from_secs(30);
+/// Idle connections kept per instance and worker thread; more are closed.
+pub const MAX_IDLE: usize = 256;
+
+/// A connection's sending half (its reading half runs as a task of the thread).
+type Sender = SendRequest<UpBody>;
+
+/// A pooled connection: when it went idle, and the egress policy it was
+/// checked by (a connection is never reused under another policy).
+struct Idle {
+    tx: Sender,
+    since: Instant,
+    policy: usize,
+}
+
+thread_local! {
+    /// Idle connections by instance base URL, newest last.
+    static IDLE: RefCell<HashMap<String, VecDeque<Idle>>> = RefCell::new(HashMap::new());
+}
+
+/// An idle connection to `base`, newest first; closed or expired ones are dropped.
+fn take_idle(base: &str, policy: usize) -> Option<Sender> {
+    IDLE.with(|m| {
+        let mut m = m.borrow_mut();
+        let q = m.get_mut(base)?;
+        let now = Instant::now();
+        while let Some(i) = q.pop_back() {
+            if i.policy == policy && !i.tx.is_closed() && now - i.since < IDLE_FOR {
+                return Some(i.tx);
+            }
+        }
+        None
+    })
+}
+
+/// Gives a connection back to its pool (the oldest expired one is dropped).
+fn put_idle(base: &str, policy: usize, tx: Sender) {
+    if tx.is_closed() {
+        return;
+    }
+    IDLE.with(|m| {
+        let mut m = m.borrow_mut();
+        let now = Instant::now();
+        let q = match m.get_mut(base) {
+            Some(q) => q,
+            None => m.entry(base.to_string()).or_default(),
+        };
+        if q.front().is_some_and(|i| now - i.since >= IDLE_FOR) {
+            q.pop_front();
+        }
+        if q.len() < MAX_IDLE {
+            q.push_back(Idle {
+                tx,
+                since: now,
+                policy,
+            });
+        }
+    })
+}
+
+/// Idle connections this thread holds to `base` (tests).
+pub fn idle_count(base: &str) -> usize {
+    IDLE.with(|m| m.borrow().get(base).map_or(0, VecDeque::len))
+}
+
+/// The client's request body, sent as it arrives.
+pub struct UpBody {
+    payload: Option<Payload>,
+    /// The client's `Content-Length`, when it sent one.
+    exact: Option<u64>,
+}
+
+impl UpBody {
+    /// No body.
+    pub fn empty() -> UpBody {
+        UpBody {
+            payload: None,
+            exact: Some(0),
+        }
+    }
+
+    /// The client's body; `exact` when its length is known.
+    pub fn stream(payload: Payload, exact: Option<u64>) -> UpBody {
+        UpBody {
+            payload: Some(payload),
+            exact,
+        }
+    }
+}
+
+impl Body for UpBody {
+    type Data = Bytes;
+    type Error = PayloadError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, PayloadError>>> {
+        let Some(p) = self.payload.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(p).poll_next(cx) {
+            Poll::Ready(None) => {
+                self.payload = None;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(r)) => Poll::Ready(Some(r.map(Frame::data))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.payload.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.exact {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+/// Why no connection could be had.
+pub enum ConnectFailure {
+    /// The egress policy refused every address the name resolved to.
+    Refused(Refusal),
+    /// Resolution, the TCP connect or the handshake failed, or timed out.
+    Failed(String),
+}
+
+/// A new connection to instance `inst`, within the connect timeout. Its
+/// reading half is spawned on the current (worker) thread.
+async fn connect(
+    pool: &UpstreamPool,
+    inst: &Instance,
+    t: ProxyTimeouts,
+) -> Result<Sender, ConnectFailure> {
+    let attempt = async {
+        let addrs = match inst.literal {
+            Some(a) => vec![a],
+            None => {
+                let Some((host, port)) = &inst.host_port else {
+                    return Err(ConnectFailure::Failed(format!(
+                        "{} names no host and port",
+                        inst.base
+                    )));
+                };
+                pool.egress
+                    .resolve_checked(host, *port)
+                    .await
+                    .map_err(|e| match e {
+                        EgressError::Forbidden(r) => ConnectFailure::Refused(r),
+                        EgressError::Unresolved(e) => ConnectFailure::Failed(e),
+                    })?
+            }
+        };
+        let mut last = String::from("no address");
+        for a in addrs {
+            match tokio::net::TcpStream::connect(a).await {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    let (tx, conn) = http1::Builder::new()
+                        .max_buf_size(64 * 1024 + 16 * 1024)
+                        .handshake(hyper_util::rt::TokioIo::new(s))
+                        .await
+                        .map_err(|e| ConnectFailure::Failed(e.to_string()))?;
+                    actix_web::rt::spawn(async move {
+                        let _ = conn.await;
+                    });
+                    return Ok(tx);
+                }
+                Err(e) => last = format!("{a}: {e}"),
+            }
+        }
+        Err(ConnectFailure::Failed(last))
+    };
+    match tokio::time::timeout(t.connect, attempt).await {
+        Ok(r) => r,
+        Err(_) => Err(ConnectFailure::Failed(format!(
+            "connecting to {} timed out after {:?}",
+            inst.base, t.connect
+        ))),
+    }
+}
+
+/// How an exchange with one instance ended.
+pub enum Exchange {
+    /// The upstream's answer head; its body follows in [`UpstreamBody`].
+    Answered(http::Response<UpstreamBody>),
+    /// No connection: the next instance may be tried (nothing was sent).
+    NotConnected(ConnectFailure, http::Request<UpBody>),
+    /// No answer head within the response timeout.
+    TimedOut,
+    /// Reached and failed after the request was (maybe partly) sent.
+    Failed(String),
+}
+
+/// Sends `req` to instance `inst` of `pool` on a pooled connection, or a new
+/// one. A pooled connection found closed before the request was written is
+/// replaced by a new one (the request was not sent, so it is not a retry).
+pub async fn exchange(
+    pool: &UpstreamPool,
+    inst: &Instance,
+    mut req: http::Request<UpBody>,
+    t: ProxyTimeouts,
+) -> Exchange {
+    let policy = std::sync::Arc::as_ptr(&pool.egress) as usize;
+    let deadline = tokio::time::Instant::now() + t.response;
+    // At most one pooled connection found dead, then a new one.
+    let mut pooled = take_idle(&inst.base, policy);
+    loop {
+        let fresh = pooled.is_none();
+        let mut tx = match pooled.take() {
+            Some(tx) => tx,
+            None => match connect(pool, inst, t).await {
+                Ok(tx) => tx,
+                Err(f) => return Exchange::NotConnected(f, req),
+            },
+        };
+        let sent = tokio::time::timeout_at(deadline, tx.try_send_request(req)).await;
+        match sent {
+            Err(_) => return Exchange::TimedOut,
+            Ok(Ok(res)) => {
+                let (parts, body) = res.into_parts();
+                let mut body = UpstreamBody {
+                    body,
+                    back: Some((inst.base.clone(), policy, tx)),
+                };
+                if body.body.is_end_stream() {
+                    body.release();
+                }
+                return Exchange::Answered(http::Response::from_parts(parts, body));
+            }
+            Ok(Err(mut e)) => match e.take_message() {
+                // Not written: the connection was closed while idle.
+                Some(r) if !fresh => req = r,
+                Some(r) => {
+                    return Exchange::NotConnected(
+                        ConnectFailure::Failed(e.into_error().to_string()),
+                        r,
+                    );
+                }
+                None => return Exchange::Failed(e.into_error().to_string()),
+            },
+        }
+    }
+}
+
+/// The upstream's answer body, streamed to the client. Its connection goes
+/// back to the pool once the body has been read to its end.
+pub struct UpstreamBody {
+    body: Incoming,
+    back: Option<(String, usize, Sender)>,
+}
+
+impl UpstreamBody {
+    fn release(&mut self) {
+        if let Some((base, policy, tx)) = self.back.take() {
+            put_idle(&base, policy, tx);
+        }
+    }
+}
+
+impl MessageBody for UpstreamBody {
+    type Error = hyper::Error;
+
+    fn size(&self) -> BodySize {
+        match self.body.size_hint().exact() {
+            Some(n) => BodySize::Sized(n),
+            None => BodySize::Stream,
+        }
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, hyper::Error>>> {
+        let this = self.get_mut();
+        loop {
+            match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    this.release();
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.back = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(Some(Ok(f))) => {
+                    // Trailers are not passed on (HTTP/1.1 clients rarely take them).
+                    let Ok(data) = f.into_data() else { continue };
+                    if this.body.is_end_stream() {
+                        this.release();
+                    }
+                    if data.is_empty() {
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(data)));
+                }
+            }
+        }
+    }
+}

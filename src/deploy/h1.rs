@@ -6,7 +6,9 @@
 //! A connection is taken from its thread's pool for one exchange and given
 //! back when the upstream's answer has been read to its end; one whose answer
 //! was not read to the end (the client went away) is closed. Idle connections
-//! are kept at most [`IDLE_FOR`], at most [`MAX_IDLE`] per instance. Every
+//! are kept at most [`IDLE_FOR`], at most [`MAX_IDLE`] per instance, and a
+//! thread's whole pool is swept of expired ones every [`SWEEP_EVERY`] while it
+//! proxies (so those of deleted deployments are closed too). Every
 //! new connection is made to an address the egress policy allows: a literal
 //! instance is checked before each attempt, a named one resolves through
 //! [`super::egress::EgressPolicy::resolve_checked`].
@@ -43,9 +45,24 @@ struct Idle {
     policy: usize,
 }
 
+/// How often a thread's pool is swept of expired and closed connections of
+/// every instance (also those of deployments since deleted).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
 thread_local! {
     /// Idle connections by instance base URL, newest last.
     static IDLE: RefCell<HashMap<String, VecDeque<Idle>>> = RefCell::new(HashMap::new());
+    /// When this thread's pool was last swept.
+    static SWEPT: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Drops every expired or closed idle connection of the thread, and the
+/// instances left with none.
+fn sweep(m: &mut HashMap<String, VecDeque<Idle>>, now: Instant) {
+    m.retain(|_, q| {
+        q.retain(|i| !i.tx.is_closed() && now - i.since < IDLE_FOR);
+        !q.is_empty()
+    });
 }
 
 /// An idle connection to `base`, newest first; closed or expired ones are dropped.
@@ -71,6 +88,10 @@ fn put_idle(base: &str, policy: usize, tx: Sender) {
     IDLE.with(|m| {
         let mut m = m.borrow_mut();
         let now = Instant::now();
+        if SWEPT.get().is_none_or(|t| now - t >= SWEEP_EVERY) {
+            SWEPT.set(Some(now));
+            sweep(&mut m, now);
+        }
         let q = match m.get_mut(base) {
             Some(q) => q,
             None => m.entry(base.to_string()).or_default(),
@@ -86,11 +107,6 @@ fn put_idle(base: &str, policy: usize, tx: Sender) {
             });
         }
     })
-}
-
-/// Idle connections this thread holds to `base` (tests).
-pub fn idle_count(base: &str) -> usize {
-    IDLE.with(|m| m.borrow().get(base).map_or(0, VecDeque::len))
 }
 
 /// The client's request body, sent as it arrives.

@@ -70,7 +70,7 @@ fn take_idle(base: &str, policy: usize) -> Option<Sender> {
     IDLE.with(|m| {
         let mut m = m.borrow_mut();
         let q = m.get_mut(base)?;
-        let now = Instant::now();
+        let now = crate::util::mono_now();
         while let Some(i) = q.pop_back() {
             if i.policy == policy && !i.tx.is_closed() && now - i.since < IDLE_FOR {
                 return Some(i.tx);
@@ -87,7 +87,7 @@ fn put_idle(base: &str, policy: usize, tx: Sender) {
     }
     IDLE.with(|m| {
         let mut m = m.borrow_mut();
-        let now = Instant::now();
+        let now = crate::util::mono_now();
         if SWEPT.get().is_none_or(|t| now - t >= SWEEP_EVERY) {
             SWEPT.set(Some(now));
             sweep(&mut m, now);

@@ -674,27 +674,35 @@ fn h1_response(req: &HttpRequest, res: hyper::Response<super::h1::UpstreamBody>)
                 h.append(name, v);
             }
         }
-        // Keep the upstream's bytes as they are: the node's Compress is told to skip.
-        if !h.contains_key(header::CONTENT_ENCODING) {
-            h.insert(
-                header::CONTENT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
-        }
     }
+    if !finish_head(req, &mut out, len) {
+        return out;
+    }
+    out.set_body(BoxBody::new(body))
+}
+
+/// Ends an upstream answer's head (its headers copied): the marker that keeps
+/// the node's `Compress` off, and for an answer that has no body (HEAD, 204,
+/// 304, 1xx) the upstream's length kept. Whether a body follows.
+fn finish_head(req: &HttpRequest, out: &mut HttpResponse, len: Option<u64>) -> bool {
+    let h = out.headers_mut();
+    if !h.contains_key(header::CONTENT_ENCODING) {
+        h.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
+    let status = out.status();
     let no_body = req.method() == Method::HEAD
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
         || status.is_informational();
-    if no_body {
-        if let Some(n) = len {
-            out.head_mut().no_chunking(true);
-            out.headers_mut()
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-        }
-        return out;
+    if no_body && let Some(n) = len {
+        out.head_mut().no_chunking(true);
+        out.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     }
-    out.set_body(BoxBody::new(body))
+    !no_body
 }
 
 /// The upstream's answer, its body streamed as it arrives.
@@ -718,24 +726,8 @@ where
             }
             h.append(k.clone(), v.clone());
         }
-        // Keep the upstream's bytes as they are: the node's Compress is told to skip.
-        if !h.contains_key(header::CONTENT_ENCODING) {
-            h.insert(
-                header::CONTENT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
-        }
     }
-    let no_body = req.method() == Method::HEAD
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-        || status.is_informational();
-    if no_body {
-        if let Some(n) = len {
-            out.head_mut().no_chunking(true);
-            out.headers_mut()
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-        }
+    if !finish_head(req, &mut out, len) {
         return out;
     }
     let body: BoxBody = match len {

@@ -1,19 +1,18 @@
-//! The client of plain-HTTP upstream instances: hyper's HTTP/1.1 client
-//! connection, pooled per worker thread and instance (docs/decisions.md, "The
-//! proxy's client for plain-HTTP upstreams"). `https://` instances and
-//! WebSocket upgrades go through awc ([`super::proxy`]).
+//! The client of plain-HTTP upstream instances for requests with a body:
+//! hyper's HTTP/1.1 client connection, pooled per worker thread and instance
+//! ([`super::idle`]; docs/decisions.md, "The proxy's client for plain-HTTP
+//! upstreams"). Requests without a body go through [`super::wire`];
+//! `https://` instances and WebSocket upgrades through awc ([`super::proxy`]).
 //!
 //! A connection is taken from its thread's pool for one exchange and given
 //! back when the upstream's answer has been read to its end; one whose answer
-//! was not read to the end (the client went away) is closed. Idle connections
-//! are kept at most [`IDLE_FOR`], at most [`MAX_IDLE`] per instance, and a
-//! thread's whole pool is swept of expired ones every [`SWEEP_EVERY`] while it
-//! proxies (so those of deleted deployments are closed too). Every
+//! was not read to the end (the client went away) is closed. Every
 //! new connection is made to an address the egress policy allows: a literal
 //! instance is checked before each attempt, a named one resolves through
 //! [`super::egress::EgressPolicy::resolve_checked`].
 
 use super::egress::{EgressError, Refusal};
+use super::idle::{IdlePool, Reusable};
 use super::proxy::{Instance, ProxyTimeouts, UpstreamPool};
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::dev::Payload;
@@ -24,89 +23,29 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::http;
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
-
-/// How long an idle pooled connection is kept.
-pub const IDLE_FOR: Duration = Duration::from_secs(30);
-/// Idle connections kept per instance and worker thread; more are closed.
-pub const MAX_IDLE: usize = 256;
 
 /// A connection's sending half (its reading half runs as a task of the thread).
 type Sender = SendRequest<UpBody>;
 
-/// A pooled connection: when it went idle, and the egress policy it was
-/// checked by (a connection is never reused under another policy).
-struct Idle {
-    tx: Sender,
-    since: Instant,
-    policy: usize,
+impl Reusable for Sender {
+    fn closed(&mut self) -> bool {
+        self.is_closed()
+    }
 }
-
-/// How often a thread's pool is swept of expired and closed connections of
-/// every instance (also those of deployments since deleted).
-const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 thread_local! {
-    /// Idle connections by instance base URL, newest last.
-    static IDLE: RefCell<HashMap<String, VecDeque<Idle>>> = RefCell::new(HashMap::new());
-    /// When this thread's pool was last swept.
-    static SWEPT: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    /// This thread's idle hyper connections.
+    static IDLE: RefCell<IdlePool<Sender>> = RefCell::new(IdlePool::default());
 }
 
-/// Drops every expired or closed idle connection of the thread, and the
-/// instances left with none.
-fn sweep(m: &mut HashMap<String, VecDeque<Idle>>, now: Instant) {
-    m.retain(|_, q| {
-        q.retain(|i| !i.tx.is_closed() && now - i.since < IDLE_FOR);
-        !q.is_empty()
-    });
-}
-
-/// An idle connection to `base`, newest first; closed or expired ones are dropped.
 fn take_idle(base: &str, policy: usize) -> Option<Sender> {
-    IDLE.with(|m| {
-        let mut m = m.borrow_mut();
-        let q = m.get_mut(base)?;
-        let now = crate::util::mono_now();
-        while let Some(i) = q.pop_back() {
-            if i.policy == policy && !i.tx.is_closed() && now - i.since < IDLE_FOR {
-                return Some(i.tx);
-            }
-        }
-        None
-    })
+    IDLE.with(|p| p.borrow_mut().take(base, policy))
 }
 
-/// Gives a connection back to its pool (the oldest expired one is dropped).
 fn put_idle(base: &str, policy: usize, tx: Sender) {
-    if tx.is_closed() {
-        return;
-    }
-    IDLE.with(|m| {
-        let mut m = m.borrow_mut();
-        let now = crate::util::mono_now();
-        if SWEPT.get().is_none_or(|t| now - t >= SWEEP_EVERY) {
-            SWEPT.set(Some(now));
-            sweep(&mut m, now);
-        }
-        let q = match m.get_mut(base) {
-            Some(q) => q,
-            None => m.entry(base.to_string()).or_default(),
-        };
-        if q.front().is_some_and(|i| now - i.since >= IDLE_FOR) {
-            q.pop_front();
-        }
-        if q.len() < MAX_IDLE {
-            q.push_back(Idle {
-                tx,
-                since: now,
-                policy,
-            });
-        }
-    })
+    IDLE.with(|p| p.borrow_mut().put(base, policy, tx))
 }
 
 /// The client's request body, sent as it arrives.
@@ -175,13 +114,14 @@ pub enum ConnectFailure {
     Failed(String),
 }
 
-/// A new connection to instance `inst`, within the connect timeout. Its
-/// reading half is spawned on the current (worker) thread.
-async fn connect(
+/// A new TCP connection to instance `inst`, within the connect timeout, to
+/// an address the egress policy allows (a named instance resolves through
+/// the policy; a literal one was checked by the caller).
+pub(crate) async fn connect_tcp(
     pool: &UpstreamPool,
     inst: &Instance,
     t: ProxyTimeouts,
-) -> Result<Sender, ConnectFailure> {
+) -> Result<tokio::net::TcpStream, ConnectFailure> {
     let attempt = async {
         let addrs = match inst.literal {
             Some(a) => vec![a],
@@ -206,15 +146,7 @@ async fn connect(
             match tokio::net::TcpStream::connect(a).await {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
-                    let (tx, conn) = http1::Builder::new()
-                        .max_buf_size(64 * 1024 + 16 * 1024)
-                        .handshake(hyper_util::rt::TokioIo::new(s))
-                        .await
-                        .map_err(|e| ConnectFailure::Failed(e.to_string()))?;
-                    actix_web::rt::spawn(async move {
-                        let _ = conn.await;
-                    });
-                    return Ok(tx);
+                    return Ok(s);
                 }
                 Err(e) => last = format!("{a}: {e}"),
             }
@@ -230,27 +162,54 @@ async fn connect(
     }
 }
 
-/// How an exchange with one instance ended.
-pub enum Exchange {
-    /// The upstream's answer head; its body follows in [`UpstreamBody`].
-    Answered(http::Response<UpstreamBody>),
+/// A new hyper connection to instance `inst`. Its reading half is spawned
+/// on the current (worker) thread.
+async fn connect(
+    pool: &UpstreamPool,
+    inst: &Instance,
+    t: ProxyTimeouts,
+) -> Result<Sender, ConnectFailure> {
+    let s = connect_tcp(pool, inst, t).await?;
+    let (tx, conn) = http1::Builder::new()
+        .max_buf_size(64 * 1024 + 16 * 1024)
+        .handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .map_err(|e| ConnectFailure::Failed(e.to_string()))?;
+    actix_web::rt::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(tx)
+}
+
+/// How an exchange with one instance ended (of either plain-HTTP client).
+pub enum Exchange<T> {
+    /// The upstream's answer head; its body follows.
+    Answered(T),
     /// No connection: the next instance may be tried (nothing was sent).
-    NotConnected(ConnectFailure, http::Request<UpBody>),
+    NotConnected(ConnectFailure),
     /// No answer head within the response timeout.
     TimedOut,
     /// Reached and failed after the request was (maybe partly) sent.
     Failed(String),
 }
 
-/// Sends `req` to instance `inst` of `pool` on a pooled connection, or a new
-/// one. A pooled connection found closed before the request was written is
+/// Sends the request in `pending` to instance `inst` of `pool` on a pooled
+/// connection, or a new one; when no connection could be made the request
+/// is put back in `pending` (nothing was sent) for the next instance. A
+/// pooled connection found closed before the request was written is
 /// replaced by a new one (the request was not sent, so it is not a retry).
 pub async fn exchange(
     pool: &UpstreamPool,
     inst: &Instance,
-    mut req: http::Request<UpBody>,
+    pending: &mut Option<http::Request<UpBody>>,
     t: ProxyTimeouts,
-) -> Exchange {
+) -> Exchange<http::Response<UpstreamBody>> {
+    let Some(mut req) = pending.take() else {
+        return Exchange::Failed("the request was already sent".into());
+    };
+    if let Some(h) = &inst.plain_host {
+        req.headers_mut().insert(http::header::HOST, h.clone());
+    }
     let policy = std::sync::Arc::as_ptr(&pool.egress) as usize;
     let deadline = tokio::time::Instant::now() + t.response;
     // At most one pooled connection found dead, then a new one.
@@ -261,7 +220,10 @@ pub async fn exchange(
             Some(tx) => tx,
             None => match connect(pool, inst, t).await {
                 Ok(tx) => tx,
-                Err(f) => return Exchange::NotConnected(f, req),
+                Err(f) => {
+                    *pending = Some(req);
+                    return Exchange::NotConnected(f);
+                }
             },
         };
         let sent = tokio::time::timeout_at(deadline, tx.try_send_request(req)).await;
@@ -282,10 +244,10 @@ pub async fn exchange(
                 // Not written: the connection was closed while idle.
                 Some(r) if !fresh => req = r,
                 Some(r) => {
-                    return Exchange::NotConnected(
-                        ConnectFailure::Failed(e.into_error().to_string()),
-                        r,
-                    );
+                    *pending = Some(r);
+                    return Exchange::NotConnected(ConnectFailure::Failed(
+                        e.into_error().to_string(),
+                    ));
                 }
                 None => return Exchange::Failed(e.into_error().to_string()),
             },

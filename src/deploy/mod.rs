@@ -7,7 +7,9 @@
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
-//! - `h1`: the proxy's pooled HTTP/1.1 client of plain-HTTP instances (hyper).
+//! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
+//!   instances (hyper for requests with a body, our own inline one for those
+//!   without) and their per-thread pool of idle connections.
 //! - `transfer`: a namespace's deployments in a namespace export and import.
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
@@ -21,11 +23,13 @@
 
 pub mod egress;
 pub mod h1;
+pub mod idle;
 pub mod index;
 pub mod model;
 pub mod proxy;
 pub mod site;
 pub mod transfer;
+pub mod wire;
 
 use crate::config::DeployConfig;
 use crate::error::ApiError;

@@ -15,6 +15,7 @@ use actix_web::{HttpRequest, HttpResponse, dev::Payload};
 use bytes::Bytes;
 use futures_util::{SinkExt, Stream, StreamExt};
 use std::cell::RefCell;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -509,7 +510,8 @@ async fn proxy_awc(
     ))
 }
 
-/// [`proxy_http`] to plain-HTTP instances, through [`super::h1`]: the
+/// [`proxy_http`] to plain-HTTP instances: a request without a body through
+/// [`super::wire`], one with a body through [`super::h1`] (hyper). The
 /// request is built once and, when an instance could not be connected
 /// (nothing sent), handed to the next.
 async fn proxy_h1(
@@ -521,7 +523,18 @@ async fn proxy_h1(
     fwd: &Forwarded,
     t: ProxyTimeouts,
 ) -> Result<HttpResponse, ApiError> {
-    use super::h1::{ConnectFailure, Exchange, UpBody};
+    use super::h1::UpBody;
+    let body = match body_kind(req) {
+        BodyKind::None => {
+            let a = over_instances(pool, order, async |inst| {
+                super::wire::attempt(req, pool, inst, path_and_query, fwd, t).await
+            })
+            .await?;
+            return Ok(super::wire::into_response(req, a));
+        }
+        BodyKind::Sized(n) => UpBody::stream(payload, Some(n)),
+        BodyKind::Chunked => UpBody::stream(payload, None),
+    };
     let uri: hyper::Uri = path_and_query.parse().map_err(|e| {
         ApiError::new(
             Code::UpstreamFailed,
@@ -530,16 +543,29 @@ async fn proxy_h1(
     })?;
     let method = hyper::Method::from_bytes(req.method().as_str().as_bytes())
         .map_err(|e| ApiError::new(Code::BadRequest, format!("bad method: {e}")))?;
-    let body = match body_kind(req) {
-        BodyKind::None => UpBody::empty(),
-        BodyKind::Sized(n) => UpBody::stream(payload, Some(n)),
-        BodyKind::Chunked => UpBody::stream(payload, None),
-    };
     let mut hreq = hyper::Request::new(body);
     *hreq.method_mut() = method;
     *hreq.uri_mut() = uri;
     *hreq.headers_mut() = h1_headers(req, fwd);
     let mut pending = Some(hreq);
+    // Boxed: hyper's exchange is large, and kept out of the bodiless path's future.
+    let res = Box::pin(over_instances(pool, order, async |inst| {
+        super::h1::exchange(pool, inst, &mut pending, t).await
+    }))
+    .await?;
+    Ok(h1_response(req, res))
+}
+
+/// Tries the instances in `order` (those the egress policy refuses skipped)
+/// until one answers: an instance that could not be connected counts
+/// against its health and the next is tried; a timeout or a failure after
+/// the request went out ends the request (never sent twice).
+async fn over_instances<T>(
+    pool: &UpstreamPool,
+    order: Vec<usize>,
+    mut attempt: impl AsyncFnMut(&Instance) -> super::h1::Exchange<T>,
+) -> Result<T, ApiError> {
+    use super::h1::{ConnectFailure, Exchange};
     let mut last_err = None;
     let mut forbidden = None;
     for i in order {
@@ -548,25 +574,19 @@ async fn proxy_h1(
             continue;
         }
         let inst = &pool.instances[i];
-        let Some(mut r) = pending.take() else { break };
-        if let Some(h) = &inst.plain_host {
-            r.headers_mut().insert(hyper::header::HOST, h.clone());
-        }
-        match super::h1::exchange(pool, inst, r, t).await {
+        match attempt(inst).await {
             Exchange::Answered(res) => {
                 pool.succeeded(i);
-                return Ok(h1_response(req, res));
+                return Ok(res);
             }
-            Exchange::NotConnected(ConnectFailure::Refused(r), back) => {
+            Exchange::NotConnected(ConnectFailure::Refused(r)) => {
                 tracing::warn!(instance = %inst.base, refusal = %r, "Upstream refused by the egress policy.");
                 forbidden = Some(r);
-                pending = Some(back);
             }
-            Exchange::NotConnected(ConnectFailure::Failed(e), back) => {
+            Exchange::NotConnected(ConnectFailure::Failed(e)) => {
                 pool.failed(i);
                 tracing::warn!(instance = %inst.base, error = %e, "Upstream connection failed.");
                 last_err = Some(e);
-                pending = Some(back);
             }
             Exchange::TimedOut => {
                 pool.failed(i);
@@ -675,16 +695,21 @@ fn h1_response(req: &HttpRequest, res: hyper::Response<super::h1::UpstreamBody>)
             }
         }
     }
-    if !finish_head(req, &mut out, len) {
-        return out;
+    match finish_head(req, out, len) {
+        ControlFlow::Break(done) => done,
+        ControlFlow::Continue(out) => out.set_body(BoxBody::new(body)),
     }
-    out.set_body(BoxBody::new(body))
 }
 
 /// Ends an upstream answer's head (its headers copied): the marker that keeps
 /// the node's `Compress` off, and for an answer that has no body (HEAD, 204,
-/// 304, 1xx) the upstream's length kept. Whether a body follows.
-fn finish_head(req: &HttpRequest, out: &mut HttpResponse, len: Option<u64>) -> bool {
+/// 304, 1xx) the upstream's length kept. `Break` with the whole answer when
+/// it has no body; `Continue` with the head to put the body in.
+pub(crate) fn finish_head(
+    req: &HttpRequest,
+    mut out: HttpResponse,
+    len: Option<u64>,
+) -> ControlFlow<HttpResponse, HttpResponse> {
     let h = out.headers_mut();
     if !h.contains_key(header::CONTENT_ENCODING) {
         h.insert(
@@ -697,12 +722,37 @@ fn finish_head(req: &HttpRequest, out: &mut HttpResponse, len: Option<u64>) -> b
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
         || status.is_informational();
-    if no_body && let Some(n) = len {
+    if !no_body {
+        return ControlFlow::Continue(out);
+    }
+    if let Some(n) = len {
         out.head_mut().no_chunking(true);
         out.headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        // A body of no told size: actix then sends the head's own
+        // Content-Length (for an empty body it would send 0), and no body.
+        return ControlFlow::Break(out.set_body(BoxBody::new(NoBody)));
     }
-    !no_body
+    ControlFlow::Break(out)
+}
+
+/// The body of an answer that has none, whose head tells the length it
+/// would have (a HEAD request's answer).
+struct NoBody;
+
+impl MessageBody for NoBody {
+    type Error = std::convert::Infallible;
+
+    fn size(&self) -> BodySize {
+        BodySize::Stream
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Poll::Ready(None)
+    }
 }
 
 /// The upstream's answer, its body streamed as it arrives.
@@ -727,9 +777,10 @@ where
             h.append(k.clone(), v.clone());
         }
     }
-    if !finish_head(req, &mut out, len) {
-        return out;
-    }
+    let out = match finish_head(req, out, len) {
+        ControlFlow::Break(done) => return done,
+        ControlFlow::Continue(out) => out,
+    };
     let body: BoxBody = match len {
         Some(n) => SizedStream::new(n, res).boxed(),
         None => actix_web::body::BodyStream::new(res).boxed(),

@@ -1141,3 +1141,214 @@ fn an_upstream_closing_idle_connections_costs_no_request() {
     }
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
 }
+
+/// What a scripted upstream does with the next request it reads.
+#[derive(Clone, Copy)]
+enum Step {
+    /// Writes these bytes and waits for the next request on the connection.
+    Answer(&'static [u8]),
+    /// Writes these bytes and closes the connection.
+    AnswerAndClose(&'static [u8]),
+    /// Closes the connection without answering.
+    Close,
+}
+
+/// An upstream that takes each request head it reads, on whatever
+/// connection, and does the next of `steps` (a request past the last gets
+/// nothing and its connection closed). Returns its URL, the connections it
+/// accepted and the request heads it read.
+fn scripted_upstream(
+    steps: Vec<Step>,
+) -> (
+    String,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let steps = Arc::new(std::sync::Mutex::new(
+        steps.into_iter().collect::<std::collections::VecDeque<_>>(),
+    ));
+    let (n, seen) = (accepted.clone(), heads.clone());
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (steps, seen) = (steps.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    seen.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf[..end]).into_owned());
+                    buf.drain(..end);
+                    let step = steps.lock().unwrap().pop_front().unwrap_or(Step::Close);
+                    match step {
+                        Step::Answer(b) => {
+                            if s.write_all(b).is_err() {
+                                return;
+                            }
+                        }
+                        Step::AnswerAndClose(b) => {
+                            let _ = s.write_all(b);
+                            return;
+                        }
+                        Step::Close => return,
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), accepted, heads)
+}
+
+/// A node with one HTTP worker (one pool of upstream connections) and one
+/// deployment on `host` to the scripted upstream `url`.
+fn node_to(host: &str, url: &str) -> TestNode {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[server]\nworkers = 1\n[deploy]\n{ALLOW_LOOPBACK}"),
+        ..Default::default()
+    });
+    let key = node.create_namespace("scripted");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "api", "hosts": [host], "upstream": {"instances": [url]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    node
+}
+
+/// Every framing of an upstream's answer to a request without a body
+/// reaches the client whole: chunks (with an extension and a trailer), a
+/// HEAD answer keeping its length, a 304, interim 1xx answers skipped, a
+/// body up to the upstream's close. The connection carries them all until
+/// the upstream closes it; the next request then takes a new one.
+#[test]
+fn upstream_answers_of_every_framing_reach_the_client() {
+    let (url, accepted, heads) = scripted_upstream(vec![
+        Step::Answer(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Up: 1\r\n\r\n\
+              5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
+        ),
+        Step::Answer(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/plain\r\n\r\n"),
+        Step::Answer(b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n"),
+        Step::Answer(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n\
+              HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok",
+        ),
+        Step::AnswerAndClose(b"HTTP/1.1 200 OK\r\nX-Until: close\r\n\r\nuntil the close"),
+        Step::Answer(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nnew"),
+    ]);
+    let node = node_to("framing.test", &url);
+    let (s, h, b) = via(&node, "framing.test", "GET", "/chunks", &[], None);
+    assert_eq!((s, b.as_slice()), (200, &b"hello world"[..]));
+    assert_eq!(header(&h, "x-up"), Some("1"));
+    let (s, h, b) = via(&node, "framing.test", "HEAD", "/head", &[], None);
+    assert_eq!(s, 200);
+    assert!(b.is_empty(), "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "content-length"), Some("5"), "{h:?}");
+    let (s, h, b) = via(
+        &node,
+        "framing.test",
+        "GET",
+        "/cached",
+        &[("if-none-match", "\"v1\"")],
+        None,
+    );
+    assert_eq!((s, header(&h, "etag"), b.len()), (304, Some("\"v1\""), 0));
+    let (s, _, b) = via(&node, "framing.test", "GET", "/interim", &[], None);
+    assert_eq!((s, b.as_slice()), (201, &b"ok"[..]));
+    let (s, h, b) = via(&node, "framing.test", "GET", "/close", &[], None);
+    assert_eq!((s, b.as_slice()), (200, &b"until the close"[..]));
+    assert_eq!(header(&h, "x-until"), Some("close"));
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let (s, _, b) = via(&node, "framing.test", "GET", "/after", &[], None);
+    assert_eq!((s, b.as_slice()), (200, &b"new"[..]));
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let heads = heads.lock().unwrap();
+    assert!(
+        heads[1].starts_with("HEAD /head HTTP/1.1\r\n"),
+        "{}",
+        heads[1]
+    );
+    assert!(
+        heads[2].contains("if-none-match: \"v1\"\r\n"),
+        "{}",
+        heads[2]
+    );
+}
+
+/// An answer that cannot be framed safely is a 502 envelope, and its
+/// connection is not used again: two different lengths, a length that is
+/// not a number, a protocol switch nobody asked for, not HTTP at all.
+#[test]
+fn an_upstream_answer_that_cannot_be_framed_is_a_502() {
+    let (url, accepted, _) = scripted_upstream(vec![
+        Step::Answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc"),
+        Step::Answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2x\r\n\r\nab"),
+        Step::Answer(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n"),
+        Step::Answer(b"SSH-2.0-OpenSSH_9.2\r\n\r\n"),
+        Step::Answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+    ]);
+    let node = node_to("bad.test", &url);
+    for i in 0..4 {
+        let (s, _, b) = via(&node, "bad.test", "GET", "/", &[], None);
+        assert_eq!(
+            (s, code(&b).as_str()),
+            (502, "UPSTREAM_FAILED"),
+            "answer {i}"
+        );
+    }
+    let (s, _, b) = via(&node, "bad.test", "GET", "/", &[], None);
+    assert_eq!((s, b.as_slice()), (200, &b"ok"[..]));
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
+}
+
+/// A pooled connection the upstream closes as the next request arrives (it
+/// read the request, then closed without a byte of answer): a GET is sent
+/// again on a new connection, a POST is not (it may have acted) and is a
+/// 502 envelope.
+#[test]
+fn a_connection_closed_under_a_request_retries_only_what_is_idempotent() {
+    let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    let (url, accepted, heads) = scripted_upstream(vec![
+        Step::Answer(ok),
+        Step::Close,
+        Step::Answer(ok),
+        Step::Close,
+        Step::Answer(ok),
+    ]);
+    let node = node_to("retry.test", &url);
+    let (s, _, b) = via(&node, "retry.test", "GET", "/first", &[], None);
+    assert_eq!((s, b.as_slice()), (200, &b"ok"[..]));
+    let (s, _, b) = via(&node, "retry.test", "GET", "/again", &[], None);
+    assert_eq!((s, b.as_slice()), (200, &b"ok"[..]));
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let (s, _, b) = via(&node, "retry.test", "POST", "/once", &[], None);
+    assert_eq!((s, code(&b).as_str()), (502, "UPSTREAM_FAILED"));
+    let (s, _, b) = via(&node, "retry.test", "GET", "/last", &[], None);
+    assert_eq!((s, b.as_slice()), (200, &b"ok"[..]));
+    let heads = heads.lock().unwrap();
+    let lines: Vec<&str> = heads.iter().map(|h| h.lines().next().unwrap()).collect();
+    assert_eq!(
+        lines,
+        [
+            "GET /first HTTP/1.1",
+            "GET /again HTTP/1.1",
+            "GET /again HTTP/1.1",
+            "POST /once HTTP/1.1",
+            "GET /last HTTP/1.1"
+        ]
+    );
+}

@@ -1,0 +1,939 @@
+//! The proxy's client of plain-HTTP upstream instances for requests without a
+//! body (docs/decisions.md, "The proxy's client for plain-HTTP upstreams"):
+//! the exchange is driven in the request's own task on a pooled TCP
+//! connection ([`super::idle`]), with no connection task and no channel
+//! between them. The request head is written straight from actix's header
+//! map and the answer's head parsed (httparse) straight into one, its header
+//! values sharing the read buffer. A small answer that arrived whole with its
+//! head is passed on as one buffer, its connection back in the pool before
+//! the client is answered; a longer one is streamed (sized, chunked, or up to
+//! the upstream's close).
+//!
+//! Requests with a body go through [`super::h1`] (hyper), which reads the
+//! answer while it still sends the body.
+//!
+//! A pooled connection is checked before it is used, from the readiness the
+//! runtime already holds (a system call only when the socket was reported
+//! readable: a close or stray bytes, and then it is dropped). Should the
+//! upstream close it anyway as the request goes out, the request is sent
+//! again on a new connection when that cannot act twice: nothing was written,
+//! or nothing was answered and the method is idempotent (RFC 9110 §9.2.2).
+
+use super::h1::{Exchange, connect_tcp};
+use super::idle::{IdlePool, Reusable};
+use super::proxy::{Forwarded, Instance, ProxyTimeouts, UpstreamPool};
+use actix_web::HttpRequest;
+use actix_web::body::{BodySize, MessageBody};
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use actix_web::http::{Method, StatusCode};
+use bytes::{Buf, Bytes, BytesMut};
+use std::cell::RefCell;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker, ready};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// The largest answer head read (as hyper's buffer on the other path).
+pub const MAX_HEAD: usize = 64 * 1024 + 16 * 1024;
+/// The most header lines an answer head may have.
+const MAX_HEADERS: usize = 128;
+/// Room made in the read buffer before each read.
+const READ_CHUNK: usize = 16 * 1024;
+/// The longest chunk-size line, and all trailer lines together, of a chunked answer.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+const MAX_TRAILERS: usize = 64 * 1024;
+
+/// One upstream connection and what was read of it and not yet used.
+pub struct Conn {
+    io: TcpStream,
+    buf: BytesMut,
+}
+
+impl Reusable for Conn {
+    /// From the runtime's cached readiness: a socket not reported readable
+    /// is open (no system call); one reported readable is read once without
+    /// waiting: an end of stream, stray bytes or an error close it.
+    fn closed(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return true;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => false,
+            Poll::Ready(Err(_)) => true,
+            Poll::Ready(Ok(())) => {
+                let mut b = [0u8; 1];
+                !matches!(self.io.try_read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's idle connections of this client.
+    static IDLE: RefCell<IdlePool<Conn>> = RefCell::new(IdlePool::default());
+}
+
+fn take_idle(base: &str, policy: usize) -> Option<Conn> {
+    IDLE.with(|p| p.borrow_mut().take(base, policy))
+}
+
+fn put_idle(base: &str, policy: usize, c: Conn) {
+    IDLE.with(|p| p.borrow_mut().put(base, policy, c))
+}
+
+/// Idle connections of this thread to `base` (for tests).
+#[cfg(test)]
+pub fn idle_count(base: &str) -> usize {
+    IDLE.with(|p| p.borrow().idle(base))
+}
+
+/// Whether `b` may stand in a request target (visible ASCII only).
+fn target_ok(b: &[u8]) -> bool {
+    !b.is_empty() && b.iter().all(|&c| c > b' ' && c < 0x7f)
+}
+
+/// Whether `b` may stand in a header value (no control character but tab).
+fn value_ok(b: &[u8]) -> bool {
+    b.iter().all(|&c| (c >= b' ' && c != 0x7f) || c == b'\t')
+}
+
+/// The request head sent to an instance whose `Host` is `host`: the
+/// client's headers minus hop-by-hop ones and `Host`, plus
+/// `X-Forwarded-For/Proto/Host` and `X-Request-ID` (as the other clients
+/// send them).
+pub fn request_head(
+    req: &HttpRequest,
+    path_and_query: &str,
+    host: &[u8],
+    fwd: &Forwarded,
+) -> Result<Vec<u8>, String> {
+    if !target_ok(path_and_query.as_bytes()) {
+        return Err(format!("{path_and_query:?} is not a request target"));
+    }
+    let own_id = fwd
+        .request_id
+        .as_deref()
+        .filter(|id| value_ok(id.as_bytes()));
+    let listed = super::proxy::connection_listed(req.headers());
+    let mut out = Vec::with_capacity(256 + 64 * req.headers().len());
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path_and_query.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host);
+    out.extend_from_slice(b"\r\n");
+    let mut prev_xff: Option<&[u8]> = None;
+    for (k, v) in req.headers() {
+        match k.as_str() {
+            "host" | "x-forwarded-proto" | "x-forwarded-host" => continue,
+            "x-forwarded-for" => {
+                prev_xff = Some(v.as_bytes());
+                continue;
+            }
+            "x-request-id" if own_id.is_some() => continue,
+            _ => {}
+        }
+        if super::proxy::is_hop_by_hop(k, &listed) {
+            continue;
+        }
+        out.extend_from_slice(k.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if prev_xff.is_some() || fwd.client_ip.is_some() {
+        out.extend_from_slice(b"x-forwarded-for: ");
+        if let Some(prev) = prev_xff {
+            out.extend_from_slice(prev);
+            if fwd.client_ip.is_some() {
+                out.extend_from_slice(b", ");
+            }
+        }
+        if let Some(ip) = fwd.client_ip {
+            write_ip(&mut out, ip);
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"x-forwarded-proto: ");
+    out.extend_from_slice(fwd.proto.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if value_ok(fwd.host.as_bytes()) {
+        out.extend_from_slice(b"x-forwarded-host: ");
+        out.extend_from_slice(fwd.host.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(id) = own_id {
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(id.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(out)
+}
+
+/// Writes `ip` as text (an IPv4 address without the formatting machinery).
+fn write_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, o) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if o >= 100 {
+                    out.push(b'0' + o / 100);
+                }
+                if o >= 10 {
+                    out.push(b'0' + o / 10 % 10);
+                }
+                out.push(b'0' + o % 10);
+            }
+        }
+        std::net::IpAddr::V6(_) => {
+            use std::io::Write;
+            let _ = write!(out, "{ip}");
+        }
+    }
+}
+
+/// An upstream's answer head, ready for the client.
+pub struct Answer {
+    pub status: StatusCode,
+    /// Its headers without the hop-by-hop ones and `Content-Length`.
+    pub headers: HeaderMap,
+    /// Its `Content-Length`, when it framed its body by one.
+    pub len: Option<u64>,
+    pub body: AnswerBody,
+}
+
+/// The body of an [`Answer`].
+pub enum AnswerBody {
+    /// None (a HEAD request, 204, 304).
+    Empty,
+    /// All of it, read with the head (its connection is already back in the pool).
+    Whole(Bytes),
+    /// The rest streams from the connection.
+    Stream(WireBody),
+}
+
+/// Why a round trip on one connection failed.
+enum Trip {
+    /// The request could not be written: the upstream never saw it.
+    NotWritten,
+    /// Written, and the connection ended before any byte of an answer.
+    Unanswered(String),
+    /// Anything else: never sent again.
+    Bad(String),
+}
+
+/// Sends the request `head` (of a request without a body, `method`) to
+/// instance `inst` on a pooled connection or a new one.
+pub async fn exchange(
+    pool: &UpstreamPool,
+    inst: &Instance,
+    head: &[u8],
+    method: &Method,
+    t: ProxyTimeouts,
+) -> Exchange<Answer> {
+    let policy = std::sync::Arc::as_ptr(&pool.egress) as usize;
+    let deadline = tokio::time::Instant::now() + t.response;
+    let idempotent = matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    );
+    let head_only = *method == Method::HEAD;
+    let mut pooled = take_idle(&inst.base, policy);
+    loop {
+        let reused = pooled.is_some();
+        let mut conn = match pooled.take() {
+            Some(c) => c,
+            None => match connect_tcp(pool, inst, t).await {
+                Ok(io) => Conn {
+                    io,
+                    buf: BytesMut::new(),
+                },
+                Err(f) => return Exchange::NotConnected(f),
+            },
+        };
+        let trip = tokio::time::timeout_at(deadline, round_trip(&mut conn, head, head_only)).await;
+        let failure = match trip {
+            Err(_) => return Exchange::TimedOut,
+            Ok(Ok(parsed)) => {
+                return Exchange::Answered(parsed.into_answer(conn, &inst.base, policy));
+            }
+            Ok(Err(f)) => f,
+        };
+        match failure {
+            // A pooled connection the upstream had closed: once more on a new one.
+            Trip::NotWritten if reused => continue,
+            Trip::Unanswered(_) if reused && idempotent => continue,
+            Trip::NotWritten => {
+                return Exchange::Failed("the upstream closed the connection".into());
+            }
+            Trip::Unanswered(e) | Trip::Bad(e) => return Exchange::Failed(e),
+        }
+    }
+}
+
+/// A parsed answer head and how its body is framed.
+struct Parsed {
+    status: StatusCode,
+    headers: HeaderMap,
+    len: Option<u64>,
+    framing: Framing,
+    /// Whether the connection may carry another request after this answer.
+    reusable: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Framing {
+    None,
+    Sized(u64),
+    Chunked,
+    /// Up to the upstream's close.
+    Close,
+}
+
+impl Parsed {
+    fn into_answer(self, mut conn: Conn, base: &str, policy: usize) -> Answer {
+        let body = match self.framing {
+            Framing::None => {
+                if self.reusable {
+                    put_idle(base, policy, conn);
+                }
+                AnswerBody::Empty
+            }
+            Framing::Sized(n) if conn.buf.len() as u64 >= n => {
+                let b = conn.buf.split_to(n as usize).freeze();
+                if self.reusable {
+                    // Stray bytes after the body close it (`closed`).
+                    put_idle(base, policy, conn);
+                }
+                AnswerBody::Whole(b)
+            }
+            framing => AnswerBody::Stream(WireBody {
+                conn: Some(conn),
+                state: match framing {
+                    Framing::Sized(n) => State::Sized(n),
+                    Framing::Chunked => State::Chunked(Chunked::default()),
+                    _ => State::Close,
+                },
+                total: match framing {
+                    Framing::Sized(n) => Some(n),
+                    _ => None,
+                },
+                back: self.reusable.then(|| (base.to_string(), policy)),
+            }),
+        };
+        Answer {
+            status: self.status,
+            headers: self.headers,
+            len: self.len,
+            body,
+        }
+    }
+}
+
+/// Writes the request and reads the answer's head (interim 1xx answers skipped).
+async fn round_trip(conn: &mut Conn, head: &[u8], head_only: bool) -> Result<Parsed, Trip> {
+    if conn.io.write_all(head).await.is_err() {
+        return Err(Trip::NotWritten);
+    }
+    let mut answered = false;
+    loop {
+        if !conn.buf.is_empty() {
+            answered = true;
+            match parse_head(&mut conn.buf, head_only).map_err(Trip::Bad)? {
+                Some(Some(p)) => return Ok(p),
+                // An interim answer, dropped: read on.
+                Some(None) => continue,
+                None if conn.buf.len() >= MAX_HEAD => {
+                    return Err(Trip::Bad(format!(
+                        "the upstream's answer head is longer than {MAX_HEAD} bytes"
+                    )));
+                }
+                None => {}
+            }
+        }
+        conn.buf.reserve(READ_CHUNK);
+        let read = std::future::poll_fn(|cx| {
+            tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf)
+        })
+        .await;
+        match read {
+            Ok(0) | Err(_) if !answered => {
+                return Err(Trip::Unanswered(
+                    "the upstream closed the connection without answering".into(),
+                ));
+            }
+            Ok(0) => {
+                return Err(Trip::Bad(
+                    "the upstream closed the connection in its answer's head".into(),
+                ));
+            }
+            Err(e) => return Err(Trip::Bad(format!("reading the upstream's answer: {e}"))),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Parses an answer head at the start of `buf`. None: not whole yet;
+/// Some(None): an interim (1xx) answer, taken off `buf`; Some(Some): the
+/// answer, its head taken off `buf` (what follows is its body).
+fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Option<Parsed>>, String> {
+    // Uninitialized slots: no 4 KiB cleared per answer.
+    let mut slots =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    let head_len = match httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut res, buf, &mut slots)
+    {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(format!(
+                "the upstream's answer has more than {MAX_HEADERS} headers"
+            ));
+        }
+        Err(e) => return Err(format!("the upstream's answer is not HTTP/1.1: {e}")),
+    };
+    let code = res.code.unwrap_or(0);
+    if code == 101 {
+        return Err("the upstream switched protocols on a plain request".into());
+    }
+    if (100..200).contains(&code) {
+        buf.advance(head_len);
+        return Ok(Some(None));
+    }
+    let status = StatusCode::from_u16(code).map_err(|e| format!("bad status {code}: {e}"))?;
+    // Where each header's name and value lie in the head, to slice them out
+    // of it once it is frozen (no copy of a value).
+    let base = buf.as_ptr() as usize;
+    let mut spans = Vec::with_capacity(res.headers.len());
+    let mut len_header: Option<u64> = None;
+    let mut te: Option<bool> = None;
+    let mut close = res.version != Some(1);
+    let mut listed: Vec<String> = Vec::new();
+    for h in res.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or("the upstream's Content-Length is not a number")?;
+            if len_header.is_some_and(|m| m != n) {
+                return Err("the upstream sent two different Content-Lengths".into());
+            }
+            len_header = Some(n);
+            continue;
+        }
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            te = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                }
+                if !token.is_empty() {
+                    listed.push(String::from_utf8_lossy(token).to_ascii_lowercase());
+                }
+            }
+        }
+        let n = name.as_ptr() as usize - base;
+        let v = h.value.as_ptr() as usize - base;
+        spans.push((n, n + name.len(), v, v + h.value.len()));
+    }
+    let no_body = head_only || code == 204 || code == 304;
+    let (framing, reusable, len) = match (no_body, te, len_header) {
+        (true, _, len) => (Framing::None, !close, len),
+        (false, Some(true), None) => (Framing::Chunked, !close, None),
+        // Both framings (a smuggling shape): the chunks, then the connection closes.
+        (false, Some(true), Some(_)) => (Framing::Chunked, false, None),
+        (false, Some(false), _) => (Framing::Close, false, None),
+        (false, None, Some(n)) => (Framing::Sized(n), !close, Some(n)),
+        (false, None, None) => (Framing::Close, false, None),
+    };
+    let head = buf.split_to(head_len).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for (n0, n1, v0, v1) in spans {
+        let Ok(name) = HeaderName::from_bytes(&head[n0..n1]) else {
+            continue;
+        };
+        if super::proxy::is_hop_by_hop(&name, &listed) {
+            continue;
+        }
+        if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(v0..v1)) {
+            headers.append(name, value);
+        }
+    }
+    Ok(Some(Some(Parsed {
+        status,
+        headers,
+        len,
+        framing,
+        reusable,
+    })))
+}
+
+/// The rest of an answer's body, read from its connection as the client
+/// takes it; the connection goes back to the pool once the body has been
+/// read to its end (never when the client went away first).
+pub struct WireBody {
+    conn: Option<Conn>,
+    state: State,
+    /// The whole body's length, when sized.
+    total: Option<u64>,
+    /// The pool to give the connection back to, when it may be reused.
+    back: Option<(String, usize)>,
+}
+
+enum State {
+    /// Bytes still to come.
+    Sized(u64),
+    Chunked(Chunked),
+    Close,
+}
+
+impl WireBody {
+    /// The body has ended: the connection goes back to the pool, unless it
+    /// may not be reused or stray bytes followed the body.
+    fn finish(&mut self) {
+        if let (Some(c), Some((base, policy))) = (self.conn.take(), self.back.take())
+            && c.buf.is_empty()
+        {
+            put_idle(&base, policy, c);
+        }
+    }
+}
+
+impl MessageBody for WireBody {
+    type Error = io::Error;
+
+    fn size(&self) -> BodySize {
+        match self.total {
+            Some(n) => BodySize::Sized(n),
+            None => BodySize::Stream,
+        }
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, io::Error>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match &mut this.state {
+                State::Sized(0) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                State::Sized(left) if !conn.buf.is_empty() => {
+                    let k = (*left).min(conn.buf.len() as u64);
+                    *left -= k;
+                    let chunk = conn.buf.split_to(k as usize).freeze();
+                    if *left == 0 {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(chunk)));
+                }
+                State::Close if !conn.buf.is_empty() => {
+                    return Poll::Ready(Some(Ok(conn.buf.split().freeze())));
+                }
+                State::Chunked(dec) => match dec.decode(&mut conn.buf) {
+                    Err(e) => {
+                        this.conn = None;
+                        return Poll::Ready(Some(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            e,
+                        ))));
+                    }
+                    Ok(Decoded::Data(b)) => return Poll::Ready(Some(Ok(b))),
+                    Ok(Decoded::Done) => {
+                        this.finish();
+                        return Poll::Ready(None);
+                    }
+                    Ok(Decoded::More) => {}
+                },
+                State::Sized(_) | State::Close => {}
+            }
+            // Nothing buffered to pass on: read.
+            conn.buf.reserve(READ_CHUNK);
+            let read = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut conn.io),
+                cx,
+                &mut conn.buf
+            ));
+            match read {
+                Ok(0) if matches!(this.state, State::Close) => {
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upstream closed the connection before the body's end",
+                    ))));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+        }
+    }
+}
+
+/// What [`Chunked::decode`] found in the buffer.
+#[derive(Debug, PartialEq)]
+enum Decoded {
+    Data(Bytes),
+    /// The last chunk and the trailers (dropped) have been read.
+    Done,
+    /// More bytes are needed.
+    More,
+}
+
+/// A decoder of the chunked transfer coding (RFC 9112 §7.1); chunk
+/// extensions and trailers are read and dropped. A line may end in CRLF or LF.
+#[derive(Default)]
+struct Chunked {
+    state: ChunkState,
+    /// Trailer bytes read so far.
+    trailers: usize,
+}
+
+#[derive(Default)]
+enum ChunkState {
+    #[default]
+    Size,
+    Data(u64),
+    /// The line end after a chunk's data.
+    DataEnd,
+    Trailers,
+    Done,
+}
+
+/// The length of the line at the start of `buf` without its end, and with it;
+/// None when no line end has arrived yet.
+fn line(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.iter().position(|&b| b == b'\n')?;
+    let end = if lf > 0 && buf[lf - 1] == b'\r' {
+        lf - 1
+    } else {
+        lf
+    };
+    Some((end, lf + 1))
+}
+
+impl Chunked {
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, String> {
+        loop {
+            match &mut self.state {
+                ChunkState::Size => {
+                    let Some((end, next)) = line(buf) else {
+                        if buf.len() > MAX_CHUNK_LINE {
+                            return Err("a chunk-size line is too long".into());
+                        }
+                        return Ok(Decoded::More);
+                    };
+                    if end > MAX_CHUNK_LINE {
+                        return Err("a chunk-size line is too long".into());
+                    }
+                    let l = &buf[..end];
+                    let digits = l.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+                    let rest = l[digits..].trim_ascii_start();
+                    if digits == 0 || digits > 16 || !(rest.is_empty() || rest[0] == b';') {
+                        return Err("a chunk size is not a hexadecimal number".into());
+                    }
+                    let hex = std::str::from_utf8(&l[..digits]).map_err(|e| e.to_string())?;
+                    let size = u64::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
+                    buf.advance(next);
+                    self.state = if size == 0 {
+                        ChunkState::Trailers
+                    } else {
+                        ChunkState::Data(size)
+                    };
+                }
+                ChunkState::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::More);
+                    }
+                    let k = (*left).min(buf.len() as u64);
+                    *left -= k;
+                    if *left == 0 {
+                        self.state = ChunkState::DataEnd;
+                    }
+                    return Ok(Decoded::Data(buf.split_to(k as usize).freeze()));
+                }
+                ChunkState::DataEnd => {
+                    match buf.first() {
+                        None => return Ok(Decoded::More),
+                        Some(b'\n') => buf.advance(1),
+                        Some(b'\r') if buf.len() < 2 => return Ok(Decoded::More),
+                        Some(b'\r') if buf[1] == b'\n' => buf.advance(2),
+                        Some(_) => return Err("a chunk does not end where its size says".into()),
+                    }
+                    self.state = ChunkState::Size;
+                }
+                ChunkState::Trailers => {
+                    let Some((end, next)) = line(buf) else {
+                        if self.trailers + buf.len() > MAX_TRAILERS {
+                            return Err("the trailers are too long".into());
+                        }
+                        return Ok(Decoded::More);
+                    };
+                    buf.advance(next);
+                    self.trailers += next;
+                    if self.trailers > MAX_TRAILERS {
+                        return Err("the trailers are too long".into());
+                    }
+                    if end == 0 {
+                        self.state = ChunkState::Done;
+                    }
+                }
+                ChunkState::Done => return Ok(Decoded::Done),
+            }
+        }
+    }
+}
+
+/// Sends a request without a body to one instance (see [`exchange`]).
+pub async fn attempt(
+    req: &HttpRequest,
+    pool: &UpstreamPool,
+    inst: &Instance,
+    path_and_query: &str,
+    fwd: &Forwarded,
+    t: ProxyTimeouts,
+) -> Exchange<Answer> {
+    let host = match &inst.plain_host {
+        Some(h) => h.as_bytes(),
+        None => inst.base.as_bytes(),
+    };
+    let head = match request_head(req, path_and_query, host, fwd) {
+        Ok(h) => h,
+        Err(e) => return Exchange::Failed(format!("the upstream URI is not valid: {e}")),
+    };
+    exchange(pool, inst, &head, req.method(), t).await
+}
+
+/// The client's answer from an upstream's [`Answer`].
+pub fn into_response(req: &HttpRequest, a: Answer) -> actix_web::HttpResponse {
+    let mut out = actix_web::HttpResponse::new(a.status);
+    *out.headers_mut() = a.headers;
+    let out = match super::proxy::finish_head(req, out, a.len) {
+        std::ops::ControlFlow::Break(done) => return done,
+        std::ops::ControlFlow::Continue(out) => out,
+    };
+    match a.body {
+        AnswerBody::Empty => out,
+        AnswerBody::Whole(b) => out.set_body(actix_web::body::BoxBody::new(b)),
+        AnswerBody::Stream(s) => out.set_body(actix_web::body::BoxBody::new(s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(input: &[u8], split: usize) -> Result<(Vec<u8>, bool), String> {
+        let mut dec = Chunked::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for part in [&input[..split], &input[split..]] {
+            buf.extend_from_slice(part);
+            loop {
+                match dec.decode(&mut buf)? {
+                    Decoded::Data(b) => out.extend_from_slice(&b),
+                    Decoded::Done => return Ok((out, buf.is_empty())),
+                    Decoded::More => break,
+                }
+            }
+        }
+        Ok((out, false))
+    }
+
+    /// Chunks, extensions, trailers and either line end decode the same,
+    /// however the bytes arrive; bytes after the last chunk stay unread.
+    #[test]
+    fn chunked_decodes_wherever_the_bytes_split() {
+        let input: &[u8] = b"5;ext=1\r\nhello\r\n7\n, world\n000\r\nx-trailer: 1\r\n\r\n";
+        for split in 0..=input.len() {
+            let (body, rest_empty) = decode_all(input, split).unwrap();
+            assert_eq!(body, b"hello, world", "split at {split}");
+            assert!(rest_empty, "split at {split}");
+        }
+        let (body, _) = decode_all(b"0\r\n\r\n", 2).unwrap();
+        assert!(body.is_empty());
+        // What follows the body is left in the buffer (the connection is then not reused).
+        let mut dec = Chunked::default();
+        let mut buf = BytesMut::from(&b"1\r\na\r\n0\r\n\r\nHTTP/1.1"[..]);
+        assert_eq!(
+            dec.decode(&mut buf),
+            Ok(Decoded::Data(Bytes::from_static(b"a")))
+        );
+        assert_eq!(dec.decode(&mut buf), Ok(Decoded::Done));
+        assert_eq!(&buf[..], b"HTTP/1.1");
+    }
+
+    /// Bad sizes, a chunk longer than its size, and endless lines are refused.
+    #[test]
+    fn chunked_refuses_bad_framing() {
+        for bad in [
+            &b"zz\r\n"[..],
+            b"\r\n",
+            b"-1\r\n",
+            b"5 x\r\nhello\r\n",
+            b"11112222333344445\r\n",
+            b"2\r\nabc\r\n",
+        ] {
+            let r = decode_all(bad, bad.len());
+            assert!(r.is_err(), "{:?} gave {r:?}", String::from_utf8_lossy(bad));
+        }
+        let long = vec![b'1'; MAX_CHUNK_LINE + 2];
+        assert!(decode_all(&long, long.len()).is_err());
+        let mut trailers = b"0\r\n".to_vec();
+        while trailers.len() < MAX_TRAILERS + 100 {
+            trailers.extend_from_slice(
+                b"x-t: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
+            );
+        }
+        assert!(decode_all(&trailers, trailers.len()).is_err());
+    }
+
+    fn parse(head: &[u8], head_only: bool) -> Result<Parsed, String> {
+        let mut buf = BytesMut::from(head);
+        loop {
+            match parse_head(&mut buf, head_only)? {
+                Some(Some(p)) => return Ok(p),
+                Some(None) => continue,
+                None => return Err("partial".into()),
+            }
+        }
+    }
+
+    /// An answer's framing decides its body and whether its connection is reused.
+    #[test]
+    fn answer_heads_frame_their_bodies() {
+        let p = parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.framing, p.reusable, p.len),
+            (Framing::Sized(5), true, Some(5))
+        );
+        assert_eq!(p.headers.get("x-a").unwrap(), "1");
+        assert!(p.headers.get("content-length").is_none());
+        // HEAD, 204 and 304 have no body; HEAD keeps the length for the client.
+        let p = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
+        assert_eq!((p.framing, p.len), (Framing::None, Some(5)));
+        let p = parse(b"HTTP/1.1 304 Not Modified\r\n\r\n", false).unwrap();
+        assert_eq!(p.framing, Framing::None);
+        // Chunked, with hop-by-hop headers and those the Connection header lists dropped.
+        let p = parse(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: x-hop\r\nX-Hop: 1\r\nKeep-Alive: 5\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!((p.framing, p.reusable), (Framing::Chunked, true));
+        assert!(p.headers.is_empty(), "{:?}", p.headers);
+        // Both framings: the chunks, then the connection closes.
+        let p = parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.framing, p.reusable, p.len),
+            (Framing::Chunked, false, None)
+        );
+        // No length: up to the close. HTTP/1.0 and Connection: close are not reused.
+        let p = parse(b"HTTP/1.1 200 OK\r\n\r\n", false).unwrap();
+        assert_eq!((p.framing, p.reusable), (Framing::Close, false));
+        let p = parse(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false).unwrap();
+        assert!(!p.reusable);
+        let p = parse(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert!(!p.reusable);
+        // Interim answers are skipped.
+        let p = parse(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early\r\nLink: x\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n", false).unwrap();
+        assert_eq!(p.status, StatusCode::CREATED);
+    }
+
+    /// Heads that cannot be framed safely are refused.
+    #[test]
+    fn bad_answer_heads_are_refused() {
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+        ] {
+            assert!(
+                parse(bad, false).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            many.extend_from_slice(format!("x-{i}: 1\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert!(
+            parse(&many, false)
+                .err()
+                .is_some_and(|e| e.contains("headers"))
+        );
+        assert_eq!(
+            parse(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n", false)
+                .err()
+                .as_deref(),
+            Some("partial")
+        );
+    }
+
+    /// Addresses are written as `Display` writes them.
+    #[test]
+    fn addresses_are_written_as_text() {
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "10.20.30.40",
+            "255.199.100.9",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let mut out = Vec::new();
+            write_ip(&mut out, ip.parse().unwrap());
+            assert_eq!(String::from_utf8(out).unwrap(), ip);
+        }
+    }
+
+    /// Targets and values that would split the request are refused.
+    #[test]
+    fn request_targets_and_values_are_checked() {
+        assert!(target_ok(b"/a?b=c%20d"));
+        assert!(!target_ok(b"/a b"));
+        assert!(!target_ok(b"/a\r\nx: y"));
+        assert!(!target_ok(b""));
+        assert!(value_ok(b"a\tb c"));
+        assert!(!value_ok(b"a\r\nb"));
+    }
+}

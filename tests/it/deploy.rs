@@ -1049,6 +1049,21 @@ fn routed_requests_keep_the_namespace_rate_limit() {
 /// a connection (keep-alive), counting the connections it accepts. With
 /// `close_idle_after`, it closes each connection that long after answering
 /// (as an upstream's keep-alive timeout does).
+/// The next request head read from `s` (`buf` keeps what was read past
+/// it); None when the connection ended first. These requests have no body.
+fn read_head(s: &mut std::net::TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(buf.drain(..i + 4).collect());
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+        }
+    }
+}
+
 fn counting_upstream(
     close_idle_after: Option<Duration>,
 ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
@@ -1062,17 +1077,11 @@ fn counting_upstream(
             n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
                 loop {
                     // One request head (these requests have no body).
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                        }
+                    if read_head(&mut s, &mut buf).is_none() {
+                        return;
                     }
-                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                    buf.drain(..end);
                     if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                         .is_err()
                     {
@@ -1179,19 +1188,13 @@ fn scripted_upstream(
             let (steps, seen) = (steps.clone(), seen.clone());
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
                 loop {
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                        }
-                    }
-                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let Some(head) = read_head(&mut s, &mut buf) else {
+                        return;
+                    };
                     seen.lock()
                         .unwrap()
-                        .push(String::from_utf8_lossy(&buf[..end]).into_owned());
-                    buf.drain(..end);
+                        .push(String::from_utf8_lossy(&head).into_owned());
                     let step = steps.lock().unwrap().pop_front().unwrap_or(Step::Close);
                     match step {
                         Step::Answer(b) => {

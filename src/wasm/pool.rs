@@ -321,16 +321,25 @@ impl Pool {
     }
 
     /// Counts a call of `namespace` that its caller runs on its own thread,
-    /// when nothing waits for a worker (so no queued call is overtaken) and
-    /// the namespace does not hold every worker already (its share of the
-    /// pool is not grown by the request threads): the call counts as running
-    /// for the namespace's fair share and in the stats until the hold is
-    /// dropped, but takes no worker. At most as many run so at once as the
-    /// pool has workers (wasmtime's instance slots are sized for that). None
-    /// otherwise, or when the pool stopped.
+    /// when nothing waits for a worker (so no queued call is overtaken), or
+    /// when the namespace has nothing running and nothing waiting (its first
+    /// call, the one the fair order serves first: what the spare thread
+    /// would take), and the namespace does not hold every worker already
+    /// (its share of the pool is not grown by the request threads): the call
+    /// counts as running for the namespace's fair share and in the stats
+    /// until the hold is dropped, but takes no worker. At most as many run so
+    /// at once as the pool has workers (wasmtime's instance slots are sized
+    /// for that). None otherwise, or when the pool stopped.
     pub(crate) fn try_hold(&self, namespace: &str) -> Option<Hold<'_>> {
         let mut state = self.shared.state.lock();
-        if state.stopped || state.queued > 0 || state.here >= self.workers {
+        if state.stopped || state.here >= self.workers {
+            return None;
+        }
+        let quiet = state
+            .namespaces
+            .get(namespace)
+            .is_none_or(|q| q.running == 0 && q.tasks.is_empty());
+        if state.queued > 0 && !quiet {
             return None;
         }
         match state.namespaces.get_mut(namespace) {

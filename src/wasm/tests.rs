@@ -1414,7 +1414,7 @@ fn only_pure_modules_may_run_on_the_callers_thread() {
 /// key waits for the worker, and while it waits a pure call queues behind it
 /// instead of overtaking it.
 #[test]
-fn a_pure_call_runs_on_the_callers_thread_unless_a_call_waits() {
+fn a_pure_call_runs_on_the_callers_thread_unless_a_call_of_its_namespace_waits() {
     use futures_util::FutureExt;
     let mut cfg = config(1, 16, 4);
     cfg.spare_workers = 0;
@@ -1476,11 +1476,23 @@ fn a_pure_call_runs_on_the_callers_thread_unless_a_call_waits() {
     assert_eq!(engine.stats().queued, 2);
     assert!(
         engine
-            .invoke_here(echo, call(b"hi"), host)
+            .invoke_here(echo.clone(), call(b"hi"), host.clone())
             .now_or_never()
             .is_none(),
-        "a pure call does not overtake a waiting one"
+        "a pure call does not overtake a waiting one of its namespace"
     );
+    // A namespace with nothing running and nothing waiting: its first call
+    // is the one the fair order serves first, so it runs here at once.
+    let quiet = Invocation::new("quiet", "f", b"hi".to_vec());
+    let out = engine
+        .invoke_here(echo, quiet, host)
+        .now_or_never()
+        .expect("a quiet namespace's first call answers at the first poll")
+        .unwrap();
+    assert_eq!(out.stdout, b"hi");
+    // The KV call and the two dropped ones (the refused pure call went to
+    // the queue) still wait: the quiet call took no worker and no place in line.
+    assert_eq!(engine.stats().queued, 3, "and the waiting calls still wait");
     drop(waiting);
     // The sleeper ends at its deadline; the test does not wait for it.
     drop(blocker);

@@ -12,7 +12,7 @@
 //! [`super::egress::EgressPolicy::resolve_checked`].
 
 use super::egress::{EgressError, Refusal};
-use super::idle::{IdlePool, Reusable};
+use super::idle::{self, IdlePool, Reusable};
 use super::proxy::{Instance, ProxyTimeouts, UpstreamPool};
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::dev::Payload;
@@ -26,26 +26,25 @@ use std::cell::RefCell;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+/// The largest answer head read from an upstream (hyper's buffer here, the
+/// head's limit in [`super::wire`]).
+pub const MAX_HEAD: usize = 64 * 1024 + 16 * 1024;
+
 /// A connection's sending half (its reading half runs as a task of the thread).
 type Sender = SendRequest<UpBody>;
-
-impl Reusable for Sender {
-    fn closed(&mut self) -> bool {
-        self.is_closed()
-    }
-}
 
 thread_local! {
     /// This thread's idle hyper connections.
     static IDLE: RefCell<IdlePool<Sender>> = RefCell::new(IdlePool::default());
 }
 
-fn take_idle(base: &str, policy: usize) -> Option<Sender> {
-    IDLE.with(|p| p.borrow_mut().take(base, policy))
-}
-
-fn put_idle(base: &str, policy: usize, tx: Sender) {
-    IDLE.with(|p| p.borrow_mut().put(base, policy, tx))
+impl Reusable for Sender {
+    fn closed(&mut self) -> bool {
+        self.is_closed()
+    }
+    fn pool() -> &'static std::thread::LocalKey<RefCell<IdlePool<Self>>> {
+        &IDLE
+    }
 }
 
 /// The client's request body, sent as it arrives.
@@ -56,14 +55,6 @@ pub struct UpBody {
 }
 
 impl UpBody {
-    /// No body.
-    pub fn empty() -> UpBody {
-        UpBody {
-            payload: None,
-            exact: Some(0),
-        }
-    }
-
     /// The client's body; `exact` when its length is known.
     pub fn stream(payload: Payload, exact: Option<u64>) -> UpBody {
         UpBody {
@@ -171,7 +162,7 @@ async fn connect(
 ) -> Result<Sender, ConnectFailure> {
     let s = connect_tcp(pool, inst, t).await?;
     let (tx, conn) = http1::Builder::new()
-        .max_buf_size(64 * 1024 + 16 * 1024)
+        .max_buf_size(MAX_HEAD)
         .handshake(hyper_util::rt::TokioIo::new(s))
         .await
         .map_err(|e| ConnectFailure::Failed(e.to_string()))?;
@@ -213,7 +204,7 @@ pub async fn exchange(
     let policy = std::sync::Arc::as_ptr(&pool.egress) as usize;
     let deadline = tokio::time::Instant::now() + t.response;
     // At most one pooled connection found dead, then a new one.
-    let mut pooled = take_idle(&inst.base, policy);
+    let mut pooled = idle::take(&inst.base, policy);
     loop {
         let fresh = pooled.is_none();
         let mut tx = match pooled.take() {
@@ -265,7 +256,7 @@ pub struct UpstreamBody {
 impl UpstreamBody {
     fn release(&mut self) {
         if let Some((base, policy, tx)) = self.back.take() {
-            put_idle(&base, policy, tx);
+            idle::put(&base, policy, tx);
         }
     }
 }

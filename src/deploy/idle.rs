@@ -10,7 +10,9 @@
 //! connection is never handed out under another egress policy than the one
 //! it was made under.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
 /// How long an idle pooled connection is kept.
@@ -22,9 +24,21 @@ pub const MAX_IDLE: usize = 256;
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// A connection that can say it is closed (read without waiting).
-pub trait Reusable {
+pub trait Reusable: Sized + 'static {
     /// Whether the connection can no longer carry a request.
     fn closed(&mut self) -> bool;
+    /// The thread-local pool of such connections.
+    fn pool() -> &'static LocalKey<RefCell<IdlePool<Self>>>;
+}
+
+/// An idle connection of this thread to `base` made under `policy` ([`IdlePool::take`]).
+pub fn take<T: Reusable>(base: &str, policy: usize) -> Option<T> {
+    T::pool().with(|p| p.borrow_mut().take(base, policy))
+}
+
+/// Gives a connection back to this thread's pool ([`IdlePool::put`]).
+pub fn put<T: Reusable>(base: &str, policy: usize, conn: T) {
+    T::pool().with(|p| p.borrow_mut().put(base, policy, conn))
 }
 
 struct Idle<T> {
@@ -91,11 +105,5 @@ impl<T: Reusable> IdlePool<T> {
                 policy,
             });
         }
-    }
-
-    /// Idle connections to `base` (for tests).
-    #[cfg(test)]
-    pub fn idle(&self, base: &str) -> usize {
-        self.by_base.get(base).map_or(0, VecDeque::len)
     }
 }

@@ -281,47 +281,100 @@ pub struct Forwarded {
     pub request_id: Option<String>,
 }
 
-/// The request headers sent upstream: the client's minus hop-by-hop and Host,
-/// plus `X-Forwarded-For/Proto/Host` and `X-Request-ID`.
-fn upstream_headers(req: &HttpRequest, fwd: &Forwarded, keep_upgrade: bool) -> HeaderMap {
+/// The request headers every client sends upstream, given to `emit` in
+/// order as name and value: the client's, minus hop-by-hop ones, `Host` and
+/// those the proxy sets; then `X-Forwarded-For` (the client's last one with
+/// the client's address appended), `X-Forwarded-Proto`, `X-Forwarded-Host`
+/// (the routed host) and `X-Request-ID` (the chain's; the client's passes
+/// only when the chain has none). Each client sets `Host` itself.
+pub(crate) fn upstream_header_lines(
+    req: &HttpRequest,
+    fwd: &Forwarded,
+    mut emit: impl FnMut(&str, &[u8]),
+) {
+    let own_id = fwd
+        .request_id
+        .as_deref()
+        .filter(|id| value_ok(id.as_bytes()));
     let listed = connection_listed(req.headers());
-    let mut out = HeaderMap::with_capacity(req.headers().len() + 4);
+    let mut prev_xff: Option<&[u8]> = None;
     for (k, v) in req.headers() {
-        if k == header::HOST
-            || (is_hop_by_hop(k, &listed) && !(keep_upgrade && k == header::UPGRADE))
-        {
+        match k.as_str() {
+            "host" | "x-forwarded-proto" | "x-forwarded-host" => continue,
+            "x-forwarded-for" => {
+                prev_xff = Some(v.as_bytes());
+                continue;
+            }
+            "x-request-id" if own_id.is_some() => continue,
+            _ => {}
+        }
+        if is_hop_by_hop(k, &listed) {
             continue;
         }
-        out.append(k.clone(), v.clone());
+        emit(k.as_str(), v.as_bytes());
     }
-    let xff = match (
-        req.headers()
-            .get("x-forwarded-for")
-            .and_then(|v| v.to_str().ok()),
-        fwd.client_ip,
-    ) {
-        (Some(prev), Some(ip)) => format!("{prev}, {ip}"),
-        (None, Some(ip)) => ip.to_string(),
-        (Some(prev), None) => prev.to_string(),
-        (None, None) => String::new(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff)
-        && !xff.is_empty()
-    {
-        out.insert(HeaderName::from_static("x-forwarded-for"), v);
+    if prev_xff.is_some() || fwd.client_ip.is_some() {
+        let mut xff = Vec::with_capacity(64);
+        if let Some(prev) = prev_xff {
+            xff.extend_from_slice(prev);
+            if fwd.client_ip.is_some() {
+                xff.extend_from_slice(b", ");
+            }
+        }
+        if let Some(ip) = fwd.client_ip {
+            write_ip(&mut xff, ip);
+        }
+        emit("x-forwarded-for", &xff);
     }
-    out.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static(fwd.proto),
-    );
-    if let Ok(v) = HeaderValue::from_str(&fwd.host) {
-        out.insert(HeaderName::from_static("x-forwarded-host"), v);
+    emit("x-forwarded-proto", fwd.proto.as_bytes());
+    if value_ok(fwd.host.as_bytes()) {
+        emit("x-forwarded-host", fwd.host.as_bytes());
     }
-    if let Some(id) = &fwd.request_id
-        && let Ok(v) = HeaderValue::from_str(id)
-    {
-        out.insert(HeaderName::from_static("x-request-id"), v);
+    if let Some(id) = own_id {
+        emit("x-request-id", id.as_bytes());
     }
+}
+
+/// Whether `b` may stand in a header value (no control character but tab).
+pub(crate) fn value_ok(b: &[u8]) -> bool {
+    b.iter().all(|&c| (c >= b' ' && c != 0x7f) || c == b'\t')
+}
+
+/// Writes `ip` as text (an IPv4 address without the formatting machinery).
+pub(crate) fn write_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, o) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if o >= 100 {
+                    out.push(b'0' + o / 100);
+                }
+                if o >= 10 {
+                    out.push(b'0' + o / 10 % 10);
+                }
+                out.push(b'0' + o % 10);
+            }
+        }
+        std::net::IpAddr::V6(_) => {
+            use std::io::Write;
+            let _ = write!(out, "{ip}");
+        }
+    }
+}
+
+/// [`upstream_header_lines`] as actix's header map (awc's requests).
+fn upstream_headers(req: &HttpRequest, fwd: &Forwarded) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(req.headers().len() + 4);
+    upstream_header_lines(req, fwd, |k, v| {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_bytes(v),
+        ) {
+            out.append(k, v);
+        }
+    });
     out
 }
 
@@ -460,7 +513,7 @@ async fn proxy_awc(
         let mut creq = client.request(req.method().clone(), uri).no_decompress();
         // The header map is set whole (the builder moves on each header added),
         // built for this attempt (retries are rare).
-        *creq.headers_mut() = upstream_headers(req, fwd, false);
+        *creq.headers_mut() = upstream_headers(req, fwd);
         let sent = send_once(creq, kind, &slot).await;
         match sent {
             Ok(res) => {
@@ -617,48 +670,15 @@ async fn over_instances<T>(
     ))
 }
 
-/// [`upstream_headers`] as hyper's header map (`Host` is set per instance).
+/// [`upstream_header_lines`] as hyper's header map (`Host` is set per instance).
 fn h1_headers(req: &HttpRequest, fwd: &Forwarded) -> hyper::HeaderMap {
     use hyper::header::{HeaderName as HName, HeaderValue as HValue};
-    let listed = connection_listed(req.headers());
     let mut out = hyper::HeaderMap::with_capacity(req.headers().len() + 5);
-    let mut prev_xff = None;
-    for (k, v) in req.headers() {
-        if k == header::HOST || is_hop_by_hop(k, &listed) {
-            continue;
-        }
-        if k.as_str() == "x-forwarded-for" {
-            prev_xff = v.to_str().ok();
-            continue;
-        }
-        if let (Ok(k), Ok(v)) = (
-            HName::from_bytes(k.as_str().as_bytes()),
-            HValue::from_bytes(v.as_bytes()),
-        ) {
+    upstream_header_lines(req, fwd, |k, v| {
+        if let (Ok(k), Ok(v)) = (HName::from_bytes(k.as_bytes()), HValue::from_bytes(v)) {
             out.append(k, v);
         }
-    }
-    let xff = match (prev_xff, fwd.client_ip) {
-        (Some(prev), Some(ip)) => Some(format!("{prev}, {ip}")),
-        (None, Some(ip)) => Some(ip.to_string()),
-        (Some(prev), None) => Some(prev.to_string()),
-        (None, None) => None,
-    };
-    if let Some(v) = xff.and_then(|x| HValue::from_str(&x).ok()) {
-        out.insert(HName::from_static("x-forwarded-for"), v);
-    }
-    out.insert(
-        HName::from_static("x-forwarded-proto"),
-        HValue::from_static(fwd.proto),
-    );
-    if let Ok(v) = HValue::from_str(&fwd.host) {
-        out.insert(HName::from_static("x-forwarded-host"), v);
-    }
-    if let Some(id) = &fwd.request_id
-        && let Ok(v) = HValue::from_str(id)
-    {
-        out.insert(HName::from_static("x-request-id"), v);
-    }
+    });
     out
 }
 
@@ -810,7 +830,7 @@ pub async fn proxy_ws(
             "every instance of this upstream is unhealthy",
         ));
     }
-    let headers = upstream_headers(req, fwd, false);
+    let headers = upstream_headers(req, fwd);
     let client = upstream_client(t, &pool.egress);
     let mut last_err = String::new();
     let mut forbidden = None;

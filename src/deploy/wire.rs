@@ -19,8 +19,8 @@
 //! again on a new connection when that cannot act twice: nothing was written,
 //! or nothing was answered and the method is idempotent (RFC 9110 §9.2.2).
 
-use super::h1::{Exchange, connect_tcp};
-use super::idle::{IdlePool, Reusable};
+use super::h1::{Exchange, MAX_HEAD, connect_tcp};
+use super::idle::{self, IdlePool, Reusable};
 use super::proxy::{Forwarded, Instance, ProxyTimeouts, UpstreamPool};
 use actix_web::HttpRequest;
 use actix_web::body::{BodySize, MessageBody};
@@ -34,8 +34,6 @@ use std::task::{Context, Poll, Waker, ready};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// The largest answer head read (as hyper's buffer on the other path).
-pub const MAX_HEAD: usize = 64 * 1024 + 16 * 1024;
 /// The most header lines an answer head may have.
 const MAX_HEADERS: usize = 128;
 /// Room made in the read buffer before each read.
@@ -50,7 +48,16 @@ pub struct Conn {
     buf: BytesMut,
 }
 
+thread_local! {
+    /// This thread's idle connections of this client.
+    static IDLE: RefCell<IdlePool<Conn>> = RefCell::new(IdlePool::default());
+}
+
 impl Reusable for Conn {
+    fn pool() -> &'static std::thread::LocalKey<RefCell<IdlePool<Self>>> {
+        &IDLE
+    }
+
     /// From the runtime's cached readiness: a socket not reported readable
     /// is open (no system call); one reported readable is read once without
     /// waiting: an end of stream, stray bytes or an error close it.
@@ -70,39 +77,14 @@ impl Reusable for Conn {
     }
 }
 
-thread_local! {
-    /// This thread's idle connections of this client.
-    static IDLE: RefCell<IdlePool<Conn>> = RefCell::new(IdlePool::default());
-}
-
-fn take_idle(base: &str, policy: usize) -> Option<Conn> {
-    IDLE.with(|p| p.borrow_mut().take(base, policy))
-}
-
-fn put_idle(base: &str, policy: usize, c: Conn) {
-    IDLE.with(|p| p.borrow_mut().put(base, policy, c))
-}
-
-/// Idle connections of this thread to `base` (for tests).
-#[cfg(test)]
-pub fn idle_count(base: &str) -> usize {
-    IDLE.with(|p| p.borrow().idle(base))
-}
-
 /// Whether `b` may stand in a request target (visible ASCII only).
 fn target_ok(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|&c| c > b' ' && c < 0x7f)
 }
 
-/// Whether `b` may stand in a header value (no control character but tab).
-fn value_ok(b: &[u8]) -> bool {
-    b.iter().all(|&c| (c >= b' ' && c != 0x7f) || c == b'\t')
-}
-
 /// The request head sent to an instance whose `Host` is `host`: the
-/// client's headers minus hop-by-hop ones and `Host`, plus
-/// `X-Forwarded-For/Proto/Host` and `X-Request-ID` (as the other clients
-/// send them).
+/// request line, `Host`, then the headers of
+/// [`super::proxy::upstream_header_lines`].
 pub fn request_head(
     req: &HttpRequest,
     path_and_query: &str,
@@ -112,11 +94,6 @@ pub fn request_head(
     if !target_ok(path_and_query.as_bytes()) {
         return Err(format!("{path_and_query:?} is not a request target"));
     }
-    let own_id = fwd
-        .request_id
-        .as_deref()
-        .filter(|id| value_ok(id.as_bytes()));
-    let listed = super::proxy::connection_listed(req.headers());
     let mut out = Vec::with_capacity(256 + 64 * req.headers().len());
     out.extend_from_slice(req.method().as_str().as_bytes());
     out.push(b' ');
@@ -124,77 +101,14 @@ pub fn request_head(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(host);
     out.extend_from_slice(b"\r\n");
-    let mut prev_xff: Option<&[u8]> = None;
-    for (k, v) in req.headers() {
-        match k.as_str() {
-            "host" | "x-forwarded-proto" | "x-forwarded-host" => continue,
-            "x-forwarded-for" => {
-                prev_xff = Some(v.as_bytes());
-                continue;
-            }
-            "x-request-id" if own_id.is_some() => continue,
-            _ => {}
-        }
-        if super::proxy::is_hop_by_hop(k, &listed) {
-            continue;
-        }
-        out.extend_from_slice(k.as_str().as_bytes());
+    super::proxy::upstream_header_lines(req, fwd, |k, v| {
+        out.extend_from_slice(k.as_bytes());
         out.extend_from_slice(b": ");
-        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(v);
         out.extend_from_slice(b"\r\n");
-    }
-    if prev_xff.is_some() || fwd.client_ip.is_some() {
-        out.extend_from_slice(b"x-forwarded-for: ");
-        if let Some(prev) = prev_xff {
-            out.extend_from_slice(prev);
-            if fwd.client_ip.is_some() {
-                out.extend_from_slice(b", ");
-            }
-        }
-        if let Some(ip) = fwd.client_ip {
-            write_ip(&mut out, ip);
-        }
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"x-forwarded-proto: ");
-    out.extend_from_slice(fwd.proto.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    if value_ok(fwd.host.as_bytes()) {
-        out.extend_from_slice(b"x-forwarded-host: ");
-        out.extend_from_slice(fwd.host.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if let Some(id) = own_id {
-        out.extend_from_slice(b"x-request-id: ");
-        out.extend_from_slice(id.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    });
     out.extend_from_slice(b"\r\n");
     Ok(out)
-}
-
-/// Writes `ip` as text (an IPv4 address without the formatting machinery).
-fn write_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
-    match ip {
-        std::net::IpAddr::V4(v4) => {
-            for (i, o) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b'.');
-                }
-                if o >= 100 {
-                    out.push(b'0' + o / 100);
-                }
-                if o >= 10 {
-                    out.push(b'0' + o / 10 % 10);
-                }
-                out.push(b'0' + o % 10);
-            }
-        }
-        std::net::IpAddr::V6(_) => {
-            use std::io::Write;
-            let _ = write!(out, "{ip}");
-        }
-    }
 }
 
 /// An upstream's answer head, ready for the client.
@@ -243,7 +157,7 @@ pub async fn exchange(
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     );
     let head_only = *method == Method::HEAD;
-    let mut pooled = take_idle(&inst.base, policy);
+    let mut pooled = idle::take(&inst.base, policy);
     loop {
         let reused = pooled.is_some();
         let mut conn = match pooled.take() {
@@ -300,7 +214,7 @@ impl Parsed {
         let body = match self.framing {
             Framing::None => {
                 if self.reusable {
-                    put_idle(base, policy, conn);
+                    idle::put(base, policy, conn);
                 }
                 AnswerBody::Empty
             }
@@ -308,7 +222,7 @@ impl Parsed {
                 let b = conn.buf.split_to(n as usize).freeze();
                 if self.reusable {
                     // Stray bytes after the body close it (`closed`).
-                    put_idle(base, policy, conn);
+                    idle::put(base, policy, conn);
                 }
                 AnswerBody::Whole(b)
             }
@@ -506,7 +420,7 @@ impl WireBody {
         if let (Some(c), Some((base, policy))) = (self.conn.take(), self.back.take())
             && c.buf.is_empty()
         {
-            put_idle(&base, policy, c);
+            idle::put(&base, policy, c);
         }
     }
 }
@@ -745,6 +659,7 @@ pub fn into_response(req: &HttpRequest, a: Answer) -> actix_web::HttpResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deploy::proxy::{value_ok, write_ip};
 
     fn decode_all(input: &[u8], split: usize) -> Result<(Vec<u8>, bool), String> {
         let mut dec = Chunked::default();

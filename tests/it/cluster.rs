@@ -8,14 +8,6 @@ use std::time::{Duration, Instant};
 
 const SECRET: &str = "three-node-test-cluster-secret";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Options of cluster node `id` on a fixed port and data folder (so it can be
 /// restarted as the same member).
 fn member_opts(etcd: &EtcdProcess, id: &str, port: u16, dir: &std::path::Path) -> NodeOpts {

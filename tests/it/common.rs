@@ -42,6 +42,41 @@ pub struct NodeOpts {
     pub no_wait_ready: bool,
 }
 
+/// A free loopback port for a node the test starts (or restarts) on a
+/// fixed address. Taken below the kernel's ephemeral range (where `bind` to
+/// port 0 and every outgoing connection get theirs): a port probed there and
+/// released can be taken by any connection of a test running beside this
+/// one before the node binds it ("address already in use"). Below that
+/// range only an explicit choice takes a port; within this process a
+/// counter keeps choices distinct, and a bind checks that nothing else
+/// holds it.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    if low < 12_000 {
+        // No room below the range: a probed ephemeral port, as before.
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+    }
+    // The ports [low - 10000, low), entered at a point of this process's own.
+    let span = 10_000;
+    let start = std::process::id() % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (low - span + (start + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below {low}");
+}
+
 pub const OPERATOR_KEY: &str = "mgop_test_operator_key_0123456789";
 
 /// Generous limits so tests are not throttled unless they mean to be.

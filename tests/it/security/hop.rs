@@ -20,14 +20,6 @@ use std::time::{Duration, Instant};
 
 const SECRET: &str = "hop-security-test-cluster-secret";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Cluster node `id` on `port`, with `extra` lines in its `[cluster]` section
 /// and `tail` (more sections) after it.
 fn node_opts(

@@ -155,6 +155,10 @@ fn init_logging(format: &str) -> std::io::Result<log_sink::Guard> {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,libp2p_gossipsub=error"));
     let (writer, guard) = log_sink::start(std::io::stderr())?;
+    // The request log's lines are built by hand (docs/decisions.md "The
+    // request log") and go to the same writer.
+    let access = writer.clone();
+    crate::node::install_request_log(format == "json", move |line| access.append(line));
     // Colours only for a person at a terminal: a log file or a collector
     // gets plain text (the escape codes also cost about 5% of a request's
     // CPU, written into every line's fields).
@@ -415,8 +419,9 @@ mod log_sink {
         }
     }
 
-    impl Write for Sink {
-        fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+    impl Sink {
+        /// Appends `line` to the buffer (waiting for room when it is full).
+        pub fn append(&self, line: &[u8]) {
             let mut p = self.0.pending.lock();
             while p.buf.len() >= MAX_PENDING && !p.closing {
                 self.0.room.wait(&mut p);
@@ -425,6 +430,12 @@ mod log_sink {
             if p.buf.len() >= SOON {
                 self.0.wake.notify_one();
             }
+        }
+    }
+
+    impl Write for Sink {
+        fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+            self.append(line);
             Ok(line.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {

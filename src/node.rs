@@ -4,6 +4,8 @@
 
 use crate::actors::{ActorDirectory, Namespaces, NodeSupervisor};
 use crate::config::Config;
+/// The request log's writer, installed by the command line at start-up.
+pub use crate::http::access_log::install as install_request_log;
 pub use crate::http::state::{Node, NodeInner, Phase, Secrets};
 use crate::metrics::Metrics;
 use crate::storage::{Store, StoreError};

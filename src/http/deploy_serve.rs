@@ -177,41 +177,6 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     })
 }
 
-/// The request id of the logger step: the client's when it is sane, else 12
-/// random bytes in hex, from a per-thread buffer of OS randomness (one read of
-/// the random source per 341 ids instead of one per request).
-fn request_id(req: &ServiceRequest) -> String {
-    if let Some(v) = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-    {
-        return v.to_string();
-    }
-    thread_local! {
-        static POOL: std::cell::RefCell<(Box<[u8; 4092]>, usize)> =
-            std::cell::RefCell::new((Box::new([0u8; 4092]), 4092));
-    }
-    POOL.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.1 + 12 > p.0.len() {
-            *p.0 = crate::util::random_bytes::<4092>();
-            p.1 = 0;
-        }
-        let at = p.1;
-        p.1 += 12;
-        // Hex by hand: `hex::encode` goes through an iterator of chars.
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut id = String::with_capacity(24);
-        for &b in &p.0[at..at + 12] {
-            id.push(HEX[usize::from(b >> 4)] as char);
-            id.push(HEX[usize::from(b & 15)] as char);
-        }
-        id
-    })
-}
-
 /// Counts a request in flight until dropped (the drain waits for them).
 struct InFlight(prometheus::IntGauge);
 
@@ -264,8 +229,9 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     node.metrics.http_in_flight.inc();
     let in_flight = InFlight(node.metrics.http_in_flight.clone());
     // The logger.
-    let id = request_id(&req);
-    let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
+    let id = super::middleware::request_id(&req);
+    let entry = super::access_log::Entry::begin(req.method(), req.path());
+    let span = super::middleware::request_span(req.method(), req.path(), &id);
     let (http, payload) = req.into_parts();
     // Boxed: the steps' future holds the upstream exchange (kilobytes), and
     // this future is moved whole into actix's box and between its layers;
@@ -276,16 +242,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     )
     .await;
     drop(in_flight);
-    {
-        let _e = span.enter();
-        let status = resp.status().as_u16();
-        let ms = start.elapsed().as_secs_f64() * 1000.0;
-        if status >= 500 {
-            tracing::warn!(status, duration_ms = ms, "Request failed.");
-        } else {
-            tracing::info!(status, duration_ms = ms, "Request served.");
-        }
-    }
+    entry.finish(resp.status().as_u16(), &id);
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&id) {
         h.insert(HeaderName::from_static("x-request-id"), v);

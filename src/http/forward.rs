@@ -199,12 +199,7 @@ pub async fn cluster_forward<B: MessageBody + 'static>(
     let n = node(&req);
     let (target, members) = match members_elsewhere(&n, &req).await {
         Ok(Some(found)) => found,
-        Ok(None) => {
-            return next
-                .call(req)
-                .await
-                .map(ServiceResponse::map_into_left_body);
-        }
+        Ok(None) => return crate::http::middleware::deployment_dispatch(req, next).await,
         Err(e) => {
             let (http, _) = req.into_parts();
             return Ok(ServiceResponse::new(http, e.error_response_owned()).map_into_right_body());

@@ -1,5 +1,6 @@
-//! The request chain of docs/design.md §2, one function per step, outermost first.
-//! [`super::serve`] wraps them in this order; a test drives the order from outside.
+//! The request chain of docs/design.md §2, one function per step, outermost
+//! first. Steps 0 to 4 run in one layer, [`front`]; [`super::serve`] wraps
+//! the layers in order; a test drives the order from outside.
 
 use super::error::ApiError;
 use super::policy::{Policy, PolicyMap};
@@ -76,10 +77,15 @@ pub async fn probes(
     Ok(req.into_response(resp).map_into_right_body())
 }
 
-/// Refuses new work while the node starts or drains; counts requests in flight
-/// (the drain waits for them) and records request metrics.
-pub async fn admission(
-    req: ServiceRequest,
+/// Steps 0 to 4 in one layer, in order (one boxed future and one service
+/// hop per request instead of five): admission (refuses new work while the
+/// node starts or drains, counts requests in flight for the drain, records
+/// request metrics), the internal-header gate ([`internal_auth_gate`]), the
+/// route's policy ([`route_policy`]), the request log ([`super::access_log`])
+/// with the request id, then the envelope and the security headers
+/// ([`answer`]). Answers refused by admission or the gate are not logged.
+pub async fn front(
+    mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
     let node = node(&req);
@@ -101,7 +107,13 @@ pub async fn admission(
     let start = crate::util::mono_now();
     // Decremented on drop, so a panicking handler cannot hold the drain forever.
     let in_flight = InFlight::enter(&node);
-    let mut res = next.call(req).await;
+    let mut res = match internal_auth_gate(&node, &mut req).await {
+        Err(refused) => Ok(short_circuit(req, refused)),
+        Ok(()) => {
+            route_policy(&node, &mut req);
+            logged(req, next).await
+        }
+    };
     drop(in_flight);
     // Compressing a body under 1 KiB costs more (a fresh encoder per response)
     // than it saves; mark it so Compress leaves it alone.
@@ -119,7 +131,7 @@ pub async fn admission(
         Err(e) => e.as_response_error().status_code(),
     };
     record_request(&node, status, start);
-    res.map(ServiceResponse::map_into_left_body)
+    res
 }
 
 /// Counts a finished request and its duration by status class (admission's
@@ -149,55 +161,38 @@ impl Drop for InFlight {
 /// Step 1: deletes every `X-Internal-Auth-*` header unless a valid hop MAC came
 /// with it (checked by the cluster module when this node is in a cluster). A
 /// hop whose MAC holds but whose body was changed is refused here.
-pub async fn internal_auth_gate<B: MessageBody + 'static>(
-    mut req: ServiceRequest,
-    next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, Error> {
-    let node = node(&req);
+async fn internal_auth_gate(node: &Node, req: &mut ServiceRequest) -> Result<(), ApiError> {
     let has_internal = req
         .headers()
         .keys()
         .any(|k| k.as_str().starts_with(INTERNAL_PREFIX));
-    if has_internal {
-        match crate::http::hop::verify_hop(&node, &mut req).await {
-            Ok(Some(identity)) => {
-                req.extensions_mut().insert(identity);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                return Ok(req
-                    .into_response(e.error_response_owned())
-                    .map_into_right_body());
-            }
-        }
-        let names: Vec<HeaderName> = req
-            .headers()
-            .keys()
-            .filter(|k| k.as_str().starts_with(INTERNAL_PREFIX))
-            .cloned()
-            .collect();
-        let headers = req.headers_mut();
-        for n in names {
-            headers.remove(n);
-        }
+    if !has_internal {
+        return Ok(());
     }
-    next.call(req)
-        .await
-        .map(ServiceResponse::map_into_left_body)
+    if let Some(identity) = crate::http::hop::verify_hop(node, req).await? {
+        req.extensions_mut().insert(identity);
+    }
+    let names: Vec<HeaderName> = req
+        .headers()
+        .keys()
+        .filter(|k| k.as_str().starts_with(INTERNAL_PREFIX))
+        .cloned()
+        .collect();
+    let headers = req.headers_mut();
+    for n in names {
+        headers.remove(n);
+    }
+    Ok(())
 }
 
 /// Step 2: puts the matched route's policy on the request. Every path of a host
 /// routed to a deployment has the deployment policy. The host and its
 /// deployment, found here once, travel in the request's extensions
 /// (`RequestHost`, `RoutedHost`) for domain routing and the dispatcher.
-pub async fn route_policy(
-    req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<impl MessageBody>, Error> {
-    let host = crate::http::chain::request_host(&req);
+fn route_policy(node: &Node, req: &mut ServiceRequest) {
+    let host = crate::http::chain::request_host(req);
     let routed = host.as_deref().and_then(|h| {
-        node(&req)
-            .deployments
+        node.deployments
             .index()
             .host_namespace(h)
             .map(str::to_string)
@@ -217,36 +212,26 @@ pub async fn route_policy(
         let p = policy.clone();
         req.extensions_mut().insert(p);
     }
-    next.call(req).await
 }
 
-/// Step 3: one tracing span per request with method, path, status, duration and
-/// the request id (generated when absent, echoed in the response).
-pub async fn logger(
+/// Steps 3 and 4 (inside [`front`]): the request id (the client's when it
+/// sent a sane one, else a fresh one; echoed in the response), the request's
+/// log line ([`super::access_log`]), then the envelope and the security
+/// headers ([`answer`]). Events logged while the request runs sit in a
+/// `request` span with its method, path and id when `RUST_LOG` enables DEBUG
+/// (docs/decisions.md "The request log").
+async fn logged<B: MessageBody + 'static>(
     req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<impl MessageBody>, Error> {
-    let id = req
-        .headers()
-        .get(&REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_string)
-        .unwrap_or_else(fresh_request_id);
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, Error> {
+    let id = request_id(&req);
     req.extensions_mut().insert(RequestId(id.clone()));
-    let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
-    let start = crate::util::mono_now();
-    let res = tracing::Instrument::instrument(next.call(req), span.clone()).await;
-    let _e = span.enter();
+    let entry = super::access_log::Entry::begin(req.method(), req.path());
+    let span = request_span(req.method(), req.path(), &id);
+    let res = tracing::Instrument::instrument(answer(req, next), span).await;
     match res {
         Ok(mut r) => {
-            let status = r.status().as_u16();
-            let ms = start.elapsed().as_secs_f64() * 1000.0;
-            if status >= 500 {
-                tracing::warn!(status, duration_ms = ms, "Request failed.");
-            } else {
-                tracing::info!(status, duration_ms = ms, "Request served.");
-            }
+            entry.finish(r.status().as_u16(), &id);
             if let Ok(v) = HeaderValue::from_str(&id) {
                 r.headers_mut().insert(REQUEST_ID, v);
             }
@@ -254,6 +239,27 @@ pub async fn logger(
         }
         Err(e) => Err(e),
     }
+}
+
+/// The request's id: the client's `X-Request-ID` when it is 1 to 128
+/// printable ASCII characters, else a fresh one.
+pub(crate) fn request_id(req: &ServiceRequest) -> String {
+    req.headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(fresh_request_id)
+}
+
+/// The span events of one request sit in; disabled (free) unless `RUST_LOG`
+/// enables DEBUG for `meshgate`.
+pub(crate) fn request_span(
+    method: &actix_web::http::Method,
+    path: &str,
+    id: &str,
+) -> tracing::Span {
+    tracing::debug_span!("request", method = %method, path = %path, request_id = %id)
 }
 
 /// A request id no other request of this process had: 24 hex digits, 8
@@ -271,14 +277,14 @@ fn fresh_request_id() -> String {
     format!("{prefix}{n:08x}")
 }
 
-/// Steps 3½ and 4 in one layer (one boxed future fewer per request): every
-/// error answer that is not already the JSON envelope becomes it
-/// ([`envelope`]), then the security headers go on ([`security_headers`]).
-/// A deployment's answers are the upstream's own: neither touches them.
-pub async fn answer(
+/// Steps 3½ and 4: every error answer that is not already the JSON envelope
+/// becomes it ([`envelope`]), then the security headers go on
+/// ([`security_headers`]). A deployment's answers are the upstream's own:
+/// neither touches them.
+async fn answer<B: MessageBody + 'static>(
     req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, Error> {
     let deployed = policy_of(&req) == Some(Policy::Deployment);
     let v1 = req.path().starts_with("/v1/");
     let res = next.call(req).await?;
@@ -364,10 +370,10 @@ fn security_headers(h: &mut actix_web::http::header::HeaderMap, v1: bool) {
 
 /// Step 12 for routed hosts: the deployment answers (a static file or the proxy)
 /// instead of the router.
-pub async fn deployment_dispatch(
+pub async fn deployment_dispatch<B: MessageBody + 'static>(
     req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, Error> {
     if policy_of(&req) != Some(Policy::Deployment) {
         return next
             .call(req)

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 mod chain;
 pub mod dashboard;
 mod deploy_serve;
@@ -70,16 +71,13 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             app = app.service(r);
         }
         // `wrap` makes the last one outermost: listed here innermost first.
-        app.wrap(from_fn(middleware::deployment_dispatch))
-            .wrap(from_fn(forward::cluster_forward))
-            // Steps 5 to 11 (client rate limit … namespace rate limit), in order.
-            .wrap(from_fn(chain::steps))
-            // The envelope and the security headers (steps 3½ and 4).
-            .wrap(from_fn(middleware::answer))
-            .wrap(from_fn(middleware::logger))
-            .wrap(from_fn(middleware::route_policy))
-            .wrap(from_fn(middleware::internal_auth_gate))
-            .wrap(from_fn(middleware::admission))
+        // Steps 5 to 11 (client rate limit … namespace rate limit), in
+        // order, then step 12: forwarding to the member that owns the
+        // namespace, or a routed host's deployment, or the router.
+        app.wrap(from_fn(chain::steps))
+            // Admission, the internal-header gate, the route's policy, the
+            // request log, the envelope and the security headers (steps 0 to 4).
+            .wrap(from_fn(middleware::front))
             .wrap(actix_web::middleware::Compress::default())
             .wrap(from_fn(middleware::probes))
             // Routed upstream requests: the chain's deployment steps in one.

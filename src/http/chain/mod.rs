@@ -88,7 +88,10 @@ pub async fn steps<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>)
     }
     .await;
     let mut res = match passed {
-        Ok(()) => next.call(req).await?.map_into_left_body(),
+        // Step 12 in the same layer (one boxed future and one service hop
+        // fewer per request): another member's namespace goes there, a
+        // routed host to its deployment, the rest to the router.
+        Ok(()) => crate::http::forward::cluster_forward(req, next).await?,
         Err(e) => early(req, e),
     };
     if let Some(origin) = origin {

@@ -393,3 +393,125 @@ fn large_answers_compressed_small_ones_not() {
     assert_eq!(header(&h, "content-encoding"), None);
     assert!(body.starts_with(b"{"));
 }
+
+/// The request log (docs/decisions.md "The request log"): one line per
+/// request with method, path, the request id (the client's, or the one the
+/// node generated and echoed), status and duration, in text and in JSON;
+/// `RUST_LOG=warn` keeps only failed requests, so a 200 and a 404 leave none.
+#[test]
+fn request_log_lines_carry_the_request_and_follow_the_filter() {
+    let start = |format: &str, filter: &str| {
+        TestNode::start_with(NodeOpts {
+            config: format!("{TEST_CONFIG}[server]\nlog_format = \"{format}\"\n"),
+            env: vec![("RUST_LOG".into(), filter.into())],
+            ..Default::default()
+        })
+    };
+    let line_with = |node: &TestNode, needle: &str| -> String {
+        let mut found = String::new();
+        wait_until(
+            Duration::from_secs(10),
+            "the request's log line never came",
+            || {
+                let log = node.stderr.lock().unwrap();
+                match log.lines().find(|l| l.contains(needle)) {
+                    Some(l) => {
+                        found = l.to_string();
+                        true
+                    }
+                    None => false,
+                }
+            },
+        );
+        found
+    };
+
+    // Text, at INFO: the client's id, then a generated one (echoed).
+    let node = start("pretty", "info");
+    let (s, _, _) = http(
+        "GET",
+        &node.url("/v1/health"),
+        &[("x-request-id", "it-log-1")],
+        None,
+    );
+    assert_eq!(s, 200);
+    let l = line_with(&node, "request_id=it-log-1");
+    assert!(
+        l.contains("INFO request{method=GET path=/v1/health request_id=it-log-1}: meshgate::access: Request served. status=200 duration_ms="),
+        "{l}"
+    );
+    let (s, headers, _) = http("GET", &node.url("/v1/no-such-route"), &[], None);
+    assert_eq!(s, 404);
+    let id = header(&headers, "x-request-id")
+        .expect("a generated request id")
+        .to_string();
+    let l = line_with(&node, &format!("request_id={id}"));
+    assert!(
+        l.contains("path=/v1/no-such-route ") && l.contains("status=404 "),
+        "{l}"
+    );
+    // Probes are outside the chain and not logged.
+    assert_eq!(
+        http(
+            "GET",
+            &node.url("/livez"),
+            &[("x-request-id", "it-probe")],
+            None
+        )
+        .0,
+        200
+    );
+    drop(node);
+
+    // JSON: one object per line, the fields where a log collector finds them.
+    let node = start("json", "info");
+    http(
+        "GET",
+        &node.url("/v1/health"),
+        &[("x-request-id", "it-log-2")],
+        None,
+    );
+    let l = line_with(&node, "\"it-log-2\"");
+    let v = json(&l);
+    assert_eq!(v["target"], "meshgate::access", "{l}");
+    assert_eq!(v["level"], "INFO");
+    assert_eq!(v["fields"]["status"], 200);
+    assert!(v["fields"]["duration_ms"].as_f64().is_some(), "{l}");
+    assert_eq!(v["span"]["method"], "GET");
+    assert_eq!(v["span"]["path"], "/v1/health");
+    drop(node);
+
+    // WARN for the request log (INFO for the node's own events): neither a
+    // 200 nor a 404 is logged. The drain writes what the writer thread still
+    // held before the process exits; its last line says the log was read to
+    // its end.
+    let mut node = start("pretty", "warn,meshgate::node=info");
+    assert_eq!(
+        http(
+            "GET",
+            &node.url("/v1/health"),
+            &[("x-request-id", "it-log-3")],
+            None
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        http(
+            "GET",
+            &node.url("/v1/nope"),
+            &[("x-request-id", "it-log-4")],
+            None
+        )
+        .0,
+        404
+    );
+    node.signal(15);
+    assert_eq!(node.wait_exit(Duration::from_secs(20)), Some(0));
+    let _ = line_with(&node, "Drained; bye.");
+    let log = node.stderr.lock().unwrap().clone();
+    assert!(
+        !log.contains("it-log-3") && !log.contains("it-log-4") && !log.contains("meshgate::access"),
+        "{log}"
+    );
+}

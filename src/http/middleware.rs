@@ -1,6 +1,7 @@
 //! The request chain of docs/design.md §2, one function per step, outermost
-//! first. Steps 0 to 4 run in one layer, [`front`]; [`super::serve`] wraps
-//! the layers in order; a test drives the order from outside.
+//! first. The whole chain runs in one layer, [`front`], which calls the
+//! steps in order; [`super::serve`] puts it under the probes and `Compress`;
+//! a test drives the order from outside.
 
 use super::error::ApiError;
 use super::policy::{Policy, PolicyMap};
@@ -77,13 +78,14 @@ pub async fn probes(
     Ok(req.into_response(resp).map_into_right_body())
 }
 
-/// Steps 0 to 4 in one layer, in order (one boxed future and one service
-/// hop per request instead of five): admission (refuses new work while the
+/// The whole chain in one layer, in order (one boxed future and one service
+/// hop per request instead of eight). Steps 0 to 4 here: admission (refuses new work while the
 /// node starts or drains, counts requests in flight for the drain, records
 /// request metrics), the internal-header gate ([`internal_auth_gate`]), the
 /// route's policy ([`route_policy`]), the request log ([`super::access_log`])
 /// with the request id, then the envelope and the security headers
-/// ([`answer`]). Answers refused by admission or the gate are not logged.
+/// ([`answer`]), which runs steps 5 to 12 ([`super::chain::steps`]) inside.
+/// Answers refused by admission or the gate are not logged.
 pub async fn front(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
@@ -223,7 +225,7 @@ fn route_policy(node: &Node, req: &mut ServiceRequest) {
 async fn logged<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, Error> {
+) -> Result<ServiceResponse<EitherBody<EitherBody<B>>>, Error> {
     let id = request_id(&req);
     req.extensions_mut().insert(RequestId(id.clone()));
     let entry = super::access_log::Entry::begin(req.method(), req.path());
@@ -284,10 +286,11 @@ fn fresh_request_id() -> String {
 async fn answer<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, Error> {
+) -> Result<ServiceResponse<EitherBody<EitherBody<B>>>, Error> {
     let deployed = policy_of(&req) == Some(Policy::Deployment);
     let v1 = req.path().starts_with("/v1/");
-    let res = next.call(req).await?;
+    // Steps 5 to 12, in the same layer.
+    let res = super::chain::steps(req, next).await?;
     if deployed {
         return Ok(res.map_into_left_body());
     }

@@ -71,13 +71,13 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             app = app.service(r);
         }
         // `wrap` makes the last one outermost: listed here innermost first.
-        // Steps 5 to 11 (client rate limit … namespace rate limit), in
-        // order, then step 12: forwarding to the member that owns the
-        // namespace, or a routed host's deployment, or the router.
-        app.wrap(from_fn(chain::steps))
-            // Admission, the internal-header gate, the route's policy, the
-            // request log, the envelope and the security headers (steps 0 to 4).
-            .wrap(from_fn(middleware::front))
+        // The chain, in one layer: admission, the internal-header gate, the
+        // route's policy, the request log, the envelope and the security
+        // headers (steps 0 to 4), then steps 5 to 11 (client rate limit …
+        // namespace rate limit, `chain::steps`) and step 12: forwarding to
+        // the member that owns the namespace, or a routed host's
+        // deployment, or the router.
+        app.wrap(from_fn(middleware::front))
             .wrap(actix_web::middleware::Compress::default())
             .wrap(from_fn(middleware::probes))
             // Routed upstream requests: the chain's deployment steps in one.

@@ -347,6 +347,12 @@ impl Invoker {
         };
         if self.svc.0.records.try_send(queued).is_err() {
             self.svc.0.metrics.invocation_records_dropped.inc();
+        } else {
+            self.svc
+                .0
+                .record_progress
+                .queued
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -513,6 +519,17 @@ impl Invoker {
     /// The newest invocation records of a function, newest first.
     pub async fn logs(&self, name: &str, limit: usize) -> FnResult<Vec<InvocationRecord>> {
         self.record_of(name).await?;
+        // Read your writes: a call answered before this request is in its
+        // log, not 20 ms later (the writer lingers to batch records). The
+        // records queued so far on this node are waited for, boundedly.
+        let progress = &self.svc.0.record_progress;
+        let queued = progress.queued.load(std::sync::atomic::Ordering::Acquire);
+        let mut written = progress.written.subscribe();
+        let _ = tokio::time::timeout(
+            service::RECORD_FLUSH_WAIT,
+            written.wait_for(|w| *w >= queued),
+        )
+        .await;
         let limit = limit.clamp(1, MAX_LOGS);
         let rows = self.store().scan_all(&log_prefix(&self.ns, name)).await?;
         // Entries sort by their newest record, and a record finished late may
@@ -1018,7 +1035,11 @@ mod tests {
     async fn the_writer_keeps_a_busy_functions_log_bounded() {
         let (_dir, store, inv, _) = deployed_f().await;
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
-        let writer = actix_rt::spawn(service::write_records(store.clone(), rx));
+        let writer = actix_rt::spawn(service::write_records(
+            store.clone(),
+            rx,
+            Default::default(),
+        ));
         let all = send_400_in_waves(&[&tx]).await;
         for i in 0..3u64 {
             tx.send(queued("ns", &rec("g", 5 + i, &format!("g{i}"))))
@@ -1055,8 +1076,12 @@ mod tests {
         let other = Store::open_etcd(&[etcd.url()], &access).await.unwrap();
         let (tx_a, rx_a) = mpsc::channel(RECORD_QUEUE);
         let (tx_b, rx_b) = mpsc::channel(RECORD_QUEUE);
-        let writer_a = actix_rt::spawn(service::write_records(store.clone(), rx_a));
-        let writer_b = actix_rt::spawn(service::write_records(other, rx_b));
+        let writer_a = actix_rt::spawn(service::write_records(
+            store.clone(),
+            rx_a,
+            Default::default(),
+        ));
+        let writer_b = actix_rt::spawn(service::write_records(other, rx_b, Default::default()));
         let all = send_400_in_waves(&[&tx_a, &tx_b]).await;
         drop((tx_a, tx_b));
         writer_a.await.unwrap();

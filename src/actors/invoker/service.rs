@@ -13,6 +13,9 @@ pub(super) struct ServiceInner {
     /// Queue of invocation records to the writer task; bounded
     /// (`RECORD_QUEUE`), a full queue drops the record and counts it.
     pub(super) records: mpsc::Sender<QueuedRecord>,
+    /// How far the writer has come: `logs` waits for the records queued
+    /// before it (read-your-writes for a caller that invokes, then reads).
+    pub(super) record_progress: Arc<RecordProgress>,
     /// The runtime the store was opened on (the node's), where the
     /// synchronous paths run their store operations (`store_wait`).
     pub(super) store_runtime: tokio::runtime::Handle,
@@ -47,17 +50,19 @@ impl FunctionsService {
             "meshgate_wasm_cache_misses_total",
             "Modules compiled because the artifact cache did not have them",
         );
+        let progress = Arc::new(RecordProgress::default());
         let svc = FunctionsService(Arc::new(ServiceInner {
             engine,
             store: store.clone(),
             metrics,
             records: tx,
+            record_progress: progress.clone(),
             store_runtime: tokio::runtime::Handle::current(),
             secrets: SecretBox::new(server_secret),
             cache_hits,
             cache_misses,
         }));
-        actix_web::rt::spawn(write_records(store, rx));
+        actix_web::rt::spawn(write_records(store, rx, progress));
         let sampler = svc.clone();
         actix_web::rt::spawn(async move {
             let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
@@ -176,7 +181,11 @@ pub(super) const RECORD_LINGER: Duration = Duration::from_millis(20);
 /// function's entries older than the newest `MAX_LOGS` records
 /// ([`trim_records`]). A busy function's log used to grow without bound,
 /// on sled and on etcd, while `logs` never returns more than `MAX_LOGS`.
-pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRecord>) {
+pub(super) async fn write_records(
+    store: Store,
+    mut rx: mpsc::Receiver<QueuedRecord>,
+    progress: Arc<RecordProgress>,
+) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);
     // Records written per function (`log/<ns>/<name>/`) since its last trim.
     let mut since_trim: HashMap<Vec<u8>, usize> = HashMap::new();
@@ -205,6 +214,7 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
                 }
             }
         }
+        let taken = buf.len() as u64;
         keep_newest(&mut buf, MAX_LOGS);
         // Buffered: a record is written after its call was answered, and an
         // fsync per batch cost more CPU than the batch (sled's threads and
@@ -214,6 +224,7 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
                 tracing::warn!(error = %e, "Invocation records could not be written.");
             }
         }
+        progress.written.send_modify(|w| *w += taken);
         let due: Vec<Vec<u8>> = since_trim
             .iter()
             .filter(|(_, n)| **n >= MAX_LOGS)
@@ -227,6 +238,28 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
         }
     }
 }
+
+/// The record writer's progress, counted in records since the node started.
+pub(super) struct RecordProgress {
+    /// Records handed to the writer's queue.
+    pub(super) queued: std::sync::atomic::AtomicU64,
+    /// Records the writer took from the queue and has written (or left out
+    /// as older than a function's newest `MAX_LOGS`).
+    pub(super) written: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for RecordProgress {
+    fn default() -> Self {
+        RecordProgress {
+            queued: std::sync::atomic::AtomicU64::new(0),
+            written: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+/// How long `logs` waits for the records queued before it to be written;
+/// past it (a store that does not answer) it reads what is stored.
+pub(super) const RECORD_FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// Functions whose written-record counts the writer tracks at most.
 const TRIM_TRACKED_FUNCTIONS: usize = 10_000;

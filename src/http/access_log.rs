@@ -42,11 +42,13 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn begin(method: &Method, path: &str) -> Entry {
+    /// `start` is when the request came in (the caller has read the clock
+    /// already, for the request metrics).
+    pub fn begin(method: &Method, path: &str, start: Instant) -> Entry {
         Entry {
             method: method.clone(),
             path: path.to_string(),
-            start: crate::util::mono_now(),
+            start,
         }
     }
 
@@ -73,26 +75,25 @@ impl Entry {
             return;
         };
         LINE.with_borrow_mut(|line| {
-            line.buf.clear();
-            let line_ref = &mut *line;
-            line_ref.stamp(SystemTime::now());
-            let Line { buf, stamp, .. } = line_ref;
-            let (level, message) = if failed {
-                ("WARN", "Request failed.")
-            } else {
-                ("INFO", "Request served.")
-            };
+            line.stamp(SystemTime::now());
+            let Line { buf, stamp, .. } = line;
+            buf.clear();
             if w.json {
-                json_line(
-                    buf, stamp, level, message, &self, request_id, status, micros,
-                );
+                json_line(buf, stamp, &self, request_id, status, micros);
             } else {
-                text_line(
-                    buf, stamp, level, message, &self, request_id, status, micros,
-                );
+                text_line(buf, stamp, &self, request_id, status, micros);
             }
             (w.write)(buf);
         });
+    }
+}
+
+/// The level and message of a request's line: a 5xx is a failure, at WARN.
+fn level(status: u16) -> (&'static str, &'static str) {
+    if status >= 500 {
+        ("WARN", "Request failed.")
+    } else {
+        ("INFO", "Request served.")
     }
 }
 
@@ -131,20 +132,10 @@ impl Line {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS` of a Unix second, in UTC (the proleptic Gregorian
-/// calendar; days to a civil date by Howard Hinnant's `civil_from_days`).
+/// `YYYY-MM-DDTHH:MM:SS` of a Unix second, in UTC.
 fn civil(secs: u64) -> [u8; 19] {
-    let days = (secs / 86_400) as i64;
+    let (year, month, day) = crate::util::civil_from_days((secs / 86_400) as i64);
     let sod = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
     let mut out = *b"0000-00-00T00:00:00";
     let mut put = |at: usize, width: usize, mut v: u64| {
         for i in (at..at + width).rev() {
@@ -153,8 +144,8 @@ fn civil(secs: u64) -> [u8; 19] {
         }
     };
     put(0, 4, year.clamp(0, 9999) as u64);
-    put(5, 2, month as u64);
-    put(8, 2, day as u64);
+    put(5, 2, u64::from(month));
+    put(8, 2, u64::from(day));
     put(11, 2, sod / 3600);
     put(14, 2, sod / 60 % 60);
     put(17, 2, sod % 60);
@@ -181,23 +172,12 @@ fn put_text(buf: &mut Vec<u8>, s: &str) {
 
 /// The shape of `tracing`'s full text format:
 /// `<time>  INFO request{method=GET path=/x request_id=…}: meshgate::access: Request served. status=200 duration_ms=0.123`
-#[allow(clippy::too_many_arguments)]
-fn text_line(
-    buf: &mut Vec<u8>,
-    stamp: &[u8; 27],
-    level: &str,
-    message: &str,
-    e: &Entry,
-    id: &str,
-    status: u16,
-    micros: u64,
-) {
+fn text_line(buf: &mut Vec<u8>, stamp: &[u8; 27], e: &Entry, id: &str, status: u16, micros: u64) {
+    let (level, message) = level(status);
     buf.extend_from_slice(stamp);
-    buf.extend_from_slice(if level == "INFO" {
-        b"  INFO "
-    } else {
-        b"  WARN "
-    });
+    buf.extend_from_slice(b"  ");
+    buf.extend_from_slice(level.as_bytes());
+    buf.push(b' ');
     buf.extend_from_slice(b"request{method=");
     buf.extend_from_slice(e.method.as_str().as_bytes());
     buf.extend_from_slice(b" path=");
@@ -214,17 +194,8 @@ fn text_line(
 }
 
 /// The shape of `tracing`'s JSON format, one object per line.
-#[allow(clippy::too_many_arguments)]
-fn json_line(
-    buf: &mut Vec<u8>,
-    stamp: &[u8; 27],
-    level: &str,
-    message: &str,
-    e: &Entry,
-    id: &str,
-    status: u16,
-    micros: u64,
-) {
+fn json_line(buf: &mut Vec<u8>, stamp: &[u8; 27], e: &Entry, id: &str, status: u16, micros: u64) {
+    let (level, message) = level(status);
     let str_ = |buf: &mut Vec<u8>, s: &str| {
         // Writing a string into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *buf, s);
@@ -295,31 +266,13 @@ mod tests {
     fn text_lines_have_every_field_and_escape_what_could_forge_a_line() {
         let stamp = *b"2026-12-03T00:00:00.123456Z";
         let mut buf = Vec::new();
-        text_line(
-            &mut buf,
-            &stamp,
-            "INFO",
-            "Request served.",
-            &entry("/v1/kv/k"),
-            "abc",
-            200,
-            1234,
-        );
+        text_line(&mut buf, &stamp, &entry("/v1/kv/k"), "abc", 200, 1234);
         assert_eq!(
             String::from_utf8(buf).unwrap(),
             "2026-12-03T00:00:00.123456Z  INFO request{method=GET path=/v1/kv/k request_id=abc}: meshgate::access: Request served. status=200 duration_ms=1.234\n"
         );
         let mut buf = Vec::new();
-        text_line(
-            &mut buf,
-            &stamp,
-            "WARN",
-            "Request failed.",
-            &entry("/a\nb"),
-            "x",
-            502,
-            7,
-        );
+        text_line(&mut buf, &stamp, &entry("/a\nb"), "x", 502, 7);
         let s = String::from_utf8(buf).unwrap();
         assert_eq!(s.matches('\n').count(), 1, "{s}");
         assert!(
@@ -334,16 +287,7 @@ mod tests {
     fn json_lines_parse_and_carry_every_field() {
         let stamp = *b"2026-12-03T00:00:00.123456Z";
         let mut buf = Vec::new();
-        json_line(
-            &mut buf,
-            &stamp,
-            "INFO",
-            "Request served.",
-            &entry("/q\"\\\u{1}"),
-            "id1",
-            404,
-            12_345,
-        );
+        json_line(&mut buf, &stamp, &entry("/q\"\\\u{1}"), "id1", 404, 12_345);
         assert_eq!(buf.iter().filter(|b| **b == b'\n').count(), 1);
         let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
         assert_eq!(v["timestamp"], "2026-12-03T00:00:00.123456Z");

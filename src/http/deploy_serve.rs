@@ -230,7 +230,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     let in_flight = InFlight(node.metrics.http_in_flight.clone());
     // The logger.
     let id = super::middleware::request_id(&req);
-    let entry = super::access_log::Entry::begin(req.method(), req.path());
+    let entry = super::access_log::Entry::begin(req.method(), req.path(), start);
     let span = super::middleware::request_span(req.method(), req.path(), &id);
     let (http, payload) = req.into_parts();
     // Boxed: the steps' future holds the upstream exchange (kilobytes), and

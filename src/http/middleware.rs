@@ -113,7 +113,7 @@ pub async fn front(
         Err(refused) => Ok(short_circuit(req, refused)),
         Ok(()) => {
             route_policy(&node, &mut req);
-            logged(req, next).await
+            logged(req, next, start).await
         }
     };
     drop(in_flight);
@@ -225,10 +225,11 @@ fn route_policy(node: &Node, req: &mut ServiceRequest) {
 async fn logged<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
+    start: std::time::Instant,
 ) -> Result<ServiceResponse<EitherBody<EitherBody<B>>>, Error> {
     let id = request_id(&req);
     req.extensions_mut().insert(RequestId(id.clone()));
-    let entry = super::access_log::Entry::begin(req.method(), req.path());
+    let entry = super::access_log::Entry::begin(req.method(), req.path(), start);
     let span = request_span(req.method(), req.path(), &id);
     let res = tracing::Instrument::instrument(answer(req, next), span).await;
     match res {

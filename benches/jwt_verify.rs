@@ -70,7 +70,7 @@ fn bench(c: &mut Criterion) {
             )
         })
     });
-    let secrets = meshgate::http::state::Secrets::new(secret.clone(), op_hash);
+    let secrets = meshgate::http::state::Secrets::new(secret.clone(), "mgop_bench");
     g.bench_function("api_key_request_prepared", |b| {
         b.iter(|| {
             let op = secrets.is_operator_key(black_box(&key));

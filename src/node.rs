@@ -66,8 +66,7 @@ fn load_secrets(
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", key_path.display())),
         },
     };
-    let operator_key_hash = hmac(&server_secret, operator_key.as_bytes());
-    Ok(Secrets::new(server_secret, operator_key_hash))
+    Ok(Secrets::new(server_secret, &operator_key))
 }
 
 /// A started node: its bound address and the server, until it is stopped.

@@ -273,12 +273,36 @@ pub fn secret_prefix(ns: &str) -> Vec<u8> {
 
 /// `log/<ns>/<name>/`.
 pub fn log_prefix(ns: &str, name: &str) -> Vec<u8> {
-    format!("log/{ns}/{name}/").into_bytes()
+    log_prefix_with(ns, name, 0)
 }
 
-/// `log/<ns>/<name>/<time>-<request id>`.
+/// [`log_prefix`] with room for `more` bytes after it.
+fn log_prefix_with(ns: &str, name: &str, more: usize) -> Vec<u8> {
+    let mut k = Vec::with_capacity(6 + ns.len() + name.len() + more);
+    k.extend_from_slice(b"log/");
+    k.extend_from_slice(ns.as_bytes());
+    k.push(b'/');
+    k.extend_from_slice(name.as_bytes());
+    k.push(b'/');
+    k
+}
+
+/// `log/<ns>/<name>/<time>-<request id>`, the time in milliseconds written
+/// with at least 16 digits (zero-padded), so keys sort by time. Built by hand:
+/// every invocation writes one.
 pub fn log_key(ns: &str, name: &str, timestamp_ms: u64, request_id: &str) -> Vec<u8> {
-    format!("log/{ns}/{name}/{timestamp_ms:016}-{request_id}").into_bytes()
+    let mut k = log_prefix_with(ns, name, 21 + request_id.len());
+    let mut digits = [b'0'; 20];
+    let (mut n, mut i) = (timestamp_ms, digits.len());
+    while n > 0 {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    k.extend_from_slice(&digits[i.min(digits.len() - 16)..]);
+    k.push(b'-');
+    k.extend_from_slice(request_id.as_bytes());
+    k
 }
 
 /// `log/<ns>/~cron/<name>/<slot>`: the claim of one cron slot (a name never starts with `~`).
@@ -374,5 +398,32 @@ impl ExportedFunction {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    /// The hand-built keys are the ones `format!` wrote before (stored log
+    /// keys must not change), at the edges of the 16-digit padding.
+    #[test]
+    fn log_keys_match_their_formatted_shape() {
+        for t in [
+            0,
+            7,
+            1_764_000_000_000,
+            9_999_999_999_999_999,
+            10_000_000_000_000_000,
+            u64::MAX,
+        ] {
+            assert_eq!(
+                log_key("ns-a", "echo", t, "rid42"),
+                format!("log/ns-a/echo/{t:016}-rid42").into_bytes(),
+                "{t}"
+            );
+        }
+        assert_eq!(log_prefix("ns-a", "echo"), b"log/ns-a/echo/".to_vec());
+        assert!(log_key("n", "f", 0, "r").starts_with(&log_prefix("n", "f")));
     }
 }

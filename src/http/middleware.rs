@@ -277,7 +277,14 @@ fn fresh_request_id() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let prefix = PREFIX.get_or_init(|| hex::encode(crate::util::random_bytes::<8>()));
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{n:08x}")
+    let mut id = String::with_capacity(prefix.len() + 8);
+    id.push_str(prefix);
+    for shift in (0..8).rev() {
+        id.push(char::from(
+            b"0123456789abcdef"[(n >> (shift * 4)) as usize & 0xf],
+        ));
+    }
+    id
 }
 
 /// Steps 3½ and 4: every error answer that is not already the JSON envelope
@@ -393,4 +400,31 @@ pub async fn deployment_dispatch<B: MessageBody + 'static>(
 /// The policy the route-policy step put on the request (unknown routes have none).
 pub fn policy_of(req: &ServiceRequest) -> Option<Policy> {
     req.extensions().get::<Policy>().cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fresh_request_id;
+
+    /// A generated id is 24 lowercase hex digits: the process's 16, then the
+    /// counter's 8; the next id differs only in the counter.
+    #[test]
+    fn fresh_request_ids_are_24_hex_digits_and_distinct() {
+        let a = fresh_request_id();
+        let b = fresh_request_id();
+        for id in [&a, &b] {
+            assert_eq!(id.len(), 24, "{id}");
+            assert!(
+                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
+        assert_ne!(a, b);
+        assert_eq!(a[..16], b[..16], "one prefix per process");
+        let (na, nb) = (
+            u32::from_str_radix(&a[16..], 16).unwrap(),
+            u32::from_str_radix(&b[16..], 16).unwrap(),
+        );
+        assert!(nb > na, "the counter counts up: {a} then {b}");
+    }
 }

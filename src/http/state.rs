@@ -121,25 +121,36 @@ pub struct Secrets {
     pub server_secret: Vec<u8>,
     /// HMAC of the operator key (the key itself is never kept in memory).
     pub operator_key_hash: [u8; 32],
+    /// The operator key's length: a credential of another length is not it,
+    /// and is not HMAC'd to find out (a JWT is 400-odd bytes, hashed on every
+    /// request otherwise). Only this length can be learned from the timing;
+    /// the key's bytes are still compared in constant time.
+    operator_key_len: usize,
     /// `server_secret` as an HMAC key, prepared once (its inner and outer
     /// pads), for the checks every request makes.
     mac_key: ring::hmac::Key,
 }
 
 impl Secrets {
-    /// The node's secrets: the server secret and the operator key's HMAC.
-    pub fn new(server_secret: Vec<u8>, operator_key_hash: [u8; 32]) -> Secrets {
+    /// The node's secrets: the server secret, and the operator key's HMAC
+    /// and length (the key itself is not kept).
+    pub fn new(server_secret: Vec<u8>, operator_key: &str) -> Secrets {
         let mac_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &server_secret);
+        let tag = ring::hmac::sign(&mac_key, operator_key.as_bytes());
         Secrets {
+            operator_key_hash: tag.as_ref().try_into().expect("HMAC-SHA256 is 32 bytes"),
+            operator_key_len: operator_key.len(),
             server_secret,
-            operator_key_hash,
             mac_key,
         }
     }
 
-    /// Whether `candidate` is the operator key (constant time).
+    /// Whether `candidate` is the operator key: its length first, then its
+    /// HMAC compared in constant time.
     pub fn is_operator_key(&self, candidate: &str) -> bool {
-        ring::hmac::verify(&self.mac_key, candidate.as_bytes(), &self.operator_key_hash).is_ok()
+        candidate.len() == self.operator_key_len
+            && ring::hmac::verify(&self.mac_key, candidate.as_bytes(), &self.operator_key_hash)
+                .is_ok()
     }
 
     /// An API key's stored form, `auth::hash_api_key(server_secret, key)`,
@@ -160,7 +171,7 @@ mod tests {
     fn the_prepared_key_gives_the_stored_forms() {
         let secret = b"0123456789abcdef0123456789abcdef".to_vec();
         let op = "mgop_test_operator_key";
-        let s = Secrets::new(secret.clone(), crate::util::hmac(&secret, op.as_bytes()));
+        let s = Secrets::new(secret.clone(), op);
         let key = crate::auth::generate_api_key(crate::auth::KeyKind::Runtime).unwrap();
         assert_eq!(
             s.api_key_hash(&key),
@@ -168,6 +179,13 @@ mod tests {
         );
         assert!(s.is_operator_key(op));
         assert!(!s.is_operator_key("mgop_test_operator_kex"));
+        assert!(!s.is_operator_key("mgop_test_operator_ke"));
+        assert!(!s.is_operator_key("mgop_test_operator_keyy"));
+        assert_eq!(
+            s.operator_key_hash,
+            crate::util::hmac(&secret, op.as_bytes()),
+            "the stored form is the key's HMAC, as before"
+        );
         assert!(!s.is_operator_key(&key));
     }
 }

@@ -74,6 +74,8 @@ pub(super) struct QueuedRecord {
     key: Vec<u8>,
     /// The record as JSON.
     json: Vec<u8>,
+    /// Its namespace's writer progress, counted on once it is written.
+    progress: Arc<service::RecordProgress>,
 }
 
 /// The records of one stored log entry, oldest first: a JSON array of
@@ -260,6 +262,8 @@ struct NsState {
     last_cron: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
     /// This namespace's invocation and error counters, looked up by label once.
     counters: std::sync::OnceLock<(IntCounter, IntCounter)>,
+    /// This namespace's records queued for the writer and written by it.
+    records: Arc<service::RecordProgress>,
 }
 
 /// One namespace's invoker: runs only that namespace's functions.
@@ -344,13 +348,13 @@ impl Invoker {
             prefix: log_prefix(&self.ns, &rec.function),
             key: log_key(&self.ns, &rec.function, rec.timestamp_ms, &rec.request_id),
             json: serde_json::to_vec(&rec).expect("serializable"),
+            progress: self.st.records.clone(),
         };
         if self.svc.0.records.try_send(queued).is_err() {
             self.svc.0.metrics.invocation_records_dropped.inc();
         } else {
-            self.svc
-                .0
-                .record_progress
+            self.st
+                .records
                 .queued
                 .fetch_add(1, std::sync::atomic::Ordering::Release);
         }
@@ -521,8 +525,9 @@ impl Invoker {
         self.record_of(name).await?;
         // Read your writes: a call answered before this request is in its
         // log, not 20 ms later (the writer lingers to batch records). The
-        // records queued so far on this node are waited for, boundedly.
-        let progress = &self.svc.0.record_progress;
+        // records of this namespace queued so far on this node are waited
+        // for, boundedly; another namespace's backlog is not.
+        let progress = &self.st.records;
         let queued = progress.queued.load(std::sync::atomic::Ordering::Acquire);
         let mut written = progress.written.subscribe();
         let _ = tokio::time::timeout(
@@ -766,6 +771,7 @@ mod tests {
             prefix: log_prefix(ns, &r.function),
             key: log_key(ns, &r.function, r.timestamp_ms, &r.request_id),
             json: serde_json::to_vec(r).unwrap(),
+            progress: Default::default(),
         }
     }
 
@@ -1002,6 +1008,31 @@ mod tests {
         );
     }
 
+    /// `logs` waits for its own namespace's records only: a neighbour's
+    /// backlog in the shared writer (records queued, not yet written) does
+    /// not hold it up (with one node-wide count it waited the whole
+    /// `RECORD_FLUSH_WAIT`, and the timeout below fired first), and its own
+    /// record is read back, counted written in its own progress.
+    #[actix_rt::test]
+    async fn logs_wait_for_their_own_namespaces_records_only() {
+        use std::sync::atomic::Ordering;
+        let (_dir, _store, inv, _) = deployed_f().await;
+        let other = inv.svc.invoker("other");
+        assert!(!Arc::ptr_eq(&inv.st.records, &other.st.records));
+        // The neighbour has a thousand records the writer has not written.
+        other.st.records.queued.fetch_add(1_000, Ordering::Release);
+        inv.record(rec("f", 42, "mine"));
+        assert_eq!(inv.st.records.queued.load(Ordering::Acquire), 1);
+        let logs = tokio::time::timeout(service::RECORD_FLUSH_WAIT, inv.logs("f", 10))
+            .await
+            .expect("held up by the neighbour's backlog")
+            .unwrap();
+        let ids: Vec<&str> = logs.iter().map(|r| r.request_id.as_str()).collect();
+        assert_eq!(ids, ["mine"]);
+        assert_eq!(*inv.st.records.written.borrow(), 1);
+        assert_eq!(*other.st.records.written.borrow(), 0);
+    }
+
     /// Sends 400 records of `f` in 8 waves of 50 (20 ms apart, so they land
     /// in many entries), spread over `writers` in turn; returns them in order.
     async fn send_400_in_waves(writers: &[&mpsc::Sender<QueuedRecord>]) -> Vec<InvocationRecord> {
@@ -1035,11 +1066,7 @@ mod tests {
     async fn the_writer_keeps_a_busy_functions_log_bounded() {
         let (_dir, store, inv, _) = deployed_f().await;
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
-        let writer = actix_rt::spawn(service::write_records(
-            store.clone(),
-            rx,
-            Default::default(),
-        ));
+        let writer = actix_rt::spawn(service::write_records(store.clone(), rx));
         let all = send_400_in_waves(&[&tx]).await;
         for i in 0..3u64 {
             tx.send(queued("ns", &rec("g", 5 + i, &format!("g{i}"))))
@@ -1076,12 +1103,8 @@ mod tests {
         let other = Store::open_etcd(&[etcd.url()], &access).await.unwrap();
         let (tx_a, rx_a) = mpsc::channel(RECORD_QUEUE);
         let (tx_b, rx_b) = mpsc::channel(RECORD_QUEUE);
-        let writer_a = actix_rt::spawn(service::write_records(
-            store.clone(),
-            rx_a,
-            Default::default(),
-        ));
-        let writer_b = actix_rt::spawn(service::write_records(other, rx_b, Default::default()));
+        let writer_a = actix_rt::spawn(service::write_records(store.clone(), rx_a));
+        let writer_b = actix_rt::spawn(service::write_records(other, rx_b));
         let all = send_400_in_waves(&[&tx_a, &tx_b]).await;
         drop((tx_a, tx_b));
         writer_a.await.unwrap();

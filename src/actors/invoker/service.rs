@@ -15,7 +15,6 @@ pub(super) struct ServiceInner {
     pub(super) records: mpsc::Sender<QueuedRecord>,
     /// How far the writer has come: `logs` waits for the records queued
     /// before it (read-your-writes for a caller that invokes, then reads).
-    pub(super) record_progress: Arc<RecordProgress>,
     /// The runtime the store was opened on (the node's), where the
     /// synchronous paths run their store operations (`store_wait`).
     pub(super) store_runtime: tokio::runtime::Handle,
@@ -50,19 +49,17 @@ impl FunctionsService {
             "meshgate_wasm_cache_misses_total",
             "Modules compiled because the artifact cache did not have them",
         );
-        let progress = Arc::new(RecordProgress::default());
         let svc = FunctionsService(Arc::new(ServiceInner {
             engine,
             store: store.clone(),
             metrics,
             records: tx,
-            record_progress: progress.clone(),
             store_runtime: tokio::runtime::Handle::current(),
             secrets: SecretBox::new(server_secret),
             cache_hits,
             cache_misses,
         }));
-        actix_web::rt::spawn(write_records(store, rx, progress));
+        actix_web::rt::spawn(write_records(store, rx));
         let sampler = svc.clone();
         actix_web::rt::spawn(async move {
             let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
@@ -124,6 +121,7 @@ impl FunctionsService {
                 publisher: Default::default(),
                 last_cron: Default::default(),
                 counters: Default::default(),
+                records: Default::default(),
             }),
         }
     }
@@ -181,11 +179,7 @@ pub(super) const RECORD_LINGER: Duration = Duration::from_millis(20);
 /// function's entries older than the newest `MAX_LOGS` records
 /// ([`trim_records`]). A busy function's log used to grow without bound,
 /// on sled and on etcd, while `logs` never returns more than `MAX_LOGS`.
-pub(super) async fn write_records(
-    store: Store,
-    mut rx: mpsc::Receiver<QueuedRecord>,
-    progress: Arc<RecordProgress>,
-) {
+pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRecord>) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);
     // Records written per function (`log/<ns>/<name>/`) since its last trim.
     let mut since_trim: HashMap<Vec<u8>, usize> = HashMap::new();
@@ -214,7 +208,14 @@ pub(super) async fn write_records(
                 }
             }
         }
-        let taken = buf.len() as u64;
+        // Each namespace's count of records taken, announced once written.
+        let mut taken: Vec<(Arc<RecordProgress>, u64)> = Vec::new();
+        for r in &buf {
+            match taken.iter_mut().find(|(p, _)| Arc::ptr_eq(p, &r.progress)) {
+                Some((_, n)) => *n += 1,
+                None => taken.push((r.progress.clone(), 1)),
+            }
+        }
         keep_newest(&mut buf, MAX_LOGS);
         // Buffered: a record is written after its call was answered, and an
         // fsync per batch cost more CPU than the batch (sled's threads and
@@ -224,7 +225,9 @@ pub(super) async fn write_records(
                 tracing::warn!(error = %e, "Invocation records could not be written.");
             }
         }
-        progress.written.send_modify(|w| *w += taken);
+        for (progress, n) in taken {
+            progress.written.send_modify(|w| *w += n);
+        }
         let due: Vec<Vec<u8>> = since_trim
             .iter()
             .filter(|(_, n)| **n >= MAX_LOGS)
@@ -239,7 +242,9 @@ pub(super) async fn write_records(
     }
 }
 
-/// The record writer's progress, counted in records since the node started.
+/// The record writer's progress on one namespace's records, counted since
+/// its invoker started: `logs` waits for its own namespace's records only,
+/// so a neighbour flooding the writer does not hold it up.
 pub(super) struct RecordProgress {
     /// Records handed to the writer's queue.
     pub(super) queued: std::sync::atomic::AtomicU64,

@@ -388,9 +388,9 @@ pub fn reply(r: Reply) -> HttpResponse {
         } else {
             "application/octet-stream"
         })
-        .insert_header(("x-duration-ms", r.duration.as_millis().to_string()))
-        .insert_header(("x-function-version", r.version.to_string()))
-        .insert_header(("x-request-id", r.request_id))
+        .insert_header(("x-duration-ms", r.duration.as_millis() as u64))
+        .insert_header(("x-function-version", r.version))
+        // `X-Request-ID` is set by the chain's request log, as on every answer.
         .body(r.output)
 }
 

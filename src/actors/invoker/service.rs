@@ -13,8 +13,6 @@ pub(super) struct ServiceInner {
     /// Queue of invocation records to the writer task; bounded
     /// (`RECORD_QUEUE`), a full queue drops the record and counts it.
     pub(super) records: mpsc::Sender<QueuedRecord>,
-    /// How far the writer has come: `logs` waits for the records queued
-    /// before it (read-your-writes for a caller that invokes, then reads).
     /// The runtime the store was opened on (the node's), where the
     /// synchronous paths run their store operations (`store_wait`).
     pub(super) store_runtime: tokio::runtime::Handle,

@@ -288,19 +288,12 @@ fn log_prefix_with(ns: &str, name: &str, more: usize) -> Vec<u8> {
 }
 
 /// `log/<ns>/<name>/<time>-<request id>`, the time in milliseconds written
-/// with at least 16 digits (zero-padded), so keys sort by time. Built by hand:
-/// every invocation writes one.
+/// with at least 16 digits (zero-padded), so keys sort by time. Written into
+/// one buffer sized up front: every invocation writes one.
 pub fn log_key(ns: &str, name: &str, timestamp_ms: u64, request_id: &str) -> Vec<u8> {
+    use std::io::Write;
     let mut k = log_prefix_with(ns, name, 21 + request_id.len());
-    let mut digits = [b'0'; 20];
-    let (mut n, mut i) = (timestamp_ms, digits.len());
-    while n > 0 {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
-    k.extend_from_slice(&digits[i.min(digits.len() - 16)..]);
-    k.push(b'-');
+    write!(k, "{timestamp_ms:016}-").expect("writing to a Vec cannot fail");
     k.extend_from_slice(request_id.as_bytes());
     k
 }

@@ -277,13 +277,11 @@ fn fresh_request_id() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let prefix = PREFIX.get_or_init(|| hex::encode(crate::util::random_bytes::<8>()));
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut counter = [0u8; 8];
+    hex::encode_to_slice(n.to_be_bytes(), &mut counter).expect("4 bytes are 8 hex digits");
     let mut id = String::with_capacity(prefix.len() + 8);
     id.push_str(prefix);
-    for shift in (0..8).rev() {
-        id.push(char::from(
-            b"0123456789abcdef"[(n >> (shift * 4)) as usize & 0xf],
-        ));
-    }
+    id.extend(counter.map(char::from));
     id
 }
 

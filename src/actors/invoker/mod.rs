@@ -225,8 +225,6 @@ pub struct Reply {
     pub duration: Duration,
     /// The version that ran (the current one when the call named none).
     pub version: u64,
-    /// The call's request id, also the key of its invocation record.
-    pub request_id: String,
 }
 
 /// The triggers of one function's current version.

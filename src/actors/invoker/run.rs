@@ -299,7 +299,7 @@ impl Prepared {
             }
         };
         inv.record(InvocationRecord {
-            request_id: request_id.clone(),
+            request_id,
             function: name,
             version,
             trigger: trigger.as_str().into(),
@@ -320,7 +320,6 @@ impl Prepared {
             output: out.stdout,
             duration: out.duration,
             version,
-            request_id,
         })
     }
 }

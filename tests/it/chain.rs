@@ -703,3 +703,67 @@ fn namespace_rate_limit_per_namespace() {
     assert_eq!(code_of(&b), "NAMESPACE_RATE_LIMITED");
     assert_eq!(node.with_key(&fast, "GET", "/v1/kv/x", None).0, 404);
 }
+
+/// Near misses of the operator key, as someone guessing it would send them:
+/// the same length with one byte changed, one byte shorter, one byte longer,
+/// another case. Each is refused with 401 `INVALID_OPERATOR_KEY` on an
+/// operator route and creates nothing; a string of the key's length without
+/// the `mgop_` prefix is refused too; the key itself still works.
+#[test]
+fn near_miss_operator_keys_are_refused() {
+    let node = TestNode::start();
+    let key = node.operator_key.clone();
+    assert!(key.starts_with("mgop_") && key.len() > 8, "{key}");
+    let flip = |i: usize| {
+        let mut b = key.clone().into_bytes();
+        b[i] = if b[i] == b'a' { b'b' } else { b'a' };
+        String::from_utf8(b).unwrap()
+    };
+    let near: Vec<(&str, String)> = vec![
+        ("last byte changed", flip(key.len() - 1)),
+        ("first byte after the prefix changed", flip(5)),
+        ("one byte shorter", key[..key.len() - 1].to_string()),
+        ("one byte longer", format!("{key}0")),
+        (
+            "upper case",
+            key.to_uppercase().replacen("MGOP_", "mgop_", 1),
+        ),
+    ];
+    for (i, (what, cred)) in near.iter().enumerate() {
+        assert_ne!(cred, &key, "{what}");
+        assert!(cred.len().abs_diff(key.len()) <= 1, "{what}");
+        let name = format!("nearmiss-{i}");
+        let body = format!("{{\"name\":\"{name}\"}}");
+        let (s, b) = node.with_key(cred, "POST", "/v1/namespaces", Some(body.as_bytes()));
+        assert_eq!(s, 401, "{what}: {b}");
+        assert_eq!(
+            json(&b)["error"]["code"],
+            "INVALID_OPERATOR_KEY",
+            "{what}: {b}"
+        );
+        let (s, b) = whoami(&node, cred);
+        assert_eq!(
+            (s, json(&b)["error"]["code"].as_str()),
+            (401, Some("INVALID_OPERATOR_KEY")),
+            "{what} on whoami: {b}"
+        );
+        // Nothing was created under the guessed key.
+        let (s, b) = node.op("GET", &format!("/v1/namespaces/{name}"), None);
+        assert_eq!(s, 404, "{what} created {name}: {b}");
+    }
+    // The key's length without its prefix is no operator credential either.
+    let unprefixed = format!("xxxx_{}", &key[5..]);
+    assert_eq!(unprefixed.len(), key.len());
+    let (s, b) = node.with_key(
+        &unprefixed,
+        "POST",
+        "/v1/namespaces",
+        Some(b"{\"name\":\"nearmiss-x\"}"),
+    );
+    assert_eq!(s, 401, "{b}");
+    assert_ne!(json(&b)["error"]["code"], "INVALID_OPERATOR_KEY", "{b}");
+    let (s, b) = node.op("GET", "/v1/namespaces/nearmiss-x", None);
+    assert_eq!(s, 404, "the unprefixed key created nearmiss-x: {b}");
+    // And the key itself is still the operator's.
+    node.create_namespace("nearmiss-ok");
+}

@@ -207,12 +207,14 @@ pub async fn cluster_forward<B: MessageBody + 'static>(
     };
     let id = req.extensions().get::<Identity>().cloned();
     let (http, payload) = req.into_parts();
-    let resp = match forward(&n, &http, payload, &target, &members, &id).await {
+    // Boxed, as is the change's follow-up: a hop's future is kilobytes, and
+    // inline it would make every request's chain future that large.
+    let resp = match Box::pin(forward(&n, &http, payload, &target, &members, &id)).await {
         Ok(r) => r,
         Err(e) => e.error_response_owned(),
     };
     if resp.status().is_success() {
-        after_forwarded_change(&n, &http).await;
+        Box::pin(after_forwarded_change(&n, &http)).await;
     }
     Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }

@@ -391,7 +391,14 @@ pub async fn deployment_dispatch<B: MessageBody + 'static>(
     }
     let node = node(&req);
     let (http, payload) = req.into_parts();
-    let resp = super::deploy_serve::serve_routed(&node, http.clone(), payload).await;
+    // Boxed: the proxy's future is kilobytes, and inline it would make
+    // every request's chain future that large (moved whole into actix's boxes).
+    let resp = Box::pin(super::deploy_serve::serve_routed(
+        &node,
+        http.clone(),
+        payload,
+    ))
+    .await;
     Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }
 

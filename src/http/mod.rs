@@ -116,3 +116,62 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
     let addr = server.addrs()[0];
     Ok((server.run(), addr))
 }
+
+/// What a future on the request path may weigh (bytes, in a debug build).
+/// Each layer's future is moved whole into actix's boxes on every request, so
+/// a rarely-taken await that holds kilobytes (an etcd call, a hop to another
+/// member, the proxy's exchange) is boxed where it is awaited instead.
+#[cfg(test)]
+pub(crate) const SMALL_FUTURE: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::{Node, SMALL_FUTURE};
+    use actix_web::body::BoxBody;
+    use actix_web::middleware::Next;
+
+    /// The size of the future a function of two arguments returns.
+    fn size2<A, B, F>(_: impl Fn(A, B) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    /// The chain's futures hold no rarely-taken kilobyte state inline: a
+    /// store read inline on etcd (6.7 KiB) or a hop made every request's
+    /// future that large, and actix moves it whole into a box (BENCHMARKS.md,
+    /// "The request path's futures boxed where they are rare").
+    #[test]
+    fn chain_futures_stay_small() {
+        for (what, size) in [
+            (
+                "routed_fast_path",
+                size2(super::deploy_serve::routed_fast_path::<BoxBody>),
+            ),
+            (
+                "probes",
+                size2(|r, n: Next<BoxBody>| super::middleware::probes(r, n)),
+            ),
+            (
+                "front",
+                size2(|r, n: Next<BoxBody>| super::middleware::front(r, n)),
+            ),
+            ("steps", size2(super::chain::steps::<BoxBody>)),
+            (
+                "cluster_forward",
+                size2(super::forward::cluster_forward::<BoxBody>),
+            ),
+            (
+                "deployment_dispatch",
+                size2(super::middleware::deployment_dispatch::<BoxBody>),
+            ),
+            (
+                "authenticate",
+                size2(|n: &'static Node, c: &'static str| super::routes::authenticate(n, c)),
+            ),
+        ] {
+            assert!(
+                size < SMALL_FUTURE,
+                "{what}'s future is {size} bytes: box the rarely-taken await that made it large"
+            );
+        }
+    }
+}

@@ -198,7 +198,7 @@ impl Store {
         match self {
             Store::Sled(s) => s.apply_batch_buffered(ops),
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => s.apply_batch(ops).await,
+            Store::Etcd(s) => Box::pin(s.apply_batch(ops)).await,
         }
     }
 
@@ -232,7 +232,7 @@ impl Store {
                 Ok(Some(s.get(key).await?))
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => s.get_unless(key, journal).await,
+            Store::Etcd(s) => Box::pin(s.get_unless(key, journal)).await,
         }
     }
 
@@ -254,7 +254,7 @@ impl Store {
                 Ok(Some(out))
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => s.scan_unless(prefixes, limit, journal).await,
+            Store::Etcd(s) => Box::pin(s.scan_unless(prefixes, limit, journal)).await,
         }
     }
 
@@ -278,7 +278,7 @@ impl Store {
                 }))
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => s.write_unless(key, value, journal).await,
+            Store::Etcd(s) => Box::pin(s.write_unless(key, value, journal)).await,
         }
     }
 
@@ -304,7 +304,7 @@ impl Store {
                 s.apply_batch(all).await
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => s.apply_journaled(journal, steps, last).await,
+            Store::Etcd(s) => Box::pin(s.apply_journaled(journal, steps, last)).await,
         }
     }
 
@@ -318,7 +318,7 @@ impl Store {
                 Ok(false)
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => s.roll_forward(journal).await,
+            Store::Etcd(s) => Box::pin(s.roll_forward(journal)).await,
         }
     }
 
@@ -347,12 +347,17 @@ impl Store {
     }
 }
 
+/// Each operation on its backend. The etcd arm's future (a gRPC call,
+/// kilobytes) is boxed: inline, it made every future that awaits the store
+/// that large on sled too, and the request path moves such futures whole
+/// into actix's boxes (BENCHMARKS.md, "The store's futures boxed"). One
+/// small allocation per call on etcd, beside a network round trip.
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
             Store::Sled($s) => $e,
             #[cfg(feature = "cluster")]
-            Store::Etcd($s) => $e,
+            Store::Etcd($s) => Box::pin(async { $e }).await,
         }
     };
 }
@@ -398,4 +403,30 @@ impl OrderedKv for Store {
 /// shared by every namespace that stores the same bytes.
 pub fn blob_key(sha256_hex: &str) -> Vec<u8> {
     format!("blob/{sha256_hex}").into_bytes()
+}
+
+#[cfg(test)]
+mod future_size_tests {
+    use super::*;
+
+    /// On sled, a store call's future is small: the etcd arm's gRPC call is
+    /// boxed (it was 6.7 KiB inline, in every future awaiting the store).
+    #[test]
+    fn store_futures_are_small_on_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let sizes = [
+            ("get", size_of_val(&store.get(b"k"))),
+            (
+                "get_json",
+                size_of_val(&store.get_json::<serde_json::Value>(b"k")),
+            ),
+            ("get_unless", size_of_val(&store.get_unless(b"k", b"j"))),
+            ("apply_batch", size_of_val(&store.apply_batch(vec![]))),
+            ("scan_prefix", size_of_val(&store.scan_prefix(b"k", 1))),
+        ];
+        for (what, size) in sizes {
+            assert!(size < 512, "Store::{what}'s future is {size} bytes");
+        }
+    }
 }

@@ -394,7 +394,7 @@ pub fn reply(r: Reply) -> HttpResponse {
         .body(r.output)
 }
 
-async fn invoke(
+pub(super) async fn invoke(
     req: HttpRequest,
     ctx: NsCtx,
     target: web::Path<String>,

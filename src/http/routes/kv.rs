@@ -80,7 +80,11 @@ pub fn register(t: &mut RouteTable) {
 
 /// A read runs here, not in the supervisor (see [`KvGet::run`]); it still
 /// counts as a message the namespace handled.
-async fn get(ctx: NsCtx, node: web::Data<Node>, key: web::Path<String>) -> ApiResult<HttpResponse> {
+pub(super) async fn get(
+    ctx: NsCtx,
+    node: web::Data<Node>,
+    key: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     let key = key_checked(key)?;
     ctx.require("kv", "read", &key)?;
     let _t = ctx.handle.stats.timer();

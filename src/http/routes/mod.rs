@@ -96,3 +96,30 @@ impl FromRequest for NsCtx {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The size of the future a handler of `N` extractors returns.
+    fn size3<A, B, C, F>(_: impl Fn(A, B, C) -> F) -> usize {
+        size_of::<F>()
+    }
+    fn size4<A, B, C, D, F>(_: impl Fn(A, B, C, D) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    /// The hot handlers' futures hold no rarely-taken kilobyte state inline
+    /// (an etcd call's, a hop's): actix moves each one whole into a box on
+    /// every request. A store read inline on etcd made `kv::get` 8 KiB.
+    #[test]
+    fn hot_handler_futures_stay_small() {
+        for (what, size) in [
+            ("kv::get", size3(super::kv::get)),
+            ("functions::invoke", size4(super::functions::invoke)),
+        ] {
+            assert!(
+                size < crate::http::SMALL_FUTURE,
+                "{what}'s future is {size} bytes: box the rarely-taken await that made it large"
+            );
+        }
+    }
+}

@@ -424,9 +424,36 @@ pub async fn verify_challenge(
     Ok(ch)
 }
 
-/// Who is calling, as resolved by authentication (or carried by a cluster hop).
+/// Who is calling, as resolved by authentication (or carried by a cluster
+/// hop): shared, so the credential caches and the request's extensions hold
+/// the same one (a clone per request was an allocation per field, about 1.5%
+/// of a KV read through the chain, BENCHMARKS.md). Its fields are read
+/// through [`Deref`](std::ops::Deref) to [`IdentityData`].
+#[derive(Clone)]
+pub struct Identity(std::sync::Arc<IdentityData>);
+
+impl std::ops::Deref for Identity {
+    type Target = IdentityData;
+    fn deref(&self) -> &IdentityData {
+        &self.0
+    }
+}
+
+impl From<IdentityData> for Identity {
+    fn from(d: IdentityData) -> Identity {
+        Identity(std::sync::Arc::new(d))
+    }
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What an [`Identity`] says about its caller.
 #[derive(Debug, Clone)]
-pub struct Identity {
+pub struct IdentityData {
     /// `operator`, `key:<id>` for an API key, or a JWT's `sub` (`key:<id>` or
     /// `wallet:<address>`, whatever it was issued for); a hop carries the original's.
     pub subject: String,
@@ -451,7 +478,7 @@ pub struct Identity {
 impl Identity {
     /// The identity of API key `key_id` of namespace `namespace`.
     pub fn api_key(key_id: &str, namespace: &str, grants: Vec<crate::auth::Grant>) -> Identity {
-        Identity {
+        Identity::from(IdentityData {
             subject: format!("key:{key_id}"),
             namespace: Some(namespace.to_string()),
             grants,
@@ -461,7 +488,7 @@ impl Identity {
             jti: None,
             exp: None,
             iat: None,
-        }
+        })
     }
 
     /// Whether this identity may do `domain:action` on `resource`.

@@ -88,7 +88,7 @@ pub async fn verify_hop(
         }
         return Ok(None);
     }
-    Ok(Some(Identity {
+    Ok(Some(Identity::from(crate::identity::IdentityData {
         subject: hop.subject.clone(),
         namespace: Some(hop.namespace.clone()),
         grants: hop.grants.iter().filter_map(|g| g.parse().ok()).collect(),
@@ -98,7 +98,7 @@ pub async fn verify_hop(
         jti: hop.jti.clone(),
         exp: hop.exp,
         iat: hop.iat,
-    }))
+    })))
 }
 
 /// Reads the body (at most [`hop_body_limit`](crate::placement::peer::hop_body_limit)

@@ -44,7 +44,7 @@ pub fn ws_invoke(
         }
         check_input(&input)?;
         let caller = CallerInfo {
-            subject: identity.map(|i| i.subject),
+            subject: identity.map(|i| i.subject.clone()),
             request_id: hex::encode(crate::util::random_bytes::<12>()),
         };
         let run = async {

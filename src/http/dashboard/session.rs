@@ -90,16 +90,18 @@ pub fn cookie_identity(node: &Node, path: &str, headers: &header::HeaderMap) -> 
         return None;
     }
     let token = cookie_value(headers)?;
-    verify(node, &token, unix_now()).then(|| Identity {
-        subject: "operator".into(),
-        namespace: None,
-        grants: Vec::new(),
-        operator: true,
-        kind: "admin_session",
-        custom: serde_json::Value::Null,
-        jti: None,
-        exp: token.split_once('.').and_then(|(e, _)| e.parse().ok()),
-        iat: None,
+    verify(node, &token, unix_now()).then(|| {
+        Identity::from(crate::identity::IdentityData {
+            subject: "operator".into(),
+            namespace: None,
+            grants: Vec::new(),
+            operator: true,
+            kind: "admin_session",
+            custom: serde_json::Value::Null,
+            jti: None,
+            exp: token.split_once('.').and_then(|(e, _)| e.parse().ok()),
+            iat: None,
+        })
     })
 }
 

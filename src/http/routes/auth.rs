@@ -80,7 +80,7 @@ pub fn register(t: &mut RouteTable) {
 /// an API key (checksum first, then the record), or a JWT.
 pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
     if node.secrets.is_operator_key(cred) {
-        return Ok(Identity {
+        return Ok(Identity::from(crate::identity::IdentityData {
             subject: "operator".into(),
             namespace: None,
             grants: Vec::new(),
@@ -90,7 +90,7 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
             jti: None,
             exp: None,
             iat: None,
-        });
+        }));
     }
     if cred.starts_with("mg_") {
         // Checksum first: a mistyped key never reaches the cache or the store.
@@ -119,7 +119,7 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
     }
     let iss = &node.config.server.public_url;
     let c = node.jwt.verify(cred, t, iss, iss)?;
-    let id = Identity {
+    let id = Identity::from(crate::identity::IdentityData {
         subject: c.sub.clone(),
         namespace: Some(c.namespace.clone()),
         grants: c.grants.iter().filter_map(|g| g.parse().ok()).collect(),
@@ -129,7 +129,7 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
         jti: Some(c.jti.clone()),
         exp: Some(c.exp),
         iat: Some(c.iat),
-    };
+    });
     node.token_cache.insert(fingerprint, id.clone(), c.exp, t);
     Ok(id)
 }
@@ -572,7 +572,10 @@ mod tests {
         let (h1, h2, h3) = ([1u8; 32], [2u8; 32], [3u8; 32]);
         c.insert(h1, id(), 1_000);
         c.insert(h2, id(), 1_000);
-        assert_eq!(c.get(&h1, 999).map(|i| i.subject), Some("key:k".into()));
+        assert_eq!(
+            c.get(&h1, 999).map(|i| i.subject.clone()),
+            Some("key:k".into())
+        );
         assert!(c.get(&h2, 1_000).is_none(), "past the key's expiry");
         assert!(c.get(&h3, 0).is_none());
         c.clear();

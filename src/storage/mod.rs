@@ -350,7 +350,7 @@ impl Store {
 /// Each operation on its backend. The etcd arm's future (a gRPC call,
 /// kilobytes) is boxed: inline, it made every future that awaits the store
 /// that large on sled too, and the request path moves such futures whole
-/// into actix's boxes (BENCHMARKS.md, "The store's futures boxed"). One
+/// into actix's boxes (docs/architecture.md, "Futures on the request path"). One
 /// small allocation per call on etcd, beside a network round trip.
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {

@@ -156,10 +156,16 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     }
     let node = req.app_data::<web::Data<Node>>()?.get_ref();
     let host = crate::http::request_host(req)?;
-    let bound = node
+    let Some(bound) = node
         .deployments
         .index()
-        .lookup(&host, req.method().as_str(), req.path())?;
+        .lookup(&host, req.method().as_str(), req.path())
+    else {
+        // Not routed: the chain's route-policy step takes the host from here.
+        req.extensions_mut()
+            .insert(crate::http::chain::RequestHost(host));
+        return None;
+    };
     if !matches!(bound.serve, Serve::Upstream(_)) {
         return None;
     }

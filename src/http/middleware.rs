@@ -192,17 +192,29 @@ async fn internal_auth_gate(node: &Node, req: &mut ServiceRequest) -> Result<(),
 /// deployment, found here once, travel in the request's extensions
 /// (`RequestHost`, `RoutedHost`) for domain routing and the dispatcher.
 fn route_policy(node: &Node, req: &mut ServiceRequest) {
-    let host = crate::http::chain::request_host(req);
+    // The routed fast path found the host already unless it stopped earlier
+    // (probes, hops, upgrades).
+    let found = req
+        .extensions()
+        .get::<crate::http::chain::RequestHost>()
+        .map(|h| h.0.clone());
+    let host = match found {
+        Some(h) => Some(h),
+        None => {
+            let h = crate::http::chain::request_host(req);
+            if let Some(h) = &h {
+                req.extensions_mut()
+                    .insert(crate::http::chain::RequestHost(h.clone()));
+            }
+            h
+        }
+    };
     let routed = host.as_deref().and_then(|h| {
         node.deployments
             .index()
             .host_namespace(h)
             .map(str::to_string)
     });
-    if let Some(h) = &host {
-        req.extensions_mut()
-            .insert(crate::http::chain::RequestHost(h.clone()));
-    }
     if let (Some(namespace), Some(host)) = (routed, host) {
         let mut ext = req.extensions_mut();
         ext.insert(Policy::Deployment);

@@ -63,30 +63,30 @@ pub(super) fn cors_headers(h: &mut header::HeaderMap, origin: HeaderValue) {
 }
 
 /// The request's host: `:authority`/`Host`, lower-cased, port stripped.
+/// One allocation: the routed fast path and the route-policy step both ask
+/// (the first hands its answer to the second, [`RequestHost`]).
 pub fn request_host(req: &ServiceRequest) -> Option<String> {
-    let raw = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_string)
-        })?;
-    let raw = raw.rsplit('@').next().unwrap_or(&raw).to_ascii_lowercase();
-    let host = if raw.starts_with('[') {
-        raw.split(']')
-            .next()
-            .map(|h| format!("{h}]"))
-            .unwrap_or(raw.clone())
-    } else {
-        raw.split(':').next().unwrap_or("").to_string()
+    let raw = match req.uri().authority() {
+        Some(a) => a.as_str(),
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
     };
-    Some(host)
+    Some(host_of(raw))
 }
 
-/// The request's host as `request_host` found it (set by the route-policy step).
+/// The host part of an authority: no user info, no port, lower-cased.
+fn host_of(raw: &str) -> String {
+    let raw = raw.rsplit('@').next().unwrap_or(raw);
+    if raw.starts_with('[') {
+        return match raw.find(']') {
+            Some(end) => raw[..=end].to_ascii_lowercase(),
+            None => format!("{}]", raw.to_ascii_lowercase()),
+        };
+    }
+    raw.split(':').next().unwrap_or("").to_ascii_lowercase()
+}
+
+/// The request's host as `request_host` found it (set by the routed fast path
+/// or the route-policy step, whichever asked first).
 #[derive(Debug, Clone)]
 pub struct RequestHost(pub String);
 
@@ -129,4 +129,23 @@ pub(super) fn domain_routing(req: &ServiceRequest) -> Result<(), ApiError> {
         req.extensions_mut().insert(Target(label.to_string()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn host_of_strips_port_and_user_info_and_lowers_case() {
+        assert_eq!(host_of("Example.COM"), "example.com");
+        assert_eq!(host_of("api.example.com:8443"), "api.example.com");
+        assert_eq!(
+            host_of("user:pw@Ns-Acme.Example.com:80"),
+            "ns-acme.example.com"
+        );
+        assert_eq!(host_of("[::1]:8080"), "[::1]");
+        assert_eq!(host_of("[FE80::1]"), "[fe80::1]");
+        assert_eq!(host_of("[::1"), "[::1]");
+        assert_eq!(host_of(":80"), "");
+    }
 }

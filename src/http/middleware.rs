@@ -194,21 +194,7 @@ async fn internal_auth_gate(node: &Node, req: &mut ServiceRequest) -> Result<(),
 fn route_policy(node: &Node, req: &mut ServiceRequest) {
     // The routed fast path found the host already unless it stopped earlier
     // (probes, hops, upgrades).
-    let found = req
-        .extensions()
-        .get::<crate::http::chain::RequestHost>()
-        .map(|h| h.0.clone());
-    let host = match found {
-        Some(h) => Some(h),
-        None => {
-            let h = crate::http::chain::request_host(req);
-            if let Some(h) = &h {
-                req.extensions_mut()
-                    .insert(crate::http::chain::RequestHost(h.clone()));
-            }
-            h
-        }
-    };
+    let host = crate::http::chain::RequestHost::of(req);
     let routed = host.as_deref().and_then(|h| {
         node.deployments
             .index()

@@ -90,6 +90,19 @@ fn host_of(raw: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct RequestHost(pub String);
 
+impl RequestHost {
+    /// The request's host: the one an earlier step stored, else found now and
+    /// stored for the steps after (`None` without a host).
+    pub fn of(req: &ServiceRequest) -> Option<String> {
+        if let Some(h) = req.extensions().get::<RequestHost>() {
+            return Some(h.0.clone());
+        }
+        let h = request_host(req)?;
+        req.extensions_mut().insert(RequestHost(h.clone()));
+        Some(h)
+    }
+}
+
 /// The TLS server name a connection presented (set when the node terminates TLS).
 #[derive(Debug, Clone)]
 pub struct Sni(pub Option<String>);
@@ -97,12 +110,9 @@ pub struct Sni(pub Option<String>);
 /// Step 7: maps the host to a deployment, a namespace (`ns-<name>.<base_domain>`)
 /// or the gateway. On a TLS connection a host that disagrees with the SNI is 421.
 pub(super) fn domain_routing(req: &ServiceRequest) -> Result<(), ApiError> {
-    let host = req
-        .extensions()
-        .get::<RequestHost>()
-        .map(|h| h.0.clone())
-        .or_else(|| request_host(req));
-    let Some(host) = host else { return Ok(()) };
+    let Some(host) = RequestHost::of(req) else {
+        return Ok(());
+    };
     if let Some(Sni(Some(sni))) = req.conn_data::<Sni>()
         && !sni.eq_ignore_ascii_case(&host)
     {
@@ -133,7 +143,26 @@ pub(super) fn domain_routing(req: &ServiceRequest) -> Result<(), ApiError> {
 
 #[cfg(test)]
 mod tests {
-    use super::host_of;
+    use super::{RequestHost, host_of};
+    use actix_web::{HttpMessage, test::TestRequest};
+
+    #[test]
+    fn request_host_is_found_once_and_kept_for_later_steps() {
+        let req = TestRequest::default()
+            .insert_header(("host", "Ns-Acme.Example.com:8080"))
+            .to_srv_request();
+        assert_eq!(
+            RequestHost::of(&req).as_deref(),
+            Some("ns-acme.example.com")
+        );
+        // The stored value wins over the header from now on.
+        req.extensions_mut()
+            .insert(RequestHost("kept.example".into()));
+        assert_eq!(RequestHost::of(&req).as_deref(), Some("kept.example"));
+        let bare = TestRequest::default().to_srv_request();
+        assert_eq!(RequestHost::of(&bare), None);
+        assert!(bare.extensions().get::<RequestHost>().is_none());
+    }
 
     #[test]
     fn host_of_strips_port_and_user_info_and_lowers_case() {

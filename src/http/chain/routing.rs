@@ -155,6 +155,11 @@ mod tests {
             RequestHost::of(&req).as_deref(),
             Some("ns-acme.example.com")
         );
+        assert_eq!(
+            req.extensions().get::<RequestHost>().map(|h| h.0.clone()),
+            Some("ns-acme.example.com".to_string()),
+            "the first ask stores the host for the steps after"
+        );
         // The stored value wins over the header from now on.
         req.extensions_mut()
             .insert(RequestHost("kept.example".into()));

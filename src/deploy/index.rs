@@ -78,23 +78,25 @@ impl Index {
     /// The route taking `method path` on `host`.
     pub fn lookup(&self, host: &str, method: &str, path: &str) -> Option<Arc<Bound>> {
         let (_, root) = self.hosts.get(host)?;
-        let mut chain = vec![root];
+        // Down the path's segments; the deepest node with a route for the
+        // method wins (no list of the nodes passed is built).
+        fn at<'t>(n: &'t TrieNode, method: &str) -> Option<&'t Arc<Bound>> {
+            n.routes
+                .iter()
+                .find(|b| b.route.methods.is_empty() || b.route.methods.iter().any(|m| m == method))
+        }
+        let mut best = at(root, method);
         let mut node = root;
         for seg in segments(path) {
             match node.children.get(seg) {
                 Some(n) => {
-                    chain.push(n);
+                    best = at(n, method).or(best);
                     node = n;
                 }
                 None => break,
             }
         }
-        chain.iter().rev().find_map(|n| {
-            n.routes
-                .iter()
-                .find(|b| b.route.methods.is_empty() || b.route.methods.iter().any(|m| m == method))
-                .cloned()
-        })
+        best.cloned()
     }
 
     /// Hosts routed.

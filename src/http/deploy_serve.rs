@@ -13,7 +13,7 @@ use crate::storage::OrderedKv;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::Method;
-use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
 use std::collections::BTreeMap;
@@ -72,7 +72,8 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
 /// which is only computed when such a header is there).
 fn client_scheme(req: &HttpRequest) -> &'static str {
     let h = req.headers();
-    let forwarded = h.contains_key(header::FORWARDED) || h.contains_key("x-forwarded-proto");
+    let forwarded =
+        h.contains_key(header::FORWARDED) || h.contains_key(&super::middleware::X_FORWARDED_PROTO);
     let https = if forwarded {
         req.connection_info().scheme() == "https"
     } else if let Some(s) = req.uri().scheme() {
@@ -183,15 +184,6 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     })
 }
 
-/// Counts a request in flight until dropped (the drain waits for them).
-struct InFlight(prometheus::IntGauge);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 /// The fast path of a routed host's upstream request, the outermost
 /// middleware. It runs the chain's steps that act on a deployment, in the
 /// chain's order: admission (starting/draining refusals, in-flight count,
@@ -232,8 +224,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
         }
     }
     let start = crate::util::mono_now();
-    node.metrics.http_in_flight.inc();
-    let in_flight = InFlight(node.metrics.http_in_flight.clone());
+    let in_flight = super::middleware::InFlight::enter(node);
     // The logger.
     let id = super::middleware::request_id(&req);
     let entry = super::access_log::Entry::begin(req.method(), req.path(), start);
@@ -251,7 +242,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     entry.finish(resp.status().as_u16(), &id);
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&id) {
-        h.insert(HeaderName::from_static("x-request-id"), v);
+        h.insert(super::middleware::REQUEST_ID, v);
     }
     // The marker that keeps `Compress` off (the chain's outermost step drops it too).
     if h.get(header::CONTENT_ENCODING)
@@ -275,7 +266,7 @@ async fn routed_steps(
     // The client rate limit (the general bucket: a deployment's policy).
     let xff = req
         .headers()
-        .get("x-forwarded-for")
+        .get(&super::middleware::X_FORWARDED_FOR)
         .and_then(|v| v.to_str().ok());
     let client_ip = l.client_ip(req.peer_addr(), xff);
     if let Some(ip) = client_ip

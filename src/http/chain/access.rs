@@ -1,6 +1,7 @@
 //! Steps 8 to 10: authentication, authorization and the scope gate.
 
 use super::*;
+use crate::http::middleware::{X_API_KEY, X_NAMESPACE};
 
 /// The credential a request presents: `Authorization: Bearer`, `X-API-Key`, or
 /// `?token=` on a WebSocket upgrade.
@@ -26,7 +27,7 @@ fn raw_credential(req: &ServiceRequest) -> Option<String> {
         }
         return Some(v.to_string());
     }
-    if let Some(v) = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
+    if let Some(v) = req.headers().get(&X_API_KEY).and_then(|v| v.to_str().ok()) {
         return Some(v.trim().to_string());
     }
     if crate::http::is_websocket_upgrade(req.headers()) {
@@ -46,7 +47,7 @@ pub(super) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError>
     // key (EventSource cannot send headers); a presented header still wins.
     if req.extensions().get::<Identity>().is_none()
         && !req.headers().contains_key(header::AUTHORIZATION)
-        && !req.headers().contains_key("x-api-key")
+        && !req.headers().contains_key(&X_API_KEY)
         && let Some(id) =
             crate::http::dashboard::cookie_identity(node_ref(req), req.path(), req.headers())
     {
@@ -66,7 +67,7 @@ pub(super) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError>
 /// The namespace an operator names explicitly (`X-Namespace` or `?namespace=`).
 fn named_namespace(req: &ServiceRequest) -> Option<String> {
     req.headers()
-        .get("x-namespace")
+        .get(&X_NAMESPACE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or_else(|| {

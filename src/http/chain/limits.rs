@@ -193,7 +193,7 @@ pub(super) fn client_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
     let l = limiters(req);
     let xff = req
         .headers()
-        .get("x-forwarded-for")
+        .get(&crate::http::middleware::X_FORWARDED_FOR)
         .and_then(|v| v.to_str().ok());
     let ip = l.client_ip(req.peer_addr(), xff);
     if let Some(ip) = ip {

@@ -19,6 +19,7 @@ use crate::http::state::Node;
 use crate::wasm::MAX_INPUT_BYTES;
 use actix_multipart::Multipart;
 use actix_web::http::Method;
+use actix_web::http::header::HeaderName;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use futures_util::StreamExt;
 use serde::Deserialize;
@@ -379,6 +380,10 @@ fn request_id(req: &HttpRequest) -> String {
         .unwrap_or_else(|| hex::encode(crate::util::random_bytes::<12>()))
 }
 
+// Built once: a name given as `&str` is parsed and copied on every answer.
+const X_DURATION_MS: HeaderName = HeaderName::from_static("x-duration-ms");
+const X_FUNCTION_VERSION: HeaderName = HeaderName::from_static("x-function-version");
+
 /// The guest's stdout, typed JSON when it parses as JSON.
 pub fn reply(r: Reply) -> HttpResponse {
     let is_json = serde_json::from_slice::<serde::de::IgnoredAny>(&r.output).is_ok();
@@ -388,8 +393,8 @@ pub fn reply(r: Reply) -> HttpResponse {
         } else {
             "application/octet-stream"
         })
-        .insert_header(("x-duration-ms", r.duration.as_millis() as u64))
-        .insert_header(("x-function-version", r.version))
+        .insert_header((X_DURATION_MS, r.duration.as_millis() as u64))
+        .insert_header((X_FUNCTION_VERSION, r.version))
         // `X-Request-ID` is set by the chain's request log, as on every answer.
         .body(r.output)
 }

@@ -1031,6 +1031,30 @@ mod tests {
         assert_eq!(*other.st.records.written.borrow(), 0);
     }
 
+    /// An invoker recreated for a namespace (its supervisor restarted) takes
+    /// over the records its predecessor queued: they are counted in its
+    /// progress, and its `logs` waits for them and reads them back (with a
+    /// fresh count it answered before the writer's linger was over).
+    #[actix_rt::test]
+    async fn a_recreated_invoker_waits_for_its_predecessors_records() {
+        use std::sync::atomic::Ordering;
+        let (_dir, _store, inv, _) = deployed_f().await;
+        inv.record(rec("f", 42, "before-restart"));
+        let svc = inv.svc.clone();
+        drop(inv);
+        let again = svc.invoker("ns");
+        assert_eq!(again.st.records.queued.load(Ordering::Acquire), 1);
+        let logs = again.logs("f", 10).await.unwrap();
+        let ids: Vec<&str> = logs.iter().map(|r| r.request_id.as_str()).collect();
+        assert_eq!(ids, ["before-restart"]);
+        assert_eq!(*again.st.records.written.borrow(), 1);
+        // Another namespace's invoker has its own.
+        assert!(!Arc::ptr_eq(
+            &again.st.records,
+            &svc.invoker("other").st.records
+        ));
+    }
+
     /// Sends 400 records of `f` in 8 waves of 50 (20 ms apart, so they land
     /// in many entries), spread over `writers` in turn; returns them in order.
     async fn send_400_in_waves(writers: &[&mpsc::Sender<QueuedRecord>]) -> Vec<InvocationRecord> {

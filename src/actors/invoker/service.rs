@@ -22,6 +22,10 @@ pub(super) struct ServiceInner {
     pub(super) cache_hits: IntCounter,
     /// `meshgate_wasm_cache_misses_total`, caught up to the engine's count by `sample`.
     pub(super) cache_misses: IntCounter,
+    /// Each namespace's record progress, while an invoker or a queued record
+    /// holds it: an invoker recreated for the namespace (its supervisor
+    /// restarted) takes over the records its predecessor queued.
+    pub(super) progress: Mutex<HashMap<String, std::sync::Weak<RecordProgress>>>,
 }
 
 /// The node's functions service: the engine, the record queue, the secret key.
@@ -56,6 +60,7 @@ impl FunctionsService {
             secrets: SecretBox::new(server_secret),
             cache_hits,
             cache_misses,
+            progress: Default::default(),
         }));
         actix_web::rt::spawn(write_records(store, rx));
         let sampler = svc.clone();
@@ -119,9 +124,23 @@ impl FunctionsService {
                 publisher: Default::default(),
                 last_cron: Default::default(),
                 counters: Default::default(),
-                records: Default::default(),
+                records: self.record_progress(ns),
             }),
         }
+    }
+
+    /// The writer's progress on `ns`'s records: the one a previous invoker of
+    /// the namespace still has records queued under (so `logs` on the new
+    /// invoker waits for them too), else a new one.
+    fn record_progress(&self, ns: &str) -> Arc<RecordProgress> {
+        let mut all = self.0.progress.lock();
+        all.retain(|_, p| p.strong_count() > 0);
+        if let Some(p) = all.get(ns).and_then(std::sync::Weak::upgrade) {
+            return p;
+        }
+        let p = Arc::new(RecordProgress::default());
+        all.insert(ns.to_string(), Arc::downgrade(&p));
+        p
     }
 
     /// Runs a store operation from a thread that is no runtime's and may block:
@@ -241,7 +260,8 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
 }
 
 /// The record writer's progress on one namespace's records, counted since
-/// its invoker started: `logs` waits for its own namespace's records only,
+/// its first invoker started (a recreated one takes it over while records
+/// are queued under it): `logs` waits for its own namespace's records only,
 /// so a neighbour flooding the writer does not hold it up.
 pub(super) struct RecordProgress {
     /// Records handed to the writer's queue.

@@ -595,6 +595,29 @@ fn export_import_and_isolation() {
         None,
     );
     assert_eq!(s, 403);
+    // The same by `X-API-Key`, the header form of a key: B's key reaches
+    // only B, A's own works, a forged one is 401.
+    let (s, _, _) = http(
+        "GET",
+        &node.url("/v1/kv/x"),
+        &[("x-api-key", &b), ("x-namespace", "iso-a")],
+        None,
+    );
+    assert_eq!(s, 403);
+    let (s, _, body) = http("GET", &node.url("/v1/kv/x"), &[("x-api-key", &a)], None);
+    assert_eq!((s, body.as_slice()), (200, &b"1"[..]));
+    // A's key with its last character changed fails the key's checksum.
+    let mut forged = a.clone();
+    let last = if forged.pop() == Some('0') { '1' } else { '0' };
+    forged.push(last);
+    let (s, _, body) = http(
+        "GET",
+        &node.url("/v1/kv/x"),
+        &[("x-api-key", &forged)],
+        None,
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!((s, code_of(&body).as_str()), (401, "BAD_CHECKSUM"));
     // B's own KV is separate.
     assert_eq!(node.with_key(&b, "GET", "/v1/kv/x", None).0, 404);
     assert_eq!(

@@ -278,7 +278,7 @@ pub(crate) fn request_span(
 /// cost a system call on every request. Each thread takes the counter in
 /// blocks of [`ID_BLOCK`], so the workers do not pass one cache line between
 /// them on every request; the ids stay distinct (a block is handed out once).
-fn fresh_request_id() -> String {
+pub(crate) fn fresh_request_id() -> String {
     use std::cell::Cell;
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -273,7 +273,7 @@ async fn custom_claims(
         .into_bytes();
     let caller = CallerInfo {
         subject: Some(subject.to_string()),
-        request_id: hex::encode(crate::util::random_bytes::<12>()),
+        request_id: crate::http::middleware::fresh_request_id(),
     };
     let prepared = h
         .prepare(crate::actors::PrepareInvoke {

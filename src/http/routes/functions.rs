@@ -373,11 +373,13 @@ async fn read_input(req: &HttpRequest, payload: web::Payload) -> ApiResult<Vec<u
     Ok(body.into())
 }
 
+/// The chain's request id (the logger sets it on every request), else a
+/// fresh one of the same kind.
 fn request_id(req: &HttpRequest) -> String {
     req.extensions()
         .get::<RequestId>()
         .map(|r| r.0.clone())
-        .unwrap_or_else(|| hex::encode(crate::util::random_bytes::<12>()))
+        .unwrap_or_else(crate::http::middleware::fresh_request_id)
 }
 
 // Built once: a name given as `&str` is parsed and copied on every answer.

@@ -291,11 +291,24 @@ fn log_prefix_with(ns: &str, name: &str, more: usize) -> Vec<u8> {
 /// with at least 16 digits (zero-padded), so keys sort by time. Written into
 /// one buffer sized up front: every invocation writes one.
 pub fn log_key(ns: &str, name: &str, timestamp_ms: u64, request_id: &str) -> Vec<u8> {
-    use std::io::Write;
     let mut k = log_prefix_with(ns, name, 21 + request_id.len());
+    push_log_suffix(&mut k, timestamp_ms, request_id);
+    k
+}
+
+/// [`log_key`] of a function whose [`log_prefix`] is `prefix`.
+pub fn log_key_under(prefix: &[u8], timestamp_ms: u64, request_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 21 + request_id.len());
+    k.extend_from_slice(prefix);
+    push_log_suffix(&mut k, timestamp_ms, request_id);
+    k
+}
+
+/// `<time>-<request id>`, the time zero-padded to at least 16 digits.
+fn push_log_suffix(k: &mut Vec<u8>, timestamp_ms: u64, request_id: &str) {
+    use std::io::Write;
     write!(k, "{timestamp_ms:016}-").expect("writing to a Vec cannot fail");
     k.extend_from_slice(request_id.as_bytes());
-    k
 }
 
 /// `log/<ns>/~cron/<name>/<slot>`: the claim of one cron slot (a name never starts with `~`).
@@ -417,6 +430,10 @@ mod key_tests {
             );
         }
         assert_eq!(log_prefix("ns-a", "echo"), b"log/ns-a/echo/".to_vec());
+        assert_eq!(
+            log_key_under(&log_prefix("ns-a", "echo"), 7, "rid42"),
+            log_key("ns-a", "echo", 7, "rid42")
+        );
         assert!(log_key("n", "f", 0, "r").starts_with(&log_prefix("n", "f")));
     }
 }

@@ -167,6 +167,10 @@ pub struct CompiledModule {
     pre: InstancePre<HostState>,
     /// The `_start` export, looked up once.
     entry: ModuleExport,
+    /// The `memory` export, if the module exports a memory: looked up once
+    /// per call and kept in the store's data, so that the host functions
+    /// do not look it up by name on every WASI call.
+    memory: Option<ModuleExport>,
     /// SHA-256 of the module's bytes (its blob key and cache name).
     sha256: [u8; 32],
     /// Whether the module imports nothing that waits or acts outside its
@@ -460,6 +464,10 @@ impl WasmEngine {
         let entry = module
             .get_export_index(ENTRY_POINT)
             .ok_or_else(|| WasmError::InvalidModule(format!("no `{ENTRY_POINT}` export")))?;
+        let memory = match module.get_export("memory") {
+            Some(ExternType::Memory(_)) => module.get_export_index("memory"),
+            _ => None,
+        };
         // Link once: every invocation of this module reuses the resolved imports.
         let pre = inner
             .linker
@@ -477,6 +485,7 @@ impl WasmEngine {
         Ok(Arc::new(CompiledModule {
             pre,
             entry,
+            memory,
             sha256,
             pure,
             long_runs: AtomicU32::new(0),
@@ -671,6 +680,11 @@ fn run(
     store.set_epoch_deadline(ticks);
 
     let outcome = module.pre.instantiate(&mut store).and_then(|instance| {
+        if let Some(export) = &module.memory
+            && let Some(Extern::Memory(m)) = instance.get_module_export(&mut store, export)
+        {
+            store.data_mut().memory = Some(m);
+        }
         match instance.get_module_export(&mut store, &module.entry) {
             Some(Extern::Func(f)) => f.typed::<(), ()>(&store)?.call(&mut store, ()),
             _ => Err(wasmtime::format_err!("`{ENTRY_POINT}` is not a function")),

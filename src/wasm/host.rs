@@ -145,6 +145,9 @@ pub(crate) struct HostState {
     depth: u32,
     /// When the whole call chain must end; nested calls share it.
     pub(super) deadline: Instant,
+    /// The instance's exported memory, set once it is instantiated (a host
+    /// function called before, from a start function, looks it up).
+    pub(super) memory: Option<Memory>,
 }
 
 impl HostState {
@@ -168,6 +171,7 @@ impl HostState {
             nested_publishes: 0,
             depth: call.depth,
             deadline,
+            memory: None,
         }
     }
 
@@ -215,6 +219,9 @@ pub(crate) fn build_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker
 }
 
 pub(super) fn guest_memory(caller: &mut Caller<'_, HostState>) -> Option<Memory> {
+    if let Some(m) = caller.data().memory {
+        return Some(m);
+    }
     match caller.get_export("memory") {
         Some(Extern::Memory(m)) => Some(m),
         _ => None,

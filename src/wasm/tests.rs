@@ -603,6 +603,52 @@ async fn proc_exit_codes() {
     assert_eq!(err, WasmError::Trapped("exit code 3".into()));
 }
 
+/// The host functions reach the guest's memory both from a start function
+/// (run while the instance is made, before the engine keeps its memory) and
+/// from `_start` (through the memory kept in the store); a module without a
+/// memory export gets an error code from them, no crash.
+#[tokio::test]
+async fn host_calls_reach_memory_from_start_and_entry() {
+    let (engine, _dir) = engine();
+    let m = engine
+        .compile(&wat(r#"(module
+          (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (data (i32.const 64) "start,")
+          (data (i32.const 80) "entry")
+          (func $init
+            (i32.store (i32.const 0) (i32.const 64))
+            (i32.store (i32.const 4) (i32.const 6))
+            (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8))))
+          (start $init)
+          (func (export "_start")
+            (i32.store (i32.const 0) (i32.const 80))
+            (i32.store (i32.const 4) (i32.const 5))
+            (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#))
+        .unwrap();
+    for _ in 0..2 {
+        let out = run(&engine, &m, call(b""), Arc::default()).await.unwrap();
+        assert_eq!(out.stdout, b"start,entry");
+    }
+    // No memory export: fd_write's result (stored in the guest's own
+    // unexported memory and written out as the exit code) is an error code.
+    let m = engine
+        .compile(&wat(r#"(module
+          (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+          (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+          (memory 1)
+          (func (export "_start")
+            (call $exit (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#))
+        .unwrap();
+    let err = run(&engine, &m, call(b""), Arc::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, WasmError::Trapped(m) if m.starts_with("exit code ") && m != "exit code 0"),
+        "{err:?}"
+    );
+}
+
 /// stderr lines and `log` calls become log lines, in order.
 #[tokio::test]
 async fn stderr_and_log_become_log_lines() {

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::{ActorStats, MAX_KV_KEY, NamespaceSupervisor, Publish};
 use crate::functions::model::{
     FunctionRecord, InvocationRecord, LogEntry, MAX_VALUE_BYTES, MAX_VERSIONS, VersionMeta,
-    blob_key, cron_claim_key, fn_key, fn_prefix, kv_prefix, log_key, log_prefix, parse_cron,
+    blob_key, cron_claim_key, fn_key, fn_prefix, kv_prefix, log_key_under, log_prefix, parse_cron,
     secret_key, secret_prefix, topic_matches, valid_function_name, valid_secret_name, ver_key,
 };
 use crate::functions::{FnError, FnResult, SecretBox};
@@ -69,11 +69,11 @@ pub const MAX_LOGS: usize = 100;
 pub(super) struct QueuedRecord {
     /// `log/<ns>/<name>/`: records of one function are stored together.
     prefix: Vec<u8>,
-    /// The record's own key (`log/<ns>/<name>/<time>-<request id>`); an
-    /// entry is stored under the key of the newest record it holds.
-    key: Vec<u8>,
-    /// The record as JSON.
-    json: Vec<u8>,
+    /// The record, turned into JSON and given its key by the writer, and
+    /// only if it is written: of a busy function's batch only the newest
+    /// [`MAX_LOGS`] are ([`service::keep_newest`]), so the request thread
+    /// does not serialize the ones left out.
+    record: InvocationRecord,
     /// Its namespace's writer progress, counted on once it is written.
     progress: Arc<service::RecordProgress>,
 }
@@ -344,8 +344,7 @@ impl Invoker {
     fn record(&self, rec: InvocationRecord) {
         let queued = QueuedRecord {
             prefix: log_prefix(&self.ns, &rec.function),
-            key: log_key(&self.ns, &rec.function, rec.timestamp_ms, &rec.request_id),
-            json: serde_json::to_vec(&rec).expect("serializable"),
+            record: rec,
             progress: self.st.records.clone(),
         };
         if self.svc.0.records.try_send(queued).is_err() {
@@ -598,7 +597,7 @@ impl Invoker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::functions::model::{FN_RECORDS, ver_key};
+    use crate::functions::model::{FN_RECORDS, log_key, ver_key};
     use crate::storage::BatchOp;
     use std::sync::atomic::Ordering;
 
@@ -767,8 +766,7 @@ mod tests {
     fn queued(ns: &str, r: &InvocationRecord) -> QueuedRecord {
         QueuedRecord {
             prefix: log_prefix(ns, &r.function),
-            key: log_key(ns, &r.function, r.timestamp_ms, &r.request_id),
-            json: serde_json::to_vec(r).unwrap(),
+            record: r.clone(),
             progress: Default::default(),
         }
     }
@@ -785,13 +783,7 @@ mod tests {
             .collect();
         buf.push(queued("other", &rec("busy", 9, "r9")));
         service::keep_newest(&mut buf, 2);
-        let left: Vec<String> = buf
-            .iter()
-            .map(|q| {
-                let r: InvocationRecord = serde_json::from_slice(&q.json).unwrap();
-                r.request_id
-            })
-            .collect();
+        let left: Vec<String> = buf.iter().map(|q| q.record.request_id.clone()).collect();
         // busy: r0 r2 r4 r6 -> r4 r6; quiet: r1 r3 r5 -> r3 r5; other ns: r9.
         assert_eq!(left, ["r3", "r4", "r5", "r6", "r9"]);
     }

@@ -367,26 +367,31 @@ pub(super) fn group_records(
     // Index of each function's open entry in `out`.
     let mut open: HashMap<Vec<u8>, usize> = HashMap::new();
     let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    // One record's JSON at a time, the buffer reused.
+    let mut json = Vec::new();
     for r in records {
+        json.clear();
+        serde_json::to_writer(&mut json, &r.record).expect("serializable");
+        let key = log_key_under(&r.prefix, r.record.timestamp_ms, &r.record.request_id);
         match open.get(&r.prefix) {
-            Some(&i) if out[i].1.len() + r.json.len() < RECORD_ENTRY_BYTES => {
-                let (key, value) = &mut out[i];
+            Some(&i) if out[i].1.len() + json.len() < RECORD_ENTRY_BYTES => {
+                let (newest, value) = &mut out[i];
                 value.pop(); // the closing `]`
                 value.push(b',');
-                value.extend_from_slice(&r.json);
+                value.extend_from_slice(&json);
                 value.push(b']');
                 // The entry sorts by its newest record.
-                if r.key > *key {
-                    *key = r.key;
+                if key > *newest {
+                    *newest = key;
                 }
             }
             _ => {
-                let mut value = Vec::with_capacity(r.json.len() + 2);
+                let mut value = Vec::with_capacity(json.len() + 2);
                 value.push(b'[');
-                value.extend_from_slice(&r.json);
+                value.extend_from_slice(&json);
                 value.push(b']');
                 open.insert(r.prefix, out.len());
-                out.push((r.key, value));
+                out.push((key, value));
             }
         }
     }

@@ -649,6 +649,37 @@ async fn host_calls_reach_memory_from_start_and_entry() {
     );
 }
 
+/// `fd_write` gathers its iovecs in order, two (kept on the stack) or six
+/// (in a list); one entry outside memory among six fails the whole call
+/// with EFAULT (21) and writes nothing of it.
+#[tokio::test]
+async fn fd_write_gathers_few_and_many_iovecs() {
+    let (engine, _dir) = engine();
+    // Iovec arrays: two at 0, six at 100, six with the fifth past memory at
+    // 200; then the third call's errno is written out as one byte (iovec at 300).
+    let m = engine
+        .compile(&wat(r#"(module
+          (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (data (i32.const 1000) "abcdef")
+          (data (i32.const 0) "\e8\03\00\00\02\00\00\00\ea\03\00\00\01\00\00\00")
+          (data (i32.const 100) "\e8\03\00\00\01\00\00\00\e9\03\00\00\01\00\00\00\ea\03\00\00\01\00\00\00\eb\03\00\00\01\00\00\00\ec\03\00\00\01\00\00\00\ed\03\00\00\01\00\00\00")
+          (data (i32.const 200) "\e8\03\00\00\01\00\00\00\e9\03\00\00\01\00\00\00\ea\03\00\00\01\00\00\00\eb\03\00\00\01\00\00\00\00\00\01\00\10\00\00\00\ed\03\00\00\01\00\00\00")
+          (data (i32.const 300) "\f4\01\00\00\01\00\00\00")
+          (func (export "_start")
+            (drop (call $w (i32.const 1) (i32.const 0) (i32.const 2) (i32.const 400)))
+            (drop (call $w (i32.const 1) (i32.const 100) (i32.const 6) (i32.const 404)))
+            (i32.store8 (i32.const 500)
+              (call $w (i32.const 1) (i32.const 200) (i32.const 6) (i32.const 408)))
+            (drop (call $w (i32.const 1) (i32.const 300) (i32.const 1) (i32.const 412)))))"#))
+        .unwrap();
+    let out = run(&engine, &m, call(b""), Arc::default()).await.unwrap();
+    assert_eq!(
+        out.stdout, b"abcabcdef\x15",
+        "two, six, then EFAULT (21) and nothing"
+    );
+}
+
 /// stderr lines and `log` calls become log lines, in order.
 #[tokio::test]
 async fn stderr_and_log_become_log_lines() {

@@ -332,7 +332,9 @@ pub enum FnCommand {
 /// channel) still cost a wake-up per request: here lines are appended to a
 /// shared buffer under a lock held for a copy, and a thread writes the
 /// buffer every [`INTERVAL`](log_sink::INTERVAL), or sooner when it passes
-/// [`SOON`](log_sink::SOON). Nothing is dropped: a logging thread waits only
+/// [`SOON`](log_sink::SOON). When it finds nothing to write it sleeps until
+/// the next line (an idle node's writer used to wake every interval, 100
+/// times a second). Nothing is dropped: a logging thread waits only
 /// when the buffer holds [`MAX_PENDING`](log_sink::MAX_PENDING) bytes the
 /// writer has not taken yet.
 mod log_sink {
@@ -354,6 +356,10 @@ mod log_sink {
         buf: Vec<u8>,
         /// Set by the guard: the writer writes what is left and stops.
         closing: bool,
+        /// The writer found nothing to write and sleeps until a line comes.
+        idle: bool,
+        /// Times the writer took the buffer (for the tests).
+        rounds: u64,
     }
 
     #[derive(Default)]
@@ -401,10 +407,19 @@ mod log_sink {
         loop {
             let closing = {
                 let mut p = shared.pending.lock();
+                if p.buf.is_empty() && !p.closing {
+                    // Nothing to write: sleep until the next line.
+                    p.idle = true;
+                    while p.idle && !p.closing {
+                        shared.wake.wait(&mut p);
+                    }
+                }
+                // Then linger, so that one write carries many lines.
                 if p.buf.len() < SOON && !p.closing {
                     shared.wake.wait_for(&mut p, INTERVAL);
                 }
                 std::mem::swap(&mut p.buf, &mut taken);
+                p.rounds += 1;
                 p.closing
             };
             shared.room.notify_all();
@@ -427,7 +442,8 @@ mod log_sink {
                 self.0.room.wait(&mut p);
             }
             p.buf.extend_from_slice(line);
-            if p.buf.len() >= SOON {
+            if p.idle || p.buf.len() >= SOON {
+                p.idle = false;
                 self.0.wake.notify_one();
             }
         }
@@ -475,6 +491,35 @@ mod log_sink {
             fn flush(&mut self) -> std::io::Result<()> {
                 Ok(())
             }
+        }
+
+        /// The writer sleeps while there is nothing to write (no round
+        /// without a line), and a line logged after a quiet spell still
+        /// reaches the output.
+        #[test]
+        fn an_idle_writer_sleeps_until_a_line_comes() {
+            let out = Captured::default();
+            let (mut sink, guard) = start(out.clone()).unwrap();
+            let written = |n: usize| {
+                for _ in 0..500 {
+                    if out.0.lock().len() >= n {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                panic!("{n} bytes never written");
+            };
+            sink.write_all(b"one\n").unwrap();
+            written(4);
+            let rounds = guard.shared.pending.lock().rounds;
+            // Twenty intervals with nothing logged: no round taken.
+            std::thread::sleep(INTERVAL * 20);
+            assert_eq!(guard.shared.pending.lock().rounds, rounds);
+            sink.write_all(b"two\n").unwrap();
+            written(8);
+            assert_eq!(guard.shared.pending.lock().rounds, rounds + 1);
+            drop(guard);
+            assert_eq!(&out.0.lock()[..], b"one\ntwo\n");
         }
 
         /// Every line reaches the output, in order, from several threads,

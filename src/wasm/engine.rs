@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmtime::{
@@ -254,6 +254,72 @@ pub(crate) struct Runtime {
     engine: Engine,
     /// Milliseconds per epoch tick: a deadline becomes a number of ticks.
     tick_ms: u64,
+    /// The epoch ticker's state: it ticks only while a guest runs.
+    ticker: Ticker,
+}
+
+/// What the epoch ticker thread shares with the runs. Epochs only matter
+/// while a guest runs (they interrupt it at its deadline), so the ticker
+/// ticks while at least one run is counted here and sleeps parked, with no
+/// wake-ups, while none is: an idle node's ticker used to wake every tick
+/// (200 times a second at the default 5 ms).
+#[derive(Default)]
+pub(crate) struct Ticker {
+    /// Runs in progress (a nested call counts as one more).
+    running: AtomicUsize,
+    /// Ticks made since start.
+    ticks: AtomicU64,
+    /// The ticker thread, unparked when a run starts while none was running.
+    thread: std::sync::OnceLock<std::thread::Thread>,
+    /// Set when the engine is dropped: the thread ends.
+    stop: AtomicBool,
+}
+
+impl Ticker {
+    /// Counts a run until the guard drops, waking the ticker if it slept.
+    /// Taken before the run's epoch deadline is set, so the ticker is
+    /// awake for every tick of it.
+    fn enter(&self) -> Running<'_> {
+        if self.running.fetch_add(1, Ordering::AcqRel) == 0
+            && let Some(t) = self.thread.get()
+        {
+            t.unpark();
+        }
+        Running(self)
+    }
+
+    /// Ends the ticker thread.
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// The ticker thread's loop: a tick every `tick` while a run is counted.
+    fn run(&self, engine: &Engine, tick: Duration) {
+        while !self.stop.load(Ordering::Acquire) {
+            if self.running.load(Ordering::Acquire) == 0 {
+                // Woken by `enter` or `stop` (or spuriously): look again.
+                std::thread::park();
+                continue;
+            }
+            // Audited: the epoch ticker is its own thread; it sleeps one tick.
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(tick);
+            engine.increment_epoch();
+            self.ticks.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A run counted by the [`Ticker`].
+struct Running<'a>(&'a Ticker);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The state behind [`WasmEngine`], shared by its clones.
@@ -270,13 +336,11 @@ struct Inner {
     pool: Pool,
     /// [`WasmConfig::max_module_bytes`].
     max_module_bytes: usize,
-    /// Set on drop: stops the epoch ticker thread.
-    ticker_stop: Arc<AtomicBool>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
+        self.runtime.ticker.stop();
     }
 }
 
@@ -360,6 +424,7 @@ impl WasmEngine {
         let runtime = Arc::new(Runtime {
             engine: engine.clone(),
             tick_ms,
+            ticker: Ticker::default(),
         });
         let linker = build_linker(&engine)
             .map_err(|e| WasmError::Internal(format!("cannot build the linker: {e:#}")))?;
@@ -386,21 +451,14 @@ impl WasmEngine {
             cfg.queue_wait,
             cfg.worker_nice,
         )?;
-        let ticker_stop = Arc::new(AtomicBool::new(false));
         {
-            let stop = ticker_stop.clone();
+            let rt = runtime.clone();
             let tick = Duration::from_millis(tick_ms);
-            std::thread::Builder::new()
+            let ticker = std::thread::Builder::new()
                 .name("wasm-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        // Audited: the epoch ticker is its own thread; it sleeps one tick.
-                        #[allow(clippy::disallowed_methods)]
-                        std::thread::sleep(tick);
-                        engine.increment_epoch();
-                    }
-                })
+                .spawn(move || rt.ticker.run(&rt.engine, tick))
                 .map_err(|e| WasmError::Internal(format!("cannot spawn the epoch ticker: {e}")))?;
+            let _ = runtime.ticker.thread.set(ticker.thread().clone());
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -410,7 +468,6 @@ impl WasmEngine {
                 cache,
                 pool,
                 max_module_bytes: cfg.max_module_bytes,
-                ticker_stop,
             }),
         })
     }
@@ -601,6 +658,13 @@ impl WasmEngine {
         execute(&self.inner.runtime, &module, call, host, None)
     }
 
+    /// Epoch ticks made since the engine started (the ticker ticks only
+    /// while a guest runs).
+    #[cfg(test)]
+    pub(crate) fn epoch_ticks(&self) -> u64 {
+        self.inner.runtime.ticker.ticks.load(Ordering::Relaxed)
+    }
+
     /// The underlying wasmtime engine (for benchmarks against raw wasmtime).
     #[doc(hidden)]
     pub fn wasmtime_engine(&self) -> &Engine {
@@ -674,6 +738,7 @@ fn run(
         call.timeout,
     );
 
+    let _running = runtime.ticker.enter();
     let state = HostState::new(runtime.clone(), call, host, deadline);
     let mut store = Store::new(&runtime.engine, state);
     store.limiter(|s| &mut s.limiter);
@@ -802,6 +867,7 @@ mod wasi_tests {
         let runtime = Arc::new(Runtime {
             engine: engine.clone(),
             tick_ms: 5,
+            ticker: Ticker::default(),
         });
         let state = HostState::new(
             runtime,

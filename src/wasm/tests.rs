@@ -131,6 +131,47 @@ fn writer(len: usize) -> String {
     )
 }
 
+/// Waits (up to 5 s) until the engine's epoch ticks stay the same for
+/// 100 ms (twenty ticks of 5 ms), and returns them; panics if they never do.
+async fn ticks_at_rest(engine: &WasmEngine) -> u64 {
+    for _ in 0..50 {
+        let before = engine.epoch_ticks();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if engine.epoch_ticks() == before {
+            return before;
+        }
+    }
+    panic!("the epoch ticker kept ticking with no guest running");
+}
+
+/// The epoch ticker sleeps while no guest runs (an idle node does not wake
+/// every tick), wakes for a run and stops it at its deadline as before,
+/// and sleeps again after it.
+#[tokio::test]
+async fn epoch_ticker_ticks_only_while_a_guest_runs() {
+    let (engine, _dir) = engine();
+    assert_eq!(ticks_at_rest(&engine).await, 0, "no tick before any run");
+    let spin = engine
+        .compile(&wat(r#"(module (memory (export "memory") 1)
+          (func (export "_start") (loop (br 0))))"#))
+        .unwrap();
+    let mut c = call(b"");
+    c.timeout = Duration::from_millis(50);
+    let err = run(&engine, &spin, c, Arc::default()).await.unwrap_err();
+    assert_eq!(err, WasmError::Timeout);
+    let after_run = ticks_at_rest(&engine).await;
+    assert!(
+        after_run >= 10,
+        "a 50 ms run took {after_run} ticks of 5 ms"
+    );
+    // And again: the ticker woke for the second run too.
+    let mut c = call(b"");
+    c.timeout = Duration::from_millis(50);
+    let err = run(&engine, &spin, c, Arc::default()).await.unwrap_err();
+    assert_eq!(err, WasmError::Timeout);
+    assert!(ticks_at_rest(&engine).await >= after_run + 10);
+}
+
 /// A short guest within its deadline succeeds.
 #[tokio::test]
 async fn timeout_obeyed() {

@@ -690,9 +690,9 @@ async fn host_calls_reach_memory_from_start_and_entry() {
     );
 }
 
-/// `fd_write` gathers its iovecs in order, two (kept on the stack) or six
-/// (in a list); one entry outside memory among six fails the whole call
-/// with EFAULT (21) and writes nothing of it.
+/// `fd_write` gathers its iovecs in order, two or six; one entry outside
+/// memory among six fails the whole call with EFAULT (21) and writes
+/// nothing of it.
 #[tokio::test]
 async fn fd_write_gathers_few_and_many_iovecs() {
     let (engine, _dir) = engine();

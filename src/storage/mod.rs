@@ -187,16 +187,20 @@ impl Store {
         }
     }
 
-    /// Applies `ops` as [`OrderedKv::apply_batch`] does, without waiting for
-    /// the disk on the embedded store: sled writes it out in its own
-    /// background flush (every 500 ms) or with the next durable write, so a
-    /// crash may lose the last of these batches. For data the node can lose
-    /// (invocation records, written after their call was answered); never
-    /// for what a caller was told is stored. On etcd the same as
-    /// `apply_batch` (raft makes every write durable).
-    pub async fn apply_batch_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+    /// Applies `ops` without waiting for the disk on the embedded store, and
+    /// there one by one, not as one atomic batch: sled writes them out in its
+    /// own background flush (every 500 ms) or with the next durable write,
+    /// so a crash may lose the last of them, or part of one call's `ops`.
+    /// (A sled batch seals sled's log buffer and wakes all seven of its I/O
+    /// threads for the write: about 1,500 wake-ups a second under an invoke
+    /// load, BENCHMARKS.md.) For data the node can lose and that needs no
+    /// atomicity (invocation records and their trim, written after their
+    /// call was answered); never for what a caller was told is stored. On
+    /// etcd the same as `apply_batch` (one transaction; raft makes every
+    /// write durable).
+    pub async fn apply_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
         match self {
-            Store::Sled(s) => s.apply_batch_buffered(ops),
+            Store::Sled(s) => s.apply_each_buffered(ops),
             #[cfg(feature = "cluster")]
             Store::Etcd(s) => Box::pin(s.apply_batch(ops)).await,
         }

@@ -199,6 +199,31 @@ impl SledStore {
         Ok(())
     }
 
+    /// Applies `ops` one by one, without waiting for the disk and not as one
+    /// atomic batch (see `Store::apply_buffered`): a sled batch seals the
+    /// log buffer and hands its write to sled's I/O threads, all seven of
+    /// which wake for it; single writes join the buffer and go out with
+    /// sled's own flush.
+    pub(crate) fn apply_each_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+        let mut keys = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                BatchOp::Put(k, v) => {
+                    self.db
+                        .insert(&k[..], encode(&v, None))
+                        .map_err(unavailable)?;
+                    keys.push(k);
+                }
+                BatchOp::Delete(k) => {
+                    self.db.remove(&k[..]).map_err(unavailable)?;
+                    keys.push(k);
+                }
+            }
+        }
+        self.wrote(keys.iter().map(Vec::as_slice));
+        Ok(())
+    }
+
     /// Waits until every write made so far is on disk.
     async fn durable(&self) -> StoreResult<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -312,9 +337,9 @@ mod tests {
         (dir, s)
     }
 
-    /// A buffered batch is read back at once (puts and deletes, as one
-    /// batch), and once the store is flushed (as the node's drain does) it
-    /// is there after the store is opened again.
+    /// Buffered writes, as one batch or one by one, are read back at once
+    /// (puts and deletes), and once the store is flushed (as the node's drain
+    /// does) they are there after the store is opened again.
     #[tokio::test]
     async fn a_buffered_batch_is_read_at_once_and_kept_after_a_flush() {
         let (dir, s) = store();
@@ -328,6 +353,13 @@ mod tests {
         assert_eq!(s.get(b"log/a").await.unwrap(), Some(b"x".to_vec()));
         assert_eq!(s.get(b"old").await.unwrap(), None);
         assert_eq!(s.scan_prefix(b"log/", 10).await.unwrap().len(), 2);
+        s.apply_each_buffered(vec![
+            BatchOp::Put(b"log/c".to_vec(), b"z".to_vec()),
+            BatchOp::Delete(b"log/a".to_vec()),
+        ])
+        .unwrap();
+        assert_eq!(s.get(b"log/c").await.unwrap(), Some(b"z".to_vec()));
+        assert_eq!(s.get(b"log/a").await.unwrap(), None);
         s.flush().await.unwrap();
         drop(s);
         // The flusher thread lets go of the database when it sees the store gone.
@@ -343,6 +375,8 @@ mod tests {
         };
         assert_eq!(again.get(b"log/b").await.unwrap(), Some(b"y".to_vec()));
         assert_eq!(again.get(b"old").await.unwrap(), None);
+        assert_eq!(again.get(b"log/c").await.unwrap(), Some(b"z".to_vec()));
+        assert_eq!(again.get(b"log/a").await.unwrap(), None);
     }
 
     /// A write counter moves once per applied write under its prefix (put,
@@ -386,6 +420,12 @@ mod tests {
         s.apply_batch_buffered(vec![BatchOp::Put(b"log/c".to_vec(), b"1".to_vec())])
             .unwrap();
         assert_eq!(n(), 6);
+        s.apply_each_buffered(vec![
+            BatchOp::Put(b"fn/d".to_vec(), b"1".to_vec()),
+            BatchOp::Put(b"log/d".to_vec(), b"1".to_vec()),
+        ])
+        .unwrap();
+        assert_eq!(n(), 7, "one-by-one writes are counted too");
     }
 
     /// Of many concurrent writers doing CAS from the same expected value, exactly one wins.

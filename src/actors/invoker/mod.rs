@@ -722,7 +722,7 @@ mod tests {
         store.put(b"kv/ns/a", b"1").await.unwrap();
         store.put(&ver_key("ns", "f", 9), b"{}").await.unwrap();
         store
-            .apply_batch_buffered(vec![BatchOp::Put(b"log/ns/f/1".to_vec(), b"[]".to_vec())])
+            .apply_buffered(vec![BatchOp::Put(b"log/ns/f/1".to_vec(), b"[]".to_vec())])
             .await
             .unwrap();
         assert_eq!(

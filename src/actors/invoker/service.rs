@@ -237,8 +237,10 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
         // Buffered: a record is written after its call was answered, and an
         // fsync per batch cost more CPU than the batch (sled's threads and
         // the flusher, a few µs per invoke); a crash may lose the last ones.
+        // On sled one write at a time, not a sled batch, which would wake
+        // all of sled's I/O threads (`Store::apply_buffered`).
         for ops in store_batches(group_records(buf.drain(..))) {
-            if let Err(e) = store.apply_batch_buffered(ops).await {
+            if let Err(e) = store.apply_buffered(ops).await {
                 tracing::warn!(error = %e, "Invocation records could not be written.");
             }
         }
@@ -311,7 +313,7 @@ pub(super) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<us
         .map(|(k, _)| BatchOp::Delete(k))
         .collect();
     for chunk in deletes.chunks(RECORD_ENTRIES_PER_BATCH) {
-        store.apply_batch_buffered(chunk.to_vec()).await?;
+        store.apply_buffered(chunk.to_vec()).await?;
     }
     Ok(old)
 }

@@ -10,13 +10,16 @@
 //! Runs alternate livez / JWT / API key for several rounds; each round's
 //! ratio is against that round's `/livez`, and the table gives the medians.
 //!
-//! `cargo bench --bench chain` prints the table. Under `cargo test` (no
+//! `cargo bench --bench chain` prints the table, then each ratio through
+//! `wrk` (benches/support/wrk.rs; `apt-get install -y wrk`). Under `cargo test` (no
 //! `--bench` argument) it runs a short smoke round so the bench stays working.
 //! `MESHGATE_BENCH_SECS` / `MESHGATE_BENCH_ROUNDS` change the run length;
 //! the node's pid is printed so a profiler can attach (`perf record -p`).
 
 #[path = "support/raw.rs"]
 mod raw;
+#[path = "support/wrk.rs"]
+mod wrk;
 
 use raw::{Load, NodeProcess, median, request_bytes, run};
 
@@ -108,5 +111,12 @@ fn main() {
         println!(
             "({CONNECTIONS} keep-alive connections, {secs} s per run, 128-byte value, node = release binary in its own process logging to a file)"
         );
+        let url = |path: &str| format!("http://{}{path}", node.addr);
+        let livez = wrk::Wrk::get(&url("/livez"), &[]);
+        for (name, auth) in [("KV (JWT)", &jwt_auth), ("KV (API key)", &key_auth)] {
+            let auth_header = format!("authorization: {auth}");
+            let kv = wrk::Wrk::get(&url("/v1/kv/hot"), &[&auth_header]);
+            wrk::ratio_table(name, &kv, "livez", &livez, 3);
+        }
     }
 }

@@ -10,13 +10,16 @@
 //! runs alternate KV / invoke for several rounds, and the table gives the
 //! medians of the per-round ratios.
 //!
-//! `cargo bench --bench functions_http` prints the table. Under `cargo test`
+//! `cargo bench --bench functions_http` prints the table, then the same ratio
+//! through `wrk` (benches/support/wrk.rs; `apt-get install -y wrk`). Under `cargo test`
 //! (no `--bench` argument) it runs a short smoke round so the bench stays
 //! working. `MESHGATE_BENCH_SECS` / `MESHGATE_BENCH_ROUNDS` change the run
 //! length; the node's pid is printed so a profiler can attach.
 
 #[path = "support/raw.rs"]
 mod raw;
+#[path = "support/wrk.rs"]
+mod wrk;
 
 use raw::{Load, NodeProcess, median, request_bytes, run};
 use std::time::{Duration, Instant};
@@ -78,11 +81,9 @@ fn main() {
     ))
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    // The load generator keeps CONNECTIONS calls in flight in one namespace.
-    let node = NodeProcess::start(
-        dir.path(),
-        &format!("[functions]\nnamespace_concurrency = {}\n", CONNECTIONS * 2),
-    );
+    // The generators keep CONNECTIONS (wrk: 32) calls in flight in one
+    // namespace: the namespace's cap is raised above both.
+    let node = NodeProcess::start(dir.path(), "[functions]\nnamespace_concurrency = 64\n");
     eprintln!("node pid {} on {}", node.child.id(), node.addr);
     let key = node.namespace("bench");
     let auth = format!("Bearer {key}");
@@ -157,6 +158,15 @@ fn main() {
         println!(
             "({CONNECTIONS} keep-alive connections, {secs} s per run, {}-byte JSON input, node = release binary in its own process logging to a file)",
             INPUT.len()
+        );
+        let url = |path: &str| format!("http://{}{path}", node.addr);
+        let auth_header = format!("authorization: {auth}");
+        wrk::ratio_table(
+            "invoke",
+            &wrk::Wrk::post(&url("/v1/functions/echo/invoke"), &[&auth_header], INPUT),
+            "KV read",
+            &wrk::Wrk::get(&url("/v1/kv/hot"), &[&auth_header]),
+            3,
         );
     }
 }

@@ -19,6 +19,8 @@
 
 #[path = "support/load.rs"]
 mod load;
+#[path = "support/wrk.rs"]
+mod wrk;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -345,52 +347,17 @@ fn main() {
         }
     });
     if full {
-        wrk_table(&mesh_url, &nginx_url);
+        // wrk spends less CPU per request than the generator above, so the
+        // proxies' own costs weigh more in its ratio.
+        let host = ["Host: app.bench.test"];
+        wrk::ratio_table(
+            "meshgate",
+            &wrk::Wrk::get(&mesh_url, &host),
+            "nginx",
+            &wrk::Wrk::get(&nginx_url, &host),
+            3,
+        );
     }
     drop(node_proc);
     drop(nginx);
-}
-
-/// One `wrk -t1 -c32 -d4s` run with the routed host; its requests per second.
-/// Every answer must be a 2xx without a socket error.
-fn wrk(url: &str) -> f64 {
-    let out = Command::new("wrk")
-        .args(["-t1", "-c32", "-d4s", "-H", "Host: app.bench.test", url])
-        .output()
-        .unwrap_or_else(|e| panic!("wrk cannot run ({e}): apt-get install -y wrk"));
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "wrk failed: {text}");
-    assert!(
-        !text.contains("Non-2xx") && !text.contains("Socket errors"),
-        "wrk saw failed requests through {url}: {text}"
-    );
-    text.lines()
-        .find_map(|l| l.strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Requests/sec in wrk's output: {text}"))
-}
-
-/// The same comparison through `wrk` (1 thread, 32 keep-alive connections,
-/// 4 s runs, meshgate and nginx alternated `m n n m`, three times): wrk
-/// spends less CPU per request than the in-process generator above, so the
-/// proxies' own costs weigh more in its ratio.
-fn wrk_table(mesh: &str, ngx: &str) {
-    println!();
-    println!("wrk -t1 -c32 -d4s, alternated m n n m; each row one round");
-    println!("| round | meshgate req/s | nginx req/s | meshgate / nginx |");
-    println!("|---|---|---|---|");
-    wrk(mesh);
-    wrk(ngx);
-    let mut ratios = Vec::new();
-    for round in 1..=3 {
-        let m1 = wrk(mesh);
-        let n1 = wrk(ngx);
-        let n2 = wrk(ngx);
-        let m2 = wrk(mesh);
-        let (m, n) = ((m1 + m2) / 2.0, (n1 + n2) / 2.0);
-        ratios.push(m / n);
-        println!("| {round} | {m:.0} | {n:.0} | {:.2} |", m / n);
-    }
-    let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-    println!("| mean | | | **{mean:.2}** |");
 }

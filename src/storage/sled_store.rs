@@ -177,9 +177,10 @@ impl SledStore {
         }
     }
 
-    /// Applies `ops` in one sled batch without waiting for the disk (see
-    /// `Store::apply_batch_buffered`).
-    pub(crate) fn apply_batch_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+    /// Applies `ops` in one atomic sled batch without waiting for the disk:
+    /// the first half of the durable `apply_batch`, which then waits for it.
+    /// (Records, which need neither, go one by one: `apply_each_buffered`.)
+    fn apply_batch_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
         let mut batch = sled::Batch::default();
         let mut keys = Vec::with_capacity(ops.len());
         for op in ops {

@@ -70,14 +70,8 @@ impl Wrk {
 
 /// Prints the ratio `top / bottom` through wrk: one warm-up run of each, then
 /// `rounds` rounds alternated `top bottom bottom top`, a table row per round
-/// and their mean; returns the mean.
-pub fn ratio_table(
-    top_name: &str,
-    top: &Wrk,
-    bottom_name: &str,
-    bottom: &Wrk,
-    rounds: usize,
-) -> f64 {
+/// and their mean.
+pub fn ratio_table(top_name: &str, top: &Wrk, bottom_name: &str, bottom: &Wrk, rounds: usize) {
     println!();
     println!("wrk -t1 -c32 -d4s, alternated A B B A; each row one round");
     println!("| round | {top_name} req/s | {bottom_name} req/s | {top_name} / {bottom_name} |");
@@ -96,5 +90,4 @@ pub fn ratio_table(
     }
     let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
     println!("| mean | | | **{mean:.2}** |");
-    mean
 }

@@ -37,6 +37,52 @@ pub struct Config {
     pub deploy: DeployConfig,
     /// `[debug]`: test switches, off by default.
     pub debug: DebugConfig,
+    /// `[quotas]`: what one namespace may hold (the operator overrides them
+    /// per namespace with `PUT /v1/namespaces/{name}/quotas`).
+    pub quotas: QuotaConfig,
+}
+
+/// `[quotas]`: the default quota of every namespace. Stored resources are
+/// counted in the store beside the data, exact on every node of a cluster
+/// and after a restart; sockets and subscriptions are live and counted per
+/// node (docs/quotas.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Bytes of KV one namespace holds: each key's length plus its value's.
+    pub kv_bytes: u64,
+    /// KV keys one namespace holds.
+    pub kv_keys: u64,
+    /// Functions one namespace holds.
+    pub functions: u64,
+    /// Bytes of WASM modules one namespace holds, over every kept version.
+    pub module_bytes: u64,
+    /// Deployments one namespace holds.
+    pub deployments: u64,
+    /// Hosts one namespace's deployments claim together.
+    pub hosts: u64,
+    /// Unpacked bytes of static sites one namespace holds, over every kept version.
+    pub site_bytes: u64,
+    /// Pub/sub sockets of one namespace open at once on one node.
+    pub sockets: u64,
+    /// Topic subscriptions of one namespace's sockets at once on one node.
+    pub subscriptions: u64,
+}
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        Self {
+            kv_bytes: 256 << 20,
+            kv_keys: 1_000_000,
+            functions: 200,
+            module_bytes: 512 << 20,
+            deployments: 100,
+            hosts: 200,
+            site_bytes: 1 << 30,
+            sockets: 1_000,
+            subscriptions: 10_000,
+        }
+    }
 }
 
 /// `[tls]`: TLS terminated by the node itself. Both files empty: plain HTTP

@@ -194,6 +194,9 @@ codes! {
     WalletRateLimited = "WALLET_RATE_LIMITED", 429, Client, true;
     TooManyChallenges = "TOO_MANY_CHALLENGES", 429, Client, true;
     FunctionBusy = "FUNCTION_BUSY", 429, Node, true;
+    /// A namespace quota would be passed (413 instead for the byte quotas);
+    /// the message names the quota. Retryable once something is deleted.
+    QuotaExceeded = "QUOTA_EXCEEDED", 429, Client, true;
     // 500: something broke.
     Internal = "INTERNAL", 500, Node, true;
     FunctionTrapped = "FUNCTION_TRAPPED", 500, Guest, false;

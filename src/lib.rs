@@ -10,6 +10,8 @@
 //! - `auth/`: pure identity primitives: API key format, grants and roles, EdDSA
 //!   JWTs, refresh rotation rules, wallet challenges, the cluster hop MAC.
 //! - `namespace.rs`: the namespace record (members, limits, claims provider).
+//! - `quota.rs`: per-namespace quotas: limits, usage records kept beside the
+//!   data they count, live socket and subscription counts.
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
 //! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`,
@@ -53,6 +55,7 @@ pub mod namespace;
 pub mod node;
 pub mod placement;
 pub mod pubsub;
+pub mod quota;
 pub mod storage;
 pub mod util;
 pub mod wasm;

@@ -26,6 +26,10 @@ pub struct NamespaceRecord {
     /// Function that adds custom claims to this namespace's tokens.
     #[serde(default)]
     pub claims_provider: Option<String>,
+    /// The operator's quota overrides by resource name (`quota.rs`); the
+    /// others are `[quotas]`'s.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub quotas: std::collections::BTreeMap<String, u64>,
 }
 
 /// Store key of a namespace record.

@@ -149,6 +149,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         config.server.mailbox_capacity,
     )
     .with_records(records.clone())
+    .with_quotas(config.quotas.clone())
     .with_pubsub(pubsub.clone())
     .with_functions(functions.clone())
     .with_node_id(crate::placement::node_id(&config.cluster));
@@ -189,6 +190,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         dashboard: Default::default(),
         functions,
         deployments,
+        live: Default::default(),
         cluster: std::sync::OnceLock::new(),
         #[cfg(feature = "cluster")]
         mesh: std::sync::OnceLock::new(),

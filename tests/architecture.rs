@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u8)] = &[
     // The domain.
     ("namespace", 3),
     ("identity", 3),
+    ("quota", 3),
     ("pubsub", 3),
     ("placement", 3),
     ("cluster", 3),

@@ -83,6 +83,9 @@ pub enum NsError {
     Store(#[from] StoreError),
     #[error("internal error: the namespace actor failed and was restarted")]
     Panicked,
+    /// A refusal with its own code and status (a quota reached).
+    #[error("{0}")]
+    Refused(crate::error::ApiError),
 }
 
 pub type NsResult<T> = Result<T, NsError>;
@@ -113,6 +116,8 @@ pub struct NamespaceSupervisor {
     /// Where the record is published for the other rooms to read
     /// (`actors/records.rs`); this supervisor is its one writer here.
     pub records: Option<super::Records>,
+    /// The node's default quotas (`[quotas]`); the record's overrides win.
+    pub quotas: Arc<crate::config::QuotaConfig>,
 }
 
 impl NamespaceSupervisor {
@@ -132,6 +137,7 @@ impl NamespaceSupervisor {
             functions: None,
             member: true,
             records: None,
+            quotas: Default::default(),
         }
     }
 
@@ -141,12 +147,28 @@ impl NamespaceSupervisor {
         self
     }
 
+    /// Gives the supervisor the node's default quotas.
+    pub fn with_quotas(mut self, quotas: Arc<crate::config::QuotaConfig>) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// The namespace's quota limits: its record's overrides over the node's defaults.
+    pub fn limits(&self) -> crate::quota::Limits {
+        let none = crate::quota::Overrides::new();
+        let overrides = self.record.as_ref().map_or(&none, |r| &r.quotas);
+        crate::quota::Limits::of(&self.quotas, overrides)
+    }
+
     /// Sets the record and publishes it (None: the namespace is gone).
     pub(super) fn set_record(&mut self, record: Option<NamespaceRecord>) {
         if let Some(r) = &self.records {
             r.publish(&self.name, record.as_ref());
         }
         self.record = record;
+        if let Some(inv) = &self.functions {
+            inv.set_limits(self.limits());
+        }
     }
 
     /// Marks this node a member of the namespace or not (see `member`).
@@ -317,6 +339,44 @@ impl Handler<SetClaimsProvider> for NamespaceSupervisor {
     }
 }
 
+/// Sent by `PUT /v1/namespaces/{ns}/quotas` (the operator): replaces the
+/// namespace's quota overrides (checked by the caller), written to its
+/// record and published; replies with the record. Lowering a quota below
+/// the usage refuses only what would grow it further.
+#[derive(Message)]
+#[rtype(result = "NsResult<NamespaceRecord>")]
+pub struct SetQuotas {
+    /// The overrides by resource name; the others fall back to `[quotas]`.
+    pub quotas: crate::quota::Overrides,
+}
+
+impl Handler<SetQuotas> for NamespaceSupervisor {
+    type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
+    fn handle(&mut self, msg: SetQuotas, _: &mut Context<Self>) -> Self::Result {
+        let timer = self.stats.begin();
+        let store = self.store.clone();
+        let key = ns_key(&self.name);
+        Box::pin(
+            async move {
+                let _timer = timer;
+                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
+                    return Err(NsError::NotFound);
+                };
+                rec.quotas = msg.quotas;
+                store.put_json(&key, &rec).await?;
+                Ok(rec)
+            }
+            .into_actor(self)
+            .map(|res, act, _| {
+                if let Ok(rec) = &res {
+                    act.set_record(Some(rec.clone()));
+                }
+                res
+            }),
+        )
+    }
+}
+
 /// Sent by the operator's fault-injection route (`[debug] fault_injection`): the
 /// handler panics, so the reply is always `Err(Panicked)` and the actor restarts.
 #[derive(Message)]
@@ -394,16 +454,64 @@ impl Handler<KvPut> for NamespaceSupervisor {
         let _t = self.stats.begin();
         let store = self.store.clone();
         let ns = self.name.clone();
+        let limits = self.limits();
         Box::pin(async move {
-            let k = kv_key(&ns, &msg.key)?;
-            let j = import_journal_key(&ns);
-            unless_importing(&store, &ns, &j, || {
-                store.write_unless(&k, Some(&msg.value), &j)
-            })
-            .await
-            .map(|_| ())
+            kv_write(&store, &ns, &limits, msg.key.as_bytes(), Some(&msg.value))
+                .await
+                .map(|_| ())
         })
     }
+}
+
+/// Writes (`Some`) or deletes (`None`) one KV key of `ns`, counted against
+/// its `kv_bytes` and `kv_keys` quotas in the same guarded store change as
+/// the write (so the usage record is exact on every node), and not while
+/// an import is in progress. Replies whether the key existed; a write past
+/// a quota is refused whole (`NsError::Refused`, nothing written). Every
+/// KV write goes through here: the HTTP routes and the guests' `kv_put`.
+pub async fn kv_write(
+    store: &Store,
+    ns: &str,
+    limits: &crate::quota::Limits,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> NsResult<bool> {
+    use crate::quota::{Group, Resource, Usage, usage_key};
+    if key.is_empty() || key.len() > MAX_KV_KEY {
+        return Err(NsError::BadInput(format!(
+            "a KV key is 1 to {MAX_KV_KEY} bytes"
+        )));
+    }
+    let mut k = kv_prefix(ns);
+    k.extend_from_slice(key);
+    crate::quota::ensure_usage(store, ns, Group::Kv).await?;
+    let u = usage_key(ns, Group::Kv);
+    let j = import_journal_key(ns);
+    let keys = [k.clone(), u.clone()];
+    let decide = |vals: &[Option<Vec<u8>>]| {
+        let old = vals[0].as_ref().map(|v| key.len() + v.len());
+        let new = value.map(|v| key.len() + v.len());
+        if old.is_none() && new.is_none() {
+            return Ok((Vec::new(), false));
+        }
+        let mut usage = Usage::decode(vals[1].as_deref()).unwrap_or_default();
+        let bytes = new.unwrap_or(0) as i64 - old.unwrap_or(0) as i64;
+        let count = i64::from(new.is_some()) - i64::from(old.is_some());
+        usage.apply(
+            limits,
+            &[(Resource::KvBytes, bytes), (Resource::KvKeys, count)],
+        )?;
+        let write = match value {
+            Some(v) => BatchOp::Put(k.clone(), v.to_vec()),
+            None => BatchOp::Delete(k.clone()),
+        };
+        Ok((
+            vec![write, BatchOp::Put(u.clone(), usage.encode())],
+            old.is_some(),
+        ))
+    };
+    let r = unless_importing(store, ns, &j, || store.transact(&keys, Some(&j), &decide)).await?;
+    r.map_err(NsError::Refused)
 }
 
 /// Sent by `DELETE /v1/kv/{key}`; replies whether the key existed.
@@ -420,11 +528,8 @@ impl Handler<KvDelete> for NamespaceSupervisor {
         let _t = self.stats.begin();
         let store = self.store.clone();
         let ns = self.name.clone();
-        Box::pin(async move {
-            let k = kv_key(&ns, &msg.key)?;
-            let j = import_journal_key(&ns);
-            unless_importing(&store, &ns, &j, || store.write_unless(&k, None, &j)).await
-        })
+        let limits = self.limits();
+        Box::pin(async move { kv_write(&store, &ns, &limits, msg.key.as_bytes(), None).await })
     }
 }
 

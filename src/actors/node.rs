@@ -157,6 +157,8 @@ pub struct NodeSupervisor {
     /// The published records: `Locate` reads them, each namespace
     /// supervisor publishes its own.
     records: super::Records,
+    /// The node's default quotas, handed to every namespace supervisor.
+    quotas: Arc<crate::config::QuotaConfig>,
 }
 
 impl NodeSupervisor {
@@ -176,6 +178,7 @@ impl NodeSupervisor {
         let stats = directory.register(&metrics, "node", "", mailbox_capacity);
         Self {
             records: super::Records::new(store.clone()),
+            quotas: Default::default(),
             store,
             metrics,
             directory,
@@ -193,6 +196,12 @@ impl NodeSupervisor {
     /// get a full supervisor.
     pub fn with_node_id(mut self, node_id: Option<String>) -> Self {
         self.node_id = node_id;
+        self
+    }
+
+    /// Gives every namespace supervisor the node's default quotas (`[quotas]`).
+    pub fn with_quotas(mut self, quotas: crate::config::QuotaConfig) -> Self {
+        self.quotas = Arc::new(quotas);
         self
     }
 
@@ -228,6 +237,7 @@ impl NodeSupervisor {
             self.directory
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
         let invoker = self.functions.as_ref().map(|f| f.invoker(name));
+        let quotas = self.quotas.clone();
         let (n, store, s, cap, pubsub, functions, records) = (
             name.to_string(),
             self.store.clone(),
@@ -240,6 +250,7 @@ impl NodeSupervisor {
         let addr = Supervisor::start_in_arbiter(self.arbiter_for(name), move |_| {
             NamespaceSupervisor::new(n, store, s, cap)
                 .with_records(records)
+                .with_quotas(quotas.clone())
                 .with_pubsub(pubsub)
                 .with_functions(functions)
                 .with_member(member)

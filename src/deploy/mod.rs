@@ -34,6 +34,7 @@ pub mod wire;
 use crate::config::DeployConfig;
 use crate::error::ApiError;
 use crate::error::Code;
+use crate::quota::{Group, Limits, Resource, Usage, usage_key};
 use crate::storage::{BatchOp, OrderedKv, Store};
 use egress::EgressPolicy;
 use index::{Bound, Index, Serve};
@@ -290,7 +291,12 @@ impl Deployments {
     }
 
     /// Creates a deployment, or a new version of it, and makes it serve.
-    pub async fn create(&self, ns: &str, new: NewDeployment) -> DeployResult<Value> {
+    pub async fn create(
+        &self,
+        ns: &str,
+        new: NewDeployment,
+        limits: &Limits,
+    ) -> DeployResult<Value> {
         // Where the upstream would connect, before anything is stored.
         self.check_egress(&new.target).await?;
         for h in &new.hosts {
@@ -303,6 +309,19 @@ impl Deployments {
         }
         // A host already taken fails before any upload work.
         self.check_hosts(ns, &new.hosts).await?;
+        // So does a quota it cannot fit (the exact check is under the lock):
+        // a namespace at its quota leaves no blobs behind.
+        {
+            let head = self.store.get(&dep_key(ns, &new.name)).await?;
+            let mut u = self.usage(ns).await?;
+            u.apply(
+                limits,
+                &[
+                    (Resource::Deployments, i64::from(head.is_none())),
+                    (Resource::SiteBytes, site_bytes(&new.target) as i64),
+                ],
+            )?;
+        }
         // Content-addressed blobs first, outside the lock (a large site must
         // not hold it near its time to live): a failure after this leaves
         // only unreferenced blobs, never a record pointing at missing bytes.
@@ -346,10 +365,21 @@ impl Deployments {
                 serde_json::to_vec(&rec).expect("json"),
             ),
         ];
-        ops.extend(
-            self.host_ops(ns, Some((&new.name, &new.hosts)), None)
-                .await?,
-        );
+        let (host_ops, hosts) = self
+            .host_ops(ns, Some((&new.name, &new.hosts)), None)
+            .await?;
+        ops.extend(host_ops);
+        let mut u = self.usage(ns).await?;
+        let hosts_delta = hosts as i64 - u.get(Resource::Hosts) as i64;
+        u.apply(
+            limits,
+            &[
+                (Resource::Deployments, i64::from(head.is_none())),
+                (Resource::Hosts, hosts_delta),
+                (Resource::SiteBytes, site_bytes(&ver.target) as i64),
+            ],
+        )?;
+        ops.push(BatchOp::Put(usage_key(ns, Group::Deployments), u.encode()));
         self.commit(ops).await?;
         tracing::info!(namespace = ns, deployment = %new.name, version, "Deployment created.");
         Ok(view(&rec, &ver, None))
@@ -384,13 +414,14 @@ impl Deployments {
 
     /// The host-claim writes that make the namespace own exactly the hosts its
     /// deployments use after a change: `changed` replaces one deployment's
-    /// hosts, `removed` drops one deployment.
+    /// hosts, `removed` drops one deployment. With them, how many hosts the
+    /// namespace then claims.
     async fn host_ops(
         &self,
         ns: &str,
         changed: Option<(&str, &[String])>,
         removed: Option<&str>,
-    ) -> DeployResult<Vec<BatchOp>> {
+    ) -> DeployResult<(Vec<BatchOp>, usize)> {
         let mut used = BTreeSet::new();
         let mut owned = BTreeSet::new();
         for (_, v) in self.store.scan_prefix(&dep_prefix(ns), usize::MAX).await? {
@@ -427,7 +458,21 @@ impl Deployments {
                 .filter(|h| !used.contains(*h))
                 .map(|h| BatchOp::Delete(host_key(h))),
         );
-        Ok(ops)
+        Ok((ops, used.len()))
+    }
+
+    /// The namespace's deployment usage record (`usage/<ns>/dep`), counted
+    /// from its deployments when it is missing (a namespace from before
+    /// quotas). Read under the deployment lock for a change: every writer
+    /// of the record holds it, so the count the change writes back is exact.
+    pub async fn usage(&self, ns: &str) -> DeployResult<Usage> {
+        let key = usage_key(ns, Group::Deployments);
+        if let Some(u) = Usage::decode(self.store.get(&key).await?.as_deref()) {
+            return Ok(u);
+        }
+        let u = usage_of(&self.store, ns).await?;
+        crate::quota::store_if_missing(&self.store, ns, Group::Deployments, &u).await?;
+        Ok(u)
     }
 
     async fn head(&self, ns: &str, name: &str) -> DeployResult<DeploymentRecord> {
@@ -538,7 +583,11 @@ impl Deployments {
             dep_key(ns, name),
             serde_json::to_vec(&rec).expect("json"),
         )];
-        ops.extend(self.host_ops(ns, Some((name, &ver.hosts)), None).await?);
+        let (host_ops, hosts) = self.host_ops(ns, Some((name, &ver.hosts)), None).await?;
+        ops.extend(host_ops);
+        let mut u = self.usage(ns).await?;
+        u.set(Resource::Hosts, hosts as u64);
+        ops.push(BatchOp::Put(usage_key(ns, Group::Deployments), u.encode()));
         self.commit(ops).await?;
         tracing::info!(
             namespace = ns,
@@ -553,15 +602,30 @@ impl Deployments {
     pub async fn delete(&self, ns: &str, name: &str) -> DeployResult<()> {
         let _w = self.write_lock().await?;
         self.head(ns, name).await?;
-        let mut ops = self.host_ops(ns, None, Some(name)).await?;
+        let (mut ops, hosts) = self.host_ops(ns, None, Some(name)).await?;
         ops.push(BatchOp::Delete(dep_key(ns, name)));
-        for (k, _) in self
+        let mut bytes = 0u64;
+        for (k, v) in self
             .store
             .scan_prefix(&ver_prefix(ns, name), usize::MAX)
             .await?
         {
+            if let Ok(ver) = serde_json::from_slice::<DeploymentVersion>(&v) {
+                bytes += site_bytes(&ver.target);
+            }
             ops.push(BatchOp::Delete(k));
         }
+        let mut u = self.usage(ns).await?;
+        u.set(Resource::Hosts, hosts as u64);
+        u.set(
+            Resource::Deployments,
+            u.get(Resource::Deployments).saturating_sub(1),
+        );
+        u.set(
+            Resource::SiteBytes,
+            u.get(Resource::SiteBytes).saturating_sub(bytes),
+        );
+        ops.push(BatchOp::Put(usage_key(ns, Group::Deployments), u.encode()));
         self.commit(ops).await
     }
 
@@ -580,6 +644,46 @@ impl Deployments {
         }
         Ok(())
     }
+}
+
+/// The unpacked bytes of a static site (0 for upstreams): what it counts
+/// against `site_bytes`.
+pub fn site_bytes(t: &TargetSpec) -> u64 {
+    match t {
+        TargetSpec::Static { total_bytes, .. } => *total_bytes,
+        TargetSpec::Upstream { .. } => 0,
+    }
+}
+
+/// What a namespace's deployments count, read from their records: how
+/// many, the hosts their active versions claim, and the site bytes of every
+/// kept version. For a usage record that is missing.
+pub async fn usage_of(store: &Store, ns: &str) -> crate::storage::StoreResult<Usage> {
+    let mut deployments = 0u64;
+    let mut hosts = BTreeSet::new();
+    for (_, v) in store.scan_all(&dep_prefix(ns)).await? {
+        let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
+            continue;
+        };
+        deployments += 1;
+        if let Some(ver) = store
+            .get_json::<DeploymentVersion>(&ver_key(ns, &rec.name, rec.active))
+            .await?
+        {
+            hosts.extend(ver.hosts);
+        }
+    }
+    let mut bytes = 0u64;
+    for (_, v) in store.scan_all(format!("depv/{ns}/").as_bytes()).await? {
+        if let Ok(ver) = serde_json::from_slice::<DeploymentVersion>(&v) {
+            bytes += site_bytes(&ver.target);
+        }
+    }
+    let mut u = Usage::default();
+    u.set(Resource::Deployments, deployments);
+    u.set(Resource::Hosts, hosts.len() as u64);
+    u.set(Resource::SiteBytes, bytes);
+    Ok(u)
 }
 
 fn kind_name(t: &TargetSpec) -> &'static str {
@@ -626,6 +730,11 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
 
 #[cfg(test)]
 mod tests {
+    /// The default quotas, for deployments made by these tests.
+    fn limits() -> crate::quota::Limits {
+        crate::quota::Limits::of(&Default::default(), &Default::default())
+    }
+
     use super::*;
 
     /// Two nodes' deployment services on one store.
@@ -669,7 +778,7 @@ mod tests {
                     let ns = format!("ns{i}");
                     (
                         ns.clone(),
-                        node.create(&ns, upstream("site", "race.test")).await,
+                        node.create(&ns, upstream("site", "race.test"), &limits()).await,
                     )
                 })
             })
@@ -701,7 +810,7 @@ mod tests {
         let (_d, a, b) = two_nodes();
         b.reload().await.unwrap();
         assert!(!b.follow().await.unwrap());
-        a.create("n", upstream("site", "www.test")).await.unwrap();
+        a.create("n", upstream("site", "www.test"), &limits()).await.unwrap();
         assert!(a.index().host_namespace("www.test").is_some());
         assert!(b.index().host_namespace("www.test").is_none());
         assert!(b.follow().await.unwrap());
@@ -724,20 +833,20 @@ mod tests {
             DeployConfig::default(),
             "gateway.test".into(),
         );
-        open.create("n", upstream("site", "www.test"))
+        open.create("n", upstream("site", "www.test"), &limits())
             .await
             .unwrap();
         let mut v2 = upstream("site", "www.test");
         v2.target = TargetSpec::Upstream {
             instances: vec!["http://203.0.113.7:80".into()],
         };
-        open.create("n", v2).await.unwrap();
+        open.create("n", v2, &limits()).await.unwrap();
         let e = strict.rollback("n", "site", Some(1)).await.unwrap_err();
         assert_eq!(e.code, "UPSTREAM_FORBIDDEN", "{e}");
         assert!(e.message.contains("127.0.0.1:9"), "{e}");
         assert_eq!(strict.head("n", "site").await.unwrap().active, 2);
         let e = strict
-            .create("m", upstream("other", "other.test"))
+            .create("m", upstream("other", "other.test"), &limits())
             .await
             .unwrap_err();
         assert_eq!(e.code, "UPSTREAM_FORBIDDEN", "{e}");
@@ -767,7 +876,7 @@ mod tests {
             .await
             .unwrap();
         let t0 = std::time::Instant::now();
-        a.create("n", upstream("site", "www.test")).await.unwrap();
+        a.create("n", upstream("site", "www.test"), &limits()).await.unwrap();
         assert!(t0.elapsed() >= Duration::from_millis(250));
     }
 }

@@ -188,12 +188,31 @@ impl Deployments {
         &self,
         ns: &str,
         deps: &[ExportedDeployment],
+        limits: &crate::quota::Limits,
     ) -> DeployResult<(ImportLock<'_>, Vec<BatchOp>)> {
+        use crate::quota::{Group, Resource, Usage, usage_key};
         let lock = self.write_lock().await?;
         let used: BTreeSet<String> = deps
             .iter()
             .flat_map(|d| d.active().hosts.iter().cloned())
             .collect();
+        // The namespace's deployments become exactly `deps`: their usage is
+        // theirs, checked whole against the quotas (nothing imported past one).
+        let mut usage = Usage::default();
+        usage.apply(
+            limits,
+            &[
+                (Resource::Deployments, deps.len() as i64),
+                (Resource::Hosts, used.len() as i64),
+                (
+                    Resource::SiteBytes,
+                    deps.iter()
+                        .flat_map(|d| d.versions.iter())
+                        .map(|v| super::site_bytes(&v.target))
+                        .sum::<u64>() as i64,
+                ),
+            ],
+        )?;
         let used_list: Vec<String> = used.iter().cloned().collect();
         self.check_hosts(ns, &used_list).await?;
         let mut owned = BTreeSet::new();
@@ -249,6 +268,10 @@ impl Deployments {
                 .map(|h| BatchOp::Delete(host_key(h))),
         );
         ops.extend(puts.into_iter().map(|(k, v)| BatchOp::Put(k, v)));
+        ops.push(BatchOp::Put(
+            usage_key(ns, Group::Deployments),
+            usage.encode(),
+        ));
         ops.push(BatchOp::Put(
             GENERATION_KEY.to_vec(),
             crate::util::random_bytes::<16>().to_vec(),

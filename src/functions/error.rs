@@ -33,6 +33,9 @@ pub enum FnError {
     /// A fault of the node.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A refusal with its own code and status (a quota reached).
+    #[error("{0}")]
+    Refused(crate::error::ApiError),
 }
 
 impl FnError {

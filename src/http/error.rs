@@ -50,6 +50,7 @@ impl From<NsError> for ApiError {
             NsError::BadInput(m) => ApiError::new(Code::BadRequest, m),
             NsError::Store(s) => s.into(),
             NsError::Panicked => ApiError::internal(e.to_string()),
+            NsError::Refused(a) => a,
         }
     }
 }
@@ -156,6 +157,7 @@ impl From<crate::functions::FnError> for ApiError {
             F::Wasm(w) => w.into(),
             F::Store(s) => s.into(),
             F::Internal(m) => ApiError::internal(m),
+            F::Refused(a) => a,
         }
     }
 }

@@ -64,6 +64,8 @@ pub struct NodeInner {
     pub functions: crate::actors::FunctionsService,
     /// Host-routed deployments: records and the routing index.
     pub deployments: Arc<crate::deploy::Deployments>,
+    /// Each namespace's sockets and subscriptions on this node, against its quotas.
+    pub live: crate::quota::LiveCounts,
     /// This node's view of the cluster (set once the listener is bound, in
     /// cluster mode only: `[cluster] etcd` set).
     pub cluster: std::sync::OnceLock<Arc<crate::placement::Cluster>>,
@@ -96,6 +98,18 @@ impl Node {
             name,
         )
         .await
+    }
+
+    /// A namespace's quota limits: its record's overrides over `[quotas]`
+    /// (the defaults alone when it has no record).
+    pub async fn limits(
+        &self,
+        ns: &str,
+    ) -> Result<crate::quota::Limits, crate::storage::StoreError> {
+        let rec = self.records.get(ns).await?;
+        let none = crate::quota::Overrides::new();
+        let overrides = rec.as_deref().map_or(&none, |r| &r.quotas);
+        Ok(crate::quota::Limits::of(&self.config.quotas, overrides))
     }
 
     /// Where the node is in its life now.

@@ -67,6 +67,9 @@ pub struct WsSession {
     slots: VecDeque<Option<Bytes>>,
     /// Sequence number of the client frame `slots[0]` answers; grows as answers go out.
     base: u64,
+    /// This socket and its subscriptions, counted against the namespace's
+    /// quotas; given back when the session is dropped.
+    quota: crate::quota::LiveHold,
 }
 
 impl WsSession {
@@ -77,6 +80,7 @@ impl WsSession {
         relay: Rc<Relay>,
         conn: Rc<Conn>,
         mode: Mode,
+        quota: crate::quota::LiveHold,
     ) -> Self {
         Self {
             node,
@@ -88,6 +92,7 @@ impl WsSession {
             last_heard: crate::util::mono_now(),
             slots: VecDeque::new(),
             base: 0,
+            quota,
         }
     }
 
@@ -223,6 +228,9 @@ impl WsSession {
                         format!("at most {MAX_TOPICS_PER_CONNECTION} topics per connection"),
                     ));
                 }
+                if !topics.contains(&topic) {
+                    self.quota.subscribe()?;
+                }
                 // Recorded now: if the socket ends before the answer, the
                 // cleanup still covers it (unsubscribing twice is harmless).
                 topics.insert(topic.clone());
@@ -239,8 +247,10 @@ impl WsSession {
                 Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
             }
             ClientFrame::Unsubscribe { topic } => {
-                if let Mode::Full { topics } = &mut self.mode {
-                    topics.remove(&topic);
+                if let Mode::Full { topics } = &mut self.mode
+                    && topics.remove(&topic)
+                {
+                    self.quota.unsubscribe();
                 }
                 let reply = self.ns.ask_now(Unsubscribe {
                     topic,

@@ -47,6 +47,8 @@ const OP_OVERHEAD: usize = 64;
 const CHUNK_BYTES: usize = 1 << 20;
 /// Operations one transaction may hold: etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
+/// Reads and decisions a guarded change (`transact`) makes before it gives up.
+pub const TRANSACT_ATTEMPTS: usize = 64;
 /// Keys read per request of a scan.
 const SCAN_PAGE: i64 = 64;
 /// Chunks read per request when a large value is assembled.
@@ -903,14 +905,10 @@ impl EtcdStore {
         }
     }
 
-    async fn txn(
-        &self,
-        guard: Option<Compare>,
-        ops: Vec<Op>,
-    ) -> StoreResult<(bool, Vec<KeyValue>)> {
+    async fn txn(&self, guards: Vec<Compare>, ops: Vec<Op>) -> StoreResult<(bool, Vec<KeyValue>)> {
         let mut txn = Txn::new();
-        if let Some(g) = guard {
-            txn = txn.when(vec![g]);
+        if !guards.is_empty() {
+            txn = txn.when(guards);
         }
         let txn = txn.and_then(ops.into_iter().map(Op::into_txn_op).collect::<Vec<_>>());
         let mut kv = self.clients.kv.clone();
@@ -926,13 +924,15 @@ impl EtcdStore {
         Ok((r.succeeded(), replaced))
     }
 
-    /// Applies `writes` as one change, only if `guard` holds. A guard comes only
-    /// with a single write (CAS), so a failed guard means nothing was written.
+    /// Applies `writes` as one change, only if every compare of `guard` holds.
+    /// A guard comes only with writes that fit one transaction (a CAS, a
+    /// `transact`), or is checked by the last of several, so a failed guard
+    /// means no record was written.
     /// Then removes what the write replaced.
     async fn commit(
         &self,
         writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-        guard: Option<Compare>,
+        guard: Vec<Compare>,
         lease: i64,
     ) -> StoreResult<Committed> {
         let p = plan(writes, lease);
@@ -962,7 +962,7 @@ impl EtcdStore {
     async fn commit_in_steps(
         &self,
         p: Plan,
-        guard: Option<Compare>,
+        guard: Vec<Compare>,
         lease: i64,
     ) -> StoreResult<Committed> {
         let pending = if p.chunks.is_empty() {
@@ -973,7 +973,7 @@ impl EtcdStore {
         let (chunks, relabels) = staged_chunks(p.chunks, pending, lease);
         let result = async {
             for g in groups(chunks) {
-                self.txn(None, g).await?;
+                self.txn(Vec::new(), g).await?;
             }
             // Relabels first: a record is never visible before its chunks are final.
             let mut ops = relabels;
@@ -993,7 +993,14 @@ impl EtcdStore {
             let mut guard = guard;
             for (i, g) in steps.into_iter().enumerate() {
                 let (ok, r) = self
-                    .txn(if i == last { guard.take() } else { None }, g)
+                    .txn(
+                        if i == last {
+                            std::mem::take(&mut guard)
+                        } else {
+                            Vec::new()
+                        },
+                        g,
+                    )
                     .await?;
                 replaced.extend(r);
                 if !ok {
@@ -1129,7 +1136,7 @@ impl EtcdStore {
             let c = self
                 .commit(
                     vec![(key.to_vec(), new.map(<[u8]>::to_vec))],
-                    Some(guard),
+                    vec![guard],
                     *lease,
                 )
                 .await?;
@@ -1247,6 +1254,79 @@ impl EtcdStore {
         Ok(Some(None))
     }
 
+    /// Reads `keys` as of one revision at which `journal` (if named) was
+    /// absent, hands their values to `decide`, and writes what it returns only
+    /// if none of `keys` changed since and `journal` is still absent: else it
+    /// reads again (at most [`TRANSACT_ATTEMPTS`] times). `None` while the
+    /// journal is there; `Some(Err)` when `decide` refused (nothing written).
+    pub async fn transact<T, E, F>(
+        &self,
+        keys: &[Vec<u8>],
+        journal: Option<&[u8]>,
+        decide: F,
+    ) -> StoreResult<Option<Result<T, E>>>
+    where
+        F: Fn(&[Option<Vec<u8>>]) -> Result<(Vec<BatchOp>, T), E>,
+    {
+        for _ in 0..TRANSACT_ATTEMPTS {
+            let mut txn = Txn::new();
+            if let Some(j) = journal {
+                txn = txn.when(vec![Self::journal_absent(j)]);
+            }
+            let txn = txn.and_then(
+                keys.iter()
+                    .map(|k| TxnOp::get(data_key(k), None))
+                    .collect::<Vec<_>>(),
+            );
+            let mut kv = self.clients.kv.clone();
+            let r = rpc("get", kv.txn(txn)).await?;
+            if !r.succeeded() {
+                return Ok(None);
+            }
+            let revision = r.header().map_or(0, |h| h.revision());
+            let mut values = Vec::with_capacity(keys.len());
+            let mut guards = Vec::with_capacity(keys.len() + 1);
+            for (k, op) in keys.iter().zip(r.op_responses()) {
+                let dkey = data_key(k);
+                let found = match op {
+                    TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                    _ => None,
+                };
+                match found {
+                    None => {
+                        values.push(None);
+                        guards.push(Compare::version(dkey, CompareOp::Equal, 0));
+                    }
+                    Some(found) => {
+                        values.push(Some(self.resolve(&dkey, found.value(), revision).await?));
+                        guards.push(Compare::mod_revision(
+                            dkey,
+                            CompareOp::Equal,
+                            found.mod_revision(),
+                        ));
+                    }
+                }
+            }
+            if let Some(j) = journal {
+                guards.push(Self::journal_absent(j));
+            }
+            let (ops, out) = match decide(&values) {
+                Ok(d) => d,
+                Err(e) => return Ok(Some(Err(e))),
+            };
+            // Chunks may go in steps before; the records land in one guarded
+            // transaction, so a failed guard writes none of them.
+            atomic_check(&ops)
+                .map_err(|why| StoreError::Unavailable(format!("a guarded change: {why}")))?;
+            if self.commit(writes_of(ops), guards, 0).await?.succeeded {
+                return Ok(Some(Ok(out)));
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the keys kept changing under a guarded change; try again".into(),
+        ))
+    }
+
     /// Scans each of `prefixes` (at most `limit` keys each) as of one
     /// revision at which `journal` was absent; `None` while it is present.
     pub async fn scan_unless(
@@ -1316,7 +1396,7 @@ impl EtcdStore {
         let c = self
             .commit(
                 vec![(key.to_vec(), value.map(<[u8]>::to_vec))],
-                Some(Self::journal_absent(journal)),
+                vec![Self::journal_absent(journal)],
                 0,
             )
             .await?;
@@ -1345,7 +1425,7 @@ impl EtcdStore {
         all.extend(last.iter().cloned());
         if atomic_check(&all).is_ok() {
             let c = self
-                .commit(writes_of(all), Some(Self::journal_absent(journal)), 0)
+                .commit(writes_of(all), vec![Self::journal_absent(journal)], 0)
                 .await?;
             return if c.succeeded { Ok(()) } else { Err(busy()) };
         }
@@ -1357,7 +1437,7 @@ impl EtcdStore {
         let c = self
             .commit(
                 vec![(journal.to_vec(), Some(encode_journal(&steps, &last)))],
-                Some(Self::journal_absent(journal)),
+                vec![Self::journal_absent(journal)],
                 0,
             )
             .await?;
@@ -1388,7 +1468,7 @@ impl EtcdStore {
         }
         let mut closing = writes_of(last);
         closing.push((journal.to_vec(), None));
-        self.commit(closing, Some(guard), 0).await?;
+        self.commit(closing, vec![guard], 0).await?;
         Ok(true)
     }
 
@@ -1411,12 +1491,12 @@ impl EtcdStore {
         let (chunks, relabels) = staged_chunks(p.chunks, pending, 0);
         let result = async {
             for g in groups(chunks) {
-                self.txn(None, g).await?;
+                self.txn(Vec::new(), g).await?;
             }
             let mut ops = relabels;
             ops.extend(p.records);
             for g in groups(ops) {
-                let (ok, replaced) = self.txn(Some(guard.clone()), g).await?;
+                let (ok, replaced) = self.txn(vec![guard.clone()], g).await?;
                 if !ok {
                     return Ok(false);
                 }
@@ -1518,7 +1598,7 @@ impl OrderedKv for EtcdStore {
     }
 
     async fn put(&self, key: &[u8], value: &[u8]) -> StoreResult<()> {
-        self.commit(vec![(key.to_vec(), Some(value.to_vec()))], None, 0)
+        self.commit(vec![(key.to_vec(), Some(value.to_vec()))], Vec::new(), 0)
             .await
             .map(|_| ())
     }
@@ -1527,13 +1607,19 @@ impl OrderedKv for EtcdStore {
         let lease = self.grant_ttl(ttl).await?;
         // On failure the lease is left to run out: the write may have landed, and
         // revoking would delete it.
-        self.commit(vec![(key.to_vec(), Some(value.to_vec()))], None, lease)
-            .await
-            .map(|_| ())
+        self.commit(
+            vec![(key.to_vec(), Some(value.to_vec()))],
+            Vec::new(),
+            lease,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn delete(&self, key: &[u8]) -> StoreResult<bool> {
-        let c = self.commit(vec![(key.to_vec(), None)], None, 0).await?;
+        let c = self
+            .commit(vec![(key.to_vec(), None)], Vec::new(), 0)
+            .await?;
         Ok(!c.replaced.is_empty())
     }
 
@@ -1596,7 +1682,7 @@ impl OrderedKv for EtcdStore {
                 BatchOp::Delete(k) => (k, None),
             })
             .collect();
-        self.commit(writes, None, 0).await.map(|_| ())
+        self.commit(writes, Vec::new(), 0).await.map(|_| ())
     }
 
     /// etcd acknowledges a write once a quorum has it on disk: nothing to flush.
@@ -2197,7 +2283,7 @@ mod tests {
         // direct guard on a stale revision.
         let stale = Compare::mod_revision(data_key(b"k"), CompareOp::Equal, 1);
         let c = s
-            .commit(vec![(b"k".to_vec(), Some(big(4 << 20, 2)))], Some(stale), 0)
+            .commit(vec![(b"k".to_vec(), Some(big(4 << 20, 2)))], vec![stale], 0)
             .await
             .unwrap();
         assert!(!c.succeeded);

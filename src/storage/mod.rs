@@ -286,6 +286,36 @@ impl Store {
         }
     }
 
+    /// A guarded read-modify-write over a few keys: reads `keys`, hands their
+    /// values (in order) to `decide`, and applies the writes it returns, only
+    /// if none of `keys` changed in between (else it reads and decides again,
+    /// so `decide` must be pure) and `journal` (if named) is absent. `None`
+    /// while the journal is there (as `write_unless`); `Some(Err)` when
+    /// `decide` refused, nothing written. The writes must fit one store
+    /// transaction ([`Store::check_atomic`]). Counters kept beside the data
+    /// (a namespace's usage, `quota.rs`) stay exact this way on every node.
+    pub async fn transact<T, E, F>(
+        &self,
+        keys: &[Vec<u8>],
+        journal: Option<&[u8]>,
+        decide: F,
+    ) -> StoreResult<Option<Result<T, E>>>
+    where
+        F: Fn(&[Option<Vec<u8>>]) -> Result<(Vec<BatchOp>, T), E> + Send + Sync,
+        T: Send,
+        E: Send,
+    {
+        match self {
+            // One sled transaction: an import never leaves a journal here.
+            Store::Sled(s) => {
+                let _ = journal;
+                s.transact(keys, decide).await.map(Some)
+            }
+            #[cfg(feature = "cluster")]
+            Store::Etcd(s) => Box::pin(s.transact(keys, journal, decide)).await,
+        }
+    }
+
     /// Applies `steps` then `last` as one change for every reader and writer
     /// that names `journal` (`*_unless`), of any size, and completes it after
     /// a crash ([`Store::roll_forward`]). On sled one batch. On etcd one

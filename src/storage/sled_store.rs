@@ -225,6 +225,49 @@ impl SledStore {
         Ok(())
     }
 
+    /// Reads `keys`, hands their values to `decide` and applies what it
+    /// returns, as one sled transaction: serializable against every other
+    /// `transact` (sled runs `decide` again on a conflict). Durable when it
+    /// resolves. `Err` from `decide` writes nothing.
+    pub async fn transact<T, E, F>(&self, keys: &[Vec<u8>], decide: F) -> StoreResult<Result<T, E>>
+    where
+        F: Fn(&[Option<Vec<u8>>]) -> Result<(Vec<BatchOp>, T), E>,
+    {
+        use sled::transaction::{ConflictableTransactionError, TransactionError};
+        let r = self.db.transaction(|tx| {
+            let now = now_ms();
+            let mut values = Vec::with_capacity(keys.len());
+            for k in keys {
+                let raw = tx.get(k)?;
+                values.push(raw.and_then(|r| decode(&r, now).map(<[u8]>::to_vec)));
+            }
+            let (ops, out) = decide(&values).map_err(ConflictableTransactionError::Abort)?;
+            let mut keys_written = Vec::with_capacity(ops.len());
+            for op in ops {
+                match op {
+                    BatchOp::Put(k, v) => {
+                        tx.insert(&k[..], encode(&v, None))?;
+                        keys_written.push(k);
+                    }
+                    BatchOp::Delete(k) => {
+                        tx.remove(&k[..])?;
+                        keys_written.push(k);
+                    }
+                }
+            }
+            Ok((out, keys_written))
+        });
+        match r {
+            Ok((out, keys_written)) => {
+                self.wrote(keys_written.iter().map(Vec::as_slice));
+                self.durable().await?;
+                Ok(Ok(out))
+            }
+            Err(TransactionError::Abort(e)) => Ok(Err(e)),
+            Err(TransactionError::Storage(e)) => Err(unavailable(e)),
+        }
+    }
+
     /// Waits until every write made so far is on disk.
     async fn durable(&self) -> StoreResult<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();

@@ -25,6 +25,26 @@ impl NsHost {
     }
 }
 
+impl NsHost {
+    /// A guest's KV write goes the way of every other (`kv_write`): counted
+    /// against the namespace's quotas, and never during an import. Past a
+    /// quota the host call answers LIMIT (nothing written).
+    fn kv_write(&self, key: &[u8], value: Option<Vec<u8>>) -> Result<(), HostError> {
+        if key.is_empty() || key.len() > MAX_KV_KEY {
+            return Err(HostError::BadArgument);
+        }
+        let (ns, limits, key) = (self.inv.ns.clone(), self.inv.limits(), key.to_vec());
+        let r = self.inv.svc.store_wait(move |s| async move {
+            Ok(crate::actors::kv_write(&s, &ns, &limits, &key, value.as_deref()).await)
+        });
+        match r.map_err(host_err)? {
+            Ok(_) => Ok(()),
+            Err(crate::actors::NsError::Refused(_)) => Err(HostError::LimitReached),
+            Err(e) => Err(host_err(e)),
+        }
+    }
+}
+
 impl HostApi for NsHost {
     fn kv_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, HostError> {
         let k = self.kv_key(key)?;
@@ -35,24 +55,14 @@ impl HostApi for NsHost {
     }
 
     fn kv_put(&self, key: &[u8], value: &[u8]) -> Result<(), HostError> {
-        let k = self.kv_key(key)?;
         if value.len() > MAX_KV_VALUE {
             return Err(HostError::BadArgument);
         }
-        let value = value.to_vec();
-        self.inv
-            .svc
-            .store_wait(move |s| async move { s.put(&k, &value).await })
-            .map_err(host_err)
+        self.kv_write(key, Some(value.to_vec()))
     }
 
     fn kv_delete(&self, key: &[u8]) -> Result<(), HostError> {
-        let k = self.kv_key(key)?;
-        self.inv
-            .svc
-            .store_wait(move |s| async move { s.delete(&k).await })
-            .map(|_| ())
-            .map_err(host_err)
+        self.kv_write(key, None)
     }
 
     fn publish(&self, topic: &str, data: &[u8]) -> Result<(), HostError> {

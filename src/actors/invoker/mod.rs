@@ -7,6 +7,7 @@
 //! Guests run on the engine's worker pool, never on the actor's thread.
 
 use crate::error::Code;
+use crate::quota::{Group, Resource, Usage, usage_key};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -262,6 +263,27 @@ struct NsState {
     counters: std::sync::OnceLock<(IntCounter, IntCounter)>,
     /// This namespace's records queued for the writer and written by it.
     records: Arc<service::RecordProgress>,
+    /// The namespace's quota limits, set by its supervisor whenever its
+    /// record loads or changes (`Invoker::set_limits`); a guest's KV writes
+    /// and the deploys count against them.
+    limits: RwLock<Option<crate::quota::Limits>>,
+}
+
+/// What a deploy writes, planned over the function's record as read.
+struct DeployPlan {
+    /// The function's record as read (None: a new function); the write
+    /// lands only if it is still this.
+    old_raw: Option<Vec<u8>>,
+    /// The version meta and record puts, the evicted versions' deletes.
+    ops: Vec<BatchOp>,
+    /// The new version.
+    version: u64,
+    /// Its meta.
+    meta: VersionMeta,
+    /// The versions past `MAX_VERSIONS` that go.
+    evicted: Vec<u64>,
+    /// What it changes of `functions` and `module_bytes`.
+    deltas: [(Resource, i64); 2],
 }
 
 /// One namespace's invoker: runs only that namespace's functions.
@@ -336,6 +358,19 @@ impl Invoker {
         &self.ns
     }
 
+    /// Sets the namespace's quota limits (its supervisor, on every record load or change).
+    pub fn set_limits(&self, limits: crate::quota::Limits) {
+        *self.st.limits.write() = Some(limits);
+    }
+
+    /// The namespace's quota limits; the node's defaults until the supervisor set them.
+    pub(super) fn limits(&self) -> crate::quota::Limits {
+        self.st
+            .limits
+            .read()
+            .unwrap_or_else(|| crate::quota::Limits::of(&Default::default(), &Default::default()))
+    }
+
     /// Gives the invoker its supervisor, the one way its guests publish.
     pub fn attach(&self, addr: Addr<NamespaceSupervisor>, stats: Arc<ActorStats>) {
         *self.st.publisher.lock() = Some((addr, stats));
@@ -368,14 +403,124 @@ impl Invoker {
         let _g = self.st.deploy_lock.lock().await;
         let store = self.store();
         let sha = module.sha256_hex();
+        let key = fn_key(&self.ns, &req.name);
+        let limits = self.limits();
+        crate::quota::ensure_usage(store, &self.ns, Group::Functions).await?;
+        let ukey = usage_key(&self.ns, Group::Functions);
+        // Refused before the module is stored when it cannot fit (the exact
+        // check is the guarded change below), so a namespace at its quota
+        // leaves no blobs behind.
+        {
+            let planned = self.plan_deploy(&req, &sha).await?;
+            let mut u = Usage::decode(store.get(&ukey).await?.as_deref()).unwrap_or_default();
+            u.apply(&limits, &planned.deltas)
+                .map_err(FnError::Refused)?;
+        }
         let blob = blob_key(&sha);
         if store.get(&blob).await?.is_none() {
             store.put(&blob, &req.wasm).await?;
         }
-        let key = fn_key(&self.ns, &req.name);
-        let old: Option<FunctionRecord> = store.get_json(&key).await?;
+        // Counted against `functions` and `module_bytes` in the same guarded
+        // change as the record; read again if another node changed the
+        // record meanwhile (its evicted versions would differ).
+        let (version, meta, evicted) = loop {
+            let DeployPlan {
+                old_raw,
+                ops,
+                version,
+                meta,
+                evicted,
+                deltas,
+            } = self.plan_deploy(&req, &sha).await?;
+            let keys = [key.clone(), ukey.clone()];
+            let r = store
+                .transact(&keys, None, |vals| {
+                    if vals[0] != old_raw {
+                        return Err(None);
+                    }
+                    let mut u = Usage::decode(vals[1].as_deref()).unwrap_or_default();
+                    u.apply(&limits, &deltas).map_err(Some)?;
+                    let mut all = ops.clone();
+                    all.push(BatchOp::Put(ukey.clone(), u.encode()));
+                    Ok((all, ()))
+                })
+                .await?;
+            match r {
+                Some(Ok(())) => break (version, meta, evicted),
+                Some(Err(Some(refused))) => return Err(FnError::Refused(refused)),
+                Some(Err(None)) | None => continue,
+            }
+        };
+        self.forget_resolutions();
+        {
+            let mut modules = self.st.modules.lock();
+            for v in evicted {
+                modules.remove(&(req.name.clone(), v));
+            }
+            if modules.len() >= MAX_CACHED_MODULES {
+                modules.clear();
+            }
+            modules.insert((req.name.clone(), version), module);
+        }
+        self.set_triggers(&req.name, Some(&meta));
+        tracing::info!(namespace = %self.ns, function = %req.name, version, "Function deployed.");
+        Ok(Deployed {
+            name: req.name,
+            version,
+            sha256: sha,
+            size_bytes: meta.size_bytes,
+            is_public: req.is_public,
+            created_at: meta.created_at,
+        })
+    }
+
+    /// What a deploy of `req` would write over the function's current
+    /// record, and what it changes of the namespace's usage.
+    async fn plan_deploy(&self, req: &DeployRequest, sha: &str) -> FnResult<DeployPlan> {
+        let store = self.store();
+        let old_raw = store.get(&fn_key(&self.ns, &req.name)).await?;
+        let old: Option<FunctionRecord> = old_raw
+            .as_deref()
+            .and_then(|b| serde_json::from_slice(b).ok());
+        let (ops, version, meta, evicted) = self.deploy_ops(req, sha, old.as_ref());
+        let mut evicted_bytes = 0u64;
+        for v in &evicted {
+            if let Some(m) = store
+                .get_json::<VersionMeta>(&ver_key(&self.ns, &req.name, *v))
+                .await?
+            {
+                evicted_bytes += m.size_bytes as u64;
+            }
+        }
+        let deltas = [
+            (Resource::Functions, i64::from(old.is_none())),
+            (
+                Resource::ModuleBytes,
+                req.wasm.len() as i64 - evicted_bytes as i64,
+            ),
+        ];
+        Ok(DeployPlan {
+            old_raw,
+            ops,
+            version,
+            meta,
+            evicted,
+            deltas,
+        })
+    }
+
+    /// The writes of a deploy over `old` (the function's record, if any):
+    /// the new version's meta and the record, and the deletes of the
+    /// versions past `MAX_VERSIONS`; with the new version, its meta and
+    /// the evicted version numbers.
+    fn deploy_ops(
+        &self,
+        req: &DeployRequest,
+        sha: &str,
+        old: Option<&FunctionRecord>,
+    ) -> (Vec<BatchOp>, u64, VersionMeta, Vec<u64>) {
         let now = crate::util::now();
-        let (version, mut versions, created_at) = match &old {
+        let (version, mut versions, created_at) = match old {
             Some(r) => (
                 r.versions
                     .iter()
@@ -399,13 +544,13 @@ impl Invoker {
         }
         let meta = VersionMeta {
             version,
-            sha256: sha.clone(),
+            sha256: sha.to_string(),
             size_bytes: req.wasm.len(),
             memory_limit_mb: req.memory_limit_mb,
             timeout_seconds: req.timeout_seconds,
-            env_vars: req.env_vars,
-            pubsub_topics: req.pubsub_topics,
-            cron: req.cron,
+            env_vars: req.env_vars.clone(),
+            pubsub_topics: req.pubsub_topics.clone(),
+            cron: req.cron.clone(),
             created_at: now,
         };
         let record = FunctionRecord {
@@ -421,31 +566,10 @@ impl Invoker {
             serde_json::to_vec(&meta).expect("serializable"),
         ));
         ops.push(BatchOp::Put(
-            key,
+            fn_key(&self.ns, &req.name),
             serde_json::to_vec(&record).expect("serializable"),
         ));
-        store.apply_batch(ops).await?;
-        self.forget_resolutions();
-        {
-            let mut modules = self.st.modules.lock();
-            for v in evicted {
-                modules.remove(&(req.name.clone(), v));
-            }
-            if modules.len() >= MAX_CACHED_MODULES {
-                modules.clear();
-            }
-            modules.insert((req.name.clone(), version), module);
-        }
-        self.set_triggers(&req.name, Some(&meta));
-        tracing::info!(namespace = %self.ns, function = %req.name, version, "Function deployed.");
-        Ok(Deployed {
-            name: req.name,
-            version,
-            sha256: sha,
-            size_bytes: meta.size_bytes,
-            is_public: req.is_public,
-            created_at: now,
-        })
+        (ops, version, meta, evicted)
     }
 
     /// Every function of the namespace, by name.
@@ -496,20 +620,62 @@ impl Invoker {
         Ok(out)
     }
 
-    /// Deletes a function with its versions and records (blobs are shared, kept).
+    /// Deletes a function with its versions and records (blobs are shared,
+    /// kept), giving back its `functions` and `module_bytes` quota in the
+    /// same guarded change.
     pub async fn delete(&self, name: &str) -> FnResult<()> {
         let _g = self.st.deploy_lock.lock().await;
         self.record_of(name).await?;
         let store = self.store();
-        let mut ops = vec![BatchOp::Delete(fn_key(&self.ns, name))];
-        let ver_prefix = format!("fnver/{}/{name}/", self.ns).into_bytes();
-        for (k, _) in store.scan_all(&ver_prefix).await? {
-            ops.push(BatchOp::Delete(k));
+        let key = fn_key(&self.ns, name);
+        crate::quota::ensure_usage(store, &self.ns, Group::Functions).await?;
+        let ukey = usage_key(&self.ns, Group::Functions);
+        let limits = self.limits();
+        loop {
+            let old_raw = store.get(&key).await?;
+            if old_raw.is_none() {
+                return Err(FnError::NotFound(format!("no function {name:?}")));
+            }
+            let mut ops = vec![BatchOp::Delete(key.clone())];
+            let mut bytes = 0u64;
+            let ver_prefix = format!("fnver/{}/{name}/", self.ns).into_bytes();
+            for (k, v) in store.scan_all(&ver_prefix).await? {
+                if let Ok(m) = serde_json::from_slice::<VersionMeta>(&v) {
+                    bytes += m.size_bytes as u64;
+                }
+                ops.push(BatchOp::Delete(k));
+            }
+            for (k, _) in store.scan_all(&log_prefix(&self.ns, name)).await? {
+                ops.push(BatchOp::Delete(k));
+            }
+            let deltas = [
+                (Resource::Functions, -1),
+                (Resource::ModuleBytes, -(bytes as i64)),
+            ];
+            // The logs may be more than one transaction holds: they go first.
+            let (records, logs): (Vec<_>, Vec<_>) = ops.into_iter().partition(|op| match op {
+                BatchOp::Delete(k) | BatchOp::Put(k, _) => {
+                    !k.starts_with(&log_prefix(&self.ns, name))
+                }
+            });
+            let keys = [key.clone(), ukey.clone()];
+            let r = store
+                .transact(&keys, None, |vals| {
+                    if vals[0] != old_raw {
+                        return Err(());
+                    }
+                    let mut u = Usage::decode(vals[1].as_deref()).unwrap_or_default();
+                    let _ = u.apply(&limits, &deltas);
+                    let mut all = records.clone();
+                    all.push(BatchOp::Put(ukey.clone(), u.encode()));
+                    Ok((all, ()))
+                })
+                .await?;
+            if let Some(Ok(())) = r {
+                store.apply_batch(logs).await?;
+                break;
+            }
         }
-        for (k, _) in store.scan_all(&log_prefix(&self.ns, name)).await? {
-            ops.push(BatchOp::Delete(k));
-        }
-        store.apply_batch(ops).await?;
         self.forget_resolutions();
         self.st.modules.lock().retain(|(n, _), _| n != name);
         self.set_triggers(name, None);

@@ -125,6 +125,7 @@ impl FunctionsService {
                 last_cron: Default::default(),
                 counters: Default::default(),
                 records: self.record_progress(ns),
+                limits: Default::default(),
             }),
         }
     }

@@ -132,7 +132,8 @@ async fn create(
         parse_upstream(&node, payload).await?
     };
     ctx.require("deployments", "deploy", &new.name)?;
-    let d = node.deployments.create(&ctx.name, new).await?;
+    let limits = node.limits(&ctx.name).await?;
+    let d = node.deployments.create(&ctx.name, new, &limits).await?;
     Ok(HttpResponse::Created().json(json!({"ok": true, "deployment": d})))
 }
 

@@ -15,7 +15,8 @@ use crate::functions::{
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
-use crate::storage::OrderedKv;
+use crate::quota::{Group, Resource, Usage, usage_key};
+use crate::storage::{BatchOp, OrderedKv};
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use base64::Engine;
@@ -325,6 +326,29 @@ fn kv_puts(ns: &str, entries: &[ExportEntry]) -> ApiResult<Vec<(Vec<u8>, Vec<u8>
     Ok(puts)
 }
 
+/// The KV usage record of a namespace whose KV becomes exactly `puts`
+/// (full store keys), refused whole past its `kv_bytes` or `kv_keys` quota.
+fn kv_usage(
+    ns: &str,
+    puts: &[(Vec<u8>, Vec<u8>)],
+    limits: &crate::quota::Limits,
+) -> ApiResult<BatchOp> {
+    let prefix = kv_prefix(ns).len();
+    let bytes: u64 = puts
+        .iter()
+        .map(|(k, v)| (k.len() - prefix + v.len()) as u64)
+        .sum();
+    let mut u = Usage::default();
+    u.apply(
+        limits,
+        &[
+            (Resource::KvKeys, puts.len() as i64),
+            (Resource::KvBytes, bytes as i64),
+        ],
+    )?;
+    Ok(BatchOp::Put(usage_key(ns, Group::Kv), u.encode()))
+}
+
 /// 413 for an import whose non-KV part cannot be one store transaction.
 fn not_atomic(why: &str) -> ApiError {
     too_large(format!(
@@ -379,13 +403,15 @@ async fn import(
                 .map_err(|e| invalid(format!("not a format 1 export: {e}")))?;
             let puts = kv_puts(&ctx.name, &e.kv)?;
             let n = puts.len();
+            let limits = node.limits(&ctx.name).await?;
+            let usage = kv_usage(&ctx.name, &puts, &limits)?;
             apply(
                 &ctx,
                 Import {
                     kv: puts,
                     replace: Vec::new(),
                     records: Vec::new(),
-                    extra: Vec::new(),
+                    extra: vec![usage],
                 },
             )
             .await?;
@@ -552,7 +578,31 @@ async fn import_v2(
             }
         }
     }
-    let (lock, extra) = node.deployments.import_ops(&ns, &e.deployments).await?;
+    let limits = node.limits(&ns).await?;
+    let mut usage = vec![kv_usage(&ns, &kv, &limits)?];
+    {
+        // The functions become exactly the export's: so does their usage.
+        let mut u = Usage::default();
+        let bytes: u64 = e
+            .functions
+            .iter()
+            .flat_map(|f| f.versions.iter())
+            .map(|v| v.size_bytes as u64)
+            .sum();
+        u.apply(
+            &limits,
+            &[
+                (Resource::Functions, e.functions.len() as i64),
+                (Resource::ModuleBytes, bytes as i64),
+            ],
+        )?;
+        usage.push(BatchOp::Put(usage_key(&ns, Group::Functions), u.encode()));
+    }
+    let (lock, mut extra) = node
+        .deployments
+        .import_ops(&ns, &e.deployments, &limits)
+        .await?;
+    extra.extend(usage);
     let applied = apply(
         &ctx,
         Import {

@@ -51,6 +51,18 @@ pub fn register(t: &mut RouteTable) {
         "/v1/namespaces/{name}/claims-provider",
         Policy::Operator,
         web::put().to(set_claims_provider),
+    )
+    .add(
+        Method::PUT,
+        "/v1/namespaces/{name}/quotas",
+        Policy::Operator,
+        web::put().to(set_quotas),
+    )
+    .add(
+        Method::GET,
+        "/v1/namespaces/{name}/quotas",
+        Policy::ns("namespace", "read"),
+        web::get().to(show_quotas),
     );
 }
 
@@ -121,6 +133,7 @@ async fn create(
         rate_per_minute: body.rate_per_minute,
         rate_burst: body.rate_burst,
         claims_provider: None,
+        quotas: Default::default(),
     };
     let (key, key_record, mut ops) = identity::prepare_key(
         &node.secrets.server_secret,
@@ -136,6 +149,7 @@ async fn create(
     )?;
     // Claim the name first (compare-and-swap), then write the key.
     let rec_bytes = serde_json::to_vec(&record).expect("json");
+    ops.extend(crate::quota::fresh_records(&body.name));
     if !node
         .store
         .compare_and_swap(&ns_key(&body.name), None, Some(&rec_bytes), None)
@@ -169,15 +183,67 @@ async fn list(node: web::Data<Node>) -> ApiResult<HttpResponse> {
 async fn show(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
     let h = node.locate(&name).await?;
     let info = h.ask(GetInfo).await??;
-    Ok(HttpResponse::Ok().json(info))
+    let quotas = quota_report(&node, &name).await?;
+    let mut out = serde_json::to_value(info).map_err(|e| ApiError::internal(e.to_string()))?;
+    out["quotas"] = quotas;
+    Ok(HttpResponse::Ok().json(out))
+}
+
+/// Each quota of `ns` with its limit and use (usage records made first
+/// where a namespace from before quotas has none).
+async fn quota_report(node: &Node, ns: &str) -> ApiResult<serde_json::Value> {
+    use crate::quota::Group;
+    for g in [Group::Kv, Group::Functions] {
+        crate::quota::ensure_usage(&node.store, ns, g).await?;
+    }
+    node.deployments.usage(ns).await?;
+    let limits = node.limits(ns).await?;
+    Ok(crate::quota::report(&node.store, ns, &limits, &node.live).await?)
+}
+
+/// The quotas of a namespace, to the operator or the namespace's own
+/// credential (`namespace:read`).
+async fn show_quotas(
+    node: web::Data<Node>,
+    ctx: crate::http::routes::NsCtx,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    if *name != ctx.name {
+        return Err(ApiError::new(
+            Code::NamespaceMismatch,
+            "the credential belongs to another namespace",
+        ));
+    }
+    node.locate(&name).await?;
+    let quotas = quota_report(&node, &name).await?;
+    Ok(HttpResponse::Ok().json(json!({"namespace": ctx.name, "quotas": quotas})))
+}
+
+/// Sets a namespace's quota overrides (the operator): `{"kv_bytes": n, ...}`
+/// replaces them all; a quota left out takes `[quotas]`'s default again.
+async fn set_quotas(
+    node: web::Data<Node>,
+    name: web::Path<String>,
+    body: web::Json<crate::quota::Overrides>,
+) -> ApiResult<HttpResponse> {
+    let overrides = body.into_inner();
+    crate::quota::check_overrides(&overrides)?;
+    let h = node.locate(&name).await?;
+    let record = h
+        .ask(crate::actors::SetQuotas { quotas: overrides })
+        .await??;
+    let quotas = quota_report(&node, &name).await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "namespace": record, "quotas": quotas})))
 }
 
 /// Store prefixes holding a namespace's data; all removed together on delete.
 pub fn namespace_prefixes(ns: &str) -> Vec<String> {
-    ["kv", "fn", "fnver", "log", "secret", "dep", "nskeys"]
-        .iter()
-        .map(|p| format!("{p}/{ns}/"))
-        .collect()
+    [
+        "kv", "fn", "fnver", "log", "secret", "dep", "nskeys", "usage",
+    ]
+    .iter()
+    .map(|p| format!("{p}/{ns}/"))
+    .collect()
 }
 
 /// Deletes a namespace whole, in one atomic batch, and stops its supervisor.

@@ -14,6 +14,7 @@ use crate::pubsub::{
     FrameKind, MAX_BATCH, OutBody, PayloadTooLarge, Relay, SubscriberRef, TopicError, check_member,
     check_payload, check_topic, decode_base64,
 };
+use crate::quota::LiveHold;
 use actix_web::body::BodyStream;
 use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
@@ -224,6 +225,10 @@ async fn simple_socket(
         .identity
         .as_ref()
         .is_some_and(|i| i.allows("pubsub", "publish", &q.topic));
+    // The socket and its one subscription, within the namespace's quotas
+    // (429 QUOTA_EXCEEDED before the upgrade).
+    let mut quota = LiveHold::socket(&node.live, &ctx.name, node.limits(&ctx.name).await?)?;
+    quota.subscribe()?;
     let (resp, stream) = handshake(&req, body)?;
     let relay = Relay::local(&node.pubsub);
     let conn = relay.open();
@@ -259,6 +264,7 @@ async fn simple_socket(
         relay,
         conn.clone(),
         mode,
+        quota,
     )
     .start_with(stream);
     Ok(upgraded(resp, conn))
@@ -271,6 +277,7 @@ async fn full_socket(
     ctx: NsCtx,
     node: web::Data<Node>,
 ) -> ApiResult<HttpResponse> {
+    let quota = LiveHold::socket(&node.live, &ctx.name, node.limits(&ctx.name).await?)?;
     let (resp, stream) = handshake(&req, body)?;
     let relay = Relay::local(&node.pubsub);
     let conn = relay.open();
@@ -283,6 +290,7 @@ async fn full_socket(
         Mode::Full {
             topics: Default::default(),
         },
+        quota,
     )
     .start_with(stream);
     Ok(upgraded(resp, conn))

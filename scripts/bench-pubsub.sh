@@ -57,6 +57,10 @@ namespace_burst = 10000000
 [pubsub]
 outbound_queue_messages = 65536
 outbound_queue_bytes = 67108864
+# One namespace holds every subscriber and idle socket of the run.
+[quotas]
+sockets = 1000000
+subscriptions = 1000000
 CONF
 export MESHGATE_OPERATOR_KEY="mgop_bench_$(date +%s%N)"
 RUST_LOG=warn "${MESHGATE_BENCH_BIN:-$TARGET_DIR/release/meshgate}" serve --config "$WORK/meshgate.toml" \

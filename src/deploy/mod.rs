@@ -778,7 +778,8 @@ mod tests {
                     let ns = format!("ns{i}");
                     (
                         ns.clone(),
-                        node.create(&ns, upstream("site", "race.test"), &limits()).await,
+                        node.create(&ns, upstream("site", "race.test"), &limits())
+                            .await,
                     )
                 })
             })
@@ -810,7 +811,9 @@ mod tests {
         let (_d, a, b) = two_nodes();
         b.reload().await.unwrap();
         assert!(!b.follow().await.unwrap());
-        a.create("n", upstream("site", "www.test"), &limits()).await.unwrap();
+        a.create("n", upstream("site", "www.test"), &limits())
+            .await
+            .unwrap();
         assert!(a.index().host_namespace("www.test").is_some());
         assert!(b.index().host_namespace("www.test").is_none());
         assert!(b.follow().await.unwrap());
@@ -876,7 +879,9 @@ mod tests {
             .await
             .unwrap();
         let t0 = std::time::Instant::now();
-        a.create("n", upstream("site", "www.test"), &limits()).await.unwrap();
+        a.create("n", upstream("site", "www.test"), &limits())
+            .await
+            .unwrap();
         assert!(t0.elapsed() >= Duration::from_millis(250));
     }
 }

@@ -1920,6 +1920,65 @@ mod tests {
         assert_eq!(s.scan_prefix(b"", usize::MAX).await.unwrap().len(), n + 7);
     }
 
+    /// Guarded changes that each write a key and count it on a shared
+    /// counter, many at once: the counter ends exact, and a refused
+    /// decision writes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn transact_keeps_a_counter_exact_under_concurrent_writers() {
+        let (_e, s) = store().await;
+        let mut tasks = Vec::new();
+        for t in 0..8u32 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..10u64 {
+                    let key = format!("item/{t}/{i}").into_bytes();
+                    let keys = [key.clone(), b"count".to_vec()];
+                    let r = s
+                        .transact(&keys, None, |vals: &[Option<Vec<u8>>]| {
+                            let n: u64 = vals[1]
+                                .as_deref()
+                                .map_or(0, |v| String::from_utf8_lossy(v).parse().unwrap());
+                            Ok::<_, ()>((
+                                vec![
+                                    BatchOp::Put(key.clone(), b"x".to_vec()),
+                                    BatchOp::Put(
+                                        b"count".to_vec(),
+                                        (n + 1).to_string().into_bytes(),
+                                    ),
+                                ],
+                                n + 1,
+                            ))
+                        })
+                        .await
+                        .unwrap();
+                    assert!(matches!(r, Some(Ok(_))));
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let count = s.get(b"count").await.unwrap().unwrap();
+        assert_eq!(String::from_utf8(count).unwrap(), (8 * 10).to_string());
+        assert_eq!(
+            s.scan_prefix(b"item/", usize::MAX).await.unwrap().len(),
+            8 * 10 as usize
+        );
+        let keys = [b"item/refused".to_vec(), b"count".to_vec()];
+        let r = s
+            .transact(&keys, None, |_: &[Option<Vec<u8>>]| {
+                Err::<(Vec<BatchOp>, ()), _>("no")
+            })
+            .await
+            .unwrap();
+        assert_eq!(r, Some(Err("no")));
+        assert!(s.get(b"item/refused").await.unwrap().is_none());
+        assert_eq!(
+            String::from_utf8(s.get(b"count").await.unwrap().unwrap()).unwrap(),
+            (8 * 10).to_string()
+        );
+    }
+
     /// Of many concurrent writers doing CAS from the same expected value, exactly one wins.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn cas_exactly_one_winner() {

@@ -17,4 +17,5 @@ mod export;
 mod functions;
 mod node;
 mod pubsub;
+mod quotas;
 mod security;

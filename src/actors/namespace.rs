@@ -484,23 +484,30 @@ pub async fn kv_write(
     }
     let mut k = kv_prefix(ns);
     k.extend_from_slice(key);
-    crate::quota::ensure_usage(store, ns, Group::Kv).await?;
     let u = usage_key(ns, Group::Kv);
     let j = import_journal_key(ns);
     let keys = [k.clone(), u.clone()];
+    // `Err(None)`: the namespace has no usage record yet (made before
+    // quotas): it is counted once and the change decided again.
     let decide = |vals: &[Option<Vec<u8>>]| {
         let old = vals[0].as_ref().map(|v| key.len() + v.len());
         let new = value.map(|v| key.len() + v.len());
         if old.is_none() && new.is_none() {
             return Ok((Vec::new(), false));
         }
-        let mut usage = Usage::decode(vals[1].as_deref()).unwrap_or_default();
+        // An unreadable record counts from zero rather than block every write.
+        let mut usage = match vals[1].as_deref() {
+            None => return Err(None),
+            raw => Usage::decode(raw).unwrap_or_default(),
+        };
         let bytes = new.unwrap_or(0) as i64 - old.unwrap_or(0) as i64;
         let count = i64::from(new.is_some()) - i64::from(old.is_some());
-        usage.apply(
-            limits,
-            &[(Resource::KvBytes, bytes), (Resource::KvKeys, count)],
-        )?;
+        usage
+            .apply(
+                limits,
+                &[(Resource::KvBytes, bytes), (Resource::KvKeys, count)],
+            )
+            .map_err(Some)?;
         let write = match value {
             Some(v) => BatchOp::Put(k.clone(), v.to_vec()),
             None => BatchOp::Delete(k.clone()),
@@ -510,8 +517,15 @@ pub async fn kv_write(
             old.is_some(),
         ))
     };
-    let r = unless_importing(store, ns, &j, || store.transact(&keys, Some(&j), &decide)).await?;
-    r.map_err(NsError::Refused)
+    loop {
+        let r =
+            unless_importing(store, ns, &j, || store.transact(&keys, Some(&j), &decide)).await?;
+        match r {
+            Ok(existed) => return Ok(existed),
+            Err(Some(refused)) => return Err(NsError::Refused(refused)),
+            Err(None) => crate::quota::ensure_usage(store, ns, Group::Kv).await?,
+        }
+    }
 }
 
 /// Sent by `DELETE /v1/kv/{key}`; replies whether the key existed.

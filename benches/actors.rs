@@ -36,6 +36,7 @@ fn round_trips(c: &mut Criterion) {
         rate_per_minute: None,
         rate_burst: None,
         claims_provider: None,
+        wallet_sign_in: None,
     };
     sys.block_on(store.put_json(&ns_key("bench"), &record))
         .unwrap();

@@ -26,6 +26,9 @@ pub struct NamespaceRecord {
     /// Function that adds custom claims to this namespace's tokens.
     #[serde(default)]
     pub claims_provider: Option<String>,
+    /// Whether and as what wallets sign in; None (never set): they do not.
+    #[serde(default)]
+    pub wallet_sign_in: Option<crate::auth::WalletSignIn>,
 }
 
 /// Store key of a namespace record.

@@ -22,7 +22,8 @@ pub use invoker::{
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
     MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
-    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, ns_key,
+    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetWalletSignIn,
+    ns_key,
 };
 pub use node::{
     ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,

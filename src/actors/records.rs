@@ -281,6 +281,7 @@ mod tests {
             rate_per_minute: rate,
             rate_burst: None,
             claims_provider: None,
+            wallet_sign_in: None,
         }
     }
 

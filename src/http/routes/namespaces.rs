@@ -121,6 +121,7 @@ async fn create(
         rate_per_minute: body.rate_per_minute,
         rate_burst: body.rate_burst,
         claims_provider: None,
+        wallet_sign_in: None,
     };
     let (key, key_record, mut ops) = identity::prepare_key(
         &node.secrets.server_secret,

@@ -229,8 +229,9 @@ fn the_default_wallet_role_holds_no_grants() {
 /// address: whoami lists them; it reads its own corner of the KV and not
 /// another wallet's nor `vault`; it cannot write; over the socket it
 /// subscribes to its own `user.<addr>.*` topic and gets what is published
-/// there, and another wallet's topic is refused. The role's name is in the
-/// answer and in the token's `role` claim.
+/// there, and another wallet's topic is refused (on `/v1/pubsub/ws` and on
+/// `/v1/ws`, where publishing and invoking are refused too). The role's
+/// name is in the answer and in the token's `role` claim.
 #[actix_rt::test]
 async fn an_allowed_wallet_gets_exactly_the_roles_grants() {
     use futures_util::StreamExt as _;
@@ -335,6 +336,55 @@ async fn an_allowed_wallet_gets_exactly_the_roles_grants() {
     );
     let b = String::from_utf8_lossy(&b).into_owned();
     assert_eq!((s, code_of(&b).as_str()), (403, "MISSING_GRANT"), "{b}");
+    // The full socket: its own topic yes; another's, publishing, invoking no.
+    use futures_util::SinkExt as _;
+    let (resp, mut full) = client
+        .ws(format!("ws://{}/v1/ws?token={t}", node.addr))
+        .connect()
+        .await
+        .expect("/v1/ws");
+    assert_eq!(resp.status(), 101);
+    for (id, frame, want) in [
+        (1, json!({"type": "subscribe", "topic": own_topic}), None),
+        (
+            2,
+            json!({"type": "subscribe", "topic": theirs}),
+            Some("MISSING_GRANT"),
+        ),
+        (
+            3,
+            json!({"type": "publish", "topic": own_topic, "data_base64": "aGk="}),
+            Some("MISSING_GRANT"),
+        ),
+        (
+            4,
+            json!({"type": "invoke", "function": "payout", "input_base64": ""}),
+            Some("MISSING_GRANT"),
+        ),
+    ] {
+        let mut frame = frame;
+        frame["id"] = json!(id);
+        full.send(awc::ws::Message::Text(frame.to_string().into()))
+            .await
+            .unwrap();
+        let answer = loop {
+            let f = tokio::time::timeout(std::time::Duration::from_secs(10), full.next())
+                .await
+                .expect("an answer")
+                .expect("socket open")
+                .unwrap();
+            if let awc::ws::Frame::Text(b) = f {
+                let v: Value = serde_json::from_slice(&b).unwrap();
+                if v["id"] == id {
+                    break v;
+                }
+            }
+        };
+        match want {
+            None => assert_eq!(answer["ok"], true, "{frame}: {answer}"),
+            Some(code) => assert_eq!(answer["error"]["code"], code, "{frame}: {answer}"),
+        }
+    }
 }
 
 /// With an allow list only the listed wallets sign in; the setting is read

@@ -37,6 +37,7 @@ fn round_trips(c: &mut Criterion) {
         rate_burst: None,
         claims_provider: None,
         quotas: Default::default(),
+        wallet_sign_in: None,
     };
     sys.block_on(store.put_json(&ns_key("bench"), &record))
         .unwrap();

@@ -104,6 +104,7 @@ codes! {
     InvalidTarball = "INVALID_TARBALL", 400, Client, false;
     InvalidUpstream = "INVALID_UPSTREAM", 400, Client, false;
     InvalidWallet = "INVALID_WALLET", 400, Client, false;
+    InvalidWalletSignIn = "INVALID_WALLET_SIGN_IN", 400, Client, false;
     KeyTooLong = "KEY_TOO_LONG", 400, Client, false;
     MalformedBody = "MALFORMED_BODY", 400, Client, false;
     MalformedChallenge = "MALFORMED_CHALLENGE", 400, Client, false;
@@ -166,6 +167,9 @@ codes! {
     NamespaceMismatch = "NAMESPACE_MISMATCH", 403, Client, false;
     OperatorOnly = "OPERATOR_ONLY", 403, Client, false;
     ReservedTopic = "RESERVED_TOPIC", 403, Client, false;
+    /// The namespace never enabled wallet sign-in, or disabled it.
+    WalletSignInDisabled = "WALLET_SIGN_IN_DISABLED", 403, Client, false;
+    WalletNotAllowed = "WALLET_NOT_ALLOWED", 403, Client, false;
     // 404, 405, 409, 413, 415: the target.
     NotFound = "NOT_FOUND", 404, Client, false;
     DeploymentNotFound = "DEPLOYMENT_NOT_FOUND", 404, Client, false;

@@ -30,6 +30,9 @@ pub struct NamespaceRecord {
     /// others are `[quotas]`'s.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub quotas: std::collections::BTreeMap<String, u64>,
+    /// Whether and as what wallets sign in; None (never set): they do not.
+    #[serde(default)]
+    pub wallet_sign_in: Option<crate::auth::WalletSignIn>,
 }
 
 /// Store key of a namespace record.

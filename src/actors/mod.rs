@@ -22,8 +22,8 @@ pub use invoker::{
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
     MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
-    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetQuotas, kv_write,
-    ns_key,
+    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetQuotas,
+    SetWalletSignIn, kv_write, ns_key,
 };
 pub use node::{
     ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,

@@ -377,6 +377,44 @@ impl Handler<SetQuotas> for NamespaceSupervisor {
     }
 }
 
+/// Sent by `PUT /v1/namespaces/{ns}/wallet-sign-in`: the namespace's wallet
+/// sign-in setting (checked by the caller), replacing the one before. The
+/// supervisor writes its record and publishes it; replies with the record.
+#[derive(Message)]
+#[rtype(result = "NsResult<NamespaceRecord>")]
+pub struct SetWalletSignIn {
+    /// The new setting.
+    pub setting: crate::auth::WalletSignIn,
+}
+
+impl Handler<SetWalletSignIn> for NamespaceSupervisor {
+    type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
+    fn handle(&mut self, msg: SetWalletSignIn, _: &mut Context<Self>) -> Self::Result {
+        let timer = self.stats.begin();
+        let store = self.store.clone();
+        let key = ns_key(&self.name);
+        Box::pin(
+            async move {
+                let _timer = timer;
+                // As `SetClaimsProvider`: only this field is ours to change.
+                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
+                    return Err(NsError::NotFound);
+                };
+                rec.wallet_sign_in = Some(msg.setting);
+                store.put_json(&key, &rec).await?;
+                Ok(rec)
+            }
+            .into_actor(self)
+            .map(|res, act, _| {
+                if let Ok(rec) = &res {
+                    act.set_record(Some(rec.clone()));
+                }
+                res
+            }),
+        )
+    }
+}
+
 /// Sent by the operator's fault-injection route (`[debug] fault_injection`): the
 /// handler panics, so the reply is always `Err(Panicked)` and the actor restarts.
 #[derive(Message)]

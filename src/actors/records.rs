@@ -282,6 +282,7 @@ mod tests {
             rate_burst: None,
             claims_provider: None,
             quotas: Default::default(),
+            wallet_sign_in: None,
         }
     }
 

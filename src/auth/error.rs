@@ -153,6 +153,15 @@ pub enum AuthError {
     /// The signature does not verify over the message with the wallet key.
     #[error("bad wallet signature")]
     BadWalletSignature,
+    /// The namespace has not enabled wallet sign-in (or disabled it).
+    #[error("this namespace does not take wallet sign-ins")]
+    WalletSignInDisabled,
+    /// The namespace's wallet sign-in does not allow this wallet.
+    #[error("this wallet may not sign in to this namespace")]
+    WalletNotAllowed,
+    /// A wallet sign-in setting that cannot be kept (role name, limits, allow).
+    #[error("invalid wallet sign-in setting: {0}")]
+    InvalidWalletSignIn(String),
 
     // --- Refresh tokens -------------------------------------------------
     /// Unknown refresh token (not `mgr_...`, or no record).
@@ -206,6 +215,9 @@ impl AuthError {
             InvalidWallet(_) => Code::InvalidWallet,
             MalformedSignature => Code::MalformedSignature,
             BadWalletSignature => Code::BadWalletSignature,
+            WalletSignInDisabled => Code::WalletSignInDisabled,
+            WalletNotAllowed => Code::WalletNotAllowed,
+            InvalidWalletSignIn(_) => Code::InvalidWalletSignIn,
             InvalidRefreshToken => Code::InvalidRefreshToken,
             RefreshTokenExpired => Code::RefreshTokenExpired,
             RefreshTokenRevoked => Code::RefreshTokenRevoked,

@@ -51,6 +51,10 @@ pub struct Claims {
     /// Claims added by the namespace's claims provider (`null` if none).
     #[serde(default)]
     pub custom: serde_json::Value,
+    /// The namespace's own role a wallet sign-in was issued as (`wallet`
+    /// unless its owner named another); absent on other tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 impl Claims {
@@ -74,6 +78,7 @@ impl Claims {
             namespace: namespace.to_owned(),
             grants,
             custom: serde_json::Value::Null,
+            role: None,
         })
     }
 }

@@ -14,6 +14,7 @@ mod hopmac;
 mod jwt;
 mod refresh;
 mod wallet;
+mod wallet_policy;
 
 pub use self::{
     apikey::{
@@ -43,5 +44,9 @@ pub use self::{
     wallet::{
         Challenge, MAX_OPEN_NONCES, NONCE_TTL, challenge_message, new_nonce, normalize_wallet,
         parse_challenge, verify_signature as verify_wallet_signature,
+    },
+    wallet_policy::{
+        DEFAULT_WALLET_ROLE, MAX_WALLET_ALLOW, MAX_WALLET_GRANTS, SUBJECT_PLACEHOLDER, WalletAllow,
+        WalletSignIn,
     },
 };

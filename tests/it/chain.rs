@@ -499,12 +499,20 @@ fn refresh_rotation_and_reuse() {
     assert_eq!(refresh("mgr_garbage").0, 401);
 }
 
-/// Wallet sign-in: a signed challenge logs in once; replaying it is refused.
+/// Wallet sign-in (enabled by the namespace's owner): a signed challenge
+/// logs in once; replaying it is refused.
 #[test]
 fn wallet_sign_in_and_replay() {
     use ring::signature::{Ed25519KeyPair, KeyPair};
     let node = TestNode::start();
-    node.create_namespace("wallets");
+    let owner = node.create_namespace("wallets");
+    let (s, b) = node.with_key(
+        &owner,
+        "PUT",
+        "/v1/namespaces/wallets/wallet-sign-in",
+        Some(br#"{"enabled":true,"allow":"any"}"#),
+    );
+    assert_eq!(s, 200, "{b}");
     let rng = ring::rand::SystemRandom::new();
     let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
     let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();

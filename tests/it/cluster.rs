@@ -10,7 +10,12 @@ const SECRET: &str = "three-node-test-cluster-secret";
 
 /// Options of cluster node `id` on a fixed port and data folder (so it can be
 /// restarted as the same member).
-fn member_opts(etcd: &EtcdProcess, id: &str, port: u16, dir: &std::path::Path) -> NodeOpts {
+pub(crate) fn member_opts(
+    etcd: &EtcdProcess,
+    id: &str,
+    port: u16,
+    dir: &std::path::Path,
+) -> NodeOpts {
     NodeOpts {
         config: format!(
             "{TEST_CONFIG}[cluster]\n{}node_id = \"{id}\"\nbreaker_failures = 5\nbreaker_probe_seconds = 1\nregister_seconds = 1\n",

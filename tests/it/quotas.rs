@@ -414,7 +414,11 @@ fn operator_overrides_and_usage_after_a_restart() {
     drop(node);
     let node = TestNode::start_with(opts());
     assert_eq!(used(&node, &key, "qop", "kv_keys"), 5);
-    assert_eq!(used(&node, &key, "qop", "kv_bytes"), 5 * 3, "\"k0\" + \"v\", five times");
+    assert_eq!(
+        used(&node, &key, "qop", "kv_bytes"),
+        5 * 3,
+        "\"k0\" + \"v\", five times"
+    );
     assert_eq!(put(&node, &key, "k5", b"v").0, 429, "still enforced");
     // Back to the default (3): deleting is always allowed, writing new keys not.
     let (s, _) = node.op("PUT", "/v1/namespaces/qop/quotas", Some("{}"));

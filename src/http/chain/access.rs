@@ -77,6 +77,20 @@ fn named_namespace(req: &ServiceRequest) -> Option<String> {
         })
 }
 
+/// The namespace a route's path names: the segment where its pattern has
+/// `{namespace}` (`/v1/namespaces/{namespace}/wallet-sign-in`).
+/// Only routes under `/v1/namespaces/` do, so the hot routes pay one prefix
+/// compare; the pattern is the policy step's, remembered per path and thread.
+fn path_namespace(req: &ServiceRequest) -> Option<String> {
+    if !req.path().starts_with("/v1/namespaces/") {
+        return None;
+    }
+    let map = req.app_data::<web::Data<crate::http::policy::PolicyMap>>()?;
+    let pattern = map.pattern_of(req.path(), || req.match_pattern())?;
+    let at = pattern.split('/').position(|s| s == "{namespace}")?;
+    req.path().split('/').nth(at).map(str::to_string)
+}
+
 /// A browser opening a dashboard page (not its JSON API or assets) without a
 /// credential: it is sent to the sign-in form instead of a JSON 401.
 fn wants_sign_in_page(req: &ServiceRequest) -> bool {
@@ -145,7 +159,15 @@ pub(super) fn authorization(req: &ServiceRequest) -> Result<(), Early> {
             Some(
                 Policy::Ns { .. } | Policy::NsOrAnonymous { .. } | Policy::NsCredential { .. },
             ) => {
-                let routed = ext.get::<Target>().map(|t| t.0.clone());
+                // A route whose path names the namespace (`{namespace}`)
+                // acts on that one, whatever the host or header say; the
+                // by-namespace invoke route (`NsOrAnonymous`) is the
+                // handler's to judge.
+                let by_path = match policy {
+                    Some(Policy::Ns { .. } | Policy::NsCredential { .. }) => path_namespace(req),
+                    _ => None,
+                };
+                let routed = by_path.or_else(|| ext.get::<Target>().map(|t| t.0.clone()));
                 match id {
                     None if matches!(policy, Some(Policy::NsOrAnonymous { .. })) => Ok(routed),
                     None => Err(ApiError::new(

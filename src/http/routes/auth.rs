@@ -2,7 +2,7 @@
 //! and API keys (docs/design.md §3), plus the authentication step's credential check.
 
 use super::{NsCtx, now};
-use crate::auth::{self, Claims, Grant, KeyKind, Role};
+use crate::auth::{self, Claims, Grant, KeyKind, Role, WalletAllow, WalletSignIn};
 use crate::error::Code;
 use crate::http::chain::Identity;
 use crate::http::error::{ApiError, ApiResult};
@@ -73,6 +73,18 @@ pub fn register(t: &mut RouteTable) {
         "/v1/auth/api-keys/{id}",
         Policy::ns("keys", "write"),
         web::delete().to(revoke_key),
+    )
+    .add(
+        Method::GET,
+        "/v1/namespaces/{namespace}/wallet-sign-in",
+        Policy::ns("namespace", "admin"),
+        web::get().to(show_wallet_sign_in),
+    )
+    .add(
+        Method::PUT,
+        "/v1/namespaces/{namespace}/wallet-sign-in",
+        Policy::ns("namespace", "admin"),
+        web::put().to(set_wallet_sign_in),
     );
 }
 
@@ -303,16 +315,20 @@ async fn custom_claims(
 }
 
 /// Signs an access token and opens a refresh family; the token-pair answer.
+/// A wallet sign-in names the namespace's role it was issued as (`role`
+/// claim and answer field).
 async fn token_pair(
     node: &Node,
     ns: &str,
     subject: &str,
     grants: Vec<String>,
+    role: Option<String>,
 ) -> ApiResult<HttpResponse> {
     let t = now();
     let iss = &node.config.server.public_url;
     let mut claims = Claims::new(iss, iss, subject, ns, grants.clone(), t)?;
     claims.custom = custom_claims(node, ns, subject, &grants).await?;
+    claims.role = role.clone();
     let ttl = node.config.auth.access_token_seconds;
     claims.exp = t + ttl;
     let access = node.jwt.sign(&claims);
@@ -326,9 +342,13 @@ async fn token_pair(
         node.config.auth.refresh_token_seconds(),
     )
     .await?;
-    Ok(HttpResponse::Ok().json(json!({
+    let mut answer = json!({
         "access_token": access, "token_type": "Bearer", "expires_in": ttl, "refresh_token": refresh,
-    })))
+    });
+    if let Some(role) = role {
+        answer["role"] = json!(role);
+    }
+    Ok(HttpResponse::Ok().json(answer))
 }
 
 #[derive(Deserialize)]
@@ -346,7 +366,14 @@ async fn token(node: web::Data<Node>, body: web::Json<TokenRequest>) -> ApiResul
         now(),
     )
     .await?;
-    token_pair(&node, &r.namespace, &format!("key:{}", r.id), r.grants).await
+    token_pair(
+        &node,
+        &r.namespace,
+        &format!("key:{}", r.id),
+        r.grants,
+        None,
+    )
+    .await
 }
 
 #[derive(Deserialize)]
@@ -369,22 +396,36 @@ async fn refresh(
         node.config.auth.refresh_token_seconds(),
     )
     .await?;
+    // A wallet's session lasts only as long as the namespace still lets it
+    // sign in, with the grants its role holds now.
+    let (grants, role) = match record.subject.strip_prefix("wallet:") {
+        Some(wallet) => {
+            let setting = wallet_setting(&node, &record.namespace).await?;
+            setting.admits(wallet)?;
+            (setting.grants_for(wallet), Some(setting.role))
+        }
+        None => (record.grants.clone(), None),
+    };
     let iss = &node.config.server.public_url;
     let mut claims = Claims::new(
         iss,
         iss,
         &record.subject,
         &record.namespace,
-        record.grants.clone(),
+        grants.clone(),
         t,
     )?;
     claims.exp = t + node.config.auth.access_token_seconds;
-    claims.custom =
-        custom_claims(&node, &record.namespace, &record.subject, &record.grants).await?;
-    Ok(HttpResponse::Ok().json(json!({
+    claims.custom = custom_claims(&node, &record.namespace, &record.subject, &grants).await?;
+    claims.role = role.clone();
+    let mut answer = json!({
         "access_token": node.jwt.sign(&claims), "token_type": "Bearer",
         "expires_in": node.config.auth.access_token_seconds, "refresh_token": new_refresh,
-    })))
+    });
+    if let Some(role) = role {
+        answer["role"] = json!(role);
+    }
+    Ok(HttpResponse::Ok().json(answer))
 }
 
 async fn logout(node: web::Data<Node>, body: web::Json<RefreshRequest>) -> ApiResult<HttpResponse> {
@@ -430,12 +471,9 @@ async fn challenge(
             .inc();
         return Err(ApiError::rate_limited(Code::WalletRateLimited, after));
     }
-    if node.records.get(&body.namespace).await?.is_none() {
-        return Err(ApiError::new(
-            Code::NamespaceNotFound,
-            "namespace not found",
-        ));
-    }
+    wallet_setting(&node, &body.namespace)
+        .await?
+        .admits(&wallet)?;
     let message = identity::open_challenge(&node.store, &wallet, &body.namespace, now()).await?;
     Ok(HttpResponse::Ok().json(json!({"message": message, "expires_in": auth::NONCE_TTL})))
 }
@@ -449,21 +487,110 @@ struct VerifyRequest {
     signature: String,
 }
 
-/// Wallet sign-ins get the `runtime` role's grants in the challenge's namespace.
+/// A wallet sign-in gets exactly the grants of the namespace's wallet role,
+/// `{sub}` replaced by its address, if the namespace still lets it sign in
+/// (the setting may have changed since the challenge).
 async fn verify(node: web::Data<Node>, body: web::Json<VerifyRequest>) -> ApiResult<HttpResponse> {
     let ch = identity::verify_challenge(&node.store, &body.message, &body.signature, now()).await?;
-    let grants = Role::Runtime
-        .grant_strs()
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let setting = wallet_setting(&node, &ch.namespace).await?;
+    setting.admits(&ch.wallet)?;
     token_pair(
         &node,
         &ch.namespace,
         &format!("wallet:{}", ch.wallet),
-        grants,
+        setting.grants_for(&ch.wallet),
+        Some(setting.role),
     )
     .await
+}
+
+/// The wallet sign-in setting of `ns` as the store has it now (not a cached
+/// copy: a disable must hold at once on every node); a namespace that never
+/// set one has it off.
+async fn wallet_setting(node: &Node, ns: &str) -> ApiResult<WalletSignIn> {
+    let Some(record) = node
+        .store
+        .get_json::<crate::actors::NamespaceRecord>(&crate::actors::ns_key(ns))
+        .await?
+    else {
+        return Err(ApiError::new(
+            Code::NamespaceNotFound,
+            "namespace not found",
+        ));
+    };
+    Ok(record.wallet_sign_in.unwrap_or_else(WalletSignIn::off))
+}
+
+/// The route's `{namespace}` must be the one the request acts on (the
+/// authorization step took it from the path; checked again here).
+fn same_namespace(ctx: &NsCtx, path: &str) -> ApiResult<()> {
+    if ctx.name != path {
+        return Err(ApiError::new(
+            Code::NamespaceMismatch,
+            "the credential belongs to another namespace",
+        ));
+    }
+    Ok(())
+}
+
+/// `GET /v1/namespaces/{ns}/wallet-sign-in`: the namespace's setting (off
+/// with the default role when its owner never set one).
+async fn show_wallet_sign_in(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    ns: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    same_namespace(&ctx, &ns)?;
+    let setting = wallet_setting(&node, &ctx.name).await?;
+    Ok(HttpResponse::Ok().json(json!({"namespace": ctx.name, "wallet_sign_in": setting})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WalletSignInRequest {
+    /// Whether wallets may sign in.
+    enabled: bool,
+    /// The namespace's own role name; default `wallet`.
+    #[serde(default)]
+    role: Option<String>,
+    /// The role's grants (`{sub}` in a resource is the wallet's address); default none.
+    #[serde(default)]
+    grants: Vec<String>,
+    /// `"any"` or a list of wallet addresses; required when enabled.
+    #[serde(default)]
+    allow: Option<WalletAllow>,
+}
+
+/// `PUT /v1/namespaces/{ns}/wallet-sign-in`: replaces the namespace's
+/// setting. A credential may only give wallets grants it holds itself.
+async fn set_wallet_sign_in(
+    ctx: NsCtx,
+    ns: web::Path<String>,
+    body: web::Json<WalletSignInRequest>,
+) -> ApiResult<HttpResponse> {
+    same_namespace(&ctx, &ns)?;
+    let caller = ctx
+        .identity
+        .clone()
+        .ok_or_else(|| ApiError::new(Code::MissingCredential, "no credential"))?;
+    let body = body.into_inner();
+    let setting = WalletSignIn::new(body.enabled, body.role, body.grants, body.allow)?;
+    if !caller.operator && !auth::grants_cover(&caller.grants, &setting.grant_bound()?) {
+        return Err(ApiError::new(
+            Code::GrantEscalation,
+            "wallets cannot be given grants the caller lacks",
+        ));
+    }
+    // The record is its supervisor's: it writes the change and publishes it.
+    let record = ctx
+        .handle
+        .ask(crate::actors::SetWalletSignIn {
+            setting: setting.clone(),
+        })
+        .await??;
+    tracing::info!(namespace = %record.name, enabled = setting.enabled, role = %setting.role, "Wallet sign-in set.");
+    Ok(HttpResponse::Ok()
+        .json(json!({"ok": true, "namespace": record.name, "wallet_sign_in": setting})))
 }
 
 #[derive(Deserialize)]

@@ -54,13 +54,13 @@ pub fn register(t: &mut RouteTable) {
     )
     .add(
         Method::PUT,
-        "/v1/namespaces/{name}/quotas",
+        "/v1/namespaces/{namespace}/quotas",
         Policy::Operator,
         web::put().to(set_quotas),
     )
     .add(
         Method::GET,
-        "/v1/namespaces/{name}/quotas",
+        "/v1/namespaces/{namespace}/quotas",
         Policy::ns("namespace", "read"),
         web::get().to(show_quotas),
     );
@@ -134,6 +134,7 @@ async fn create(
         rate_burst: body.rate_burst,
         claims_provider: None,
         quotas: Default::default(),
+        wallet_sign_in: None,
     };
     let (key, key_record, mut ops) = identity::prepare_key(
         &node.secrets.server_secret,

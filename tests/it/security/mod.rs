@@ -8,3 +8,4 @@ mod egress;
 mod hop;
 mod input;
 mod secrets;
+mod wallet;

@@ -6,5 +6,6 @@ mod attack;
 mod dashboard;
 mod egress;
 mod hop;
+mod hosts;
 mod input;
 mod secrets;

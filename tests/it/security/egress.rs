@@ -477,10 +477,9 @@ fn a_tenant_cannot_reach_etcds_peer_port_nor_another_member() {
             ..Default::default()
         })
     };
-    // b first: a and d find it in the registry when they start.
+    // b first: a (and later d) find it in the registry when they start.
     let b = start("b", "");
     let strict = start("a", "");
-    let open = start("d", "upstream_allow_own = true\n");
     let peer = etcd.peer_url();
     let cases = [
         (peer.clone(), "the etcd peer URL of member test"),
@@ -505,6 +504,7 @@ fn a_tenant_cannot_reach_etcds_peer_port_nor_another_member() {
         assert!(msg.contains(what), "{instance}: {msg}");
     }
     nothing_stored(&strict, &key, "inside.example");
+    let open = start("d", "upstream_allow_own = true\n");
     let key = ns_key(&open, "tooling", "d");
     for (i, (instance, _)) in cases.iter().enumerate() {
         let (s, v) = deploy_json(

@@ -1087,6 +1087,9 @@ mod tests {
         assert_eq!(c.deploy.upstream_allow, ["127.0.0.0/8", "::1"]);
         let c = load(env("MESHGATE_DEPLOY_UPSTREAM_DENY", "[\"10.0.0.0/8\"]")).unwrap();
         assert_eq!(c.deploy.upstream_deny, ["10.0.0.0/8"]);
+        assert!(!c.deploy.upstream_allow_own);
+        let c = load(env("MESHGATE_DEPLOY_UPSTREAM_ALLOW_OWN", "true")).unwrap();
+        assert!(c.deploy.upstream_allow_own);
         let err = load(env(
             "MESHGATE_DEPLOY_UPSTREAM_DENY",
             "10.0.0.0/8,10.0.0.0/33",

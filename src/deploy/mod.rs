@@ -548,6 +548,14 @@ impl Deployments {
         };
         let ver = self.version(ns, name, target).await?;
         self.check_egress(&ver.target).await?;
+        // A version stored before its host was reserved is not made to serve again.
+        if let Some((h, why)) = ver
+            .hosts
+            .iter()
+            .find_map(|h| Some((h, self.reserved_host(h)?)))
+        {
+            return Err(hosts::refusal(h, &why));
+        }
         self.check_hosts(ns, &ver.hosts).await?;
         rec.active = target;
         rec.updated_at = unix_now();
@@ -858,6 +866,13 @@ mod tests {
         assert_eq!(a.host_namespace("node-b.internal"), None);
         assert!(a.route("node-b.internal", "GET", "/").is_none());
         assert!(a.route("legacy.test", "GET", "/").is_some());
+        // Rolling back to a version that claims reserved hosts is refused.
+        a.create("mallory", upstream("old", "new.test"))
+            .await
+            .unwrap();
+        let e = a.rollback("mallory", "old", Some(1)).await.unwrap_err();
+        assert_eq!(e.code, "HOST_RESERVED", "{e}");
+        assert_eq!(a.head("mallory", "old").await.unwrap().active, 2);
     }
 
     /// A lock left by a holder that died is taken once it expires.

@@ -614,6 +614,8 @@ async fn note_node_addresses(node: &Node, bound: SocketAddr) {
 /// `register_seconds` (the safety net, which also follows etcd's members).
 #[cfg(feature = "cluster")]
 async fn follow_cluster_addresses(node: &Node) {
+    /// Registry changes this close together make one re-read.
+    const CLUSTER_ADDRESSES_SPACING: Duration = Duration::from_millis(200);
     let Some(cluster) = node.cluster.get() else {
         return;
     };
@@ -651,6 +653,18 @@ async fn follow_cluster_addresses(node: &Node) {
             };
             if broke {
                 watches = None;
+            }
+            // Every node re-announces itself every `register_seconds`, each a
+            // change: the changes of one short spell make one re-read.
+            if let Some((n, m)) = &mut watches {
+                tokio::time::sleep(CLUSTER_ADDRESSES_SPACING).await;
+                use futures_util::FutureExt as _;
+                while let Some(r) = n.next().now_or_never().or_else(|| m.next().now_or_never()) {
+                    if r.is_err() {
+                        watches = None;
+                        break;
+                    }
+                }
             }
             let (Some(d), Some(c)) = (deployments.upgrade(), cluster.upgrade()) else {
                 return;

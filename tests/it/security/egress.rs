@@ -449,8 +449,9 @@ fn only_allow_own_opens_the_nodes_own_addresses() {
 /// three-node cluster still cannot deploy an upstream at etcd's peer port
 /// (`/members`, `/raft`; the node learns it from etcd's member list) nor at
 /// another member's API (from the node registry): 400 `UPSTREAM_FORBIDDEN`
-/// naming which address it is, nothing stored. A node of the same cluster
-/// with `upstream_allow_own = true` makes both deployments.
+/// naming which address it is, nothing stored; a member that joins later
+/// (c) is refused once the node has read the registry again. A node of the
+/// same cluster with `upstream_allow_own = true` makes both deployments.
 #[cfg(feature = "cluster")]
 #[test]
 fn a_tenant_cannot_reach_etcds_peer_port_nor_another_member() {
@@ -504,6 +505,23 @@ fn a_tenant_cannot_reach_etcds_peer_port_nor_another_member() {
         assert!(msg.contains(what), "{instance}: {msg}");
     }
     nothing_stored(&strict, &key, "inside.example");
+    // A member that joins later is refused from then on: a follows the
+    // registry (a deployment made before it noticed would be a later one).
+    let c = start("c", "");
+    let mut attempt = 0;
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "member c's API refused through a",
+        || {
+            attempt += 1;
+            let host = format!("late{attempt}.example");
+            let (s, v) = deploy_json(&strict, &key, upstream_body(&host, &[&c.base]));
+            s == 400
+                && error_of(&v)
+                    .1
+                    .contains("the API address of cluster member c")
+        },
+    );
     let open = start("d", "upstream_allow_own = true\n");
     let key = ns_key(&open, "tooling", "d");
     for (i, (instance, _)) in cases.iter().enumerate() {

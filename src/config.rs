@@ -128,11 +128,17 @@ pub struct DeployConfig {
     pub unhealthy_seconds: u64,
     /// Ranges (CIDR, or one address) opened to upstreams although the egress
     /// policy forbids them by default (loopback, private, link-local, ...).
-    /// The node's own addresses stay forbidden unless an entry names the exact
-    /// address (`127.0.0.1/32`, or `127.0.0.1`).
+    /// The node's own addresses stay forbidden inside them (see
+    /// `upstream_allow_own`).
     pub upstream_allow: Vec<String>,
     /// Ranges (CIDR, or one address) no upstream may reach; wins over `upstream_allow`.
     pub upstream_deny: Vec<String>,
+    /// Lets upstreams reach the node's own addresses (its listeners, etcd's
+    /// client and peer URLs, every cluster member's API and gossip
+    /// addresses) when the other rules and `upstream_allow` let them. Off
+    /// (false): those are refused whatever `upstream_allow` opens. For an
+    /// operator who deploys an upstream on purpose at the node's own ports.
+    pub upstream_allow_own: bool,
 }
 
 impl Default for DeployConfig {
@@ -147,6 +153,7 @@ impl Default for DeployConfig {
             unhealthy_seconds: 10,
             upstream_allow: Vec::new(),
             upstream_deny: Vec::new(),
+            upstream_allow_own: false,
         }
     }
 }

@@ -230,6 +230,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     wake_namespaces_with_functions(&node);
     // The node's own addresses, which no deployment upstream may reach.
     note_node_addresses(&node, addr).await;
+    #[cfg(feature = "cluster")]
+    follow_cluster_addresses(&node).await;
     let handle = server.handle();
     Ok(RunningNode {
         addr,
@@ -566,9 +568,13 @@ async fn wait_for_signal() {
 async fn note_node_addresses(node: &Node, bound: SocketAddr) {
     use crate::deploy::egress::{host_port, multiaddr_host_port};
     let egress = &node.deployments.egress;
+    let names = &node.deployments.own_names;
     egress
         .note_own("listen address", &bound.ip().to_string(), bound.port())
         .await;
+    if let Some((h, _)) = node.config.server.listen.rsplit_once(':') {
+        names.note(h, "this node's listen name");
+    }
     let c = &node.config.cluster;
     let advertise = node
         .cluster
@@ -577,6 +583,8 @@ async fn note_node_addresses(node: &Node, bound: SocketAddr) {
         .unwrap_or_else(|| c.advertise.clone());
     if let Some((h, p)) = host_port(&advertise) {
         egress.note_own("advertise address", &h, p).await;
+        // A request with this node's own name as Host is the node's.
+        names.note(&h, "this node's advertise name");
     }
     for e in &c.etcd {
         if let Some((h, p)) = host_port(e) {
@@ -598,6 +606,137 @@ async fn note_node_addresses(node: &Node, bound: SocketAddr) {
             }
         }
     }
+}
+
+/// In a cluster, the addresses of the whole cluster are the node's own too:
+/// etcd's members (peer and client URLs, from its member list), every
+/// registered node's API (advertise) address and name, every gossip listen
+/// address in the mesh registry. Read once now (before the node serves), then
+/// again whenever the node or mesh registry changes (etcd watches) and every
+/// `register_seconds` (the safety net, which also follows etcd's members).
+#[cfg(feature = "cluster")]
+async fn follow_cluster_addresses(node: &Node) {
+    /// Registry changes this close together make one re-read.
+    const CLUSTER_ADDRESSES_SPACING: Duration = Duration::from_millis(200);
+    let Some(cluster) = node.cluster.get() else {
+        return;
+    };
+    let store = node.store.clone();
+    refresh_cluster_addresses(&store, &node.deployments, cluster).await;
+    let deployments = Arc::downgrade(&node.deployments);
+    let cluster = Arc::downgrade(cluster);
+    let every = Duration::from_secs(node.config.cluster.register_seconds.max(1));
+    actix_web::rt::spawn(async move {
+        let mut watches = None;
+        loop {
+            if watches.is_none() {
+                let nodes = store.watch_prefix(crate::placement::NODES_PREFIX).await;
+                let mesh = store
+                    .watch_prefix(crate::cluster::REGISTRY_PREFIX.as_bytes())
+                    .await;
+                watches = match (nodes, mesh) {
+                    (Ok(n), Ok(m)) => Some((n, m)),
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::debug!(error = %e, "Registry watch for the egress policy not started; re-read on a timer.");
+                        None
+                    }
+                };
+            }
+            let broke = match &mut watches {
+                Some((n, m)) => tokio::select! {
+                    r = n.next() => r.is_err(),
+                    r = m.next() => r.is_err(),
+                    _ = tokio::time::sleep(every) => false,
+                },
+                None => {
+                    tokio::time::sleep(every).await;
+                    false
+                }
+            };
+            if broke {
+                watches = None;
+            }
+            // Every node re-announces itself every `register_seconds`, each a
+            // change: the changes of one short spell make one re-read.
+            if let Some((n, m)) = &mut watches {
+                tokio::time::sleep(CLUSTER_ADDRESSES_SPACING).await;
+                use futures_util::FutureExt as _;
+                while let Some(r) = n.next().now_or_never().or_else(|| m.next().now_or_never()) {
+                    if r.is_err() {
+                        watches = None;
+                        break;
+                    }
+                }
+            }
+            let (Some(d), Some(c)) = (deployments.upgrade(), cluster.upgrade()) else {
+                return;
+            };
+            refresh_cluster_addresses(&store, &d, &c).await;
+        }
+    });
+}
+
+/// One read of the cluster's addresses into the egress policy and the
+/// reserved hosts; a source that cannot be read keeps its last set.
+#[cfg(feature = "cluster")]
+async fn refresh_cluster_addresses(
+    store: &Store,
+    deployments: &crate::deploy::Deployments,
+    cluster: &crate::placement::Cluster,
+) {
+    use crate::deploy::egress::{host_port, multiaddr_host_port};
+    use crate::storage::OrderedKv;
+    let egress = &deployments.egress;
+    if let Store::Etcd(etcd) = store {
+        match etcd.members().await {
+            Ok(members) => {
+                let mut own = Vec::new();
+                for m in &members {
+                    for (urls, kind) in [(&m.peer_urls, "peer"), (&m.client_urls, "client")] {
+                        for (h, p) in urls.iter().filter_map(|u| host_port(u)) {
+                            own.push((format!("the etcd {kind} URL of member {}", m.name), h, p));
+                        }
+                    }
+                }
+                egress.set_own("etcd members", &own).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd's member list not read; its last one stays refused.")
+            }
+        }
+    }
+    let mut own = Vec::new();
+    let mut names = Vec::new();
+    for n in cluster.live_now().await {
+        if let Some((h, p)) = host_port(&n.advertise) {
+            own.push((
+                format!("the API address of cluster member {}", n.id),
+                h.clone(),
+                p,
+            ));
+            names.push((h, format!("the advertise name of cluster member {}", n.id)));
+        }
+    }
+    match store
+        .scan_prefix(crate::cluster::REGISTRY_PREFIX.as_bytes(), usize::MAX)
+        .await
+    {
+        Ok(rows) => {
+            for a in crate::cluster::registered_addrs(&rows) {
+                if let Some((h, p)) = multiaddr_host_port(&a)
+                    && p != 0
+                {
+                    own.push(("a gossip address of the cluster".to_string(), h, p));
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "The mesh registry not read; the cluster's last addresses stay refused.");
+            return;
+        }
+    }
+    egress.set_own("cluster members", &own).await;
+    deployments.own_names.set_members(names);
 }
 
 /// Starts, after a restart, the supervisor of every namespace that has

@@ -677,6 +677,17 @@ fn parse_registry(entries: &[(Vec<u8>, Vec<u8>)], me: &PeerId) -> HashMap<PeerId
     peers
 }
 
+/// Every listen address registered in the mesh registry (`entries`: a scan
+/// of [`REGISTRY_PREFIX`]), this node's too: the cluster's gossip addresses,
+/// which the egress policy keeps closed to upstreams.
+pub fn registered_addrs(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<String> {
+    entries
+        .iter()
+        .filter_map(|(_, v)| serde_json::from_slice::<Registration>(v).ok())
+        .flat_map(|r| r.addrs)
+        .collect()
+}
+
 /// The IP a multiaddr names, if any.
 fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
     addr.iter().find_map(|p| match p {

@@ -14,7 +14,7 @@ pub use key::{KEY_FILE, load_or_create_keypair};
 pub use mesh::{
     Connectedness, DeliverFn, FORWARD_QUEUE, GAP_TIMEOUT, HEARTBEAT, MAX_TRANSMIT, MESH_TOPIC,
     Mesh, MeshConfig, MeshStatus, REGISTRY_INTERVAL, REGISTRY_PREFIX, REGISTRY_TTL, REORDER_BYTES,
-    STREAM_IDLE,
+    STREAM_IDLE, registered_addrs,
 };
 pub use reorder::{Dropped, Pushed, Reorder};
 

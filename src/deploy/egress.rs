@@ -14,8 +14,10 @@
 //! address is never connected.
 //!
 //! `[deploy] upstream_allow` opens ranges (CIDR), `upstream_deny` closes more
-//! and wins. The node's own addresses stay closed unless an allow entry names
-//! the exact address (`127.0.0.1/32`).
+//! and wins. The node's own addresses (its listeners, etcd's client and peer
+//! URLs, every cluster member's API and gossip addresses, kept current by the
+//! node: [`EgressPolicy::set_own`]) stay closed whatever `upstream_allow`
+//! says, unless `[deploy] upstream_allow_own = true`.
 
 use crate::config::DeployConfig;
 use crate::error::ApiError;
@@ -274,8 +276,12 @@ enum OwnHost {
 
 #[derive(Debug, Clone)]
 struct Own {
-    /// Which of the node's addresses this is ("listen address", ...), named in the refusal.
-    what: &'static str,
+    /// Which of the node's addresses this is ("this node's own listen
+    /// address", "the etcd peer URL of member m1", ...), named in the refusal.
+    what: Arc<str>,
+    /// The set it was noted in by [`EgressPolicy::set_own`], replaced whole
+    /// at each update; `None` for an address noted once at start.
+    source: Option<&'static str>,
     /// The address, or the name as configured (names are also noted resolved).
     host: OwnHost,
     /// The port it listens on: only this port of the host counts as the node itself.
@@ -289,6 +295,9 @@ pub struct EgressPolicy {
     allow: Vec<IpNet>,
     /// `[deploy] upstream_deny`: ranges always refused, checked before everything else.
     deny: Vec<IpNet>,
+    /// `[deploy] upstream_allow_own`: the node's own addresses are judged like
+    /// any other (by the rules and `allow`) instead of always refused.
+    allow_own: bool,
     /// The node's own addresses, noted at start, so an upstream cannot loop back into it.
     own: RwLock<Vec<Own>>,
     /// How upstream names resolve: the system's, or a hosts file in tests.
@@ -315,6 +324,7 @@ impl EgressPolicy {
         EgressPolicy {
             allow: ranges(&cfg.upstream_allow),
             deny: ranges(&cfg.upstream_deny),
+            allow_own: cfg.upstream_allow_own,
             own: RwLock::new(Vec::new()),
             resolver,
             lookup_timeout: Duration::from_secs(cfg.connect_timeout_seconds.max(1)),
@@ -330,6 +340,41 @@ impl EgressPolicy {
     /// Notes one of the node's own addresses (`what`: "listen address", ...);
     /// a name is kept as a name and also resolved, each address noted.
     pub async fn note_own(&self, what: &'static str, host: &str, port: u16) {
+        let what: Arc<str> = format!("this node's own {what}").into();
+        let entries = self.own_entries(&what, None, host, port).await;
+        let mut own = self.own.write();
+        for e in entries {
+            if !own.iter().any(|o| o.host == e.host && o.port == e.port) {
+                own.push(e);
+            }
+        }
+    }
+
+    /// Replaces the own addresses of `source` ("etcd members", "cluster
+    /// members", ...) with `entries` (what each is, host, port), names
+    /// resolved first: the node calls it whenever the etcd member list or the
+    /// cluster registry may have changed, so a member that joins is refused
+    /// from then on and one that left is no longer.
+    pub async fn set_own(&self, source: &'static str, entries: &[(String, String, u16)]) {
+        let mut fresh = Vec::new();
+        for (what, host, port) in entries {
+            let what: Arc<str> = what.as_str().into();
+            fresh.extend(self.own_entries(&what, Some(source), host, *port).await);
+        }
+        let mut own = self.own.write();
+        own.retain(|o| o.source != Some(source));
+        own.extend(fresh);
+    }
+
+    /// One own address as entries: the address, or the name and each address
+    /// it resolves to now.
+    async fn own_entries(
+        &self,
+        what: &Arc<str>,
+        source: Option<&'static str>,
+        host: &str,
+        port: u16,
+    ) -> Vec<Own> {
         let mut hosts = Vec::new();
         match literal_ip(host) {
             Some(ip) => hosts.push(OwnHost::Ip(canonical(ip))),
@@ -338,31 +383,40 @@ impl EgressPolicy {
                 hosts.push(OwnHost::Name(name));
                 match self.lookup(host, port).await {
                     Ok(addrs) => hosts.extend(addrs.iter().map(|a| OwnHost::Ip(canonical(a.ip())))),
+                    // Refreshed sets are re-resolved at each update: quieter.
+                    Err(e) if source.is_some() => {
+                        tracing::debug!(host, error = %e, "Could not resolve one of the cluster's addresses; it is refused by name only.")
+                    }
                     Err(e) => {
                         tracing::warn!(host, error = %e, "Could not resolve one of the node's own addresses; it is refused by name only.")
                     }
                 }
             }
         }
-        let mut own = self.own.write();
-        for host in hosts {
-            if !own.iter().any(|o| o.host == host && o.port == port) {
-                own.push(Own { what, host, port });
-            }
-        }
+        hosts
+            .into_iter()
+            .map(|host| Own {
+                what: what.clone(),
+                source,
+                host,
+                port,
+            })
+            .collect()
     }
 
     /// Whether one of the operator's allow entries contains `ip` (any form).
-    fn allowed(&self, forms: &Forms, exact: bool) -> bool {
-        forms.iter().flatten().any(|(f, _)| {
-            self.allow
-                .iter()
-                .any(|n| n.contains(f) && (!exact || n.prefix_len() == n.max_prefix_len()))
-        })
+    fn allowed(&self, forms: &Forms) -> bool {
+        forms
+            .iter()
+            .flatten()
+            .any(|(f, _)| self.allow.iter().any(|n| n.contains(f)))
     }
 
-    /// The node's own address `(ip, port)` is, if it is one.
-    fn own_match(&self, ip: IpAddr, port: u16) -> Option<&'static str> {
+    /// Which of the node's own addresses `(ip, port)` is, if it is one.
+    fn own_match(&self, ip: IpAddr, port: u16) -> Option<Arc<str>> {
+        if self.allow_own {
+            return None;
+        }
         let t = canonical(ip);
         self.own.read().iter().find_map(|o| match o.host {
             OwnHost::Ip(mine) if o.port == port => {
@@ -371,7 +425,7 @@ impl EgressPolicy {
                     || t.is_unspecified()
                     // A node listening on every address is reached on each local one.
                     || mine.is_unspecified() && is_local(t);
-                hit.then_some(o.what)
+                hit.then(|| o.what.clone())
             }
             _ => None,
         })
@@ -391,14 +445,12 @@ impl EgressPolicy {
                 return Err(refuse("deny", format!("in [deploy] upstream_deny ({n})")));
             }
         }
-        if let Some(what) = self.own_match(ip, port)
-            && !self.allowed(&forms, true)
-        {
-            return Err(refuse("own", format!("this node's own {what}")));
+        if let Some(what) = self.own_match(ip, port) {
+            return Err(refuse("own", what.to_string()));
         }
         for (f, how) in forms.iter().flatten() {
             if let Some(rule) = builtin_rule(*f)
-                && !self.allowed(&forms, false)
+                && !self.allowed(&forms)
             {
                 let how = how.map(|h| format!(", {h} IPv6")).unwrap_or_default();
                 return Err(refuse(
@@ -470,16 +522,16 @@ impl EgressPolicy {
     ) -> Result<Vec<SocketAddr>, EgressError> {
         let name = host.trim_end_matches('.').to_ascii_lowercase();
         let literal = literal_ip(host).is_some();
-        if !literal {
+        if !literal && !self.allow_own {
             let own = self.own.read().iter().find_map(|o| match &o.host {
-                OwnHost::Name(n) if *n == name && o.port == port => Some(o.what),
+                OwnHost::Name(n) if *n == name && o.port == port => Some(o.what.clone()),
                 _ => None,
             });
             if let Some(what) = own {
                 return Err(EgressError::Forbidden(Refusal {
                     kind: "own",
                     addr: format!("{name}:{port}"),
-                    rule: format!("this node's own {what}"),
+                    rule: what.to_string(),
                     name: None,
                 }));
             }
@@ -819,11 +871,13 @@ mod tests {
     }
 
     /// The node's own addresses (host and port) stay closed when an allow
-    /// range covers them, until an entry names the exact address; a node
+    /// range covers them, even an entry naming the exact address; a node
     /// listening on every address is refused on each local one, and an own
-    /// name is refused by name and by what it resolves to.
+    /// name is refused by name and by what it resolves to. Only
+    /// `upstream_allow_own = true` opens them: then they are judged like any
+    /// address (loopback stays closed without an allow range).
     #[tokio::test]
-    async fn own_addresses_stay_closed_unless_named_exactly() {
+    async fn own_addresses_stay_closed_unless_allow_own() {
         let dir = tempfile::tempdir().unwrap();
         write_hosts(&dir, "10.1.2.3 etcd.test\n");
         let p = policy(&dir, &["127.0.0.0/8", "10.0.0.0/8"], &[]);
@@ -857,13 +911,96 @@ mod tests {
             r.to_string(),
             "127.0.0.1:8080 is this node's own listen address"
         );
-        // Named exactly, it opens.
-        let exact = policy(&dir, &["127.0.0.1/32"], &[]);
-        exact.note_own("listen address", "127.0.0.1", 8080).await;
-        assert_eq!(kind_of(&exact, "127.0.0.1", 8080).await, None);
-        let bare = policy(&dir, &["127.0.0.1"], &[]);
-        bare.note_own("listen address", "127.0.0.1", 8080).await;
-        assert_eq!(kind_of(&bare, "127.0.0.1", 8080).await, None);
+        // An allow entry naming the exact address opens nothing of the node's.
+        for exact in ["127.0.0.1/32", "127.0.0.1"] {
+            let p = policy(&dir, &[exact], &[]);
+            p.note_own("listen address", "127.0.0.1", 8080).await;
+            assert_eq!(kind_of(&p, "127.0.0.1", 8080).await, Some("own"), "{exact}");
+        }
+        // upstream_allow_own: judged like any address.
+        let own = |allow: &[&str]| {
+            let cfg = DeployConfig {
+                upstream_allow: allow.iter().map(|s| s.to_string()).collect(),
+                upstream_allow_own: true,
+                ..DeployConfig::default()
+            };
+            EgressPolicy::from_config(&cfg)
+                .with_resolver(Resolver::HostsFile(dir.path().join("hosts")))
+        };
+        let open = own(&["127.0.0.0/8", "10.0.0.0/8"]);
+        let loopback_closed = own(&[]);
+        for p in [&open, &loopback_closed] {
+            p.note_own("listen address", "127.0.0.1", 8080).await;
+            p.note_own("etcd endpoint", "etcd.test", 2379).await;
+        }
+        assert_eq!(kind_of(&open, "127.0.0.1", 8080).await, None);
+        assert_eq!(kind_of(&open, "etcd.test", 2379).await, None);
+        assert_eq!(
+            kind_of(&loopback_closed, "127.0.0.1", 8080).await,
+            Some("loopback")
+        );
+        assert_eq!(
+            kind_of(&loopback_closed, "etcd.test", 2379).await,
+            Some("private")
+        );
+    }
+
+    /// The addresses the node refreshes (etcd's members, the cluster's
+    /// members) are replaced whole per source: a member that joins is refused
+    /// on its port, one that left no longer, and another source's and the
+    /// start-up addresses stay.
+    #[tokio::test]
+    async fn refreshed_own_addresses_replace_their_source() {
+        let dir = tempfile::tempdir().unwrap();
+        write_hosts(&dir, "127.0.0.7 node-b.test\n");
+        let p = policy(&dir, &["127.0.0.0/8"], &[]);
+        p.note_own("listen address", "127.0.0.1", 8080).await;
+        let entry = |what: &str, host: &str, port| (what.to_string(), host.to_string(), port);
+        p.set_own(
+            "etcd members",
+            &[entry("the etcd peer URL of member m1", "127.0.0.1", 2380)],
+        )
+        .await;
+        p.set_own(
+            "cluster members",
+            &[
+                entry("the API address of cluster member b", "node-b.test", 9002),
+                entry("the gossip address of a cluster member", "127.0.0.1", 4002),
+            ],
+        )
+        .await;
+        for (host, port) in [
+            ("127.0.0.1", 8080),
+            ("127.0.0.1", 2380),
+            ("node-b.test", 9002),
+            ("127.0.0.7", 9002),
+            ("127.0.0.1", 4002),
+        ] {
+            assert_eq!(kind_of(&p, host, port).await, Some("own"), "{host}:{port}");
+        }
+        let r = p
+            .check_addr("127.0.0.7".parse().unwrap(), 9002)
+            .unwrap_err();
+        assert_eq!(
+            r.to_string(),
+            "127.0.0.7:9002 is the API address of cluster member b"
+        );
+        // Member b left, one on 9003 joined.
+        p.set_own(
+            "cluster members",
+            &[entry(
+                "the API address of cluster member c",
+                "127.0.0.1",
+                9003,
+            )],
+        )
+        .await;
+        assert_eq!(kind_of(&p, "127.0.0.7", 9002).await, None);
+        assert_eq!(kind_of(&p, "node-b.test", 9002).await, None);
+        assert_eq!(kind_of(&p, "127.0.0.1", 4002).await, None);
+        assert_eq!(kind_of(&p, "127.0.0.1", 9003).await, Some("own"));
+        assert_eq!(kind_of(&p, "127.0.0.1", 2380).await, Some("own"));
+        assert_eq!(kind_of(&p, "127.0.0.1", 8080).await, Some("own"));
     }
 
     /// The test resolver reads its file at every lookup: a name that
@@ -950,6 +1087,9 @@ mod tests {
         assert_eq!(c.deploy.upstream_allow, ["127.0.0.0/8", "::1"]);
         let c = load(env("MESHGATE_DEPLOY_UPSTREAM_DENY", "[\"10.0.0.0/8\"]")).unwrap();
         assert_eq!(c.deploy.upstream_deny, ["10.0.0.0/8"]);
+        assert!(!c.deploy.upstream_allow_own);
+        let c = load(env("MESHGATE_DEPLOY_UPSTREAM_ALLOW_OWN", "true")).unwrap();
+        assert!(c.deploy.upstream_allow_own);
         let err = load(env(
             "MESHGATE_DEPLOY_UPSTREAM_DENY",
             "10.0.0.0/8,10.0.0.0/33",

@@ -4,6 +4,7 @@
 //!
 //! - `model`: records, validation, store keys.
 //! - `egress`: which addresses an upstream may reach (at create and at connect).
+//! - `hosts`: which hosts no deployment may take (addresses, the node's own names).
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
@@ -23,6 +24,7 @@
 
 pub mod egress;
 pub mod h1;
+pub mod hosts;
 pub mod idle;
 pub mod index;
 pub mod model;
@@ -75,9 +77,10 @@ pub struct Deployments {
     pub config: DeployConfig,
     /// Where upstreams may connect: checked at create, rollback and connect.
     pub egress: Arc<EgressPolicy>,
-    /// The node's gateway hosts (`base_domain` and `ns-*.<base_domain>`) that no
-    /// deployment may take.
-    base_domain: String,
+    /// The hosts no deployment may take nor be routed: addresses, `localhost`,
+    /// single labels, the gateway's hosts (`base_domain`, `ns-*`) and the
+    /// node's and the cluster members' own names.
+    pub own_names: hosts::OwnNames,
     /// The routing index by host, swapped whole on rebuild; readers clone the Arc.
     index: RwLock<Arc<Index>>,
     /// Upstream pools by (namespace, deployment, version), kept across index
@@ -137,7 +140,7 @@ impl Deployments {
             store,
             egress: Arc::new(EgressPolicy::from_config(&config)),
             config,
-            base_domain,
+            own_names: hosts::OwnNames::new(&base_domain),
             index: RwLock::new(Arc::new(Index::default())),
             pools: Mutex::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
@@ -272,6 +275,12 @@ impl Deployments {
                     serve: serve.clone(),
                 });
                 for h in &ver.hosts {
+                    if let Some(why) = self.reserved_host(h) {
+                        // A claim stored before the host was reserved: kept,
+                        // never routed (`route` checks again on every request).
+                        tracing::warn!(namespace = %rec.namespace, deployment = %rec.name, host = %h, reason = %why, "A deployment claims a reserved host; it is not routed.");
+                        continue;
+                    }
                     ix.insert(h, bound.clone());
                 }
             }
@@ -282,12 +291,23 @@ impl Deployments {
         Ok(())
     }
 
-    /// Whether a host is one of the gateway's own.
-    fn reserved_host(&self, host: &str) -> bool {
-        host == self.base_domain
-            || host
-                .strip_suffix(&format!(".{}", self.base_domain))
-                .is_some_and(|l| l.starts_with("ns-") && !l.contains('.'))
+    /// Why a host may not be a deployment's, if it may not (see [`hosts`]).
+    fn reserved_host(&self, host: &str) -> Option<hosts::Reserved> {
+        self.own_names.classify(host)
+    }
+
+    /// The route taking `method path` on `host`. A reserved host (an address,
+    /// one of the node's own names) never routes, even when a record stored
+    /// before it was reserved claims it: its requests go to the node's API.
+    pub fn route(&self, host: &str, method: &str, path: &str) -> Option<Arc<Bound>> {
+        let bound = self.index().lookup(host, method, path)?;
+        self.reserved_host(host).is_none().then_some(bound)
+    }
+
+    /// The namespace whose deployment `host` routes to (never a reserved host).
+    pub fn host_namespace(&self, host: &str) -> Option<String> {
+        let ns = self.index().host_namespace(host)?.to_string();
+        self.reserved_host(host).is_none().then_some(ns)
     }
 
     /// Creates a deployment, or a new version of it, and makes it serve.
@@ -300,11 +320,8 @@ impl Deployments {
         // Where the upstream would connect, before anything is stored.
         self.check_egress(&new.target).await?;
         for h in &new.hosts {
-            if self.reserved_host(h) {
-                return Err(ApiError::new(
-                    Code::HostReserved,
-                    format!("{h} is one of the gateway's own hosts"),
-                ));
+            if let Some(why) = self.reserved_host(h) {
+                return Err(hosts::refusal(h, &why));
             }
         }
         // A host already taken fails before any upload work.
@@ -576,6 +593,14 @@ impl Deployments {
         };
         let ver = self.version(ns, name, target).await?;
         self.check_egress(&ver.target).await?;
+        // A version stored before its host was reserved is not made to serve again.
+        if let Some((h, why)) = ver
+            .hosts
+            .iter()
+            .find_map(|h| Some((h, self.reserved_host(h)?)))
+        {
+            return Err(hosts::refusal(h, &why));
+        }
         self.check_hosts(ns, &ver.hosts).await?;
         rec.active = target;
         rec.updated_at = unix_now();
@@ -863,6 +888,103 @@ mod tests {
                 .is_none()
         );
         open.rollback("n", "site", Some(1)).await.unwrap();
+    }
+
+    /// Reserved hosts are refused at create with 400 `HOST_RESERVED`, and
+    /// nothing is stored; a record stored before they were reserved (written
+    /// here straight into the store) keeps its ordinary host routed, but its
+    /// address, localhost and own-name hosts never route, nor a name the
+    /// cluster registry makes one of the node's own later.
+    #[tokio::test]
+    async fn reserved_hosts_are_refused_and_never_routed() {
+        let (_d, a, _) = two_nodes();
+        a.own_names
+            .note("node-a.internal", "this node's advertise name");
+        for h in [
+            "127.0.0.1",
+            "localhost",
+            "app.localhost",
+            "intranet",
+            "gateway.test",
+            "ns-bank.gateway.test",
+            "node-a.internal",
+        ] {
+            let e = a.create("mallory", upstream("site", h)).await.unwrap_err();
+            assert_eq!(e.code, "HOST_RESERVED", "{h}: {e}");
+            assert!(a.store.get(&host_key(h)).await.unwrap().is_none(), "{h}");
+        }
+        assert!(a.list("mallory").await.unwrap().is_empty());
+        // An old record claiming reserved hosts beside an ordinary one.
+        let hosts: Vec<String> = [
+            "legacy.test",
+            "127.0.0.1",
+            "[::1]",
+            "localhost",
+            "node-a.internal",
+            "node-b.internal",
+        ]
+        .map(String::from)
+        .to_vec();
+        let ver = DeploymentVersion {
+            version: 1,
+            hosts: hosts.clone(),
+            routes: vec![RouteSpec::everything()],
+            target: TargetSpec::Upstream {
+                instances: vec!["http://127.0.0.1:9".into()],
+            },
+            created_at: 0,
+        };
+        let rec = DeploymentRecord {
+            name: "old".into(),
+            namespace: "mallory".into(),
+            active: 1,
+            latest: 1,
+            created_at: 0,
+            updated_at: 0,
+        };
+        let claim = serde_json::to_vec(&HostClaim {
+            namespace: "mallory".into(),
+        })
+        .unwrap();
+        let mut ops = vec![
+            BatchOp::Put(
+                ver_key("mallory", "old", 1),
+                serde_json::to_vec(&ver).unwrap(),
+            ),
+            BatchOp::Put(dep_key("mallory", "old"), serde_json::to_vec(&rec).unwrap()),
+        ];
+        ops.extend(
+            hosts
+                .iter()
+                .map(|h| BatchOp::Put(host_key(h), claim.clone())),
+        );
+        a.store.apply_batch(ops).await.unwrap();
+        a.reload().await.unwrap();
+        assert_eq!(a.host_namespace("legacy.test").as_deref(), Some("mallory"));
+        assert!(a.route("legacy.test", "GET", "/").is_some());
+        assert_eq!(
+            a.host_namespace("node-b.internal").as_deref(),
+            Some("mallory")
+        );
+        for h in ["127.0.0.1", "[::1]", "localhost", "node-a.internal"] {
+            assert_eq!(a.host_namespace(h), None, "{h}");
+            assert!(a.route(h, "GET", "/").is_none(), "{h}");
+        }
+        // node-b.internal becomes a member's name: from then on it never routes.
+        a.own_names.set_members([(
+            "node-b.internal".to_string(),
+            "the advertise name of cluster member b".to_string(),
+        )]);
+        assert_eq!(a.host_namespace("node-b.internal"), None);
+        assert!(a.route("node-b.internal", "GET", "/").is_none());
+        assert!(a.route("legacy.test", "GET", "/").is_some());
+        // Rolling back to a version that claims reserved hosts is refused.
+        a.create("mallory", upstream("old", "new.test"))
+            .await
+            .unwrap();
+        let e = a.rollback("mallory", "old", Some(1)).await.unwrap_err();
+        assert_eq!(e.code, "HOST_RESERVED", "{e}");
+        assert_eq!(a.head("mallory", "old").await.unwrap().active, 2);
     }
 
     /// A lock left by a holder that died is taken once it expires.

@@ -160,7 +160,13 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 /// A host name as routed: lower-case DNS labels, no port, no trailing dot.
+/// An address in any spelling, `localhost` and a single label are 400
+/// `HOST_RESERVED` (see [`super::hosts`]); an address is refused before the
+/// syntax is checked, so `[::1]` is reserved rather than malformed.
 pub fn normalize_host(raw: &str) -> Result<String, ApiError> {
+    if let Some(why) = super::hosts::address_like(raw) {
+        return Err(super::hosts::refusal(raw.trim(), &why));
+    }
     let h = raw.trim().trim_end_matches('.').to_ascii_lowercase();
     let ok = !h.is_empty()
         && h.len() <= 253
@@ -173,6 +179,9 @@ pub fn normalize_host(raw: &str) -> Result<String, ApiError> {
                     .bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         });
+    if let (true, Some(why)) = (ok, super::hosts::reserved_everywhere(&h)) {
+        return Err(super::hosts::refusal(&h, &why));
+    }
     if ok {
         Ok(h)
     } else {
@@ -364,6 +373,26 @@ mod tests {
         for bad in ["", "a:80", "http://a", "a..b", "-a.b", "a b", "ä.test"] {
             assert!(normalize_host(bad).is_err(), "{bad}");
         }
+        // Addresses in every spelling, localhost and single labels are
+        // reserved, not malformed.
+        for reserved in [
+            "127.0.0.1",
+            "127.0.0.1.",
+            "2130706433",
+            "0x7f.1",
+            "127.1",
+            "[::1]",
+            "::1",
+            "[::ffff:127.0.0.1]",
+            "::FFFF:127.0.0.1",
+            "LocalHost.",
+            "app.localhost",
+            "intranet",
+        ] {
+            let e = normalize_host(reserved).unwrap_err();
+            assert_eq!(e.code, "HOST_RESERVED", "{reserved}: {e}");
+        }
+        assert_eq!(normalize_host("a b").unwrap_err().code, "INVALID_HOST");
     }
 
     /// Route paths must be absolute and free of dot segments; methods are checked.

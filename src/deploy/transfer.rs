@@ -122,11 +122,8 @@ impl Deployments {
                     .map(|h| normalize_host(h))
                     .collect::<Result<_, _>>()?;
                 for h in &v.hosts {
-                    if self.reserved_host(h) {
-                        return Err(ApiError::new(
-                            Code::HostReserved,
-                            format!("{h} is one of the gateway's own hosts"),
-                        ));
+                    if let Some(why) = self.reserved_host(h) {
+                        return Err(super::hosts::refusal(h, &why));
                     }
                 }
                 v.routes = validate_routes(std::mem::take(&mut v.routes))?;

@@ -36,8 +36,10 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
         return ApiError::new(Code::NoRoute, "no deployment serves this host")
             .error_response_owned();
     };
-    let index = node.deployments.index();
-    let Some(bound) = index.lookup(&routed.host, req.method().as_str(), req.path()) else {
+    let Some(bound) = node
+        .deployments
+        .route(&routed.host, req.method().as_str(), req.path())
+    else {
         return ApiError::new(
             Code::NoRoute,
             format!(
@@ -159,8 +161,7 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     let host = crate::http::request_host(req)?;
     let Some(bound) = node
         .deployments
-        .index()
-        .lookup(&host, req.method().as_str(), req.path())
+        .route(&host, req.method().as_str(), req.path())
     else {
         // Not routed: the chain's route-policy step takes the host from here.
         req.extensions_mut()

@@ -203,12 +203,9 @@ fn route_policy(node: &Node, req: &mut ServiceRequest) {
     // The routed fast path found the host already unless it stopped earlier
     // (probes, hops, upgrades).
     let host = crate::http::chain::RequestHost::of(req);
-    let routed = host.as_deref().and_then(|h| {
-        node.deployments
-            .index()
-            .host_namespace(h)
-            .map(str::to_string)
-    });
+    let routed = host
+        .as_deref()
+        .and_then(|h| node.deployments.host_namespace(h));
     if let (Some(namespace), Some(host)) = (routed, host) {
         let mut ext = req.extensions_mut();
         ext.insert(Policy::Deployment);

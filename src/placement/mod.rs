@@ -98,7 +98,7 @@ pub fn rendezvous<'a>(candidates: &'a [String], key: &str) -> Vec<&'a String> {
 }
 
 /// Where nodes announce themselves in the shared store.
-const NODES_PREFIX: &[u8] = b"_nodes/";
+pub const NODES_PREFIX: &[u8] = b"_nodes/";
 /// First wait before a broken registry watch is made again.
 const REGISTRY_WATCH_BACKOFF_MIN: Duration = Duration::from_millis(250);
 /// Longest wait between attempts to re-make a broken registry watch.

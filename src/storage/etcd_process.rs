@@ -233,6 +233,11 @@ impl EtcdProcess {
         e
     }
 
+    /// The peer URL (raft between etcd members: `/members`, `/raft`).
+    pub fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
     /// The client URL, as `[cluster] etcd` takes it.
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };

@@ -87,6 +87,8 @@ struct Clients {
     lease: LeaseClient,
     /// Prefix watches ([`EtcdStore::watch_prefix`]).
     watch: WatchClient,
+    /// etcd's member list ([`EtcdStore::members`]).
+    cluster: etcd_client::ClusterClient,
 }
 
 /// What a committed write found: whether its guard held, and the records it
@@ -855,6 +857,7 @@ impl EtcdStore {
                     .max_decoding_message_size(MAX_RESPONSE_BYTES),
                 lease: client.lease_client(),
                 watch: client.watch_client(),
+                cluster: client.cluster_client(),
             }),
         };
         let mut kv = store.clients.kv.clone();
@@ -1192,7 +1195,33 @@ impl EtcdWatch {
     }
 }
 
+/// One etcd member as its member list shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdMember {
+    /// The member's name (`--name`).
+    pub name: String,
+    /// Where the other members reach it (`--initial-advertise-peer-urls`).
+    pub peer_urls: Vec<String>,
+    /// Where clients reach it (`--advertise-client-urls`).
+    pub client_urls: Vec<String>,
+}
+
 impl EtcdStore {
+    /// etcd's members with their peer and client URLs: the node's own
+    /// addresses for the egress policy, beyond the endpoints it was given.
+    pub async fn members(&self) -> StoreResult<Vec<EtcdMember>> {
+        let mut client = self.clients.cluster.clone();
+        let r = rpc("member list", client.member_list()).await?;
+        Ok(r.members()
+            .iter()
+            .map(|m| EtcdMember {
+                name: m.name().to_string(),
+                peer_urls: m.peer_urls().to_vec(),
+                client_urls: m.client_urls().to_vec(),
+            })
+            .collect())
+    }
+
     /// Watches the records under `prefix`: returns once etcd has created the
     /// watch, so a scan made after this call misses no change.
     pub async fn watch_prefix(&self, prefix: &[u8]) -> StoreResult<EtcdWatch> {
@@ -1874,6 +1903,18 @@ mod tests {
 
     fn big(len: usize, seed: u8) -> Vec<u8> {
         (0..len).map(|i| (i % 251) as u8 ^ seed).collect()
+    }
+
+    /// The member list names etcd's peer URL and client URL, which the node
+    /// adds to its own addresses (an upstream may reach neither).
+    #[tokio::test]
+    async fn members_name_peer_and_client_urls() {
+        let (e, s) = store().await;
+        let members = s.members().await.unwrap();
+        assert_eq!(members.len(), 1, "{members:?}");
+        assert_eq!(members[0].name, "test");
+        assert_eq!(members[0].peer_urls, [e.peer_url()]);
+        assert_eq!(members[0].client_urls, [e.url()]);
     }
 
     /// Put, get, overwrite and delete; delete says whether the key existed.

@@ -20,7 +20,7 @@ mod sled_store;
 
 #[cfg(feature = "cluster")]
 pub use etcd_store::{
-    ConnectError as EtcdConnectError, EtcdAccess, EtcdStore, EtcdWatch,
+    ConnectError as EtcdConnectError, EtcdAccess, EtcdMember, EtcdStore, EtcdWatch,
     REQUEST_TIMEOUT as ETCD_REQUEST_TIMEOUT,
 };
 pub use seal::{Adopted, Adoption, SEAL_INFO, SEAL_V1, SealError, SealKey, adopt_sealed};

@@ -3,8 +3,9 @@
 //! through the proxy with `POST /v3/kv/range`, sign a token for another
 //! namespace with it, and read that namespace's KV. The first step is
 //! refused by the egress policy; with that policy opened by a test-only
-//! allow list naming etcd's exact address, the read goes through, and the
-//! second step fails: nothing read from etcd signs a token the node accepts.
+//! allow list naming etcd's exact address and `upstream_allow_own = true`,
+//! the read goes through, and the second step fails: nothing read from etcd
+//! signs a token the node accepts.
 #![cfg(feature = "cluster")]
 
 use crate::common::*;
@@ -77,8 +78,13 @@ fn tenant_cannot_reach_etcd_nor_mint_tokens_from_it() {
     drop(node);
 
     // The same attacker on a node whose policy a test-only allow list opened
-    // for etcd's exact address: the deployment is made, etcd answers through it.
-    let node = cluster_node(&etcd, &format!("upstream_allow = [\"{etcd_ip}/32\"]\n"));
+    // for etcd's exact address, with the node's own addresses opened too
+    // (`upstream_allow_own`: an allow entry alone never opens them): the
+    // deployment is made, etcd answers through it.
+    let node = cluster_node(
+        &etcd,
+        &format!("upstream_allow = [\"{etcd_ip}/32\"]\nupstream_allow_own = true\n"),
+    );
     let (s, b) = deployment_to(&node, &attacker, &etcd_url);
     assert_eq!(s, 201, "the allow list opens etcd: {b}");
     let all = base64::engine::general_purpose::STANDARD.encode([0u8]);

@@ -50,20 +50,20 @@ fn node_with(hosts: &Path, deploy: &str) -> TestNode {
 
 /// A listener on 127.0.0.1 that counts the connections made to it (each one
 /// waits in its backlog), to prove nothing connected.
-struct Canary {
+pub(super) struct Canary {
     listener: TcpListener,
-    port: u16,
+    pub(super) port: u16,
 }
 
 impl Canary {
-    fn start() -> Canary {
+    pub(super) fn start() -> Canary {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         Canary { listener, port }
     }
 
-    fn connections(&self) -> usize {
+    pub(super) fn connections(&self) -> usize {
         let mut n = 0;
         while self.listener.accept().is_ok() {
             n += 1;
@@ -72,12 +72,12 @@ impl Canary {
     }
 }
 
-fn upstream_body<S: AsRef<str>>(host: &str, instances: &[S]) -> serde_json::Value {
+pub(super) fn upstream_body<S: AsRef<str>>(host: &str, instances: &[S]) -> serde_json::Value {
     let instances: Vec<&str> = instances.iter().map(AsRef::as_ref).collect();
     serde_json::json!({"name": "app", "hosts": [host], "upstream": {"instances": instances}})
 }
 
-fn error_of(v: &serde_json::Value) -> (&str, &str) {
+pub(super) fn error_of(v: &serde_json::Value) -> (&str, &str) {
     (
         v["error"]["code"].as_str().unwrap_or(""),
         v["error"]["message"].as_str().unwrap_or(""),
@@ -416,5 +416,120 @@ fn a_tenant_cannot_point_a_deployment_at_the_nodes_etcd() {
             );
         }
         nothing_stored(node, &key, "etcd.example");
+    }
+}
+
+/// An allow entry naming the node's exact address no longer opens the node
+/// itself: its own port stays refused (400 `UPSTREAM_FORBIDDEN`, nothing
+/// stored) until the operator sets `upstream_allow_own = true`, and then the
+/// same deployment is made.
+#[test]
+fn only_allow_own_opens_the_nodes_own_addresses() {
+    let hosts = Hosts::new("");
+    let node = node_with(&hosts.path, "upstream_allow = [\"127.0.0.1/32\"]\n");
+    let key = node.create_namespace("dev");
+    let own = node.base.clone();
+    let (s, v) = deploy_json(&node, &key, upstream_body("self.example", &[&own]));
+    let (code, msg) = error_of(&v);
+    assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{own}: {v}");
+    assert!(msg.contains("this node's own listen address"), "{msg}");
+    nothing_stored(&node, &key, "self.example");
+
+    let node = node_with(
+        &hosts.path,
+        &format!("{ALLOW_LOOPBACK}upstream_allow_own = true\n"),
+    );
+    let key = node.create_namespace("dev");
+    let own = node.base.clone();
+    let (s, v) = deploy_json(&node, &key, upstream_body("self.example", &[&own]));
+    assert_eq!(s, 201, "upstream_allow_own opens {own}: {v}");
+}
+
+/// With loopback opened (`upstream_allow = ["127.0.0.0/8"]`), a tenant of a
+/// three-node cluster still cannot deploy an upstream at etcd's peer port
+/// (`/members`, `/raft`; the node learns it from etcd's member list) nor at
+/// another member's API (from the node registry): 400 `UPSTREAM_FORBIDDEN`
+/// naming which address it is, nothing stored; a member that joins later
+/// (c) is refused once the node has read the registry again. A node of the
+/// same cluster with `upstream_allow_own = true` makes both deployments.
+#[cfg(feature = "cluster")]
+#[test]
+fn a_tenant_cannot_reach_etcds_peer_port_nor_another_member() {
+    let etcd = crate::etcd_process::EtcdProcess::start();
+    let hosts = Hosts::new("");
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |id: &str, deploy: &str| {
+        TestNode::start_with(NodeOpts {
+            config: format!(
+                "{TEST_CONFIG}[cluster]\n{}node_id = \"{id}\"\nregister_seconds = 1\n[deploy]\n{ALLOW_LOOPBACK}{deploy}",
+                etcd.cluster_toml()
+            ),
+            env: vec![
+                (
+                    "MESHGATE_CLUSTER_SECRET".into(),
+                    "egress-test-cluster-secret".into(),
+                ),
+                (
+                    "MESHGATE_TEST_RESOLVE_FILE".into(),
+                    hosts.path.display().to_string(),
+                ),
+            ],
+            data_dir: Some(tmp.path().join(id)),
+            ..Default::default()
+        })
+    };
+    // b first: a (and later d) find it in the registry when they start.
+    let b = start("b", "");
+    let strict = start("a", "");
+    let peer = etcd.peer_url();
+    let cases = [
+        (peer.clone(), "the etcd peer URL of member test"),
+        (b.base.clone(), "the API address of cluster member b"),
+    ];
+    // Each namespace lives on the node the test talks to, so that node
+    // (not b) judges the upstream: b's API is another member's there.
+    let ns_key = |node: &TestNode, name: &str, member: &str| {
+        let (s, body) = node.op(
+            "POST",
+            "/v1/namespaces",
+            Some(&format!(r#"{{"name":"{name}","members":["{member}"]}}"#)),
+        );
+        assert_eq!(s, 201, "{body}");
+        json(&body)["api_key"].as_str().unwrap().to_string()
+    };
+    let key = ns_key(&strict, "attacker", "a");
+    for (instance, what) in &cases {
+        let (s, v) = deploy_json(&strict, &key, upstream_body("inside.example", &[instance]));
+        let (code, msg) = error_of(&v);
+        assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{instance}: {v}");
+        assert!(msg.contains(what), "{instance}: {msg}");
+    }
+    nothing_stored(&strict, &key, "inside.example");
+    // A member that joins later is refused from then on: a follows the
+    // registry (a deployment made before it noticed would be a later one).
+    let c = start("c", "");
+    let mut attempt = 0;
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "member c's API refused through a",
+        || {
+            attempt += 1;
+            let host = format!("late{attempt}.example");
+            let (s, v) = deploy_json(&strict, &key, upstream_body(&host, &[&c.base]));
+            s == 400
+                && error_of(&v)
+                    .1
+                    .contains("the API address of cluster member c")
+        },
+    );
+    let open = start("d", "upstream_allow_own = true\n");
+    let key = ns_key(&open, "tooling", "d");
+    for (i, (instance, _)) in cases.iter().enumerate() {
+        let (s, v) = deploy_json(
+            &open,
+            &key,
+            upstream_body(&format!("inside{i}.example"), &[instance]),
+        );
+        assert_eq!(s, 201, "upstream_allow_own opens {instance}: {v}");
     }
 }

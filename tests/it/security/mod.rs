@@ -6,6 +6,7 @@ mod attack;
 mod dashboard;
 mod egress;
 mod hop;
+mod hosts;
 mod input;
 mod secrets;
 mod wallet;

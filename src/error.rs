@@ -166,6 +166,8 @@ codes! {
     NamespaceMismatch = "NAMESPACE_MISMATCH", 403, Client, false;
     OperatorOnly = "OPERATOR_ONLY", 403, Client, false;
     ReservedTopic = "RESERVED_TOPIC", 403, Client, false;
+    /// An export's secrets are sealed to another namespace than the import's.
+    SecretsBoundElsewhere = "SECRETS_BOUND_ELSEWHERE", 403, Client, false;
     // 404, 405, 409, 413, 415: the target.
     NotFound = "NOT_FOUND", 404, Client, false;
     DeploymentNotFound = "DEPLOYMENT_NOT_FOUND", 404, Client, false;

@@ -31,7 +31,8 @@ pub const MAC_OVERHEAD: usize = 1 + 32;
 pub const MAC_PREFIXES: [&[u8]; 3] = [b"keys/", b"ns/", b"rt/"];
 /// Where the store notes that its records carry MACs (written once the
 /// migration is done; from then on a record without a MAC is never adopted).
-pub const MAC_MARKER: &[u8] = b"_cluster/record_macs";
+/// Not under `_cluster/`, where every record is sealed: the marker is no secret.
+pub const MAC_MARKER: &[u8] = b"_store/record_macs";
 
 /// Why a record is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -652,6 +652,9 @@ async fn import_v2(
     drop(lock);
     reloaded?;
     tracing::info!(namespace = %ns, from = %e.namespace, imported = %counts, "Namespace imported.");
+    if mode == SecretsMode::Reseal && e.namespace != ns {
+        tracing::warn!(namespace = %ns, from = %e.namespace, "Another namespace's secrets re-sealed for this one by the operator.");
+    }
     Ok(HttpResponse::Ok().json(json!({
         "ok": true,
         "imported": counts["kv"],

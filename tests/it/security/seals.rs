@@ -127,6 +127,66 @@ fn leaked_export_secrets_refused_in_another_namespace() {
     assert!(env_of(&node, &bank).contains("API_TOKEN=hunter2"));
 }
 
+/// On one sled node: namespace bank's record edited in the node's store
+/// while it is stopped (its MAC kept, its rate limit changed): after the
+/// restart the record is refused, not trusted (bank's requests get the
+/// 500 `INTERNAL` envelope, never served under the edited record) and the
+/// node logs the refused record; namespace other is served as before.
+#[test]
+fn edited_namespace_record_is_refused() {
+    use meshgate::storage::{MAC_OVERHEAD, OrderedKv};
+    if single_node_only("the record is edited in the node's sled file") {
+        return;
+    }
+    let mut node = TestNode::start();
+    let bank = node.create_namespace("bank");
+    let other = node.create_namespace("other");
+    let (s, b) = node.with_key(&bank, "PUT", "/v1/kv/vault", Some(b"gold"));
+    assert_eq!(s, 200, "{b}");
+    let dir = node.dir.clone();
+    node.signal(15);
+    assert_eq!(node.wait_exit(std::time::Duration::from_secs(20)), Some(0));
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let store = meshgate::storage::Store::open_sled(&dir).unwrap();
+            let sled = store.as_sled().unwrap();
+            let raw = sled.get(b"ns/bank").await.unwrap().unwrap();
+            let at = if raw.first() == Some(&b'{') {
+                0
+            } else {
+                MAC_OVERHEAD
+            };
+            let mut rec: Value = serde_json::from_slice(&raw[at..]).unwrap();
+            rec["rate_per_minute"] = json!(1);
+            rec["rate_burst"] = json!(1);
+            let mut edited = raw[..at].to_vec();
+            edited.extend_from_slice(&serde_json::to_vec(&rec).unwrap());
+            sled.put(b"ns/bank", &edited).await.unwrap();
+        });
+    let node2 = TestNode::start_with(NodeOpts {
+        config: TEST_CONFIG.into(),
+        data_dir: Some(dir),
+        ..Default::default()
+    });
+    let (s, b) = node2.with_key(&bank, "GET", "/v1/kv/vault", None);
+    assert_eq!(s, 500, "an edited namespace record was trusted: {b}");
+    assert_eq!(json(&b)["error"]["code"], "INTERNAL", "{b}");
+    assert_eq!(node2.with_key(&other, "GET", "/v1/kv/vault", None).0, 404);
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "a WARN naming ns/bank",
+        || {
+            node2.stderr.lock().unwrap().lines().any(|l| {
+                l.contains("WARN") && l.contains("Store record refused") && l.contains("ns/bank")
+            })
+        },
+    );
+    drop(node);
+}
+
 #[cfg(feature = "cluster")]
 mod on_etcd {
     use super::super::secrets::{DATA, SECRET, dump, node_on, raw_get, raw_put, with_etcd};

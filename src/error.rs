@@ -170,6 +170,8 @@ codes! {
     /// The namespace never enabled wallet sign-in, or disabled it.
     WalletSignInDisabled = "WALLET_SIGN_IN_DISABLED", 403, Client, false;
     WalletNotAllowed = "WALLET_NOT_ALLOWED", 403, Client, false;
+    /// An export's secrets are sealed to another namespace than the import's.
+    SecretsBoundElsewhere = "SECRETS_BOUND_ELSEWHERE", 403, Client, false;
     // 404, 405, 409, 413, 415: the target.
     NotFound = "NOT_FOUND", 404, Client, false;
     DeploymentNotFound = "DEPLOYMENT_NOT_FOUND", 404, Client, false;

@@ -168,10 +168,13 @@ pub async fn lookup_key(
 
 /// The stored record of an already parsed key, by its HMAC: present, not
 /// revoked, not expired.
+/// A record whose MAC fails (edited in the store) authenticates nothing: 401
+/// `INVALID_API_KEY`, as for no record (the store logged it).
 pub async fn lookup_key_hash(store: &Store, hash: &[u8; 32], now: u64) -> IdResult<ApiKeyRecord> {
     let record: ApiKeyRecord = store
         .get_json(&key_record_key(&hex::encode(hash)))
-        .await?
+        .await
+        .map_err(refused_as(AuthError::InvalidApiKey))?
         .ok_or(IdentityError::Auth(AuthError::InvalidApiKey))?;
     if record.revoked {
         return Err(IdentityError::KeyRevoked);
@@ -182,16 +185,25 @@ pub async fn lookup_key_hash(store: &Store, hash: &[u8; 32], now: u64) -> IdResu
     Ok(record)
 }
 
-/// A namespace's keys (never the secrets).
+/// A store error as the client sees it: a record refused for its MAC is
+/// `as_auth` (the credential it would back holds nothing), the rest as they are.
+fn refused_as(as_auth: AuthError) -> impl FnOnce(StoreError) -> IdentityError {
+    move |e| match e {
+        StoreError::Tampered(_) => IdentityError::Auth(as_auth),
+        e => IdentityError::Store(e),
+    }
+}
+
+/// A namespace's keys (never the secrets). A record refused for its MAC, or
+/// one of another namespace the index was edited to name, is left out.
 pub async fn list_keys(store: &Store, ns: &str) -> IdResult<Vec<ApiKeyRecord>> {
     let mut out = Vec::new();
     for (_, hash) in store.scan_all(format!("nskeys/{ns}/").as_bytes()).await? {
         let hash = String::from_utf8_lossy(&hash).into_owned();
-        if let Some(r) = store
-            .get_json::<ApiKeyRecord>(&key_record_key(&hash))
-            .await?
-        {
-            out.push(r);
+        match store.get_json::<ApiKeyRecord>(&key_record_key(&hash)).await {
+            Ok(Some(r)) if r.namespace == ns => out.push(r),
+            Ok(_) | Err(StoreError::Tampered(_)) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(out)
@@ -205,7 +217,13 @@ pub async fn revoke_key(store: &Store, ns: &str, id: &str) -> IdResult<()> {
         .ok_or(IdentityError::NotFound)?;
     let hash = String::from_utf8_lossy(&hash).into_owned();
     let k = key_record_key(&hash);
-    let mut record: ApiKeyRecord = store.get_json(&k).await?.ok_or(IdentityError::NotFound)?;
+    // A record refused for its MAC is never rewritten (that would MAC the
+    // edit), nor one of another namespace an edited index names.
+    let mut record: ApiKeyRecord = match store.get_json::<ApiKeyRecord>(&k).await {
+        Ok(Some(r)) if r.namespace == ns => r,
+        Ok(_) | Err(StoreError::Tampered(_)) => return Err(IdentityError::NotFound),
+        Err(e) => return Err(e.into()),
+    };
     record.revoked = true;
     store.put_json(&k, &record).await?;
     Ok(())
@@ -294,7 +312,8 @@ pub async fn rotate_refresh(
     loop {
         let raw = store
             .get(&key)
-            .await?
+            .await
+            .map_err(refused_as(AuthError::InvalidRefreshToken))?
             .ok_or(IdentityError::Auth(AuthError::InvalidRefreshToken))?;
         let record: RefreshRecord = serde_json::from_slice(&raw)
             .map_err(|_| StoreError::Corrupt("refresh record".into()))?;
@@ -364,7 +383,8 @@ pub async fn logout(store: &Store, secret: &[u8], token: &str) -> IdResult<()> {
     let hash = hex::encode(auth::hash_refresh_token(secret, token));
     let record: RefreshRecord = store
         .get_json(&refresh_key(&hash))
-        .await?
+        .await
+        .map_err(refused_as(AuthError::InvalidRefreshToken))?
         .ok_or(IdentityError::Auth(AuthError::InvalidRefreshToken))?;
     revoke_family(store, &record.family).await
 }

@@ -15,7 +15,8 @@
 //! - `identity.rs`: the store-backed side of identity (key records, refresh
 //!   families, wallet nonces).
 //! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`,
-//!   over TLS and with users), and the seal of the secrets kept in the shared store.
+//!   over TLS and with users), the seal of the secrets kept in the shared store,
+//!   and the MAC on the records that confer authority (keys, namespaces, refresh tokens).
 //! - `cluster/` (cargo feature `cluster`): the pub/sub mesh between nodes
 //!   (gated libp2p GossipSub, registry in the shared store, per-publisher
 //!   ordering) and the node's mesh identity.

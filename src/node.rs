@@ -126,6 +126,29 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         jwt = crate::auth::JwtKeys::from_pkcs8(&shared)
             .map_err(|e| anyhow::anyhow!("the cluster's JWT key is damaged: {e}"))?;
     }
+    // The records that confer authority (keys/, ns/, rt/) carry a MAC from
+    // here on: under the cluster secret in a cluster (whoever writes etcd
+    // does not hold it), under the server secret on a single node.
+    let mac_root = match (cluster_mode, hop_secret.as_deref()) {
+        (true, Some(cluster_secret)) => cluster_secret,
+        _ => secrets.server_secret.as_slice(),
+    };
+    let macs = store
+        .adopt_record_macs(crate::storage::RecordMac::derive(mac_root))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot check the store's record MACs: {e}"))?;
+    if macs.migrated > 0 {
+        tracing::info!(
+            records = macs.migrated,
+            "Records written before record MACs were MAC'd."
+        );
+    }
+    if !macs.refused.is_empty() {
+        tracing::warn!(
+            records = macs.refused.len(),
+            "Records whose MAC fails are refused until rewritten."
+        );
+    }
     let hop_key = hop_secret.map(|s| crate::auth::HopKey::from_secret(&s));
     let metrics = Metrics::new();
     let directory = ActorDirectory::default();
@@ -687,7 +710,7 @@ async fn refresh_cluster_addresses(
     use crate::deploy::egress::{host_port, multiaddr_host_port};
     use crate::storage::OrderedKv;
     let egress = &deployments.egress;
-    if let Store::Etcd(etcd) = store {
+    if let Some(etcd) = store.as_etcd() {
         match etcd.members().await {
             Ok(members) => {
                 let mut own = Vec::new();

@@ -27,5 +27,5 @@ pub use self::{
 };
 pub use self::{
     model::{ExportedFunction, fn_prefix, fnver_prefix, kv_prefix, secret_key, secret_prefix},
-    secrets::{ExportBox, SecretBox},
+    secrets::{EXPORT_SEAL_V1, EXPORT_SEAL_V2, ExportBox, SecretBox},
 };

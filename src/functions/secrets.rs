@@ -12,6 +12,10 @@ const KEY_INFO: &[u8] = b"meshgate function secrets v1";
 const KEY_SALT: &[u8] = b"meshgate";
 /// HKDF info of the key that seals secrets inside a namespace export.
 const EXPORT_KEY_INFO: &[u8] = b"meshgate export secrets v1";
+/// An export's secrets sealed bound to the secret's name only (before issue #39).
+pub const EXPORT_SEAL_V1: u32 = 1;
+/// An export's secrets sealed bound to the exporting namespace and the name.
+pub const EXPORT_SEAL_V2: u32 = 2;
 /// HKDF info of the export key's public identifier.
 const EXPORT_ID_INFO: &[u8] = b"meshgate export key id v1";
 
@@ -82,10 +86,13 @@ impl SecretBox {
 }
 
 /// The key that seals function secrets inside a namespace export: derived
-/// from the server secret like [`SecretBox`] but for another purpose, and
-/// bound to the secret's name only (not to a namespace), so an export opens
-/// on any node with the same server secret (every node of a cluster) and into
-/// any namespace there, and nowhere else.
+/// from the server secret like [`SecretBox`] but for another purpose. A seal
+/// of version [`EXPORT_SEAL_V2`] is bound to the exporting namespace and the
+/// secret's name (associated data), so a leaked export's secrets open on a
+/// node with the same server secret (every node of a cluster) and only for
+/// the namespace they came from; re-sealing them for another one is the
+/// operator's call (`PUT /v1/db/import?secrets=reseal`). Exports written
+/// before issue #39 ([`EXPORT_SEAL_V1`]) are bound to the name only.
 pub struct ExportBox {
     /// The sealing key for exports, derived under its own HKDF info (not the store's key).
     inner: SecretBox,
@@ -109,17 +116,41 @@ impl ExportBox {
         &self.id
     }
 
-    fn aad(name: &str) -> Vec<u8> {
+    /// Version 1's associated data: the name only.
+    fn aad_v1(name: &str) -> Vec<u8> {
         format!("meshgate-export/secret/{name}").into_bytes()
     }
 
-    pub fn seal(&self, name: &str, plain: &[u8]) -> Vec<u8> {
-        self.inner.seal(&Self::aad(name), plain)
+    /// Version 2's: the namespace (length first, so no namespace and name
+    /// pair reads as another) and the name.
+    fn aad(namespace: &str, name: &str) -> Vec<u8> {
+        format!(
+            "meshgate-export/v2/{}/{namespace}/secret/{name}",
+            namespace.len()
+        )
+        .into_bytes()
     }
 
-    /// None if tampered with, renamed or sealed under another server secret.
-    pub fn open(&self, name: &str, sealed: &[u8]) -> Option<Vec<u8>> {
-        self.inner.open(&Self::aad(name), sealed)
+    /// Seals secret `name` of `namespace` for an export ([`EXPORT_SEAL_V2`]).
+    pub fn seal(&self, namespace: &str, name: &str, plain: &[u8]) -> Vec<u8> {
+        self.inner.seal(&Self::aad(namespace, name), plain)
+    }
+
+    /// Opens secret `name` sealed for `namespace`; None if tampered with,
+    /// renamed, sealed for another namespace or under another server secret.
+    pub fn open(&self, namespace: &str, name: &str, sealed: &[u8]) -> Option<Vec<u8>> {
+        self.inner.open(&Self::aad(namespace, name), sealed)
+    }
+
+    /// Opens a secret an older export sealed bound to its name only
+    /// ([`EXPORT_SEAL_V1`]).
+    pub fn open_v1(&self, name: &str, sealed: &[u8]) -> Option<Vec<u8>> {
+        self.inner.open(&Self::aad_v1(name), sealed)
+    }
+
+    #[cfg(test)]
+    fn seal_v1(&self, name: &str, plain: &[u8]) -> Vec<u8> {
+        self.inner.seal(&Self::aad_v1(name), plain)
     }
 }
 
@@ -134,19 +165,43 @@ mod tests {
         let a = ExportBox::new(b"server secret a");
         let a2 = ExportBox::new(b"server secret a");
         let b = ExportBox::new(b"server secret b");
-        let sealed = a.seal("API_TOKEN", b"s3cret");
+        let sealed = a.seal("acme", "API_TOKEN", b"s3cret");
         assert_eq!(
-            a2.open("API_TOKEN", &sealed).as_deref(),
+            a2.open("acme", "API_TOKEN", &sealed).as_deref(),
             Some(&b"s3cret"[..])
         );
-        assert_eq!(a2.open("OTHER", &sealed), None);
-        assert_eq!(b.open("API_TOKEN", &sealed), None);
+        assert_eq!(a2.open("acme", "OTHER", &sealed), None);
+        assert_eq!(b.open("acme", "API_TOKEN", &sealed), None);
         assert_eq!(a.key_id(), a2.key_id());
         assert_ne!(a.key_id(), b.key_id());
         // The export key is not the at-rest key.
         assert_eq!(
-            SecretBox::new(b"server secret a").open(b"x", &a.seal("x", b"v")),
+            SecretBox::new(b"server secret a").open(b"x", &a.seal("x", "x", b"v")),
             None
         );
+    }
+
+    /// A version 2 export seal is bound to its namespace: opened for another
+    /// namespace (or one whose name shares a prefix), or as a version 1 seal,
+    /// it fails; it opens for its own.
+    #[test]
+    fn export_seal_bound_to_namespace() {
+        let a = ExportBox::new(b"server secret");
+        let sealed = a.seal("mallory", "API_TOKEN", b"s3cret");
+        assert_eq!(
+            a.open("mallory", "API_TOKEN", &sealed).as_deref(),
+            Some(&b"s3cret"[..])
+        );
+        for ns in ["bank", "mallor", "mallory2", ""] {
+            assert_eq!(a.open(ns, "API_TOKEN", &sealed), None, "{ns}");
+        }
+        assert_eq!(a.open_v1("API_TOKEN", &sealed), None);
+        // A version 1 seal (name only) does not open as version 2 for any namespace.
+        let old = a.seal_v1("API_TOKEN", b"s3cret");
+        assert_eq!(
+            a.open_v1("API_TOKEN", &old).as_deref(),
+            Some(&b"s3cret"[..])
+        );
+        assert_eq!(a.open("mallory", "API_TOKEN", &old), None);
     }
 }

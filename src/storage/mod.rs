@@ -7,7 +7,9 @@
 //! [`Store::watch_prefix`] follows the changes under a prefix (etcd's watch;
 //! the embedded store, a single node, never reports one).
 //! [`SealKey`] and [`adopt_sealed`] keep the cluster's secrets in the shared
-//! store as ciphertext (`seal.rs`).
+//! store as ciphertext (`seal.rs`). [`RecordMac`] authenticates the records
+//! that confer authority (API keys, namespaces, refresh tokens): the store
+//! MACs them on write and refuses one whose MAC fails on read (`record_mac.rs`).
 
 #![forbid(unsafe_code)]
 
@@ -15,6 +17,7 @@
 pub(crate) mod etcd_process;
 #[cfg(feature = "cluster")]
 mod etcd_store;
+mod record_mac;
 mod seal;
 mod sled_store;
 
@@ -23,10 +26,15 @@ pub use etcd_store::{
     ConnectError as EtcdConnectError, EtcdAccess, EtcdMember, EtcdStore, EtcdWatch,
     REQUEST_TIMEOUT as ETCD_REQUEST_TIMEOUT,
 };
+pub use record_mac::{
+    MAC_MARKER, MAC_OVERHEAD, MAC_PREFIXES, MAC_V1, MacError, RECORD_MAC_INFO, RecordMac,
+};
 pub use seal::{Adopted, Adoption, SEAL_INFO, SEAL_V1, SealError, SealKey, adopt_sealed};
 pub use sled_store::{SWEEP_INTERVAL, SledStore};
 
+use std::borrow::Cow;
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// What the store can fail with.
@@ -49,6 +57,10 @@ pub enum StoreError {
     /// A stored value does not decode.
     #[error("corrupt value under {0}")]
     Corrupt(String),
+    /// A record that must carry a MAC (`record_mac.rs`) does not verify:
+    /// refused, never trusted (and logged at WARN with its key).
+    #[error("the record under {0} fails its MAC (edited in the store?); refused")]
+    Tampered(String),
 }
 
 /// The result of every store operation.
@@ -133,9 +145,19 @@ impl PrefixWatch {
     }
 }
 
-/// The node's store handle (cheap to clone).
+/// The node's store handle (cheap to clone): a backend, and the MAC the
+/// authority-bearing records carry once the node installed it
+/// ([`Store::adopt_record_macs`]; `record_mac.rs`).
 #[derive(Clone)]
-pub enum Store {
+pub struct Store {
+    backend: Backend,
+    /// Shared by every clone; empty until start-up installs the key.
+    mac: Arc<OnceLock<RecordMac>>,
+}
+
+/// Where the store's records live.
+#[derive(Clone)]
+enum Backend {
     /// The embedded store of a single node (`data_dir/db`).
     Sled(SledStore),
     /// The etcd cluster every member of a cluster shares.
@@ -144,9 +166,74 @@ pub enum Store {
 }
 
 impl Store {
+    fn on(backend: Backend) -> Store {
+        Store {
+            backend,
+            mac: Arc::default(),
+        }
+    }
+
+    /// What is written for `value` under `key`: MAC'd when `key` is covered
+    /// and the MAC is installed.
+    fn out<'a>(&self, key: &[u8], value: &'a [u8]) -> Cow<'a, [u8]> {
+        match self.mac.get() {
+            Some(m) if RecordMac::covers(key) => Cow::Owned(m.wrap(key, value)),
+            _ => Cow::Borrowed(value),
+        }
+    }
+
+    /// [`Store::out`] for each put of a batch.
+    fn ops_out(&self, mut ops: Vec<BatchOp>) -> Vec<BatchOp> {
+        if let Some(m) = self.mac.get() {
+            for op in &mut ops {
+                if let BatchOp::Put(k, v) = op
+                    && RecordMac::covers(k)
+                {
+                    *v = m.wrap(k, v);
+                }
+            }
+        }
+        ops
+    }
+
+    /// The value of the record read under `key`: a covered record whose MAC
+    /// fails is refused (`Tampered`) and logged.
+    fn value_in(&self, key: &[u8], mut record: Vec<u8>) -> StoreResult<Vec<u8>> {
+        match self.mac.get() {
+            Some(m) if RecordMac::covers(key) => match m.open(key, &record) {
+                Ok(_) => {
+                    record.drain(..MAC_OVERHEAD);
+                    Ok(record)
+                }
+                Err(e) => Err(tampered(key, e)),
+            },
+            _ => Ok(record),
+        }
+    }
+
+    /// [`Store::value_in`] for the rows of a scan: a refused row is left out.
+    fn rows_in(&self, rows: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+        let Some(m) = self.mac.get() else { return };
+        rows.retain_mut(|(k, v)| {
+            if !RecordMac::covers(k) {
+                return true;
+            }
+            match m.open(k, v) {
+                Ok(_) => {
+                    v.drain(..MAC_OVERHEAD);
+                    true
+                }
+                Err(e) => {
+                    tampered(k, e);
+                    false
+                }
+            }
+        });
+    }
+
     /// Opens the embedded store under `data_dir/db`.
     pub fn open_sled(data_dir: &std::path::Path) -> StoreResult<Store> {
-        Ok(Store::Sled(SledStore::open(data_dir)?))
+        Ok(Store::on(Backend::Sled(SledStore::open(data_dir)?)))
     }
 
     /// Connects to the etcd cluster at `endpoints` (`http://host:port`, or
@@ -156,18 +243,27 @@ impl Store {
         endpoints: &[String],
         access: &EtcdAccess,
     ) -> Result<Store, EtcdConnectError> {
-        Ok(Store::Etcd(
+        Ok(Store::on(Backend::Etcd(
             EtcdStore::connect_with(endpoints, access).await?,
-        ))
+        )))
+    }
+
+    /// The etcd backend (its member list, for the egress policy); None on sled.
+    #[cfg(feature = "cluster")]
+    pub fn as_etcd(&self) -> Option<&EtcdStore> {
+        match &self.backend {
+            Backend::Etcd(s) => Some(s),
+            Backend::Sled(_) => None,
+        }
     }
 
     /// The embedded backend, which needs its expired keys swept; None on etcd,
     /// whose leases remove them.
     pub fn as_sled(&self) -> Option<&SledStore> {
-        match self {
-            Store::Sled(s) => Some(s),
+        match &self.backend {
+            Backend::Sled(s) => Some(s),
             #[cfg(feature = "cluster")]
-            Store::Etcd(_) => None,
+            Backend::Etcd(_) => None,
         }
     }
 
@@ -175,13 +271,13 @@ impl Store {
     /// nodes) make. Once it returns, a scan misses no later change. On the
     /// embedded store (a single node) the watch never reports anything.
     pub async fn watch_prefix(&self, prefix: &[u8]) -> StoreResult<PrefixWatch> {
-        match self {
-            Store::Sled(_) => {
+        match &self.backend {
+            Backend::Sled(_) => {
                 let _ = prefix;
                 Ok(PrefixWatch(WatchInner::Never))
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Ok(PrefixWatch(WatchInner::Etcd(Box::new(
+            Backend::Etcd(s) => Ok(PrefixWatch(WatchInner::Etcd(Box::new(
                 s.watch_prefix(prefix).await?,
             )))),
         }
@@ -199,10 +295,11 @@ impl Store {
     /// etcd the same as `apply_batch` (one transaction; raft makes every
     /// write durable).
     pub async fn apply_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
-        match self {
-            Store::Sled(s) => s.apply_each_buffered(ops),
+        let ops = self.ops_out(ops);
+        match &self.backend {
+            Backend::Sled(s) => s.apply_each_buffered(ops),
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Box::pin(s.apply_batch(ops)).await,
+            Backend::Etcd(s) => Box::pin(s.apply_batch(ops)).await,
         }
     }
 
@@ -211,13 +308,13 @@ impl Store {
     /// only when it fits one transaction (`etcd_store::atomic_check`).
     /// Otherwise the reason, naming the limit.
     pub fn check_atomic(&self, ops: &[BatchOp]) -> Result<(), String> {
-        match self {
-            Store::Sled(_) => {
+        match &self.backend {
+            Backend::Sled(_) => {
                 let _ = ops;
                 Ok(())
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(_) => etcd_store::atomic_check(ops),
+            Backend::Etcd(_) => etcd_store::atomic_check(ops),
         }
     }
 
@@ -229,14 +326,18 @@ impl Store {
         key: &[u8],
         journal: &[u8],
     ) -> StoreResult<Option<Option<Vec<u8>>>> {
-        match self {
+        let raw = match &self.backend {
             // One sled batch is atomic: an import never leaves a journal here.
-            Store::Sled(s) => {
+            Backend::Sled(s) => {
                 let _ = journal;
-                Ok(Some(s.get(key).await?))
+                Some(s.get(key).await?)
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Box::pin(s.get_unless(key, journal)).await,
+            Backend::Etcd(s) => Box::pin(s.get_unless(key, journal)).await?,
+        };
+        match raw {
+            Some(Some(r)) => Ok(Some(Some(self.value_in(key, r)?))),
+            other => Ok(other),
         }
     }
 
@@ -248,18 +349,22 @@ impl Store {
         limit: usize,
         journal: &[u8],
     ) -> StoreResult<Option<Vec<Vec<(Vec<u8>, Vec<u8>)>>>> {
-        match self {
-            Store::Sled(s) => {
+        let mut scans = match &self.backend {
+            Backend::Sled(s) => {
                 let _ = journal;
                 let mut out = Vec::with_capacity(prefixes.len());
                 for p in prefixes {
                     out.push(s.scan_prefix(p, limit).await?);
                 }
-                Ok(Some(out))
+                Some(out)
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Box::pin(s.scan_unless(prefixes, limit, journal)).await,
+            Backend::Etcd(s) => Box::pin(s.scan_unless(prefixes, limit, journal)).await?,
+        };
+        for rows in scans.iter_mut().flatten() {
+            self.rows_in(rows);
         }
+        Ok(scans)
     }
 
     /// Puts (`Some`) or deletes (`None`) `key` unless `journal` is there
@@ -270,8 +375,10 @@ impl Store {
         value: Option<&[u8]>,
         journal: &[u8],
     ) -> StoreResult<Option<bool>> {
-        match self {
-            Store::Sled(s) => {
+        let value = value.map(|v| self.out(key, v));
+        let value = value.as_deref();
+        match &self.backend {
+            Backend::Sled(s) => {
                 let _ = journal;
                 Ok(Some(match value {
                     Some(v) => {
@@ -282,7 +389,7 @@ impl Store {
                 }))
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Box::pin(s.write_unless(key, value, journal)).await,
+            Backend::Etcd(s) => Box::pin(s.write_unless(key, value, journal)).await,
         }
     }
 
@@ -305,14 +412,22 @@ impl Store {
         T: Send,
         E: Send,
     {
-        match self {
+        // The records that carry MACs are never read-modify-written here.
+        if keys.iter().any(|k| RecordMac::covers(k)) {
+            return Err(StoreError::Unavailable(
+                "a guarded change cannot read a MAC'd record".into(),
+            ));
+        }
+        let decide =
+            |vals: &[Option<Vec<u8>>]| decide(vals).map(|(ops, out)| (self.ops_out(ops), out));
+        match &self.backend {
             // One sled transaction: an import never leaves a journal here.
-            Store::Sled(s) => {
+            Backend::Sled(s) => {
                 let _ = journal;
                 s.transact(keys, decide).await.map(Some)
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Box::pin(s.transact(keys, journal, decide)).await,
+            Backend::Etcd(s) => Box::pin(s.transact(keys, journal, decide)).await,
         }
     }
 
@@ -330,15 +445,16 @@ impl Store {
         steps: Vec<BatchOp>,
         last: Vec<BatchOp>,
     ) -> StoreResult<()> {
-        match self {
-            Store::Sled(s) => {
+        let (steps, last) = (self.ops_out(steps), self.ops_out(last));
+        match &self.backend {
+            Backend::Sled(s) => {
                 let _ = journal;
                 let mut all = steps;
                 all.extend(last);
                 s.apply_batch(all).await
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Box::pin(s.apply_journaled(journal, steps, last)).await,
+            Backend::Etcd(s) => Box::pin(s.apply_journaled(journal, steps, last)).await,
         }
     }
 
@@ -346,13 +462,13 @@ impl Store {
     /// stopped half way (or still running: the work is not done twice).
     /// Returns whether there was one.
     pub async fn roll_forward(&self, journal: &[u8]) -> StoreResult<bool> {
-        match self {
-            Store::Sled(_) => {
+        match &self.backend {
+            Backend::Sled(_) => {
                 let _ = journal;
                 Ok(false)
             }
             #[cfg(feature = "cluster")]
-            Store::Etcd(s) => Box::pin(s.roll_forward(journal)).await,
+            Backend::Etcd(s) => Box::pin(s.roll_forward(journal)).await,
         }
     }
 
@@ -388,23 +504,28 @@ impl Store {
 /// small allocation per call on etcd, beside a network round trip.
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {
-        match $self {
-            Store::Sled($s) => $e,
+        match &$self.backend {
+            Backend::Sled($s) => $e,
             #[cfg(feature = "cluster")]
-            Store::Etcd($s) => Box::pin(async { $e }).await,
+            Backend::Etcd($s) => Box::pin(async { $e }).await,
         }
     };
 }
 
 impl OrderedKv for Store {
     async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
-        delegate!(self, s => s.get(key).await)
+        match delegate!(self, s => s.get(key).await)? {
+            Some(r) => Ok(Some(self.value_in(key, r)?)),
+            None => Ok(None),
+        }
     }
     async fn put(&self, key: &[u8], value: &[u8]) -> StoreResult<()> {
-        delegate!(self, s => s.put(key, value).await)
+        let value = self.out(key, value);
+        delegate!(self, s => s.put(key, &value).await)
     }
     async fn put_ttl(&self, key: &[u8], value: &[u8], ttl: Duration) -> StoreResult<()> {
-        delegate!(self, s => s.put_ttl(key, value, ttl).await)
+        let value = self.out(key, value);
+        delegate!(self, s => s.put_ttl(key, &value, ttl).await)
     }
     async fn delete(&self, key: &[u8]) -> StoreResult<bool> {
         delegate!(self, s => s.delete(key).await)
@@ -414,7 +535,9 @@ impl OrderedKv for Store {
         prefix: &[u8],
         limit: usize,
     ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        delegate!(self, s => s.scan_prefix(prefix, limit).await)
+        let mut rows = delegate!(self, s => s.scan_prefix(prefix, limit).await)?;
+        self.rows_in(&mut rows);
+        Ok(rows)
     }
     async fn compare_and_swap(
         &self,
@@ -423,14 +546,107 @@ impl OrderedKv for Store {
         new: Option<&[u8]>,
         ttl: Option<Duration>,
     ) -> StoreResult<bool> {
+        // The MAC is deterministic: the expected value, MAC'd, is the stored record.
+        let expected = expected.map(|v| self.out(key, v));
+        let new = new.map(|v| self.out(key, v));
+        let (expected, new) = (expected.as_deref(), new.as_deref());
         delegate!(self, s => s.compare_and_swap(key, expected, new, ttl).await)
     }
     async fn apply_batch(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
+        let ops = self.ops_out(ops);
         delegate!(self, s => s.apply_batch(ops).await)
     }
     async fn flush(&self) -> StoreResult<()> {
         delegate!(self, s => s.flush().await)
     }
+}
+
+/// Logs a record refused for its MAC and names the error for the caller.
+fn tampered(key: &[u8], why: MacError) -> StoreError {
+    let key = String::from_utf8_lossy(key).into_owned();
+    tracing::warn!(key = %key, reason = %why, "Store record refused: its MAC does not verify.");
+    StoreError::Tampered(key)
+}
+
+/// What [`Store::adopt_record_macs`] found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MacAdoption {
+    /// Records that already carried a valid MAC.
+    pub verified: usize,
+    /// Clear records of an older version MAC'd in place by this node.
+    pub migrated: usize,
+    /// Records refused (a bad MAC, or in the clear after the migration): left
+    /// as they are, refused on every read; their keys.
+    pub refused: Vec<String>,
+}
+
+impl Store {
+    /// Installs the record MAC (start-up, once the secret it derives from is
+    /// settled): from now on the store MACs every record under
+    /// [`MAC_PREFIXES`] it writes and refuses one whose MAC fails on read.
+    ///
+    /// Records an older version wrote in the clear (JSON) are MAC'd in place,
+    /// by compare-and-swap from the clear value, only while the store has never
+    /// been migrated: no [`MAC_MARKER`] and no record with a valid MAC. Then
+    /// the marker is written. After that a clear record is somebody's edit and
+    /// stays refused. Two nodes starting at once agree: the MAC is
+    /// deterministic, so both would write the same bytes, and the loser's
+    /// compare-and-swap simply finds them there.
+    pub async fn adopt_record_macs(&self, mac: RecordMac) -> StoreResult<MacAdoption> {
+        let migrated_before = delegate!(self, s => s.get(MAC_MARKER).await)?.is_some();
+        let mut report = MacAdoption::default();
+        let mut clear = Vec::new();
+        for prefix in MAC_PREFIXES {
+            for (k, v) in delegate!(self, s => s.scan_prefix(prefix, usize::MAX).await)? {
+                match mac.open(&k, &v) {
+                    Ok(_) => report.verified += 1,
+                    Err(MacError::Missing) if record_mac::is_clear_record(&v) => clear.push((k, v)),
+                    Err(e) => report.refused.push(tampered(&k, e).to_string()),
+                }
+            }
+        }
+        if !migrated_before && report.verified == 0 {
+            for (k, v) in clear {
+                let Some(ttl) = migration_ttl(&k, &v) else {
+                    continue;
+                };
+                let new = mac.wrap(&k, &v);
+                let swapped =
+                    delegate!(self, s => s.compare_and_swap(&k, Some(&v), Some(&new), ttl).await)?;
+                // A lost swap: another node migrated it (the same bytes) or it changed.
+                report.migrated += usize::from(swapped);
+            }
+        } else {
+            for (k, _) in clear {
+                report
+                    .refused
+                    .push(tampered(&k, MacError::Missing).to_string());
+            }
+        }
+        if !migrated_before {
+            delegate!(self, s => s.compare_and_swap(MAC_MARKER, None, Some(b"v1"), None).await)?;
+        }
+        // A second install (a test reusing a store) keeps the first key.
+        let _ = self.mac.set(mac);
+        Ok(report)
+    }
+}
+
+/// The time to live a clear record keeps when it is MAC'd: a refresh token's
+/// (`rt/`) runs to its `expires_at`; `None` (outer) for one already expired,
+/// left to lapse; the others have none.
+fn migration_ttl(key: &[u8], value: &[u8]) -> Option<Option<Duration>> {
+    if !key.starts_with(b"rt/") {
+        return Some(None);
+    }
+    let expires_at = serde_json::from_slice::<serde_json::Value>(value)
+        .ok()?
+        .get("expires_at")?
+        .as_u64()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    (expires_at > now).then(|| Some(Duration::from_secs(expires_at - now)))
 }
 
 /// `blob/<sha256>`: content-addressed bytes (function modules, site files),

@@ -429,6 +429,11 @@ fn bad_api_keys_are_refused() {
         rt.block_on(async {
             let store = meshgate::storage::Store::open_sled(&dir).unwrap();
             let secret = std::fs::read(dir.join("server.secret")).unwrap();
+            // A single node MACs its key records under the server secret.
+            store
+                .adopt_record_macs(meshgate::storage::RecordMac::derive(&secret))
+                .await
+                .unwrap();
             let (k, _) = meshgate::identity::create_key(
                 &store,
                 &secret,

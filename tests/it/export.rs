@@ -16,7 +16,7 @@ const EXTRA: &str = "[functions]\nworkers = 2\n[deploy]\nupstream_allow = [\"127
 
 /// A WASI command that writes its whole environment (`K=V\0...`) to stdout:
 /// the function's env vars and secrets.
-const ENV_WAT: &str = r#"(module
+pub(crate) const ENV_WAT: &str = r#"(module
   (import "wasi_snapshot_preview1" "environ_sizes_get" (func $sizes (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "environ_get" (func $get (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
@@ -193,9 +193,12 @@ fn assert_serves(node: &TestNode, key: &str) {
 }
 
 /// The scenario: `src` filled through `from`, exported, imported into a new
-/// namespace `dst` through `to`: refused with 409 `HOST_TAKEN` (nothing
-/// changes) while `src` holds the hosts, then, the hosts released, it serves.
-fn round_trip(from: &TestNode, src: &str, to: &TestNode, dst: &str) {
+/// namespace `dst` (named `dst_name`) through `to`: with `dst`'s owner key
+/// refused with 403 `SECRETS_BOUND_ELSEWHERE` (the secrets are sealed to
+/// `src`; nothing changes); by the operator re-sealing them, refused with 409
+/// `HOST_TAKEN` (nothing changes) while `src` holds the hosts, then, the
+/// hosts released, it serves.
+fn round_trip(from: &TestNode, src: &str, to: &TestNode, dst: &str, dst_name: &str) {
     let up = Upstream::start("moved");
     fill(from, src, &up);
     assert_serves(from, src);
@@ -210,6 +213,14 @@ fn round_trip(from: &TestNode, src: &str, to: &TestNode, dst: &str) {
 
     let before = contents(to, dst);
     let (s, v) = import(to, dst, "", exported.as_bytes());
+    assert_eq!((s, code(&v)), (403, "SECRETS_BOUND_ELSEWHERE"), "{v}");
+    assert_eq!(
+        contents(to, dst),
+        before,
+        "a refused import changes nothing"
+    );
+    let reseal = format!("?secrets=reseal&namespace={dst_name}");
+    let (s, v) = import(to, OPERATOR_KEY, &reseal, exported.as_bytes());
     assert_eq!((s, code(&v)), (409, "HOST_TAKEN"), "{v}");
     assert_eq!(
         contents(to, dst),
@@ -222,7 +233,7 @@ fn round_trip(from: &TestNode, src: &str, to: &TestNode, dst: &str) {
         let (s, b) = from.with_key(src, "DELETE", &format!("/v1/deployments/{d}"), None);
         assert_eq!(s, 200, "{b}");
     }
-    let (s, v) = import(to, dst, "", exported.as_bytes());
+    let (s, v) = import(to, OPERATOR_KEY, &reseal, exported.as_bytes());
     assert_eq!(s, 200, "{v}");
     assert_eq!(
         v["counts"],
@@ -256,7 +267,7 @@ fn whole_namespace_moves_to_another_node_of_the_cluster() {
     let (a, b) = (node("a"), node("b"));
     let src = create(&a, "src", Some("a"));
     let dst = create(&b, "dst", Some("b"));
-    round_trip(&a, &src, &b, &dst);
+    round_trip(&a, &src, &b, &dst, "dst");
 }
 
 /// On one sled node: the same move into a new namespace; then the export
@@ -271,7 +282,7 @@ fn whole_namespace_moves_on_sled_and_secrets_stay_in_their_cluster() {
     let node = sled_node();
     let src = create(&node, "src", None);
     let dst = create(&node, "dst", None);
-    round_trip(&node, &src, &node, &dst);
+    round_trip(&node, &src, &node, &dst, "dst");
 
     let other = sled_node();
     let key = create(&other, "elsewhere", None);
@@ -581,7 +592,12 @@ fn import_larger_than_an_etcd_transaction_is_one_change() {
     let exported = export(&a, &many);
     let (s, _, before) = call(&b, "GET", "/v1/db/export", None);
     assert_eq!(s, 200);
-    let (s, _, r) = call(&a, "PUT", "/v1/db/import", Some(exported.as_bytes()));
+    let (s, _, r) = call(
+        &a,
+        "PUT",
+        "/v1/db/import?secrets=reseal",
+        Some(exported.as_bytes()),
+    );
     let v = json(&r);
     assert_eq!((s, code(&v)), (413, "IMPORT_TOO_LARGE"), "{v}");
     let m = v["error"]["message"].as_str().unwrap();

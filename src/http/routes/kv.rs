@@ -9,8 +9,8 @@ use crate::actors::{
 use crate::deploy::transfer::ExportedDeployment;
 use crate::error::Code;
 use crate::functions::{
-    ExportBox, ExportedFunction, FunctionRecord, SecretBox, VersionMeta, blob_key, fn_prefix,
-    fnver_prefix, kv_prefix, secret_key, secret_prefix,
+    EXPORT_SEAL_V1, EXPORT_SEAL_V2, ExportBox, ExportedFunction, FunctionRecord, SecretBox,
+    VersionMeta, blob_key, fn_prefix, fnver_prefix, kv_prefix, secret_key, secret_prefix,
 };
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
@@ -192,6 +192,11 @@ struct SealedSecrets {
     /// secret refuses the secrets unless `?secrets=skip`.
     #[serde(default)]
     key_id: String,
+    /// What the seals are bound to: `EXPORT_SEAL_V2`, the exporting
+    /// namespace and the name; absent (`EXPORT_SEAL_V1`, exports from before
+    /// issue #39), the name only.
+    #[serde(default = "seal_v1")]
+    seal: u32,
     /// One sealed value per secret.
     #[serde(default)]
     entries: Vec<SealedSecret>,
@@ -204,6 +209,10 @@ struct SealedSecret {
     name: String,
     /// The value sealed by `ExportBox::seal`, base64.
     sealed_base64: String,
+}
+
+fn seal_v1() -> u32 {
+    EXPORT_SEAL_V1
 }
 
 fn b64() -> &'static base64::engine::GeneralPurpose {
@@ -257,7 +266,7 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
     for (name, sealed) in rows.secrets {
         match seal_box.open(&secret_key(&ctx.name, &name), &sealed) {
             Some(plain) => entries.push(SealedSecret {
-                sealed_base64: b64().encode(export_box.seal(&name, &plain)),
+                sealed_base64: b64().encode(export_box.seal(&ctx.name, &name, &plain)),
                 name,
             }),
             None => {
@@ -285,6 +294,7 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
         functions,
         secrets: SealedSecrets {
             key_id: export_box.key_id().to_string(),
+            seal: EXPORT_SEAL_V2,
             entries,
         },
         deployments,
@@ -296,7 +306,9 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
 struct ImportQuery {
     /// `skip`: import without the export's secrets, leaving the namespace's
     /// own as they are (the way to import secrets sealed under another
-    /// server secret, which cannot open here).
+    /// server secret, which cannot open here). `reseal` (the operator key
+    /// only): open the secrets for the namespace they were exported from and
+    /// seal them for this one.
     #[serde(default)]
     secrets: Option<String>,
     /// Consumed by the authorization step (operators naming a namespace).
@@ -372,13 +384,21 @@ async fn import(
     q: web::Query<ImportQuery>,
     mut payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
-    let skip_secrets = match q.secrets.as_deref() {
-        None => false,
-        Some("skip") => true,
+    let secrets = match q.secrets.as_deref() {
+        None => SecretsMode::Bound,
+        Some("skip") => SecretsMode::Skip,
+        Some("reseal") if ctx.identity.as_ref().is_some_and(|i| i.operator) => SecretsMode::Reseal,
+        Some("reseal") => {
+            return Err(ApiError::new(
+                Code::OperatorOnly,
+                "secrets=reseal re-seals another namespace's secrets for this one: \
+                 the operator key only",
+            ));
+        }
         Some(other) => {
             return Err(ApiError::new(
                 Code::BadQuery,
-                format!("secrets={other:?}: the only value is `skip`"),
+                format!("secrets={other:?}: the values are `skip` and `reseal` (operator)"),
             ));
         }
     };
@@ -432,7 +452,7 @@ async fn import(
             }
             let e: ExportV2 = serde_json::from_value(value)
                 .map_err(|e| invalid(format!("not a version {EXPORT_VERSION} export: {e}")))?;
-            import_v2(ctx, &node, e, skip_secrets).await
+            import_v2(ctx, &node, e, secrets).await
         }
         _ => Err(ApiError::new(
             Code::UnsupportedExportFormat,
@@ -440,6 +460,70 @@ async fn import(
                 "`format` must be \"{EXPORT_FORMAT}\" (with `version` {EXPORT_VERSION}) or 1 (KV only)"
             ),
         )),
+    }
+}
+
+/// What an import does with the export's secrets (`?secrets=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SecretsMode {
+    /// Import them if they are sealed to this namespace (the default).
+    Bound,
+    /// Leave them out, keeping the namespace's own.
+    Skip,
+    /// The operator re-seals them from the exporting namespace for this one.
+    Reseal,
+}
+
+/// Opens one secret of an export for namespace `ns` (see [`ExportBox`]):
+/// a version 2 seal opens for its own namespace; for another one only in
+/// `Reseal` mode (opened for the exporting namespace the export names, which
+/// the seal authenticates). A version 1 seal (name only) proves no namespace:
+/// the operator's `Reseal` only.
+fn open_export_secret(
+    export_box: &ExportBox,
+    e: &ExportV2,
+    ns: &str,
+    mode: SecretsMode,
+    s: &SealedSecret,
+) -> ApiResult<Vec<u8>> {
+    let sealed = b64()
+        .decode(&s.sealed_base64)
+        .map_err(|_| invalid(format!("secret {} is not base64", s.name)))?;
+    let bound_elsewhere = |why: String| {
+        ApiError::new(
+            Code::SecretsBoundElsewhere,
+            format!(
+                "{why}; import them into that namespace, add ?secrets=skip to import \
+                 without them, or have the operator import with ?secrets=reseal"
+            ),
+        )
+    };
+    match e.secrets.seal {
+        EXPORT_SEAL_V2 => {
+            if let Some(plain) = export_box.open(ns, &s.name, &sealed) {
+                return Ok(plain);
+            }
+            match export_box.open(&e.namespace, &s.name, &sealed) {
+                Some(plain) if mode == SecretsMode::Reseal => Ok(plain),
+                Some(_) => Err(bound_elsewhere(format!(
+                    "the export's secrets are sealed to namespace {:?}, not {ns:?}",
+                    e.namespace
+                ))),
+                None => Err(invalid(format!("secret {} does not open", s.name))),
+            }
+        }
+        EXPORT_SEAL_V1 => match export_box.open_v1(&s.name, &sealed) {
+            Some(plain) if mode == SecretsMode::Reseal => Ok(plain),
+            Some(_) => Err(bound_elsewhere(
+                "the export's secrets were sealed by an older meshgate without their \
+                 namespace, so nothing shows which namespace they belong to"
+                    .into(),
+            )),
+            None => Err(invalid(format!("secret {} does not open", s.name))),
+        },
+        other => Err(invalid(format!(
+            "secrets.seal {other}: this node reads {EXPORT_SEAL_V1} and {EXPORT_SEAL_V2}"
+        ))),
     }
 }
 
@@ -451,8 +535,9 @@ async fn import_v2(
     ctx: NsCtx,
     node: &Node,
     mut e: ExportV2,
-    skip_secrets: bool,
+    mode: SecretsMode,
 ) -> ApiResult<HttpResponse> {
+    let skip_secrets = mode == SecretsMode::Skip;
     let ns = ctx.name.clone();
     let store = &node.store;
     let kv = kv_puts(&ns, &e.kv)?;
@@ -504,11 +589,7 @@ async fn import_v2(
                     s.name
                 )));
             }
-            let plain = b64()
-                .decode(&s.sealed_base64)
-                .ok()
-                .and_then(|sealed| export_box.open(&s.name, &sealed))
-                .ok_or_else(|| invalid(format!("secret {} does not open", s.name)))?;
+            let plain = open_export_secret(&export_box, &e, &ns, mode, s)?;
             let key = secret_key(&ns, &s.name);
             let sealed = seal_box.seal(&key, &plain);
             secrets.push((key, sealed));
@@ -621,6 +702,9 @@ async fn import_v2(
     drop(lock);
     reloaded?;
     tracing::info!(namespace = %ns, from = %e.namespace, imported = %counts, "Namespace imported.");
+    if mode == SecretsMode::Reseal && e.namespace != ns {
+        tracing::warn!(namespace = %ns, from = %e.namespace, "Another namespace's secrets re-sealed for this one by the operator.");
+    }
     Ok(HttpResponse::Ok().json(json!({
         "ok": true,
         "imported": counts["kv"],

@@ -8,5 +8,6 @@ mod egress;
 mod hop;
 mod hosts;
 mod input;
+mod seals;
 mod secrets;
 mod wallet;

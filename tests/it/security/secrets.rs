@@ -9,17 +9,17 @@
 use crate::common::*;
 use crate::etcd_process::{EtcdProcess, TestPki};
 use meshgate::auth::{Claims, JwtKeys, KeyKind};
-use meshgate::storage::{SEAL_V1, SealKey};
+use meshgate::storage::{MAC_OVERHEAD, RecordMac, SEAL_V1, SealKey};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SECRET: &str = "secrets-test-cluster-secret";
+pub(super) const SECRET: &str = "secrets-test-cluster-secret";
 /// The etcd layout of the store (src/storage/etcd_store.rs): records live
 /// under `meshgate/d/`, an inline value behind a 0x00 byte.
-const DATA: &[u8] = b"meshgate/d/";
-const INLINE: u8 = 0;
+pub(super) const DATA: &[u8] = b"meshgate/d/";
+pub(super) const INLINE: u8 = 0;
 
-fn node_on(etcd: &EtcdProcess, secret: &str) -> TestNode {
+pub(super) fn node_on(etcd: &EtcdProcess, secret: &str) -> TestNode {
     TestNode::start_with(opts_on(etcd, secret))
 }
 
@@ -33,7 +33,7 @@ fn opts_on(etcd: &EtcdProcess, secret: &str) -> NodeOpts {
 
 /// Runs `f` on an etcd client of its own (a thread with its own runtime, so
 /// it works from any test).
-fn with_etcd<T: Send + 'static, F>(
+pub(super) fn with_etcd<T: Send + 'static, F>(
     url: String,
     f: impl FnOnce(etcd_client::Client) -> F + Send + 'static,
 ) -> T
@@ -57,7 +57,7 @@ where
 }
 
 /// Every key and value in etcd, as a reader of etcd sees them.
-fn dump(etcd: &EtcdProcess) -> Vec<(Vec<u8>, Vec<u8>)> {
+pub(super) fn dump(etcd: &EtcdProcess) -> Vec<(Vec<u8>, Vec<u8>)> {
     with_etcd(etcd.url(), |mut c| async move {
         let r = c
             .get(
@@ -74,7 +74,7 @@ fn dump(etcd: &EtcdProcess) -> Vec<(Vec<u8>, Vec<u8>)> {
 }
 
 /// The store's value of `key`, read straight from etcd.
-fn raw_get(etcd: &EtcdProcess, key: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn raw_get(etcd: &EtcdProcess, key: &[u8]) -> Option<Vec<u8>> {
     let k = [DATA, key].concat();
     with_etcd(etcd.url(), move |mut c| async move {
         let r = c.get(k, None).await.unwrap();
@@ -87,7 +87,7 @@ fn raw_get(etcd: &EtcdProcess, key: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Writes the store's value of `key` straight into etcd.
-fn raw_put(etcd: &EtcdProcess, key: &[u8], value: &[u8]) {
+pub(super) fn raw_put(etcd: &EtcdProcess, key: &[u8], value: &[u8]) {
     let k = [DATA, key].concat();
     let mut v = vec![INLINE];
     v.extend_from_slice(value);
@@ -220,8 +220,8 @@ fn b64(b: &[u8]) -> String {
 /// as an HS256 key, and as the server secret an API key is HMAC'd with (a
 /// forged `keys/` record for the victim's namespace); present each credential
 /// for the victim's KV: 401 every time. Control: the same forgeries with the
-/// records opened under the right cluster secret are accepted (200), so
-/// the seal is what stops them.
+/// records opened under the right cluster secret (and the forged key record
+/// MAC'd under it) are accepted (200), so the seal is what stops them.
 #[test]
 fn etcd_reader_cannot_mint_a_credential() {
     let etcd = EtcdProcess::start_plain();
@@ -238,12 +238,13 @@ fn etcd_reader_cannot_mint_a_credential() {
             .to_string()
     };
     let all = dump(&etcd);
-    // The victim's key record, to copy under a key the attacker chose.
-    let victim_record = all
+    // The victim's key record (MAC'd, `record_mac.rs`), to copy under a key
+    // the attacker chose; and its JSON, for the control.
+    let (victim_record, victim_json) = all
         .iter()
         .filter(|(k, _)| k.starts_with(b"meshgate/d/keys/"))
-        .map(|(_, v)| v[1..].to_vec())
-        .find(|v| {
+        .map(|(_, v)| (v[1..].to_vec(), v[1 + MAC_OVERHEAD..].to_vec()))
+        .find(|(_, v)| {
             serde_json::from_slice::<serde_json::Value>(v).is_ok_and(|r| r["namespace"] == "victim")
         })
         .expect("the victim's key record");
@@ -255,17 +256,21 @@ fn etcd_reader_cannot_mint_a_credential() {
         }
     }
     let read = |cred: &str| node.with_key(cred, "GET", "/v1/kv/greeting", None);
-    // An API key whose HMAC under `secret` names a copy of the victim's record.
-    let forge_api_key = |secret: &[u8]| {
+    // An API key whose HMAC under `secret` names a copy of the victim's
+    // record: the stored bytes as they are, or (the control) the record
+    // MAC'd afresh for its new key.
+    let forge_with = |secret: &[u8], mac: Option<&RecordMac>| {
         let key = meshgate::auth::generate_api_key(KeyKind::Secret).unwrap();
         let hash = meshgate::auth::hash_api_key(secret, &key);
-        raw_put(
-            &etcd,
-            format!("keys/{}", hex::encode(hash)).as_bytes(),
-            &victim_record,
-        );
+        let store_key = format!("keys/{}", hex::encode(hash));
+        let record = match mac {
+            Some(m) => m.wrap(store_key.as_bytes(), &victim_json),
+            None => victim_record.clone(),
+        };
+        raw_put(&etcd, store_key.as_bytes(), &record);
         key
     };
+    let forge_api_key = |secret: &[u8]| forge_with(secret, None);
     let (mut as_ed25519, mut tried) = (0, 0);
     for c in &candidates {
         if let Ok(keys) = JwtKeys::from_pkcs8(c) {
@@ -308,7 +313,8 @@ fn etcd_reader_cannot_mint_a_credential() {
         read(&jwt.sign(&claims_for("victim"))),
         (200, "hello".to_string())
     );
-    let forged = forge_api_key(&open(b"_cluster/server_secret"));
+    let server_secret = open(b"_cluster/server_secret");
+    let forged = forge_with(&server_secret, Some(&RecordMac::derive(SECRET.as_bytes())));
     assert_eq!(read(&forged), (200, "hello".to_string()));
 }
 

@@ -228,17 +228,26 @@ async fn login(
     req: HttpRequest,
     node: web::Data<Node>,
     form: web::Form<LoginForm>,
-) -> HttpResponse {
+) -> Result<HttpResponse, ApiError> {
     if !node.secrets.is_operator_key(form.key.trim()) {
         tracing::warn!("Dashboard sign-in refused.");
-        return see_other("/__admin/login?failed=1", session::clear_cookie());
+        return Ok(see_other(
+            "/__admin/login?failed=1",
+            session::clear_cookie(),
+        ));
     }
-    let token = session::issue(&node, session::now());
+    let token = session::open(&node).await?;
     let secure = req.connection_info().scheme() == "https";
     tracing::info!("Dashboard session opened.");
-    see_other("/__admin", session::set_cookie(&token, secure))
+    Ok(see_other("/__admin", session::set_cookie(&token, secure)))
 }
 
-async fn logout() -> HttpResponse {
-    see_other("/__admin/login", session::clear_cookie())
+/// Ends the cookie's session in the store (on every node: the record is
+/// gone) and clears the cookie.
+async fn logout(req: HttpRequest, node: web::Data<Node>) -> Result<HttpResponse, ApiError> {
+    if let Some(token) = session::cookie_value(req.headers()) {
+        session::close(&node, &token).await?;
+        tracing::info!("Dashboard session ended.");
+    }
+    Ok(see_other("/__admin/login", session::clear_cookie()))
 }

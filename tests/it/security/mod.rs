@@ -7,4 +7,5 @@ mod dashboard;
 mod egress;
 mod hop;
 mod input;
+mod metrics;
 mod secrets;

@@ -260,36 +260,46 @@ pub fn is_state_changing(method: &actix_web::http::Method) -> bool {
 
 /// A state-changing dashboard request must come from the node's own origin: its
 /// `Origin` names the request's own host and port (the port by the origin's
-/// scheme when the `Host` has none), or `[server] public_url`. Without an
-/// `Origin`, a `Sec-Fetch-Site` other than `same-origin` or `none` is refused
-/// (a sibling host may be a tenant's site); a request with neither (curl, a
-/// script with the operator key) passes. CORS's `allowed_origins` do not
-/// count here: they are for API clients, never for the dashboard's cookie.
+/// scheme when the `Host` has none), or `[server] public_url`. An opaque
+/// origin (`Origin: null`, what a browser sends under `Referrer-Policy:
+/// no-referrer` or from a sandboxed frame) passes only with `Sec-Fetch-Site:
+/// same-origin`. Without an `Origin`, a `Sec-Fetch-Site` other than
+/// `same-origin` or `none` is refused (a sibling host may be a tenant's
+/// site); a request with neither (curl, a script with the operator key)
+/// passes. CORS's `allowed_origins` do not count here: they are for API
+/// clients, never for the dashboard's cookie.
 pub fn check_origin(node: &Node, headers: &header::HeaderMap) -> Result<(), ApiError> {
     let refuse = |why: String| Err(ApiError::new(Code::CrossOrigin, why));
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        let site = headers
-            .get("sec-fetch-site")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("none");
-        if matches!(site, "same-origin" | "none") {
-            return Ok(());
-        }
-        return refuse(format!(
+    let site = headers
+        .get("sec-fetch-site")
+        .map(|v| v.to_str().unwrap_or("?"));
+    let origin = headers
+        .get(header::ORIGIN)
+        .map(|v| v.to_str().unwrap_or("").trim());
+    match (origin, site) {
+        (None, None | Some("same-origin" | "none")) => Ok(()),
+        (None, Some(site)) => refuse(format!(
             "a {site} request may not change the dashboard's state"
-        ));
-    };
-    let origin = origin.to_str().unwrap_or("").trim();
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if same_origin(origin, host) || matches_public_url(origin, &node.config.server.public_url) {
-        return Ok(());
+        )),
+        (Some("null"), Some("same-origin")) => Ok(()),
+        (Some("null"), _) => {
+            refuse("an opaque origin (null) may not change the dashboard's state".to_string())
+        }
+        (Some(origin), _) => {
+            let host = headers
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if same_origin(origin, host)
+                || matches_public_url(origin, &node.config.server.public_url)
+            {
+                return Ok(());
+            }
+            refuse(format!(
+                "origin {origin:?} is not this node's own; the dashboard changes state only from its own pages"
+            ))
+        }
     }
-    refuse(format!(
-        "origin {origin:?} is not this node's own; the dashboard changes state only from its own pages"
-    ))
 }
 
 /// An origin's (scheme, lower-case host, port).

@@ -224,9 +224,10 @@ fn sessions_end_when_the_operator_key_changes() {
 
 /// A cross-site form post to a state-changing dashboard route (sign-in,
 /// sign-out) is refused 403 `CROSS_ORIGIN` before anything is done: another
-/// origin, a sibling host, `Origin: null`, or no Origin with
-/// `Sec-Fetch-Site: cross-site`. From the node's own origin, or with no
-/// Origin at all (curl), the same posts are accepted.
+/// origin, a sibling host, `Origin: null` (unless `Sec-Fetch-Site:
+/// same-origin`), or no Origin with `Sec-Fetch-Site: cross-site` or
+/// `same-site`. From the node's own origin, or with no Origin at all (curl),
+/// the same posts are accepted.
 #[test]
 fn cross_origin_posts_are_refused() {
     let n = TestNode::start();
@@ -240,6 +241,7 @@ fn cross_origin_posts_are_refused() {
         vec![("origin", "https://evil.example")],
         vec![("origin", sibling.as_str())],
         vec![("origin", "null")],
+        vec![("origin", "null"), ("sec-fetch-site", "cross-site")],
         vec![("sec-fetch-site", "cross-site")],
         vec![("sec-fetch-site", "same-site")],
     ] {
@@ -268,6 +270,9 @@ fn cross_origin_posts_are_refused() {
     let cookie = sign_in(&n, &[("origin", &own), ("sec-fetch-site", "same-origin")]);
     assert_eq!(snapshot_with(&n, &cookie), 200);
     let cookie = sign_in(&n, &[]);
+    assert_eq!(snapshot_with(&n, &cookie), 200);
+    // What a browser sends from a page under `Referrer-Policy: no-referrer`.
+    let cookie = sign_in(&n, &[("origin", "null"), ("sec-fetch-site", "same-origin")]);
     assert_eq!(snapshot_with(&n, &cookie), 200);
     sign_out(&n, &session);
     assert_eq!(
@@ -302,7 +307,9 @@ fn logout_on_one_node_ends_the_session_on_every_node() {
                         "MESHGATE_CLUSTER_SECRET".into(),
                         "dashboard-session-cluster-secret".into(),
                     )],
-                    data_dir: Some(tmp.path().join(id)),
+                    // A folder of its own: each node's config file is
+                    // written beside its data folder, at once.
+                    data_dir: Some(tmp.path().join(id).join("data")),
                     listen: Some(format!("127.0.0.1:{}", free_port())),
                     ..Default::default()
                 };

@@ -155,6 +155,62 @@ fn sign_in_opens_a_dashboard_session() {
     assert!(header(&h, "set-cookie").unwrap().contains("Max-Age=0"));
 }
 
+/// An event stream opened with a session cookie ends when that session is
+/// signed out: the node ends the body (its last chunk arrives) instead of
+/// streaming on.
+#[test]
+fn sign_out_ends_an_open_stream() {
+    let n = behind_proxy();
+    let (s, h) = login(&n, OPERATOR_KEY);
+    assert_eq!(s, 303);
+    let cookie = header(&h, "set-cookie")
+        .expect("a session cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut sock = std::net::TcpStream::connect(n.addr.as_str()).unwrap();
+    let req = format!(
+        "GET /__admin/api/stream HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncookie: {cookie}\r\n\r\n",
+        n.addr
+    );
+    sock.write_all(req.as_bytes()).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    // Bounded: a stream that never ends (the defect) fails the test, not hangs it.
+    let mut read_until = |raw: &mut Vec<u8>, done: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done(&String::from_utf8_lossy(raw)) && Instant::now() < deadline {
+            match sock.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => raw.extend_from_slice(&buf[..k]),
+            }
+        }
+    };
+    read_until(&mut raw, &|r| r.contains("event: snapshot"));
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.contains("event: snapshot"),
+        "a frame while signed in: {text}"
+    );
+    let (s, _, _) = http(
+        "POST",
+        &n.url("/__admin/logout"),
+        &[REMOTE, ("cookie", &cookie)],
+        None,
+    );
+    assert_eq!(s, 303);
+    read_until(&mut raw, &|r| r.ends_with("\r\n0\r\n\r\n"));
+    assert!(
+        raw.ends_with(b"\r\n0\r\n\r\n"),
+        "the stream did not end after sign-out: {}",
+        String::from_utf8_lossy(&raw[raw.len().saturating_sub(300)..])
+    );
+}
+
 /// The value of one Prometheus sample in `/metrics` text.
 fn prom_value(text: &str, name: &str, labels: &str) -> Option<f64> {
     let prefix = format!("{name}{{{labels}}} ");

@@ -31,9 +31,11 @@ use crate::http::Identity;
 use crate::http::state::Node;
 use crate::http::{ApiError, ApiResult};
 use crate::storage::OrderedKv;
+use crate::util::{Clock, SystemClock};
 use actix_web::http::header;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The cookie's name.
@@ -60,27 +62,47 @@ struct Record {
     key: String,
 }
 
-/// Sessions this node read recently: session id → (expiry, read at).
-#[derive(Default)]
-pub struct SessionCache(Mutex<HashMap<String, (u64, Instant)>>);
+/// Sessions this node read recently: session id → (expiry, read at), aged
+/// by its clock ([`SystemClock`] but in tests).
+pub struct SessionCache {
+    entries: Mutex<HashMap<String, (u64, Instant)>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for SessionCache {
+    fn default() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+}
 
 impl SessionCache {
+    /// An empty cache aged by `clock`.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> SessionCache {
+        SessionCache {
+            entries: Mutex::new(HashMap::new()),
+            clock,
+        }
+    }
+
+    /// The expiry of a session read less than [`SESSION_CACHE_TTL`] ago.
     fn get(&self, id: &str) -> Option<u64> {
-        let map = self.0.lock();
+        let now = self.clock.now();
+        let map = self.entries.lock();
         let (exp, at) = map.get(id)?;
-        (at.elapsed() < SESSION_CACHE_TTL).then_some(*exp)
+        (now.saturating_duration_since(*at) < SESSION_CACHE_TTL).then_some(*exp)
     }
 
     fn insert(&self, id: String, exp: u64) {
-        let mut map = self.0.lock();
+        let now = self.clock.now();
+        let mut map = self.entries.lock();
         if map.len() >= SESSION_CACHE_MAX {
             map.clear();
         }
-        map.insert(id, (exp, Instant::now()));
+        map.insert(id, (exp, now));
     }
 
     fn evict(&self, id: &str) {
-        self.0.lock().remove(id);
+        self.entries.lock().remove(id);
     }
 }
 
@@ -165,6 +187,12 @@ async fn verify(node: &Node, token: &str) -> Option<u64> {
     }
     node.dashboard.sessions.insert(id, record.exp);
     Some(record.exp)
+}
+
+/// Whether `token` is still a live session (an open event stream asks
+/// before each frame).
+pub async fn is_open(node: &Node, token: &str) -> bool {
+    verify(node, token).await.is_some()
 }
 
 /// Deletes every session record opened with another operator key than this
@@ -380,6 +408,23 @@ mod tests {
         assert!(is_dashboard_path("/__admin/api/stream"));
         assert!(!is_dashboard_path("/__administrator"));
         assert!(!is_dashboard_path("/v1/namespaces"));
+    }
+
+    /// A session read from the store is kept [`SESSION_CACHE_TTL`], then read
+    /// again; an evicted one at once.
+    #[test]
+    fn cache_keeps_a_session_for_its_ttl() {
+        let clock = Arc::new(crate::util::ManualClock::default());
+        let cache = SessionCache::with_clock(clock.clone());
+        cache.insert("a".into(), 42);
+        cache.insert("b".into(), 43);
+        assert_eq!(cache.get("a"), Some(42));
+        clock.advance(SESSION_CACHE_TTL - Duration::from_millis(1));
+        assert_eq!(cache.get("a"), Some(42));
+        cache.evict("b");
+        assert_eq!(cache.get("b"), None, "evicted");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(cache.get("a"), None, "aged out");
     }
 
     /// Only 64 lower-case hex digits can be a token; the id is its SHA-256.

@@ -155,8 +155,10 @@ pub async fn close(node: &Node, token: &str) -> ApiResult<()> {
     let Some(id) = session_id(token) else {
         return Ok(());
     };
-    node.dashboard.sessions.evict(&id);
     Box::pin(node.store.delete(&store_key(&id))).await?;
+    // Evicted after the delete, so only a read already under way when the
+    // record went can cache it again (for at most SESSION_CACHE_TTL).
+    node.dashboard.sessions.evict(&id);
     Ok(())
 }
 

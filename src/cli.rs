@@ -207,6 +207,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         } else {
             "https"
         };
+        if let Some(m) = running.metrics_addr {
+            println!("meshgate metrics on http://{m}/metrics");
+        }
         println!("meshgate listening on {scheme}://{}", running.addr);
         tracing::info!(addr = %running.addr, "Listening.");
         running.run_until_signal().await

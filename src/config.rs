@@ -40,6 +40,27 @@ pub struct Config {
     /// `[quotas]`: what one namespace may hold (the operator overrides them
     /// per namespace with `PUT /v1/namespaces/{name}/quotas`).
     pub quotas: QuotaConfig,
+    /// `[metrics]`: who may read `/metrics` and `/v1/status`.
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: `/metrics` and `/v1/status` name every namespace, so by
+/// default they need the operator key. A Prometheus scraper either sends it
+/// (`Authorization: Bearer`), or scrapes a second listener on a private
+/// interface (`listen`), or the operator opens them to anyone without the
+/// namespace names (`public`).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` of a second listener (plain HTTP) that serves only
+    /// `GET /metrics`, whole and without a key. Bind it to a private
+    /// interface. Empty (the default): no second listener.
+    pub listen: String,
+    /// `false` (the default): `/metrics` and `/v1/status` on the main
+    /// listener need the operator key. `true`: anyone may read them, without
+    /// namespace names (the `namespace` label summed away; status rows
+    /// without their namespace); the operator key still gets them whole.
+    pub public: bool,
 }
 
 /// `[quotas]`: the default quota of every namespace. Stored resources are
@@ -654,6 +675,15 @@ impl Config {
             }
         }
         self.cluster.validate_etcd(&mut errors);
+        if let Some(m) = self.metrics_listen_addr() {
+            match m.parse::<SocketAddr>() {
+                Err(_) => errors.push(format!("metrics.listen: {m:?} is not host:port")),
+                Ok(a) if a.port() != 0 && m == self.server.listen => errors.push(format!(
+                    "metrics.listen: {m:?} is server.listen; give the metrics listener its own address"
+                )),
+                Ok(_) => {}
+            }
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -703,6 +733,11 @@ impl Config {
     /// The bound address to listen on.
     pub fn listen_addr(&self) -> SocketAddr {
         self.server.listen.parse().expect("validated")
+    }
+
+    /// `[metrics] listen`, when set.
+    pub fn metrics_listen_addr(&self) -> Option<&str> {
+        Some(self.metrics.listen.trim()).filter(|l| !l.is_empty())
     }
 }
 
@@ -1186,6 +1221,47 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
         let c = load_str("", &[("MESHGATE_FUNCTIONS_WORKER_NICE", "0")]).unwrap();
         assert_eq!(c.functions.worker_nice, 0);
         assert_eq!(Config::default().functions.worker_nice, 10);
+    }
+
+    /// `[metrics]`: closed by default with no second listener; `listen` must
+    /// be host:port other than the main listener; both keys from the
+    /// environment too.
+    #[test]
+    fn metrics_section() {
+        let c = load_str("", &[]).unwrap();
+        assert!(!c.metrics.public);
+        assert_eq!(c.metrics_listen_addr(), None);
+        let c = load_str(
+            "[metrics]\nlisten = \"127.0.0.1:9100\"\npublic = true\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.metrics_listen_addr(), Some("127.0.0.1:9100"));
+        assert!(c.metrics.public);
+        let c = load_str(
+            "",
+            &[
+                ("MESHGATE_METRICS_LISTEN", "127.0.0.1:9101"),
+                ("MESHGATE_METRICS_PUBLIC", "true"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.metrics_listen_addr(), Some("127.0.0.1:9101"));
+        assert!(c.metrics.public);
+        let err = load_str("[metrics]\nlisten = \"nowhere\"\n", &[]).unwrap_err();
+        assert!(
+            err.0.iter().any(|e| e.contains("metrics.listen")),
+            "{err:?}"
+        );
+        let err = load_str(
+            "[server]\nlisten = \"127.0.0.1:9000\"\n[metrics]\nlisten = \"127.0.0.1:9000\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.0.iter().any(|e| e.contains("metrics.listen")),
+            "{err:?}"
+        );
     }
 }
 

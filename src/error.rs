@@ -160,6 +160,8 @@ codes! {
     WrongIssuer = "WRONG_ISSUER", 401, Client, false;
     // 403: a credential that may not do this.
     CorsOriginDenied = "CORS_ORIGIN_DENIED", 403, Client, false;
+    /// A state-changing dashboard request from another origin than the node's own.
+    CrossOrigin = "CROSS_ORIGIN", 403, Client, false;
     FunctionNotPublic = "FUNCTION_NOT_PUBLIC", 403, Client, false;
     GrantEscalation = "GRANT_ESCALATION", 403, Client, false;
     InternalOnly = "INTERNAL_ONLY", 403, Client, false;

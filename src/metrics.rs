@@ -452,11 +452,136 @@ impl Metrics {
             .expect("text encoding");
         String::from_utf8(buf).expect("utf-8")
     }
+
+    /// The text exposition without namespace names, for `[metrics] public =
+    /// true`: every series with a `namespace` label is summed over it
+    /// (counters, gauges, histogram buckets), the other labels kept.
+    pub fn render_public(&self) -> String {
+        let families: Vec<_> = self
+            .0
+            .registry
+            .gather()
+            .into_iter()
+            .map(|f| without_label(f, "namespace"))
+            .collect();
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&families, &mut buf)
+            .expect("text encoding");
+        String::from_utf8(buf).expect("utf-8")
+    }
+}
+
+/// `family` with the label `label` dropped: the series that differed only in
+/// it become one, their values summed.
+fn without_label(
+    mut family: prometheus::proto::MetricFamily,
+    label: &str,
+) -> prometheus::proto::MetricFamily {
+    use prometheus::proto::{Bucket, Metric};
+    if !family
+        .get_metric()
+        .iter()
+        .any(|m| m.get_label().iter().any(|l| l.name() == label))
+    {
+        return family;
+    }
+    // Kept labels → the merged series, in first-seen order.
+    let mut merged: Vec<(Vec<(String, String)>, Metric)> = Vec::new();
+    for mut m in family.take_metric() {
+        let labels: Vec<_> = m
+            .take_label()
+            .into_iter()
+            .filter(|l| l.name() != label)
+            .collect();
+        let key: Vec<(String, String)> = labels
+            .iter()
+            .map(|l| (l.name().to_string(), l.value().to_string()))
+            .collect();
+        let Some((_, into)) = merged.iter_mut().find(|(k, _)| *k == key) else {
+            m.set_label(labels);
+            merged.push((key, m));
+            continue;
+        };
+        let mut c = into.get_counter().clone();
+        c.set_value(c.get_value() + m.get_counter().get_value());
+        into.set_counter(c);
+        let mut g = into.get_gauge().clone();
+        g.set_value(g.get_value() + m.get_gauge().get_value());
+        into.set_gauge(g);
+        let (a, b) = (into.get_histogram(), m.get_histogram());
+        let mut h = a.clone();
+        h.set_sample_count(a.get_sample_count() + b.get_sample_count());
+        h.set_sample_sum(a.get_sample_sum() + b.get_sample_sum());
+        let buckets: Vec<Bucket> = a
+            .get_bucket()
+            .iter()
+            .zip(b.get_bucket())
+            .map(|(x, y)| {
+                let mut z = x.clone();
+                z.set_cumulative_count(x.cumulative_count() + y.cumulative_count());
+                z
+            })
+            .collect();
+        h.set_bucket(buckets);
+        into.set_histogram(h);
+    }
+    family.set_metric(merged.into_iter().map(|(_, m)| m).collect());
+    family
 }
 
 impl std::ops::Deref for Metrics {
     type Target = Inner;
     fn deref(&self) -> &Inner {
         &self.0
+    }
+}
+
+#[cfg(test)]
+mod public_tests {
+    use super::*;
+
+    /// The public exposition names no namespace: each series is summed over
+    /// the namespaces (counters, gauges and histograms), other labels kept.
+    #[test]
+    fn public_render_sums_namespaces_away() {
+        let m = Metrics::new();
+        m.publishes.with_label_values(&["alpha"]).inc_by(3);
+        m.publishes.with_label_values(&["beta"]).inc_by(4);
+        m.actor_handled
+            .with_label_values(&["namespace", "alpha"])
+            .inc_by(2);
+        m.actor_handled
+            .with_label_values(&["namespace", "beta"])
+            .inc_by(5);
+        m.actor_handled.with_label_values(&["node", ""]).inc();
+        for (ns, secs) in [("alpha", 0.001), ("beta", 0.002)] {
+            m.actor_handling_seconds
+                .with_label_values(&["namespace", ns])
+                .observe(secs);
+        }
+        let full = m.render();
+        assert!(full.contains("alpha") && full.contains("beta"));
+        let public = m.render_public();
+        assert!(
+            !public.contains("alpha") && !public.contains("beta"),
+            "{public}"
+        );
+        assert!(
+            public.contains("meshgate_pubsub_published_total 7\n"),
+            "{public}"
+        );
+        assert!(
+            public.contains("meshgate_actor_messages_handled_total{kind=\"namespace\"} 7\n"),
+            "{public}"
+        );
+        assert!(
+            public.contains("meshgate_actor_messages_handled_total{kind=\"node\"} 1\n"),
+            "{public}"
+        );
+        assert!(
+            public.contains("_count{kind=\"namespace\"} 2\n"),
+            "{public}"
+        );
     }
 }

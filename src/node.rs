@@ -79,6 +79,10 @@ pub struct RunningNode {
     server: Option<actix_web::dev::Server>,
     /// Stops the server gracefully at the end of [`RunningNode::drain`].
     handle: actix_web::dev::ServerHandle,
+    /// The `[metrics] listen` listener's address, when it is set.
+    pub metrics_addr: Option<SocketAddr>,
+    /// That listener's server (taken by `run_until_signal`) and its handle.
+    metrics_server: Option<(actix_web::dev::Server, actix_web::dev::ServerHandle)>,
 }
 
 /// Opens the store, starts the actors, binds the listener. Must run inside an actix System.
@@ -219,6 +223,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         mesh: std::sync::OnceLock::new(),
     }));
     let (server, addr) = crate::http::serve(node.clone())?;
+    let metrics = crate::http::serve_metrics(node.clone())?;
     if !node.config.cluster.etcd.is_empty() {
         let c = &node.config.cluster;
         let id = if c.node_id.is_empty() {
@@ -250,17 +255,33 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         spawn_sweeper(sled.clone());
     }
     crate::http::dashboard::spawn_sampler(&node);
+    // Sessions opened with an operator key that is no longer the key end now.
+    let sweeping = node.clone();
+    actix_web::rt::spawn(async move {
+        crate::http::dashboard::end_sessions_of_other_keys(&sweeping).await;
+    });
     wake_namespaces_with_functions(&node);
     // The node's own addresses, which no deployment upstream may reach.
     note_node_addresses(&node, addr).await;
     #[cfg(feature = "cluster")]
     follow_cluster_addresses(&node).await;
+    if let Some((_, m)) = &metrics {
+        node.deployments
+            .egress
+            .note_own("metrics address", &m.ip().to_string(), m.port())
+            .await;
+    }
     let handle = server.handle();
     Ok(RunningNode {
         addr,
         node,
         server: Some(server),
         handle,
+        metrics_addr: metrics.as_ref().map(|(_, a)| *a),
+        metrics_server: metrics.map(|(s, _)| {
+            let h = s.handle();
+            (s, h)
+        }),
     })
 }
 
@@ -546,8 +567,15 @@ impl RunningNode {
         });
         let server = self.server.take().expect("run once");
         let serving = actix_web::rt::spawn(server);
+        let metrics_handle = self.metrics_server.take().map(|(s, h)| {
+            actix_web::rt::spawn(s);
+            h
+        });
         wait_for_signal().await;
         self.drain().await;
+        if let Some(h) = metrics_handle {
+            h.stop(true).await;
+        }
         let _ = serving.await;
         Ok(())
     }

@@ -78,11 +78,63 @@ pub async fn probes(
                 ApiError::new(Code::Draining, "the node is draining").error_response_owned()
             }
         },
-        _ => HttpResponse::Ok()
-            .content_type("text/plain; version=0.0.4")
-            .body(node.metrics.render()),
+        _ => metrics_answer(&req, &node),
     };
     Ok(req.into_response(resp).map_into_right_body())
+}
+
+/// `/metrics` on the main listener (`[metrics]`): whole with the operator key
+/// (`Authorization: Bearer` or `X-API-Key`); without a credential 401, or,
+/// when `public`, the exposition without namespace names. A wrong credential
+/// is 401 and charged to the client's credential bucket, so `/metrics` is no
+/// way around the sign-in rate limit.
+fn metrics_answer(req: &ServiceRequest, node: &Node) -> HttpResponse {
+    let text = |body: String| {
+        HttpResponse::Ok()
+            .content_type("text/plain; version=0.0.4")
+            .body(body)
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .or_else(|| req.headers().get(&X_API_KEY))
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            let v = v.trim();
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .unwrap_or(v)
+                .trim()
+        })
+        .filter(|v| !v.is_empty());
+    match presented {
+        Some(k) if node.secrets.is_operator_key(k) => text(node.metrics.render()),
+        None if node.config.metrics.public => text(node.metrics.render_public()),
+        None => ApiError::new(
+            Code::MissingCredential,
+            "/metrics needs the operator key ([metrics] in the README)",
+        )
+        .error_response_owned(),
+        Some(_) => {
+            if let Some(l) = req.app_data::<web::Data<std::sync::Arc<crate::http::Limiters>>>() {
+                let xff = req
+                    .headers()
+                    .get(&X_FORWARDED_FOR)
+                    .and_then(|v| v.to_str().ok());
+                if let Some(ip) = l.client_ip(req.peer_addr(), xff)
+                    && let Err(after) = l.check_credential(ip)
+                {
+                    node.metrics
+                        .rate_limited
+                        .with_label_values(&["credential"])
+                        .inc();
+                    return ApiError::rate_limited(Code::RateLimited, after).error_response_owned();
+                }
+            }
+            ApiError::new(Code::InvalidOperatorKey, "/metrics needs the operator key")
+                .error_response_owned()
+        }
+    }
 }
 
 /// The whole chain in one layer, in order (one boxed future and one service

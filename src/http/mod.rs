@@ -117,6 +117,40 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
     Ok((server.run(), addr))
 }
 
+/// Binds `[metrics] listen`, when set: a second listener (plain HTTP, one
+/// worker) that serves only `GET /metrics`, whole and without a key, for a
+/// Prometheus scraper on a private interface; anything else there is 404.
+/// It has no chain: no route of the node is reachable through it.
+pub fn serve_metrics(node: Node) -> anyhow::Result<Option<(actix_web::dev::Server, SocketAddr)>> {
+    let Some(listen) = node.config.metrics_listen_addr().map(str::to_string) else {
+        return Ok(None);
+    };
+    let data = web::Data::new(node);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .route(
+                "/metrics",
+                web::get().to(|node: web::Data<Node>| async move {
+                    actix_web::HttpResponse::Ok()
+                        .content_type("text/plain; version=0.0.4")
+                        .body(node.metrics.render())
+                }),
+            )
+            .default_service(web::to(|| async {
+                ApiError::new(Code::NotFound, "this listener serves only GET /metrics")
+                    .error_response_owned()
+            }))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(1)
+    .bind(listen.as_str())
+    .map_err(|e| anyhow::anyhow!("cannot listen on {listen} ([metrics] listen): {e}"))?;
+    let addr = server.addrs()[0];
+    Ok(Some((server.run(), addr)))
+}
+
 /// What a future on the request path may weigh (bytes, in a debug build).
 /// Each layer's future is moved whole into actix's boxes on every request, so
 /// a rarely-taken await that holds kilobytes (an etcd call, a hop to another

@@ -30,7 +30,7 @@ pub(crate) fn member_opts(
 
 /// The breaker of (namespace, member) as `/v1/status` shows it.
 fn breaker(node: &TestNode, ns: &str, member: &str) -> Option<serde_json::Value> {
-    let (_, _, b) = http("GET", &node.url("/v1/status"), &[], None);
+    let (_, _, b) = http("GET", &node.url("/v1/status"), &[OPERATOR_AUTH], None);
     json(&String::from_utf8_lossy(&b))["breakers"]
         .as_array()?
         .iter()
@@ -127,7 +127,7 @@ pub(crate) fn forwarding_and_breakers_on(etcd: &EtcdProcess) {
     // Open: the dead member is skipped (no connection attempt, no new failure).
     let (s, m, _) = read_via(&a, "shop");
     assert_eq!((s, m.as_deref()), (200, Some(other)));
-    let (_, _, metrics) = http("GET", &a.url("/metrics"), &[], None);
+    let (_, _, metrics) = http("GET", &a.url("/metrics"), &[OPERATOR_AUTH], None);
     let metrics = String::from_utf8_lossy(&metrics).into_owned();
     assert!(
         metrics.contains("meshgate_forwards_total{outcome=\"skipped_open\"}"),
@@ -198,7 +198,7 @@ fn forged_hop_is_refused_in_a_cluster() {
 }
 
 fn metric_sum(node: &TestNode, prefix: &str) -> f64 {
-    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     String::from_utf8_lossy(&b)
         .lines()
         .filter(|l| l.starts_with(prefix))
@@ -532,7 +532,7 @@ fn deployments_are_cluster_wide() {
 
 /// Every `meshgate_actor_mailbox_depth` gauge of a node: (series, value).
 fn mailbox_depths(node: &TestNode) -> Vec<(String, f64)> {
-    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     String::from_utf8_lossy(&b)
         .lines()
         .filter(|l| l.starts_with("meshgate_actor_mailbox_depth{"))
@@ -715,7 +715,7 @@ fn deploy_as_operator(node: &TestNode, ns: &str, name: &str, wasm: &[u8], extra:
 /// The actors `/v1/status` lists for namespace `ns` on `node` (a namespace
 /// supervisor registers one).
 fn actors_of(node: &TestNode, ns: &str) -> Vec<serde_json::Value> {
-    let (s, _, b) = http("GET", &node.url("/v1/status"), &[], None);
+    let (s, _, b) = http("GET", &node.url("/v1/status"), &[OPERATOR_AUTH], None);
     assert_eq!(s, 200);
     json(&String::from_utf8_lossy(&b))["actors"]
         .as_array()
@@ -844,7 +844,7 @@ fn public_invokes_are_forwarded_to_the_named_namespace() {
             ),
             0.0
         );
-        let (_, _, m) = http("GET", &via.url("/metrics"), &[], None);
+        let (_, _, m) = http("GET", &via.url("/metrics"), &[OPERATOR_AUTH], None);
         assert!(
             String::from_utf8_lossy(&m)
                 .contains("meshgate_breaker_state{member=\"b\",namespace=\"web\"}"),
@@ -986,7 +986,7 @@ fn ready_at(node: &TestNode) -> Instant {
 
 /// The node's mesh as `/v1/status` shows it.
 fn mesh_status(node: &TestNode) -> serde_json::Value {
-    let (s, _, b) = http("GET", &node.url("/v1/status"), &[], None);
+    let (s, _, b) = http("GET", &node.url("/v1/status"), &[OPERATOR_AUTH], None);
     assert_eq!(s, 200);
     json(&String::from_utf8_lossy(&b))["mesh"].clone()
 }

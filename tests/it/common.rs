@@ -78,6 +78,9 @@ pub fn free_port() -> u16 {
 }
 
 pub const OPERATOR_KEY: &str = "mgop_test_operator_key_0123456789";
+/// The operator key as a header, for `/metrics` and `/v1/status` (which need it).
+pub const OPERATOR_AUTH: (&str, &str) =
+    ("authorization", "Bearer mgop_test_operator_key_0123456789");
 
 /// Generous limits so tests are not throttled unless they mean to be.
 pub const TEST_CONFIG: &str = "[rate_limit]\ngeneral_per_minute = 1000000\ngeneral_burst = 100000\ncredential_per_minute = 100000\ncredential_burst = 10000\nnamespace_per_minute = 1000000\nnamespace_burst = 100000\n";
@@ -308,7 +311,7 @@ impl TestNode {
         self.every_base()
             .iter()
             .map(|base| {
-                let (_, _, b) = http("GET", &format!("{base}/metrics"), &[], None);
+                let (_, _, b) = http("GET", &format!("{base}/metrics"), &[OPERATOR_AUTH], None);
                 String::from_utf8_lossy(&b)
                     .lines()
                     .filter(|l| {
@@ -602,7 +605,7 @@ mod on_cluster {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let peers = |base: &String| {
-            let (_, _, b) = http("GET", &format!("{base}/metrics"), &[], None);
+            let (_, _, b) = http("GET", &format!("{base}/metrics"), &[OPERATOR_AUTH], None);
             String::from_utf8_lossy(&b)
                 .lines()
                 .find_map(|l| l.strip_prefix("meshgate_mesh_peers ")?.parse::<f64>().ok())

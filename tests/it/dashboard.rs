@@ -134,25 +134,81 @@ fn sign_in_opens_a_dashboard_session() {
     // Outside /__admin the cookie is no credential.
     let (s, _, _) = get(&n, "/v1/namespaces", &[REMOTE, ("cookie", &cookie)]);
     assert_eq!(s, 401);
-    // A forged or expired token is ignored, so the request stays anonymous.
-    let (exp, mac) = cookie
-        .trim_start_matches("mg_admin=")
-        .split_once('.')
-        .unwrap();
-    let forged = format!("mg_admin={}.{mac}", exp.parse::<u64>().unwrap() - 1);
+    // A token one digit off, or one of the old `exp.mac` shape, is no
+    // session, so the request stays anonymous.
+    let token = cookie.trim_start_matches("mg_admin=");
+    assert_eq!(token.len(), 64, "a random token: {cookie}");
+    let last = if token.ends_with('0') { "1" } else { "0" };
+    let forged = format!("mg_admin={}{last}", &token[..63]);
     assert_eq!(
         get(&n, "/__admin/api/node", &[REMOTE, ("cookie", &forged)]).0,
         401
     );
-    let expired = "mg_admin=1000.00";
+    let old_shape = "mg_admin=1000.00";
     assert_eq!(
-        get(&n, "/__admin/api/node", &[REMOTE, ("cookie", expired)]).0,
+        get(&n, "/__admin/api/node", &[REMOTE, ("cookie", old_shape)]).0,
         401
     );
     // Signing out clears the cookie.
     let (s, h, _) = http("POST", &n.url("/__admin/logout"), &[REMOTE], None);
     assert_eq!(s, 303);
     assert!(header(&h, "set-cookie").unwrap().contains("Max-Age=0"));
+}
+
+/// An event stream opened with a session cookie ends when that session is
+/// signed out: the node ends the body (its last chunk arrives) instead of
+/// streaming on.
+#[test]
+fn sign_out_ends_an_open_stream() {
+    let n = behind_proxy();
+    let (s, h) = login(&n, OPERATOR_KEY);
+    assert_eq!(s, 303);
+    let cookie = header(&h, "set-cookie")
+        .expect("a session cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut sock = std::net::TcpStream::connect(n.addr.as_str()).unwrap();
+    let req = format!(
+        "GET /__admin/api/stream HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncookie: {cookie}\r\n\r\n",
+        n.addr
+    );
+    sock.write_all(req.as_bytes()).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    // Bounded: a stream that never ends (the defect) fails the test, not hangs it.
+    let mut read_until = |raw: &mut Vec<u8>, done: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done(&String::from_utf8_lossy(raw)) && Instant::now() < deadline {
+            match sock.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => raw.extend_from_slice(&buf[..k]),
+            }
+        }
+    };
+    read_until(&mut raw, &|r| r.contains("event: snapshot"));
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.contains("event: snapshot"),
+        "a frame while signed in: {text}"
+    );
+    let (s, _, _) = http(
+        "POST",
+        &n.url("/__admin/logout"),
+        &[REMOTE, ("cookie", &cookie)],
+        None,
+    );
+    assert_eq!(s, 303);
+    read_until(&mut raw, &|r| r.ends_with("\r\n0\r\n\r\n"));
+    assert!(
+        raw.ends_with(b"\r\n0\r\n\r\n"),
+        "the stream did not end after sign-out: {}",
+        String::from_utf8_lossy(&raw[raw.len().saturating_sub(300)..])
+    );
 }
 
 /// The value of one Prometheus sample in `/metrics` text.
@@ -221,7 +277,7 @@ fn api_numbers_match_metrics() {
         let (_, _, history) = admin(&n, "/__admin/api/history");
         quiet && json(&history)["points"].as_array().map_or(0, Vec::len) >= 3
     });
-    let (_, _, metrics) = get(&n, "/metrics", &[]);
+    let (_, _, metrics) = admin(&n, "/metrics");
     let (_, _, body) = admin(&n, "/__admin/api/namespaces");
     let rows = json(&body)["namespaces"].as_array().unwrap().clone();
     for ns in ["alpha", "beta"] {
@@ -347,7 +403,7 @@ fn pubsub_numbers_match_metrics() {
                 .any(|r| r["namespace"] == *ns && r["publishes_per_sec"].as_f64() == Some(0.0))
         })
     });
-    let (_, _, metrics) = get(&n, "/metrics", &[]);
+    let (_, _, metrics) = admin(&n, "/metrics");
     for (ns, subs, topics) in [("alpha", 3.0, 2.0), ("beta", 1.0, 1.0)] {
         let r = row(ns);
         let l = format!("namespace=\"{ns}\"");

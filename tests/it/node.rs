@@ -80,14 +80,14 @@ fn metrics_parse_as_prometheus_text_and_skip_probes() {
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
             .sum()
     };
-    let (_, _, m1) = http("GET", &node.url("/metrics"), &[], None);
+    let (_, _, m1) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     let m1 = String::from_utf8(m1).unwrap();
     for _ in 0..5 {
         status(&node, "/livez");
         status(&node, "/readyz");
     }
     status(&node, "/v1/health");
-    let (s, h, m2) = http("GET", &node.url("/metrics"), &[], None);
+    let (s, h, m2) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     assert_eq!(s, 200);
     assert!(
         header(&h, "content-type")
@@ -194,7 +194,7 @@ fn supervisor_panic_restarts_and_counts() {
         node.with_key(&key, "GET", "/v1/kv/x", None),
         (200, "1".into())
     );
-    let (_, _, m) = http("GET", &node.url("/metrics"), &[], None);
+    let (_, _, m) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     let m = String::from_utf8(m).unwrap();
     assert!(
         m.lines().any(|l| l.starts_with(

@@ -123,7 +123,7 @@ fn rss_kib(node: &TestNode) -> u64 {
 }
 
 fn metric(node: &TestNode, name: &str) -> f64 {
-    let (_, _, b) = http("GET", &node.url("/metrics"), &[], None);
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     String::from_utf8_lossy(&b)
         .lines()
         .filter(|l| l.starts_with(name))

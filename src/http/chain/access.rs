@@ -43,15 +43,33 @@ fn raw_credential(req: &ServiceRequest) -> Option<String> {
 /// Step 8: authentication. A presented credential must be valid (else 401); no
 /// credential leaves the request anonymous for authorization to judge.
 pub(super) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError> {
+    use crate::http::dashboard;
+    // The dashboard changes state only from its own pages (a cookie rides
+    // along on a cross-site form post).
+    if dashboard::is_dashboard_path(req.path())
+        && dashboard::is_state_changing(req.method())
+        && policy_of(req) != Some(Policy::Deployment)
+    {
+        dashboard::check_origin(node_ref(req), req.headers())?;
+    }
     // On `/__admin` routes only, a dashboard session cookie stands for the operator
-    // key (EventSource cannot send headers); a presented header still wins.
-    if req.extensions().get::<Identity>().is_none()
+    // key (EventSource cannot send headers); a presented header still wins. The
+    // session is read from the store (boxed: rare, and large on etcd).
+    let anonymous = req.extensions().get::<Identity>().is_none();
+    if anonymous
+        && dashboard::is_dashboard_path(req.path())
         && !req.headers().contains_key(header::AUTHORIZATION)
         && !req.headers().contains_key(&X_API_KEY)
-        && let Some(id) =
-            crate::http::dashboard::cookie_identity(node_ref(req), req.path(), req.headers())
     {
-        req.extensions_mut().insert(id);
+        let session = Box::pin(dashboard::cookie_identity(
+            node_ref(req),
+            req.path(),
+            req.headers(),
+        ))
+        .await;
+        if let Some(id) = session {
+            req.extensions_mut().insert(id);
+        }
     }
     // A deployment's Authorization header belongs to its upstream.
     if req.extensions().get::<Identity>().is_none()

@@ -100,6 +100,11 @@ impl Limiters {
         self.overrides.write().remove(ns);
     }
 
+    /// Charges a client's credential bucket (a wrong key at `/metrics`).
+    pub(crate) fn check_credential(&self, ip: IpAddr) -> Result<(), u64> {
+        self.verdict(&self.credential, &bucket_key(ip))
+    }
+
     /// Checks the general bucket of a client (a deployment's fast path).
     pub(crate) fn check_general(&self, ip: IpAddr) -> Result<(), u64> {
         self.verdict(&self.general, &bucket_key(ip))

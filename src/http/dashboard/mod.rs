@@ -14,5 +14,8 @@ mod snapshot;
 
 pub use routes::register;
 pub use sampler::{Dashboard, HISTORY_LEN, MAX_VIEWERS, TICK_INTERVAL, spawn_sampler};
-pub use session::{COOKIE, SESSION_TTL_SECONDS, cookie_identity};
+pub use session::{
+    COOKIE, SESSION_CACHE_TTL, SESSION_PREFIX, SESSION_TTL_SECONDS, check_origin, cookie_identity,
+    end_sessions_of_other_keys, is_dashboard_path, is_state_changing,
+};
 pub use snapshot::{ActorRow, BreakerRow, HistoryPoint, NamespaceRow, NodeRow, Snapshot};

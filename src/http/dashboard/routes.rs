@@ -6,10 +6,10 @@ use super::sampler::Frame;
 use super::session;
 use crate::error::Code;
 use crate::http::state::Node;
-use crate::http::{ApiError, Policy, RouteTable};
+use crate::http::{ApiError, Identity, Policy, RouteTable};
 use actix_web::http::Method;
 use actix_web::http::header::{self, ContentEncoding};
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
@@ -150,8 +150,19 @@ async fn api_history(node: web::Data<Node>) -> HttpResponse {
 
 /// Server-sent events: the latest frame at once, then each new one. Every viewer
 /// sends the same pre-rendered bytes; a viewer that falls behind skips to the
-/// newest frame instead of queueing old ones. Ends when the node drains.
-async fn stream(node: web::Data<Node>) -> Result<HttpResponse, ApiError> {
+/// newest frame instead of queueing old ones. Ends when the node drains, and
+/// a stream opened with a session cookie ends when its session does (checked
+/// before each frame; the session cache keeps that to a store read every few
+/// seconds).
+async fn stream(req: HttpRequest, node: web::Data<Node>) -> Result<HttpResponse, ApiError> {
+    let by_session = req
+        .extensions()
+        .get::<Identity>()
+        .is_some_and(|i| i.kind == "admin_session");
+    let session = by_session
+        .then(|| session::cookie_value(req.headers()))
+        .flatten()
+        .map(|token| (node.get_ref().clone(), token));
     let guard = node
         .dashboard
         .admit_viewer()
@@ -160,14 +171,14 @@ async fn stream(node: web::Data<Node>) -> Result<HttpResponse, ApiError> {
     frames.mark_changed();
     let draining = node.draining.subscribe();
     let first = Bytes::from_static(b"retry: 2000\n\n");
-    let state = (Some(first), frames, draining, guard);
+    let state = (Some(first), frames, draining, guard, session);
     let body = futures_util::stream::unfold(
         state,
-        |(pending, mut frames, mut draining, guard)| async move {
+        |(pending, mut frames, mut draining, guard, session)| async move {
             if let Some(b) = pending {
                 return Some((
                     Ok::<_, actix_web::Error>(b),
-                    (None, frames, draining, guard),
+                    (None, frames, draining, guard, session),
                 ));
             }
             let stop = tokio::select! {
@@ -177,8 +188,13 @@ async fn stream(node: web::Data<Node>) -> Result<HttpResponse, ApiError> {
             if stop {
                 return None;
             }
+            if let Some((node, token)) = &session
+                && !session::is_open(node, token).await
+            {
+                return None;
+            }
             let bytes = frames.borrow_and_update().sse.clone();
-            Some((Ok(bytes), (None, frames, draining, guard)))
+            Some((Ok(bytes), (None, frames, draining, guard, session)))
         },
     );
     Ok(HttpResponse::Ok()
@@ -228,17 +244,26 @@ async fn login(
     req: HttpRequest,
     node: web::Data<Node>,
     form: web::Form<LoginForm>,
-) -> HttpResponse {
+) -> Result<HttpResponse, ApiError> {
     if !node.secrets.is_operator_key(form.key.trim()) {
         tracing::warn!("Dashboard sign-in refused.");
-        return see_other("/__admin/login?failed=1", session::clear_cookie());
+        return Ok(see_other(
+            "/__admin/login?failed=1",
+            session::clear_cookie(),
+        ));
     }
-    let token = session::issue(&node, session::now());
+    let token = session::open(&node).await?;
     let secure = req.connection_info().scheme() == "https";
     tracing::info!("Dashboard session opened.");
-    see_other("/__admin", session::set_cookie(&token, secure))
+    Ok(see_other("/__admin", session::set_cookie(&token, secure)))
 }
 
-async fn logout() -> HttpResponse {
-    see_other("/__admin/login", session::clear_cookie())
+/// Ends the cookie's session in the store (on every node: the record is
+/// gone) and clears the cookie.
+async fn logout(req: HttpRequest, node: web::Data<Node>) -> Result<HttpResponse, ApiError> {
+    if let Some(token) = session::cookie_value(req.headers()) {
+        session::close(&node, &token).await?;
+        tracing::info!("Dashboard session ended.");
+    }
+    Ok(see_other("/__admin/login", session::clear_cookie()))
 }

@@ -54,6 +54,8 @@ pub struct Dashboard {
     history: Mutex<VecDeque<HistoryPoint>>,
     /// Streams open now (shared with each [`ViewerGuard`]), capped by [`MAX_VIEWERS`].
     viewers: Arc<AtomicUsize>,
+    /// Sign-in sessions this node read from the store recently (`session.rs`).
+    pub(super) sessions: super::session::SessionCache,
 }
 
 impl Default for Dashboard {
@@ -63,6 +65,7 @@ impl Default for Dashboard {
             latest,
             history: Mutex::new(VecDeque::with_capacity(HISTORY_LEN)),
             viewers: Arc::new(AtomicUsize::new(0)),
+            sessions: Default::default(),
         }
     }
 }

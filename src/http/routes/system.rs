@@ -1,11 +1,12 @@
 //! `/v1/health`, `/v1/status`, `/v1/version`, the JWKS, and the debug sleep route.
 
 use crate::error::Code;
+use crate::http::Identity;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use actix_web::http::Method;
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -58,14 +59,40 @@ async fn version() -> HttpResponse {
 }
 
 /// Node status: uptime, namespaces running here, actors and their restarts.
-async fn status(node: web::Data<Node>) -> HttpResponse {
+/// It names namespaces, so it needs the operator key (`[metrics]`): without
+/// it 401 (403 for another credential), or, when `[metrics] public`, the
+/// same status with no namespace named.
+async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpResponse> {
+    let caller = req.extensions().get::<Identity>().map(|i| i.operator);
+    let whole = caller == Some(true);
+    match caller {
+        Some(true) => {}
+        _ if node.config.metrics.public => {}
+        Some(false) => {
+            return Err(ApiError::new(
+                Code::OperatorOnly,
+                "/v1/status needs the operator key",
+            ));
+        }
+        None => {
+            return Err(ApiError::new(
+                Code::MissingCredential,
+                "/v1/status needs the operator key ([metrics] in the README)",
+            ));
+        }
+    }
+    let named = |ns: &str| whole.then(|| ns.to_string());
     let actors: Vec<_> = node
         .directory
         .snapshot()
         .iter()
         .map(|a| {
-            json!({"id": a.id, "kind": a.kind, "namespace": a.namespace, "mailbox_depth": a.depth(),
-                   "handled": a.handled(), "restarts": a.restarts()})
+            let mut row = json!({"id": a.id, "kind": a.kind, "mailbox_depth": a.depth(),
+                   "handled": a.handled(), "restarts": a.restarts()});
+            if let Some(ns) = named(&a.namespace) {
+                row["namespace"] = json!(ns);
+            }
+            row
         })
         .collect();
     let mut breakers = Vec::new();
@@ -76,15 +103,19 @@ async fn status(node: web::Data<Node>) -> HttpResponse {
         .unwrap_or_default();
     for (ns, bs) in held {
         for b in bs.snapshot() {
-            breakers.push(json!({"namespace": ns, "member": b.member, "state": b.state,
-                "consecutive_failures": b.consecutive_failures, "open_for_seconds": b.open_for_seconds}));
+            let mut row = json!({"member": b.member, "state": b.state,
+                "consecutive_failures": b.consecutive_failures, "open_for_seconds": b.open_for_seconds});
+            if let Some(ns) = named(&ns) {
+                row["namespace"] = json!(ns);
+            }
+            breakers.push(row);
         }
     }
     let cluster = node.cluster.get().map(|c| {
         json!({"node_id": c.node_id, "advertise": c.advertise,
                "live_nodes": c.live().into_iter().map(|n| n.id).collect::<Vec<_>>()})
     });
-    HttpResponse::Ok().json(json!({
+    Ok(HttpResponse::Ok().json(json!({
         "ok": true,
         "version": env!("CARGO_PKG_VERSION"),
         "cluster": cluster,
@@ -93,7 +124,7 @@ async fn status(node: web::Data<Node>) -> HttpResponse {
         "namespaces_running": node.namespaces.len(),
         "actors": actors,
         "breakers": breakers,
-    }))
+    })))
 }
 
 /// The pub/sub mesh as this node sees it: its peer id, the peers in the

@@ -3,7 +3,9 @@
 //! 127.0.0.1, so only the operator key or its signed-in session cookie opens
 //! the dashboard. See docs/security.md.
 
-use crate::common::{NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http, json};
+use crate::common::{
+    NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http, json, single_node_only,
+};
 
 const SNAPSHOT: &str = "/__admin/api/snapshot";
 
@@ -134,5 +136,207 @@ fn forged_sign_in_opens_nothing() {
     ] {
         let (s, _, body) = status(&n, SNAPSHOT, &[("cookie", cookie)]);
         assert_eq!(s, 401, "{cookie}: {body}");
+    }
+}
+
+/// Whether `cookie` opens the snapshot API on `n` (200), or not (401).
+fn snapshot_with(n: &TestNode, cookie: &str) -> u16 {
+    status(n, SNAPSHOT, &[("cookie", cookie)]).0
+}
+
+/// Signs out with `cookie` from the node's own origin (as the page's form does).
+fn sign_out(n: &TestNode, cookie: &str) {
+    let origin = format!("http://{}", n.addr);
+    let (s, h, b) = http(
+        "POST",
+        &n.url("/__admin/logout"),
+        &[("cookie", cookie), ("origin", &origin)],
+        None,
+    );
+    assert_eq!(s, 303, "{}", String::from_utf8_lossy(&b));
+    assert!(header(&h, "set-cookie").unwrap().contains("Max-Age=0"));
+}
+
+/// A signed-out session is over on the server: the old cookie, replayed
+/// after the sign-out, gets 401 on the snapshot API, while a fresh sign-in
+/// works, and signing out of one session leaves another open.
+#[test]
+fn logout_ends_the_session_on_the_server() {
+    let n = TestNode::start();
+    let first = sign_in(&n, &[]);
+    let second = sign_in(&n, &[]);
+    assert_ne!(first, second, "each sign-in is its own session");
+    assert_eq!(snapshot_with(&n, &first), 200);
+    sign_out(&n, &first);
+    let (s, _, body) = status(&n, SNAPSHOT, &[("cookie", &first)]);
+    assert_eq!(s, 401, "the old cookie after sign-out: {body}");
+    assert_eq!(json(&body)["error"]["code"], "MISSING_CREDENTIAL");
+    assert_eq!(
+        snapshot_with(&n, &second),
+        200,
+        "another session stays open"
+    );
+    let fresh = sign_in(&n, &[]);
+    assert_eq!(snapshot_with(&n, &fresh), 200, "a fresh session works");
+}
+
+/// Sessions are bound to the operator key: after a restart on the same data
+/// folder with another `MESHGATE_OPERATOR_KEY`, the old cookie gets 401 (the
+/// new key signs in); and back on the first key, the session it opened
+/// stays over (its record was deleted when the key changed).
+#[test]
+fn sessions_end_when_the_operator_key_changes() {
+    if single_node_only("restarts one node with another operator key") {
+        return;
+    }
+    let mut n = TestNode::start();
+    let old = sign_in(&n, &[]);
+    assert_eq!(snapshot_with(&n, &old), 200);
+    let dir = n.dir.clone();
+    n.kill9();
+    let other_key = "mgop_another_operator_key_9876543210";
+    let with_key = |key: &str| NodeOpts {
+        config: TEST_CONFIG.into(),
+        data_dir: Some(dir.clone()),
+        env: vec![("MESHGATE_OPERATOR_KEY".into(), key.into())],
+        ..Default::default()
+    };
+    let mut n2 = TestNode::start_with(with_key(other_key));
+    let (s, _, body) = status(&n2, SNAPSHOT, &[("cookie", &old)]);
+    assert_eq!(s, 401, "a session of the old key: {body}");
+    let (s, _, _) = status(
+        &n2,
+        SNAPSHOT,
+        &[("authorization", &format!("Bearer {other_key}"))],
+    );
+    assert_eq!(s, 200, "the new key opens the dashboard");
+    n2.kill9();
+    let n3 = TestNode::start_with(with_key(OPERATOR_KEY));
+    assert_eq!(
+        snapshot_with(&n3, &old),
+        401,
+        "the old key back does not revive its session"
+    );
+    let fresh = sign_in(&n3, &[]);
+    assert_eq!(snapshot_with(&n3, &fresh), 200);
+    drop(n);
+}
+
+/// A cross-site form post to a state-changing dashboard route (sign-in,
+/// sign-out) is refused 403 `CROSS_ORIGIN` before anything is done: another
+/// origin, a sibling host, `Origin: null` (unless `Sec-Fetch-Site:
+/// same-origin`), or no Origin with `Sec-Fetch-Site: cross-site` or
+/// `same-site`. From the node's own origin, or with no Origin at all (curl),
+/// the same posts are accepted.
+#[test]
+fn cross_origin_posts_are_refused() {
+    let n = TestNode::start();
+    let own = format!("http://{}", n.addr);
+    let port = n.addr.rsplit(':').next().unwrap();
+    let sibling = format!("http://ns-tenant.localhost:{port}");
+    let form = ("content-type", "application/x-www-form-urlencoded");
+    let body = format!("key={OPERATOR_KEY}");
+    let session = sign_in(&n, &[]);
+    for bad in [
+        vec![("origin", "https://evil.example")],
+        vec![("origin", sibling.as_str())],
+        vec![("origin", "null")],
+        vec![("origin", "null"), ("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site")],
+    ] {
+        let mut hs = bad.clone();
+        hs.push(form);
+        let (s, h, b) = http("POST", &n.url("/__admin/login"), &hs, Some(body.as_bytes()));
+        let b = String::from_utf8_lossy(&b);
+        assert_eq!(s, 403, "sign-in with {bad:?}: {b}");
+        assert_eq!(json(&b)["error"]["code"], "CROSS_ORIGIN");
+        assert_eq!(header(&h, "set-cookie"), None, "no session opened");
+        let mut hs = bad.clone();
+        hs.push(("cookie", &session));
+        let (s, _, b) = http("POST", &n.url("/__admin/logout"), &hs, None);
+        assert_eq!(s, 403, "sign-out with {bad:?}");
+        assert_eq!(
+            json(&String::from_utf8_lossy(&b))["error"]["code"],
+            "CROSS_ORIGIN"
+        );
+        assert_eq!(
+            snapshot_with(&n, &session),
+            200,
+            "the session is still open"
+        );
+    }
+    // The node's own origin (what the sign-in form sends), and no Origin.
+    let cookie = sign_in(&n, &[("origin", &own), ("sec-fetch-site", "same-origin")]);
+    assert_eq!(snapshot_with(&n, &cookie), 200);
+    let cookie = sign_in(&n, &[]);
+    assert_eq!(snapshot_with(&n, &cookie), 200);
+    // What a browser sends from a page under `Referrer-Policy: no-referrer`.
+    let cookie = sign_in(&n, &[("origin", "null"), ("sec-fetch-site", "same-origin")]);
+    assert_eq!(snapshot_with(&n, &cookie), 200);
+    sign_out(&n, &session);
+    assert_eq!(
+        snapshot_with(&n, &session),
+        401,
+        "signed out from its own origin"
+    );
+}
+
+/// In a 3-node etcd cluster a session made on one node opens the dashboard on
+/// every node (the record is in etcd); signed out on another node, it is
+/// refused everywhere (within the nodes' short session cache), while a fresh
+/// session works.
+#[cfg(feature = "cluster")]
+#[test]
+fn logout_on_one_node_ends_the_session_on_every_node() {
+    use crate::common::{free_port, wait_until};
+    use crate::etcd_process::EtcdProcess;
+    use std::time::Duration;
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes: Vec<TestNode> = std::thread::scope(|s| {
+        let started: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .map(|id| {
+                let opts = NodeOpts {
+                    config: format!(
+                        "{TEST_CONFIG}[cluster]\n{}node_id = \"{id}\"\nregister_seconds = 1\n",
+                        etcd.cluster_toml()
+                    ),
+                    env: vec![(
+                        "MESHGATE_CLUSTER_SECRET".into(),
+                        "dashboard-session-cluster-secret".into(),
+                    )],
+                    // A folder of its own: each node's config file is
+                    // written beside its data folder, at once.
+                    data_dir: Some(tmp.path().join(id).join("data")),
+                    listen: Some(format!("127.0.0.1:{}", free_port())),
+                    ..Default::default()
+                };
+                s.spawn(move || TestNode::start_with(opts))
+            })
+            .collect();
+        started.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let cookie = sign_in(&nodes[0], &[]);
+    for n in &nodes {
+        assert_eq!(snapshot_with(n, &cookie), 200, "on {}", n.base);
+    }
+    sign_out(&nodes[2], &cookie);
+    for n in &nodes {
+        wait_until(
+            Duration::from_secs(30),
+            "the signed-out session still opens the dashboard",
+            || snapshot_with(n, &cookie) == 401,
+        );
+    }
+    let fresh = sign_in(&nodes[1], &[]);
+    for n in &nodes {
+        assert_eq!(
+            snapshot_with(n, &fresh),
+            200,
+            "a fresh session on {}",
+            n.base
+        );
     }
 }

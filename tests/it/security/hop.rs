@@ -545,7 +545,13 @@ fn forwarding_over_tls_trusts_only_the_peer_ca() {
         "{body}"
     );
     assert_eq!(header(&h, "x-meshgate-member"), None);
-    let (s, _, body) = curl(&ca, "GET", &format!("{}/v1/status", a.base), &[], None);
+    let (s, _, body) = curl(
+        &ca,
+        "GET",
+        &format!("{}/v1/status", a.base),
+        &[OPERATOR_AUTH],
+        None,
+    );
     assert_eq!(s, 200, "{body}");
     let breakers = json(&body)["breakers"].clone();
     let br = breakers

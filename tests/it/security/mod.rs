@@ -8,6 +8,7 @@ mod egress;
 mod hop;
 mod hosts;
 mod input;
+mod metrics;
 mod seals;
 mod secrets;
 mod wallet;

@@ -6,7 +6,7 @@
 //! as a pair (obeyed, violated), end to end through a running node; the
 //! attack modules and archives are built here, in code. The memory these
 //! attacks cost is measured by `benches/bounds.rs` (BENCHMARKS.md), never
-//! asserted here. See docs/security.md, "Tenant → node resources".
+//! asserted here. See docs/security.md, "Client → node".
 
 use crate::common::{NodeOpts, TEST_CONFIG, TestNode, header, http, json, wait_until};
 use std::time::Duration;

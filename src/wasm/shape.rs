@@ -101,12 +101,10 @@ pub(crate) fn check_shape(wasm: &[u8], limits: &ModuleLimits) -> Result<()> {
     let mut locals_total = 0u64;
     for payload in Parser::new(0).parse_all(wasm) {
         match payload.map_err(invalid)? {
-            Payload::Version { encoding, .. } => {
-                if encoding != Encoding::Module {
-                    return Err(WasmError::InvalidModule(
-                        "a component, not a core module: deploy a WASI preview 1 module".into(),
-                    ));
-                }
+            Payload::Version { encoding, .. } if encoding != Encoding::Module => {
+                return Err(WasmError::InvalidModule(
+                    "a component, not a core module: deploy a WASI preview 1 module".into(),
+                ));
             }
             Payload::TypeSection(s) => {
                 check("types", s.count().into(), l.max_types.into(), "max_types")?

@@ -397,10 +397,10 @@ pub struct FunctionsConfig {
     /// requests run first when guests keep every core busy; 0 runs guests
     /// at the same priority.
     pub worker_nice: i32,
-    /// Compiles of deployed modules that may run at once, node-wide (at
-    /// most one per namespace: a second is 429 COMPILE_BUSY).
+    /// Compiles that may run at once, node-wide (at most one per namespace:
+    /// a second deploy is 429 COMPILE_BUSY, an invocation's compile waits).
     pub compile_concurrency: usize,
-    /// Milliseconds a deploy's compile may take, waiting for a compile slot
+    /// Milliseconds a compile may take, waiting for a compile slot
     /// included; past it 503 COMPILE_TIMEOUT (the compile runs on to its
     /// end on its thread, and its result is dropped).
     pub compile_timeout_ms: u64,

@@ -514,7 +514,16 @@ impl WasmEngine {
     /// [`WasmEngine::compile_timeout`]) while this thread runs to its end.
     pub fn compile_bounded(&self, namespace: &str, wasm: &[u8]) -> Result<Arc<CompiledModule>> {
         let deadline = crate::util::mono_now() + self.inner.compile_timeout;
-        self.compile_inner(wasm, Some((namespace, deadline)))
+        self.compile_inner(wasm, Some((namespace, deadline, false)))
+    }
+
+    /// [`WasmEngine::compile_bounded`] for an invocation of a stored module
+    /// of `namespace`: a compile (an artifact-cache miss) takes a slot of
+    /// the gate, waiting behind the namespace's own compile instead of
+    /// `CompileBusy`, within `compile_timeout`. Blocks.
+    pub fn compile_stored(&self, namespace: &str, wasm: &[u8]) -> Result<Arc<CompiledModule>> {
+        let deadline = crate::util::mono_now() + self.inner.compile_timeout;
+        self.compile_inner(wasm, Some((namespace, deadline, true)))
     }
 
     /// The longest a bounded compile may take ([`WasmConfig::compile_timeout`]).
@@ -530,7 +539,7 @@ impl WasmEngine {
     fn compile_inner(
         &self,
         wasm: &[u8],
-        bounded: Option<(&str, Instant)>,
+        bounded: Option<(&str, Instant, bool)>,
     ) -> Result<Arc<CompiledModule>> {
         let inner = &*self.inner;
         if wasm.len() > inner.max_module_bytes {
@@ -560,13 +569,13 @@ impl WasmEngine {
             Some(module) => (module, true),
             None => {
                 let _slot = match bounded {
-                    Some((ns, deadline)) => Some(inner.gate.enter(ns, deadline)?),
+                    Some((ns, deadline, queue)) => Some(inner.gate.enter(ns, deadline, queue)?),
                     None => None,
                 };
                 let module = Module::new(engine, &binary).map_err(|e| {
                     WasmError::InvalidModule(format!("not a valid WebAssembly binary: {e:#}"))
                 })?;
-                if let Some((_, deadline)) = bounded
+                if let Some((_, deadline, _)) = bounded
                     && crate::util::mono_now() > deadline
                 {
                     return Err(WasmError::CompileTimeout(format!(

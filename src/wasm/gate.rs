@@ -7,7 +7,9 @@
 //! waits or runs is refused at once (`CompileBusy`, 429 `COMPILE_BUSY`), so
 //! a tenant never holds more than one slot nor queues behind itself; other
 //! namespaces wait for a free slot until their deadline (`CompileTimeout`,
-//! 503 `COMPILE_TIMEOUT`). A compile that is running cannot be stopped:
+//! 503 `COMPILE_TIMEOUT`). An invocation's compile of a stored module (a
+//! cache miss: a new member of a cluster, a wiped cache) takes a slot too,
+//! but waits behind its namespace's compile instead of being refused. A compile that is running cannot be stopped:
 //! past its deadline its caller is answered and its result is dropped, and
 //! it keeps its slot until it ends, so the bound holds for what really runs.
 
@@ -58,22 +60,31 @@ impl CompileGate {
     }
 
     /// Takes a slot for `namespace`, waiting until `deadline` for one to
-    /// free. `CompileBusy` at once when the namespace already has a compile
-    /// in the gate; `CompileTimeout` when no slot freed in time. Blocks: call
-    /// it from a blocking thread.
-    pub(crate) fn enter(&self, namespace: &str, deadline: Instant) -> Result<CompileSlot<'_>> {
+    /// free. When the namespace already has a compile in the gate:
+    /// `CompileBusy` at once (a deploy), or with `queue_behind` a wait for
+    /// it to end (an invocation's compile of a stored module, which should
+    /// not fail as busy). `CompileTimeout` when no slot freed in time.
+    /// Blocks: call it from a blocking thread.
+    pub(crate) fn enter(
+        &self,
+        namespace: &str,
+        deadline: Instant,
+        queue_behind: bool,
+    ) -> Result<CompileSlot<'_>> {
         let mut s = self.state.lock();
-        if !s.namespaces.insert(namespace.to_string()) {
+        if s.namespaces.contains(namespace) && !queue_behind {
             return Err(WasmError::CompileBusy);
         }
-        while s.running >= self.slots {
-            if self.freed.wait_until(&mut s, deadline).timed_out() && s.running >= self.slots {
-                s.namespaces.remove(namespace);
+        while s.namespaces.contains(namespace) || s.running >= self.slots {
+            if self.freed.wait_until(&mut s, deadline).timed_out()
+                && (s.namespaces.contains(namespace) || s.running >= self.slots)
+            {
                 return Err(WasmError::CompileTimeout(
-                    "no compile slot of the node freed before the deadline".into(),
+                    "no compile slot freed before the deadline".into(),
                 ));
             }
         }
+        s.namespaces.insert(namespace.to_string());
         s.running += 1;
         Ok(CompileSlot {
             gate: self,
@@ -93,7 +104,8 @@ impl Drop for CompileSlot<'_> {
         s.running -= 1;
         s.namespaces.remove(&self.namespace);
         drop(s);
-        self.gate.freed.notify_one();
+        // Waiters wait for different things (a slot, their namespace).
+        self.gate.freed.notify_all();
     }
 }
 
@@ -111,18 +123,27 @@ mod tests {
     #[test]
     fn compile_slots_obeyed() {
         let gate = std::sync::Arc::new(CompileGate::new(1));
-        let first = gate.enter("a", soon(1_000)).unwrap();
+        let first = gate.enter("a", soon(1_000), false).unwrap();
         assert_eq!(gate.running(), 1);
         let g = gate.clone();
-        let waiter = std::thread::spawn(move || g.enter("b", soon(30_000)).map(|_| ()));
+        let waiter = std::thread::spawn(move || g.enter("b", soon(30_000), false).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(20));
         // The waiter cannot get the slot while `first` holds it.
-        while !gate.state.lock().namespaces.contains("b") {
-            std::thread::yield_now();
-        }
+        assert!(!waiter.is_finished());
         assert_eq!(gate.running(), 1);
         drop(first);
         assert_eq!(waiter.join().unwrap(), Ok(()));
         assert_eq!(gate.running(), 0);
+
+        // An invocation's compile queues behind its namespace's own.
+        let two = std::sync::Arc::new(CompileGate::new(2));
+        let deploy = two.enter("a", soon(1_000), false).unwrap();
+        let g = two.clone();
+        let queued = std::thread::spawn(move || g.enter("a", soon(30_000), true).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!queued.is_finished(), "ran beside its namespace's compile");
+        drop(deploy);
+        assert_eq!(queued.join().unwrap(), Ok(()));
     }
 
     /// Violated: the node's only slot stays taken past the deadline
@@ -132,18 +153,21 @@ mod tests {
     #[test]
     fn compile_slots_violated() {
         let gate = CompileGate::new(1);
-        let _held = gate.enter("a", soon(1_000)).unwrap();
-        let e = gate.enter("b", soon(20)).err().unwrap();
+        let _held = gate.enter("a", soon(1_000), false).unwrap();
+        let e = gate.enter("b", soon(20), false).err().unwrap();
         assert!(matches!(e, WasmError::CompileTimeout(_)), "{e:?}");
-        // The namespace that timed out left the gate: it may ask again.
+        // The namespace that timed out is not in the gate: it may ask again.
         assert!(!gate.state.lock().namespaces.contains("b"));
 
         let two = CompileGate::new(2);
-        let _a = two.enter("a", soon(1_000)).unwrap();
+        let _a = two.enter("a", soon(1_000), false).unwrap();
         assert_eq!(
-            two.enter("a", soon(1_000)).err().unwrap(),
+            two.enter("a", soon(1_000), false).err().unwrap(),
             WasmError::CompileBusy
         );
-        assert!(two.enter("b", soon(1_000)).is_ok());
+        // Queued behind its namespace's compile, until the deadline.
+        let e = two.enter("a", soon(20), true).err().unwrap();
+        assert!(matches!(e, WasmError::CompileTimeout(_)), "{e:?}");
+        assert!(two.enter("b", soon(1_000), false).is_ok());
     }
 }

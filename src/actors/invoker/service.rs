@@ -187,8 +187,10 @@ impl FunctionsService {
         })
     }
 
-    pub(super) fn sync_compile(&self, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
-        let m = self.0.engine.compile(wasm)?;
+    /// Compiles (or loads) a stored module of `ns` on this blocking thread,
+    /// through the compile gate ([`WasmEngine::compile_stored`]).
+    pub(super) fn sync_compile(&self, ns: &str, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
+        let m = self.0.engine.compile_stored(ns, wasm)?;
         self.sample();
         Ok(m)
     }

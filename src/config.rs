@@ -139,6 +139,15 @@ pub struct DeployConfig {
     pub max_site_unpacked_bytes: usize,
     /// Most files in one static site.
     pub max_site_files: usize,
+    /// Largest single file of a static site, in bytes (a file is stored,
+    /// and so held in memory, whole).
+    pub max_site_file_bytes: usize,
+    /// Site tarballs unpacked at once, node-wide (each streams to disk
+    /// through one bounded buffer, then stores its files one at a time).
+    pub unpack_concurrency: usize,
+    /// Milliseconds a site deploy waits for an unpack slot before 503
+    /// UNPACK_BUSY (with Retry-After).
+    pub unpack_wait_ms: u64,
     /// Seconds to connect to an upstream instance.
     pub connect_timeout_seconds: u64,
     /// Seconds an upstream has to send its response head (then 504).
@@ -168,6 +177,9 @@ impl Default for DeployConfig {
             max_site_bytes: 64 << 20,
             max_site_unpacked_bytes: 256 << 20,
             max_site_files: 10_000,
+            max_site_file_bytes: 64 << 20,
+            unpack_concurrency: 2,
+            unpack_wait_ms: 10_000,
             connect_timeout_seconds: 5,
             upstream_timeout_seconds: 60,
             unhealthy_after_failures: 3,
@@ -459,6 +471,38 @@ pub struct FunctionsConfig {
     /// requests run first when guests keep every core busy; 0 runs guests
     /// at the same priority.
     pub worker_nice: i32,
+    /// Compiles that may run at once, node-wide (at most one per namespace:
+    /// a second deploy is 429 COMPILE_BUSY, an invocation's compile waits).
+    pub compile_concurrency: usize,
+    /// Milliseconds a compile may take, waiting for a compile slot
+    /// included; past it 503 COMPILE_TIMEOUT (the compile runs on to its
+    /// end on its thread, and its result is dropped).
+    pub compile_timeout_ms: u64,
+    /// Most functions a module may define; over it 400 MODULE_TOO_COMPLEX,
+    /// before compiling (as for every `max_*` count below).
+    pub max_functions: u32,
+    /// Most locals of one function (parameters not counted).
+    pub max_locals_per_function: u32,
+    /// Most locals of all the module's functions together.
+    pub max_locals_total: u64,
+    /// Largest function body (its instructions), in bytes.
+    pub max_function_body_bytes: u32,
+    /// Most globals a module may define.
+    pub max_globals: u32,
+    /// Most data segments.
+    pub max_data_segments: u32,
+    /// Most bytes of all data segments together.
+    pub max_data_bytes: u64,
+    /// Most element segments.
+    pub max_element_segments: u32,
+    /// Most tables, defined or imported.
+    pub max_tables: u32,
+    /// Most memories, defined or imported.
+    pub max_memories: u32,
+    /// Most type definitions.
+    pub max_types: u32,
+    /// Most imports.
+    pub max_imports: u32,
 }
 
 impl Default for FunctionsConfig {
@@ -470,6 +514,20 @@ impl Default for FunctionsConfig {
             queue_wait_ms: 3_000,
             max_module_bytes: 16 << 20,
             worker_nice: 10,
+            compile_concurrency: 2,
+            compile_timeout_ms: 10_000,
+            max_functions: 10_000,
+            max_locals_per_function: 50_000,
+            max_locals_total: 500_000,
+            max_function_body_bytes: 1 << 20,
+            max_globals: 10_000,
+            max_data_segments: 10_000,
+            max_data_bytes: 16 << 20,
+            max_element_segments: 10_000,
+            max_tables: 1,
+            max_memories: 1,
+            max_types: 10_000,
+            max_imports: 10_000,
         }
     }
 }
@@ -636,6 +694,21 @@ impl Config {
         }
         if !(0..=19).contains(&self.functions.worker_nice) {
             errors.push("functions.worker_nice: must be 0..=19".into());
+        }
+        if self.functions.compile_concurrency == 0 {
+            errors.push("functions.compile_concurrency: must be > 0".into());
+        }
+        if !(1..=600_000).contains(&self.functions.compile_timeout_ms) {
+            errors.push("functions.compile_timeout_ms: must be 1..=600000".into());
+        }
+        if self.deploy.unpack_concurrency == 0 {
+            errors.push("deploy.unpack_concurrency: must be > 0".into());
+        }
+        if !(1..=600_000).contains(&self.deploy.unpack_wait_ms) {
+            errors.push("deploy.unpack_wait_ms: must be 1..=600000".into());
+        }
+        if self.deploy.max_site_file_bytes == 0 {
+            errors.push("deploy.max_site_file_bytes: must be > 0".into());
         }
         if self.pubsub.outbound_queue_messages == 0 || self.pubsub.ping_interval_seconds == 0 {
             errors.push(

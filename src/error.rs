@@ -97,6 +97,8 @@ codes! {
     InvalidMember = "INVALID_MEMBER", 400, Client, false;
     InvalidMetadata = "INVALID_METADATA", 400, Client, false;
     InvalidModule = "INVALID_MODULE", 400, Client, false;
+    /// A module over a `[functions]` count limit, refused before compiling.
+    ModuleTooComplex = "MODULE_TOO_COMPLEX", 400, Client, false;
     InvalidName = "INVALID_NAME", 400, Client, false;
     InvalidNamespaceName = "INVALID_NAMESPACE_NAME", 400, Client, false;
     InvalidRoute = "INVALID_ROUTE", 400, Client, false;
@@ -205,6 +207,8 @@ codes! {
     /// A namespace quota would be passed (413 instead for the byte quotas);
     /// the message names the quota. Retryable once something is deleted.
     QuotaExceeded = "QUOTA_EXCEEDED", 429, Client, true;
+    /// The namespace's previous compile is still waiting or running.
+    CompileBusy = "COMPILE_BUSY", 429, Client, true;
     // 500: something broke.
     Internal = "INTERNAL", 500, Node, true;
     FunctionTrapped = "FUNCTION_TRAPPED", 500, Guest, false;
@@ -225,6 +229,10 @@ codes! {
     Starting = "STARTING", 503, Node, true;
     Draining = "DRAINING", 503, Node, true;
     DeployBusy = "DEPLOY_BUSY", 503, Node, true;
+    /// Every site-unpack slot of the node stayed taken for `unpack_wait_ms`.
+    UnpackBusy = "UNPACK_BUSY", 503, Node, true;
+    /// A compile did not end (or start) before `compile_timeout_ms`.
+    CompileTimeout = "COMPILE_TIMEOUT", 503, Node, true;
     NoClusterSecret = "NO_CLUSTER_SECRET", 503, Node, true;
     NoMemberAvailable = "NO_MEMBER_AVAILABLE", 503, Node, true;
     Timeout = "TIMEOUT", 504, Node, true;

@@ -188,6 +188,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         namespaces.clone(),
         supervisor.clone(),
     );
+    // Temporary site folders of deploys this node did not finish.
+    crate::deploy::site::clear_leftovers(&data_dir);
     let deployments = Arc::new(crate::deploy::Deployments::new(
         store.clone(),
         config.deploy.clone(),
@@ -306,6 +308,22 @@ fn start_functions(
         queue_wait: std::time::Duration::from_millis(f.queue_wait_ms),
         max_module_bytes: f.max_module_bytes,
         worker_nice: f.worker_nice,
+        module_limits: crate::wasm::ModuleLimits {
+            max_functions: f.max_functions,
+            max_locals_per_function: f.max_locals_per_function,
+            max_locals_total: f.max_locals_total,
+            max_function_body_bytes: f.max_function_body_bytes,
+            max_globals: f.max_globals,
+            max_data_segments: f.max_data_segments,
+            max_data_bytes: f.max_data_bytes,
+            max_element_segments: f.max_element_segments,
+            max_tables: f.max_tables,
+            max_memories: f.max_memories,
+            max_types: f.max_types,
+            max_imports: f.max_imports,
+        },
+        compile_concurrency: f.compile_concurrency,
+        compile_timeout: std::time::Duration::from_millis(f.compile_timeout_ms),
         ..Default::default()
     };
     let engine = crate::wasm::WasmEngine::new(wasm, data_dir.join("wasm-cache"))

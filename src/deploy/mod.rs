@@ -65,8 +65,9 @@ pub struct NewDeployment {
     pub routes: Vec<RouteSpec>,
     /// What serves: a static site's file list or upstream instances (egress-checked).
     pub target: TargetSpec,
-    /// Static-site contents by sha256, stored before the records.
-    pub blobs: Vec<(String, Vec<u8>)>,
+    /// Static-site contents by sha256: the temporary file holding each (in
+    /// the deploy's `site::SiteDir`), stored one at a time before the records.
+    pub blobs: Vec<(String, std::path::PathBuf)>,
 }
 
 /// The node's deployments: records in the store, an index in memory.
@@ -90,6 +91,8 @@ pub struct Deployments {
     writes: tokio::sync::Mutex<()>,
     /// The generation the index was built from.
     loaded: Mutex<Option<Vec<u8>>>,
+    /// Site unpacks running at once, node-wide (`unpack_concurrency`).
+    unpacks: Arc<tokio::sync::Semaphore>,
 }
 
 fn unix_now() -> u64 {
@@ -136,6 +139,9 @@ impl Drop for WriteLock<'_> {
 
 impl Deployments {
     pub fn new(store: Store, config: DeployConfig, base_domain: String) -> Deployments {
+        let unpacks = Arc::new(tokio::sync::Semaphore::new(
+            config.unpack_concurrency.max(1),
+        ));
         Deployments {
             store,
             egress: Arc::new(EgressPolicy::from_config(&config)),
@@ -145,6 +151,26 @@ impl Deployments {
             pools: Mutex::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
             loaded: Mutex::new(None),
+            unpacks,
+        }
+    }
+
+    /// A slot to unpack and store one site, held until the deploy is done:
+    /// at most `unpack_concurrency` at once node-wide. Waits up to
+    /// `unpack_wait_ms`, then 503 `UNPACK_BUSY` with `Retry-After`.
+    pub async fn unpack_slot(&self) -> DeployResult<tokio::sync::OwnedSemaphorePermit> {
+        let wait = Duration::from_millis(self.config.unpack_wait_ms);
+        match tokio::time::timeout(wait, self.unpacks.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) => Err(ApiError::internal("the unpack slots are closed")),
+            Err(_) => Err(ApiError::new(
+                Code::UnpackBusy,
+                format!(
+                    "every site-unpack slot of the node stayed taken for {} ms; try again",
+                    wait.as_millis()
+                ),
+            )
+            .retry_after(1)),
         }
     }
 
@@ -342,10 +368,14 @@ impl Deployments {
         // Content-addressed blobs first, outside the lock (a large site must
         // not hold it near its time to live): a failure after this leaves
         // only unreferenced blobs, never a record pointing at missing bytes.
-        for (sha, bytes) in &new.blobs {
+        // One file in memory at a time (at most `max_site_file_bytes`).
+        for (sha, path) in &new.blobs {
             let key = crate::storage::blob_key(sha);
             if self.store.get(&key).await?.is_none() {
-                self.store.put(&key, bytes).await?;
+                let bytes = tokio::fs::read(path).await.map_err(|e| {
+                    ApiError::internal(format!("cannot read an unpacked site file: {e}"))
+                })?;
+                self.store.put(&key, &bytes).await?;
             }
         }
         let _w = self.write_lock().await?;
@@ -1005,5 +1035,34 @@ mod tests {
             .await
             .unwrap();
         assert!(t0.elapsed() >= Duration::from_millis(250));
+    }
+
+    /// The unpack slots as a pair: with one slot, a second deploy waits
+    /// (obeyed: it gets the slot once the first frees it) and, while the
+    /// slot stays taken past `unpack_wait_ms`, is refused with 503
+    /// `UNPACK_BUSY` and a `Retry-After` (violated).
+    #[tokio::test]
+    async fn unpack_slots_obeyed_and_violated() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let d = Arc::new(Deployments::new(
+            store,
+            DeployConfig {
+                unpack_concurrency: 1,
+                unpack_wait_ms: 50,
+                ..DeployConfig::default()
+            },
+            "gateway.test".into(),
+        ));
+        let first = d.unpack_slot().await.unwrap();
+        let e = d.unpack_slot().await.unwrap_err();
+        assert_eq!(e.code, "UNPACK_BUSY", "{e}");
+        assert_eq!(e.code.status(), 503);
+        assert_eq!(e.retry_after, Some(1));
+        let d2 = d.clone();
+        let waiter = tokio::spawn(async move { d2.unpack_slot().await.map(drop) });
+        tokio::task::yield_now().await;
+        drop(first);
+        assert!(waiter.await.unwrap().is_ok());
     }
 }

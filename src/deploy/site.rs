@@ -1,13 +1,26 @@
-//! Static sites: a `.tar.gz` unpacked in memory and checked whole before
-//! anything is stored. Paths that climb out of the site (`..`, absolute paths)
-//! and links that point out of it are refused; links inside it serve their
-//! target's bytes. Other entry kinds (devices, fifos) are refused.
+//! Static sites: a `.tar.gz` unpacked streaming, entry by entry, into a
+//! temporary folder under the data folder, and checked whole before
+//! anything is stored. Paths that climb out of the site (`..`, absolute
+//! paths) and links that point out of it are refused; links inside it serve
+//! their target's bytes. Other entry kinds (devices, fifos, sparse files)
+//! are refused.
+//!
+//! Memory stays flat whatever the archive's shape: the gzip stream is read
+//! through one bounded buffer, each file's bytes go to its own temporary file
+//! as they arrive (hashed on the way), and the running totals are checked
+//! against the limits before each entry's bytes are read, from its header,
+//! and again as they arrive. The decompressed stream as a whole is bounded
+//! too (data, headers and metadata entries), so a bomb of folders or of
+//! skipped bytes is cut as early as one of files. The tar reader's own
+//! handling of GNU long names and pax headers reads them whole into memory,
+//! so entries are read raw and those are read here, each bounded.
 
 use super::model::SiteFile;
 use crate::error::ApiError;
 use crate::error::Code;
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
 /// Limits of one site.
 #[derive(Debug, Clone, Copy)]
@@ -17,16 +30,126 @@ pub struct SiteLimits {
     pub max_unpacked_bytes: u64,
     /// Most file and link entries (directories not counted; `max_site_files`).
     pub max_files: usize,
+    /// Largest single file (`max_site_file_bytes`); past it 413.
+    pub max_file_bytes: u64,
 }
 
-/// An unpacked site: its manifest and the distinct contents to store.
+/// Longest GNU long name or long link name read, in bytes.
+const MAX_LONG_NAME: u64 = 4096;
+/// Largest pax extended header read, in bytes.
+const MAX_PAX_HEADER: u64 = 64 << 10;
+/// Bytes read from the gzip stream at a time, and written to a file.
+const CHUNK: usize = 64 << 10;
+
+/// An unpacked site: its manifest and the distinct contents to store, in
+/// files of its [`SiteDir`].
 pub struct Site {
     /// Every file (links resolved to their target's contents) by site path.
     pub files: BTreeMap<String, SiteFile>,
-    /// Distinct file contents by sha256 (hex).
-    pub blobs: BTreeMap<String, Vec<u8>>,
+    /// Distinct file contents by sha256 (hex): the temporary file holding them.
+    pub blobs: BTreeMap<String, PathBuf>,
     /// Sum of the regular files' sizes, in bytes (at most `max_unpacked_bytes`).
     pub total_bytes: u64,
+}
+
+/// A temporary folder of one site deploy under `<data_dir>/tmp/`: the
+/// uploaded tarball and the unpacked files. Removed with everything in it
+/// when dropped, on every path (refusal, failure or success); a node that
+/// stopped mid-deploy removes what is left at its next start
+/// ([`clear_leftovers`]).
+pub struct SiteDir {
+    /// The folder, created by [`SiteDir::create`].
+    path: PathBuf,
+}
+
+/// The folder of the temporary site folders.
+fn tmp_root(data_dir: &Path) -> PathBuf {
+    data_dir.join("tmp")
+}
+
+impl SiteDir {
+    /// A new empty folder `<data_dir>/tmp/site-<random>`.
+    pub fn create(data_dir: &Path) -> std::io::Result<SiteDir> {
+        let path = tmp_root(data_dir).join(format!(
+            "site-{}",
+            hex::encode(crate::util::random_bytes::<8>())
+        ));
+        std::fs::create_dir_all(&path)?;
+        Ok(SiteDir { path })
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the uploaded tarball is written.
+    pub fn upload_path(&self) -> PathBuf {
+        self.path.join("upload.tar.gz")
+    }
+}
+
+impl Drop for SiteDir {
+    /// Removes the folder: on a blocking thread when dropped on a runtime
+    /// (a site may hold thousands of files), else here.
+    fn drop(&mut self) {
+        let path = std::mem::take(&mut self.path);
+        let remove = move || {
+            if let Err(e) = std::fs::remove_dir_all(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), error = %e, "Temporary site folder not removed.");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(remove)),
+            Err(_) => remove(),
+        }
+    }
+}
+
+/// Removes the temporary site folders a previous run left (it stopped in
+/// the middle of a deploy); called at start, before any deploy.
+pub fn clear_leftovers(data_dir: &Path) {
+    let root = tmp_root(data_dir);
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with("site-") {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The decompressed stream, counted: past `cap` bytes it fails, and says so.
+struct Capped<R> {
+    /// The gzip decoder.
+    inner: R,
+    /// Bytes read so far.
+    read: u64,
+    /// Most bytes it gives.
+    cap: u64,
+    /// Set when a read went past `cap` (shared with [`unpack`]).
+    over: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.cap {
+            self.over.set(true);
+            return Err(std::io::Error::other(
+                "the decompressed tarball is too large",
+            ));
+        }
+        Ok(n)
+    }
+}
+
+fn too_large(msg: String) -> ApiError {
+    ApiError::new(Code::SiteTooLarge, msg)
 }
 
 fn unsafe_tar(msg: String) -> ApiError {
@@ -95,65 +218,210 @@ pub fn content_type(path: &str) -> String {
     }
 }
 
-fn sha256_hex(b: &[u8]) -> String {
-    hex::encode(ring::digest::digest(&ring::digest::SHA256, b).as_ref())
+/// Reads a metadata entry (long name, pax header) of at most `max` bytes.
+fn read_meta(entry: &mut impl Read, size: u64, max: u64, what: &str) -> Result<Vec<u8>, ApiError> {
+    if size > max {
+        return Err(ApiError::new(
+            Code::InvalidTarball,
+            format!("a {what} entry of {size} bytes (at most {max})"),
+        ));
+    }
+    let mut buf = Vec::with_capacity(size as usize);
+    entry.take(size).read_to_end(&mut buf).map_err(|e| {
+        ApiError::new(
+            Code::InvalidTarball,
+            format!("the tarball does not read as .tar.gz: {e}"),
+        )
+    })?;
+    while buf.last() == Some(&0) {
+        buf.pop();
+    }
+    Ok(buf)
 }
 
-/// Unpacks and checks a gzip-compressed tarball.
-pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
+/// One regular file unpacked into the site folder.
+struct Unpacked {
+    /// SHA-256 (hex) of its bytes.
+    sha256: String,
+    /// Its size.
+    size: u64,
+}
+
+/// Unpacks and checks a gzip-compressed tarball read from `gz` into `dir`
+/// (the caller's [`SiteDir`], which removes what is written on every path).
+pub fn unpack(gz: impl Read, dir: &Path, limits: SiteLimits) -> Result<Site, ApiError> {
+    let over = std::rc::Rc::new(std::cell::Cell::new(false));
+    // Everything the archive may hold: the files, and a header, padding
+    // and a bounded metadata entry or two for each entry.
+    let max_entries = limits.max_files.saturating_mul(4).saturating_add(64);
+    let cap = limits
+        .max_unpacked_bytes
+        .saturating_add((max_entries as u64).saturating_mul(1024))
+        .saturating_add(MAX_PAX_HEADER)
+        .saturating_add(1 << 20);
+    let capped = Capped {
+        inner: flate2::read::GzDecoder::new(std::io::BufReader::with_capacity(CHUNK, gz)),
+        read: 0,
+        cap,
+        over: over.clone(),
+    };
+    let stream_over = || {
+        too_large(format!(
+            "the tarball decompresses to more than {cap} bytes (files, headers and metadata)"
+        ))
+    };
     let bad = |e: std::io::Error| {
         ApiError::new(
             Code::InvalidTarball,
             format!("the tarball does not read as .tar.gz: {e}"),
         )
     };
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(gz));
-    let mut contents: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut archive = tar::Archive::new(capped);
+    let mut contents: BTreeMap<String, Unpacked> = BTreeMap::new();
+    let mut blobs: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut links: Vec<(String, String, bool)> = Vec::new();
     let mut total: u64 = 0;
-    for entry in archive.entries().map_err(bad)? {
-        let mut entry = entry.map_err(bad)?;
-        let raw_path = entry.path_bytes().into_owned();
+    let mut raw_entries = 0usize;
+    // What the metadata entries say of the next entry.
+    let (mut long_name, mut long_link): (Option<Vec<u8>>, Option<Vec<u8>>) = (None, None);
+    let (mut pax_path, mut pax_link): (Option<Vec<u8>>, Option<Vec<u8>>) = (None, None);
+    let mut buf = vec![0u8; CHUNK];
+    let entries = archive.entries().map_err(bad)?.raw(true);
+    for entry in entries {
+        let mut entry = match entry {
+            Ok(e) => e,
+            Err(_) if over.get() => return Err(stream_over()),
+            Err(e) => return Err(bad(e)),
+        };
+        raw_entries += 1;
+        if raw_entries > max_entries {
+            return Err(too_large(format!(
+                "the tarball has more than {max_entries} entries"
+            )));
+        }
         let kind = entry.header().entry_type();
+        let size = entry.header().entry_size().map_err(bad)?;
+        use tar::EntryType as E;
+        let meta = |r: Result<Vec<u8>, ApiError>| match r {
+            Err(_) if over.get() => Err(stream_over()),
+            other => other,
+        };
+        match kind {
+            E::GNULongName => {
+                long_name = Some(meta(read_meta(
+                    &mut entry,
+                    size,
+                    MAX_LONG_NAME,
+                    "long name",
+                ))?);
+                continue;
+            }
+            E::GNULongLink => {
+                long_link = Some(meta(read_meta(
+                    &mut entry,
+                    size,
+                    MAX_LONG_NAME,
+                    "long link",
+                ))?);
+                continue;
+            }
+            E::XHeader => {
+                let data = meta(read_meta(&mut entry, size, MAX_PAX_HEADER, "pax header"))?;
+                for ext in tar::PaxExtensions::new(&data) {
+                    let ext = ext.map_err(bad)?;
+                    match ext.key_bytes() {
+                        b"path" => pax_path = Some(ext.value_bytes().to_vec()),
+                        b"linkpath" => pax_link = Some(ext.value_bytes().to_vec()),
+                        // The raw reader skips by the header's size: another
+                        // size would read the archive out of step.
+                        b"size" => {
+                            return Err(ApiError::new(
+                                Code::InvalidTarball,
+                                "pax size records are not supported (files over 8 GiB)",
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+                continue;
+            }
+            // Its bytes are skipped through the capped stream.
+            E::XGlobalHeader => continue,
+            _ => {}
+        }
+        let raw_path = pax_path
+            .take()
+            .or_else(|| long_name.take())
+            .unwrap_or_else(|| entry.header().path_bytes().into_owned());
+        let link_target = pax_link
+            .take()
+            .or_else(|| long_link.take())
+            .or_else(|| entry.header().link_name_bytes().map(|b| b.into_owned()));
+        (long_name, long_link) = (None, None);
         let path = site_path(&raw_path)?;
         if contents.len() + links.len() >= limits.max_files {
-            return Err(ApiError::new(
-                Code::SiteTooLarge,
-                format!("a site has at most {} files", limits.max_files),
-            ));
+            return Err(too_large(format!(
+                "a site has at most {} files",
+                limits.max_files
+            )));
         }
-        use tar::EntryType as E;
         match kind {
             E::Directory => {}
-            E::Regular | E::Continuous | E::GNUSparse => {
+            E::Regular | E::Continuous => {
                 let Some(path) = path else {
                     return Err(unsafe_tar("a file entry has no name".into()));
                 };
-                let size = entry.size();
+                if size > limits.max_file_bytes {
+                    return Err(too_large(format!(
+                        "file {path:?} is {size} bytes; a site file is at most {}",
+                        limits.max_file_bytes
+                    )));
+                }
                 total = total.saturating_add(size);
                 if total > limits.max_unpacked_bytes {
-                    return Err(ApiError::new(
-                        Code::SiteTooLarge,
-                        format!(
-                            "the site unpacks to more than {} bytes",
-                            limits.max_unpacked_bytes
-                        ),
-                    ));
+                    return Err(too_large(format!(
+                        "the site unpacks to more than {} bytes",
+                        limits.max_unpacked_bytes
+                    )));
                 }
-                let mut buf = Vec::with_capacity(size.min(1 << 20) as usize);
-                entry
-                    .by_ref()
-                    .take(size)
-                    .read_to_end(&mut buf)
-                    .map_err(bad)?;
-                contents.insert(path, buf);
+                let tmp = dir.join(format!("f{raw_entries}"));
+                let mut out = std::fs::File::create(&tmp)
+                    .map_err(|e| ApiError::internal(format!("cannot write a site file: {e}")))?;
+                let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+                let mut left = size;
+                while left > 0 {
+                    let want = (left as usize).min(CHUNK);
+                    let n = match entry.read(&mut buf[..want]) {
+                        Ok(0) => {
+                            return Err(ApiError::new(
+                                Code::InvalidTarball,
+                                format!("file {path:?} ends before its {size} bytes"),
+                            ));
+                        }
+                        Ok(n) => n,
+                        Err(_) if over.get() => return Err(stream_over()),
+                        Err(e) => return Err(bad(e)),
+                    };
+                    hash.update(&buf[..n]);
+                    out.write_all(&buf[..n]).map_err(|e| {
+                        ApiError::internal(format!("cannot write a site file: {e}"))
+                    })?;
+                    left -= n as u64;
+                }
+                drop(out);
+                let sha256 = hex::encode(hash.finish().as_ref());
+                if blobs.contains_key(&sha256) {
+                    let _ = std::fs::remove_file(&tmp);
+                } else {
+                    blobs.insert(sha256.clone(), tmp);
+                }
+                contents.insert(path, Unpacked { sha256, size });
             }
             E::Symlink | E::Link => {
                 let Some(path) = path else {
                     return Err(unsafe_tar("a link entry has no name".into()));
                 };
-                let target = entry
-                    .link_name_bytes()
+                let target = link_target
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
                     .unwrap_or_default();
                 let resolved = resolve_link(&path, &target, kind == E::Link).ok_or_else(|| {
@@ -163,8 +431,15 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
                 })?;
                 links.push((path, resolved, kind == E::Link));
             }
-            // pax and GNU long-name headers are consumed by the tar reader itself.
-            E::XGlobalHeader | E::XHeader | E::GNULongName | E::GNULongLink => {}
+            E::GNUSparse => {
+                return Err(ApiError::new(
+                    Code::InvalidTarball,
+                    format!(
+                        "entry {:?} is a sparse file; pack the site without --sparse",
+                        String::from_utf8_lossy(&raw_path)
+                    ),
+                ));
+            }
             other => {
                 return Err(unsafe_tar(format!(
                     "entry {:?} is a {other:?}, not a file, folder or link",
@@ -172,6 +447,9 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
                 )));
             }
         }
+    }
+    if over.get() {
+        return Err(stream_over());
     }
     // Links resolve to files of the site (following link chains a bounded number of times).
     let link_map: BTreeMap<String, String> = links
@@ -188,26 +466,27 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
             }
             t = next.clone();
         }
-        let Some(bytes) = contents.get(&t).cloned() else {
+        let Some(file) = contents.get(&t) else {
             return Err(unsafe_tar(format!(
                 "link {path:?} points to {target:?}, which is not a file of the site"
             )));
         };
-        contents.insert(path.clone(), bytes);
+        let file = Unpacked {
+            sha256: file.sha256.clone(),
+            size: file.size,
+        };
+        contents.insert(path.clone(), file);
     }
     let mut files = BTreeMap::new();
-    let mut blobs = BTreeMap::new();
-    for (path, bytes) in contents {
-        let sha = sha256_hex(&bytes);
+    for (path, f) in contents {
         files.insert(
             path.clone(),
             SiteFile {
-                sha256: sha.clone(),
-                size: bytes.len() as u64,
+                sha256: f.sha256,
+                size: f.size,
                 content_type: content_type(&path),
             },
         );
-        blobs.entry(sha).or_insert(bytes);
     }
     if files.is_empty() {
         return Err(ApiError::new(
@@ -215,6 +494,10 @@ pub fn unpack(gz: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
             "the tarball holds no files",
         ));
     }
+    // Files overwritten by a later entry of the same path are not stored.
+    let used: std::collections::BTreeSet<&str> =
+        files.values().map(|f| f.sha256.as_str()).collect();
+    blobs.retain(|sha, _| used.contains(sha.as_str()));
     Ok(Site {
         files,
         blobs,
@@ -239,7 +522,14 @@ pub mod tests {
     const LIMITS: SiteLimits = SiteLimits {
         max_unpacked_bytes: 1 << 20,
         max_files: 100,
+        max_file_bytes: 1 << 20,
     };
+
+    /// Unpacks `t` into a fresh folder (gone when the test ends).
+    fn unpack_in(t: &[u8], limits: SiteLimits) -> Result<Site, ApiError> {
+        let d = tempfile::tempdir().unwrap();
+        unpack(t, d.path(), limits)
+    }
 
     /// Builds a tarball from (path, kind, data-or-link-target) entries, writing the
     /// names raw so that hostile names can be made.
@@ -297,7 +587,7 @@ pub mod tests {
             ("./css/app.css", 'f', b"body{}"),
             ("./home.html", 's', b"index.html"),
         ]);
-        let s = unpack(&t, LIMITS).unwrap();
+        let s = unpack_in(&t, LIMITS).unwrap();
         assert_eq!(
             s.files.keys().collect::<Vec<_>>(),
             ["css/app.css", "home.html", "index.html"]
@@ -327,7 +617,7 @@ pub mod tests {
             tarball(&[("dev", 'c', b"")]),
         ];
         for (i, t) in cases.iter().enumerate() {
-            let e = unpack(t, LIMITS)
+            let e = unpack_in(t, LIMITS)
                 .err()
                 .unwrap_or_else(|| panic!("case {i} passed"));
             assert_eq!(e.code, "UNSAFE_TARBALL", "case {i}: {e}");
@@ -338,20 +628,22 @@ pub mod tests {
     #[test]
     fn limits_and_garbage() {
         let big = vec![b'x'; 2 << 20];
-        let e = unpack(&tarball(&[("big", 'f', &big)]), LIMITS)
+        let e = unpack_in(&tarball(&[("big", 'f', &big)]), LIMITS)
             .err()
             .unwrap();
         assert_eq!(e.code, "SITE_TOO_LARGE");
-        let e = unpack(b"not a tarball", LIMITS).err().unwrap();
+        let e = unpack_in(b"not a tarball", LIMITS).err().unwrap();
         assert_eq!(e.code, "INVALID_TARBALL");
-        let e = unpack(&tarball(&[("d/", 'd', b"")]), LIMITS).err().unwrap();
+        let e = unpack_in(&tarball(&[("d/", 'd', b"")]), LIMITS)
+            .err()
+            .unwrap();
         assert_eq!(e.code, "INVALID_TARBALL");
         let many: Vec<(String, char, &[u8])> = (0..101)
             .map(|i| (format!("f{i}"), 'f', &b"x"[..]))
             .collect();
         let refs: Vec<(&str, char, &[u8])> =
             many.iter().map(|(p, k, d)| (p.as_str(), *k, *d)).collect();
-        let e = unpack(&tarball(&refs), LIMITS).err().unwrap();
+        let e = unpack_in(&tarball(&refs), LIMITS).err().unwrap();
         assert_eq!(e.code, "SITE_TOO_LARGE");
     }
 
@@ -362,7 +654,7 @@ pub mod tests {
         std::fs::create_dir(d.path().join("sub")).unwrap();
         std::fs::write(d.path().join("index.html"), "i").unwrap();
         std::fs::write(d.path().join("sub/a.js"), "a").unwrap();
-        let s = unpack(&pack_dir(d.path()).unwrap(), LIMITS).unwrap();
+        let s = unpack_in(&pack_dir(d.path()).unwrap(), LIMITS).unwrap();
         assert_eq!(
             s.files.keys().collect::<Vec<_>>(),
             ["index.html", "sub/a.js"]
@@ -371,5 +663,106 @@ pub mod tests {
             s.files["sub/a.js"].content_type,
             "text/javascript; charset=utf-8"
         );
+    }
+
+    /// A raw entry of `kind` with `data`, for the bomb tests.
+    fn raw_tarball(entries: &[(&str, tar::EntryType, Vec<u8>)]) -> Vec<u8> {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        for (path, kind, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.as_gnu_mut().unwrap().name[..path.len()].copy_from_slice(path.as_bytes());
+            h.set_mode(0o644);
+            h.set_entry_type(*kind);
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            b.append(&h, &data[..]).unwrap();
+        }
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    /// Distinct bytes of `n` (a compressible run, distinct by its first byte).
+    fn filler(n: usize, tag: u8) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        v[0] = tag;
+        v
+    }
+
+    /// Obeyed: a site exactly at the total and per-file limits, with a long
+    /// (GNU long name) path, unpacks; each distinct content is one file in
+    /// the folder with the bytes and hash of the entry.
+    #[test]
+    fn site_bounds_obeyed() {
+        let d = tempfile::tempdir().unwrap();
+        let long = format!("{}/page.html", "a".repeat(150));
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        for (path, data) in [
+            ("one.bin", filler(512 << 10, 1)),
+            (long.as_str(), filler(512 << 10, 2)),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            b.append_data(&mut h, path, &data[..]).unwrap();
+        }
+        let t = b.into_inner().unwrap().finish().unwrap();
+        let s = unpack(&t[..], d.path(), LIMITS).unwrap();
+        assert_eq!(s.total_bytes, 1 << 20);
+        assert!(s.files.contains_key(&long), "{:?}", s.files.keys());
+        assert_eq!(s.blobs.len(), 2);
+        for (sha, path) in &s.blobs {
+            let bytes = std::fs::read(path).unwrap();
+            assert!(path.starts_with(d.path()));
+            assert_eq!(
+                &hex::encode(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref()),
+                sha
+            );
+        }
+    }
+
+    /// Violated: a file over the per-file limit, files over the total, a
+    /// 1 MiB long-name entry, and folders carrying megabytes of skipped
+    /// bytes are each refused with their code.
+    #[test]
+    fn site_bombs_violated() {
+        use tar::EntryType as E;
+        let cases = [
+            (
+                raw_tarball(&[("bomb.bin", E::Regular, filler(8 << 20, 1))]),
+                "SITE_TOO_LARGE",
+            ),
+            (
+                raw_tarball(&[
+                    ("a", E::Regular, filler(512 << 10, 1)),
+                    ("b", E::Regular, filler(512 << 10, 2)),
+                    ("c", E::Regular, filler(512 << 10, 3)),
+                ]),
+                "SITE_TOO_LARGE",
+            ),
+            (
+                raw_tarball(&[
+                    ("././@LongLink", E::GNULongName, vec![b'a'; 1 << 20]),
+                    ("x", E::Regular, b"x".to_vec()),
+                ]),
+                "INVALID_TARBALL",
+            ),
+            (
+                raw_tarball(&[
+                    ("d1/", E::Directory, filler(1 << 20, 1)),
+                    ("d2/", E::Directory, filler(1 << 20, 2)),
+                    ("d3/", E::Directory, filler(1 << 20, 3)),
+                    ("d4/", E::Directory, filler(1 << 20, 4)),
+                    ("x", E::Regular, b"x".to_vec()),
+                ]),
+                "SITE_TOO_LARGE",
+            ),
+        ];
+        for (i, (t, want)) in cases.iter().enumerate() {
+            let e = unpack_in(t, LIMITS)
+                .err()
+                .unwrap_or_else(|| panic!("case {i} passed"));
+            assert_eq!(e.code, *want, "case {i}: {e}");
+        }
     }
 }

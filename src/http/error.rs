@@ -141,7 +141,7 @@ impl From<crate::wasm::WasmError> for ApiError {
         use crate::wasm::WasmError as W;
         let api = ApiError::new(crate::functions::wasm_error_code(&e), e.to_string());
         match e {
-            W::Busy | W::Overloaded => api.retry_after(1),
+            W::Busy | W::Overloaded | W::CompileBusy | W::CompileTimeout(_) => api.retry_after(1),
             _ => api,
         }
     }

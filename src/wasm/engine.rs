@@ -16,12 +16,14 @@ use wasmtime::{
 
 use super::cache::ArtifactCache;
 use super::error::{Result, WasmError};
+use super::gate::CompileGate;
 use super::host::{HostApi, HostState, ResolvedFunction, build_linker};
 use super::limits::{
     DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, MAX_DEPTH, MAX_INPUT_BYTES, MAX_MEMORY_MB,
     MAX_OUTPUT_BYTES, MAX_TABLE_ELEMENTS, MAX_WASM_STACK,
 };
 use super::pool::{Pool, PoolStats};
+use super::shape::{ModuleLimits, check_shape};
 
 /// The entry point of a WASI command module.
 const ENTRY_POINT: &str = "_start";
@@ -73,6 +75,14 @@ pub struct WasmConfig {
     /// The workers' nice value (0 to 19; 0 leaves them at the request
     /// path's priority); default [`WORKER_NICE`](super::priority::WORKER_NICE).
     pub worker_nice: i32,
+    /// What a module may declare, checked before it is compiled.
+    pub module_limits: ModuleLimits,
+    /// Compiles that may run at once, node-wide (at most one per namespace,
+    /// see `gate.rs`); default 2.
+    pub compile_concurrency: usize,
+    /// How long a bounded compile may take, waiting for a slot included;
+    /// default 10 s.
+    pub compile_timeout: Duration,
 }
 
 impl WasmConfig {
@@ -95,6 +105,9 @@ impl Default for WasmConfig {
             max_module_bytes: 16 << 20,
             worker_nice: super::priority::WORKER_NICE,
             epoch_tick_ms: 5,
+            module_limits: ModuleLimits::default(),
+            compile_concurrency: 2,
+            compile_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -336,6 +349,12 @@ struct Inner {
     pool: Pool,
     /// [`WasmConfig::max_module_bytes`].
     max_module_bytes: usize,
+    /// [`WasmConfig::module_limits`].
+    module_limits: ModuleLimits,
+    /// Bounds the compiles of [`WasmEngine::compile_bounded`].
+    gate: CompileGate,
+    /// [`WasmConfig::compile_timeout`].
+    compile_timeout: Duration,
 }
 
 impl Drop for Inner {
@@ -468,15 +487,60 @@ impl WasmEngine {
                 cache,
                 pool,
                 max_module_bytes: cfg.max_module_bytes,
+                module_limits: cfg.module_limits,
+                gate: CompileGate::new(cfg.compile_concurrency),
+                compile_timeout: cfg.compile_timeout,
             }),
         })
     }
 
-    /// Validates, compiles (or loads from the artifact cache) and links a module.
+    /// Validates, compiles (or loads from the artifact cache) and links a
+    /// module, with the size and count limits checked first, outside the
+    /// compile gate (the paths that load what a deploy already checked).
     ///
     /// Compiling is CPU-bound (milliseconds to seconds): call it from a
     /// blocking context (`spawn_blocking`, `web::block`), not on an event loop.
     pub fn compile(&self, wasm: &[u8]) -> Result<Arc<CompiledModule>> {
+        self.compile_inner(wasm, None)
+    }
+
+    /// [`WasmEngine::compile`] for a deploy of `namespace`: the limits are
+    /// checked first, then a compile (not an artifact-cache load) takes a
+    /// slot of the compile gate (at most `compile_concurrency` node-wide,
+    /// one per namespace: `CompileBusy` for a second one) and must end
+    /// within `compile_timeout` of this call, waiting included
+    /// (`CompileTimeout`; a module compiled too late is not cached). Blocks:
+    /// the async caller gives up at the same deadline (see
+    /// [`WasmEngine::compile_timeout`]) while this thread runs to its end.
+    pub fn compile_bounded(&self, namespace: &str, wasm: &[u8]) -> Result<Arc<CompiledModule>> {
+        let deadline = crate::util::mono_now() + self.inner.compile_timeout;
+        self.compile_inner(wasm, Some((namespace, deadline, false)))
+    }
+
+    /// [`WasmEngine::compile_bounded`] for an invocation of a stored module
+    /// of `namespace`: a compile (an artifact-cache miss) takes a slot of
+    /// the gate, waiting behind the namespace's own compile instead of
+    /// `CompileBusy`, within `compile_timeout`. Blocks.
+    pub fn compile_stored(&self, namespace: &str, wasm: &[u8]) -> Result<Arc<CompiledModule>> {
+        let deadline = crate::util::mono_now() + self.inner.compile_timeout;
+        self.compile_inner(wasm, Some((namespace, deadline, true)))
+    }
+
+    /// The longest a bounded compile may take ([`WasmConfig::compile_timeout`]).
+    pub fn compile_timeout(&self) -> Duration {
+        self.inner.compile_timeout
+    }
+
+    /// Compiles running now (slots of the compile gate taken).
+    pub fn compiles_running(&self) -> usize {
+        self.inner.gate.running()
+    }
+
+    fn compile_inner(
+        &self,
+        wasm: &[u8],
+        bounded: Option<(&str, Instant, bool)>,
+    ) -> Result<Arc<CompiledModule>> {
         let inner = &*self.inner;
         if wasm.len() > inner.max_module_bytes {
             return Err(WasmError::ModuleTooLarge {
@@ -484,6 +548,18 @@ impl WasmEngine {
                 max: inner.max_module_bytes,
             });
         }
+        check_module_shape(wasm)?;
+        // WAT text becomes a binary here, so the counts see what is compiled.
+        let binary: std::borrow::Cow<'_, [u8]> = if wasm.starts_with(WASM_MAGIC) {
+            std::borrow::Cow::Borrowed(wasm)
+        } else {
+            std::borrow::Cow::Owned(
+                wat::parse_bytes(wasm)
+                    .map_err(|e| WasmError::InvalidModule(format!("not valid WAT text: {e}")))?
+                    .into_owned(),
+            )
+        };
+        check_shape(&binary, &inner.module_limits)?;
         let engine = &inner.runtime.engine;
         let digest = ring::digest::digest(&ring::digest::SHA256, wasm);
         let mut sha256 = [0u8; 32];
@@ -492,15 +568,21 @@ impl WasmEngine {
         let (module, cached) = match inner.cache.load(engine, &sha256) {
             Some(module) => (module, true),
             None => {
-                check_module_shape(wasm)?;
-                let module = Module::new(engine, wasm).map_err(|e| {
-                    let what = if wasm.starts_with(WASM_MAGIC) {
-                        "not a valid WebAssembly binary"
-                    } else {
-                        "not valid WAT text"
-                    };
-                    WasmError::InvalidModule(format!("{what}: {e:#}"))
+                let _slot = match bounded {
+                    Some((ns, deadline, queue)) => Some(inner.gate.enter(ns, deadline, queue)?),
+                    None => None,
+                };
+                let module = Module::new(engine, &binary).map_err(|e| {
+                    WasmError::InvalidModule(format!("not a valid WebAssembly binary: {e:#}"))
                 })?;
+                if let Some((_, deadline, _)) = bounded
+                    && crate::util::mono_now() > deadline
+                {
+                    return Err(WasmError::CompileTimeout(format!(
+                        "the compile took longer than {} ms",
+                        inner.compile_timeout.as_millis()
+                    )));
+                }
                 (module, false)
             }
         };

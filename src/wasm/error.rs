@@ -8,9 +8,9 @@ pub type Result<T, E = WasmError> = std::result::Result<T, E>;
 /// Why compiling or running a guest failed.
 ///
 /// Grouped by who is at fault: the deployer (`InvalidModule`, `UnknownImport`,
-/// `ModuleTooLarge`), the caller (`InputTooLarge`), the guest (`OutputTooLarge`,
+/// `ModuleTooLarge`, `ModuleTooComplex`), the caller (`InputTooLarge`), the guest (`OutputTooLarge`,
 /// `Timeout`, `Trapped`, `MemoryLimit`, `DepthExceeded`), load (`Busy`,
-/// `Overloaded`) and the node itself (`Internal`).
+/// `Overloaded`, `CompileBusy`, `CompileTimeout`) and the node itself (`Internal`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WasmError {
     /// The bytes are not a valid module (or not a WASI command module).
@@ -27,6 +27,18 @@ pub enum WasmError {
         /// The limit, in bytes.
         max: usize,
     },
+    /// The module declares more than a `[functions]` limit allows (functions,
+    /// locals, globals, data...): refused before it is compiled. The message
+    /// names the count, its value and the limit.
+    #[error("module too complex: {0}")]
+    ModuleTooComplex(String),
+    /// The namespace already has a compile waiting or running (retryable).
+    #[error("a compile of this namespace is already running; try again when it is done")]
+    CompileBusy,
+    /// The compile did not end before `compile_timeout_ms` (waiting for a
+    /// slot included); its result, if it ends later, is dropped (retryable).
+    #[error("compile timed out: {0}")]
+    CompileTimeout(String),
     /// The input is bigger than 1 MiB.
     #[error("input too large (limit 1 MiB)")]
     InputTooLarge,

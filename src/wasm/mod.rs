@@ -12,16 +12,20 @@
 //!   clocks, randomness, a bounded sleep; no file or socket).
 //! - `pool`: the worker threads and the per-namespace queues (fair share).
 //! - `cache`: compiled artifacts on disk.
+//! - `shape`: what a module may declare, counted before it is compiled.
+//! - `gate`: the compile slots (node-wide, one per namespace).
 //! - `limits`: the fixed limits and the resource limiter.
 //! - `error`: [`WasmError`], [`HostError`] and the guest error codes.
 
 mod cache;
 mod engine;
 mod error;
+mod gate;
 mod host;
 mod limits;
 mod pool;
 mod priority;
+mod shape;
 mod wasi;
 
 #[cfg(test)]
@@ -34,4 +38,5 @@ pub use self::{
     limits::{MAX_DEPTH, MAX_INPUT_BYTES, MAX_OUTPUT_BYTES, MAX_PUBLISHES},
     pool::{NamespaceStats, PoolStats},
     priority::WORKER_NICE,
+    shape::ModuleLimits,
 };

@@ -1903,3 +1903,69 @@ async fn wasi_names_no_file_and_no_socket() {
         .collect();
     assert_eq!(words, [8, 8, 8, 8, 8], "every one EBADF");
 }
+
+/// Counts that `POST /v1/functions` does not cover end to end (types,
+/// tables, memories, element segments, imports), each as a pair at the
+/// engine: a module at the limit compiles, one over is `ModuleTooComplex`
+/// naming its limit, before compiling (nothing reaches the artifact cache).
+#[test]
+fn module_shape_limits_obeyed_and_violated() {
+    let (engine, _dir) = engine_with(WasmConfig {
+        module_limits: ModuleLimits {
+            max_types: 3,
+            max_element_segments: 2,
+            max_imports: 2,
+            ..ModuleLimits::default()
+        },
+        ..config(1, 4, 4)
+    });
+    let start = r#"(func (export "_start"))"#;
+    let types = |n: usize| {
+        (0..n)
+            .map(|i| format!("(type (func (param {})))", vec!["i32"; i + 1].join(" ")))
+            .collect::<String>()
+    };
+    let elems = |n: usize| "(elem declare func 0)".repeat(n);
+    let imports = |n: usize| {
+        (0..n)
+            .map(|i| {
+                format!(
+                    r#"(import "meshgate" "log" (func $l{i} (param i32 i32 i32) (result i32)))"#
+                )
+            })
+            .collect::<String>()
+    };
+    // (limit key, at the limit, one over); type 0 is `_start`'s own.
+    let pairs = [
+        ("max_types", types(2), types(3)),
+        ("max_element_segments", elems(2), elems(3)),
+        ("max_imports", imports(2), imports(3)),
+        (
+            "max_tables",
+            "(table 1 funcref)".into(),
+            "(table 1 funcref) (table 1 funcref)".into(),
+        ),
+        (
+            "max_memories",
+            "(memory 1)".into(),
+            "(memory 1) (memory 1)".into(),
+        ),
+    ];
+    for (limit, under, over) in pairs {
+        // Imports come before the functions they shift.
+        let m = |fields: &str| format!("(module {fields} {start})");
+        engine
+            .compile(m(&under).as_bytes())
+            .unwrap_or_else(|e| panic!("{limit} at the limit: {e}"));
+        let misses = engine.cache_misses();
+        match engine.compile(m(&over).as_bytes()) {
+            Err(WasmError::ModuleTooComplex(msg)) => assert!(msg.contains(limit), "{msg}"),
+            other => panic!("{limit}: {other:?}"),
+        }
+        assert_eq!(
+            engine.cache_misses(),
+            misses,
+            "{limit}: reached the compiler"
+        );
+    }
+}

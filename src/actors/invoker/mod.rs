@@ -809,7 +809,7 @@ mod tests {
             WasmEngine::new(crate::wasm::WasmConfig::default(), dir.path().join("cache")).unwrap();
         let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
         let inv = svc.invoker("ns");
-        let module = svc.compile(NOOP.to_vec()).await.unwrap();
+        let module = svc.compile("ns", NOOP.to_vec()).await.unwrap();
         inv.deploy(request("f"), module.clone()).await.unwrap();
         (store, inv, module)
     }

@@ -130,7 +130,7 @@ impl Invoker {
                     .ok_or_else(|| {
                         FnError::Internal(format!("module blob {} is missing", meta.sha256))
                     })?;
-                let m = self.svc.sync_compile(&bytes)?;
+                let m = self.svc.sync_compile(&self.ns, &bytes)?;
                 let mut modules = self.st.modules.lock();
                 if modules.len() >= MAX_CACHED_MODULES {
                     modules.clear();

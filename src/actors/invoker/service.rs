@@ -79,12 +79,28 @@ impl FunctionsService {
         &self.0.engine
     }
 
-    /// Validates and compiles a module off the event loop.
-    pub async fn compile(&self, wasm: Vec<u8>) -> FnResult<Arc<CompiledModule>> {
+    /// Validates and compiles a module of namespace `ns` off the event
+    /// loop, through the engine's compile gate
+    /// ([`WasmEngine::compile_bounded`]): answers `CompileTimeout` at the
+    /// compile deadline even while the compile still runs on its blocking
+    /// thread (it keeps its slot until it ends; its result is dropped).
+    pub async fn compile(&self, ns: &str, wasm: Vec<u8>) -> FnResult<Arc<CompiledModule>> {
         let svc = self.clone();
-        let module = tokio::task::spawn_blocking(move || svc.0.engine.compile(&wasm))
-            .await
-            .map_err(|e| FnError::Internal(format!("compile task failed: {e}")))??;
+        let ns = ns.to_string();
+        let timeout = self.0.engine.compile_timeout();
+        let task = tokio::task::spawn_blocking(move || svc.0.engine.compile_bounded(&ns, &wasm));
+        let module = match tokio::time::timeout(timeout, task).await {
+            Ok(joined) => {
+                joined.map_err(|e| FnError::Internal(format!("compile task failed: {e}")))??
+            }
+            Err(_) => {
+                return Err(crate::wasm::WasmError::CompileTimeout(format!(
+                    "the compile took longer than {} ms",
+                    timeout.as_millis()
+                ))
+                .into());
+            }
+        };
         self.sample();
         Ok(module)
     }
@@ -172,8 +188,10 @@ impl FunctionsService {
         })
     }
 
-    pub(super) fn sync_compile(&self, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
-        let m = self.0.engine.compile(wasm)?;
+    /// Compiles (or loads) a stored module of `ns` on this blocking thread,
+    /// through the compile gate ([`WasmEngine::compile_stored`]).
+    pub(super) fn sync_compile(&self, ns: &str, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
+        let m = self.0.engine.compile_stored(ns, wasm)?;
         self.sample();
         Ok(m)
     }

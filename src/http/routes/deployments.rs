@@ -8,7 +8,7 @@ use crate::deploy::model::{
     MAX_HOSTS, MAX_INSTANCES, RouteSpec, TargetSpec, normalize_host, normalize_instance,
     valid_name, validate_routes,
 };
-use crate::deploy::site::{SiteLimits, unpack};
+use crate::deploy::site::{SiteDir, SiteLimits, unpack};
 use crate::error::Code;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
@@ -126,10 +126,13 @@ async fn create(
         .get(actix_web::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
-    let new = if multipart {
-        parse_static(&node, Multipart::new(req.headers(), payload)).await?
+    // A static site's unpacked files and its unpack slot stay until the
+    // deploy is done; dropping them removes the files (on every path).
+    let (new, _site) = if multipart {
+        let (new, site) = parse_static(&node, Multipart::new(req.headers(), payload)).await?;
+        (new, Some(site))
     } else {
-        parse_upstream(&node, payload).await?
+        (parse_upstream(&node, payload).await?, None)
     };
     ctx.require("deployments", "deploy", &new.name)?;
     let limits = node.limits(&ctx.name).await?;
@@ -183,18 +186,57 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     })
 }
 
-/// Parses the parts of a static-site deploy; the tarball is checked whole
-/// before anything is stored.
-async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<NewDeployment> {
+/// A static site being deployed: its temporary folder (the upload and the
+/// unpacked files) and its unpack slot.
+struct StaticUpload {
+    /// Removed, with every file in it, when this drops.
+    _dir: SiteDir,
+    /// One of the node's `unpack_concurrency` slots.
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Writes a multipart part to `path` as it arrives, refusing more than
+/// `limit` bytes with 413 `SITE_TOO_LARGE`.
+async fn save_field(
+    field: &mut actix_multipart::Field,
+    path: &std::path::Path,
+    limit: usize,
+) -> ApiResult<()> {
+    use tokio::io::AsyncWriteExt;
+    let io = |e: std::io::Error| ApiError::internal(format!("cannot write the upload: {e}"));
+    let mut file = tokio::fs::File::create(path).await.map_err(io)?;
+    let mut size = 0usize;
+    while let Some(chunk) = field.next().await {
+        let chunk = chunk.map_err(super::functions::multipart_error)?;
+        size += chunk.len();
+        if size > limit {
+            return Err(ApiError::new(
+                Code::SiteTooLarge,
+                format!("the part is larger than {limit} bytes"),
+            ));
+        }
+        file.write_all(&chunk).await.map_err(io)?;
+    }
+    file.flush().await.map_err(io)
+}
+
+/// Parses the parts of a static-site deploy; the tarball is written to a
+/// temporary folder as it arrives, then unpacked there (streaming, one
+/// unpack slot of the node held) and checked whole before anything is
+/// stored.
+async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeployment, StaticUpload)> {
     let cfg = &node.deployments.config;
+    let dir = SiteDir::create(&node.config.server.data_dir)
+        .map_err(|e| ApiError::internal(format!("cannot create a temporary site folder: {e}")))?;
     let (mut name, mut hosts, mut tarball, mut routes) = (None, None, None, None);
     while let Some(field) = mp.next().await {
         let mut field = field.map_err(super::functions::multipart_error)?;
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
             "tarball" => {
-                tarball =
-                    Some(read_field(&mut field, cfg.max_site_bytes, Code::SiteTooLarge).await?)
+                let upload = dir.upload_path();
+                save_field(&mut field, &upload, cfg.max_site_bytes).await?;
+                tarball = Some(upload);
             }
             "name" | "hosts" | "routes" => {
                 let text = field_text(
@@ -226,23 +268,38 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<NewDeployment
     let hosts = check_hosts(&hosts)?;
     let tarball =
         tarball.ok_or_else(|| bad(Code::MissingPart, "the `tarball` part is required"))?;
+    let routes = validate_routes(routes.unwrap_or_default())?;
     let limits = SiteLimits {
         max_unpacked_bytes: cfg.max_site_unpacked_bytes as u64,
         max_files: cfg.max_site_files,
+        max_file_bytes: cfg.max_site_file_bytes as u64,
     };
-    let site = web::block(move || unpack(&tarball, limits))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    Ok(NewDeployment {
+    let slot = node.deployments.unpack_slot().await?;
+    let into = dir.path().to_path_buf();
+    let site = web::block(move || {
+        let file = std::fs::File::open(&tarball)
+            .map_err(|e| ApiError::internal(format!("cannot read the upload: {e}")))?;
+        unpack(file, &into, limits)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let new = NewDeployment {
         name,
         hosts,
-        routes: validate_routes(routes.unwrap_or_default())?,
+        routes,
         target: TargetSpec::Static {
             files: site.files,
             total_bytes: site.total_bytes,
         },
         blobs: site.blobs.into_iter().collect(),
-    })
+    };
+    Ok((
+        new,
+        StaticUpload {
+            _dir: dir,
+            _slot: slot,
+        },
+    ))
 }
 
 async fn list(node: web::Data<Node>, ctx: NsCtx) -> ApiResult<HttpResponse> {

@@ -246,7 +246,7 @@ async fn deploy(node: web::Data<Node>, ctx: NsCtx, mp: Multipart) -> ApiResult<H
     let req = parse_deploy(mp, node.config.functions.max_module_bytes).await?;
     ctx.require("functions", "deploy", &req.name)?;
     // Validate and compile before anything is written.
-    let module = node.functions.compile(req.wasm.clone()).await?;
+    let module = node.functions.compile(&ctx.name, req.wasm.clone()).await?;
     let deployed = ctx.handle.ask(DeployFunction { req, module }).await??;
     Ok(HttpResponse::Created().json(json!({"ok": true, "function": deployed})))
 }

@@ -618,7 +618,7 @@ async fn import_v2(
                     ),
                 ));
             }
-            node.functions.compile(bytes.clone()).await?;
+            node.functions.compile(&ns, bytes.clone()).await?;
         }
     }
     // Every referenced blob must travel in the export, even one the store

@@ -3,6 +3,7 @@
 //! take untrusted bytes. Each module is one trust boundary.
 
 mod attack;
+mod bounds;
 mod dashboard;
 mod egress;
 mod hop;

@@ -248,6 +248,16 @@ impl Store {
         )))
     }
 
+    /// Closes the store; on sled, waits until the data folder is free for
+    /// another process (see `SledStore::close`).
+    pub fn close(self) {
+        match self.backend {
+            Backend::Sled(s) => s.close(),
+            #[cfg(feature = "cluster")]
+            Backend::Etcd(_) => {}
+        }
+    }
+
     /// The etcd backend (its member list, for the egress policy); None on sled.
     #[cfg(feature = "cluster")]
     pub fn as_etcd(&self) -> Option<&EtcdStore> {

@@ -27,6 +27,9 @@ pub struct SledStore {
     flusher: std::sync::mpsc::Sender<FlushWaiter>,
     /// Write counters by key prefix ([`SledStore::write_counter`]).
     counters: Arc<RwLock<Vec<(Vec<u8>, Arc<AtomicU64>)>>>,
+    /// The group-commit thread, joined by [`SledStore::close`] (it holds a
+    /// handle on the database, so the folder stays locked while it runs).
+    flusher_thread: Arc<parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 /// Answered once the flush that covers the waiting write is done (or failed).
@@ -36,9 +39,14 @@ type FlushWaiter = tokio::sync::oneshot::Sender<Result<(), String>>;
 /// writer waiting at that moment, so concurrent writers share one fsync and a
 /// write is acknowledged only once it is on disk. (sled's `flush_async` stalled
 /// under concurrent writers.)
-fn spawn_flusher(db: sled::Db) -> std::sync::mpsc::Sender<FlushWaiter> {
+fn spawn_flusher(
+    db: sled::Db,
+) -> (
+    std::sync::mpsc::Sender<FlushWaiter>,
+    std::thread::JoinHandle<()>,
+) {
     let (tx, rx) = std::sync::mpsc::channel::<FlushWaiter>();
-    std::thread::Builder::new()
+    let handle = std::thread::Builder::new()
         .name("store-flusher".into())
         .spawn(move || {
             while let Ok(first) = rx.recv() {
@@ -53,7 +61,7 @@ fn spawn_flusher(db: sled::Db) -> std::sync::mpsc::Sender<FlushWaiter> {
             }
         })
         .expect("flusher thread");
-    tx
+    (tx, handle)
 }
 
 fn now_ms() -> u64 {
@@ -123,12 +131,33 @@ impl SledStore {
                 }
                 other => unusable(other.to_string()),
             })?;
-        let flusher = spawn_flusher(db.clone());
+        let (flusher, thread) = spawn_flusher(db.clone());
         Ok(SledStore {
             db,
             flusher,
             counters: Arc::default(),
+            flusher_thread: Arc::new(parking_lot::Mutex::new(Some(thread))),
         })
+    }
+
+    /// Closes the database and waits until its folder is free for another
+    /// process (the last clone only: with other clones alive it only drops
+    /// this one). For tools and tests that open a node's folder and then
+    /// start the node on it.
+    pub fn close(self) {
+        let SledStore {
+            db,
+            flusher,
+            flusher_thread,
+            ..
+        } = self;
+        drop(db);
+        drop(flusher);
+        if let Ok(m) = Arc::try_unwrap(flusher_thread)
+            && let Some(t) = m.into_inner()
+        {
+            let _ = t.join();
+        }
     }
 
     /// Removes expired keys; returns how many.

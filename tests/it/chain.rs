@@ -449,6 +449,8 @@ fn bad_api_keys_are_refused() {
             )
             .await
             .unwrap();
+            // The folder is free for the node only once the store is closed.
+            store.close();
             k
         })
     };

@@ -165,6 +165,8 @@ fn edited_namespace_record_is_refused() {
             let mut edited = raw[..at].to_vec();
             edited.extend_from_slice(&serde_json::to_vec(&rec).unwrap());
             sled.put(b"ns/bank", &edited).await.unwrap();
+            // The folder is free for the node only once the store is closed.
+            store.close();
         });
     let node2 = TestNode::start_with(NodeOpts {
         config: TEST_CONFIG.into(),

@@ -248,6 +248,9 @@ impl Usage {
     }
 }
 
+/// `Retry-After` seconds of a count quota's 429.
+pub const QUOTA_RETRY_AFTER: u64 = 60;
+
 /// The refusal of a change that would take `r` past its limit: 413 for
 /// bytes, 429 for counts, `QUOTA_EXCEEDED` either way, naming the quota.
 pub fn exceeded(r: Resource, used: u64, need: u64, limit: u64) -> ApiError {
@@ -258,7 +261,9 @@ pub fn exceeded(r: Resource, used: u64, need: u64, limit: u64) -> ApiError {
     if r.is_bytes() {
         ApiError::with_status(StatusCode::PAYLOAD_TOO_LARGE, Code::QuotaExceeded, msg)
     } else {
-        ApiError::new(Code::QuotaExceeded, msg)
+        // A 429 carries Retry-After like every other (README); the quota
+        // frees only when something is deleted, so the hint is long.
+        ApiError::new(Code::QuotaExceeded, msg).retry_after(QUOTA_RETRY_AFTER)
     }
 }
 
@@ -477,6 +482,7 @@ mod tests {
             .apply(&limits, &[(Resource::KvKeys, 1)])
             .expect_err("past kv_keys");
         assert_eq!((e.status.as_u16(), e.code), (429, Code::QuotaExceeded));
+        assert_eq!(e.retry_after, Some(QUOTA_RETRY_AFTER));
         u.apply(
             &limits,
             &[(Resource::KvBytes, -500), (Resource::KvKeys, -1)],

@@ -72,6 +72,15 @@ impl NsHandle {
             .await
     }
 
+    /// Whether the function `name` is public, read from its record without
+    /// resolving or compiling it (see [`Invoker::is_public`](crate::actors::Invoker::is_public)).
+    pub async fn is_public(&self, name: &str) -> crate::functions::FnResult<bool> {
+        let inv = self.invoker.as_ref().ok_or_else(|| {
+            crate::functions::FnError::Internal("functions are not enabled on this node".into())
+        })?;
+        inv.is_public(name).await
+    }
+
     /// Sends `msg` through the bounded admission *now* (so a socket's
     /// messages keep the order its frames arrived in) and returns the future
     /// of the reply.

@@ -303,26 +303,24 @@ impl Handler<Locate> for NodeSupervisor {
         // Whether to start a supervisor is decided on the store itself, not
         // on a read copy in `Records`: a copy taken while the namespace was
         // being deleted could otherwise start one for a namespace that is gone.
-        let store = self.store.clone();
-        let key = crate::namespace::ns_key(&msg.name);
+        // A name read missing a moment ago is answered without a read
+        // (`Records::load`, `MISSING_TTL`).
+        let records = self.records.clone();
+        let name = msg.name.clone();
         Box::pin(
-            async move {
-                store
-                    .get_json::<crate::namespace::NamespaceRecord>(&key)
-                    .await
-            }
-            .into_actor(self)
-            .map(move |res, act, _| match res? {
-                None => Err(NsError::NotFound),
-                // Another Locate may have started it while we read the store.
-                Some(rec) => Ok(act.namespaces.get(&msg.name).unwrap_or_else(|| {
-                    let member = act
-                        .node_id
-                        .as_deref()
-                        .is_none_or(|id| crate::placement::is_member(&rec.members, id));
-                    act.start_namespace(&msg.name, member)
-                })),
-            }),
+            async move { records.load(&name).await }
+                .into_actor(self)
+                .map(move |res, act, _| match res? {
+                    None => Err(NsError::NotFound),
+                    // Another Locate may have started it while we read the store.
+                    Some(rec) => Ok(act.namespaces.get(&msg.name).unwrap_or_else(|| {
+                        let member = act
+                            .node_id
+                            .as_deref()
+                            .is_none_or(|id| crate::placement::is_member(&rec.members, id));
+                        act.start_namespace(&msg.name, member)
+                    })),
+                }),
         )
     }
 }

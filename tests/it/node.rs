@@ -515,3 +515,26 @@ fn request_log_lines_carry_the_request_and_follow_the_filter() {
         "{log}"
     );
 }
+
+/// A namespace that was asked for while it did not exist (and is remembered
+/// missing for a moment) is found at once once it is created on this node.
+#[test]
+fn a_namespace_created_right_after_a_miss_is_found_at_once() {
+    let node = TestNode::start();
+    for _ in 0..3 {
+        let (s, b) = node.op("GET", "/v1/namespaces/late", None);
+        assert_eq!(s, 404, "{b}");
+        assert_eq!(json(&b)["error"]["code"], "NAMESPACE_NOT_FOUND", "{b}");
+        let (s, _, b) = http("POST", &node.url("/v1/invoke/late/f"), &[], Some(b""));
+        assert_eq!(s, 404, "{}", String::from_utf8_lossy(&b));
+    }
+    node.create_namespace("late");
+    let (s, b) = node.op("GET", "/v1/namespaces/late", None);
+    assert_eq!(s, 200, "{b}");
+    let (s, _, b) = http("POST", &node.url("/v1/invoke/late/f"), &[], Some(b""));
+    assert_eq!(
+        json(&String::from_utf8_lossy(&b))["error"]["code"],
+        "FUNCTION_NOT_FOUND",
+        "status {s}"
+    );
+}

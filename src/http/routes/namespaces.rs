@@ -165,6 +165,8 @@ async fn create(
         let _ = node.store.delete(&ns_key(&body.name)).await;
         return Err(e.into());
     }
+    // A request that found the name missing a moment ago must not hide it.
+    node.records.created(&body.name);
     limiters.forget_namespace(&body.name);
     tracing::info!(namespace = %body.name, "Namespace created.");
     Ok(HttpResponse::Created().json(json!({

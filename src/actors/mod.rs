@@ -26,7 +26,8 @@ pub use namespace::{
     SetWalletSignIn, kv_write, ns_key,
 };
 pub use node::{
-    ASK_TIMEOUT, Forget, Locate, LocateError, Namespaces, NodeSupervisor, NsHandle, locate,
+    ASK_TIMEOUT, CreateNamespace, DeleteNamespace, Forget, Locate, LocateError, Namespaces,
+    NodeSupervisor, NsHandle, locate, namespace_prefixes,
 };
 pub use records::{RECORD_TTL, Records, follow as follow_records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};

@@ -12,7 +12,7 @@
 use super::namespace::{NamespaceSupervisor, NsError};
 use super::stats::{ActorDirectory, ActorStats, AskError, ask};
 use crate::metrics::Metrics;
-use crate::storage::Store;
+use crate::storage::{OrderedKv, Store};
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
 use parking_lot::RwLock;
@@ -70,6 +70,15 @@ impl NsHandle {
         })?;
         inv.prepare(msg.name, msg.version, msg.input, msg.caller, msg.trigger, 0)
             .await
+    }
+
+    /// Whether the function `name` is public, read from its record without
+    /// resolving or compiling it (see [`Invoker::is_public`](crate::actors::Invoker::is_public)).
+    pub async fn is_public(&self, name: &str) -> crate::functions::FnResult<bool> {
+        let inv = self.invoker.as_ref().ok_or_else(|| {
+            crate::functions::FnError::Internal("functions are not enabled on this node".into())
+        })?;
+        inv.is_public(name).await
     }
 
     /// Sends `msg` through the bounded admission *now* (so a socket's
@@ -294,26 +303,24 @@ impl Handler<Locate> for NodeSupervisor {
         // Whether to start a supervisor is decided on the store itself, not
         // on a read copy in `Records`: a copy taken while the namespace was
         // being deleted could otherwise start one for a namespace that is gone.
-        let store = self.store.clone();
-        let key = crate::namespace::ns_key(&msg.name);
+        // A name read missing a moment ago is answered without a read
+        // (`Records::load`, `MISSING_TTL`).
+        let records = self.records.clone();
+        let name = msg.name.clone();
         Box::pin(
-            async move {
-                store
-                    .get_json::<crate::namespace::NamespaceRecord>(&key)
-                    .await
-            }
-            .into_actor(self)
-            .map(move |res, act, _| match res? {
-                None => Err(NsError::NotFound),
-                // Another Locate may have started it while we read the store.
-                Some(rec) => Ok(act.namespaces.get(&msg.name).unwrap_or_else(|| {
-                    let member = act
-                        .node_id
-                        .as_deref()
-                        .is_none_or(|id| crate::placement::is_member(&rec.members, id));
-                    act.start_namespace(&msg.name, member)
-                })),
-            }),
+            async move { records.load(&name).await }
+                .into_actor(self)
+                .map(move |res, act, _| match res? {
+                    None => Err(NsError::NotFound),
+                    // Another Locate may have started it while we read the store.
+                    Some(rec) => Ok(act.namespaces.get(&msg.name).unwrap_or_else(|| {
+                        let member = act
+                            .node_id
+                            .as_deref()
+                            .is_none_or(|id| crate::placement::is_member(&rec.members, id));
+                        act.start_namespace(&msg.name, member)
+                    })),
+                }),
         )
     }
 }
@@ -335,6 +342,104 @@ impl Handler<Forget> for NodeSupervisor {
         if let Some(h) = self.namespaces.0.write().remove(&msg.name) {
             h.addr.do_send(Stop);
         }
+    }
+}
+
+/// Sent by `POST /v1/namespaces`: creates a namespace. Its record is
+/// claimed first (compare-and-swap on `ns/<name>`), then `ops` (its first
+/// API key, its usage records) are written; if they fail the claim is taken
+/// back. Replies false, nothing written, when the name is taken. The node
+/// supervisor is the one writer of namespace creation and deletion on this
+/// node, as it is of which supervisors run (docs/architecture.md).
+#[derive(Message)]
+#[rtype(result = "Result<bool, NsError>")]
+pub struct CreateNamespace {
+    /// The new namespace's record, written as `ns/<name>`.
+    pub record: crate::namespace::NamespaceRecord,
+    /// Written once the name is claimed, in one batch.
+    pub ops: Vec<crate::storage::BatchOp>,
+}
+
+impl Handler<CreateNamespace> for NodeSupervisor {
+    type Result = ResponseFuture<Result<bool, NsError>>;
+    fn handle(&mut self, msg: CreateNamespace, _: &mut Context<Self>) -> Self::Result {
+        let timer = self.stats.begin();
+        let (store, records) = (self.store.clone(), self.records.clone());
+        Box::pin(async move {
+            let _timer = timer;
+            let name = msg.record.name.clone();
+            let key = crate::namespace::ns_key(&name);
+            let bytes = serde_json::to_vec(&msg.record)
+                .map_err(|e| NsError::BadInput(format!("namespace record: {e}")))?;
+            if !store
+                .compare_and_swap(&key, None, Some(&bytes), None)
+                .await?
+            {
+                return Ok(false);
+            }
+            if let Err(e) = store.apply_batch(msg.ops).await {
+                let _ = store.delete(&key).await;
+                return Err(e.into());
+            }
+            // A request that found the name missing a moment ago must not hide it.
+            records.created(&name);
+            Ok(true)
+        })
+    }
+}
+
+/// Store prefixes holding a namespace's data; all removed together on delete.
+pub fn namespace_prefixes(ns: &str) -> Vec<String> {
+    [
+        "kv", "fn", "fnver", "log", "secret", "dep", "nskeys", "usage",
+    ]
+    .iter()
+    .map(|p| format!("{p}/{ns}/"))
+    .collect()
+}
+
+/// Sent by `DELETE /v1/namespaces/{name}` once the namespace's deployments
+/// are gone: deletes its record, its API keys and every prefix of its data
+/// ([`namespace_prefixes`]) in one atomic batch, then stops its supervisor.
+/// `NotFound` when there is no such namespace.
+#[derive(Message)]
+#[rtype(result = "Result<(), NsError>")]
+pub struct DeleteNamespace {
+    /// The namespace to delete.
+    pub name: String,
+}
+
+impl Handler<DeleteNamespace> for NodeSupervisor {
+    type Result = ResponseFuture<Result<(), NsError>>;
+    fn handle(&mut self, msg: DeleteNamespace, ctx: &mut Context<Self>) -> Self::Result {
+        let timer = self.stats.begin();
+        let store = self.store.clone();
+        let me = ctx.address();
+        Box::pin(async move {
+            let _timer = timer;
+            let name = msg.name;
+            let key = crate::namespace::ns_key(&name);
+            if store.get(&key).await?.is_none() {
+                return Err(NsError::NotFound);
+            }
+            let mut ops = vec![crate::storage::BatchOp::Delete(key)];
+            let keys = crate::identity::namespace_identity_keys(&store, &name)
+                .await
+                .map_err(|e| match e {
+                    crate::identity::IdentityError::Store(s) => NsError::Store(s),
+                    other => NsError::BadInput(other.to_string()),
+                })?;
+            ops.extend(keys.into_iter().map(crate::storage::BatchOp::Delete));
+            for p in namespace_prefixes(&name) {
+                for (k, _) in store.scan_all(p.as_bytes()).await? {
+                    ops.push(crate::storage::BatchOp::Delete(k));
+                }
+            }
+            store.apply_batch(ops).await?;
+            // Past admission: the stop must not be refused.
+            me.do_send(Forget { name });
+            Ok(())
+        })
     }
 }
 

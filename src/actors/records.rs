@@ -10,6 +10,14 @@
 //! before its first use) a reader loads the record from the store, and that
 //! copy is kept for at most [`RECORD_TTL`].
 //!
+//! A namespace found missing is remembered for [`MISSING_TTL`] (bounded by
+//! [`MISSING_CAPACITY`]), by `get` and by [`Records::load`] (what `Locate`
+//! reads): requests for a name that does not exist cost one store read per
+//! name per TTL, not two or three each (an etcd round trip each in a
+//! cluster). The name is forgotten as soon as the namespace may exist: it is
+//! created on this node ([`Records::created`]), its owner publishes it, or
+//! [`follow`] sees its record written on another node.
+//!
 //! In a cluster the record may change on another node: [`follow`] watches
 //! `ns/` in the store and, on a change, has the running supervisor reload
 //! (which republishes) or drops the read copy; on a delete it stops the
@@ -21,9 +29,10 @@
 use crate::namespace::{NamespaceRecord, ns_key};
 use crate::storage::{Store, StoreError};
 use crate::util::{Clock, SystemClock};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a record read by a non-owner is trusted.
@@ -31,6 +40,14 @@ pub const RECORD_TTL: Duration = Duration::from_secs(2);
 
 /// Read copies kept at most; past it the stale ones go, then all of them.
 const READ_CAPACITY: usize = 10_000;
+
+/// How long a namespace read as missing is answered missing without a store
+/// read. Short: a namespace created on another node is seen through the
+/// record watch at once, and this bounds the wait while that watch is down.
+pub const MISSING_TTL: Duration = Duration::from_secs(1);
+
+/// Missing names remembered at most; past it the stale ones go, then all.
+pub const MISSING_CAPACITY: usize = 10_000;
 
 /// How a snapshot is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +77,14 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Snapshots by namespace name; read copies bounded by `READ_CAPACITY`.
     map: RwLock<HashMap<String, Entry>>,
+    /// Names read as missing, with when; bounded by `MISSING_CAPACITY`.
+    missing: Mutex<HashMap<String, Instant>>,
+    /// Moved whenever a namespace may have come to exist (created here,
+    /// published, a record change seen): a miss read before it moved is not
+    /// remembered, so a create racing the read is never hidden.
+    epoch: AtomicU64,
+    /// Store reads of records made here (`get` and `load`), for tests.
+    reads: AtomicU64,
 }
 
 impl Records {
@@ -74,23 +99,83 @@ impl Records {
             store,
             clock,
             map: RwLock::new(HashMap::new()),
+            missing: Mutex::new(HashMap::new()),
+            epoch: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
         }))
     }
 
-    /// The record of `ns`: its owner's snapshot, a fresh read copy, or the
-    /// store's (kept for [`RECORD_TTL`]). None when the namespace does not
-    /// exist; a missing namespace is not remembered, so one created on
-    /// another node is seen at once.
-    pub async fn get(&self, ns: &str) -> Result<Option<Arc<NamespaceRecord>>, StoreError> {
-        if let Some(r) = self.cached(ns) {
-            return Ok(Some(r));
-        }
-        let read = self.0.clock.now();
+    /// Reads `ns`'s record from the store (one read, counted); a miss is
+    /// remembered for [`MISSING_TTL`] unless the namespace may have come to
+    /// exist meanwhile.
+    async fn read(&self, ns: &str) -> Result<Option<NamespaceRecord>, StoreError> {
+        let epoch = self.0.epoch.load(Ordering::Acquire);
+        self.0.reads.fetch_add(1, Ordering::Relaxed);
         let rec = self
             .0
             .store
             .get_json::<NamespaceRecord>(&ns_key(ns))
             .await?;
+        if rec.is_none() {
+            let mut missing = self.0.missing.lock();
+            if self.0.epoch.load(Ordering::Acquire) == epoch {
+                let now = self.0.clock.now();
+                if missing.len() >= MISSING_CAPACITY {
+                    missing.retain(|_, at| now.saturating_duration_since(*at) < MISSING_TTL);
+                    if missing.len() >= MISSING_CAPACITY {
+                        missing.clear();
+                    }
+                }
+                missing.insert(ns.to_string(), now);
+            }
+        }
+        Ok(rec)
+    }
+
+    /// Whether `ns` was read as missing less than [`MISSING_TTL`] ago.
+    fn known_missing(&self, ns: &str) -> bool {
+        let missing = self.0.missing.lock();
+        missing
+            .get(ns)
+            .is_some_and(|at| self.0.clock.now().saturating_duration_since(*at) < MISSING_TTL)
+    }
+
+    /// The record of `ns` as the store holds it now, never a read copy
+    /// (`Locate` decides on it whether to start a supervisor); None, without
+    /// a read, while the name is remembered missing.
+    pub async fn load(&self, ns: &str) -> Result<Option<NamespaceRecord>, StoreError> {
+        if self.known_missing(ns) {
+            return Ok(None);
+        }
+        self.read(ns).await
+    }
+
+    /// `ns` may exist now (created on this node, its record written
+    /// elsewhere): it is no longer answered missing, and a miss being read
+    /// right now is not remembered.
+    pub fn created(&self, ns: &str) {
+        self.0.epoch.fetch_add(1, Ordering::AcqRel);
+        self.0.missing.lock().remove(ns);
+    }
+
+    /// How many times records were read from the store here.
+    pub fn store_reads(&self) -> u64 {
+        self.0.reads.load(Ordering::Relaxed)
+    }
+
+    /// The record of `ns`: its owner's snapshot, a fresh read copy, or the
+    /// store's (kept for [`RECORD_TTL`]). None when the namespace does not
+    /// exist; that is remembered for [`MISSING_TTL`] until the namespace is
+    /// created here or its record is seen written elsewhere.
+    pub async fn get(&self, ns: &str) -> Result<Option<Arc<NamespaceRecord>>, StoreError> {
+        if let Some(r) = self.cached(ns) {
+            return Ok(Some(r));
+        }
+        if self.known_missing(ns) {
+            return Ok(None);
+        }
+        let read = self.0.clock.now();
+        let rec = self.read(ns).await?;
         let mut map = self.0.map.write();
         // The owner may have published while we read: its snapshot wins.
         if let Some(e) = map.get(ns)
@@ -133,6 +218,9 @@ impl Records {
 
     /// The owner publishes its record (None: the namespace is gone).
     pub(crate) fn publish(&self, ns: &str, record: Option<&NamespaceRecord>) {
+        if record.is_some() {
+            self.created(ns);
+        }
         let mut map = self.0.map.write();
         match record {
             Some(r) => {
@@ -161,6 +249,7 @@ impl Records {
     /// Drops a read copy (the record changed in the store); an owner's
     /// snapshot stays until the owner republishes.
     pub fn forget_read(&self, ns: &str) {
+        self.created(ns);
         let mut map = self.0.map.write();
         if map.get(ns).is_some_and(|e| e.source != Source::Owner) {
             map.remove(ns);
@@ -211,6 +300,8 @@ pub fn follow(
                             .map
                             .write()
                             .retain(|_, e| e.source == Source::Owner);
+                        records.0.epoch.fetch_add(1, Ordering::AcqRel);
+                        records.0.missing.lock().clear();
                         for h in namespaces.handles() {
                             h.addr.do_send(super::namespace::ReloadRecord);
                         }
@@ -347,20 +438,62 @@ mod tests {
         );
     }
 
+    /// Many requests for a namespace that does not exist, through `get`
+    /// and `load` (what `Locate` reads): one store read per name per
+    /// `MISSING_TTL`, and one more once it has passed.
     #[actix_rt::test]
-    async fn a_missing_namespace_is_not_remembered() {
+    async fn a_missing_namespace_costs_one_read_per_ttl() {
+        let (store, _dir) = store();
+        let clock = Arc::new(ManualClock::default());
+        let records = Records::with_clock(store.clone(), clock.clone());
+        for _ in 0..10 {
+            assert!(records.get("ghost").await.unwrap().is_none());
+            assert!(records.load("ghost").await.unwrap().is_none());
+        }
+        assert_eq!(records.store_reads(), 1);
+        assert!(records.get("other").await.unwrap().is_none());
+        assert_eq!(records.store_reads(), 2, "one read per name");
+        clock.advance(MISSING_TTL);
+        assert!(records.load("ghost").await.unwrap().is_none());
+        assert_eq!(records.store_reads(), 3, "read again past the TTL");
+    }
+
+    /// A namespace read as missing and then created is found at once: on
+    /// this node (`created`), by the record watch (`forget_read`) and when
+    /// its owner publishes it.
+    #[actix_rt::test]
+    async fn a_namespace_created_after_a_miss_is_found_at_once() {
+        let (store, _dir) = store();
+        let clock = Arc::new(ManualClock::default());
+        let records = Records::with_clock(store.clone(), clock.clone());
+        for ns in ["here", "there", "owned"] {
+            assert!(records.get(ns).await.unwrap().is_none());
+            store
+                .put_json(&ns_key(ns), &record(ns, None))
+                .await
+                .unwrap();
+        }
+        records.created("here");
+        assert!(records.get("here").await.unwrap().is_some());
+        records.forget_read("there");
+        assert!(records.load("there").await.unwrap().is_some());
+        records.publish("owned", Some(&record("owned", None)));
+        assert!(records.get("owned").await.unwrap().is_some());
+        // The owner publishing a delete removes the snapshot.
+        records.publish("owned", None);
+        assert!(records.cached("owned").is_none());
+    }
+
+    /// Requests for ever new missing names: the remembered set never holds
+    /// more than `MISSING_CAPACITY`.
+    #[actix_rt::test]
+    async fn missing_names_are_bounded() {
         let (store, _dir) = store();
         let records = Records::new(store.clone());
-        assert!(records.get("b").await.unwrap().is_none());
-        store
-            .put_json(&ns_key("b"), &record("b", None))
-            .await
-            .unwrap();
-        assert!(records.get("b").await.unwrap().is_some());
-        // The owner publishing a delete removes the snapshot.
-        records.publish("b", Some(&record("b", None)));
-        records.publish("b", None);
-        assert!(records.cached("b").is_none());
+        for i in 0..MISSING_CAPACITY + 5 {
+            assert!(records.load(&format!("n{i}")).await.unwrap().is_none());
+        }
+        assert!(records.0.missing.lock().len() <= MISSING_CAPACITY);
     }
 
     #[test]

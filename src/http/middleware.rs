@@ -532,3 +532,80 @@ mod tests {
         assert_eq!(all.len(), per_thread * 4);
     }
 }
+
+/// Most request-body bytes read and thrown away after an HTTP/2 refusal
+/// ([`drain_h2_refusals`]); a larger declared body is not waited for.
+pub const MAX_DRAIN_BYTES: u64 = 8 << 20;
+/// Longest wait for an HTTP/2 request's unread body before the refusal goes
+/// out anyway.
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The request body, shared between the handler (which may read it) and
+/// [`drain_h2_refusals`] (which reads what the handler left).
+struct SharedPayload(std::rc::Rc<std::cell::RefCell<Option<actix_web::dev::Payload>>>);
+
+impl futures_util::Stream for SharedPayload {
+    type Item = Result<actix_web::web::Bytes, actix_web::error::PayloadError>;
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        match self.0.borrow_mut().as_mut() {
+            Some(p) => std::pin::Pin::new(p).poll_next(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+}
+
+/// HTTP/2: a refusal (4xx, 5xx) of a request whose body was not read reaches
+/// the client only after that body is read (up to [`MAX_DRAIN_BYTES`],
+/// within [`DRAIN_TIMEOUT`]). Answering early is legal HTTP/2 (the stream
+/// then ends with `RST_STREAM(NO_ERROR)`, as h2 sends it), but clients such
+/// as curl 7.88 with nghttp2 report the reset that arrives while they still
+/// upload as "Stream error in the HTTP/2 framing layer" and drop the answer
+/// (issue #43; docs/decisions.md). HTTP/1.1 and requests without a body
+/// are untouched.
+pub async fn drain_h2_refusals(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let may_have_body = match declared {
+        Some(n) => n > 0 && n <= MAX_DRAIN_BYTES,
+        None => !matches!(
+            *req.method(),
+            actix_web::http::Method::GET | actix_web::http::Method::HEAD
+        ),
+    };
+    if req.version() != actix_web::http::Version::HTTP_2 || !may_have_body {
+        return next.call(req).await;
+    }
+    let shared = std::rc::Rc::new(std::cell::RefCell::new(Some(req.take_payload())));
+    req.set_payload(actix_web::dev::Payload::Stream {
+        payload: Box::pin(SharedPayload(shared.clone())),
+    });
+    let res = next.call(req).await;
+    let refused = match &res {
+        Ok(r) => r.status().is_client_error() || r.status().is_server_error(),
+        Err(_) => true,
+    };
+    // Taken out of the cell first: no borrow is held across the reads.
+    let left = shared.borrow_mut().take();
+    if refused && let Some(mut payload) = left {
+        use futures_util::StreamExt;
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, async move {
+            let mut read = 0u64;
+            while let Some(Ok(chunk)) = payload.next().await {
+                read += chunk.len() as u64;
+                if read > MAX_DRAIN_BYTES {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    res
+}

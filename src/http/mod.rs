@@ -82,6 +82,8 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .wrap(from_fn(middleware::probes))
             // Routed upstream requests: the chain's deployment steps in one.
             .wrap(from_fn(deploy_serve::routed_fast_path))
+            // Outermost: an HTTP/2 refusal waits for the body it did not read.
+            .wrap(from_fn(middleware::drain_h2_refusals))
     })
     .workers(workers)
     // Small frames (acks, pub/sub messages) go out at once rather than

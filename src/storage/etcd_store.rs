@@ -1554,7 +1554,7 @@ fn writes_of(ops: Vec<BatchOp>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
 /// A journal's value: for `steps` then `last`, a u32 count and each op as a
 /// tag (0 put, 1 delete), a u32 key length and the key, for a put a u32
 /// value length and the value (big-endian).
-fn encode_journal(steps: &[BatchOp], last: &[BatchOp]) -> Vec<u8> {
+pub(crate) fn encode_journal(steps: &[BatchOp], last: &[BatchOp]) -> Vec<u8> {
     let mut out = Vec::new();
     for part in [steps, last] {
         out.extend_from_slice(&(part.len() as u32).to_be_bytes());

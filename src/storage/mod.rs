@@ -21,6 +21,10 @@ mod record_mac;
 mod seal;
 mod sled_store;
 
+/// A journal's value as `apply_journaled` writes it: a test leaves one in
+/// the store, as an importer that died past its commit point would.
+#[cfg(all(test, feature = "cluster"))]
+pub(crate) use etcd_store::encode_journal;
 #[cfg(feature = "cluster")]
 pub use etcd_store::{
     ConnectError as EtcdConnectError, EtcdAccess, EtcdMember, EtcdStore, EtcdWatch,

@@ -784,7 +784,7 @@ enum Ran {
 fn run(
     runtime: &Arc<Runtime>,
     module: &CompiledModule,
-    mut call: Invocation,
+    call: Invocation,
     host: Arc<dyn HostApi>,
     deadline_cap: Option<Instant>,
     budget: bool,
@@ -814,7 +814,8 @@ fn run(
         ticks = HERE_BUDGET_TICKS;
     }
     let (function, version, memory_limit_mb, timeout) = (
-        std::mem::take(&mut call.function),
+        // Kept in the state too: the guest's `argv[0]`.
+        call.function.clone(),
         call.version,
         call.memory_limit_mb,
         call.timeout,

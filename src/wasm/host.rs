@@ -135,6 +135,8 @@ pub(crate) struct HostState {
     runtime: Arc<Runtime>,
     /// The namespace of the call; nested calls stay in it.
     namespace: String,
+    /// The function called: WASI's `argv[0]`.
+    pub(super) function: String,
     /// What the `caller` import returns; nested calls inherit it.
     caller_json: Vec<u8>,
     /// This guest's publishes, capped at [`MAX_PUBLISHES`].
@@ -166,6 +168,7 @@ impl HostState {
             host,
             runtime,
             namespace: call.namespace,
+            function: call.function,
             caller_json: call.caller_json,
             publishes: 0,
             nested_publishes: 0,

@@ -1867,8 +1867,9 @@ async fn wasi_bounds_each_calls_work() {
 
 /// A guest that tries to reach the node's files or network through WASI
 /// gets EBADF for each: `path_open` of `/etc/passwd` from fd 3 (and from
-/// the stdin fd), a preopen's name, `sock_accept` on fd 3 and `sock_send`
-/// on stdout. There is no descriptor that names a file or a socket.
+/// the stdin fd), a preopen's name, `sock_accept` on fd 3; `sock_send` on
+/// stdout is `ENOTSOCK`, as wasmtime-wasi answers. There is no descriptor
+/// that names a file or a socket.
 #[tokio::test]
 async fn wasi_names_no_file_and_no_socket() {
     let (engine, _dir) = engine();
@@ -1901,7 +1902,90 @@ async fn wasi_names_no_file_and_no_socket() {
         .chunks(4)
         .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
         .collect();
-    assert_eq!(words, [8, 8, 8, 8, 8], "every one EBADF");
+    assert_eq!(words, [8, 8, 8, 8, 57], "EBADF, and ENOTSOCK on stdout");
+}
+
+/// A guest that asks for its arguments and tries the socket calls on stdio
+/// and on a descriptor that does not exist; it writes every errno, `argc`,
+/// the size of the strings, whether `argv[0]` points at the buffer, and the
+/// buffer's first 16 bytes.
+const ARGS_AND_SOCKETS: &str = r#"(module
+  (import "wasi_snapshot_preview1" "args_sizes_get" (func $sizes (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "args_get" (func $args (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "sock_shutdown" (func $shut (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "sock_send" (func $send (param i32 i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "sock_recv" (func $recv (param i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "sock_accept" (func $accept (param i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (i32.store8 (i32.const 500) (call $sizes (i32.const 100) (i32.const 104)))
+    (i32.store8 (i32.const 501) (call $args (i32.const 200) (i32.const 300)))
+    (i32.store8 (i32.const 502) (call $shut (i32.const 1) (i32.const 3)))
+    (i32.store8 (i32.const 503) (call $shut (i32.const 9) (i32.const 3)))
+    (i32.store8 (i32.const 504) (call $send (i32.const 1) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 400)))
+    (i32.store8 (i32.const 505) (call $recv (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 400) (i32.const 404)))
+    (i32.store8 (i32.const 506) (call $accept (i32.const 2) (i32.const 0) (i32.const 400)))
+    (i32.store8 (i32.const 507) (i32.eq (i32.load (i32.const 200)) (i32.const 300)))
+    ;; iovecs at 600: errnos (8 bytes), argc and size (8), the strings (16)
+    (i32.store (i32.const 600) (i32.const 500)) (i32.store (i32.const 604) (i32.const 8))
+    (i32.store (i32.const 608) (i32.const 100)) (i32.store (i32.const 612) (i32.const 8))
+    (i32.store (i32.const 616) (i32.const 300)) (i32.store (i32.const 620) (i32.const 16))
+    ;; one iovec per fd_write: wasmtime-wasi writes only the first of several
+    (drop (call $w (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 700)))
+    (drop (call $w (i32.const 1) (i32.const 608) (i32.const 1) (i32.const 700)))
+    (drop (call $w (i32.const 1) (i32.const 616) (i32.const 1) (i32.const 700)))))"#;
+
+/// Differential: the guest above prints the same under our preview 1 as
+/// under wasmtime-wasi's given the function's name as its one argument
+/// (`argv[0]`), and `sock_*` on stdio answer `ENOTSOCK`.
+#[tokio::test]
+async fn args_and_sockets_answer_as_wasmtime_wasi() {
+    use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+    let (engine, _dir) = engine();
+    let m = engine.compile(&wat(ARGS_AND_SOCKETS)).unwrap();
+    let ours = run(
+        &engine,
+        &m,
+        Invocation::new("ns", "hello-fn", Vec::new()),
+        Arc::default(),
+    )
+    .await
+    .unwrap()
+    .stdout;
+
+    // wasmtime-wasi's sync calls enter a Tokio runtime of their own: run
+    // them on a thread outside this test's.
+    let raw = engine.wasmtime_engine().clone();
+    let theirs = std::thread::spawn(move || {
+        let module = wasmtime::Module::new(&raw, ARGS_AND_SOCKETS).unwrap();
+        let mut linker = wasmtime::Linker::new(&raw);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |t| t).unwrap();
+        let out = MemoryOutputPipe::new(1 << 16);
+        let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+            .args(&["hello-fn"])
+            .stdout(out.clone())
+            .build_p1();
+        let mut store = wasmtime::Store::new(&raw, wasi);
+        // Our engine interrupts by epoch: give this store ample ticks.
+        store.set_epoch_deadline(u64::MAX / 2);
+        let instance = linker.instantiate(&mut store, &module).unwrap();
+        instance
+            .get_typed_func::<(), ()>(&mut store, "_start")
+            .unwrap()
+            .call(&mut store, ())
+            .unwrap();
+        out.contents().to_vec()
+    })
+    .join()
+    .unwrap();
+
+    assert_eq!(ours, theirs, "ours vs wasmtime-wasi");
+    // What both answered, spelled out: success, success, ENOTSOCK (57) on
+    // stdio, EBADF (8) on fd 9; argc 1, 9 bytes; argv[0] at the buffer.
+    assert_eq!(&ours[..8], &[0, 0, 57, 8, 57, 57, 57, 1]);
+    assert_eq!(&ours[8..16], &[1, 0, 0, 0, 9, 0, 0, 0]);
+    assert_eq!(&ours[16..], b"hello-fn\0\0\0\0\0\0\0\0");
 }
 
 /// Counts that `POST /v1/functions` does not cover end to end (types,

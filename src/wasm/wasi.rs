@@ -1,7 +1,8 @@
 //! WASI preview 1 as a function's sandbox offers it: stdin (the call's
 //! input), stdout (its answer, capped), stderr (log lines), the env, the
 //! clocks, randomness, sleeping, and nothing else: no file, directory or
-//! socket can be named, so every such call answers `EBADF`.
+//! socket can be named, so every such call answers `EBADF` (the socket
+//! calls on a standard stream `ENOTSOCK`). `argv[0]` is the function's name.
 //!
 //! wasmtime-wasi implements the whole of preview 1 over preview 2's
 //! resources; each call entered a Tokio runtime (`in_tokio`, a seed drawn
@@ -39,6 +40,7 @@ const EBADF: i32 = 8;
 const EFAULT: i32 = 21;
 const EINVAL: i32 = 28;
 const ENOSYS: i32 = 52;
+const ENOTSOCK: i32 = 57;
 const ESPIPE: i32 = 70;
 
 /// Most iovecs in one `fd_read`/`fd_write` (POSIX's `IOV_MAX`), and most
@@ -322,15 +324,35 @@ fn environ_get(mut caller: Caller<'_, HostState>, ptrs: i32, buf: i32) -> i32 {
     })
 }
 
+/// One argument, `argv[0]`: the function's name, as a WASI runtime gives
+/// a command its program name (libc's `main` and `getopt` expect one).
 fn args_sizes_get(mut caller: Caller<'_, HostState>, count: i32, size: i32) -> i32 {
-    with_mem(&mut caller, |mem, _| {
-        put_u32(mem, count, 0)?;
-        put_u32(mem, size, 0)
+    with_mem(&mut caller, |mem, st| {
+        put_u32(mem, count, 1)?;
+        put_u32(mem, size, st.function.len() as u32 + 1)
     })
 }
 
-fn args_get(_: Caller<'_, HostState>, _argv: i32, _buf: i32) -> i32 {
-    SUCCESS
+fn args_get(mut caller: Caller<'_, HostState>, argv: i32, buf: i32) -> i32 {
+    with_mem(&mut caller, |mem, st| {
+        let name = st.function.as_bytes();
+        let r = span(mem, buf as u32, name.len() + 1).ok_or(EFAULT)?;
+        put_u32(mem, argv, buf as u32)?;
+        let b = &mut mem[r];
+        b[..name.len()].copy_from_slice(name);
+        b[name.len()] = 0;
+        Ok(())
+    })
+}
+
+/// The `sock_*` calls: stdio is no socket (`ENOTSOCK`, as wasmtime-wasi
+/// answers), and no other descriptor exists (`EBADF`).
+fn sock_errno(caller: &Caller<'_, HostState>, fd: i32) -> i32 {
+    if caller.data().stdio.open(fd) {
+        ENOTSOCK
+    } else {
+        EBADF
+    }
 }
 
 /// Nanoseconds on clock `id` (0 realtime, 1 monotonic); the CPU-time clocks
@@ -531,9 +553,10 @@ fn poll_oneoff(
     Ok(put_u32(mem, nevents, count).err().unwrap_or(SUCCESS))
 }
 
-/// Adds preview 1 to `linker`: the functions above, and every other one of
-/// the standard set answering `EBADF` (there is no file, directory or socket
-/// to name) with its standard signature.
+/// Adds preview 1 to `linker`: the functions above, the sockets calls
+/// (`ENOTSOCK` on stdio), and every other one of the standard set answering
+/// `EBADF` (there is no file or directory to name) with its standard
+/// signature.
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let m = MODULE;
     linker.func_wrap(m, "args_get", args_get)?;
@@ -556,6 +579,28 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     linker.func_wrap(m, "proc_exit", proc_exit)?;
     linker.func_wrap(m, "proc_raise", proc_raise)?;
     linker.func_wrap(m, "poll_oneoff", poll_oneoff)?;
+    linker.func_wrap(
+        m,
+        "sock_accept",
+        |c: Caller<'_, HostState>, fd: i32, _: i32, _: i32| sock_errno(&c, fd),
+    )?;
+    linker.func_wrap(
+        m,
+        "sock_recv",
+        |c: Caller<'_, HostState>, fd: i32, _: i32, _: i32, _: i32, _: i32, _: i32| {
+            sock_errno(&c, fd)
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "sock_send",
+        |c: Caller<'_, HostState>, fd: i32, _: i32, _: i32, _: i32, _: i32| sock_errno(&c, fd),
+    )?;
+    linker.func_wrap(
+        m,
+        "sock_shutdown",
+        |c: Caller<'_, HostState>, fd: i32, _: i32| sock_errno(&c, fd),
+    )?;
     // No file, directory or socket exists: EBADF whatever the arguments.
     macro_rules! badf {
         ($($name:literal: ($($t:ty),*);)*) => {$(
@@ -585,10 +630,6 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         "path_rename": (i32, i32, i32, i32, i32, i32);
         "path_symlink": (i32, i32, i32, i32, i32);
         "path_unlink_file": (i32, i32, i32);
-        "sock_accept": (i32, i32, i32);
-        "sock_recv": (i32, i32, i32, i32, i32, i32);
-        "sock_send": (i32, i32, i32, i32, i32);
-        "sock_shutdown": (i32, i32);
     }
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! bad deploys, isolation between namespaces, crash safety of a deploy and
 //! the compiled-artifact cache across a restart. Each test drives a real node.
 
-use crate::common::{NodeOpts, TEST_CONFIG, TestNode, header, http, json, wait_until};
+use crate::common::{
+    NodeOpts, TEST_CONFIG, TestNode, header, http, json, single_node_only, wait_until,
+};
 use std::time::{Duration, Instant};
 
 /// Two workers so a stuck guest never holds the whole pool in these tests.
@@ -599,6 +601,60 @@ fn functions_public_route() {
     assert_eq!((s, b.as_slice()), (200, &b"hi"[..]));
     let (s, _, _) = http("POST", &node.url("/v1/invoke/pub/none"), &[], Some(b"hi"));
     assert_eq!(s, 404);
+}
+
+/// An anonymous call of a private function on the public route is refused
+/// from its record: the node loads or compiles no module for it (after a
+/// restart nothing is in memory), while a public one is loaded and runs.
+#[test]
+fn functions_public_route_refuses_private_before_compiling() {
+    if single_node_only("counts the compilations of the one restarted node") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = NodeOpts {
+        config: config(""),
+        data_dir: Some(tmp.path().join("data")),
+        ..Default::default()
+    };
+    let mut node = TestNode::start_with(opts.clone());
+    let key = node.create_namespace("priv");
+    deploy(&node, &key, "secret", &echo_wasm(), &[]);
+    let public = br#"(module (func (export "_start")) (func (export "other")))"#;
+    deploy(&node, &key, "open", public, &[("is_public", "true")]);
+    node.kill9();
+    node = TestNode::start_with(opts);
+    // Modules loaded (from the artifact cache) or compiled since the start.
+    let loaded = |node: &TestNode| {
+        let (s, b) = node.with_key(&key, "GET", "/v1/functions/secret", None);
+        assert_eq!(s, 200, "{b}");
+        let e = &json(&b)["engine"];
+        e["cache_hits"].as_u64().unwrap() + e["cache_misses"].as_u64().unwrap()
+    };
+    assert_eq!(loaded(&node), 0);
+    for _ in 0..3 {
+        let (s, _, b) = http(
+            "POST",
+            &node.url("/v1/invoke/priv/secret"),
+            &[],
+            Some(b"hi"),
+        );
+        assert_eq!(s, 401, "{}", String::from_utf8_lossy(&b));
+        assert_eq!(
+            json(&String::from_utf8_lossy(&b))["error"]["code"],
+            "MISSING_CREDENTIAL"
+        );
+    }
+    assert_eq!(
+        loaded(&node),
+        0,
+        "a private module was loaded for an anonymous caller"
+    );
+    // The pair: a public function is loaded for the same caller.
+    let (s, _, b) = http("POST", &node.url("/v1/invoke/priv/open"), &[], Some(b""));
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(loaded(&node), 1);
+    drop(tmp);
 }
 
 /// Secrets are listed by name only and reach the guest as env vars (not shown here:

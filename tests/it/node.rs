@@ -515,3 +515,81 @@ fn request_log_lines_carry_the_request_and_follow_the_filter() {
         "{log}"
     );
 }
+
+/// A namespace that was asked for while it did not exist (and is remembered
+/// missing for a moment) is found at once once it is created on this node.
+#[test]
+fn a_namespace_created_right_after_a_miss_is_found_at_once() {
+    let node = TestNode::start();
+    for _ in 0..3 {
+        let (s, b) = node.op("GET", "/v1/namespaces/late", None);
+        assert_eq!(s, 404, "{b}");
+        assert_eq!(json(&b)["error"]["code"], "NAMESPACE_NOT_FOUND", "{b}");
+        let (s, _, b) = http("POST", &node.url("/v1/invoke/late/f"), &[], Some(b""));
+        assert_eq!(s, 404, "{}", String::from_utf8_lossy(&b));
+    }
+    node.create_namespace("late");
+    let (s, b) = node.op("GET", "/v1/namespaces/late", None);
+    assert_eq!(s, 200, "{b}");
+    let (s, _, b) = http("POST", &node.url("/v1/invoke/late/f"), &[], Some(b""));
+    assert_eq!(
+        json(&String::from_utf8_lossy(&b))["error"]["code"],
+        "FUNCTION_NOT_FOUND",
+        "status {s}"
+    );
+}
+
+/// Messages the node supervisor has handled, from this node's `/metrics`
+/// (read with the operator key).
+fn node_actor_handled(node: &TestNode) -> f64 {
+    let auth = format!("Bearer {}", node.operator_key);
+    let (s, _, b) = http(
+        "GET",
+        &node.url("/metrics"),
+        &[("authorization", &auth)],
+        None,
+    );
+    assert_eq!(s, 200);
+    String::from_utf8_lossy(&b)
+        .lines()
+        .filter(|l| l.starts_with("meshgate_actor_messages_handled_total{"))
+        .filter(|l| l.contains("kind=\"node\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Namespace create and delete go through the node supervisor, the one
+/// writer docs/architecture.md names: each is a message it handles (a
+/// delete also its supervisor's stop), and the namespace is there, then gone.
+#[test]
+fn namespace_create_and_delete_are_the_node_supervisors() {
+    if single_node_only("counts one node's supervisor messages") {
+        return;
+    }
+    let node = TestNode::start();
+    let before = node_actor_handled(&node);
+    let (s, b) = node.op("POST", "/v1/namespaces", Some(r#"{"name":"owned"}"#));
+    assert_eq!(s, 201, "{b}");
+    let created = node_actor_handled(&node);
+    assert_eq!(
+        created,
+        before + 1.0,
+        "the create was not a node supervisor message"
+    );
+    let (s, b) = node.op("POST", "/v1/namespaces", Some(r#"{"name":"owned"}"#));
+    assert_eq!(
+        (s, json(&b)["error"]["code"].as_str()),
+        (409, Some("NAMESPACE_EXISTS"))
+    );
+    let after_second = node_actor_handled(&node);
+    let (s, b) = node.op("DELETE", "/v1/namespaces/owned", None);
+    assert_eq!(s, 200, "{b}");
+    // DeleteNamespace, then the Forget it sends itself.
+    wait_until(
+        Duration::from_secs(5),
+        "delete and stop not handled",
+        || node_actor_handled(&node) >= after_second + 2.0,
+    );
+    assert_eq!(node.op("GET", "/v1/namespaces/owned", None).0, 404);
+    assert_eq!(node.op("DELETE", "/v1/namespaces/owned", None).0, 404);
+}

@@ -1266,6 +1266,55 @@ mod tests {
         assert_eq!(quiet, 3);
     }
 
+    /// On etcd, a guest's `kv_put` while an import's journal is in the store
+    /// (left by an importer that died past its commit point, here written
+    /// by hand): the write waits for the import to be finished (after
+    /// `IMPORT_TAKEOVER` it finishes it itself), then lands after it. Once
+    /// any later finisher has run, the guest's value is still there (not
+    /// lost under the import's) and the import's other keys are whole.
+    #[cfg(feature = "cluster")]
+    #[actix_rt::test]
+    async fn a_guests_kv_write_waits_for_a_journaled_import_on_etcd() {
+        use crate::actors::namespace::import_journal_key;
+        use crate::wasm::HostApi;
+        let etcd = crate::storage::etcd_process::EtcdProcess::start();
+        let cfg: crate::config::ClusterConfig = toml::from_str(&etcd.cluster_toml()).unwrap();
+        let access = crate::storage::EtcdAccess::from_config(&cfg).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_etcd(&[etcd.url()], &access).await.unwrap();
+        let (store, inv, _) = deployed_f_on(&dir, store).await;
+        let key = |k: &str| [kv_prefix("ns"), k.as_bytes().to_vec()].concat();
+        // More writes than one etcd transaction: a journaled import's KV.
+        let steps: Vec<BatchOp> = (0..200)
+            .map(|i| BatchOp::Put(key(&format!("k{i:03}")), b"import".to_vec()))
+            .collect();
+        let journal = import_journal_key("ns");
+        store
+            .put(&journal, &crate::storage::encode_journal(&steps, &[]))
+            .await
+            .unwrap();
+
+        let host = host::NsHost {
+            inv: inv.clone(),
+            depth: 0,
+        };
+        tokio::task::spawn_blocking(move || host.kv_put(b"k000", b"guest"))
+            .await
+            .unwrap()
+            .unwrap();
+        // Whoever finishes the journal next (any waiting reader, after
+        // `IMPORT_TAKEOVER`) must find nothing left to overwrite it with.
+        let left = store.roll_forward(&journal).await.unwrap();
+        let get = |k: &'static str| {
+            let store = store.clone();
+            async move { store.get(&key(k)).await.unwrap() }
+        };
+        assert_eq!(get("k000").await.as_deref(), Some(&b"guest"[..]), "lost");
+        assert_eq!(get("k001").await.as_deref(), Some(&b"import"[..]));
+        assert_eq!(get("k199").await.as_deref(), Some(&b"import"[..]));
+        assert!(!left, "the guest wrote while the journal was there");
+    }
+
     /// On etcd, as in a cluster: two nodes' writers record calls of the same
     /// function at once, each trimming after its own `MAX_LOGS`. The log
     /// stays bounded (the newest `MAX_LOGS`, plus what each writer wrote

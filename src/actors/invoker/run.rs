@@ -170,6 +170,18 @@ impl Invoker {
         })
     }
 
+    /// Whether `name` may be called without a credential of this namespace,
+    /// from its function record alone: the public route asks this before it
+    /// resolves anything for an outside caller, so a private function's
+    /// module is never read nor compiled for one. A kept resolution answers
+    /// without a read; otherwise one store read of the record.
+    pub async fn is_public(&self, name: &str) -> FnResult<bool> {
+        if let Some(r) = self.cached(name, None).await? {
+            return Ok(r.record.is_public);
+        }
+        Ok(self.record_of(name).await?.is_public)
+    }
+
     /// Resolves the function and builds the call; the guest does not run yet.
     /// `input` is taken as it is: the edge that read it checked the engine's
     /// input limit (the HTTP body read, the socket's `invoke` frame), and a

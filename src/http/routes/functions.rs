@@ -460,6 +460,22 @@ async fn invoke_by_namespace(
     };
     let input = read_input(&req, payload).await?;
     let handle = node.locate(&ns).await?;
+    let refusal = || match &identity {
+        None => ApiError::new(
+            Code::MissingCredential,
+            "this function is not public; it needs a credential of its namespace",
+        ),
+        Some(_) => ApiError::new(
+            Code::NamespaceMismatch,
+            "the credential belongs to another namespace and the function is not public",
+        ),
+    };
+    // Refused from the function record before anything is resolved: an
+    // outside caller must not make the node read or compile a private
+    // module (issue #43).
+    if !member && !handle.is_public(&name).await? {
+        return Err(refusal());
+    }
     let caller = CallerInfo {
         subject: identity.as_ref().map(|i| i.subject.clone()),
         request_id: request_id(&req),
@@ -473,17 +489,10 @@ async fn invoke_by_namespace(
             trigger: Trigger::Public,
         })
         .await?;
+    // Checked again on what was resolved: a deploy may have made it private
+    // in between.
     if !member && !prepared.is_public {
-        return Err(match identity {
-            None => ApiError::new(
-                Code::MissingCredential,
-                "this function is not public; it needs a credential of its namespace",
-            ),
-            Some(_) => ApiError::new(
-                Code::NamespaceMismatch,
-                "the credential belongs to another namespace and the function is not public",
-            ),
-        });
+        return Err(refusal());
     }
     Ok(reply(prepared.run().await?))
 }

@@ -1,14 +1,16 @@
 //! `/v1/namespaces`: created, listed, shown and deleted by the operator.
 
 use super::{now, valid_namespace_name};
-use crate::actors::{Forget, GetInfo, InjectPanic, NamespaceRecord, ns_key};
+use crate::actors::{
+    CreateNamespace, DeleteNamespace, GetInfo, InjectPanic, NamespaceRecord, ns_key,
+};
 use crate::auth::{KeyKind, Role};
 use crate::error::Code;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::identity::{self, NewKey};
-use crate::storage::{BatchOp, OrderedKv};
+use crate::storage::OrderedKv;
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
@@ -148,22 +150,24 @@ async fn create(
         },
         t,
     )?;
-    // Claim the name first (compare-and-swap), then write the key.
-    let rec_bytes = serde_json::to_vec(&record).expect("json");
+    // The node supervisor claims the name first (compare-and-swap), then
+    // writes the key and the usage records.
     ops.extend(crate::quota::fresh_records(&body.name));
-    if !node
-        .store
-        .compare_and_swap(&ns_key(&body.name), None, Some(&rec_bytes), None)
-        .await?
-    {
+    let created = crate::actors::ask(
+        &node.supervisor,
+        &node.supervisor_stats,
+        CreateNamespace {
+            record: record.clone(),
+            ops,
+        },
+        crate::actors::ASK_TIMEOUT,
+    )
+    .await??;
+    if !created {
         return Err(ApiError::new(
             Code::NamespaceExists,
             format!("namespace {:?} already exists", body.name),
         ));
-    }
-    if let Err(e) = node.store.apply_batch(std::mem::take(&mut ops)).await {
-        let _ = node.store.delete(&ns_key(&body.name)).await;
-        return Err(e.into());
     }
     limiters.forget_namespace(&body.name);
     tracing::info!(namespace = %body.name, "Namespace created.");
@@ -237,17 +241,8 @@ async fn set_quotas(
     Ok(HttpResponse::Ok().json(json!({"ok": true, "namespace": record, "quotas": quotas})))
 }
 
-/// Store prefixes holding a namespace's data; all removed together on delete.
-pub fn namespace_prefixes(ns: &str) -> Vec<String> {
-    [
-        "kv", "fn", "fnver", "log", "secret", "dep", "nskeys", "usage",
-    ]
-    .iter()
-    .map(|p| format!("{p}/{ns}/"))
-    .collect()
-}
-
-/// Deletes a namespace whole, in one atomic batch, and stops its supervisor.
+/// Deletes a namespace whole, in one atomic batch, and stops its supervisor
+/// (both by the node supervisor, `DeleteNamespace`).
 async fn delete(
     node: web::Data<Node>,
     limiters: web::Data<std::sync::Arc<crate::http::chain::Limiters>>,
@@ -262,18 +257,15 @@ async fn delete(
     }
     // Deployments first: their host claims are released with them.
     node.deployments.delete_namespace(&name).await?;
-    let mut ops = vec![BatchOp::Delete(ns_key(&name))];
-    for k in identity::namespace_identity_keys(&node.store, &name).await? {
-        ops.push(BatchOp::Delete(k));
-    }
-    for p in namespace_prefixes(&name) {
-        for (k, _) in node.store.scan_all(p.as_bytes()).await? {
-            ops.push(BatchOp::Delete(k));
-        }
-    }
-    node.store.apply_batch(ops).await?;
+    // The rest, and the supervisor's stop, by the node supervisor.
+    crate::actors::ask(
+        &node.supervisor,
+        &node.supervisor_stats,
+        DeleteNamespace { name: name.clone() },
+        crate::actors::ASK_TIMEOUT,
+    )
+    .await??;
     node.key_cache.clear();
-    node.supervisor.do_send(Forget { name: name.clone() });
     limiters.forget_namespace(&name);
     tracing::info!(namespace = %name, "Namespace deleted.");
     Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name})))

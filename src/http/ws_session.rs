@@ -17,7 +17,7 @@ use crate::http::state::Node;
 use crate::identity::Identity;
 use crate::pubsub::SubscriberRef;
 use crate::pubsub::protocol::{
-    self, ClientFrame, FrameError, FrameKind, Opcode, ack, close, error_frame, ws_frame,
+    self, ClientFrame, FrameError, FrameKind, Opcode, ack, ack_fields, close, error_frame, ws_frame,
 };
 use crate::pubsub::{Conn, Relay, Shutdown};
 use actix::prelude::*;
@@ -213,7 +213,11 @@ impl WsSession {
                 &id,
                 Some(("pong", Value::Bool(true))),
             )))),
-            ClientFrame::Subscribe { topic, presence } => {
+            ClientFrame::Subscribe {
+                topic,
+                presence,
+                recover,
+            } => {
                 protocol::check_topic(&topic).map_err(ApiError::from)?;
                 self.allows("subscribe", &topic)?;
                 if let Some((m, meta)) = &presence {
@@ -243,8 +247,14 @@ impl WsSession {
                     topic,
                     sub,
                     presence,
+                    recover,
                 });
-                Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
+                Ok(Box::pin(async move {
+                    match settle(reply.await) {
+                        Ok(s) => ack_fields(&id, subscribed_fields(&s)),
+                        Err(e) => error_frame(&id, &FrameError::from(e)),
+                    }
+                }))
             }
             ClientFrame::Unsubscribe { topic } => {
                 if let Mode::Full { topics } = &mut self.mode
@@ -269,7 +279,12 @@ impl WsSession {
                     data,
                     depth: 0,
                 });
-                Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
+                Ok(Box::pin(async move {
+                    match settle(reply.await) {
+                        Ok(pos) => ack_fields(&id, position_fields(pos.as_ref())),
+                        Err(e) => error_frame(&id, &FrameError::from(e)),
+                    }
+                }))
             }
             ClientFrame::Invoke { function, input } => {
                 let fut = super::ws_invoke::ws_invoke(
@@ -310,8 +325,9 @@ impl WsSession {
             depth: 0,
         });
         ctx.spawn(reply.into_actor(self).map(|r, act, _| {
-            if let Err(e) = flatten(r) {
-                act.conn.push(error_frame(&Value::Null, &e));
+            if let Err(e) = settle(r) {
+                act.conn
+                    .push(error_frame(&Value::Null, &FrameError::from(e)));
             }
         }));
     }
@@ -326,6 +342,27 @@ pub(crate) fn settle<T>(r: Result<NsResult<T>, AskError>) -> Result<T, ApiError>
 
 fn flatten(r: Result<NsResult<()>, AskError>) -> Result<(), FrameError> {
     settle(r).map_err(FrameError::from)
+}
+
+/// `offset` and `epoch` of a history topic's position; nothing otherwise.
+pub(crate) fn position_fields(
+    pos: Option<&crate::pubsub::Position>,
+) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    if let Some(p) = pos {
+        m.insert("offset".into(), Value::from(p.offset));
+        m.insert("epoch".into(), Value::from(p.epoch.clone()));
+    }
+    m
+}
+
+/// A subscribe's answer fields: the position, and `recovered` when asked.
+fn subscribed_fields(s: &crate::actors::Subscribed) -> serde_json::Map<String, Value> {
+    let mut m = position_fields(s.position.as_ref());
+    if let Some(r) = s.recovered {
+        m.insert("recovered".into(), Value::Bool(r));
+    }
+    m
 }
 
 impl Actor for WsSession {

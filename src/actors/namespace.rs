@@ -127,6 +127,10 @@ pub struct NamespaceSupervisor {
     pub history_writing: bool,
     /// The acks waiting for the history writes queued since the last batch.
     pub history_waiters: Vec<tokio::sync::oneshot::Sender<bool>>,
+    /// Recovering subscriptions whose missed publications are on their way
+    /// to the socket; live publications wait here until it says
+    /// [`Release`](super::Release) (`actors/topics.rs`).
+    pub held: Vec<super::topics::Held>,
 }
 
 impl NamespaceSupervisor {
@@ -150,6 +154,7 @@ impl NamespaceSupervisor {
             history: None,
             history_writing: false,
             history_waiters: Vec::new(),
+            held: Vec::new(),
         }
     }
 

@@ -82,6 +82,9 @@ impl NamespaceSupervisor {
         let h = self.history.as_mut()?;
         let timestamp = now_ms();
         let pos = h.append(topic, &rule, data, timestamp, &caps);
+        if !self.held.is_empty() {
+            self.hold_live(topic, pos.offset, timestamp, data);
+        }
         let targets = self.topics.targets(topic);
         self.topics.service.deliver_at(
             &self.name,
@@ -194,8 +197,104 @@ pub struct Subscribe {
 pub struct Subscribed {
     /// The topic's epoch and top offset; None when no history rule names it.
     pub position: Option<Position>,
-    /// Asked to recover: whether every missed publication was sent.
+    /// Asked to recover: whether every missed publication is in `missed`.
     pub recovered: Option<bool>,
+    /// The missed publications, framed for the socket, back to back: the
+    /// socket queues them right after the answer, then sends [`Release`].
+    /// Meanwhile the subscription is held: live publications wait.
+    pub missed: Option<Bytes>,
+}
+
+/// A recovering subscription whose socket has not yet queued its missed
+/// publications: the live ones published meanwhile wait here, in offset order.
+pub struct Held {
+    /// The topic subscribed to.
+    topic: String,
+    /// The socket; subscribed for real on release.
+    sub: SubscriberRef,
+    /// Presence to join on release.
+    presence: Option<(String, Option<String>)>,
+    /// The top offset the recovery went up to: what is held comes after it.
+    after: u64,
+    /// The live publications held, framed for the socket.
+    frames: bytes::BytesMut,
+}
+
+impl NamespaceSupervisor {
+    /// A live publication for the held subscriptions of `topic`. One whose
+    /// held frames outgrow the socket's queue is closed as a slow consumer.
+    fn hold_live(&mut self, topic: &str, offset: u64, timestamp: u64, data: &Bytes) {
+        let cap = self.topics.service.config.outbound_queue_bytes;
+        let mut over = Vec::new();
+        for h in self.held.iter_mut().filter(|h| h.topic == topic) {
+            if offset <= h.after {
+                continue;
+            }
+            h.frames.extend_from_slice(&message_frame(
+                h.sub.kind,
+                topic,
+                data,
+                timestamp,
+                Some(offset),
+            ));
+            if h.frames.len() > cap {
+                over.push(h.sub);
+            }
+        }
+        for sub in over {
+            self.held.retain(|h| h.sub.conn != sub.conn);
+            let targets = vec![(sub.relay, std::sync::Arc::new(vec![(sub.conn, sub.kind)]))];
+            self.topics
+                .service
+                .close_all(&targets, crate::pubsub::close::SLOW_CONSUMER);
+        }
+    }
+}
+
+/// Sent by a socket once a recovering subscribe's answer and missed
+/// publications are in its queue: the held live publications follow them
+/// through the socket's relay and the subscription becomes live. Past
+/// admission; a topic not held (not recovered, unsubscribed) is a no-op. No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Release {
+    /// The topic the socket subscribed to.
+    pub topic: String,
+    /// The socket's connection id.
+    pub conn: u64,
+}
+
+impl Handler<Release> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) {
+        let _t = self.stats.begin();
+        let _ = self.guarded(ctx, |act| {
+            let Some(i) = act
+                .held
+                .iter()
+                .position(|h| h.conn() == msg.conn && h.topic == msg.topic)
+            else {
+                return Ok(());
+            };
+            let h = act.held.swap_remove(i);
+            if !h.frames.is_empty() {
+                act.topics
+                    .service
+                    .send_to(h.sub.relay, h.sub.conn, h.sub.kind, h.frames.freeze());
+            }
+            let before = act.gauge_base();
+            let joined = act.topics.subscribe(&h.topic, h.sub, h.presence);
+            act.pubsub_gauges(before);
+            act.deliver_presence(joined);
+            Ok(())
+        });
+    }
+}
+
+impl Held {
+    fn conn(&self) -> u64 {
+        self.sub.conn
+    }
 }
 
 impl Handler<Subscribe> for NamespaceSupervisor {
@@ -204,10 +303,22 @@ impl Handler<Subscribe> for NamespaceSupervisor {
         let _t = self.stats.begin();
         let r = self.guarded(ctx, |act| {
             act.exists()?;
-            // The missed publications go through the socket's relay before
-            // the subscription exists: any live one comes after them, and
-            // none is both (this handler is one step of the mailbox).
+            // The missed publications go back with the answer; until the
+            // socket has queued them, live ones are held (each publication
+            // is one step of this mailbox: none is both, none is lost).
             let answer = act.recover_into(&msg.topic, msg.sub, msg.recover);
+            if answer.missed.is_some() {
+                act.held
+                    .retain(|h| !(h.conn() == msg.sub.conn && h.topic == msg.topic));
+                act.held.push(Held {
+                    topic: msg.topic.clone(),
+                    sub: msg.sub,
+                    presence: msg.presence,
+                    after: answer.position.as_ref().map_or(0, |p| p.offset),
+                    frames: bytes::BytesMut::new(),
+                });
+                return Ok(answer);
+            }
             let before = act.gauge_base();
             let joined = act.topics.subscribe(&msg.topic, msg.sub, msg.presence);
             act.pubsub_gauges(before);
@@ -234,27 +345,24 @@ impl NamespaceSupervisor {
             return Subscribed {
                 position: None,
                 recovered: recover.map(|_| false),
+                missed: None,
             };
         };
         let Some((offset, epoch)) = recover else {
             return Subscribed {
                 position: Some(h.position_or_create(topic)),
                 recovered: None,
+                missed: None,
             };
         };
         let oldest = now_ms().saturating_sub(rule.ttl_seconds * 1000);
         let r = h.recover(topic, offset, &epoch, oldest, caps.max_recovered);
-        let mut recovered = r.recovered;
-        if recovered && !r.missed.is_empty() {
-            let frames = frames_of(sub.kind, topic, &r.missed);
-            recovered = self
-                .topics
-                .service
-                .send_to(sub.relay, sub.conn, sub.kind, frames);
-        }
+        let missed =
+            (r.recovered && !r.missed.is_empty()).then(|| frames_of(sub.kind, topic, &r.missed));
         Subscribed {
             position: Some(r.position),
-            recovered: Some(recovered),
+            recovered: Some(r.recovered),
+            missed,
         }
     }
 }
@@ -289,6 +397,8 @@ impl Handler<Unsubscribe> for NamespaceSupervisor {
     fn handle(&mut self, msg: Unsubscribe, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
         self.guarded(ctx, |act| {
+            act.held
+                .retain(|h| !(h.conn() == msg.conn && h.topic == msg.topic));
             let before = act.gauge_base();
             let left = act.topics.unsubscribe(&msg.topic, msg.conn);
             act.pubsub_gauges(before);
@@ -313,6 +423,9 @@ impl Handler<UnsubscribeAll> for NamespaceSupervisor {
     fn handle(&mut self, msg: UnsubscribeAll, ctx: &mut Context<Self>) {
         let _t = self.stats.begin();
         let _ = self.guarded(ctx, |act| {
+            if !act.held.is_empty() {
+                act.held.retain(|h| h.conn() != msg.conn);
+            }
             let before = act.gauge_base();
             let left = act.topics.unsubscribe_all(msg.conn);
             act.pubsub_gauges(before);

@@ -10,7 +10,7 @@
 //! order it sent them, while many are in flight.
 
 use crate::actors::{
-    AskError, NsHandle, NsResult, Publish, Subscribe, Unsubscribe, UnsubscribeAll,
+    AskError, NsHandle, NsResult, Publish, Release, Subscribe, Unsubscribe, UnsubscribeAll,
 };
 use crate::error::ApiError;
 use crate::http::state::Node;
@@ -65,6 +65,10 @@ pub struct WsSession {
     last_heard: Instant,
     /// Answers in client order: `slots[0]` answers frame number `base`.
     slots: VecDeque<Option<Bytes>>,
+    /// Recovering subscribes by the sequence number of their frame: once the
+    /// answer (with the missed publications) is in the socket's queue, the
+    /// supervisor is told to release the live ones it holds ([`Release`]).
+    releases: std::collections::HashMap<u64, String>,
     /// Sequence number of the client frame `slots[0]` answers; grows as answers go out.
     base: u64,
     /// This socket and its subscriptions, counted against the namespace's
@@ -91,6 +95,7 @@ impl WsSession {
             mode,
             last_heard: crate::util::mono_now(),
             slots: VecDeque::new(),
+            releases: Default::default(),
             base: 0,
             quota,
         }
@@ -152,8 +157,19 @@ impl WsSession {
         }
         while let Some(Some(_)) = self.slots.front() {
             if let Some(Some(f)) = self.slots.pop_front() {
+                let done = self.base;
                 self.base += 1;
                 self.conn.push(f);
+                if !self.releases.is_empty()
+                    && let Some(topic) = self.releases.remove(&done)
+                {
+                    // Past admission, like the cleanup: it must not be refused.
+                    self.ns.stats.admit_always();
+                    self.ns.addr.do_send(Release {
+                        topic,
+                        conn: self.conn.id,
+                    });
+                }
             }
         }
     }
@@ -179,7 +195,7 @@ impl WsSession {
                 self.fill(seq, error_frame(&id, &e));
                 return;
             }
-            Ok(frame) => self.full_request(id.clone(), frame),
+            Ok(frame) => self.full_request(id.clone(), frame, seq),
         };
         match fut {
             Ok(fut) => self.answer(ctx, seq, fut),
@@ -203,6 +219,7 @@ impl WsSession {
         &mut self,
         id: Value,
         frame: ClientFrame,
+        seq: u64,
     ) -> Result<LocalBoxFuture<'static, Bytes>, FrameError> {
         let ok = move |id: Value, r: Result<(), FrameError>| match r {
             Ok(()) => ack(&id, None),
@@ -243,6 +260,9 @@ impl WsSession {
                     conn: self.conn.id,
                     kind: FrameKind::Full,
                 };
+                if recover.is_some() {
+                    self.releases.insert(seq, topic.clone());
+                }
                 let reply = self.ns.ask_now(Subscribe {
                     topic,
                     sub,
@@ -251,7 +271,17 @@ impl WsSession {
                 });
                 Ok(Box::pin(async move {
                     match settle(reply.await) {
-                        Ok(s) => ack_fields(&id, subscribed_fields(&s)),
+                        // The answer, then the missed publications, as one push.
+                        Ok(s) => match &s.missed {
+                            Some(m) => {
+                                let mut b = bytes::BytesMut::from(
+                                    &ack_fields(&id, subscribed_fields(&s))[..],
+                                );
+                                b.extend_from_slice(m);
+                                b.freeze()
+                            }
+                            None => ack_fields(&id, subscribed_fields(&s)),
+                        },
                         Err(e) => error_frame(&id, &FrameError::from(e)),
                     }
                 }))

@@ -265,6 +265,7 @@ async fn simple_socket(
         None
     };
     let recover = recover_query(q.recover_offset.as_deref(), q.recover_epoch.clone())?;
+    let recovering = recover.is_some();
     let can_publish = ctx
         .identity
         .as_ref()
@@ -300,6 +301,18 @@ async fn simple_socket(
             return Err(e);
         }
     };
+    if recovering {
+        // The missed publications first in the socket's queue, then the
+        // live ones the supervisor held meanwhile (a no-op when none).
+        if let Some(m) = &subscribed.missed {
+            conn.push(m.clone());
+        }
+        ctx.handle.stats.admit_always();
+        ctx.handle.addr.do_send(crate::actors::Release {
+            topic: q.topic.clone(),
+            conn: conn.id,
+        });
+    }
     let mode = Mode::Simple {
         topic: q.topic,
         kind,

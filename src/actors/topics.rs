@@ -141,7 +141,16 @@ impl NamespaceSupervisor {
         self.history_writing = true;
         let store = self.store.clone();
         ctx.spawn(
-            async move { store.apply_batch(ops).await }
+            async move {
+                // One batch; on etcd, one that fits a transaction at a time.
+                if store.check_atomic(&ops).is_ok() {
+                    return store.apply_batch(ops).await;
+                }
+                for chunk in ops.chunks(HISTORY_CHUNK) {
+                    store.apply_batch(chunk.to_vec()).await?;
+                }
+                Ok(())
+            }
                 .into_actor(self)
                 .map(move |res, act, ctx| {
                     act.history_writing = false;
@@ -164,6 +173,10 @@ impl NamespaceSupervisor {
         rx
     }
 }
+
+/// Store writes per transaction when a history batch is too large for one
+/// (etcd's limit on operations per transaction is 128 by default).
+const HISTORY_CHUNK: usize = 64;
 
 /// Waits for a history write; a failed one fails the publish (503, retryable).
 async fn stored<T>(rx: tokio::sync::oneshot::Receiver<bool>, v: T) -> NsResult<T> {

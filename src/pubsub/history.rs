@@ -391,9 +391,24 @@ impl NsHistory {
         self.trim_bytes(caps.max_bytes);
     }
 
-    /// The store writes queued since the last call, to write as one batch.
+    /// The store writes queued since the last call, to write as one batch:
+    /// only the last write of each key (a topic's meta is written once per
+    /// batch, a publication trimmed within the batch only deleted).
     pub fn take_pending(&mut self) -> Vec<BatchOp> {
-        std::mem::take(&mut self.pending)
+        let ops = std::mem::take(&mut self.pending);
+        let mut seen = std::collections::HashSet::new();
+        let mut out: Vec<BatchOp> = ops
+            .into_iter()
+            .rev()
+            .filter(|op| {
+                let k = match op {
+                    BatchOp::Put(k, _) | BatchOp::Delete(k) => k,
+                };
+                seen.insert(k.clone())
+            })
+            .collect();
+        out.reverse();
+        out
     }
 
     /// Whether store writes are queued.
@@ -523,8 +538,22 @@ mod tests {
         }
     }
 
-    fn store_rows(h: &mut NsHistory, rows: &mut std::collections::BTreeMap<Vec<u8>, Vec<u8>>) {
-        for op in h.take_pending() {
+    /// Offsets grow by one per publication; the size trims the oldest and
+    /// what was written loads back with the same offsets and epoch.
+    #[test]
+    fn offsets_trim_and_reload() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let mut rows = std::collections::BTreeMap::<Vec<u8>, Vec<u8>>::new();
+        let d = Bytes::from_static(b"x");
+        let first = h.append("chat.1", &rule(3), &d, 1000, &CAPS);
+        for i in 2..=5 {
+            let p = h.append("chat.1", &rule(3), &d, 1000 + i, &CAPS);
+            assert_eq!((p.offset, &p.epoch), (i, &first.epoch));
+        }
+        let pending = h.take_pending();
+        // Five publications, two trimmed in the batch: 3 puts, 2 deletes, one meta.
+        assert_eq!(pending.len(), 6);
+        for op in pending {
             match op {
                 BatchOp::Put(k, v) => {
                     rows.insert(k, v);
@@ -534,21 +563,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Offsets grow by one per publication; the size trims the oldest and
-    /// what was written loads back with the same offsets and epoch.
-    #[test]
-    fn offsets_trim_and_reload() {
-        let mut h = NsHistory::load("ns", Vec::new());
-        let mut rows = Default::default();
-        let d = Bytes::from_static(b"x");
-        let first = h.append("chat.1", &rule(3), &d, 1000, &CAPS);
-        for i in 2..=5 {
-            let p = h.append("chat.1", &rule(3), &d, 1000 + i, &CAPS);
-            assert_eq!((p.offset, &p.epoch), (i, &first.epoch));
-        }
-        store_rows(&mut h, &mut rows);
         let offs: Vec<u64> = h
             .read("chat.1", None, 10, false, 0)
             .iter()

@@ -553,6 +553,18 @@ async fn bad_input_refused_and_nothing_stored() {
         (400, json!("BAD_OFFSET")),
         "{v}"
     );
+    let (st, v) = history(&node, &key, "topic=chat.1&limit=many");
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("INVALID_LIMIT")),
+        "{v}"
+    );
+    let (st, v) = history(&node, &key, "topic=chat.1&since_offset=x");
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("BAD_OFFSET")),
+        "{v}"
+    );
     let (st, v) = history(&node, &key, "topic=chat.1&limit=301");
     assert_eq!(
         (st, v["error"]["code"].clone()),

@@ -382,7 +382,11 @@ async fn history(
         .transpose()
     };
     let since = number(q.since_offset.as_deref(), "since_offset")?;
-    let limit = number(q.limit.as_deref(), "limit")?.unwrap_or(cap);
+    let limit = q
+        .limit
+        .as_deref()
+        .map_or(Some(cap), |l| l.parse::<u64>().ok())
+        .unwrap_or(0);
     if limit == 0 || limit > cap {
         return Err(ApiError::new(
             Code::InvalidLimit,

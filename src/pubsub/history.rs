@@ -608,6 +608,33 @@ mod tests {
         assert!(!h.recover("chat.1", 6, &epoch, 1008, 300).recovered);
     }
 
+    /// The sweep drops what is past the ttl (the meta stays, so the next
+    /// offset continues); the byte cap drops the namespace's oldest first.
+    #[test]
+    fn sweep_and_byte_cap() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let r = rule(100);
+        let d = Bytes::from_static(b"0123456789");
+        for i in 0..3 {
+            h.append("chat.1", &r, &d, 1000 + i, &CAPS);
+        }
+        h.sweep(&[r.clone()], 1002 + 60_001, &CAPS);
+        assert!(h.read("chat.1", None, 10, false, 0).is_empty());
+        assert_eq!(h.append("chat.1", &r, &d, 100_000, &CAPS).offset, 4);
+        // No rule names the topic any more: the sweep empties it.
+        h.sweep(&[], 100_001, &CAPS);
+        assert!(h.read("chat.1", None, 10, false, 0).is_empty());
+        let caps = HistoryCaps {
+            max_bytes: 25,
+            ..CAPS
+        };
+        h.append("chat.a", &r, &d, 200_000, &caps);
+        h.append("chat.b", &r, &d, 200_001, &caps);
+        h.append("chat.b", &r, &d, 200_002, &caps);
+        assert!(h.read("chat.a", None, 10, false, 0).is_empty());
+        assert_eq!(h.read("chat.b", None, 10, false, 0).len(), 2);
+    }
+
     /// Globs: wildcards `*` and `?` only; caps checked.
     #[test]
     fn rules_checked() {

@@ -546,6 +546,17 @@ pub struct PubSubConfig {
     pub ping_interval_seconds: u64,
     /// Seconds without any client frame before the socket is closed.
     pub read_timeout_seconds: u64,
+    /// Largest `size` (publications kept per topic) a namespace's history rule may set.
+    pub max_history_size: u64,
+    /// Largest `ttl_seconds` (seconds a publication is kept) a history rule may set.
+    pub max_history_ttl: u64,
+    /// Payload bytes one namespace's history may hold; past it the oldest publications go.
+    pub max_history_bytes_per_namespace: u64,
+    /// Most publications one recovery (or one `GET /v1/pubsub/history`) returns;
+    /// a larger gap is answered `recovered: false`.
+    pub max_recovered_publications: u64,
+    /// Seconds between the node's history sweeps (one task for every namespace).
+    pub history_sweep_seconds: u64,
 }
 
 impl Default for PubSubConfig {
@@ -556,6 +567,11 @@ impl Default for PubSubConfig {
             max_frame_bytes: 1 << 20,
             ping_interval_seconds: 30,
             read_timeout_seconds: 75,
+            max_history_size: 10_000,
+            max_history_ttl: 86_400,
+            max_history_bytes_per_namespace: 64 << 20,
+            max_recovered_publications: 300,
+            history_sweep_seconds: 5,
         }
     }
 }
@@ -713,6 +729,18 @@ impl Config {
         if self.pubsub.outbound_queue_messages == 0 || self.pubsub.ping_interval_seconds == 0 {
             errors.push(
                 "pubsub.outbound_queue_messages and pubsub.ping_interval_seconds: must be > 0"
+                    .into(),
+            );
+        }
+        let p = &self.pubsub;
+        if p.max_history_size == 0
+            || p.max_history_ttl == 0
+            || p.max_history_bytes_per_namespace == 0
+            || p.max_recovered_publications == 0
+            || p.history_sweep_seconds == 0
+        {
+            errors.push(
+                "pubsub.max_history_size, max_history_ttl, max_history_bytes_per_namespace, max_recovered_publications and history_sweep_seconds: must be > 0"
                     .into(),
             );
         }

@@ -85,6 +85,8 @@ codes! {
     BadPath = "BAD_PATH", 400, Client, false;
     BadQuery = "BAD_QUERY", 400, Client, false;
     BadTopic = "BAD_TOPIC", 400, Client, false;
+    BadOffset = "BAD_OFFSET", 400, Client, false;
+    InvalidHistory = "INVALID_HISTORY", 400, Client, false;
     BadUpgrade = "BAD_UPGRADE", 400, Client, false;
     HostReserved = "HOST_RESERVED", 400, Client, false;
     InvalidCron = "INVALID_CRON", 400, Client, false;

@@ -21,7 +21,8 @@
 //!   (gated libp2p GossipSub, registry in the shared store, per-publisher
 //!   ordering) and the node's mesh identity.
 //! - `pubsub/`: the node's delivery service, per-worker relays with bounded
-//!   socket queues, the `WsSession` actor, topic tables, the socket protocol.
+//!   socket queues, the `WsSession` actor, topic tables, the socket protocol,
+//!   per-topic history (offsets, epochs, recovery; `history.rs`).
 //! - `http/dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
 //!   the JSON API and event stream, operator sessions, embedded assets.
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.

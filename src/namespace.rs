@@ -33,6 +33,10 @@ pub struct NamespaceRecord {
     /// Whether and as what wallets sign in; None (never set): they do not.
     #[serde(default)]
     pub wallet_sign_in: Option<crate::auth::WalletSignIn>,
+    /// Which topics keep a history and how much (`PUT /v1/namespaces/{ns}/pubsub`,
+    /// docs/pubsub.md "History and recovery"); empty: none does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<crate::pubsub::HistoryRule>,
 }
 
 /// Store key of a namespace record.

@@ -118,6 +118,19 @@ pub struct NamespaceSupervisor {
     pub records: Option<super::Records>,
     /// The node's default quotas (`[quotas]`); the record's overrides win.
     pub quotas: Arc<crate::config::QuotaConfig>,
+    /// The history of the topics the record's `history` rules name
+    /// (`actors/topics.rs`); None until loaded with the record. Kept across
+    /// a restart, like the topic table.
+    pub history: Option<crate::pubsub::NsHistory>,
+    /// A history batch is being written; appends meanwhile wait for the next
+    /// one, with the acks that wait on them.
+    pub history_writing: bool,
+    /// The acks waiting for the history writes queued since the last batch.
+    pub history_waiters: Vec<tokio::sync::oneshot::Sender<bool>>,
+    /// Recovering subscriptions whose missed publications are on their way
+    /// to the socket; live publications wait here until it says
+    /// [`Release`](super::Release) (`actors/topics.rs`).
+    pub held: Vec<super::topics::Held>,
 }
 
 impl NamespaceSupervisor {
@@ -138,6 +151,10 @@ impl NamespaceSupervisor {
             member: true,
             records: None,
             quotas: Default::default(),
+            history: None,
+            history_writing: false,
+            history_waiters: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -201,6 +218,7 @@ impl NamespaceSupervisor {
                 }
             }),
         );
+        self.load_history(ctx);
     }
 
     /// Runs a handler body, turning a panic into a restart instead of a dead actor.

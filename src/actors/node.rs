@@ -391,7 +391,7 @@ impl Handler<CreateNamespace> for NodeSupervisor {
 /// Store prefixes holding a namespace's data; all removed together on delete.
 pub fn namespace_prefixes(ns: &str) -> Vec<String> {
     [
-        "kv", "fn", "fnver", "log", "secret", "dep", "nskeys", "usage",
+        "kv", "fn", "fnver", "log", "secret", "dep", "nskeys", "usage", "hist",
     ]
     .iter()
     .map(|p| format!("{p}/{ns}/"))

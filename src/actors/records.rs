@@ -374,6 +374,7 @@ mod tests {
             claims_provider: None,
             quotas: Default::default(),
             wallet_sign_in: None,
+            history: Vec::new(),
         }
     }
 

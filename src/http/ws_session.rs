@@ -10,14 +10,14 @@
 //! order it sent them, while many are in flight.
 
 use crate::actors::{
-    AskError, NsHandle, NsResult, Publish, Subscribe, Unsubscribe, UnsubscribeAll,
+    AskError, NsHandle, NsResult, Publish, Release, Subscribe, Unsubscribe, UnsubscribeAll,
 };
 use crate::error::ApiError;
 use crate::http::state::Node;
 use crate::identity::Identity;
 use crate::pubsub::SubscriberRef;
 use crate::pubsub::protocol::{
-    self, ClientFrame, FrameError, FrameKind, Opcode, ack, close, error_frame, ws_frame,
+    self, ClientFrame, FrameError, FrameKind, Opcode, ack, ack_fields, close, error_frame, ws_frame,
 };
 use crate::pubsub::{Conn, Relay, Shutdown};
 use actix::prelude::*;
@@ -65,6 +65,10 @@ pub struct WsSession {
     last_heard: Instant,
     /// Answers in client order: `slots[0]` answers frame number `base`.
     slots: VecDeque<Option<Bytes>>,
+    /// Recovering subscribes by the sequence number of their frame: once the
+    /// answer (with the missed publications) is in the socket's queue, the
+    /// supervisor is told to release the live ones it holds ([`Release`]).
+    releases: std::collections::HashMap<u64, String>,
     /// Sequence number of the client frame `slots[0]` answers; grows as answers go out.
     base: u64,
     /// This socket and its subscriptions, counted against the namespace's
@@ -91,6 +95,7 @@ impl WsSession {
             mode,
             last_heard: crate::util::mono_now(),
             slots: VecDeque::new(),
+            releases: Default::default(),
             base: 0,
             quota,
         }
@@ -152,8 +157,19 @@ impl WsSession {
         }
         while let Some(Some(_)) = self.slots.front() {
             if let Some(Some(f)) = self.slots.pop_front() {
+                let done = self.base;
                 self.base += 1;
                 self.conn.push(f);
+                if !self.releases.is_empty()
+                    && let Some(topic) = self.releases.remove(&done)
+                {
+                    // Past admission, like the cleanup: it must not be refused.
+                    self.ns.stats.admit_always();
+                    self.ns.addr.do_send(Release {
+                        topic,
+                        conn: self.conn.id,
+                    });
+                }
             }
         }
     }
@@ -179,7 +195,7 @@ impl WsSession {
                 self.fill(seq, error_frame(&id, &e));
                 return;
             }
-            Ok(frame) => self.full_request(id.clone(), frame),
+            Ok(frame) => self.full_request(id.clone(), frame, seq),
         };
         match fut {
             Ok(fut) => self.answer(ctx, seq, fut),
@@ -203,6 +219,7 @@ impl WsSession {
         &mut self,
         id: Value,
         frame: ClientFrame,
+        seq: u64,
     ) -> Result<LocalBoxFuture<'static, Bytes>, FrameError> {
         let ok = move |id: Value, r: Result<(), FrameError>| match r {
             Ok(()) => ack(&id, None),
@@ -213,7 +230,11 @@ impl WsSession {
                 &id,
                 Some(("pong", Value::Bool(true))),
             )))),
-            ClientFrame::Subscribe { topic, presence } => {
+            ClientFrame::Subscribe {
+                topic,
+                presence,
+                recover,
+            } => {
                 protocol::check_topic(&topic).map_err(ApiError::from)?;
                 self.allows("subscribe", &topic)?;
                 if let Some((m, meta)) = &presence {
@@ -239,12 +260,31 @@ impl WsSession {
                     conn: self.conn.id,
                     kind: FrameKind::Full,
                 };
+                if recover.is_some() {
+                    self.releases.insert(seq, topic.clone());
+                }
                 let reply = self.ns.ask_now(Subscribe {
                     topic,
                     sub,
                     presence,
+                    recover,
                 });
-                Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
+                Ok(Box::pin(async move {
+                    match settle(reply.await) {
+                        // The answer, then the missed publications, as one push.
+                        Ok(s) => match &s.missed {
+                            Some(m) => {
+                                let mut b = bytes::BytesMut::from(
+                                    &ack_fields(&id, subscribed_fields(&s))[..],
+                                );
+                                b.extend_from_slice(m);
+                                b.freeze()
+                            }
+                            None => ack_fields(&id, subscribed_fields(&s)),
+                        },
+                        Err(e) => error_frame(&id, &FrameError::from(e)),
+                    }
+                }))
             }
             ClientFrame::Unsubscribe { topic } => {
                 if let Mode::Full { topics } = &mut self.mode
@@ -269,7 +309,12 @@ impl WsSession {
                     data,
                     depth: 0,
                 });
-                Ok(Box::pin(async move { ok(id, flatten(reply.await)) }))
+                Ok(Box::pin(async move {
+                    match settle(reply.await) {
+                        Ok(pos) => ack_fields(&id, position_fields(pos.as_ref())),
+                        Err(e) => error_frame(&id, &FrameError::from(e)),
+                    }
+                }))
             }
             ClientFrame::Invoke { function, input } => {
                 let fut = super::ws_invoke::ws_invoke(
@@ -310,8 +355,9 @@ impl WsSession {
             depth: 0,
         });
         ctx.spawn(reply.into_actor(self).map(|r, act, _| {
-            if let Err(e) = flatten(r) {
-                act.conn.push(error_frame(&Value::Null, &e));
+            if let Err(e) = settle(r) {
+                act.conn
+                    .push(error_frame(&Value::Null, &FrameError::from(e)));
             }
         }));
     }
@@ -326,6 +372,27 @@ pub(crate) fn settle<T>(r: Result<NsResult<T>, AskError>) -> Result<T, ApiError>
 
 fn flatten(r: Result<NsResult<()>, AskError>) -> Result<(), FrameError> {
     settle(r).map_err(FrameError::from)
+}
+
+/// `offset` and `epoch` of a history topic's position; nothing otherwise.
+pub(crate) fn position_fields(
+    pos: Option<&crate::pubsub::Position>,
+) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    if let Some(p) = pos {
+        m.insert("offset".into(), Value::from(p.offset));
+        m.insert("epoch".into(), Value::from(p.epoch.clone()));
+    }
+    m
+}
+
+/// A subscribe's answer fields: the position, and `recovered` when asked.
+fn subscribed_fields(s: &crate::actors::Subscribed) -> serde_json::Map<String, Value> {
+    let mut m = position_fields(s.position.as_ref());
+    if let Some(r) = s.recovered {
+        m.insert("recovered".into(), Value::Bool(r));
+    }
+    m
 }
 
 impl Actor for WsSession {

@@ -5,11 +5,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod history;
 pub mod protocol;
 mod relay;
 mod service;
 mod table;
 
+pub use history::{HistoryCaps, HistoryRule, NsHistory, Position, Recovery};
 pub use protocol::{
     ClientFrame, FrameError, FrameKind, MAX_BATCH, NotBase64, PayloadTooLarge, RESERVED_PREFIX,
     TopicError, check_member, check_payload, check_topic, close, decode_base64, parse_client_frame,

@@ -167,8 +167,16 @@ pub fn json_frame(v: &impl Serialize) -> Bytes {
 }
 
 /// The message frame of `kind`, encoded once per publish and shared by every
-/// subscriber of that kind.
-pub fn message_frame(kind: FrameKind, topic: &str, data: &[u8], timestamp: u64) -> Bytes {
+/// subscriber of that kind. `offset`: the publication's place in the topic's
+/// history (topics with a history rule only): a JSON field, or, on a binary
+/// frame, 8 bytes big-endian before the payload.
+pub fn message_frame(
+    kind: FrameKind,
+    topic: &str,
+    data: &[u8],
+    timestamp: u64,
+    offset: Option<u64>,
+) -> Bytes {
     #[derive(Serialize)]
     struct Out<'a> {
         /// `"message"` on the full socket; absent on the simple one.
@@ -180,14 +188,26 @@ pub fn message_frame(kind: FrameKind, topic: &str, data: &[u8], timestamp: u64) 
         data_base64: String,
         /// Unix milliseconds given by the publishing node.
         timestamp: u64,
+        /// The publication's offset in the topic's history (history topics only).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
     }
     match kind {
-        FrameKind::Binary => ws_frame(Opcode::Binary, data),
+        FrameKind::Binary => match offset {
+            None => ws_frame(Opcode::Binary, data),
+            Some(o) => {
+                let mut b = Vec::with_capacity(8 + data.len());
+                b.extend_from_slice(&o.to_be_bytes());
+                b.extend_from_slice(data);
+                ws_frame(Opcode::Binary, &b)
+            }
+        },
         FrameKind::Simple | FrameKind::Full => json_frame(&Out {
             kind: (kind == FrameKind::Full).then_some("message"),
             topic,
             data_base64: base64::engine::general_purpose::STANDARD.encode(data),
             timestamp,
+            offset,
         }),
     }
 }
@@ -200,6 +220,15 @@ pub fn ack(id: &Value, extra: Option<(&str, Value)>) -> Bytes {
     if let Some((k, v)) = extra {
         m.insert(k.into(), v);
     }
+    json_frame(&Value::Object(m))
+}
+
+/// An ack with several extra fields: `{"id","ok":true, ...fields}`.
+pub fn ack_fields(id: &Value, fields: serde_json::Map<String, Value>) -> Bytes {
+    let mut m = serde_json::Map::new();
+    m.insert("id".into(), id.clone());
+    m.insert("ok".into(), Value::Bool(true));
+    m.extend(fields);
     json_frame(&Value::Object(m))
 }
 
@@ -247,6 +276,8 @@ pub enum ClientFrame {
         /// With `"presence":true`: the `member_id` and `member_meta` (JSON
         /// other than a string is kept as its text).
         presence: Option<(String, Option<String>)>,
+        /// `"recover":{"offset","epoch"}`: the last position the client saw.
+        recover: Option<(u64, String)>,
     },
     /// `{"type":"unsubscribe","topic"}`.
     Unsubscribe {
@@ -290,6 +321,19 @@ fn b64_field(v: &Value, k: &str) -> Result<Bytes, FrameError> {
     }
 }
 
+/// `{"offset": <u64>, "epoch": "<string>"}`: anything else is `BAD_OFFSET`.
+fn recover_field(r: &Value) -> Result<(u64, String), FrameError> {
+    let bad = || {
+        FrameError::new(
+            "BAD_OFFSET",
+            "recover is {\"offset\": a whole number >= 0, \"epoch\": a string}",
+        )
+    };
+    let offset = r.get("offset").and_then(Value::as_u64).ok_or_else(bad)?;
+    let epoch = r.get("epoch").and_then(Value::as_str).ok_or_else(bad)?;
+    Ok((offset, epoch.to_string()))
+}
+
 /// Parses a `/v1/ws` client frame. Always yields the frame's `id` (null when
 /// it has none or is not JSON), so even a refusal is answered in order.
 pub fn parse_client_frame(text: &[u8]) -> (Value, Result<ClientFrame, FrameError>) {
@@ -323,9 +367,14 @@ pub fn parse_client_frame(text: &[u8]) -> (Value, Result<ClientFrame, FrameError
                 } else {
                     None
                 };
+                let recover = match v.get("recover") {
+                    None | Some(Value::Null) => None,
+                    Some(r) => Some(recover_field(r)?),
+                };
                 ClientFrame::Subscribe {
                     topic: str_field(&v, "topic")?,
                     presence,
+                    recover,
                 }
             }
             "unsubscribe" => ClientFrame::Unsubscribe {
@@ -449,17 +498,17 @@ mod tests {
     /// The message frame is a valid text frame holding the documented JSON.
     #[test]
     fn message_frames() {
-        let f = message_frame(FrameKind::Full, "t", b"hi", 5);
+        let f = message_frame(FrameKind::Full, "t", b"hi", 5, None);
         let v: Value = serde_json::from_slice(&f[2..]).unwrap();
         assert_eq!(
             v,
             serde_json::json!({"type":"message","topic":"t","data_base64":"aGk=","timestamp":5})
         );
-        let f = message_frame(FrameKind::Simple, "t", b"hi", 5);
+        let f = message_frame(FrameKind::Simple, "t", b"hi", 5, None);
         let v: Value = serde_json::from_slice(&f[2..]).unwrap();
         assert!(v.get("type").is_none());
         assert_eq!(
-            &message_frame(FrameKind::Binary, "t", b"hi", 5)[..],
+            &message_frame(FrameKind::Binary, "t", b"hi", 5, None)[..],
             &[0x82, 2, b'h', b'i']
         );
     }

@@ -146,11 +146,14 @@ impl PubSubService {
         origin: Origin,
     ) {
         let timestamp = super::protocol::now_ms();
-        self.deliver_at(namespace, topic, data, targets, origin, timestamp);
+        self.deliver_at(namespace, topic, data, targets, origin, timestamp, None);
     }
 
     /// [`deliver`](Self::deliver) with the message's timestamp given: a
-    /// message from the mesh keeps the one its origin node gave it.
+    /// message from the mesh keeps the one its origin node gave it. `offset`:
+    /// the publication's place in its topic's history (history topics only),
+    /// carried by every frame.
+    #[allow(clippy::too_many_arguments)]
     pub fn deliver_at(
         &self,
         namespace: &str,
@@ -159,12 +162,12 @@ impl PubSubService {
         targets: Option<(&Targets, [bool; 3])>,
         origin: Origin,
         timestamp: u64,
+        offset: Option<u64>,
     ) {
         if let Some((targets, kinds)) = targets {
-            let frames: Arc<[Option<Bytes>; 3]> = Arc::new(
-                FrameKind::ALL
-                    .map(|k| kinds[k.index()].then(|| message_frame(k, topic, data, timestamp))),
-            );
+            let frames: Arc<[Option<Bytes>; 3]> = Arc::new(FrameKind::ALL.map(|k| {
+                kinds[k.index()].then(|| message_frame(k, topic, data, timestamp, offset))
+            }));
             let relays = self.relays.read();
             for (relay, conns) in targets {
                 let Some(tx) = relays.get(*relay as usize) else {
@@ -187,6 +190,31 @@ impl PubSubService {
         {
             mesh.forward(namespace, topic, data, timestamp);
         }
+    }
+
+    /// Hands `frame` (one or several complete frames) to one socket through
+    /// its relay: the same channel as live deliveries, so what is sent here
+    /// reaches the socket before any publication delivered after it (a
+    /// recovery's missed publications). False when the relay's queue is full.
+    pub fn send_to(&self, relay: u32, conn: u64, kind: FrameKind, frame: Bytes) -> bool {
+        let relays = self.relays.read();
+        let Some(tx) = relays.get(relay as usize) else {
+            return false;
+        };
+        let mut frames: [Option<Bytes>; 3] = [None, None, None];
+        frames[kind.index()] = Some(frame);
+        let d = RelayMsg::Deliver(Delivery {
+            frames: Arc::new(frames),
+            conns: Arc::new(vec![(conn, kind)]),
+        });
+        if tx.try_send(d).is_err() {
+            self.metrics
+                .pubsub_dropped
+                .with_label_values(&["relay_full"])
+                .inc();
+            return false;
+        }
+        true
     }
 
     /// Closes every socket in `targets` with `code` (best effort, bounded).

@@ -15,6 +15,7 @@ mod etcd;
 mod etcd_process;
 mod export;
 mod functions;
+mod history;
 mod node;
 mod pubsub;
 mod quotas;

@@ -137,6 +137,7 @@ async fn create(
         claims_provider: None,
         quotas: Default::default(),
         wallet_sign_in: None,
+        history: Vec::new(),
     };
     let (key, key_record, mut ops) = identity::prepare_key(
         &node.secrets.server_secret,

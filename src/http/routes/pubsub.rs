@@ -2,7 +2,9 @@
 //! and the topic list. The sockets' protocol is in docs/pubsub.md.
 
 use super::NsCtx;
-use crate::actors::{Presence, Publish, PublishBatch, Subscribe, Topics, UnsubscribeAll};
+use crate::actors::{
+    Presence, Publish, PublishBatch, ReadHistory, SetHistory, Subscribe, Topics, UnsubscribeAll,
+};
 use crate::error::Code;
 use crate::http::Identity;
 use crate::http::error::{ApiError, ApiResult};
@@ -59,6 +61,24 @@ pub fn register(t: &mut RouteTable) {
         "/v1/pubsub/topics",
         Policy::ns("pubsub", "read"),
         web::get().to(topics),
+    )
+    .add(
+        Method::GET,
+        "/v1/pubsub/history",
+        Policy::ns("pubsub", "read"),
+        web::get().to(history),
+    )
+    .add(
+        Method::GET,
+        "/v1/namespaces/{namespace}/pubsub",
+        Policy::ns("", ""),
+        web::get().to(show_settings),
+    )
+    .add(
+        Method::PUT,
+        "/v1/namespaces/{namespace}/pubsub",
+        Policy::ns("", ""),
+        web::put().to(set_settings),
     )
     .add(
         Method::GET,
@@ -121,14 +141,17 @@ async fn publish(
     body: web::Json<PublishBody>,
 ) -> ApiResult<HttpResponse> {
     let (topic, data) = message(&ctx, &node, body.into_inner())?;
-    ctx.handle
+    let pos = ctx
+        .handle
         .ask(Publish {
             topic,
             data,
             depth: 0,
         })
         .await??;
-    Ok(HttpResponse::Ok().json(json!({"ok": true})))
+    let mut answer = crate::http::ws_session::position_fields(pos.as_ref());
+    answer.insert("ok".into(), serde_json::Value::Bool(true));
+    Ok(HttpResponse::Ok().json(answer))
 }
 
 #[derive(Deserialize)]
@@ -174,6 +197,26 @@ struct SocketQuery {
     member_meta: Option<String>,
     /// `json` (default) or `binary` (raw payloads as binary frames).
     format: Option<String>,
+    /// Recover from this offset (with `recover_epoch`): a whole number.
+    recover_offset: Option<String>,
+    /// The epoch `recover_offset` belongs to.
+    recover_epoch: Option<String>,
+}
+
+/// `recover_offset` and `recover_epoch` of a query: both or neither, the
+/// offset a whole number (else 400 `BAD_OFFSET`).
+fn recover_query(offset: Option<&str>, epoch: Option<String>) -> ApiResult<Option<(u64, String)>> {
+    match (offset, epoch) {
+        (None, None) => Ok(None),
+        (Some(o), Some(e)) => o
+            .parse::<u64>()
+            .map(|o| Some((o, e)))
+            .map_err(|_| ApiError::new(Code::BadOffset, "recover_offset is a whole number >= 0")),
+        _ => Err(ApiError::new(
+            Code::BadOffset,
+            "recover_offset and recover_epoch come together",
+        )),
+    }
 }
 
 /// Upgrades the request; errors before the upgrade are ordinary HTTP answers.
@@ -221,6 +264,8 @@ async fn simple_socket(
     } else {
         None
     };
+    let recover = recover_query(q.recover_offset.as_deref(), q.recover_epoch.clone())?;
+    let recovering = recover.is_some();
     let can_publish = ctx
         .identity
         .as_ref()
@@ -243,14 +288,30 @@ async fn simple_socket(
             topic: q.topic.clone(),
             sub,
             presence,
+            recover,
         })
         .await;
-    if let Err(e) = settle(subscribed) {
-        relay.forget(conn.id);
-        // A timed-out subscribe may still be applied later: undo it.
+    let subscribed = match settle(subscribed) {
+        Ok(s) => s,
+        Err(e) => {
+            relay.forget(conn.id);
+            // A timed-out subscribe may still be applied later: undo it.
+            ctx.handle.stats.admit_always();
+            ctx.handle.addr.do_send(UnsubscribeAll { conn: conn.id });
+            return Err(e);
+        }
+    };
+    if recovering {
+        // The missed publications first in the socket's queue, then the
+        // live ones the supervisor held meanwhile (a no-op when none).
+        if let Some(m) = &subscribed.missed {
+            conn.push(m.clone());
+        }
         ctx.handle.stats.admit_always();
-        ctx.handle.addr.do_send(UnsubscribeAll { conn: conn.id });
-        return Err(e);
+        ctx.handle.addr.do_send(crate::actors::Release {
+            topic: q.topic.clone(),
+            conn: conn.id,
+        });
     }
     let mode = Mode::Simple {
         topic: q.topic,
@@ -267,7 +328,166 @@ async fn simple_socket(
         quota,
     )
     .start_with(stream);
-    Ok(upgraded(resp, conn))
+    let mut resp = upgraded(resp, conn);
+    // The position and the recovery's outcome ride on the 101's headers.
+    let h = resp.headers_mut();
+    let mut set = |name: &'static str, v: String| {
+        if let Ok(v) = actix_web::http::header::HeaderValue::from_str(&v) {
+            h.insert(actix_web::http::header::HeaderName::from_static(name), v);
+        }
+    };
+    if let Some(p) = &subscribed.position {
+        set("x-meshgate-epoch", p.epoch.clone());
+        set("x-meshgate-offset", p.offset.to_string());
+    }
+    if let Some(r) = subscribed.recovered {
+        set("x-meshgate-recovered", r.to_string());
+    }
+    Ok(resp)
+}
+
+/// The query of `GET /v1/pubsub/history`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    /// The topic read (needs `pubsub:read:<topic>`).
+    topic: String,
+    /// Publications after this offset (before it with `reverse=true`).
+    since_offset: Option<String>,
+    /// The epoch `since_offset` belongs to; another one is refused.
+    epoch: Option<String>,
+    /// At most this many (1 to `max_recovered_publications`, the default).
+    limit: Option<String>,
+    /// `true`: newest first.
+    reverse: Option<String>,
+}
+
+/// `GET /v1/pubsub/history?topic=T&since_offset=&epoch=&limit=&reverse=`:
+/// the kept publications of a topic, by offset.
+async fn history(
+    ctx: NsCtx,
+    node: web::Data<Node>,
+    q: web::Query<HistoryQuery>,
+) -> ApiResult<HttpResponse> {
+    let q = q.into_inner();
+    check_topic(&q.topic)?;
+    ctx.require("pubsub", "read", &q.topic)?;
+    let cap = node.config.pubsub.max_recovered_publications;
+    let number = |v: Option<&str>, what: &str| -> ApiResult<Option<u64>> {
+        v.map(|s| {
+            s.parse::<u64>().map_err(|_| {
+                ApiError::new(Code::BadOffset, format!("{what} is a whole number >= 0"))
+            })
+        })
+        .transpose()
+    };
+    let since = number(q.since_offset.as_deref(), "since_offset")?;
+    let limit = q
+        .limit
+        .as_deref()
+        .map_or(Some(cap), |l| l.parse::<u64>().ok())
+        .unwrap_or(0);
+    if limit == 0 || limit > cap {
+        return Err(ApiError::new(
+            Code::InvalidLimit,
+            format!("limit is 1 to {cap} (pubsub.max_recovered_publications)"),
+        ));
+    }
+    let reverse = match q.reverse.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::new(Code::BadQuery, "reverse is true or false")),
+    };
+    let page = ctx
+        .handle
+        .ask(ReadHistory {
+            topic: q.topic.clone(),
+            since,
+            epoch: q.epoch,
+            limit: limit as usize,
+            reverse,
+        })
+        .await??;
+    let publications: Vec<_> = page
+        .entries
+        .iter()
+        .map(|e| {
+            json!({
+                "offset": e.offset,
+                "timestamp": e.timestamp,
+                "data_base64": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &e.data),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "topic": q.topic,
+        "epoch": page.position.as_ref().map(|p| p.epoch.clone()),
+        "offset": page.position.as_ref().map_or(0, |p| p.offset),
+        "publications": publications,
+    })))
+}
+
+/// The body of `PUT /v1/namespaces/{ns}/pubsub`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PubSubSettings {
+    /// The history rules; the first whose glob matches a topic applies.
+    history: Vec<crate::pubsub::HistoryRule>,
+}
+
+/// Who may change a namespace's pub/sub settings: the operator, or its
+/// credential with `pubsub:admin` or `namespace:admin`; and the path's
+/// namespace must be the one the request acts on.
+fn settings_admin(ctx: &NsCtx, path: &str) -> ApiResult<()> {
+    if ctx.name != path {
+        return Err(ApiError::new(
+            Code::NamespaceMismatch,
+            "the credential belongs to another namespace",
+        ));
+    }
+    let Some(i) = &ctx.identity else {
+        return Err(ApiError::new(
+            Code::MissingCredential,
+            "this route needs a credential",
+        ));
+    };
+    if i.operator
+        || crate::auth::allows_action(&i.grants, "pubsub", "admin")
+        || crate::auth::allows_action(&i.grants, "namespace", "admin")
+    {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        Code::MissingGrant,
+        "the credential lacks a pubsub:admin or namespace:admin grant",
+    ))
+}
+
+/// `GET /v1/namespaces/{ns}/pubsub`: the namespace's history rules.
+async fn show_settings(ctx: NsCtx, ns: web::Path<String>) -> ApiResult<HttpResponse> {
+    settings_admin(&ctx, &ns)?;
+    let info = ctx.handle.ask(crate::actors::GetInfo).await??;
+    Ok(HttpResponse::Ok()
+        .json(json!({"namespace": info.record.name, "history": info.record.history})))
+}
+
+/// `PUT /v1/namespaces/{ns}/pubsub`: replaces the history rules (checked
+/// against `[pubsub]`'s caps first; nothing is stored when one is refused).
+async fn set_settings(
+    ctx: NsCtx,
+    node: web::Data<Node>,
+    ns: web::Path<String>,
+    body: web::Json<PubSubSettings>,
+) -> ApiResult<HttpResponse> {
+    settings_admin(&ctx, &ns)?;
+    let rules = body.into_inner().history;
+    let caps = crate::pubsub::HistoryCaps::from(&node.config.pubsub);
+    crate::pubsub::history::check_rules(&rules, &caps)
+        .map_err(|e| ApiError::new(Code::InvalidHistory, e))?;
+    let record = ctx.handle.ask(SetHistory { rules }).await??;
+    tracing::info!(namespace = %record.name, rules = record.history.len(), "Pub/sub history rules set.");
+    Ok(HttpResponse::Ok()
+        .json(json!({"ok": true, "namespace": record.name, "history": record.history})))
 }
 
 /// `GET /v1/ws`: the full socket; subscriptions come as frames.

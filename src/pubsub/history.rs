@@ -1,0 +1,649 @@
+//! Per-topic history (issue #41, docs/pubsub.md "History and recovery"): the
+//! publications of topics a namespace's `history` rules name, kept so a
+//! subscriber that lost its socket can get what it missed.
+//!
+//! [`NsHistory`] is owned by the namespace's supervisor, like the topic
+//! table: the supervisor handles its mailbox in order, so giving offsets,
+//! appending and answering a recovery are one step each and need no lock.
+//! The publications are kept in memory (bounded by the rules' sizes and
+//! `[pubsub] max_history_bytes_per_namespace`) and written to the store as a
+//! write-behind: each append queues its puts and deletes in `pending`; the
+//! supervisor writes everything pending in **one** store batch, and the next
+//! batch gathers whatever was appended while that write ran. Topics without
+//! a rule never come here.
+//!
+//! Store layout: `hist/<ns>/p/<topic>\0<offset, 8 bytes big-endian>` holds
+//! one publication (8 bytes timestamp, then the payload), so a topic's
+//! publications scan in offset order; `hist/<ns>/m/<topic>` holds the
+//! topic's [`Meta`] (epoch, top offset) and outlives trimmed publications,
+//! so offsets keep growing after a sweep and across restarts.
+
+use crate::storage::BatchOp;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+
+/// One `history` rule of a namespace (`PUT /v1/namespaces/{ns}/pubsub`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryRule {
+    /// The topics kept: a glob (`*` any run, `?` one character).
+    pub topics: String,
+    /// Publications kept per topic, newest first (1 to `max_history_size`).
+    pub size: u64,
+    /// Seconds a publication is kept (1 to `max_history_ttl`).
+    pub ttl_seconds: u64,
+}
+
+/// The node's caps on history (`[pubsub]`).
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryCaps {
+    /// Largest `size` a rule may set.
+    pub max_size: u64,
+    /// Largest `ttl_seconds` a rule may set.
+    pub max_ttl: u64,
+    /// Payload bytes a namespace's history may hold; past it the oldest go.
+    pub max_bytes: u64,
+    /// Most publications one recovery returns; a larger gap is not recovered.
+    pub max_recovered: u64,
+}
+
+impl From<&crate::config::PubSubConfig> for HistoryCaps {
+    fn from(c: &crate::config::PubSubConfig) -> Self {
+        Self {
+            max_size: c.max_history_size,
+            max_ttl: c.max_history_ttl,
+            max_bytes: c.max_history_bytes_per_namespace,
+            max_recovered: c.max_recovered_publications,
+        }
+    }
+}
+
+/// Checks a topic glob: what [`check_topic`](super::check_topic) accepts for
+/// a topic, with `*` and `?` as wildcards; the bracket and brace syntaxes of
+/// other globs are refused rather than taken literally.
+pub fn check_glob(glob: &str) -> Result<(), String> {
+    if glob.is_empty()
+        || glob.len() > super::protocol::MAX_TOPIC_BYTES
+        || glob.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(format!(
+            "a topic glob is 1 to {} bytes without spaces or control characters",
+            super::protocol::MAX_TOPIC_BYTES
+        ));
+    }
+    if glob
+        .chars()
+        .any(|c| matches!(c, '[' | ']' | '{' | '}' | '\\'))
+    {
+        return Err(format!(
+            "{glob:?}: only `*` and `?` are wildcards (no [], {{}} or \\)"
+        ));
+    }
+    if glob.starts_with(super::RESERVED_PREFIX) {
+        return Err("topics under _mg/ are reserved".into());
+    }
+    Ok(())
+}
+
+/// Checks a namespace's rules against the node's caps; every problem at once.
+pub fn check_rules(rules: &[HistoryRule], caps: &HistoryCaps) -> Result<(), String> {
+    let mut errors = Vec::new();
+    if rules.len() > MAX_RULES {
+        errors.push(format!("at most {MAX_RULES} history rules"));
+    }
+    for (i, r) in rules.iter().enumerate() {
+        if let Err(e) = check_glob(&r.topics) {
+            errors.push(format!("history[{i}].topics: {e}"));
+        }
+        if r.size == 0 || r.size > caps.max_size {
+            errors.push(format!(
+                "history[{i}].size: 1 to {} (pubsub.max_history_size)",
+                caps.max_size
+            ));
+        }
+        if r.ttl_seconds == 0 || r.ttl_seconds > caps.max_ttl {
+            errors.push(format!(
+                "history[{i}].ttl_seconds: 1 to {} (pubsub.max_history_ttl)",
+                caps.max_ttl
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// Most rules one namespace may have.
+pub const MAX_RULES: usize = 32;
+
+/// The first rule whose glob matches `topic`.
+pub fn rule_for<'a>(rules: &'a [HistoryRule], topic: &str) -> Option<&'a HistoryRule> {
+    rules
+        .iter()
+        .find(|r| crate::auth::glob_match(&r.topics, topic))
+}
+
+/// A topic's durable position: its epoch and the offset of its last publication.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Meta {
+    /// Random; a new one means the offsets before it are gone.
+    pub epoch: String,
+    /// The offset of the topic's last publication (0: none yet).
+    pub top: u64,
+}
+
+/// One kept publication.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// Its place in the topic: 1 for the first, +1 per publication.
+    pub offset: u64,
+    /// Unix milliseconds when the node accepted it.
+    pub timestamp: u64,
+    /// The payload.
+    pub data: Bytes,
+}
+
+/// The position given to a publication (the publish ack) or asked of a topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Position {
+    /// The publication's offset, or the topic's top one.
+    pub offset: u64,
+    /// The topic's epoch.
+    pub epoch: String,
+}
+
+/// What a recovery gives: whether the gap could be filled, the topic's
+/// position, and the missed publications in offset order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovery {
+    /// True when every publication after the client's offset is in `missed`.
+    pub recovered: bool,
+    /// The topic's epoch and top offset now.
+    pub position: Position,
+    /// The publications after the client's offset (empty unless `recovered`).
+    pub missed: Vec<Entry>,
+}
+
+#[derive(Debug)]
+struct TopicHistory {
+    meta: Meta,
+    entries: VecDeque<Entry>,
+    /// Payload bytes of `entries`.
+    bytes: u64,
+}
+
+/// A namespace's history: every topic with a [`Meta`], the kept
+/// publications, and the store writes not yet made.
+#[derive(Debug, Default)]
+pub struct NsHistory {
+    ns: String,
+    topics: HashMap<String, TopicHistory>,
+    /// Payload bytes over every topic, bounded by `max_bytes`.
+    bytes: u64,
+    /// Store writes queued by appends and trims, in order.
+    pending: Vec<BatchOp>,
+}
+
+/// The store prefix of a namespace's history (publications and metas).
+pub fn prefix(ns: &str) -> Vec<u8> {
+    format!("hist/{ns}/").into_bytes()
+}
+
+fn pub_key(ns: &str, topic: &str, offset: u64) -> Vec<u8> {
+    let mut k = format!("hist/{ns}/p/{topic}\0").into_bytes();
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+fn meta_key(ns: &str, topic: &str) -> Vec<u8> {
+    format!("hist/{ns}/m/{topic}").into_bytes()
+}
+
+/// A fresh epoch: 16 random bytes as hex (the time if the system's random fails).
+pub fn new_epoch() -> String {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 16];
+    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+        b[..8].copy_from_slice(&super::protocol::now_ms().to_be_bytes());
+    }
+    hex::encode(b)
+}
+
+impl NsHistory {
+    /// The history of `ns` as stored (`rows`: every key under [`prefix`]).
+    /// Undecodable rows are skipped (their topic keeps its meta).
+    pub fn load(ns: &str, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Self {
+        let mut h = NsHistory {
+            ns: ns.to_string(),
+            ..Default::default()
+        };
+        let base = prefix(ns);
+        let mut pubs: Vec<(String, Entry)> = Vec::new();
+        for (k, v) in rows {
+            let Some(rest) = k.strip_prefix(base.as_slice()) else {
+                continue;
+            };
+            if let Some(topic) = rest.strip_prefix(b"m/") {
+                let (Ok(topic), Ok(meta)) = (
+                    std::str::from_utf8(topic),
+                    serde_json::from_slice::<Meta>(&v),
+                ) else {
+                    continue;
+                };
+                h.topics.insert(
+                    topic.to_string(),
+                    TopicHistory {
+                        meta,
+                        entries: VecDeque::new(),
+                        bytes: 0,
+                    },
+                );
+            } else if let Some(p) = rest.strip_prefix(b"p/") {
+                if p.len() < 9 || p[p.len() - 9] != 0 || v.len() < 8 {
+                    continue;
+                }
+                let Ok(topic) = std::str::from_utf8(&p[..p.len() - 9]) else {
+                    continue;
+                };
+                let mut off = [0u8; 8];
+                off.copy_from_slice(&p[p.len() - 8..]);
+                let mut ts = [0u8; 8];
+                ts.copy_from_slice(&v[..8]);
+                pubs.push((
+                    topic.to_string(),
+                    Entry {
+                        offset: u64::from_be_bytes(off),
+                        timestamp: u64::from_be_bytes(ts),
+                        data: Bytes::copy_from_slice(&v[8..]),
+                    },
+                ));
+            }
+        }
+        // Keys scan in byte order: each topic's publications by offset.
+        for (topic, e) in pubs {
+            match h.topics.get_mut(&topic) {
+                Some(t) if e.offset <= t.meta.top => {
+                    t.bytes += e.data.len() as u64;
+                    h.bytes += e.data.len() as u64;
+                    t.entries.push_back(e);
+                }
+                // A publication written without its meta (or past it): the
+                // meta is the truth; drop it.
+                _ => h
+                    .pending
+                    .push(BatchOp::Delete(pub_key(ns, &topic, e.offset))),
+            }
+        }
+        h
+    }
+
+    /// Appends a publication to `topic` under `rule`; returns its position.
+    /// Trims the topic by size and age and the namespace by bytes.
+    pub fn append(
+        &mut self,
+        topic: &str,
+        rule: &HistoryRule,
+        data: &Bytes,
+        timestamp: u64,
+        caps: &HistoryCaps,
+    ) -> Position {
+        let ns = self.ns.clone();
+        let t = self
+            .topics
+            .entry(topic.to_string())
+            .or_insert_with(|| TopicHistory {
+                meta: Meta {
+                    epoch: new_epoch(),
+                    top: 0,
+                },
+                entries: VecDeque::new(),
+                bytes: 0,
+            });
+        t.meta.top += 1;
+        let offset = t.meta.top;
+        let mut value = Vec::with_capacity(8 + data.len());
+        value.extend_from_slice(&timestamp.to_be_bytes());
+        value.extend_from_slice(data);
+        self.pending
+            .push(BatchOp::Put(pub_key(&ns, topic, offset), value));
+        t.entries.push_back(Entry {
+            offset,
+            timestamp,
+            data: data.clone(),
+        });
+        t.bytes += data.len() as u64;
+        self.bytes += data.len() as u64;
+        let position = Position {
+            offset,
+            epoch: t.meta.epoch.clone(),
+        };
+        self.pending.push(BatchOp::Put(
+            meta_key(&ns, topic),
+            serde_json::to_vec(&t.meta).unwrap_or_default(),
+        ));
+        self.trim_topic(
+            topic,
+            rule.size,
+            timestamp.saturating_sub(rule.ttl_seconds * 1000),
+        );
+        self.trim_bytes(caps.max_bytes);
+        position
+    }
+
+    /// Drops the topic's publications beyond `size` or older than `oldest_ms`.
+    fn trim_topic(&mut self, topic: &str, size: u64, oldest_ms: u64) {
+        let Some(t) = self.topics.get_mut(topic) else {
+            return;
+        };
+        while let Some(front) = t.entries.front() {
+            if (t.entries.len() as u64) <= size && front.timestamp >= oldest_ms {
+                break;
+            }
+            let e = t.entries.pop_front().expect("a front entry");
+            t.bytes -= e.data.len() as u64;
+            self.bytes -= e.data.len() as u64;
+            self.pending
+                .push(BatchOp::Delete(pub_key(&self.ns, topic, e.offset)));
+        }
+    }
+
+    /// Drops the oldest publications of the namespace until it holds at most `max`.
+    fn trim_bytes(&mut self, max: u64) {
+        while self.bytes > max {
+            let Some(topic) = self
+                .topics
+                .iter()
+                .filter_map(|(k, t)| t.entries.front().map(|e| (e.timestamp, k)))
+                .min()
+                .map(|(_, k)| k.clone())
+            else {
+                return;
+            };
+            let t = self.topics.get_mut(&topic).expect("just found");
+            let e = t.entries.pop_front().expect("non-empty");
+            t.bytes -= e.data.len() as u64;
+            self.bytes -= e.data.len() as u64;
+            self.pending
+                .push(BatchOp::Delete(pub_key(&self.ns, &topic, e.offset)));
+        }
+    }
+
+    /// The background sweep: drops what is past its rule's age or size (and
+    /// every publication of a topic no rule names any more). Metas stay.
+    pub fn sweep(&mut self, rules: &[HistoryRule], now_ms: u64, caps: &HistoryCaps) {
+        let topics: Vec<String> = self
+            .topics
+            .iter()
+            .filter(|(_, t)| !t.entries.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for topic in topics {
+            match rule_for(rules, &topic) {
+                Some(r) => {
+                    self.trim_topic(&topic, r.size, now_ms.saturating_sub(r.ttl_seconds * 1000))
+                }
+                None => self.trim_topic(&topic, 0, u64::MAX),
+            }
+        }
+        self.trim_bytes(caps.max_bytes);
+    }
+
+    /// The store writes queued since the last call, to write as one batch:
+    /// only the last write of each key (a topic's meta is written once per
+    /// batch, a publication trimmed within the batch only deleted).
+    pub fn take_pending(&mut self) -> Vec<BatchOp> {
+        let ops = std::mem::take(&mut self.pending);
+        let mut seen = std::collections::HashSet::new();
+        let mut out: Vec<BatchOp> = ops
+            .into_iter()
+            .rev()
+            .filter(|op| {
+                let k = match op {
+                    BatchOp::Put(k, _) | BatchOp::Delete(k) => k,
+                };
+                seen.insert(k.clone())
+            })
+            .collect();
+        out.reverse();
+        out
+    }
+
+    /// Whether store writes are queued.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// The topic's epoch and top offset; None when it has no history yet.
+    pub fn position(&self, topic: &str) -> Option<Position> {
+        self.topics.get(topic).map(|t| Position {
+            offset: t.meta.top,
+            epoch: t.meta.epoch.clone(),
+        })
+    }
+
+    /// The position of `topic`, creating its meta (a fresh epoch, offset 0)
+    /// when it has none: a subscriber is told an epoch before the first publication.
+    pub fn position_or_create(&mut self, topic: &str) -> Position {
+        if let Some(p) = self.position(topic) {
+            return p;
+        }
+        let meta = Meta {
+            epoch: new_epoch(),
+            top: 0,
+        };
+        self.pending.push(BatchOp::Put(
+            meta_key(&self.ns, topic),
+            serde_json::to_vec(&meta).unwrap_or_default(),
+        ));
+        self.topics.insert(
+            topic.to_string(),
+            TopicHistory {
+                meta,
+                entries: VecDeque::new(),
+                bytes: 0,
+            },
+        );
+        self.position(topic).expect("just inserted")
+    }
+
+    /// The kept publications of `topic` newer than `oldest_ms`: those with
+    /// an offset above `since` (oldest first), or, with `reverse`, below
+    /// `since` (newest first; `since` None: from the top). At most `limit`.
+    pub fn read(
+        &self,
+        topic: &str,
+        since: Option<u64>,
+        limit: usize,
+        reverse: bool,
+        oldest_ms: u64,
+    ) -> Vec<Entry> {
+        let Some(t) = self.topics.get(topic) else {
+            return Vec::new();
+        };
+        let live = |e: &&Entry| e.timestamp >= oldest_ms;
+        if reverse {
+            let below = since.unwrap_or(u64::MAX);
+            t.entries
+                .iter()
+                .rev()
+                .filter(|e| e.offset < below)
+                .filter(live)
+                .take(limit)
+                .cloned()
+                .collect()
+        } else {
+            let above = since.unwrap_or(0);
+            t.entries
+                .iter()
+                .filter(|e| e.offset > above)
+                .filter(live)
+                .take(limit)
+                .cloned()
+                .collect()
+        }
+    }
+
+    /// What a subscriber that saw `offset` of `epoch` missed. Recovered only
+    /// when the epoch is the topic's, every publication after `offset` is
+    /// still kept (none trimmed by size, age or bytes, judged by `oldest_ms`
+    /// for age), and there are at most `max` of them.
+    pub fn recover(
+        &mut self,
+        topic: &str,
+        offset: u64,
+        epoch: &str,
+        oldest_ms: u64,
+        max: u64,
+    ) -> Recovery {
+        let position = self.position_or_create(topic);
+        let t = self.topics.get(topic).expect("created above");
+        let gap = position.offset.saturating_sub(offset);
+        let missed: Vec<Entry> = t
+            .entries
+            .iter()
+            .filter(|e| e.offset > offset && e.timestamp >= oldest_ms)
+            .cloned()
+            .collect();
+        let complete =
+            missed.len() as u64 == gap && missed.first().is_none_or(|e| e.offset == offset + 1);
+        let recovered =
+            epoch == position.epoch && offset <= position.offset && gap <= max && complete;
+        Recovery {
+            recovered,
+            position,
+            missed: if recovered { missed } else { Vec::new() },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: HistoryCaps = HistoryCaps {
+        max_size: 1000,
+        max_ttl: 3600,
+        max_bytes: 1 << 20,
+        max_recovered: 300,
+    };
+
+    fn rule(size: u64) -> HistoryRule {
+        HistoryRule {
+            topics: "chat.*".into(),
+            size,
+            ttl_seconds: 60,
+        }
+    }
+
+    /// Offsets grow by one per publication; the size trims the oldest and
+    /// what was written loads back with the same offsets and epoch.
+    #[test]
+    fn offsets_trim_and_reload() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let mut rows = std::collections::BTreeMap::<Vec<u8>, Vec<u8>>::new();
+        let d = Bytes::from_static(b"x");
+        let first = h.append("chat.1", &rule(3), &d, 1000, &CAPS);
+        for i in 2..=5 {
+            let p = h.append("chat.1", &rule(3), &d, 1000 + i, &CAPS);
+            assert_eq!((p.offset, &p.epoch), (i, &first.epoch));
+        }
+        let pending = h.take_pending();
+        // Five publications, two trimmed in the batch: 3 puts, 2 deletes, one meta.
+        assert_eq!(pending.len(), 6);
+        for op in pending {
+            match op {
+                BatchOp::Put(k, v) => {
+                    rows.insert(k, v);
+                }
+                BatchOp::Delete(k) => {
+                    rows.remove(&k);
+                }
+            }
+        }
+        let offs: Vec<u64> = h
+            .read("chat.1", None, 10, false, 0)
+            .iter()
+            .map(|e| e.offset)
+            .collect();
+        assert_eq!(offs, vec![3, 4, 5]);
+        let again = NsHistory::load("ns", rows.into_iter().collect());
+        assert_eq!(
+            again.position("chat.1"),
+            Some(Position {
+                offset: 5,
+                epoch: first.epoch.clone()
+            })
+        );
+        let offs: Vec<u64> = again
+            .read("chat.1", None, 10, true, 0)
+            .iter()
+            .map(|e| e.offset)
+            .collect();
+        assert_eq!(offs, vec![5, 4, 3]);
+    }
+
+    /// A recovery is refused for another epoch, a trimmed gap or one over the cap.
+    #[test]
+    fn recovery_rules() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let d = Bytes::from_static(b"x");
+        let mut epoch = String::new();
+        for i in 0..10 {
+            epoch = h.append("chat.1", &rule(5), &d, 1000 + i, &CAPS).epoch;
+        }
+        let r = h.recover("chat.1", 6, &epoch, 0, 300);
+        assert!(r.recovered);
+        assert_eq!(
+            r.missed.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            vec![7, 8, 9, 10]
+        );
+        assert!(h.recover("chat.1", 10, &epoch, 0, 300).recovered);
+        assert!(!h.recover("chat.1", 4, &epoch, 0, 300).recovered);
+        assert!(!h.recover("chat.1", 6, "other", 0, 300).recovered);
+        assert!(!h.recover("chat.1", 6, &epoch, 0, 3).recovered);
+        assert!(!h.recover("chat.1", 11, &epoch, 0, 300).recovered);
+        assert!(!h.recover("chat.1", 6, &epoch, 1008, 300).recovered);
+    }
+
+    /// The sweep drops what is past the ttl (the meta stays, so the next
+    /// offset continues); the byte cap drops the namespace's oldest first.
+    #[test]
+    fn sweep_and_byte_cap() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let r = rule(100);
+        let d = Bytes::from_static(b"0123456789");
+        for i in 0..3 {
+            h.append("chat.1", &r, &d, 1000 + i, &CAPS);
+        }
+        h.sweep(&[r.clone()], 1002 + 60_001, &CAPS);
+        assert!(h.read("chat.1", None, 10, false, 0).is_empty());
+        assert_eq!(h.append("chat.1", &r, &d, 100_000, &CAPS).offset, 4);
+        // No rule names the topic any more: the sweep empties it.
+        h.sweep(&[], 100_001, &CAPS);
+        assert!(h.read("chat.1", None, 10, false, 0).is_empty());
+        let caps = HistoryCaps {
+            max_bytes: 25,
+            ..CAPS
+        };
+        h.append("chat.a", &r, &d, 200_000, &caps);
+        h.append("chat.b", &r, &d, 200_001, &caps);
+        h.append("chat.b", &r, &d, 200_002, &caps);
+        assert!(h.read("chat.a", None, 10, false, 0).is_empty());
+        assert_eq!(h.read("chat.b", None, 10, false, 0).len(), 2);
+    }
+
+    /// Globs: wildcards `*` and `?` only; caps checked.
+    #[test]
+    fn rules_checked() {
+        assert!(check_glob("chat.*").is_ok());
+        assert!(check_glob("chat.[ab]").is_err());
+        assert!(check_glob("").is_err());
+        assert!(check_glob("a b").is_err());
+        assert!(check_rules(&[rule(0)], &CAPS).is_err());
+        assert!(check_rules(&[rule(1001)], &CAPS).is_err());
+        assert!(check_rules(&[rule(10)], &CAPS).is_ok());
+    }
+}

@@ -1,0 +1,577 @@
+//! Pub/sub history and recovery (issue #41, docs/pubsub.md "History and
+//! recovery"): offsets and epochs, recovery after a dropped socket, its
+//! refusals, a restart, the history read, and bad input.
+
+use crate::common::*;
+use awc::ws::{self, Frame};
+use base64::Engine as _;
+use futures_util::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
+
+fn opts(extra: &str) -> NodeOpts {
+    NodeOpts {
+        config: format!("{TEST_CONFIG}{extra}"),
+        ..Default::default()
+    }
+}
+
+async fn connect(node: &TestNode, path: &str, key: &str) -> (awc::ClientResponse, Socket) {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let url = format!("ws://{}{path}{sep}token={key}", node.addr);
+    let (resp, s) = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish()
+        .ws(url.as_str())
+        .max_frame_size(4 << 20)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("ws connect {url}: {e}"));
+    assert_eq!(resp.status(), 101);
+    (resp, s)
+}
+
+/// The next text or binary frame, skipping pings.
+async fn next_data(s: &mut Socket) -> Vec<u8> {
+    loop {
+        let f = tokio::time::timeout(Duration::from_secs(30), s.next())
+            .await
+            .expect("frame within 30 s")
+            .expect("socket open")
+            .expect("valid frame");
+        match f {
+            Frame::Text(b) | Frame::Binary(b) => return b.to_vec(),
+            Frame::Ping(p) => {
+                let _ = s.send(ws::Message::Pong(p)).await;
+            }
+            Frame::Close(r) => panic!("closed: {r:?}"),
+            _ => {}
+        }
+    }
+}
+
+async fn next_json(s: &mut Socket) -> Value {
+    let b = next_data(s).await;
+    serde_json::from_slice(&b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&b)))
+}
+
+async fn send_json(s: &mut Socket, v: Value) {
+    s.send(ws::Message::Text(v.to_string().into()))
+        .await
+        .unwrap();
+}
+
+/// Sets the namespace's history rules as the operator; returns the status and body.
+fn set_rules(node: &TestNode, ns: &str, rules: Value) -> (u16, String) {
+    node.op(
+        "PUT",
+        &format!("/v1/namespaces/{ns}/pubsub"),
+        Some(&json!({ "history": rules }).to_string()),
+    )
+}
+
+/// Publishes over HTTP; returns the answer (asserted 200).
+fn publish(node: &TestNode, key: &str, topic: &str, data: &str) -> Value {
+    let (s, b) = node.with_key(
+        key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(
+            json!({"topic": topic, "data_base64": B64.encode(data)})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(s, 200, "{b}");
+    json(&b)
+}
+
+fn history(node: &TestNode, key: &str, query: &str) -> (u16, Value) {
+    let (s, b) = node.with_key(key, "GET", &format!("/v1/pubsub/history?{query}"), None);
+    (s, json(&b))
+}
+
+fn offsets(page: &Value) -> Vec<u64> {
+    page["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["offset"].as_u64().unwrap())
+        .collect()
+}
+
+/// Subscribes on a `/v1/ws` socket with `recover`; returns the answer and
+/// the offsets of the `want` messages that come with it (in arrival order).
+async fn subscribe_recover(
+    s: &mut Socket,
+    topic: &str,
+    recover: Value,
+    want: usize,
+) -> (Value, Vec<u64>) {
+    send_json(
+        s,
+        json!({"id": 1, "type": "subscribe", "topic": topic, "recover": recover}),
+    )
+    .await;
+    // The answer comes first, then the missed publications.
+    let answer = next_json(s).await;
+    assert_eq!(answer["id"], 1, "the answer first: {answer}");
+    let mut got = Vec::new();
+    while got.len() < want {
+        let v = next_json(s).await;
+        assert_eq!(v["type"], "message", "{v}");
+        got.push(v["offset"].as_u64().expect("offset on a history message"));
+    }
+    (answer, got)
+}
+
+/// Publish 100, drop a subscriber after it read 40, publish 30 more, then
+/// recover from offset 40: the answer, exactly 41..=130, then the live ones
+/// (one published on the same socket right behind the subscribe, while the
+/// recovery is under way, and one after), no duplicate and no gap.
+#[actix_rt::test]
+async fn recovery_after_a_drop_fills_the_gap_then_goes_live() {
+    if single_node_only("the history lives on the namespace's node") {
+        return;
+    }
+    let node = TestNode::start_with(opts(""));
+    let key = node.create_namespace("hist");
+    let (s, b) = set_rules(
+        &node,
+        "hist",
+        json!([{"topics": "chat.*", "size": 1000, "ttl_seconds": 3600}]),
+    );
+    assert_eq!(s, 200, "{b}");
+    let (_, mut a) = connect(&node, "/v1/ws", &key).await;
+    send_json(
+        &mut a,
+        json!({"id": 0, "type": "subscribe", "topic": "chat.1"}),
+    )
+    .await;
+    let ans = next_json(&mut a).await;
+    assert_eq!(
+        (ans["ok"].clone(), ans["offset"].clone()),
+        (json!(true), json!(0)),
+        "{ans}"
+    );
+    let epoch = ans["epoch"].as_str().expect("an epoch").to_string();
+    for i in 1..=100u64 {
+        let p = publish(&node, &key, "chat.1", &format!("m{i}"));
+        assert_eq!(
+            (p["offset"].as_u64(), p["epoch"].as_str()),
+            (Some(i), Some(epoch.as_str()))
+        );
+    }
+    let mut last = 0;
+    for i in 1..=40u64 {
+        let m = next_json(&mut a).await;
+        assert_eq!(m["offset"], i, "{m}");
+        assert_eq!(m["data_base64"], B64.encode(format!("m{i}")));
+        last = i;
+    }
+    drop(a);
+    for i in 101..=130 {
+        publish(&node, &key, "chat.1", &format!("m{i}"));
+    }
+    let (_, mut b) = connect(&node, "/v1/ws", &key).await;
+    // The subscribe and a publish in one write: the publish is handled
+    // while the recovery's frames are on their way, so it is held.
+    let sub = json!({"id": 1, "type": "subscribe", "topic": "chat.1",
+                     "recover": {"offset": last, "epoch": epoch}});
+    let publ = json!({"id": 2, "type": "publish", "topic": "chat.1",
+                      "data_base64": B64.encode("during")});
+    b.feed(ws::Message::Text(sub.to_string().into()))
+        .await
+        .unwrap();
+    b.feed(ws::Message::Text(publ.to_string().into()))
+        .await
+        .unwrap();
+    b.flush().await.unwrap();
+    let ans = next_json(&mut b).await;
+    assert_eq!(ans["id"], 1, "the answer first: {ans}");
+    assert_eq!(ans["recovered"], true, "{ans}");
+    assert_eq!(
+        (ans["epoch"].as_str(), ans["offset"].as_u64()),
+        (Some(epoch.as_str()), Some(130))
+    );
+    let mut got = Vec::new();
+    let mut ack = None;
+    while got.len() < 91 || ack.is_none() {
+        let v = next_json(&mut b).await;
+        if v["type"] == "message" {
+            got.push(v["offset"].as_u64().unwrap());
+        } else {
+            assert_eq!(v["id"], 2, "{v}");
+            ack = Some(v);
+        }
+    }
+    assert_eq!(got, (41..=131).collect::<Vec<_>>(), "no duplicate, no gap");
+    assert_eq!(ack.unwrap()["offset"], 131);
+    let p = publish(&node, &key, "chat.1", "live");
+    assert_eq!(p["offset"], 132);
+    let m = next_json(&mut b).await;
+    assert_eq!(
+        (m["offset"].clone(), m["data_base64"].clone()),
+        (json!(132), json!(B64.encode("live")))
+    );
+}
+
+/// A recovery is `recovered:false`, with nothing replayed, past the
+/// topic's size, past `max_recovered_publications`, with another epoch,
+/// and past the ttl once the node's sweep dropped the publications.
+#[actix_rt::test]
+async fn recovery_refused_past_size_cap_epoch_and_ttl() {
+    if single_node_only("the history lives on the namespace's node") {
+        return;
+    }
+    let node = TestNode::start_with(opts(
+        "[pubsub]\nmax_recovered_publications = 20\nhistory_sweep_seconds = 1\n",
+    ));
+    let key = node.create_namespace("hist");
+    let rules = json!([
+        {"topics": "small.*", "size": 10, "ttl_seconds": 3600},
+        {"topics": "short.*", "size": 100, "ttl_seconds": 1},
+        {"topics": "*", "size": 1000, "ttl_seconds": 3600},
+    ]);
+    assert_eq!(set_rules(&node, "hist", rules).0, 200);
+    let mut epoch = String::new();
+    for i in 0..30 {
+        epoch = publish(&node, &key, "small.1", &i.to_string())["epoch"]
+            .as_str()
+            .unwrap()
+            .into();
+    }
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    // Past the size: offsets 1..=20 are gone, 5 is not recoverable.
+    let (ans, got) =
+        subscribe_recover(&mut s, "small.1", json!({"offset": 5, "epoch": epoch}), 0).await;
+    assert_eq!(
+        (ans["recovered"].clone(), ans["offset"].clone()),
+        (json!(false), json!(30)),
+        "{ans}"
+    );
+    assert!(got.is_empty());
+    // Within the size it recovers (the pair: obeyed, violated).
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    let (ans, got) =
+        subscribe_recover(&mut s, "small.1", json!({"offset": 25, "epoch": epoch}), 5).await;
+    assert_eq!(ans["recovered"], true, "{ans}");
+    assert_eq!(got, vec![26, 27, 28, 29, 30]);
+
+    let mut big_epoch = String::new();
+    for i in 0..50 {
+        big_epoch = publish(&node, &key, "big.1", &i.to_string())["epoch"]
+            .as_str()
+            .unwrap()
+            .into();
+    }
+    // A gap of 40 is over max_recovered_publications (20); 20 is not.
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    let (ans, _) = subscribe_recover(
+        &mut s,
+        "big.1",
+        json!({"offset": 10, "epoch": big_epoch}),
+        0,
+    )
+    .await;
+    assert_eq!(ans["recovered"], false, "{ans}");
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    let (ans, got) = subscribe_recover(
+        &mut s,
+        "big.1",
+        json!({"offset": 30, "epoch": big_epoch}),
+        20,
+    )
+    .await;
+    assert_eq!(ans["recovered"], true, "{ans}");
+    assert_eq!(got, (31..=50).collect::<Vec<_>>());
+    // Another epoch (the small topic's) is not this topic's.
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    let (ans, _) =
+        subscribe_recover(&mut s, "big.1", json!({"offset": 45, "epoch": epoch}), 0).await;
+    assert_eq!(
+        (ans["recovered"].clone(), ans["epoch"].clone()),
+        (json!(false), json!(big_epoch)),
+        "{ans}"
+    );
+
+    // Past the ttl: the sweep empties the topic, then recovery is refused.
+    let mut short_epoch = String::new();
+    for i in 0..5 {
+        short_epoch = publish(&node, &key, "short.1", &i.to_string())["epoch"]
+            .as_str()
+            .unwrap()
+            .into();
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "the sweep drops the expired history",
+        || {
+            let (s, page) = history(&node, &key, "topic=short.1");
+            s == 200 && offsets(&page).is_empty() && page["offset"] == 5
+        },
+    );
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    let (ans, _) = subscribe_recover(
+        &mut s,
+        "short.1",
+        json!({"offset": 2, "epoch": short_epoch}),
+        0,
+    )
+    .await;
+    assert_eq!(
+        (ans["recovered"].clone(), ans["offset"].clone()),
+        (json!(false), json!(5)),
+        "{ans}"
+    );
+}
+
+/// Offsets and the epoch survive a crash (SIGKILL) and restart: the next
+/// publication continues the count, the history reads back the same.
+#[actix_rt::test]
+async fn restart_keeps_offsets_and_epoch() {
+    if single_node_only("restarts one node's own store") {
+        return;
+    }
+    let mut node = TestNode::start_with(opts(""));
+    let key = node.create_namespace("hist");
+    assert_eq!(
+        set_rules(
+            &node,
+            "hist",
+            json!([{"topics": "chat.*", "size": 100, "ttl_seconds": 3600}])
+        )
+        .0,
+        200
+    );
+    let mut epoch = String::new();
+    for i in 1..=5 {
+        epoch = publish(&node, &key, "chat.1", &format!("m{i}"))["epoch"]
+            .as_str()
+            .unwrap()
+            .into();
+    }
+    let dir = node.dir.clone();
+    node.kill9();
+    let node = TestNode::start_with(NodeOpts {
+        data_dir: Some(dir),
+        ..opts("")
+    });
+    let p = publish(&node, &key, "chat.1", "m6");
+    assert_eq!(
+        (p["offset"].as_u64(), p["epoch"].as_str()),
+        (Some(6), Some(epoch.as_str()))
+    );
+    let (s, page) = history(&node, &key, "topic=chat.1");
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(page["epoch"], epoch.as_str());
+    assert_eq!(offsets(&page), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(page["publications"][0]["data_base64"], B64.encode("m1"));
+}
+
+/// `GET /v1/pubsub/history` answers the same publications forwards and
+/// backwards, by offset, within `limit`; the simple socket recovers through
+/// its query and says so in the 101's headers, and binary frames carry the offset.
+#[actix_rt::test]
+async fn history_reads_both_ways_and_the_simple_socket_recovers() {
+    if single_node_only("the history lives on the namespace's node") {
+        return;
+    }
+    let node = TestNode::start_with(opts(""));
+    let key = node.create_namespace("hist");
+    assert_eq!(
+        set_rules(
+            &node,
+            "hist",
+            json!([{"topics": "chat.*", "size": 100, "ttl_seconds": 3600}])
+        )
+        .0,
+        200
+    );
+    let mut epoch = String::new();
+    for i in 1..=10 {
+        epoch = publish(&node, &key, "chat.1", &format!("m{i}"))["epoch"]
+            .as_str()
+            .unwrap()
+            .into();
+    }
+    let (s, fwd) = history(
+        &node,
+        &key,
+        &format!("topic=chat.1&since_offset=3&limit=4&epoch={epoch}"),
+    );
+    assert_eq!(s, 200, "{fwd}");
+    assert_eq!(offsets(&fwd), vec![4, 5, 6, 7]);
+    let (_, back) = history(
+        &node,
+        &key,
+        "topic=chat.1&since_offset=8&limit=4&reverse=true",
+    );
+    assert_eq!(offsets(&back), vec![7, 6, 5, 4]);
+    let f: Vec<&Value> = fwd["publications"].as_array().unwrap().iter().collect();
+    let b: Vec<&Value> = back["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .collect();
+    assert_eq!(f, b, "the same publications both ways");
+    let (_, top) = history(&node, &key, "topic=chat.1&reverse=true&limit=2");
+    assert_eq!(
+        (offsets(&top), top["offset"].clone()),
+        (vec![10, 9], json!(10))
+    );
+
+    let (resp, mut s) = connect(
+        &node,
+        &format!("/v1/pubsub/ws?topic=chat.1&format=binary&recover_offset=8&recover_epoch={epoch}"),
+        &key,
+    )
+    .await;
+    let h = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    assert_eq!(h("x-meshgate-recovered").as_deref(), Some("true"));
+    assert_eq!(h("x-meshgate-epoch"), Some(epoch.clone()));
+    assert_eq!(h("x-meshgate-offset").as_deref(), Some("10"));
+    for i in 9..=10u64 {
+        let f = next_data(&mut s).await;
+        assert_eq!(&f[..8], &i.to_be_bytes(), "the offset, 8 bytes big-endian");
+        assert_eq!(&f[8..], format!("m{i}").as_bytes());
+    }
+    publish(&node, &key, "chat.1", "m11");
+    let f = next_data(&mut s).await;
+    assert_eq!((&f[..8], &f[8..]), (&11u64.to_be_bytes()[..], &b"m11"[..]));
+}
+
+/// Bad input is answered 400 with the envelope and nothing is stored:
+/// rules with size 0, size above the cap, ttl 0, a glob that does not
+/// parse; a non-numeric recover offset (socket frame and query); a
+/// since_offset beyond the top; a limit over the cap. Only the operator or
+/// a pubsub:admin / namespace:admin credential sets the rules.
+#[actix_rt::test]
+async fn bad_input_refused_and_nothing_stored() {
+    if single_node_only("the history lives on the namespace's node") {
+        return;
+    }
+    let node = TestNode::start_with(opts("[pubsub]\nmax_history_size = 50\n"));
+    let key = node.create_namespace("hist");
+    let rule = |topics: &str, size: u64, ttl: u64| json!([{"topics": topics, "size": size, "ttl_seconds": ttl}]);
+    for (rules, what) in [
+        (rule("chat.*", 0, 60), "size 0"),
+        (rule("chat.*", 51, 60), "size above the cap"),
+        (rule("chat.*", 10, 0), "ttl 0"),
+        (rule("chat.[ab]", 10, 60), "a bad glob"),
+        (json!([{"topics": "chat.*", "size": 10}]), "no ttl"),
+    ] {
+        let (s, b) = set_rules(&node, "hist", rules);
+        assert_eq!(s, 400, "{what}: {b}");
+        let v = json(&b);
+        assert_eq!(v["ok"], false, "{what}: {b}");
+        assert!(v["error"]["code"].is_string(), "{what}: {b}");
+    }
+    let (s, b) = node.op("GET", "/v1/namespaces/hist/pubsub", None);
+    assert_eq!((s, json(&b)["history"].clone()), (200, json!([])), "{b}");
+    // Who may set them: not a publisher; a pubsub:admin key may.
+    let grant = |g: &str| {
+        let (s, b) = node.with_key(
+            &key,
+            "POST",
+            "/v1/auth/api-keys",
+            Some(json!({"grants": [g], "name": "t"}).to_string().as_bytes()),
+        );
+        assert_eq!(s, 201, "{b}");
+        json(&b)["key"].as_str().unwrap().to_string()
+    };
+    let body = json!({"history": rule("chat.*", 10, 60)}).to_string();
+    let publisher = grant("pubsub:publish:*");
+    let (s, b) = node.with_key(
+        &publisher,
+        "PUT",
+        "/v1/namespaces/hist/pubsub",
+        Some(body.as_bytes()),
+    );
+    assert_eq!(
+        (s, json(&b)["error"]["code"].clone()),
+        (403, json!("MISSING_GRANT")),
+        "{b}"
+    );
+    let admin = grant("pubsub:admin:*");
+    let (s, b) = node.with_key(
+        &admin,
+        "PUT",
+        "/v1/namespaces/hist/pubsub",
+        Some(body.as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = node.with_key(&admin, "GET", "/v1/namespaces/hist/pubsub", None);
+    assert_eq!(
+        (s, json(&b)["history"][0]["size"].clone()),
+        (200, json!(10)),
+        "{b}"
+    );
+
+    let p = publish(&node, &key, "chat.1", "x");
+    let epoch = p["epoch"].as_str().unwrap().to_string();
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    send_json(
+        &mut s,
+        json!({"id": 7, "type": "subscribe", "topic": "chat.1", "recover": {"offset": "abc", "epoch": epoch}}),
+    )
+    .await;
+    let e = next_json(&mut s).await;
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(7), json!("BAD_OFFSET")),
+        "{e}"
+    );
+    let (st, b) = node.with_key(
+        &key,
+        "GET",
+        &format!("/v1/pubsub/ws?topic=chat.1&recover_offset=abc&recover_epoch={epoch}"),
+        None,
+    );
+    assert_eq!(
+        (st, json(&b)["error"]["code"].clone()),
+        (400, json!("BAD_OFFSET")),
+        "{b}"
+    );
+    let (st, v) = history(
+        &node,
+        &key,
+        &format!("topic=chat.1&since_offset=2&epoch={epoch}"),
+    );
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("BAD_OFFSET")),
+        "{v}"
+    );
+    let (st, v) = history(&node, &key, "topic=chat.1&limit=many");
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("INVALID_LIMIT")),
+        "{v}"
+    );
+    let (st, v) = history(&node, &key, "topic=chat.1&since_offset=x");
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("BAD_OFFSET")),
+        "{v}"
+    );
+    let (st, v) = history(&node, &key, "topic=chat.1&limit=301");
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (400, json!("INVALID_LIMIT")),
+        "{v}"
+    );
+    // Nothing of that was stored: the topic still holds its one publication.
+    let (_, page) = history(&node, &key, "topic=chat.1");
+    assert_eq!(offsets(&page), vec![1]);
+}

@@ -36,11 +36,14 @@ pub struct ActorRow {
     /// Messages handled since start (its `(kind, namespace)` label series).
     pub handled: u64,
     /// `handled` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub handled_per_sec: f64,
     /// Handling time percentiles over the last `QUANTILE_WINDOW_TICKS` ticks, in
     /// seconds, of the actor's `(kind, namespace)` series; None when it handled nothing then.
+    #[serde(serialize_with = "tenth_micros")]
     pub p50_seconds: Option<f64>,
     /// As `p50_seconds`, the 99th percentile.
+    #[serde(serialize_with = "tenth_micros")]
     pub p99_seconds: Option<f64>,
     /// Restarts of this actor after a panic.
     pub restarts: u64,
@@ -69,6 +72,7 @@ pub struct NamespaceRow {
     /// Sum of its actors' messages handled.
     pub handled: u64,
     /// Sum of its actors' handled per second.
+    #[serde(serialize_with = "hundredths")]
     pub handled_per_sec: f64,
     /// Sum of its actors' restarts.
     pub restarts: u64,
@@ -79,14 +83,17 @@ pub struct NamespaceRow {
     /// Messages published since start.
     pub publishes: u64,
     /// `publishes` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub publishes_per_sec: f64,
     /// Function invocations since start.
     pub invocations: u64,
     /// `invocations` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub invocations_per_sec: f64,
     /// Failed function invocations since start.
     pub errors: u64,
     /// `errors` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub errors_per_sec: f64,
     /// Its breakers, one per member node, sorted by member.
     pub breakers: Vec<BreakerRow>,
@@ -104,6 +111,7 @@ pub struct NodeRow {
     /// HTTP requests finished since start, every status class.
     pub http_requests: u64,
     /// `http_requests` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub http_requests_per_sec: f64,
     /// HTTP requests being handled now.
     pub http_in_flight: i64,
@@ -136,12 +144,16 @@ pub struct NodeRow {
     /// Topics with a local subscriber, every namespace.
     pub topics: i64,
     /// Messages handled per second, summed over every actor.
+    #[serde(serialize_with = "hundredths")]
     pub handled_per_sec: f64,
     /// Publishes per second, summed over the namespace rows.
+    #[serde(serialize_with = "hundredths")]
     pub publishes_per_sec: f64,
     /// Invocations per second, summed over the namespace rows.
+    #[serde(serialize_with = "hundredths")]
     pub invocations_per_sec: f64,
     /// Failed invocations per second, summed over the namespace rows.
+    #[serde(serialize_with = "hundredths")]
     pub errors_per_sec: f64,
 }
 
@@ -173,6 +185,20 @@ pub struct Snapshot {
     /// The stored namespaces' names as last listed, for the search (not sent).
     #[serde(skip)]
     pub known: Arc<Vec<String>>,
+}
+
+/// A rate to two decimals (the page shows at most two): `0.33`, not
+/// `0.3333333333333333`; a tick's payload is mostly numbers.
+fn hundredths<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((v * 100.0).round() / 100.0)
+}
+
+/// A duration in seconds to a tenth of a microsecond.
+fn tenth_micros<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.serialize_some(&((v * 1e7).round() / 1e7)),
+        None => s.serialize_none(),
+    }
 }
 
 /// How many rows a search answers at most.
@@ -662,5 +688,62 @@ mod tests {
         assert_eq!(parse_vm_rss(s), Some(2048 * 1024));
         assert_eq!(parse_vm_rss("Name: x\n"), None);
         assert!(memory_rss_bytes() > 0);
+    }
+
+    /// One tick at the default 100 namespaces stays under 64 KB on a single
+    /// node with the longest names (63 characters), large counters, rates
+    /// that do not divide evenly, one actor per namespace. (In a cluster
+    /// each member's breaker adds about 40 bytes per namespace.)
+    #[test]
+    fn a_tick_of_100_namespaces_stays_under_64_kb() {
+        let name = |i: usize| format!("{i:03}{}", "n".repeat(60));
+        let namespaces: Vec<NamespaceRow> = (0..100)
+            .map(|i| NamespaceRow {
+                namespace: name(i),
+                running: true,
+                actors: 1,
+                mailbox_depth: 1_000,
+                handled: 123_456_789_012,
+                handled_per_sec: 10_000.0 / 3.0,
+                restarts: 12,
+                subscribers: 10_000,
+                topics: 1_000,
+                publishes: 123_456_789_012,
+                publishes_per_sec: 10_000.0 / 7.0,
+                invocations: 123_456_789_012,
+                invocations_per_sec: 1_000.0 / 3.0,
+                errors: 123_456,
+                errors_per_sec: 1.0 / 3.0,
+                breakers: Vec::new(),
+            })
+            .collect();
+        let actors: Vec<ActorRow> = (0..101)
+            .map(|i| ActorRow {
+                id: 1_000_000 + i as u64,
+                kind: "namespace",
+                namespace: name(i),
+                mailbox_depth: 1_000,
+                handled: 123_456_789_012,
+                handled_per_sec: 10_000.0 / 3.0,
+                p50_seconds: Some(1.0 / 3_000.0),
+                p99_seconds: Some(1.0 / 30.0),
+                restarts: 12,
+            })
+            .collect();
+        let snap = Snapshot {
+            at_ms: 1_800_000_000_000,
+            tick: 1_000_000,
+            top_namespaces: 100,
+            namespaces_ranked: 100_000,
+            namespaces,
+            actors,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&snap).unwrap();
+        assert!(json.len() <= 64 * 1024, "{} bytes", json.len());
+        assert!(
+            json.contains("\"handled_per_sec\":3333.33,"),
+            "rates rounded"
+        );
     }
 }

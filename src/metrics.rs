@@ -642,6 +642,15 @@ fn merge_label(
     let mut merged: Vec<Metric> = Vec::new();
     let mut index: HashMap<Vec<(String, String)>, usize> = HashMap::new();
     for mut m in family.take_metric() {
+        // A series that keeps its value is unique already: no merging.
+        if let Some(keep) = keep
+            && m.get_label()
+                .iter()
+                .any(|l| l.name() == label && keep(l.value()))
+        {
+            merged.push(m);
+            continue;
+        }
         let labels: Vec<_> = m
             .take_label()
             .into_iter()

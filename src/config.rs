@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+/// Largest `[dashboard] top_namespaces`: a snapshot stays a few hundred KB.
+pub const MAX_DASHBOARD_TOP_NAMESPACES: usize = 1000;
+
 /// Every problem found in a configuration, reported together.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
@@ -40,8 +43,29 @@ pub struct Config {
     /// `[quotas]`: what one namespace may hold (the operator overrides them
     /// per namespace with `PUT /v1/namespaces/{name}/quotas`).
     pub quotas: QuotaConfig,
-    /// `[metrics]`: who may read `/metrics` and `/v1/status`.
+    /// `[metrics]`: who may read `/metrics` and `/v1/status`, and how many
+    /// namespaces get their own series.
     pub metrics: MetricsConfig,
+    /// `[dashboard]`: what the `/__admin` page shows.
+    pub dashboard: DashboardConfig,
+}
+
+/// `[dashboard]`: the page shows node totals and the most active namespaces;
+/// any other namespace is found with its search.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// Namespaces in each snapshot (and its event), the most active first by
+    /// messages, publishes and invocations per second. 1 to 1,000; default 100.
+    pub top_namespaces: usize,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig {
+            top_namespaces: 100,
+        }
+    }
 }
 
 /// `[metrics]`: `/metrics` and `/v1/status` name every namespace, so by
@@ -49,7 +73,7 @@ pub struct Config {
 /// (`Authorization: Bearer`), or scrapes a second listener on a private
 /// interface (`listen`), or the operator opens them to anyone without the
 /// namespace names (`public`).
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
     /// `host:port` of a second listener (plain HTTP) that serves only
@@ -61,6 +85,21 @@ pub struct MetricsConfig {
     /// namespace names (the `namespace` label summed away; status rows
     /// without their namespace); the operator key still gets them whole.
     pub public: bool,
+    /// Namespaces that keep their own `namespace` label value in `/metrics`:
+    /// the most active since the node started (messages handled, publishes,
+    /// invocations); every other namespace is summed into
+    /// `namespace="_other"`. 1 to 10,000; default 100.
+    pub namespace_series_limit: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: String::new(),
+            public: false,
+            namespace_series_limit: crate::metrics::DEFAULT_NAMESPACE_SERIES_LIMIT,
+        }
+    }
 }
 
 /// `[quotas]`: the default quota of every namespace. Stored resources are
@@ -785,6 +824,19 @@ impl Config {
                 Ok(_) => {}
             }
         }
+        let limit = self.metrics.namespace_series_limit;
+        if !(1..=crate::metrics::MAX_NAMESPACE_SERIES_LIMIT).contains(&limit) {
+            errors.push(format!(
+                "metrics.namespace_series_limit: {limit} must be 1..={} (namespaces with their own series in /metrics)",
+                crate::metrics::MAX_NAMESPACE_SERIES_LIMIT
+            ));
+        }
+        let top = self.dashboard.top_namespaces;
+        if !(1..=MAX_DASHBOARD_TOP_NAMESPACES).contains(&top) {
+            errors.push(format!(
+                "dashboard.top_namespaces: {top} must be 1..={MAX_DASHBOARD_TOP_NAMESPACES}"
+            ));
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -1354,6 +1406,7 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
             err.0.iter().any(|e| e.contains("metrics.listen")),
             "{err:?}"
         );
+        assert_eq!(c.metrics.namespace_series_limit, 100);
         let err = load_str(
             "[server]\nlisten = \"127.0.0.1:9000\"\n[metrics]\nlisten = \"127.0.0.1:9000\"\n",
             &[],
@@ -1363,6 +1416,49 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
             err.0.iter().any(|e| e.contains("metrics.listen")),
             "{err:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod scale_tests {
+    use super::*;
+
+    fn load_str(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(Some(&path), &[], &Overrides::default())
+    }
+
+    /// `[metrics] namespace_series_limit` and `[dashboard] top_namespaces`:
+    /// 100 by default; 0 or past their cap is refused, both named at once.
+    #[test]
+    fn series_limit_and_top_namespaces_are_bounded() {
+        let c = load_str("").unwrap();
+        assert_eq!(c.metrics.namespace_series_limit, 100);
+        assert_eq!(c.dashboard.top_namespaces, 100);
+        let c = load_str(
+            "[metrics]\nnamespace_series_limit = 10000\n[dashboard]\ntop_namespaces = 5\n",
+        )
+        .unwrap();
+        assert_eq!(c.metrics.namespace_series_limit, 10_000);
+        assert_eq!(c.dashboard.top_namespaces, 5);
+        for bad in [0, 10_001] {
+            let err = load_str(&format!(
+                "[metrics]\nnamespace_series_limit = {bad}\n[dashboard]\ntop_namespaces = 0\n"
+            ))
+            .unwrap_err();
+            assert!(
+                err.0
+                    .iter()
+                    .any(|e| e.contains("metrics.namespace_series_limit")),
+                "{err:?}"
+            );
+            assert!(
+                err.0.iter().any(|e| e.contains("dashboard.top_namespaces")),
+                "{err:?}"
+            );
+        }
     }
 }
 

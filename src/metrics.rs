@@ -1,6 +1,12 @@
 //! Every metric the node exports, defined in one place (`/metrics`, and read by
-//! the dashboard: one source of truth). Namespace labels are capped at
-//! [`MAX_NAMESPACE_LABELS`]; later namespaces share the label `_other`.
+//! the dashboard: one source of truth).
+//!
+//! Namespaces are recorded under their own label value in the registry (the
+//! dashboard and `GET /v1/namespaces/{namespace}/stats` read them), but the
+//! exposition is bounded: [`Metrics::render`] keeps the series of the top
+//! `[metrics] namespace_series_limit` namespaces by activity and sums every
+//! other namespace into the label value [`OTHER_NAMESPACE`] (a namespace
+//! name can never start with `_`, so it cannot collide with one).
 
 #![forbid(unsafe_code)]
 // Registering the node's fixed metric set at start-up fails only on a
@@ -8,16 +14,28 @@
 // request, so it may unwrap.
 #![allow(clippy::unwrap_used)]
 
-use parking_lot::Mutex;
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// Namespaces that get their own label value; the rest are `_other`.
-pub const MAX_NAMESPACE_LABELS: usize = 200;
+/// The `namespace` label value every namespace outside the exported top N
+/// is summed into.
+pub const OTHER_NAMESPACE: &str = "_other";
+/// Default of `[metrics] namespace_series_limit`.
+pub const DEFAULT_NAMESPACE_SERIES_LIMIT: usize = 100;
+/// Largest `[metrics] namespace_series_limit` the configuration accepts.
+pub const MAX_NAMESPACE_SERIES_LIMIT: usize = 10_000;
+/// Counters whose per-namespace sum is a namespace's activity, the rank that
+/// picks the exported top N.
+const ACTIVITY_FAMILIES: &[&str] = &[
+    "meshgate_actor_messages_handled_total",
+    "meshgate_pubsub_published_total",
+    "meshgate_function_invocations_total",
+];
 
 /// The node's metrics. Cheap to clone.
 #[derive(Clone)]
@@ -28,9 +46,6 @@ pub struct Inner {
     /// Every metric below is registered here; `/metrics` renders it and the
     /// dashboard reads the same series.
     pub registry: Registry,
-    /// Namespaces already given their own label value (at most
-    /// [`MAX_NAMESPACE_LABELS`]); see [`Metrics::ns_label`].
-    labelled: Mutex<HashSet<String>>,
     /// When the metrics were created (node start); the dashboard's uptime.
     pub started: std::time::Instant,
     // Actors.
@@ -78,6 +93,9 @@ pub struct Inner {
     pub pubsub_dropped: IntCounterVec,
     /// Subscriber sockets closed with 4008 because their queue stayed full.
     pub slow_consumers_closed: IntCounter,
+    /// Snapshots the dashboard's sampler took (it takes none while nobody
+    /// watches).
+    pub dashboard_snapshots: IntCounter,
     /// Invocation records dropped because the invocation log's queue was full.
     pub invocation_records_dropped: IntCounter,
     /// WASM calls running a guest, on the pool or on request threads (the
@@ -143,7 +161,6 @@ impl Metrics {
             1.0, 5.0,
         ];
         let inner = Inner {
-            labelled: Mutex::new(HashSet::new()),
             started: crate::util::mono_now(),
             actor_mailbox_depth: reg!(
                 IntGaugeVec::new(
@@ -295,6 +312,13 @@ impl Metrics {
                 )
                 .unwrap()
             ),
+            dashboard_snapshots: reg!(
+                IntCounter::new(
+                    "meshgate_dashboard_snapshots_total",
+                    "Snapshots taken by the dashboard's sampler (none while nobody watches)"
+                )
+                .unwrap()
+            ),
             invocation_records_dropped: reg!(
                 IntCounter::new(
                     "meshgate_invocation_records_dropped_total",
@@ -431,26 +455,27 @@ impl Metrics {
         })
     }
 
-    /// The label value for a namespace, capped so label cardinality stays bounded.
+    /// The label value a namespace's series are recorded under: its name.
+    /// The registry holds one series set per namespace that was active on
+    /// this node; the exposition ([`Metrics::render`]) is what is capped.
     pub fn ns_label(&self, namespace: &str) -> String {
-        let mut set = self.0.labelled.lock();
-        if set.contains(namespace) {
-            return namespace.to_string();
-        }
-        if set.len() < MAX_NAMESPACE_LABELS {
-            set.insert(namespace.to_string());
-            return namespace.to_string();
-        }
-        "_other".to_string()
+        namespace.to_string()
     }
 
-    /// The Prometheus text exposition of every metric.
-    pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&self.0.registry.gather(), &mut buf)
-            .expect("text encoding");
-        String::from_utf8(buf).expect("utf-8")
+    /// The Prometheus text exposition: every metric, the `namespace` label
+    /// bounded to the `limit` most active namespaces plus [`OTHER_NAMESPACE`]
+    /// (see [`top_namespaces`]).
+    pub fn render(&self, limit: usize) -> String {
+        let families = self.0.registry.gather();
+        let top = top_namespaces(&families, limit);
+        let families: Vec<_> = families
+            .into_iter()
+            .map(|f| {
+                let keep = |ns: &str| ns.is_empty() || top.contains(ns);
+                merge_label(f, "namespace", Some(&keep))
+            })
+            .collect();
+        encode(&families)
     }
 
     /// The text exposition without namespace names, for `[metrics] public =
@@ -462,23 +487,150 @@ impl Metrics {
             .registry
             .gather()
             .into_iter()
-            .map(|f| without_label(f, "namespace"))
+            .map(|f| merge_label(f, "namespace", None))
             .collect();
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&families, &mut buf)
-            .expect("text encoding");
-        String::from_utf8(buf).expect("utf-8")
+        encode(&families)
+    }
+
+    /// One namespace's numbers, read from its own series (no series is
+    /// created by reading); zeros for a namespace with none on this node.
+    pub fn namespace_stats(&self, namespace: &str) -> NamespaceStats {
+        let mut out = NamespaceStats::default();
+        let families = [
+            self.actor_mailbox_depth.collect(),
+            self.actor_handled.collect(),
+            self.actor_restarts.collect(),
+            self.actor_overloaded.collect(),
+            self.publishes.collect(),
+            self.invocations.collect(),
+            self.invocation_errors.collect(),
+            self.ws_subscribers.collect(),
+            self.pubsub_topics.collect(),
+            self.breaker_state.collect(),
+        ];
+        for fam in families.iter().flatten() {
+            for m in fam.get_metric() {
+                let ns = m.get_label().iter().find(|l| l.name() == "namespace");
+                if ns.map(|l| l.value()) != Some(namespace) {
+                    continue;
+                }
+                let c = m.get_counter().get_value() as u64;
+                let g = m.get_gauge().get_value() as i64;
+                match fam.name() {
+                    "meshgate_actor_mailbox_depth" => out.mailbox_depth += g,
+                    "meshgate_actor_messages_handled_total" => out.messages_handled += c,
+                    "meshgate_actor_restarts_total" => out.restarts += c,
+                    "meshgate_actor_overloaded_total" => out.overloaded += c,
+                    "meshgate_pubsub_published_total" => out.published += c,
+                    "meshgate_function_invocations_total" => out.invocations += c,
+                    "meshgate_function_errors_total" => out.invocation_errors += c,
+                    "meshgate_ws_subscribers" => out.subscribers += g,
+                    "meshgate_pubsub_topics" => out.topics += g,
+                    "meshgate_breaker_state" => {
+                        let member = m
+                            .get_label()
+                            .iter()
+                            .find(|l| l.name() == "member")
+                            .map(|l| l.value().to_string())
+                            .unwrap_or_default();
+                        out.breakers.insert(member, g);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out
     }
 }
 
-/// `family` with the label `label` dropped: the series that differed only in
-/// it become one, their values summed.
-fn without_label(
+/// One namespace's totals on this node since it started
+/// (`GET /v1/namespaces/{namespace}/stats`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct NamespaceStats {
+    /// Messages its actors handled.
+    pub messages_handled: u64,
+    /// Messages waiting in its actors' mailboxes now.
+    pub mailbox_depth: i64,
+    /// Its actors' restarts after a panic.
+    pub restarts: u64,
+    /// Messages refused because one of its mailboxes was full.
+    pub overloaded: u64,
+    /// Messages published.
+    pub published: u64,
+    /// Function invocations.
+    pub invocations: u64,
+    /// Function invocations that failed.
+    pub invocation_errors: u64,
+    /// Live topic subscriptions.
+    pub subscribers: i64,
+    /// Topics with at least one local subscriber.
+    pub topics: i64,
+    /// Breaker state per member node: 0 closed, 1 half-open, 2 open.
+    pub breakers: std::collections::BTreeMap<String, i64>,
+}
+
+/// The text encoding of `families`.
+fn encode(families: &[prometheus::proto::MetricFamily]) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(families, &mut buf)
+        .expect("text encoding");
+    String::from_utf8(buf).expect("utf-8")
+}
+
+/// The `limit` namespaces with the most activity: the sum of their
+/// [`ACTIVITY_FAMILIES`] counters since the node started (ties by name, so
+/// the set is stable between scrapes). A cumulative rank, so a namespace
+/// enters the top N by overtaking another's total, and a burst does not
+/// reshuffle the exported series.
+pub fn top_namespaces(
+    families: &[prometheus::proto::MetricFamily],
+    limit: usize,
+) -> HashSet<String> {
+    let mut activity: HashMap<&str, f64> = HashMap::new();
+    for fam in families
+        .iter()
+        .filter(|f| ACTIVITY_FAMILIES.contains(&f.name()))
+    {
+        for m in fam.get_metric() {
+            if let Some(l) = m.get_label().iter().find(|l| l.name() == "namespace")
+                && !l.value().is_empty()
+            {
+                *activity.entry(l.value()).or_insert(0.0) += m.get_counter().get_value();
+            }
+        }
+    }
+    // Namespaces with series but no counted activity (a live subscription
+    // only) rank last, still before nothing.
+    for fam in families {
+        for m in fam.get_metric() {
+            if let Some(l) = m.get_label().iter().find(|l| l.name() == "namespace")
+                && !l.value().is_empty()
+            {
+                activity.entry(l.value()).or_insert(0.0);
+            }
+        }
+    }
+    let mut ranked: Vec<(&str, f64)> = activity.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    ranked
+        .into_iter()
+        .take(limit)
+        .map(|(ns, _)| ns.to_string())
+        .collect()
+}
+
+/// `family` with the label `label` rewritten: with `keep`, a series whose
+/// value `keep` accepts is left as it is and any other gets
+/// `label="_other"`; without `keep` every series loses the label. The series
+/// that then share their labels become one, their values summed (counters,
+/// gauges, histogram buckets).
+fn merge_label(
     mut family: prometheus::proto::MetricFamily,
     label: &str,
+    keep: Option<&dyn Fn(&str) -> bool>,
 ) -> prometheus::proto::MetricFamily {
-    use prometheus::proto::{Bucket, Metric};
+    use prometheus::proto::{Bucket, LabelPair, Metric};
     if !family
         .get_metric()
         .iter()
@@ -486,21 +638,41 @@ fn without_label(
     {
         return family;
     }
-    // Kept labels → the merged series, in first-seen order.
-    let mut merged: Vec<(Vec<(String, String)>, Metric)> = Vec::new();
+    // The merged series in first-seen order, and each one's index by its labels.
+    let mut merged: Vec<Metric> = Vec::new();
+    let mut index: HashMap<Vec<(String, String)>, usize> = HashMap::new();
     for mut m in family.take_metric() {
+        // A series that keeps its value is unique already: no merging.
+        if let Some(keep) = keep
+            && m.get_label()
+                .iter()
+                .any(|l| l.name() == label && keep(l.value()))
+        {
+            merged.push(m);
+            continue;
+        }
         let labels: Vec<_> = m
             .take_label()
             .into_iter()
-            .filter(|l| l.name() != label)
-            .collect();
+            .filter_map(|mut l| {
+                if l.name() != label {
+                    return Some(l);
+                }
+                let keep = keep?;
+                if !keep(l.value()) {
+                    l.set_value(OTHER_NAMESPACE.to_string());
+                }
+                Some(l)
+            })
+            .collect::<Vec<LabelPair>>();
         let key: Vec<(String, String)> = labels
             .iter()
             .map(|l| (l.name().to_string(), l.value().to_string()))
             .collect();
-        let Some((_, into)) = merged.iter_mut().find(|(k, _)| *k == key) else {
+        let Some(into) = index.get(&key).and_then(|&i| merged.get_mut(i)) else {
             m.set_label(labels);
-            merged.push((key, m));
+            index.insert(key, merged.len());
+            merged.push(m);
             continue;
         };
         let mut c = into.get_counter().clone();
@@ -526,7 +698,7 @@ fn without_label(
         h.set_bucket(buckets);
         into.set_histogram(h);
     }
-    family.set_metric(merged.into_iter().map(|(_, m)| m).collect());
+    family.set_metric(merged);
     family
 }
 
@@ -560,7 +732,7 @@ mod public_tests {
                 .with_label_values(&["namespace", ns])
                 .observe(secs);
         }
-        let full = m.render();
+        let full = m.render(100);
         assert!(full.contains("alpha") && full.contains("beta"));
         let public = m.render_public();
         assert!(
@@ -583,5 +755,78 @@ mod public_tests {
             public.contains("_count{kind=\"namespace\"} 2\n"),
             "{public}"
         );
+    }
+
+    /// Past the limit, `/metrics` keeps the most active namespaces' series and
+    /// sums every other namespace into `_other`: at most limit + 1 namespace
+    /// label values, and the totals unchanged.
+    #[test]
+    fn render_keeps_the_top_namespaces_and_sums_the_rest() {
+        let m = Metrics::new();
+        // ns0 is the busiest (10 messages), ns9 the quietest (1).
+        for i in 0..10u64 {
+            let ns = format!("ns{i}");
+            m.actor_handled
+                .with_label_values(&["namespace", &ns])
+                .inc_by(10 - i);
+            m.actor_handling_seconds
+                .with_label_values(&["namespace", &ns])
+                .observe(0.001);
+        }
+        m.actor_handled.with_label_values(&["node", ""]).inc_by(7);
+        let text = m.render(3);
+        let labels: HashSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split("namespace=\"").nth(1))
+            .filter_map(|l| l.split('"').next())
+            .collect();
+        let want: HashSet<&str> = ["ns0", "ns1", "ns2", OTHER_NAMESPACE, ""].into();
+        assert_eq!(labels, want, "{text}");
+        let line = |labels: &str| {
+            let prefix = format!("meshgate_actor_messages_handled_total{{{labels}}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .map(|v| v.trim().to_string())
+        };
+        // ns3..ns9 handled 7+6+5+4+3+2+1.
+        assert_eq!(
+            line("kind=\"namespace\",namespace=\"_other\"").as_deref(),
+            Some("28"),
+            "{text}"
+        );
+        assert_eq!(
+            line("kind=\"namespace\",namespace=\"ns0\"").as_deref(),
+            Some("10")
+        );
+        assert_eq!(line("kind=\"node\",namespace=\"\"").as_deref(), Some("7"));
+        assert!(
+            text.contains(
+                "meshgate_actor_handling_seconds_count{kind=\"namespace\",namespace=\"_other\"} 7\n"
+            ),
+            "{text}"
+        );
+        // Under the limit nothing is merged.
+        assert!(!m.render(100).contains("_other"));
+    }
+
+    /// A namespace's stats read its own series only, and create none.
+    #[test]
+    fn namespace_stats_read_one_namespace() {
+        let m = Metrics::new();
+        m.actor_handled
+            .with_label_values(&["namespace", "alpha"])
+            .inc_by(4);
+        m.actor_handled
+            .with_label_values(&["namespace", "beta"])
+            .inc_by(9);
+        m.publishes.with_label_values(&["alpha"]).inc_by(2);
+        m.ws_subscribers.with_label_values(&["alpha"]).set(3);
+        let a = m.namespace_stats("alpha");
+        assert_eq!(a.messages_handled, 4);
+        assert_eq!(a.published, 2);
+        assert_eq!(a.subscribers, 3);
+        assert_eq!(m.namespace_stats("gamma").messages_handled, 0);
+        assert!(!m.render(100).contains("gamma"), "reading made no series");
     }
 }

@@ -108,7 +108,10 @@ fn metrics_answer(req: &ServiceRequest, node: &Node) -> HttpResponse {
         })
         .filter(|v| !v.is_empty());
     match presented {
-        Some(k) if node.secrets.is_operator_key(k) => text(node.metrics.render()),
+        Some(k) if node.secrets.is_operator_key(k) => text(
+            node.metrics
+                .render(node.config.metrics.namespace_series_limit),
+        ),
         None if node.config.metrics.public => text(node.metrics.render_public()),
         None => ApiError::new(
             Code::MissingCredential,

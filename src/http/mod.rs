@@ -136,7 +136,10 @@ pub fn serve_metrics(node: Node) -> anyhow::Result<Option<(actix_web::dev::Serve
                 web::get().to(|node: web::Data<Node>| async move {
                     actix_web::HttpResponse::Ok()
                         .content_type("text/plain; version=0.0.4")
-                        .body(node.metrics.render())
+                        .body(
+                            node.metrics
+                                .render(node.config.metrics.namespace_series_limit),
+                        )
                 }),
             )
             .default_service(web::to(|| async {

@@ -2,7 +2,8 @@
 // traffic through their actors (KV requests, WebSocket subscribers, publishes
 // over HTTP), open /__admin in headless Chromium and check that both namespaces
 // show non-zero live counters (handled, subscribers, topics, publishes/s) that
-// change between reads.
+// change between reads; with `[dashboard] top_namespaces = 2` a third, idle
+// namespace is left out of the tables and found with the search.
 // Run by scripts/e2e-dashboard.sh (which installs chromium, playwright-core and ws).
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -41,7 +42,7 @@ const watchdog = setTimeout(() => {
 async function startNode() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "meshgate-e2e-"));
   const child = spawn(BIN, ["serve", "--listen", "127.0.0.1:0", "--data-dir", path.join(dir, "data")], {
-    env: { ...process.env, MESHGATE_OPERATOR_KEY: KEY, RUST_LOG: "warn" },
+    env: { ...process.env, MESHGATE_OPERATOR_KEY: KEY, MESHGATE_DASHBOARD_TOP_NAMESPACES: "2", RUST_LOG: "warn" },
     stdio: ["ignore", "pipe", "inherit"],
   });
   const addr = await new Promise((resolve, reject) => {
@@ -159,6 +160,9 @@ async function main() {
       subs[ns] = await Promise.all(SUBSCRIBERS[ns].map((t, i) => subscribe(node.base, keys[ns], t, i % 2 ? "binary" : "")));
       check(subs[ns].length > 0, `${ns}: ${subs[ns].length} WebSocket subscribers open`);
     }
+    // An idle third namespace: outside the top two, found by the search.
+    const idle = await api(node.base, "POST", "/v1/namespaces", KEY, JSON.stringify({ name: "gamma-idle" }));
+    check(idle.status === 201, `namespace gamma-idle created (${idle.status})`);
     load = traffic(node.base, keys);
     await sleep(2500); // a few ticks of history before the page opens
 
@@ -247,6 +251,15 @@ async function main() {
     await page.waitForTimeout(300);
     const reversed = await page.$$eval("#ns-table tbody tr", (rs) => rs.map((r) => r.dataset.ns));
     check(reversed[0] === "beta", "a second click reverses the order");
+
+    // Only the top two are in the tables; the search finds the idle third.
+    const listed = await page.$$eval("#ns-table tbody tr", (rs) => rs.map((r) => r.dataset.ns));
+    check(!listed.includes("gamma-idle") && listed.length === 2, `the table holds the top 2 (${listed.join(", ")})`);
+    const count = await page.textContent("#ns-count");
+    check(/top 2 of 3/.test(count), `the page says how many namespaces there are (${count})`);
+    await page.fill("#ns-search", "gamma");
+    await page.waitForSelector('#search-table tr[data-ns="gamma-idle"]', { timeout: 10_000 });
+    check(true, "the search finds a namespace outside the top N");
 
     check(offsite.length === 0, `the page fetched nothing off the node (${offsite.join(", ") || "none"})`);
     const totals = await load.stop();

@@ -39,6 +39,7 @@ const ROUTES: &[&str] = &[
     "/__admin/api/node",
     "/__admin/api/actors",
     "/__admin/api/namespaces",
+    "/__admin/api/namespaces/search?q=ten",
     "/__admin/api/history",
     "/__admin/api/stream",
 ];
@@ -571,4 +572,234 @@ fn dashboard_in_headless_chromium() {
         _ => "the browser test failed",
     };
     panic!("{why}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+}
+
+/// The sampler's snapshot count, from `/metrics` (operator key; reading
+/// `/metrics` is not watching the dashboard).
+fn snapshots_taken(n: &TestNode) -> f64 {
+    let (s, _, text) = admin(n, "/metrics");
+    assert_eq!(s, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix("meshgate_dashboard_snapshots_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no meshgate_dashboard_snapshots_total: {text}"))
+}
+
+/// With nobody watching, the sampler takes no snapshot however long the
+/// node runs with namespaces in use; an open event stream makes it take one
+/// a tick (the stream receives them).
+#[test]
+fn no_snapshot_without_a_viewer() {
+    let n = TestNode::start();
+    for ns in ["idle-a", "idle-b", "idle-c"] {
+        let key = n.create_namespace(ns);
+        assert_eq!(n.with_key(&key, "PUT", "/v1/kv/k", Some(b"v")).0, 200);
+    }
+    // Several ticks' worth of an unwatched node.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(snapshots_taken(&n), 0.0, "a snapshot with no viewer");
+    let (s, _, body) = stream_until(
+        &n,
+        "/__admin/api/stream",
+        &[("authorization", &format!("Bearer {OPERATOR_KEY}"))],
+        |raw| sse_events(raw.split_once("\r\n\r\n").map_or("", |(_, b)| b)).len() >= 3,
+    );
+    assert_eq!(s, 200);
+    let events = sse_events(&body);
+    assert!(events.len() >= 3, "{body}");
+    // Every event after the stale first one is a new snapshot.
+    assert!(snapshots_taken(&n) >= 2.0);
+    let last = json(&events.last().unwrap().1);
+    assert!(last["tick"].as_u64().unwrap() >= 2, "{last}");
+}
+
+/// A snapshot holds the node's totals and only the `[dashboard]
+/// top_namespaces` most active namespaces (and their actors); the search
+/// finds a namespace outside them, and an empty query is a 400 envelope.
+#[test]
+fn snapshot_holds_the_top_namespaces_and_search_finds_the_rest() {
+    let n = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[dashboard]\ntop_namespaces = 2\n"),
+        ..Default::default()
+    });
+    for ns in ["busy-a", "busy-b"] {
+        let key = n.create_namespace(ns);
+        for i in 0..20 {
+            let path = format!("/v1/kv/k{i}");
+            assert_eq!(n.with_key(&key, "PUT", &path, Some(b"v")).0, 200);
+        }
+    }
+    for ns in ["quiet-1", "quiet-2", "quiet-3"] {
+        let key = n.create_namespace(ns);
+        assert_eq!(n.with_key(&key, "PUT", "/v1/kv/k", Some(b"v")).0, 200);
+    }
+    // Until the store listing (every few ticks) has counted all five.
+    let mut snap = serde_json::Value::Null;
+    wait_until(
+        Duration::from_secs(15),
+        "five namespaces never counted",
+        || {
+            let (s, _, body) = admin(&n, "/__admin/api/snapshot");
+            assert_eq!(s, 200, "{body}");
+            snap = json(&body);
+            snap["node"]["namespaces_known"] == 5
+        },
+    );
+    assert_eq!(snap["top_namespaces"], 2, "{snap}");
+    assert_eq!(snap["namespaces_ranked"], 5, "{snap}");
+    let names: Vec<&str> = snap["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["namespace"].as_str().unwrap())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["busy-a", "busy-b"], "{snap}");
+    let actor_ns: Vec<&str> = snap["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["namespace"].as_str().unwrap())
+        .collect();
+    assert!(actor_ns.contains(&""), "the node actor: {actor_ns:?}");
+    assert!(
+        actor_ns.iter().all(|ns| !ns.starts_with("quiet")),
+        "{actor_ns:?}"
+    );
+    let listed = snap["actors"].as_array().unwrap().len() as u64;
+    let counted = snap["node"]["actors"].as_u64().unwrap();
+    assert!(
+        counted >= 6 && counted >= listed + 3,
+        "every actor counted: {snap}"
+    );
+    // Totals: 2 x 20 + 3 x 1 writes published nothing and invoked nothing,
+    // but every actor's messages are counted.
+    assert!(
+        snap["node"]["messages_handled"].as_u64().unwrap() >= 43,
+        "{snap}"
+    );
+    let (s, _, body) = admin(&n, "/__admin/api/namespaces/search?q=quiet-2");
+    assert_eq!(s, 200, "{body}");
+    let found = json(&body);
+    assert_eq!(found["matched"], 1, "{body}");
+    assert_eq!(found["namespaces"][0]["namespace"], "quiet-2", "{body}");
+    assert!(
+        found["namespaces"][0]["handled"].as_u64().unwrap() >= 1,
+        "{body}"
+    );
+    let (_, _, body) = admin(&n, "/__admin/api/namespaces/search?q=quiet");
+    assert_eq!(json(&body)["matched"], 3, "{body}");
+    let (s, _, body) = admin(&n, "/__admin/api/namespaces/search?q=");
+    assert_eq!(s, 400, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "BAD_REQUEST");
+}
+
+/// The `namespace` label values of every sample in `/metrics` text.
+fn namespace_labels(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split("namespace=\"").nth(1))
+        .filter_map(|l| l.split('"').next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// With more namespaces than `[metrics] namespace_series_limit`, `/metrics`
+/// has at most limit + `_other` namespace label values (the most active
+/// namespaces keep theirs), and `_other` is the sum of the rest, as each
+/// one's `/v1/namespaces/{ns}/stats` reports it.
+#[test]
+fn metrics_keep_the_top_namespaces_and_sum_the_rest() {
+    let n = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[metrics]\nnamespace_series_limit = 2\n"),
+        ..Default::default()
+    });
+    let names = ["m-a", "m-b", "m-c", "m-d", "m-e"];
+    for (i, ns) in names.iter().enumerate() {
+        let key = n.create_namespace(ns);
+        // m-a the busiest, m-e the quietest.
+        for k in 0..(2 * (names.len() - i)) {
+            let path = format!("/v1/kv/k{k}");
+            assert_eq!(n.with_key(&key, "PUT", &path, Some(b"v")).0, 200);
+        }
+    }
+    let handled = |ns: &str| -> f64 {
+        let (s, _, body) = admin(&n, &format!("/v1/namespaces/{ns}/stats"));
+        assert_eq!(s, 200, "{body}");
+        json(&body)["stats"]["messages_handled"].as_f64().unwrap()
+    };
+    // The numbers settle once the namespaces are quiet: retried until one
+    // scrape and the stats agree.
+    let mut last = String::new();
+    wait_until(
+        Duration::from_secs(15),
+        "_other never equalled the rest",
+        || {
+            let before: f64 = ["m-c", "m-d", "m-e"].iter().map(|ns| handled(ns)).sum();
+            let (_, _, text) = admin(&n, "/metrics");
+            let labels = namespace_labels(&text);
+            let want: std::collections::BTreeSet<String> = ["", "_other", "m-a", "m-b"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            assert_eq!(labels, want, "{text}");
+            let other = prom_value(
+                &text,
+                "meshgate_actor_messages_handled_total",
+                "kind=\"namespace\",namespace=\"_other\"",
+            )
+            .unwrap_or_else(|| panic!("no _other series: {text}"));
+            let rest: f64 = ["m-c", "m-d", "m-e"].iter().map(|ns| handled(ns)).sum();
+            last = format!("_other {other}, the rest {before} then {rest}");
+            before == rest && other == rest && rest > 0.0
+        },
+    );
+    assert!(!last.is_empty());
+}
+
+/// `GET /v1/namespaces/{namespace}/stats` answers the namespace's own key
+/// and the operator, refuses another namespace's key (403) and names an
+/// unknown namespace (404).
+#[test]
+fn namespace_stats_answer_the_owner_and_the_operator() {
+    let n = TestNode::start();
+    let a = n.create_namespace("alpha");
+    let b = n.create_namespace("beta");
+    for i in 0..3 {
+        let path = format!("/v1/kv/k{i}");
+        assert_eq!(n.with_key(&a, "PUT", &path, Some(b"v")).0, 200);
+    }
+    let (s, body) = n.with_key(&a, "GET", "/v1/namespaces/alpha/stats", None);
+    assert_eq!(s, 200, "{body}");
+    let own = json(&body);
+    assert_eq!(own["namespace"], "alpha");
+    assert!(
+        own["stats"]["messages_handled"].as_u64().unwrap() >= 3,
+        "{body}"
+    );
+    let (s, _, body) = admin(&n, "/v1/namespaces/alpha/stats");
+    assert_eq!(s, 200, "{body}");
+    assert!(json(&body)["stats"]["messages_handled"].as_u64().unwrap() >= 3);
+    let (s, body) = n.with_key(&b, "GET", "/v1/namespaces/alpha/stats", None);
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(json(&body)["ok"], false, "{body}");
+    let (s, _, body) = admin(&n, "/v1/namespaces/nobody/stats");
+    assert_eq!(s, 404, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "NAMESPACE_NOT_FOUND");
+}
+
+/// A `[metrics] namespace_series_limit` of 0 or over 10,000 stops the node at
+/// start (exit 2) with the key named.
+#[test]
+fn bad_namespace_series_limit_is_refused_at_start() {
+    for bad in ["0", "10001"] {
+        let (code, err) = crate::node::run_serve(
+            &[],
+            &[("MESHGATE_METRICS_NAMESPACE_SERIES_LIMIT", bad)],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("metrics.namespace_series_limit"), "{err}");
+    }
 }

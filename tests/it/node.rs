@@ -211,7 +211,11 @@ fn supervisor_panic_restarts_and_counts() {
     );
 }
 
-fn run_serve(args: &[&str], env: &[(&str, &str)], within: Duration) -> (Option<i32>, String) {
+pub(crate) fn run_serve(
+    args: &[&str],
+    env: &[(&str, &str)],
+    within: Duration,
+) -> (Option<i32>, String) {
     let mut cmd = Command::new(bin());
     cmd.arg("serve")
         .args(args)

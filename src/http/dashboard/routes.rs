@@ -61,6 +61,12 @@ pub fn register(t: &mut RouteTable) {
         )
         .add(
             Method::GET,
+            "/__admin/api/namespaces/search",
+            Policy::Admin,
+            web::get().to(api_search),
+        )
+        .add(
+            Method::GET,
             "/__admin/api/history",
             Policy::Admin,
             web::get().to(api_history),
@@ -113,34 +119,66 @@ async fn asset(file: web::Path<String>) -> Result<HttpResponse, ApiError> {
     }
 }
 
-fn latest(node: &Node) -> Arc<Frame> {
-    node.dashboard.latest()
+/// The latest frame; the request keeps the sampler ticking a while (it takes
+/// no snapshot while nobody watches) and waits for a first frame after a pause.
+async fn latest(node: &Node) -> Arc<Frame> {
+    node.dashboard.fresh().await
 }
 
 async fn api_snapshot(node: web::Data<Node>) -> HttpResponse {
-    HttpResponse::Ok().json(&*latest(&node).snapshot)
+    HttpResponse::Ok().json(&*latest(&node).await.snapshot)
 }
 
 async fn api_node(node: web::Data<Node>) -> HttpResponse {
-    let f = latest(&node);
+    let f = latest(&node).await;
     HttpResponse::Ok().json(json!({"at_ms": f.snapshot.at_ms, "tick": f.snapshot.tick,
         "viewers": node.dashboard.viewers(), "node": f.snapshot.node}))
 }
 
 async fn api_actors(node: web::Data<Node>) -> HttpResponse {
-    let f = latest(&node);
+    let f = latest(&node).await;
     HttpResponse::Ok().json(
         json!({"at_ms": f.snapshot.at_ms, "tick": f.snapshot.tick, "actors": f.snapshot.actors}),
     )
 }
 
 async fn api_namespaces(node: web::Data<Node>) -> HttpResponse {
-    let f = latest(&node);
+    let f = latest(&node).await;
     HttpResponse::Ok().json(json!({"at_ms": f.snapshot.at_ms, "tick": f.snapshot.tick,
         "namespaces": f.snapshot.namespaces}))
 }
 
+#[derive(Deserialize)]
+struct SearchQuery {
+    /// Part of a namespace name.
+    #[serde(default)]
+    q: String,
+}
+
+/// Namespaces whose name contains `q`, with this tick's numbers: how the page
+/// finds a namespace outside the top N. At most `SEARCH_LIMIT` rows; `matched`
+/// counts them all.
+async fn api_search(
+    node: web::Data<Node>,
+    q: web::Query<SearchQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let q = q.into_inner().q;
+    if q.trim().is_empty() || q.len() > 63 {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            "q: 1 to 63 characters of a namespace name",
+        ));
+    }
+    let f = latest(&node).await;
+    let (rows, matched) = f.snapshot.search(&q);
+    Ok(
+        HttpResponse::Ok().json(json!({"at_ms": f.snapshot.at_ms, "tick": f.snapshot.tick,
+        "query": q.trim().to_lowercase(), "matched": matched, "namespaces": rows})),
+    )
+}
+
 async fn api_history(node: web::Data<Node>) -> HttpResponse {
+    node.dashboard.fresh().await;
     HttpResponse::Ok().json(json!({
         "interval_ms": super::sampler::TICK_INTERVAL.as_millis() as u64,
         "capacity": super::sampler::HISTORY_LEN,

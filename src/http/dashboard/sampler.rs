@@ -1,6 +1,12 @@
 //! The sampler: one task per node that reads every number once per tick, keeps a
 //! bounded history for the charts, and hands the same pre-rendered frame to every
 //! viewer (one snapshot per tick however many pages are open).
+//!
+//! It ticks only while someone watches: an open event stream, or a JSON API
+//! request in the last [`POLL_KEEPALIVE`]. With nobody watching it waits on a
+//! [`Notify`] with no timer armed, so an unwatched dashboard costs no CPU
+//! however many namespaces the node holds; a stream being opened or an API
+//! request wakes it, and the first tick after a pause is taken at once.
 
 use super::snapshot::{self, HistoryPoint, Previous, Snapshot};
 use crate::http::state::{Node, NodeInner};
@@ -8,8 +14,9 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// How often the sampler reads the registry and the stream sends a frame.
 pub const TICK_INTERVAL: Duration = Duration::from_secs(1);
@@ -17,8 +24,15 @@ pub const TICK_INTERVAL: Duration = Duration::from_secs(1);
 pub const HISTORY_LEN: usize = 600;
 /// Namespaces are re-listed from the store every this many ticks.
 pub const NAMESPACE_LIST_TICKS: u64 = 5;
-/// Most idle (not running) namespaces listed from the store.
-pub const MAX_LISTED_NAMESPACES: usize = 1000;
+/// Most namespaces listed from the store (counted and searched).
+pub const MAX_LISTED_NAMESPACES: usize = 1_000_000;
+/// An API request keeps the sampler ticking this long after it (a page that
+/// polls instead of streaming).
+pub const POLL_KEEPALIVE: Duration = Duration::from_secs(10);
+/// A frame younger than this is fresh enough to answer an API request with.
+const FRESH: Duration = Duration::from_millis(2500);
+/// How long an API request waits for the first frame after a pause.
+const FIRST_FRAME_WAIT: Duration = Duration::from_secs(3);
 /// Streams open at once; more are answered 503 (each costs a socket, not a snapshot).
 pub const MAX_VIEWERS: usize = 1024;
 
@@ -28,10 +42,12 @@ pub struct Frame {
     pub snapshot: Arc<Snapshot>,
     /// The snapshot as a server-sent event (`event: snapshot`).
     pub sse: Bytes,
+    /// When the sampler took it; None for the empty frame before the first.
+    taken: Option<Instant>,
 }
 
 impl Frame {
-    fn render(snapshot: Snapshot) -> Frame {
+    fn render(snapshot: Snapshot, taken: Option<Instant>) -> Frame {
         let json = serde_json::to_string(&snapshot).expect("snapshot serialises");
         let mut sse = String::with_capacity(json.len() + 40);
         sse.push_str("event: snapshot\nid: ");
@@ -42,6 +58,7 @@ impl Frame {
         Frame {
             snapshot: Arc::new(snapshot),
             sse: Bytes::from(sse),
+            taken,
         }
     }
 }
@@ -56,17 +73,34 @@ pub struct Dashboard {
     viewers: Arc<AtomicUsize>,
     /// Sign-in sessions this node read from the store recently (`session.rs`).
     pub(super) sessions: super::session::SessionCache,
+    /// Wakes the idle sampler: a stream opened, an API request, the node dropped.
+    wake: Arc<Notify>,
+    /// When the last API request came, in milliseconds after `born`; 0: never.
+    last_poll_ms: AtomicU64,
+    /// The origin of `last_poll_ms`.
+    born: Instant,
 }
 
 impl Default for Dashboard {
     fn default() -> Self {
-        let (latest, _) = tokio::sync::watch::channel(Arc::new(Frame::render(Snapshot::default())));
+        let (latest, _) =
+            tokio::sync::watch::channel(Arc::new(Frame::render(Snapshot::default(), None)));
         Dashboard {
             latest,
             history: Mutex::new(VecDeque::with_capacity(HISTORY_LEN)),
             viewers: Arc::new(AtomicUsize::new(0)),
             sessions: Default::default(),
+            wake: Arc::new(Notify::new()),
+            last_poll_ms: AtomicU64::new(0),
+            born: crate::util::mono_now(),
         }
+    }
+}
+
+impl Drop for Dashboard {
+    /// Lets an idle sampler see that its node is gone, and end.
+    fn drop(&mut self) {
+        self.wake.notify_one();
     }
 }
 
@@ -94,7 +128,36 @@ impl Dashboard {
     pub fn admit_viewer(&self) -> Option<ViewerGuard> {
         let before = self.viewers.fetch_add(1, Ordering::AcqRel);
         let guard = ViewerGuard(self.viewers.clone());
+        self.wake.notify_one();
         (before < MAX_VIEWERS).then_some(guard)
+    }
+
+    /// Whether the sampler should tick: a stream is open, or an API request
+    /// came in the last [`POLL_KEEPALIVE`].
+    pub fn watched(&self) -> bool {
+        if self.viewers() > 0 {
+            return true;
+        }
+        let last = self.last_poll_ms.load(Ordering::Acquire);
+        last != 0 && self.ms_now().saturating_sub(last) <= POLL_KEEPALIVE.as_millis() as u64
+    }
+
+    fn ms_now(&self) -> u64 {
+        (self.born.elapsed().as_millis() as u64).max(1)
+    }
+
+    /// The latest frame for an API request: marks the request (it keeps the
+    /// sampler ticking for [`POLL_KEEPALIVE`]) and, when the sampler was
+    /// paused, waits for its first new frame (at most a few seconds).
+    pub async fn fresh(&self) -> Arc<Frame> {
+        self.last_poll_ms.store(self.ms_now(), Ordering::Release);
+        self.wake.notify_one();
+        let mut rx = self.latest.subscribe();
+        let stale = |f: &Frame| f.taken.is_none_or(|t| t.elapsed() > FRESH);
+        if stale(&rx.borrow_and_update()) {
+            let _ = tokio::time::timeout(FIRST_FRAME_WAIT, rx.changed()).await;
+        }
+        self.latest()
     }
 
     /// Streams open now.
@@ -116,29 +179,53 @@ impl Dashboard {
             }
             h.push_back(HistoryPoint::of(&snapshot));
         }
-        self.latest.send_replace(Arc::new(Frame::render(snapshot)));
+        self.latest.send_replace(Arc::new(Frame::render(
+            snapshot,
+            Some(crate::util::mono_now()),
+        )));
     }
 }
 
-/// Starts the node's sampler; it stops when the node is dropped.
+/// Starts the node's sampler; it stops when the node is dropped. It ticks
+/// while [`Dashboard::watched`] holds and otherwise sleeps on the dashboard's
+/// [`Notify`] with no timer.
 pub fn spawn_sampler(node: &Node) {
     let weak: std::sync::Weak<NodeInner> = Arc::downgrade(&node.0);
     actix_web::rt::spawn(async move {
         let mut prev = Previous::default();
-        let mut tick = tokio::time::interval(TICK_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut known: Vec<String> = Vec::new();
-        let mut n: u64 = 0;
+        let mut known: Arc<Vec<String>> = Arc::default();
         loop {
-            tick.tick().await;
-            let Some(inner) = weak.upgrade() else { return };
-            let node = Node(inner);
-            if n.is_multiple_of(NAMESPACE_LIST_TICKS) {
-                known = listed_namespaces(&node).await;
+            // Nobody watching: wait for a stream or a request, no timer armed.
+            // A wake that comes between the check and the wait is kept by the
+            // Notify as a permit, so none is lost.
+            let idle = {
+                let Some(inner) = weak.upgrade() else { return };
+                (!inner.dashboard.watched()).then(|| inner.dashboard.wake.clone())
+            };
+            if let Some(wake) = idle {
+                wake.notified().await;
+                continue;
             }
-            n += 1;
-            let snap = snapshot::take(&node, &mut prev, &known);
-            node.dashboard.publish(snap);
+            let mut tick = tokio::time::interval(TICK_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n: u64 = 0;
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let node = Node(inner);
+                if !node.dashboard.watched() {
+                    prev.pause();
+                    break;
+                }
+                if n.is_multiple_of(NAMESPACE_LIST_TICKS) {
+                    known = Arc::new(listed_namespaces(&node).await);
+                }
+                n += 1;
+                let top = node.config.dashboard.top_namespaces;
+                let snap = snapshot::take(&node, &mut prev, &known, top);
+                node.metrics.dashboard_snapshots.inc();
+                node.dashboard.publish(snap);
+            }
         }
     });
 }
@@ -151,6 +238,7 @@ async fn listed_namespaces(node: &Node) -> Vec<String> {
         Ok(rows) => rows
             .into_iter()
             .filter_map(|(k, _)| String::from_utf8(k[3..].to_vec()).ok())
+            .filter(|name| !name.contains('/'))
             .collect(),
         Err(e) => {
             tracing::warn!(error = %e, "Dashboard could not list namespaces.");

@@ -1,13 +1,23 @@
 //! One snapshot of the node as the dashboard shows it, built from the node's
 //! Prometheus registry and actor directory (the same handles `/metrics` exports),
 //! and the per-second rates derived from two consecutive readings.
+//!
+//! A node may hold a hundred thousand namespaces, so a snapshot carries the
+//! node's totals and only the `[dashboard] top_namespaces` most active
+//! namespaces (and their actors); the rows of all the others stay in memory,
+//! unserialised, for the search route.
 
 use crate::http::state::Node;
 use crate::metrics::Metrics;
 use prometheus::core::Collector;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
+
+/// Namespaces with their own numbers in a history point (the most active
+/// of the tick): ten minutes of points stay a few hundred KB.
+pub const HISTORY_NAMESPACES: usize = 20;
 
 /// How many ticks the handling-time percentiles look back over.
 pub const QUANTILE_WINDOW_TICKS: usize = 10;
@@ -26,11 +36,14 @@ pub struct ActorRow {
     /// Messages handled since start (its `(kind, namespace)` label series).
     pub handled: u64,
     /// `handled` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub handled_per_sec: f64,
     /// Handling time percentiles over the last `QUANTILE_WINDOW_TICKS` ticks, in
     /// seconds, of the actor's `(kind, namespace)` series; None when it handled nothing then.
+    #[serde(serialize_with = "tenth_micros")]
     pub p50_seconds: Option<f64>,
     /// As `p50_seconds`, the 99th percentile.
+    #[serde(serialize_with = "tenth_micros")]
     pub p99_seconds: Option<f64>,
     /// Restarts of this actor after a panic.
     pub restarts: u64,
@@ -59,6 +72,7 @@ pub struct NamespaceRow {
     /// Sum of its actors' messages handled.
     pub handled: u64,
     /// Sum of its actors' handled per second.
+    #[serde(serialize_with = "hundredths")]
     pub handled_per_sec: f64,
     /// Sum of its actors' restarts.
     pub restarts: u64,
@@ -69,14 +83,17 @@ pub struct NamespaceRow {
     /// Messages published since start.
     pub publishes: u64,
     /// `publishes` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub publishes_per_sec: f64,
     /// Function invocations since start.
     pub invocations: u64,
     /// `invocations` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub invocations_per_sec: f64,
     /// Failed function invocations since start.
     pub errors: u64,
     /// `errors` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub errors_per_sec: f64,
     /// Its breakers, one per member node, sorted by member.
     pub breakers: Vec<BreakerRow>,
@@ -94,6 +111,7 @@ pub struct NodeRow {
     /// HTTP requests finished since start, every status class.
     pub http_requests: u64,
     /// `http_requests` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
     pub http_requests_per_sec: f64,
     /// HTTP requests being handled now.
     pub http_in_flight: i64,
@@ -113,13 +131,29 @@ pub struct NodeRow {
     pub actors: usize,
     /// Namespaces whose supervisor runs on this node now.
     pub namespaces_running: usize,
+    /// Namespaces in the store (listed every few ticks).
+    pub namespaces_known: usize,
+    /// Messages handled since start, summed over every actor.
+    pub messages_handled: u64,
+    /// Messages published since start, every namespace.
+    pub publishes: u64,
+    /// Function invocations since start, every namespace.
+    pub invocations: u64,
+    /// Failed invocations since start, every namespace.
+    pub errors: u64,
+    /// Topics with a local subscriber, every namespace.
+    pub topics: i64,
     /// Messages handled per second, summed over every actor.
+    #[serde(serialize_with = "hundredths")]
     pub handled_per_sec: f64,
     /// Publishes per second, summed over the namespace rows.
+    #[serde(serialize_with = "hundredths")]
     pub publishes_per_sec: f64,
     /// Invocations per second, summed over the namespace rows.
+    #[serde(serialize_with = "hundredths")]
     pub invocations_per_sec: f64,
     /// Failed invocations per second, summed over the namespace rows.
+    #[serde(serialize_with = "hundredths")]
     pub errors_per_sec: f64,
 }
 
@@ -132,10 +166,83 @@ pub struct Snapshot {
     pub tick: u64,
     /// The node-wide numbers.
     pub node: NodeRow,
-    /// One row per namespace known (stored, running or with series), by name.
+    /// How many namespaces [`Snapshot::namespaces`] holds at most
+    /// (`[dashboard] top_namespaces`).
+    pub top_namespaces: usize,
+    /// Namespaces with numbers on this node (running, or with series); the
+    /// rows ranked for the top N.
+    pub namespaces_ranked: usize,
+    /// The most active namespaces, most active first (handled, publishes and
+    /// invocations per second, then their totals, then by name); stored
+    /// namespaces with no numbers fill the list when fewer are active.
     pub namespaces: Vec<NamespaceRow>,
-    /// One row per live actor, by id.
+    /// One row per live actor of the node or of a namespace in
+    /// [`Snapshot::namespaces`], by id.
     pub actors: Vec<ActorRow>,
+    /// Every ranked namespace's row, by name, for the search (not sent).
+    #[serde(skip)]
+    pub all: Arc<Vec<NamespaceRow>>,
+    /// The stored namespaces' names as last listed, for the search (not sent).
+    #[serde(skip)]
+    pub known: Arc<Vec<String>>,
+}
+
+/// A rate to two decimals (the page shows at most two): `0.33`, not
+/// `0.3333333333333333`; a tick's payload is mostly numbers.
+fn hundredths<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((v * 100.0).round() / 100.0)
+}
+
+/// A duration in seconds to a tenth of a microsecond.
+fn tenth_micros<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.serialize_some(&((v * 1e7).round() / 1e7)),
+        None => s.serialize_none(),
+    }
+}
+
+/// How many rows a search answers at most.
+pub const SEARCH_LIMIT: usize = 50;
+
+impl Snapshot {
+    /// Namespaces whose name contains `q` (lower-cased), exact match first,
+    /// then by name; at most [`SEARCH_LIMIT`]. A stored namespace with no
+    /// numbers on this node is answered with an empty row.
+    pub fn search(&self, q: &str) -> (Vec<NamespaceRow>, usize) {
+        let q = q.trim().to_lowercase();
+        let mut rows: Vec<NamespaceRow> = Vec::new();
+        let mut seen = HashSet::new();
+        let mut matched = 0usize;
+        for r in self.all.iter().filter(|r| r.namespace.contains(&q)) {
+            matched += 1;
+            seen.insert(r.namespace.as_str());
+            rows.push(r.clone());
+        }
+        for name in self.known.iter().filter(|n| n.contains(&q)) {
+            if !seen.contains(name.as_str()) {
+                matched += 1;
+                rows.push(NamespaceRow {
+                    namespace: name.clone(),
+                    ..Default::default()
+                });
+            }
+        }
+        rows.sort_by(|a, b| {
+            (b.namespace == q)
+                .cmp(&(a.namespace == q))
+                .then_with(|| a.namespace.cmp(&b.namespace))
+        });
+        rows.truncate(SEARCH_LIMIT);
+        (rows, matched)
+    }
+}
+
+/// A namespace row's rank key: more activity first.
+fn activity(r: &NamespaceRow) -> (f64, u64) {
+    (
+        r.handled_per_sec + r.publishes_per_sec + r.invocations_per_sec,
+        r.handled + r.publishes + r.invocations,
+    )
 }
 
 /// One point of history, for the charts.
@@ -159,7 +266,8 @@ pub struct HistoryPoint {
     pub subscribers: i64,
     /// Resident memory in bytes.
     pub memory_rss_bytes: u64,
-    /// Per namespace: `[handled/s, publishes/s, invocations/s]`.
+    /// Per namespace, for the [`HISTORY_NAMESPACES`] most active of the
+    /// tick: `[handled/s, publishes/s, invocations/s]`.
     pub ns: BTreeMap<String, [f64; 3]>,
 }
 
@@ -179,6 +287,7 @@ impl HistoryPoint {
             ns: s
                 .namespaces
                 .iter()
+                .take(HISTORY_NAMESPACES)
                 .map(|n| {
                     (
                         n.namespace.clone(),
@@ -222,6 +331,18 @@ pub struct Previous {
     /// Handling-time buckets of the last [`QUANTILE_WINDOW_TICKS`] ticks,
     /// oldest first: the percentiles' window starts at the front.
     handling: VecDeque<HashMap<SeriesKey, Buckets>>,
+}
+
+impl Previous {
+    /// Forgets every reading but the tick number: after a pause (nobody
+    /// watched) the next tick reads rates 0 instead of averaging over the
+    /// pause, and the event ids still go on from the last one sent.
+    pub fn pause(&mut self) {
+        *self = Previous {
+            tick: self.tick,
+            ..Default::default()
+        };
+    }
 }
 
 /// Values of a one-label (`namespace`) counter or gauge vector, read without
@@ -340,8 +461,10 @@ fn rate(now: u64, before: Option<u64>, secs: f64) -> f64 {
 }
 
 /// Reads every number once and derives rates against `prev` (updated in place).
-/// `known` names the namespaces in the store, listed even while idle.
-pub fn take(node: &Node, prev: &mut Previous, known: &[String]) -> Snapshot {
+/// `known` names the namespaces in the store (counted, searched, and listed
+/// when fewer than `top` namespaces have numbers); `top` is how many
+/// namespace rows the snapshot carries.
+pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usize) -> Snapshot {
     let m = &node.metrics;
     let now = crate::util::mono_now();
     let secs = prev
@@ -406,9 +529,6 @@ pub fn take(node: &Node, prev: &mut Previous, known: &[String]) -> Snapshot {
         row.handled_per_sec += a.handled_per_sec;
         row.restarts += a.restarts;
     }
-    for name in known {
-        namespaces.entry(name.clone()).or_default();
-    }
     for name in node.namespaces.names() {
         namespaces.entry(name).or_default().running = true;
     }
@@ -461,6 +581,44 @@ pub fn take(node: &Node, prev: &mut Previous, known: &[String]) -> Snapshot {
         .collect();
     prev.ns_totals = ns_totals;
 
+    // The top N by activity; stored namespaces without numbers fill the rest.
+    let mut ranked: Vec<&NamespaceRow> = rows.iter().filter(|r| !r.namespace.is_empty()).collect();
+    ranked.sort_by(|a, b| {
+        let (ra, ta) = activity(a);
+        let (rb, tb) = activity(b);
+        rb.total_cmp(&ra)
+            .then(tb.cmp(&ta))
+            .then(b.subscribers.cmp(&a.subscribers))
+            .then_with(|| a.namespace.cmp(&b.namespace))
+    });
+    let mut shown: Vec<NamespaceRow> = ranked.iter().take(top).map(|r| (*r).clone()).collect();
+    if shown.len() < top {
+        let have: HashSet<&str> = rows.iter().map(|r| r.namespace.as_str()).collect();
+        let fill: Vec<NamespaceRow> = known
+            .iter()
+            .filter(|n| !have.contains(n.as_str()))
+            .take(top - shown.len())
+            .map(|n| NamespaceRow {
+                namespace: n.clone(),
+                ..Default::default()
+            })
+            .collect();
+        shown.extend(fill);
+    }
+    let shown_names: HashSet<&str> = shown.iter().map(|r| r.namespace.as_str()).collect();
+    node_row.messages_handled = actors.iter().map(|a| a.handled).sum();
+    node_row.publishes = rows.iter().map(|r| r.publishes).sum();
+    node_row.invocations = rows.iter().map(|r| r.invocations).sum();
+    node_row.errors = rows.iter().map(|r| r.errors).sum();
+    node_row.topics = rows.iter().map(|r| r.topics).sum();
+    node_row.namespaces_known = known.len();
+    let node_actors = actors.len();
+    let handled_per_sec: f64 = actors.iter().map(|a| a.handled_per_sec).sum();
+    let actors: Vec<ActorRow> = actors
+        .into_iter()
+        .filter(|a| a.namespace.is_empty() || shown_names.contains(a.namespace.as_str()))
+        .collect();
+
     let http_total: u64 = by_class_total(m);
     node_row.version = env!("CARGO_PKG_VERSION");
     node_row.uptime_seconds = m.started.elapsed().as_secs();
@@ -475,9 +633,9 @@ pub fn take(node: &Node, prev: &mut Previous, known: &[String]) -> Snapshot {
     node_row.wasm_pool_queued = m.wasm_pool_queued.get();
     node_row.wasm_pool_workers = m.wasm_pool_workers.get();
     node_row.memory_rss_bytes = memory_rss_bytes();
-    node_row.actors = actors.len();
+    node_row.actors = node_actors;
     node_row.namespaces_running = node.namespaces.len();
-    node_row.handled_per_sec = actors.iter().map(|a| a.handled_per_sec).sum();
+    node_row.handled_per_sec = handled_per_sec;
 
     Snapshot {
         at_ms: std::time::SystemTime::now()
@@ -486,8 +644,12 @@ pub fn take(node: &Node, prev: &mut Previous, known: &[String]) -> Snapshot {
             .as_millis() as u64,
         tick: prev.tick,
         node: node_row,
-        namespaces: rows,
+        top_namespaces: top,
+        namespaces_ranked: rows.len(),
+        namespaces: shown,
         actors,
+        all: Arc::new(rows),
+        known: known.clone(),
     }
 }
 
@@ -526,5 +688,62 @@ mod tests {
         assert_eq!(parse_vm_rss(s), Some(2048 * 1024));
         assert_eq!(parse_vm_rss("Name: x\n"), None);
         assert!(memory_rss_bytes() > 0);
+    }
+
+    /// One tick at the default 100 namespaces stays under 64 KB on a single
+    /// node with the longest names (63 characters), large counters, rates
+    /// that do not divide evenly, one actor per namespace. (In a cluster
+    /// each member's breaker adds about 40 bytes per namespace.)
+    #[test]
+    fn a_tick_of_100_namespaces_stays_under_64_kb() {
+        let name = |i: usize| format!("{i:03}{}", "n".repeat(60));
+        let namespaces: Vec<NamespaceRow> = (0..100)
+            .map(|i| NamespaceRow {
+                namespace: name(i),
+                running: true,
+                actors: 1,
+                mailbox_depth: 1_000,
+                handled: 123_456_789_012,
+                handled_per_sec: 10_000.0 / 3.0,
+                restarts: 12,
+                subscribers: 10_000,
+                topics: 1_000,
+                publishes: 123_456_789_012,
+                publishes_per_sec: 10_000.0 / 7.0,
+                invocations: 123_456_789_012,
+                invocations_per_sec: 1_000.0 / 3.0,
+                errors: 123_456,
+                errors_per_sec: 1.0 / 3.0,
+                breakers: Vec::new(),
+            })
+            .collect();
+        let actors: Vec<ActorRow> = (0..101)
+            .map(|i| ActorRow {
+                id: 1_000_000 + i as u64,
+                kind: "namespace",
+                namespace: name(i),
+                mailbox_depth: 1_000,
+                handled: 123_456_789_012,
+                handled_per_sec: 10_000.0 / 3.0,
+                p50_seconds: Some(1.0 / 3_000.0),
+                p99_seconds: Some(1.0 / 30.0),
+                restarts: 12,
+            })
+            .collect();
+        let snap = Snapshot {
+            at_ms: 1_800_000_000_000,
+            tick: 1_000_000,
+            top_namespaces: 100,
+            namespaces_ranked: 100_000,
+            namespaces,
+            actors,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&snap).unwrap();
+        assert!(json.len() <= 64 * 1024, "{} bytes", json.len());
+        assert!(
+            json.contains("\"handled_per_sec\":3333.33,"),
+            "rates rounded"
+        );
     }
 }

@@ -6,6 +6,7 @@ mod functions;
 mod kv;
 mod namespaces;
 mod pubsub;
+mod stats;
 mod system;
 
 pub use auth::{KeyCache, TokenCache, authenticate};
@@ -25,6 +26,7 @@ use std::pin::Pin;
 pub fn register(t: &mut RouteTable) {
     system::register(t);
     namespaces::register(t);
+    stats::register(t);
     auth::register(t);
     kv::register(t);
     functions::register(t);

@@ -1,6 +1,6 @@
 // meshgate dashboard: one EventSource, tables sortable by column, a namespace
-// filter, and canvas charts of the history. No libraries, nothing fetched from
-// anywhere but this node.
+// filter, a search for namespaces outside the top N, and canvas charts of the
+// history. No libraries, nothing fetched from anywhere but this node.
 "use strict";
 
 const HISTORY_MAX = 600;
@@ -8,6 +8,7 @@ const state = {
   snap: null,
   history: [], // {at_ms, http_rps, handled_ps, publishes_ps, invocations_ps, ns: {name: [h, p, i]}}
   filter: "",
+  search: "",
   sort: {
     "ns-table": { key: "namespace", dir: 1, type: "str" },
     "actor-table": { key: "id", dir: 1, type: "num" },
@@ -75,6 +76,8 @@ function renderNode(n) {
   $("n-rss").textContent = fmtBytes(n.memory_rss_bytes);
   $("n-actors").textContent = fmtInt(n.actors);
   $("n-ns").textContent = fmtInt(n.namespaces_running);
+  $("n-known").textContent = fmtInt(n.namespaces_known);
+  $("n-handled").textContent = fmtInt(n.messages_handled);
 }
 
 function renderFilter(namespaces) {
@@ -88,10 +91,7 @@ function renderFilter(namespaces) {
   state.filter = sel.value;
 }
 
-function renderNamespaces(rows) {
-  const shown = rows.filter((r) => !state.filter || r.namespace === state.filter);
-  $("ns-count").textContent = `${shown.length} of ${rows.length}`;
-  $("ns-table").tBodies[0].innerHTML = sorted(shown, "ns-table").map((r) => {
+function nsRow(r) {
     const breakers = r.breakers.length
       ? r.breakers.map((b) => `<span class="b-${b.state}" title="${esc(b.member)}">${esc(b.member)}: ${b.state}</span>`).join(" ")
       : '<span class="muted">none</span>';
@@ -108,7 +108,34 @@ function renderNamespaces(rows) {
       <td data-col="errors" class="${r.errors > 0 ? "hot" : ""}">${fmtInt(r.errors)}</td>
       <td data-col="restarts" class="${r.restarts > 0 ? "hot" : ""}">${r.restarts}</td>
       <td data-col="breakers" class="str">${breakers}</td></tr>`;
-  }).join("");
+}
+
+function renderNamespaces(rows, s) {
+  const shown = rows.filter((r) => !state.filter || r.namespace === state.filter);
+  const of = Math.max(s.namespaces_ranked || 0, s.node.namespaces_known || 0, rows.length);
+  $("ns-count").textContent = `${shown.length} shown · top ${s.top_namespaces} of ${fmtInt(of)}`;
+  $("ns-table").tBodies[0].innerHTML = sorted(shown, "ns-table").map(nsRow).join("");
+}
+
+// The search asks the node (the page holds only the top N): debounced, and
+// re-run each tick while a query is typed so its numbers stay live.
+let searchTimer = null;
+let searchSeq = 0;
+async function runSearch() {
+  const q = state.search.trim();
+  const body = $("search-table").tBodies[0];
+  if (!q) { body.innerHTML = ""; $("search-count").textContent = ""; return; }
+  const seq = ++searchSeq;
+  try {
+    const r = await fetch(`/__admin/api/namespaces/search?q=${encodeURIComponent(q)}`, { credentials: "same-origin" });
+    const res = await r.json();
+    if (seq !== searchSeq) return;
+    if (!r.ok) { $("search-count").textContent = res.error ? res.error.message : `error ${r.status}`; body.innerHTML = ""; return; }
+    $("search-count").textContent = `${res.namespaces.length} of ${res.matched} matching`;
+    body.innerHTML = res.namespaces.map(nsRow).join("");
+  } catch (e) {
+    console.warn("search failed", e);
+  }
 }
 
 function renderActors(rows) {
@@ -167,7 +194,7 @@ function render() {
   $("tick").textContent = s.tick;
   renderNode(s.node);
   renderFilter(s.namespaces);
-  renderNamespaces(s.namespaces);
+  renderNamespaces(s.namespaces, s);
   renderActors(s.actors);
   renderCharts();
 }
@@ -200,12 +227,18 @@ function connect() {
     if (!last || last.at_ms < s.at_ms) state.history.push(pointOf(s));
     if (state.history.length > HISTORY_MAX) state.history.splice(0, state.history.length - HISTORY_MAX);
     render();
+    if (state.search.trim()) runSearch();
   });
 }
 
 async function start() {
   setupSorting();
   $("ns-filter").addEventListener("change", (e) => { state.filter = e.target.value; render(); });
+  $("ns-search").addEventListener("input", (e) => {
+    state.search = e.target.value;
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(runSearch, 250);
+  });
   window.addEventListener("resize", renderCharts);
   try {
     const r = await fetch("/__admin/api/history", { credentials: "same-origin" });

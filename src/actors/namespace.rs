@@ -118,6 +118,9 @@ pub struct NamespaceSupervisor {
     pub records: Option<super::Records>,
     /// The node's default quotas (`[quotas]`); the record's overrides win.
     pub quotas: Arc<crate::config::QuotaConfig>,
+    /// The node's cron timer, which a member's invoker keeps current with
+    /// its cron schedules; None off a node supervisor (unit tests).
+    pub cron: Option<Recipient<super::CronSet>>,
 }
 
 impl NamespaceSupervisor {
@@ -138,7 +141,15 @@ impl NamespaceSupervisor {
             member: true,
             records: None,
             quotas: Default::default(),
+            cron: None,
         }
+    }
+
+    /// Keeps the node's cron timer current with this namespace's schedules
+    /// (members only: see `functions_started`).
+    pub fn with_cron(mut self, cron: Recipient<super::CronSet>) -> Self {
+        self.cron = Some(cron);
+        self
     }
 
     /// Publishes the record to the node's directory of records.
@@ -163,7 +174,7 @@ impl NamespaceSupervisor {
     /// Sets the record and publishes it (None: the namespace is gone).
     pub(super) fn set_record(&mut self, record: Option<NamespaceRecord>) {
         if let Some(r) = &self.records {
-            r.publish(&self.name, record.as_ref());
+            r.publish(&self.name, self.stats.id, record.as_ref());
         }
         self.record = record;
         if let Some(inv) = &self.functions {
@@ -239,7 +250,7 @@ impl Actor for NamespaceSupervisor {
         // Readers go back to the store until a supervisor runs again (a
         // restart under `Supervisor` publishes again at once).
         if let Some(r) = &self.records {
-            r.retire(&self.name);
+            r.retire(&self.name, self.stats.id);
         }
     }
 }

@@ -35,9 +35,10 @@ const READ_CAPACITY: usize = 10_000;
 /// How a snapshot is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
-    /// Published by the namespace's running supervisor: current until it
-    /// publishes again or stops.
-    Owner,
+    /// Published by the namespace's running supervisor (its stats id, so a
+    /// supervisor that passivated never takes back its successor's record):
+    /// current until it publishes again or stops.
+    Owner(u64),
     /// Read from the store by a non-owner at this instant.
     Read(Instant),
 }
@@ -94,7 +95,7 @@ impl Records {
         let mut map = self.0.map.write();
         // The owner may have published while we read: its snapshot wins.
         if let Some(e) = map.get(ns)
-            && e.source == Source::Owner
+            && matches!(e.source, Source::Owner(_))
         {
             return Ok(Some(e.record.clone()));
         }
@@ -107,7 +108,7 @@ impl Records {
             let now = self.0.clock.now();
             map.retain(|_, e| fresh(e.source, now));
             if map.len() >= READ_CAPACITY {
-                map.retain(|_, e| e.source == Source::Owner);
+                map.retain(|_, e| matches!(e.source, Source::Owner(_)));
             }
         }
         map.insert(
@@ -125,14 +126,14 @@ impl Records {
         let map = self.0.map.read();
         let e = map.get(ns)?;
         match e.source {
-            Source::Owner => Some(e.record.clone()),
+            Source::Owner(_) => Some(e.record.clone()),
             Source::Read(_) if fresh(e.source, self.0.clock.now()) => Some(e.record.clone()),
             Source::Read(_) => None,
         }
     }
 
-    /// The owner publishes its record (None: the namespace is gone).
-    pub(crate) fn publish(&self, ns: &str, record: Option<&NamespaceRecord>) {
+    /// The owner (its stats id) publishes its record (None: the namespace is gone).
+    pub(crate) fn publish(&self, ns: &str, owner: u64, record: Option<&NamespaceRecord>) {
         let mut map = self.0.map.write();
         match record {
             Some(r) => {
@@ -140,7 +141,7 @@ impl Records {
                     ns.to_string(),
                     Entry {
                         record: Arc::new(r.clone()),
-                        source: Source::Owner,
+                        source: Source::Owner(owner),
                     },
                 );
             }
@@ -151,10 +152,26 @@ impl Records {
     }
 
     /// The owner stopped: readers go back to the store.
-    pub(crate) fn retire(&self, ns: &str) {
+    pub(crate) fn retire(&self, ns: &str, owner: u64) {
         let mut map = self.0.map.write();
-        if map.get(ns).is_some_and(|e| e.source == Source::Owner) {
+        if map
+            .get(ns)
+            .is_some_and(|e| e.source == Source::Owner(owner))
+        {
             map.remove(ns);
+        }
+    }
+
+    /// The owner passivates: its snapshot becomes a read copy, trusted for
+    /// [`RECORD_TTL`] from now like any other (then the store is read again).
+    /// A successor's snapshot (another owner id) is left alone.
+    pub(crate) fn hand_back(&self, ns: &str, owner: u64) {
+        let now = self.0.clock.now();
+        let mut map = self.0.map.write();
+        if let Some(e) = map.get_mut(ns)
+            && e.source == Source::Owner(owner)
+        {
+            e.source = Source::Read(now);
         }
     }
 
@@ -162,7 +179,10 @@ impl Records {
     /// snapshot stays until the owner republishes.
     pub fn forget_read(&self, ns: &str) {
         let mut map = self.0.map.write();
-        if map.get(ns).is_some_and(|e| e.source != Source::Owner) {
+        if map
+            .get(ns)
+            .is_some_and(|e| !matches!(e.source, Source::Owner(_)))
+        {
             map.remove(ns);
         }
     }
@@ -170,7 +190,7 @@ impl Records {
 
 fn fresh(source: Source, now: Instant) -> bool {
     match source {
-        Source::Owner => true,
+        Source::Owner(_) => true,
         Source::Read(at) => now.saturating_duration_since(at) < RECORD_TTL,
     }
 }
@@ -210,7 +230,7 @@ pub fn follow(
                             .0
                             .map
                             .write()
-                            .retain(|_, e| e.source == Source::Owner);
+                            .retain(|_, e| matches!(e.source, Source::Owner(_)));
                         for h in namespaces.handles() {
                             h.addr.do_send(super::namespace::ReloadRecord);
                         }
@@ -330,7 +350,7 @@ mod tests {
             .put_json(&ns_key("a"), &record("a", Some(10)))
             .await
             .unwrap();
-        records.publish("a", Some(&record("a", Some(30))));
+        records.publish("a", 1, Some(&record("a", Some(30))));
         clock.advance(RECORD_TTL * 10);
         assert_eq!(
             records.get("a").await.unwrap().unwrap().rate_per_minute,
@@ -340,7 +360,7 @@ mod tests {
         records.forget_read("a");
         assert_eq!(records.cached("a").unwrap().rate_per_minute, Some(30));
         // Once the owner stops, readers go to the store again.
-        records.retire("a");
+        records.retire("a", 1);
         assert_eq!(
             records.get("a").await.unwrap().unwrap().rate_per_minute,
             Some(10)
@@ -358,9 +378,33 @@ mod tests {
             .unwrap();
         assert!(records.get("b").await.unwrap().is_some());
         // The owner publishing a delete removes the snapshot.
-        records.publish("b", Some(&record("b", None)));
-        records.publish("b", None);
+        records.publish("b", 1, Some(&record("b", None)));
+        records.publish("b", 1, None);
         assert!(records.cached("b").is_none());
+    }
+
+    /// A passivating owner hands its snapshot back as a read copy that ages
+    /// like any other; it never touches a successor's snapshot.
+    #[actix_rt::test]
+    async fn a_handed_back_snapshot_is_a_read_copy() {
+        let (store, _dir) = store();
+        let clock = Arc::new(ManualClock::default());
+        let records = Records::with_clock(store.clone(), clock.clone());
+        store
+            .put_json(&ns_key("a"), &record("a", Some(10)))
+            .await
+            .unwrap();
+        records.publish("a", 1, Some(&record("a", Some(30))));
+        records.hand_back("a", 1);
+        assert_eq!(records.cached("a").unwrap().rate_per_minute, Some(30));
+        clock.advance(RECORD_TTL);
+        assert!(records.cached("a").is_none());
+        // The successor (owner 2) publishes; the old owner's late calls leave it.
+        records.publish("a", 2, Some(&record("a", Some(40))));
+        records.hand_back("a", 1);
+        records.retire("a", 1);
+        clock.advance(RECORD_TTL * 10);
+        assert_eq!(records.cached("a").unwrap().rate_per_minute, Some(40));
     }
 
     #[test]

@@ -939,7 +939,10 @@ mod tests {
             "ns-bank.gateway.test",
             "node-a.internal",
         ] {
-            let e = a.create("mallory", upstream("site", h)).await.unwrap_err();
+            let e = a
+                .create("mallory", upstream("site", h), &limits())
+                .await
+                .unwrap_err();
             assert_eq!(e.code, "HOST_RESERVED", "{h}: {e}");
             assert!(a.store.get(&host_key(h)).await.unwrap().is_none(), "{h}");
         }
@@ -1009,7 +1012,7 @@ mod tests {
         assert!(a.route("node-b.internal", "GET", "/").is_none());
         assert!(a.route("legacy.test", "GET", "/").is_some());
         // Rolling back to a version that claims reserved hosts is refused.
-        a.create("mallory", upstream("old", "new.test"))
+        a.create("mallory", upstream("old", "new.test"), &limits())
             .await
             .unwrap();
         let e = a.rollback("mallory", "old", Some(1)).await.unwrap_err();

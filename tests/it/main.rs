@@ -16,6 +16,7 @@ mod etcd_process;
 mod export;
 mod functions;
 mod node;
+mod passivate;
 mod pubsub;
 mod quotas;
 mod security;

@@ -121,6 +121,10 @@ pub struct NamespaceSupervisor {
     /// The node's cron timer, which a member's invoker keeps current with
     /// its cron schedules; None off a node supervisor (unit tests).
     pub cron: Option<Recipient<super::CronSet>>,
+    /// Set when it stops for good (deleted or passivated): actix's
+    /// `Supervisor` restarts a stopped actor while any address of it is
+    /// alive, and such a restart must stop again at once, not serve.
+    pub ended: bool,
 }
 
 impl NamespaceSupervisor {
@@ -142,7 +146,18 @@ impl NamespaceSupervisor {
             records: None,
             quotas: Default::default(),
             cron: None,
+            ended: false,
         }
+    }
+
+    /// Stops for good (no restart, see `ended`), letting go of the
+    /// addresses of itself that it handed out.
+    pub(super) fn end(&mut self, ctx: &mut Context<Self>) {
+        self.ended = true;
+        if let Some(inv) = &self.functions {
+            inv.detach();
+        }
+        ctx.terminate();
     }
 
     /// Keeps the node's cron timer current with this namespace's schedules
@@ -235,6 +250,11 @@ impl Actor for NamespaceSupervisor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        if self.ended {
+            // Restarted by actix while an address was still held: stop again.
+            ctx.stop();
+            return;
+        }
         // The admission counter in ActorStats is the bound; this is only a backstop.
         ctx.set_mailbox_capacity(self.mailbox_capacity.saturating_mul(2).max(16));
         self.reload(ctx);
@@ -257,6 +277,9 @@ impl Actor for NamespaceSupervisor {
 
 impl Supervised for NamespaceSupervisor {
     fn restarting(&mut self, ctx: &mut Context<Self>) {
+        if self.ended {
+            return;
+        }
         self.stats.restarted();
         tracing::warn!(namespace = %self.name, restarts = self.stats.restarts(), "Namespace supervisor restarted.");
         self.record = None;

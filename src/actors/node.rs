@@ -427,7 +427,12 @@ impl NodeSupervisor {
             // Readers fall back to a read copy (then the store) at once: a
             // successor started from here on publishes under its own id.
             self.records.hand_back(&name, h.stats.id);
-            h.addr.do_send(Passivate);
+            // No address of it may outlive the message for long: while one
+            // does, actix restarts what stops (see `NamespaceSupervisor::ended`).
+            let addr = h.addr.clone();
+            drop(h);
+            addr.do_send(Passivate);
+            drop(addr);
             self.metrics
                 .namespace_lifecycle
                 .with_label_values(&["passivated"])
@@ -519,7 +524,7 @@ impl Handler<Passivate> for NamespaceSupervisor {
         let _t = self.stats.timer();
         // Its record is a read copy already; a late ReloadRecord's publish
         // under this owner is retired when it stops.
-        ctx.terminate();
+        self.end(ctx);
     }
 }
 
@@ -572,8 +577,7 @@ impl Handler<Stop> for NamespaceSupervisor {
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
         // The namespace is gone: its sockets are closed (4004), not left mute.
         self.topics.close_all_sockets();
-        // Supervisor restarts a stopped actor; terminate ends it without restart.
-        ctx.terminate();
+        self.end(ctx);
     }
 }
 
@@ -618,5 +622,90 @@ impl NodeSupervisor {
     /// Its mailbox admission, kept by the node for [`locate`] before the actor starts.
     pub fn stats(&self) -> Arc<ActorStats> {
         self.stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::ManualClock;
+
+    /// A node supervisor on a fresh sled store with namespace `a`, an idle
+    /// time of 10 s and a clock the test moves.
+    async fn setup() -> (
+        Addr<NodeSupervisor>,
+        Arc<ActorStats>,
+        Namespaces,
+        Arc<ManualClock>,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let rec = crate::namespace::NamespaceRecord {
+            name: "a".into(),
+            created_at: 1,
+            members: vec![],
+            rate_per_minute: None,
+            rate_burst: None,
+            claims_provider: None,
+            quotas: Default::default(),
+            wallet_sign_in: None,
+        };
+        store
+            .put_json(&crate::namespace::ns_key("a"), &rec)
+            .await
+            .unwrap();
+        let clock = Arc::new(ManualClock::default());
+        let namespaces = Namespaces::default();
+        let sup = NodeSupervisor::new(
+            store,
+            Metrics::new(),
+            ActorDirectory::default(),
+            namespaces.clone(),
+            1,
+            64,
+        )
+        .with_passivate_after(Duration::from_secs(10))
+        .with_clock(clock.clone());
+        let stats = sup.stats();
+        (sup.start(), stats, namespaces, clock, dir)
+    }
+
+    /// An idle supervisor passivates once its idle time passed on the
+    /// sweep's clock, not before; a held handle (a request, a socket) keeps
+    /// it, and so does a use; the next `locate` starts a new one.
+    #[actix_rt::test]
+    async fn idle_supervisors_passivate_and_held_ones_stay() {
+        let (node, stats, namespaces, clock, _dir) = setup().await;
+        let h = locate(&node, &stats, &namespaces, "a").await.unwrap();
+        let first = h.stats.id;
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        clock.advance(Duration::from_secs(11));
+        // Held: it stays however long it idles.
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        drop(h);
+        // Used (a lookup) since the last sweep: the idle time starts again.
+        assert!(namespaces.get("a").is_some());
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        clock.advance(Duration::from_secs(9));
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(node.send(Sweep).await.unwrap(), 1);
+        assert!(namespaces.get("a").is_none());
+        let h = locate(&node, &stats, &namespaces, "a").await.unwrap();
+        assert_ne!(h.stats.id, first, "a new supervisor");
+    }
+
+    /// Two `Locate`s sent at once for a sleeping namespace get one supervisor.
+    #[actix_rt::test]
+    async fn concurrent_locates_start_one_supervisor() {
+        let (node, stats, namespaces, _clock, _dir) = setup().await;
+        let (x, y) = futures_util::join!(
+            locate(&node, &stats, &namespaces, "a"),
+            locate(&node, &stats, &namespaces, "a")
+        );
+        assert_eq!(x.unwrap().stats.id, y.unwrap().stats.id);
+        assert_eq!(namespaces.len(), 1);
     }
 }

@@ -406,6 +406,14 @@ impl Invoker {
         self.send_crons();
     }
 
+    /// Lets go of the supervisor's address and the cron timer (the
+    /// supervisor stops for good): an address held here would keep its
+    /// mailbox connected, and actix's `Supervisor` would restart it.
+    pub fn detach(&self) {
+        *self.st.publisher.lock() = None;
+        *self.st.cron_sink.lock() = None;
+    }
+
     /// Gives the invoker its supervisor, the one way its guests publish.
     pub fn attach(&self, addr: Addr<NamespaceSupervisor>, stats: Arc<ActorStats>) {
         *self.st.publisher.lock() = Some((addr, stats));

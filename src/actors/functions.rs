@@ -65,8 +65,16 @@ impl Handler<super::CronDue> for NamespaceSupervisor {
     fn handle(&mut self, msg: super::CronDue, _: &mut Context<Self>) {
         // Sent past admission but counted (`admit_always`) by the node's timer.
         let _t = self.stats.begin();
-        // Cron runs on members only; a non-member's supervisor has no triggers.
+        // Cron runs on members only; a non-member's supervisor has no
+        // triggers, and the node's timer forgets the namespace (it was a
+        // member when the schedules were read).
         if !self.member {
+            if let Some(cron) = &self.cron {
+                cron.do_send(super::CronSet {
+                    namespace: self.name.clone(),
+                    entries: Vec::new(),
+                });
+            }
             return;
         }
         if let Some(inv) = &self.functions {

@@ -48,15 +48,32 @@ def cpu_ticks(pid):
     return int(f[11]) + int(f[12])
 
 
+class Conn:
+    """A keep-alive client that reconnects once when the node closed an idle connection."""
+
+    def __init__(self):
+        self.c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+
+    def call(self, method, path, body, headers):
+        for attempt in (0, 1):
+            try:
+                self.c.request(method, path, body=body, headers=headers)
+                r = self.c.getresponse()
+                return r.status, r.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.c.close()
+                self.c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+                if attempt:
+                    raise
+
+
 def conn():
-    return http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    return Conn()
 
 
 def call(c, method, path, body=None, key=OP):
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-    c.request(method, path, body=body, headers=headers)
-    r = c.getresponse()
-    return r.status, r.read()
+    return c.call(method, path, body, headers)
 
 
 def status(c):

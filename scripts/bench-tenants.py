@@ -13,7 +13,8 @@ BENCHMARKS.md) on 127.0.0.1 with a fresh data folder and a short
 - first-request latency of a sleeping namespace (GET /v1/kv/k, p50 / p99,
   SAMPLE namespaces, one request each).
 
-Usage: scripts/bench-tenants.py target/release/meshgate [N] [THREADS]
+Usage: scripts/bench-tenants.py target/release/meshgate [N] [THREADS] [PASSIVATE_SECONDS]
+(PASSIVATE_SECONDS, default 60, must outlast the creation so every supervisor is live when the first RSS is read.)
 """
 
 import http.client
@@ -29,7 +30,7 @@ import time
 BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/meshgate"
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
 THREADS = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-PASSIVATE = 5
+PASSIVATE = int(sys.argv[4]) if len(sys.argv) > 4 else 60
 IDLE_SECONDS = 10
 SAMPLE = 1000
 PORT = 18_900 + os.getpid() % 500

@@ -394,6 +394,10 @@ pub struct ServerConfig {
     pub log_format: String,
     /// JWT issuer and audience.
     pub public_url: String,
+    /// Seconds a namespace supervisor may sit idle (no message, no socket,
+    /// no running or queued invocation) before it passivates: it stops and
+    /// starts again on the next message for its namespace. Must be > 0.
+    pub passivate_after_seconds: i64,
 }
 
 impl Default for ServerConfig {
@@ -409,6 +413,7 @@ impl Default for ServerConfig {
             base_domain: "localhost".into(),
             log_format: "pretty".into(),
             public_url: "meshgate".into(),
+            passivate_after_seconds: 300,
         }
     }
 }
@@ -712,6 +717,12 @@ impl Config {
         }
         if self.server.mailbox_capacity == 0 {
             errors.push("server.mailbox_capacity: must be > 0".into());
+        }
+        if self.server.passivate_after_seconds <= 0 {
+            errors.push(format!(
+                "server.passivate_after_seconds: {} must be > 0 (seconds an idle namespace supervisor runs before it stops)",
+                self.server.passivate_after_seconds
+            ));
         }
         let rl = &self.rate_limit;
         for (name, v) in [
@@ -1026,6 +1037,30 @@ mod tests {
         assert_eq!(c.server.listen, "127.0.0.1:8080");
         assert_eq!(c.server.data_dir, PathBuf::from("./data"));
         assert_eq!(c.rate_limit.general_per_minute, 10_000);
+    }
+
+    /// A zero or negative `passivate_after_seconds` is refused, alongside
+    /// the other problems; the default is 300.
+    #[test]
+    fn passivate_after_must_be_positive() {
+        assert_eq!(
+            Config::load(None, &[], &Overrides::default())
+                .unwrap()
+                .server
+                .passivate_after_seconds,
+            300
+        );
+        for bad in ["0", "-5"] {
+            let err = load_str(
+                &format!("[server]\npassivate_after_seconds = {bad}\nmailbox_capacity = 0\n"),
+                &[],
+            )
+            .unwrap_err();
+            let all = err.0.join("\n");
+            assert!(all.contains("server.passivate_after_seconds"), "{all}");
+            assert!(all.contains("server.mailbox_capacity"), "{all}");
+        }
+        assert!(load_str("[server]\npassivate_after_seconds = 1\n", &[]).is_ok());
     }
 
     /// Unknown keys and bad values are all reported in one error.

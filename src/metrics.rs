@@ -113,6 +113,9 @@ pub struct Inner {
     /// Cron slots this node tried to claim: claimed, lost (another node had
     /// it) or error.
     pub cron_slots: IntCounterVec,
+    /// Namespace supervisors started or passivated (stopped idle), by
+    /// `event` (`activated`, `passivated`); their difference is the live count.
+    pub namespace_lifecycle: IntCounterVec,
     // Cluster mesh (pub/sub between nodes).
     /// Registered mesh peers this node is connected to.
     pub mesh_peers: IntGauge,
@@ -374,6 +377,16 @@ impl Metrics {
                         "Cron slots this node tried to claim, by outcome"
                     ),
                     &["outcome"]
+                )
+                .unwrap()
+            ),
+            namespace_lifecycle: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_namespace_supervisors_total",
+                        "Namespace supervisors activated or passivated, by event"
+                    ),
+                    &["event"]
                 )
                 .unwrap()
             ),

@@ -179,6 +179,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     .with_quotas(config.quotas.clone())
     .with_pubsub(pubsub.clone())
     .with_functions(functions.clone())
+    .with_passivate_after(Duration::from_secs(
+        config.server.passivate_after_seconds.max(1) as u64,
+    ))
     .with_node_id(crate::placement::node_id(&config.cluster));
     let supervisor_stats = sup.stats();
     let supervisor = sup.start();
@@ -262,7 +265,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     actix_web::rt::spawn(async move {
         crate::http::dashboard::end_sessions_of_other_keys(&sweeping).await;
     });
-    wake_namespaces_with_functions(&node);
+    schedule_stored_crons(&node);
     // The node's own addresses, which no deployment upstream may reach.
     note_node_addresses(&node, addr).await;
     #[cfg(feature = "cluster")]
@@ -808,30 +811,23 @@ async fn refresh_cluster_addresses(
     deployments.own_names.set_members(names);
 }
 
-/// Starts, after a restart, the supervisor of every namespace that has
-/// functions, so their cron triggers tick without waiting for a request. In
-/// a cluster only the namespaces this node is a member of: cron and triggers
-/// run on members only (each cron slot still fires once in the cluster: the
-/// member that claims it runs it).
-fn wake_namespaces_with_functions(node: &Node) {
+/// Hands the node's cron timer (in the node supervisor) the stored cron
+/// schedules of every namespace, at start: no supervisor is started for
+/// them; the timer wakes each when a slot is due. In a cluster only the
+/// namespaces this node is a member of: cron and triggers run on members
+/// only (each cron slot still fires once in the cluster: the member that
+/// claims it runs it).
+fn schedule_stored_crons(node: &Node) {
     let node = node.clone();
     actix_web::rt::spawn(async move {
-        let rows = match node.store.scan_all(b"fn/").await {
-            Ok(r) => r,
+        let all = match crate::actors::stored_crons(&node.store).await {
+            Ok(all) => all,
             Err(e) => {
-                tracing::warn!(error = %e, "Functions could not be listed at start.");
+                tracing::warn!(error = %e, "Cron schedules could not be read at start.");
                 return;
             }
         };
-        let mut names: Vec<String> = rows
-            .iter()
-            .filter_map(|(k, _)| {
-                let k = std::str::from_utf8(k).ok()?;
-                Some(k.strip_prefix("fn/")?.split('/').next()?.to_string())
-            })
-            .collect();
-        names.dedup();
-        for ns in names {
+        for (ns, entries) in all {
             if let Some(c) = node.cluster.get() {
                 match node.records.get(&ns).await {
                     Ok(Some(r)) if crate::placement::is_member(&r.members, &c.node_id) => {}
@@ -842,7 +838,10 @@ fn wake_namespaces_with_functions(node: &Node) {
                     }
                 }
             }
-            let _ = node.locate(&ns).await;
+            node.supervisor.do_send(crate::actors::CronSet {
+                namespace: ns,
+                entries,
+            });
         }
     });
 }

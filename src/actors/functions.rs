@@ -5,7 +5,6 @@
 //! (they run on the engine's worker pool).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::invoker::{CallerInfo, DeployRequest, Deployed, Invoker, Trigger};
 use super::namespace::NamespaceSupervisor;
@@ -13,9 +12,6 @@ use crate::functions::{FnError, FnResult, FunctionRecord, InvocationRecord, Vers
 use crate::wasm::CompiledModule;
 use actix::prelude::*;
 use bytes::Bytes;
-
-/// How often the supervisor checks its functions' cron schedules.
-pub const CRON_TICK: Duration = Duration::from_secs(1);
 
 impl NamespaceSupervisor {
     /// The invoker, if the namespace exists and the node runs functions.
@@ -29,26 +25,27 @@ impl NamespaceSupervisor {
     }
 
     /// Called from `started`: attaches the invoker to this actor (its guests
-    /// publish through it), loads the triggers and starts the cron tick.
+    /// publish through it) and loads the triggers before any message is
+    /// handled (a publish or a cron slot that woke the supervisor finds
+    /// them); from then on the invoker keeps the node's cron timer current.
     pub(super) fn functions_started(&mut self, ctx: &mut Context<Self>) {
         let Some(inv) = self.functions.clone() else {
             return;
         };
         inv.attach(ctx.address(), self.stats.clone());
         let name = self.name.clone();
-        ctx.spawn(
+        let cron = self.cron.clone();
+        ctx.wait(
             async move {
                 if let Err(e) = inv.load_triggers().await {
                     tracing::warn!(namespace = %name, error = %e, "Function triggers could not be loaded.");
                 }
+                if let Some(sink) = cron {
+                    inv.schedule_crons_with(sink);
+                }
             }
             .into_actor(self),
         );
-        ctx.run_interval(CRON_TICK, |act, _| {
-            if let Some(inv) = &act.functions {
-                inv.cron_tick();
-            }
-        });
     }
 
     /// The pub/sub trigger path, called once for every accepted client
@@ -59,6 +56,31 @@ impl NamespaceSupervisor {
     pub(super) fn fire_pubsub_triggers(&self, topic: &str, data: &Bytes, depth: u8) {
         if let Some(inv) = &self.functions {
             inv.on_published(topic, data, depth);
+        }
+    }
+}
+
+impl Handler<super::CronDue> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: super::CronDue, _: &mut Context<Self>) {
+        // Sent past admission but counted (`admit_always`) by the node's timer.
+        let _t = self.stats.begin();
+        // Cron runs on members only; a non-member's supervisor has no
+        // triggers, and the node's timer forgets the namespace (it was a
+        // member when the schedules were read).
+        if !self.member {
+            if let Some(cron) = &self.cron {
+                cron.do_send(super::CronSet {
+                    namespace: self.name.clone(),
+                    entries: Vec::new(),
+                });
+            }
+            return;
+        }
+        if let Some(inv) = &self.functions {
+            for f in msg.fires {
+                inv.fire_cron(&f.function, &f.expr, f.slot);
+            }
         }
     }
 }

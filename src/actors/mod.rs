@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cron;
 mod functions;
 mod invoker;
 mod namespace;
@@ -11,9 +12,10 @@ mod records;
 mod stats;
 mod topics;
 
+pub use cron::{CronDue, CronEntry, CronFire, CronSet, CronTable, stored_crons};
 pub use functions::{
-    CRON_TICK, DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions,
-    ListFunctions, ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
+    DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
+    ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
 };
 pub use invoker::{
     CallerInfo, DeployRequest, Deployed, FunctionsService, Invoker, MAX_LOGS, MAX_TRIGGER_DEPTH,
@@ -27,7 +29,7 @@ pub use namespace::{
 };
 pub use node::{
     ASK_TIMEOUT, CreateNamespace, DeleteNamespace, Forget, Locate, LocateError, Namespaces,
-    NodeSupervisor, NsHandle, locate, namespace_prefixes,
+    NodeSupervisor, NsHandle, Passivate, Sweep, locate, namespace_prefixes,
 };
 pub use records::{RECORD_TTL, Records, follow as follow_records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};

@@ -131,6 +131,13 @@ pub struct NamespaceSupervisor {
     /// to the socket; live publications wait here until it says
     /// [`Release`](super::Release) (`actors/topics.rs`).
     pub held: Vec<super::topics::Held>,
+    /// The node's cron timer, which a member's invoker keeps current with
+    /// its cron schedules; None off a node supervisor (unit tests).
+    pub cron: Option<Recipient<super::CronSet>>,
+    /// Set when it stops for good (deleted or passivated): actix's
+    /// `Supervisor` restarts a stopped actor while any address of it is
+    /// alive, and such a restart must stop again at once, not serve.
+    pub ended: bool,
 }
 
 impl NamespaceSupervisor {
@@ -155,7 +162,26 @@ impl NamespaceSupervisor {
             history_writing: false,
             history_waiters: Vec::new(),
             held: Vec::new(),
+            cron: None,
+            ended: false,
         }
+    }
+
+    /// Stops for good (no restart, see `ended`), letting go of the
+    /// addresses of itself that it handed out.
+    pub(super) fn end(&mut self, ctx: &mut Context<Self>) {
+        self.ended = true;
+        if let Some(inv) = &self.functions {
+            inv.detach();
+        }
+        ctx.terminate();
+    }
+
+    /// Keeps the node's cron timer current with this namespace's schedules
+    /// (members only: see `functions_started`).
+    pub fn with_cron(mut self, cron: Recipient<super::CronSet>) -> Self {
+        self.cron = Some(cron);
+        self
     }
 
     /// Publishes the record to the node's directory of records.
@@ -180,7 +206,7 @@ impl NamespaceSupervisor {
     /// Sets the record and publishes it (None: the namespace is gone).
     pub(super) fn set_record(&mut self, record: Option<NamespaceRecord>) {
         if let Some(r) = &self.records {
-            r.publish(&self.name, record.as_ref());
+            r.publish(&self.name, self.stats.id, record.as_ref());
         }
         self.record = record;
         if let Some(inv) = &self.functions {
@@ -242,6 +268,11 @@ impl Actor for NamespaceSupervisor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        if self.ended {
+            // Restarted by actix while an address was still held: stop again.
+            ctx.stop();
+            return;
+        }
         // The admission counter in ActorStats is the bound; this is only a backstop.
         ctx.set_mailbox_capacity(self.mailbox_capacity.saturating_mul(2).max(16));
         self.reload(ctx);
@@ -257,13 +288,16 @@ impl Actor for NamespaceSupervisor {
         // Readers go back to the store until a supervisor runs again (a
         // restart under `Supervisor` publishes again at once).
         if let Some(r) = &self.records {
-            r.retire(&self.name);
+            r.retire(&self.name, self.stats.id);
         }
     }
 }
 
 impl Supervised for NamespaceSupervisor {
     fn restarting(&mut self, ctx: &mut Context<Self>) {
+        if self.ended {
+            return;
+        }
         self.stats.restarted();
         tracing::warn!(namespace = %self.name, restarts = self.stats.restarts(), "Namespace supervisor restarted.");
         self.record = None;

@@ -3,6 +3,24 @@
 //! Handlers find a running supervisor in the shared [`Namespaces`] directory
 //! without a hop; only a first use goes through this actor.
 //!
+//! **Passivation.** A namespace supervisor that sat idle for
+//! `[server] passivate_after_seconds` is stopped by this actor's one
+//! node-wide sweep (no timer per namespace): idle means no use of its handle
+//! (every lookup, message and call marks its [`ActorStats`]), no handle held
+//! outside the directory (a request in flight, a socket: each holds one, see
+//! [`NsHandle`]'s lease), nothing in its mailbox and no invocation prepared,
+//! queued or running. The check and the removal from [`Namespaces`] happen
+//! under the directory's write lock, and handles are only ever cloned out
+//! of it under its read lock, so no one can get hold of a supervisor that is
+//! going away; the next use starts a new one through `Locate`, which is
+//! single-flight (this actor checks the directory again after reading the
+//! store, on its own thread). The published record goes back to a read copy
+//! ([`super::Records`]).
+//!
+//! **Cron.** The cron schedules of every namespace that has one live in this
+//! actor's one timer ([`super::CronTable`]), which wakes each namespace's
+//! supervisor when a slot is due (starting it if it sleeps).
+//!
 //! In a cluster, a namespace's full supervisor (triggers loaded, cron
 //! ticking) starts only on its members. On a non-member a supervisor starts
 //! only for what cannot be forwarded (sockets, operator views, a token's
@@ -18,10 +36,18 @@ use actix::prelude::*;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a handler waits for a namespace supervisor's answer.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The idle sweep runs this many times per `passivate_after` (so a
+/// supervisor stops at most an eighth late), within [`SWEEP_MIN`, `SWEEP_MAX`].
+const SWEEPS_PER_IDLE_TIME: u32 = 8;
+/// Shortest time between two idle sweeps.
+const SWEEP_MIN: Duration = Duration::from_millis(100);
+/// Longest time between two idle sweeps.
+const SWEEP_MAX: Duration = Duration::from_secs(15);
 
 /// A running namespace supervisor: its address and its stats.
 #[derive(Clone)]
@@ -41,9 +67,22 @@ pub struct NsHandle {
     /// through it on the caller's thread, as KV reads go to the store: no
     /// mailbox round trip per call. None when functions are off.
     pub invoker: Option<crate::actors::Invoker>,
+    /// Counts the handle's clones: the directory holds one, each request
+    /// or socket that uses the supervisor another. A supervisor whose
+    /// handle is held anywhere else is in use and does not passivate.
+    lease: Arc<()>,
 }
 
 impl NsHandle {
+    /// Whether the supervisor may passivate now: its handle is held by the
+    /// directory alone, its mailbox is empty and no invocation is
+    /// prepared, queued or running. Checked under the directory's write lock.
+    fn idle(&self) -> bool {
+        Arc::strong_count(&self.lease) == 1
+            && self.stats.depth() == 0
+            && self.invoker.as_ref().is_none_or(|i| i.busy() == 0)
+    }
+
     /// Sends a message through the bounded mailbox and awaits the reply.
     pub async fn ask<M>(&self, msg: M) -> Result<M::Result, AskError>
     where
@@ -118,8 +157,12 @@ pub struct Namespaces(Arc<RwLock<HashMap<String, NsHandle>>>);
 
 impl Namespaces {
     /// The running supervisor of `name`, if any (no store read, no start).
+    /// A use: it keeps the supervisor from passivating.
     pub fn get(&self, name: &str) -> Option<NsHandle> {
-        self.0.read().get(name).cloned()
+        let map = self.0.read();
+        let h = map.get(name)?;
+        h.stats.touch();
+        Some(h.clone())
     }
     /// Every running namespace's handle.
     pub fn handles(&self) -> Vec<NsHandle> {
@@ -168,6 +211,16 @@ pub struct NodeSupervisor {
     records: super::Records,
     /// The node's default quotas, handed to every namespace supervisor.
     quotas: Arc<crate::config::QuotaConfig>,
+    /// How long a namespace supervisor may sit idle before it passivates.
+    passivate_after: Duration,
+    /// Ages the idle stamps; a `ManualClock` in unit tests.
+    clock: Arc<dyn crate::util::Clock>,
+    /// When the sweep last saw each running supervisor used.
+    idle_since: std::collections::HashMap<String, Instant>,
+    /// Every cron schedule of the namespaces that have one: the node's one timer.
+    cron: super::CronTable,
+    /// The timer armed for the table's next slot: (unix second, handle).
+    cron_timer: Option<(i64, SpawnHandle)>,
 }
 
 impl NodeSupervisor {
@@ -198,7 +251,25 @@ impl NodeSupervisor {
             pubsub: Default::default(),
             functions: None,
             node_id: None,
+            passivate_after: Duration::from_secs(300),
+            clock: Arc::new(crate::util::SystemClock),
+            idle_since: Default::default(),
+            cron: Default::default(),
+            cron_timer: None,
         }
+    }
+
+    /// Sets how long an idle namespace supervisor runs before it passivates
+    /// (`[server] passivate_after_seconds`).
+    pub fn with_passivate_after(mut self, after: Duration) -> Self {
+        self.passivate_after = after;
+        self
+    }
+
+    /// Sets the clock the idle sweep reads (tests move a `ManualClock`).
+    pub fn with_clock(mut self, clock: Arc<dyn crate::util::Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Sets this node's cluster id, so only the namespaces it is a member of
@@ -241,7 +312,7 @@ impl NodeSupervisor {
     }
 
     /// Starts a namespace's supervisor and lists it in [`Namespaces`].
-    fn start_namespace(&mut self, name: &str, member: bool) -> NsHandle {
+    fn start_namespace(&mut self, name: &str, member: bool, me: Addr<Self>) -> NsHandle {
         let stats =
             self.directory
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
@@ -263,6 +334,7 @@ impl NodeSupervisor {
                 .with_pubsub(pubsub)
                 .with_functions(functions)
                 .with_member(member)
+                .with_cron(me.recipient())
         });
         let handle = NsHandle {
             name: name.into(),
@@ -270,7 +342,13 @@ impl NodeSupervisor {
             stats,
             member,
             invoker,
+            lease: Arc::new(()),
         };
+        self.idle_since.insert(name.to_string(), self.clock.now());
+        self.metrics
+            .namespace_lifecycle
+            .with_label_values(&["activated"])
+            .inc();
         self.namespaces
             .0
             .write()
@@ -282,6 +360,179 @@ impl NodeSupervisor {
 
 impl Actor for NodeSupervisor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let every = (self.passivate_after / SWEEPS_PER_IDLE_TIME).clamp(SWEEP_MIN, SWEEP_MAX);
+        ctx.run_interval(every, |act, _| {
+            act.sweep();
+        });
+    }
+}
+
+impl NodeSupervisor {
+    /// The running supervisor of `name`, or one started now if the
+    /// namespace exists (NotFound otherwise). Single-flight: the directory is
+    /// checked again on this actor's thread once the store answered.
+    fn activate(&mut self, name: String) -> ResponseActFuture<Self, Result<NsHandle, NsError>> {
+        if let Some(h) = self.namespaces.get(&name) {
+            return Box::pin(actix::fut::ready(Ok(h)));
+        }
+        // Whether to start a supervisor is decided on the store itself, not
+        // on a read copy in `Records`: a copy taken while the namespace was
+        // being deleted could otherwise start one for a namespace that is gone.
+        // A name read missing a moment ago is answered without a read
+        // (`Records::load`, `MISSING_TTL`).
+        let records = self.records.clone();
+        let load = name.clone();
+        Box::pin(
+            async move { records.load(&load).await }
+                .into_actor(self)
+                .map(move |res, act, ctx| match res? {
+                    None => Err(NsError::NotFound),
+                    // Another Locate may have started it while we read the store.
+                    Some(rec) => Ok(act.namespaces.get(&name).unwrap_or_else(|| {
+                        let member = act
+                            .node_id
+                            .as_deref()
+                            .is_none_or(|id| crate::placement::is_member(&rec.members, id));
+                        act.start_namespace(&name, member, ctx.address())
+                    })),
+                }),
+        )
+    }
+
+    /// One idle sweep: stops every namespace supervisor idle for
+    /// `passivate_after` (see the module doc); returns how many stopped.
+    fn sweep(&mut self) -> usize {
+        let now = self.clock.now();
+        let mut candidates = Vec::new();
+        for (name, h) in self.namespaces.0.read().iter() {
+            if h.stats.take_active() {
+                self.idle_since.insert(name.clone(), now);
+                continue;
+            }
+            let since = *self.idle_since.entry(name.clone()).or_insert(now);
+            if now.saturating_duration_since(since) >= self.passivate_after {
+                candidates.push(name.clone());
+            }
+        }
+        let mut stopped = 0;
+        for name in candidates {
+            let handle = {
+                let mut map = self.namespaces.0.write();
+                match map.get(&name) {
+                    Some(h) if h.stats.take_active() => {
+                        self.idle_since.insert(name.clone(), now);
+                        None
+                    }
+                    Some(h) if h.idle() => map.remove(&name),
+                    _ => None,
+                }
+            };
+            let Some(h) = handle else { continue };
+            self.idle_since.remove(&name);
+            // Readers fall back to a read copy (then the store) at once: a
+            // successor started from here on publishes under its own id.
+            self.records.hand_back(&name, h.stats.id);
+            // No address of it may outlive the message for long: while one
+            // does, actix restarts what stops (see `NamespaceSupervisor::ended`).
+            let addr = h.addr.clone();
+            drop(h);
+            addr.do_send(Passivate);
+            drop(addr);
+            self.metrics
+                .namespace_lifecycle
+                .with_label_values(&["passivated"])
+                .inc();
+            tracing::debug!(namespace = %name, "Namespace supervisor passivated.");
+            stopped += 1;
+        }
+        stopped
+    }
+
+    /// Arms the cron timer for the table's next slot (if it is not armed
+    /// for that one already).
+    fn arm_cron(&mut self, ctx: &mut Context<Self>) {
+        let next = self.cron.next_due();
+        if self.cron_timer.as_ref().map(|(t, _)| *t) == next {
+            return;
+        }
+        if let Some((_, h)) = self.cron_timer.take() {
+            ctx.cancel_future(h);
+        }
+        let Some(next) = next else { return };
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let wait = Duration::from_millis((next.saturating_mul(1000) - now_ms).max(0) as u64);
+        let h = ctx.run_later(wait, |act, ctx| {
+            act.cron_timer = None;
+            act.cron_wake(ctx);
+        });
+        self.cron_timer = Some((next, h));
+    }
+
+    /// The cron timer fired: wakes each namespace with a due slot.
+    fn cron_wake(&mut self, ctx: &mut Context<Self>) {
+        for (ns, fires) in self.cron.pop_due(chrono::Utc::now()) {
+            let deliver = |h: &NsHandle, fires| {
+                h.stats.admit_always();
+                h.addr.do_send(super::CronDue { fires });
+            };
+            if let Some(h) = self.namespaces.get(&ns) {
+                deliver(&h, fires);
+                continue;
+            }
+            let wake = self.activate(ns.clone()).map(move |res, _, _| match res {
+                Ok(h) => deliver(&h, fires),
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, error = %e, "A due cron slot could not wake its namespace.")
+                }
+            });
+            ctx.spawn(wake);
+        }
+        self.arm_cron(ctx);
+    }
+}
+
+impl Handler<super::CronSet> for NodeSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: super::CronSet, ctx: &mut Context<Self>) {
+        // Sent with `do_send` by invokers and at start, past admission.
+        let _t = self.stats.timer();
+        self.cron
+            .set(&msg.namespace, msg.entries, chrono::Utc::now());
+        self.arm_cron(ctx);
+    }
+}
+
+/// Sent by tests (and free to send anywhere): runs the idle sweep now;
+/// replies with how many namespace supervisors it passivated.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Sweep;
+
+impl Handler<Sweep> for NodeSupervisor {
+    type Result = usize;
+    fn handle(&mut self, _: Sweep, _: &mut Context<Self>) -> usize {
+        let _t = self.stats.timer();
+        self.sweep()
+    }
+}
+
+/// Sent by the node supervisor's idle sweep to a namespace supervisor it
+/// took out of the directory (nobody else holds its handle): it stops for
+/// good, without a restart. No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Passivate;
+
+impl Handler<Passivate> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, _: Passivate, ctx: &mut Context<Self>) {
+        let _t = self.stats.timer();
+        // Its record is a read copy already; a late ReloadRecord's publish
+        // under this owner is retired when it stops.
+        self.end(ctx);
+    }
 }
 
 /// Sent by handlers the first time they need a namespace on this node; replies
@@ -297,31 +548,7 @@ impl Handler<Locate> for NodeSupervisor {
     type Result = ResponseActFuture<Self, Result<NsHandle, NsError>>;
     fn handle(&mut self, msg: Locate, _: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
-        if let Some(h) = self.namespaces.get(&msg.name) {
-            return Box::pin(actix::fut::ready(Ok(h)));
-        }
-        // Whether to start a supervisor is decided on the store itself, not
-        // on a read copy in `Records`: a copy taken while the namespace was
-        // being deleted could otherwise start one for a namespace that is gone.
-        // A name read missing a moment ago is answered without a read
-        // (`Records::load`, `MISSING_TTL`).
-        let records = self.records.clone();
-        let name = msg.name.clone();
-        Box::pin(
-            async move { records.load(&name).await }
-                .into_actor(self)
-                .map(move |res, act, _| match res? {
-                    None => Err(NsError::NotFound),
-                    // Another Locate may have started it while we read the store.
-                    Some(rec) => Ok(act.namespaces.get(&msg.name).unwrap_or_else(|| {
-                        let member = act
-                            .node_id
-                            .as_deref()
-                            .is_none_or(|id| crate::placement::is_member(&rec.members, id));
-                        act.start_namespace(&msg.name, member)
-                    })),
-                }),
-        )
+        self.activate(msg.name)
     }
 }
 
@@ -339,6 +566,8 @@ impl Handler<Forget> for NodeSupervisor {
     fn handle(&mut self, msg: Forget, _: &mut Context<Self>) {
         // Sent with `do_send`, past admission: it holds no slot to give back.
         let _t = self.stats.timer();
+        self.idle_since.remove(&msg.name);
+        self.cron.remove(&msg.name);
         if let Some(h) = self.namespaces.0.write().remove(&msg.name) {
             h.addr.do_send(Stop);
         }
@@ -453,8 +682,7 @@ impl Handler<Stop> for NamespaceSupervisor {
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
         // The namespace is gone: its sockets are closed (4004), not left mute.
         self.topics.close_all_sockets();
-        // Supervisor restarts a stopped actor; terminate ends it without restart.
-        ctx.terminate();
+        self.end(ctx);
     }
 }
 
@@ -499,5 +727,91 @@ impl NodeSupervisor {
     /// Its mailbox admission, kept by the node for [`locate`] before the actor starts.
     pub fn stats(&self) -> Arc<ActorStats> {
         self.stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::ManualClock;
+
+    /// A node supervisor on a fresh sled store with namespace `a`, an idle
+    /// time of 10 s and a clock the test moves.
+    async fn setup() -> (
+        Addr<NodeSupervisor>,
+        Arc<ActorStats>,
+        Namespaces,
+        Arc<ManualClock>,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let rec = crate::namespace::NamespaceRecord {
+            name: "a".into(),
+            created_at: 1,
+            members: vec![],
+            rate_per_minute: None,
+            rate_burst: None,
+            claims_provider: None,
+            quotas: Default::default(),
+            wallet_sign_in: None,
+            history: Default::default(),
+        };
+        store
+            .put_json(&crate::namespace::ns_key("a"), &rec)
+            .await
+            .unwrap();
+        let clock = Arc::new(ManualClock::default());
+        let namespaces = Namespaces::default();
+        let sup = NodeSupervisor::new(
+            store,
+            Metrics::new(),
+            ActorDirectory::default(),
+            namespaces.clone(),
+            1,
+            64,
+        )
+        .with_passivate_after(Duration::from_secs(10))
+        .with_clock(clock.clone());
+        let stats = sup.stats();
+        (sup.start(), stats, namespaces, clock, dir)
+    }
+
+    /// An idle supervisor passivates once its idle time passed on the
+    /// sweep's clock, not before; a held handle (a request, a socket) keeps
+    /// it, and so does a use; the next `locate` starts a new one.
+    #[actix_rt::test]
+    async fn idle_supervisors_passivate_and_held_ones_stay() {
+        let (node, stats, namespaces, clock, _dir) = setup().await;
+        let h = locate(&node, &stats, &namespaces, "a").await.unwrap();
+        let first = h.stats.id;
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        clock.advance(Duration::from_secs(11));
+        // Held: it stays however long it idles.
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        drop(h);
+        // Used (a lookup) since the last sweep: the idle time starts again.
+        assert!(namespaces.get("a").is_some());
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        clock.advance(Duration::from_secs(9));
+        assert_eq!(node.send(Sweep).await.unwrap(), 0);
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(node.send(Sweep).await.unwrap(), 1);
+        assert!(namespaces.get("a").is_none());
+        let h = locate(&node, &stats, &namespaces, "a").await.unwrap();
+        assert_ne!(h.stats.id, first, "a new supervisor");
+    }
+
+    /// Two `Locate`s sent at once for a sleeping namespace get one supervisor.
+    #[actix_rt::test]
+    async fn concurrent_locates_start_one_supervisor() {
+        let (node, stats, namespaces, _clock, _dir) = setup().await;
+        let (x, y) = futures_util::join!(
+            locate(&node, &stats, &namespaces, "a"),
+            locate(&node, &stats, &namespaces, "a")
+        );
+        assert_eq!(x.unwrap().stats.id, y.unwrap().stats.id);
+        assert_eq!(namespaces.len(), 1);
     }
 }

@@ -52,9 +52,10 @@ pub const MISSING_CAPACITY: usize = 10_000;
 /// How a snapshot is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
-    /// Published by the namespace's running supervisor: current until it
-    /// publishes again or stops.
-    Owner,
+    /// Published by the namespace's running supervisor (its stats id, so a
+    /// supervisor that passivated never takes back its successor's record):
+    /// current until it publishes again or stops.
+    Owner(u64),
     /// Read from the store by a non-owner at this instant.
     Read(Instant),
 }
@@ -179,7 +180,7 @@ impl Records {
         let mut map = self.0.map.write();
         // The owner may have published while we read: its snapshot wins.
         if let Some(e) = map.get(ns)
-            && e.source == Source::Owner
+            && matches!(e.source, Source::Owner(_))
         {
             return Ok(Some(e.record.clone()));
         }
@@ -192,7 +193,7 @@ impl Records {
             let now = self.0.clock.now();
             map.retain(|_, e| fresh(e.source, now));
             if map.len() >= READ_CAPACITY {
-                map.retain(|_, e| e.source == Source::Owner);
+                map.retain(|_, e| matches!(e.source, Source::Owner(_)));
             }
         }
         map.insert(
@@ -210,14 +211,14 @@ impl Records {
         let map = self.0.map.read();
         let e = map.get(ns)?;
         match e.source {
-            Source::Owner => Some(e.record.clone()),
+            Source::Owner(_) => Some(e.record.clone()),
             Source::Read(_) if fresh(e.source, self.0.clock.now()) => Some(e.record.clone()),
             Source::Read(_) => None,
         }
     }
 
-    /// The owner publishes its record (None: the namespace is gone).
-    pub(crate) fn publish(&self, ns: &str, record: Option<&NamespaceRecord>) {
+    /// The owner (its stats id) publishes its record (None: the namespace is gone).
+    pub(crate) fn publish(&self, ns: &str, owner: u64, record: Option<&NamespaceRecord>) {
         if record.is_some() {
             self.created(ns);
         }
@@ -228,7 +229,7 @@ impl Records {
                     ns.to_string(),
                     Entry {
                         record: Arc::new(r.clone()),
-                        source: Source::Owner,
+                        source: Source::Owner(owner),
                     },
                 );
             }
@@ -239,10 +240,26 @@ impl Records {
     }
 
     /// The owner stopped: readers go back to the store.
-    pub(crate) fn retire(&self, ns: &str) {
+    pub(crate) fn retire(&self, ns: &str, owner: u64) {
         let mut map = self.0.map.write();
-        if map.get(ns).is_some_and(|e| e.source == Source::Owner) {
+        if map
+            .get(ns)
+            .is_some_and(|e| e.source == Source::Owner(owner))
+        {
             map.remove(ns);
+        }
+    }
+
+    /// The owner passivates: its snapshot becomes a read copy, trusted for
+    /// [`RECORD_TTL`] from now like any other (then the store is read again).
+    /// A successor's snapshot (another owner id) is left alone.
+    pub(crate) fn hand_back(&self, ns: &str, owner: u64) {
+        let now = self.0.clock.now();
+        let mut map = self.0.map.write();
+        if let Some(e) = map.get_mut(ns)
+            && e.source == Source::Owner(owner)
+        {
+            e.source = Source::Read(now);
         }
     }
 
@@ -251,7 +268,10 @@ impl Records {
     pub fn forget_read(&self, ns: &str) {
         self.created(ns);
         let mut map = self.0.map.write();
-        if map.get(ns).is_some_and(|e| e.source != Source::Owner) {
+        if map
+            .get(ns)
+            .is_some_and(|e| !matches!(e.source, Source::Owner(_)))
+        {
             map.remove(ns);
         }
     }
@@ -259,7 +279,7 @@ impl Records {
 
 fn fresh(source: Source, now: Instant) -> bool {
     match source {
-        Source::Owner => true,
+        Source::Owner(_) => true,
         Source::Read(at) => now.saturating_duration_since(at) < RECORD_TTL,
     }
 }
@@ -299,7 +319,7 @@ pub fn follow(
                             .0
                             .map
                             .write()
-                            .retain(|_, e| e.source == Source::Owner);
+                            .retain(|_, e| matches!(e.source, Source::Owner(_)));
                         records.0.epoch.fetch_add(1, Ordering::AcqRel);
                         records.0.missing.lock().clear();
                         for h in namespaces.handles() {
@@ -422,7 +442,7 @@ mod tests {
             .put_json(&ns_key("a"), &record("a", Some(10)))
             .await
             .unwrap();
-        records.publish("a", Some(&record("a", Some(30))));
+        records.publish("a", 1, Some(&record("a", Some(30))));
         clock.advance(RECORD_TTL * 10);
         assert_eq!(
             records.get("a").await.unwrap().unwrap().rate_per_minute,
@@ -432,7 +452,7 @@ mod tests {
         records.forget_read("a");
         assert_eq!(records.cached("a").unwrap().rate_per_minute, Some(30));
         // Once the owner stops, readers go to the store again.
-        records.retire("a");
+        records.retire("a", 1);
         assert_eq!(
             records.get("a").await.unwrap().unwrap().rate_per_minute,
             Some(10)
@@ -478,10 +498,10 @@ mod tests {
         assert!(records.get("here").await.unwrap().is_some());
         records.forget_read("there");
         assert!(records.load("there").await.unwrap().is_some());
-        records.publish("owned", Some(&record("owned", None)));
+        records.publish("owned", 1, Some(&record("owned", None)));
         assert!(records.get("owned").await.unwrap().is_some());
         // The owner publishing a delete removes the snapshot.
-        records.publish("owned", None);
+        records.publish("owned", 1, None);
         assert!(records.cached("owned").is_none());
     }
 
@@ -495,6 +515,30 @@ mod tests {
             assert!(records.load(&format!("n{i}")).await.unwrap().is_none());
         }
         assert!(records.0.missing.lock().len() <= MISSING_CAPACITY);
+    }
+
+    /// A passivating owner hands its snapshot back as a read copy that ages
+    /// like any other; it never touches a successor's snapshot.
+    #[actix_rt::test]
+    async fn a_handed_back_snapshot_is_a_read_copy() {
+        let (store, _dir) = store();
+        let clock = Arc::new(ManualClock::default());
+        let records = Records::with_clock(store.clone(), clock.clone());
+        store
+            .put_json(&ns_key("a"), &record("a", Some(10)))
+            .await
+            .unwrap();
+        records.publish("a", 1, Some(&record("a", Some(30))));
+        records.hand_back("a", 1);
+        assert_eq!(records.cached("a").unwrap().rate_per_minute, Some(30));
+        clock.advance(RECORD_TTL);
+        assert!(records.cached("a").is_none());
+        // The successor (owner 2) publishes; the old owner's late calls leave it.
+        records.publish("a", 2, Some(&record("a", Some(40))));
+        records.hand_back("a", 1);
+        records.retire("a", 1);
+        clock.advance(RECORD_TTL * 10);
+        assert_eq!(records.cached("a").unwrap().rate_per_minute, Some(40));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use actix::dev::ToEnvelope;
 use actix::{Actor, Addr, Handler, Message};
 use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounter, IntGauge};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,10 @@ pub struct ActorStats {
     /// This actor's own restarts: the labelled counter is shared (capped
     /// namespaces fold into `_other`), so the dashboard reads this one.
     restarts_local: AtomicU64,
+    /// Set by every use (a message admitted or handled, a lookup of the
+    /// namespace's handle), cleared by the node's idle sweep: one flag, not a
+    /// clock read, on the hot path (see `NodeSupervisor`'s passivation).
+    active: AtomicBool,
 }
 
 /// Records one message's handling time when dropped.
@@ -73,6 +77,7 @@ impl Drop for HandleTimer {
 impl ActorStats {
     /// Takes a mailbox slot; false when the mailbox is full.
     pub fn admit(&self) -> bool {
+        self.touch();
         let before = self.depth.fetch_add(1, Ordering::AcqRel);
         if before >= self.capacity {
             self.depth.fetch_sub(1, Ordering::AcqRel);
@@ -86,6 +91,7 @@ impl ActorStats {
     /// Takes a slot even past capacity: for cleanup messages that must not be
     /// refused (a closed socket's unsubscribe), never for client requests.
     pub fn admit_always(&self) {
+        self.touch();
         self.depth.fetch_add(1, Ordering::AcqRel);
         self.depth_gauge.inc();
     }
@@ -105,10 +111,25 @@ impl ActorStats {
     /// Times a message that was sent past admission (it took no slot, so it
     /// gives none back); `begin` for every other message.
     pub fn timer(self: &Arc<Self>) -> HandleTimer {
+        self.touch();
         HandleTimer {
             stats: self.clone(),
             start: crate::util::mono_now(),
         }
+    }
+
+    /// Marks the actor used now (what keeps a namespace supervisor from
+    /// passivating). Writes only when the flag is clear.
+    pub fn touch(&self) {
+        if !self.active.load(Ordering::Relaxed) {
+            self.active.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the actor was used since the last call (which clears the
+    /// flag): read by the node's idle sweep only.
+    pub fn take_active(&self) -> bool {
+        self.active.swap(false, Ordering::Relaxed)
     }
 
     /// Counts a restart.
@@ -196,6 +217,7 @@ impl ActorDirectory {
             restarts: metrics.actor_restarts.with_label_values(&labels),
             overloaded: metrics.actor_overloaded.with_label_values(&labels),
             restarts_local: AtomicU64::new(0),
+            active: AtomicBool::new(true),
         });
         let mut list = self.actors.lock();
         list.retain(|w| w.strong_count() > 0);

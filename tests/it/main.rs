@@ -17,6 +17,7 @@ mod export;
 mod functions;
 mod history;
 mod node;
+mod passivate;
 mod pubsub;
 mod quotas;
 mod security;

@@ -276,6 +276,29 @@ fn bad_config_lists_every_problem() {
     assert!(err.contains("MESHGATE_SERVER_MAX_BODY_BYTES"), "{err}");
 }
 
+/// A zero or negative `[server] passivate_after_seconds` is refused at
+/// start (exit 2), listed with the config's other problems.
+#[test]
+fn bad_passivate_after_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    for bad in ["0", "-30"] {
+        std::fs::write(
+            &cfg,
+            format!("[server]\npassivate_after_seconds = {bad}\nmax_body_bytes = 0\n"),
+        )
+        .unwrap();
+        let (code, err) = run_serve(
+            &["--config", cfg.to_str().unwrap()],
+            &[],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("server.passivate_after_seconds"), "{err}");
+        assert!(err.contains("server.max_body_bytes"), "{err}");
+    }
+}
+
 /// A port already in use, an unwritable data folder and a second node on the
 /// same data folder each fail start-up with a clear message.
 #[test]

@@ -8,6 +8,9 @@ pub(super) struct NsHost {
     pub(super) inv: Invoker,
     /// Trigger depth of the running function; its publishes carry it.
     pub(super) depth: u8,
+    /// Keeps the namespace busy (no passivation) while the call is queued
+    /// or runs: this host goes with the job onto the pool.
+    pub(super) _busy: Busy,
 }
 
 pub(super) fn host_err(e: impl std::fmt::Display) -> HostError {

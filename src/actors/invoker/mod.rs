@@ -228,6 +228,25 @@ pub struct Reply {
     pub version: u64,
 }
 
+/// Counts one invocation (prepared, queued, running) or trigger claim of a
+/// namespace while it lives: a busy namespace does not passivate.
+struct Busy(Arc<NsState>);
+
+impl Busy {
+    fn new(st: &Arc<NsState>) -> Self {
+        st.busy.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Busy(st.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0
+            .busy
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// The triggers of one function's current version.
 struct TriggerEntry {
     /// Function the triggers fire; one entry per function, replaced on each deploy.
@@ -257,8 +276,12 @@ struct NsState {
     /// The namespace supervisor and its mailbox stats, set by `attach`: a guest's
     /// `publish` goes through it (bounded) and fails while it is unset.
     publisher: Mutex<Option<(Addr<NamespaceSupervisor>, Arc<ActorStats>)>>,
-    /// When `cron_tick` last ran: slots after it and up to now are due (None on the first tick).
-    last_cron: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+    /// Where this namespace's cron schedules go whenever its triggers change:
+    /// the node's one cron timer (`NodeSupervisor`), set on members only.
+    cron_sink: Mutex<Option<actix::Recipient<crate::actors::CronSet>>>,
+    /// Invocations prepared, queued or running (and triggers being claimed):
+    /// while any is, the supervisor does not passivate ([`Busy`]).
+    busy: std::sync::atomic::AtomicUsize,
     /// This namespace's invocation and error counters, looked up by label once.
     counters: std::sync::OnceLock<(IntCounter, IntCounter)>,
     /// This namespace's records queued for the writer and written by it.
@@ -369,6 +392,26 @@ impl Invoker {
             .limits
             .read()
             .unwrap_or_else(|| crate::quota::Limits::of(&Default::default(), &Default::default()))
+    }
+
+    /// Invocations of this namespace prepared, queued or running now.
+    pub fn busy(&self) -> usize {
+        self.st.busy.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Sends this namespace's cron schedules to `sink` now and after every
+    /// change of its triggers (the node's cron timer; members only).
+    pub fn schedule_crons_with(&self, sink: actix::Recipient<crate::actors::CronSet>) {
+        *self.st.cron_sink.lock() = Some(sink);
+        self.send_crons();
+    }
+
+    /// Lets go of the supervisor's address and the cron timer (the
+    /// supervisor stops for good): an address held here would keep its
+    /// mailbox connected, and actix's `Supervisor` would restart it.
+    pub fn detach(&self) {
+        *self.st.publisher.lock() = None;
+        *self.st.cron_sink.lock() = None;
     }
 
     /// Gives the invoker its supervisor, the one way its guests publish.
@@ -1297,6 +1340,7 @@ mod tests {
         let host = host::NsHost {
             inv: inv.clone(),
             depth: 0,
+            _busy: Busy::new(&inv.st),
         };
         tokio::task::spawn_blocking(move || host.kv_put(b"k000", b"guest"))
             .await

@@ -243,6 +243,7 @@ impl Invoker {
             host: Arc::new(NsHost {
                 inv: self.clone(),
                 depth,
+                _busy: Busy::new(&self.st),
             }),
             inv: self.clone(),
             module: r.module.clone(),

@@ -4,36 +4,45 @@
 use super::*;
 
 impl Invoker {
+    /// The triggers of `name` at version `meta` (None: no trigger).
+    fn trigger_entry(name: &str, meta: &VersionMeta) -> Option<TriggerEntry> {
+        let crons: Vec<_> = meta
+            .cron
+            .iter()
+            .filter_map(|c| parse_cron(c).ok().map(|s| (c.clone(), s)))
+            .collect();
+        (!meta.pubsub_topics.is_empty() || !crons.is_empty()).then(|| TriggerEntry {
+            name: name.to_string(),
+            topics: meta.pubsub_topics.clone(),
+            crons,
+        })
+    }
+
     pub(super) fn set_triggers(&self, name: &str, meta: Option<&VersionMeta>) {
-        let mut t = self.st.triggers.write();
-        t.retain(|e| e.name != name);
-        if let Some(meta) = meta {
-            let crons: Vec<_> = meta
-                .cron
-                .iter()
-                .filter_map(|c| parse_cron(c).ok().map(|s| (c.clone(), s)))
-                .collect();
-            if !meta.pubsub_topics.is_empty() || !crons.is_empty() {
-                t.push(TriggerEntry {
-                    name: name.to_string(),
-                    topics: meta.pubsub_topics.clone(),
-                    crons,
-                });
-            }
+        {
+            let mut t = self.st.triggers.write();
+            t.retain(|e| e.name != name);
+            t.extend(meta.and_then(|m| Self::trigger_entry(name, m)));
         }
+        self.send_crons();
     }
 
     /// Loads the triggers of every function (at supervisor start and after an
-    /// import), forgetting every kept resolution: the functions may all have changed.
+    /// import), replacing the ones before (a function the import removed
+    /// loses its triggers) and forgetting every kept resolution: the
+    /// functions may all have changed.
     pub async fn load_triggers(&self) -> FnResult<()> {
         self.forget_resolutions();
+        let mut all = Vec::new();
         for rec in self.list().await? {
             let meta: Option<VersionMeta> = self
                 .store()
                 .get_json(&ver_key(&self.ns, &rec.name, rec.current_version))
                 .await?;
-            self.set_triggers(&rec.name, meta.as_ref());
+            all.extend(meta.and_then(|m| Self::trigger_entry(&rec.name, &m)));
         }
+        *self.st.triggers.write() = all;
+        self.send_crons();
         Ok(())
     }
 
@@ -68,30 +77,54 @@ impl Invoker {
         }
     }
 
-    /// Fires the cron slots that fell since the last tick (called each second).
-    pub fn cron_tick(&self) {
-        let now = chrono::Utc::now();
-        let last = self.st.last_cron.lock().replace(now);
-        let Some(last) = last else { return };
-        let mut due = Vec::new();
-        for e in self.st.triggers.read().iter() {
-            for (expr, s) in &e.crons {
-                if let Some(next) = s.after(&last).next()
-                    && next <= now
-                {
-                    due.push((e.name.clone(), expr.clone(), next.timestamp()));
-                }
-            }
+    /// This namespace's cron schedules now: every (function, expression) of
+    /// the functions' current versions, what the node's cron timer holds.
+    pub fn crons(&self) -> Vec<crate::actors::CronEntry> {
+        self.st
+            .triggers
+            .read()
+            .iter()
+            .flat_map(|e| {
+                e.crons.iter().map(|(expr, s)| crate::actors::CronEntry {
+                    function: e.name.clone(),
+                    expr: expr.clone(),
+                    schedule: s.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Sends the cron schedules to the node's cron timer, when one is set.
+    pub(super) fn send_crons(&self) {
+        let Some(sink) = self.st.cron_sink.lock().clone() else {
+            return;
+        };
+        sink.do_send(crate::actors::CronSet {
+            namespace: self.ns.to_string(),
+            entries: self.crons(),
+        });
+    }
+
+    /// Fires one cron slot of `function` (the node's cron timer found it
+    /// due), if the function's current version still has `expr`: the slot
+    /// is claimed once in the cluster, then run.
+    pub fn fire_cron(&self, function: &str, expr: &str, slot: i64) {
+        let still = self
+            .st
+            .triggers
+            .read()
+            .iter()
+            .any(|e| e.name == function && e.crons.iter().any(|(x, _)| x == expr));
+        if !still {
+            return;
         }
-        for (name, expr, slot) in due {
-            let event = serde_json::to_vec(&serde_json::json!({
-                "cron": expr,
-                "scheduled_at": slot,
-                "namespace": &*self.ns,
-            }))
-            .expect("serializable");
-            self.spawn_trigger(name, event, Trigger::Cron, 1, Some(slot));
-        }
+        let event = serde_json::to_vec(&serde_json::json!({
+            "cron": expr,
+            "scheduled_at": slot,
+            "namespace": &*self.ns,
+        }))
+        .expect("serializable");
+        self.spawn_trigger(function.to_string(), event, Trigger::Cron, 1, Some(slot));
     }
 
     pub(super) fn spawn_trigger(
@@ -103,7 +136,9 @@ impl Invoker {
         slot: Option<i64>,
     ) {
         let inv = self.clone();
+        let busy = Busy::new(&self.st);
         actix::spawn(async move {
+            let _busy = busy;
             if let Some(slot) = slot {
                 // In a cluster every member ticks: the one that claims the slot runs it.
                 let claim = cron_claim_key(&inv.ns, &name, slot);

@@ -562,10 +562,16 @@ fn forwarding_over_tls_trusts_only_the_peer_ca() {
         })
         .unwrap_or_else(|| panic!("no breaker for (rogue, c): {breakers}"));
     assert_eq!(br["consecutive_failures"], 1, "{br}");
-    let log = a.stderr.lock().unwrap().clone();
-    assert!(
-        log.contains("invalid peer certificate"),
-        "A's log does not name the certificate problem: {log}"
+    // The log writer thread writes shortly after the line is logged.
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "A's log naming the certificate problem",
+        || {
+            a.stderr
+                .lock()
+                .unwrap()
+                .contains("invalid peer certificate")
+        },
     );
     // Nothing reached C.
     let (s, _, body) = curl(

@@ -38,6 +38,7 @@ fn round_trips(c: &mut Criterion) {
         claims_provider: None,
         quotas: Default::default(),
         wallet_sign_in: None,
+        history: Default::default(),
     };
     sys.block_on(store.put_json(&ns_key("bench"), &record))
         .unwrap();

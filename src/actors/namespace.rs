@@ -203,6 +203,37 @@ impl NamespaceSupervisor {
         crate::quota::Limits::of(&self.quotas, overrides)
     }
 
+    /// Changes one field of the namespace's record: reads the record from
+    /// the store (its other fields are the store's: another node may have
+    /// written them), applies `change`, writes it back and publishes it;
+    /// replies with the record. Every `Set*` message of the record uses it.
+    pub(super) fn change_record(
+        &mut self,
+        change: impl FnOnce(&mut NamespaceRecord) + 'static,
+    ) -> ResponseActFuture<Self, NsResult<NamespaceRecord>> {
+        let timer = self.stats.begin();
+        let store = self.store.clone();
+        let key = ns_key(&self.name);
+        Box::pin(
+            async move {
+                let _timer = timer;
+                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
+                    return Err(NsError::NotFound);
+                };
+                change(&mut rec);
+                store.put_json(&key, &rec).await?;
+                Ok(rec)
+            }
+            .into_actor(self)
+            .map(|res, act, _| {
+                if let Ok(rec) = &res {
+                    act.set_record(Some(rec.clone()));
+                }
+                res
+            }),
+        )
+    }
+
     /// Sets the record and publishes it (None: the namespace is gone).
     pub(super) fn set_record(&mut self, record: Option<NamespaceRecord>) {
         if let Some(r) = &self.records {
@@ -364,30 +395,7 @@ pub struct SetClaimsProvider {
 impl Handler<SetClaimsProvider> for NamespaceSupervisor {
     type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
     fn handle(&mut self, msg: SetClaimsProvider, _: &mut Context<Self>) -> Self::Result {
-        let timer = self.stats.begin();
-        let store = self.store.clone();
-        let key = ns_key(&self.name);
-        Box::pin(
-            async move {
-                let _timer = timer;
-                // Read, change, write back: the record's other fields are the
-                // store's (another node may have written them), only this one
-                // is ours to change.
-                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
-                    return Err(NsError::NotFound);
-                };
-                rec.claims_provider = msg.function;
-                store.put_json(&key, &rec).await?;
-                Ok(rec)
-            }
-            .into_actor(self)
-            .map(|res, act, _| {
-                if let Ok(rec) = &res {
-                    act.set_record(Some(rec.clone()));
-                }
-                res
-            }),
-        )
+        self.change_record(move |rec| rec.claims_provider = msg.function)
     }
 }
 
@@ -405,27 +413,7 @@ pub struct SetQuotas {
 impl Handler<SetQuotas> for NamespaceSupervisor {
     type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
     fn handle(&mut self, msg: SetQuotas, _: &mut Context<Self>) -> Self::Result {
-        let timer = self.stats.begin();
-        let store = self.store.clone();
-        let key = ns_key(&self.name);
-        Box::pin(
-            async move {
-                let _timer = timer;
-                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
-                    return Err(NsError::NotFound);
-                };
-                rec.quotas = msg.quotas;
-                store.put_json(&key, &rec).await?;
-                Ok(rec)
-            }
-            .into_actor(self)
-            .map(|res, act, _| {
-                if let Ok(rec) = &res {
-                    act.set_record(Some(rec.clone()));
-                }
-                res
-            }),
-        )
+        self.change_record(move |rec| rec.quotas = msg.quotas)
     }
 }
 
@@ -442,28 +430,7 @@ pub struct SetWalletSignIn {
 impl Handler<SetWalletSignIn> for NamespaceSupervisor {
     type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
     fn handle(&mut self, msg: SetWalletSignIn, _: &mut Context<Self>) -> Self::Result {
-        let timer = self.stats.begin();
-        let store = self.store.clone();
-        let key = ns_key(&self.name);
-        Box::pin(
-            async move {
-                let _timer = timer;
-                // As `SetClaimsProvider`: only this field is ours to change.
-                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
-                    return Err(NsError::NotFound);
-                };
-                rec.wallet_sign_in = Some(msg.setting);
-                store.put_json(&key, &rec).await?;
-                Ok(rec)
-            }
-            .into_actor(self)
-            .map(|res, act, _| {
-                if let Ok(rec) = &res {
-                    act.set_record(Some(rec.clone()));
-                }
-                res
-            }),
-        )
+        self.change_record(move |rec| rec.wallet_sign_in = Some(msg.setting))
     }
 }
 

@@ -752,29 +752,7 @@ pub struct SetHistory {
 impl Handler<SetHistory> for NamespaceSupervisor {
     type Result = ResponseActFuture<Self, NsResult<crate::namespace::NamespaceRecord>>;
     fn handle(&mut self, msg: SetHistory, _: &mut Context<Self>) -> Self::Result {
-        use crate::namespace::{NamespaceRecord, ns_key};
-        let timer = self.stats.begin();
-        let store = self.store.clone();
-        let key = ns_key(&self.name);
-        Box::pin(
-            async move {
-                let _timer = timer;
-                // As `SetClaimsProvider`: only this field is ours to change.
-                let Some(mut rec) = store.get_json::<NamespaceRecord>(&key).await? else {
-                    return Err(NsError::NotFound);
-                };
-                rec.history = msg.rules;
-                store.put_json(&key, &rec).await?;
-                Ok(rec)
-            }
-            .into_actor(self)
-            .map(|res, act, _| {
-                if let Ok(rec) = &res {
-                    act.set_record(Some(rec.clone()));
-                }
-                res
-            }),
-        )
+        self.change_record(move |rec| rec.history = msg.rules)
     }
 }
 

@@ -550,7 +550,10 @@ fn no_circle_of_files_inside_a_folder() {
                 println!("  {f} -> {to:?}");
             }
         }
-        let big: Vec<_> = cs.into_iter().filter(|c| c.len() > MAX_FILE_CIRCLE).collect();
+        let big: Vec<_> = cs
+            .into_iter()
+            .filter(|c| c.len() > MAX_FILE_CIRCLE)
+            .collect();
         if FILE_CIRCLES_NOT_YET.contains(folder) {
             assert!(
                 !big.is_empty(),

@@ -127,6 +127,10 @@ pub struct QuotaConfig {
     pub sockets: u64,
     /// Topic subscriptions of one namespace's sockets at once on one node.
     pub subscriptions: u64,
+    /// Pub/sub history payload bytes one namespace keeps on one node; past
+    /// it the oldest go (so does `[pubsub] max_history_bytes_per_namespace`,
+    /// the node's ceiling: the lower of the two applies).
+    pub history_bytes: u64,
 }
 
 impl Default for QuotaConfig {
@@ -141,6 +145,7 @@ impl Default for QuotaConfig {
             site_bytes: 1 << 30,
             sockets: 1_000,
             subscriptions: 10_000,
+            history_bytes: 64 << 20,
         }
     }
 }

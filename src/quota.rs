@@ -43,11 +43,16 @@ pub enum Resource {
     Sockets,
     /// Topic subscriptions held at once (per node).
     Subscriptions,
+    /// Pub/sub history payload bytes kept (per node: each node's store
+    /// holds its own). Past it the oldest publications are trimmed, as
+    /// `[pubsub] max_history_bytes_per_namespace` trims (the lower wins);
+    /// an import carrying more is refused.
+    HistoryBytes,
 }
 
 impl Resource {
     /// Every resource, in the order they are shown.
-    pub const ALL: [Resource; 9] = [
+    pub const ALL: [Resource; 10] = [
         Resource::KvBytes,
         Resource::KvKeys,
         Resource::Functions,
@@ -57,6 +62,7 @@ impl Resource {
         Resource::SiteBytes,
         Resource::Sockets,
         Resource::Subscriptions,
+        Resource::HistoryBytes,
     ];
 
     /// The name in `[quotas]`, the API and error messages.
@@ -71,6 +77,7 @@ impl Resource {
             Resource::SiteBytes => "site_bytes",
             Resource::Sockets => "sockets",
             Resource::Subscriptions => "subscriptions",
+            Resource::HistoryBytes => "history_bytes",
         }
     }
 
@@ -83,13 +90,19 @@ impl Resource {
     pub fn is_bytes(self) -> bool {
         matches!(
             self,
-            Resource::KvBytes | Resource::ModuleBytes | Resource::SiteBytes
+            Resource::KvBytes
+                | Resource::ModuleBytes
+                | Resource::SiteBytes
+                | Resource::HistoryBytes
         )
     }
 
     /// Whether each node counts it for itself (live, not stored).
     pub fn is_live(self) -> bool {
-        matches!(self, Resource::Sockets | Resource::Subscriptions)
+        matches!(
+            self,
+            Resource::Sockets | Resource::Subscriptions | Resource::HistoryBytes
+        )
     }
 
     /// The usage record group it is counted in (stored resources only).
@@ -100,7 +113,7 @@ impl Resource {
             Resource::Deployments | Resource::Hosts | Resource::SiteBytes => {
                 Some(Group::Deployments)
             }
-            Resource::Sockets | Resource::Subscriptions => None,
+            Resource::Sockets | Resource::Subscriptions | Resource::HistoryBytes => None,
         }
     }
 
@@ -115,6 +128,7 @@ impl Resource {
             Resource::SiteBytes => cfg.site_bytes,
             Resource::Sockets => cfg.sockets,
             Resource::Subscriptions => cfg.subscriptions,
+            Resource::HistoryBytes => cfg.history_bytes,
         }
     }
 }
@@ -162,7 +176,7 @@ pub fn check_overrides(o: &Overrides) -> Result<(), ApiError> {
                 Code::BadRequest,
                 format!(
                     "{name:?} is not a quota (kv_bytes, kv_keys, functions, module_bytes, \
-                     deployments, hosts, site_bytes, sockets, subscriptions)"
+                     deployments, hosts, site_bytes, sockets, subscriptions, history_bytes)"
                 ),
             ));
         }
@@ -178,12 +192,12 @@ pub fn check_overrides(o: &Overrides) -> Result<(), ApiError> {
 
 /// One namespace's limits: its overrides over the node's defaults.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits([u64; 9]);
+pub struct Limits([u64; Resource::ALL.len()]);
 
 impl Limits {
     /// The limits of a namespace with `overrides` on a node configured with `cfg`.
     pub fn of(cfg: &QuotaConfig, overrides: &Overrides) -> Limits {
-        let mut l = [0; 9];
+        let mut l = [0; Resource::ALL.len()];
         for (i, r) in Resource::ALL.into_iter().enumerate() {
             l[i] = overrides
                 .get(r.name())
@@ -339,6 +353,7 @@ pub async fn report(
     ns: &str,
     limits: &Limits,
     live: &LiveCounts,
+    history_bytes: u64,
 ) -> StoreResult<serde_json::Value> {
     let mut stored = HashMap::new();
     for g in [Group::Kv, Group::Functions, Group::Deployments] {
@@ -349,6 +364,7 @@ pub async fn report(
     for r in Resource::ALL {
         let used = match r.group() {
             Some(g) => stored.get(g.suffix()).map_or(0, |u| u.get(r)),
+            None if r == Resource::HistoryBytes => history_bytes,
             None => live.get(ns, r),
         };
         out.insert(

@@ -6,7 +6,7 @@
 use super::namespace::{NamespaceSupervisor, NsError, NsResult};
 use super::stats::ActorStats;
 use crate::metrics::Metrics;
-use crate::pubsub::history::{Entry, rule_for};
+use crate::pubsub::history::{Entry, ExportedTopic, rule_for};
 use crate::pubsub::protocol::{message_frame, now_ms};
 use crate::pubsub::{
     HistoryCaps, HistoryRule, Member, NsHistory, Origin, Position, PresenceEvent, SubscriberRef,
@@ -57,9 +57,13 @@ impl NamespaceSupervisor {
         self.record.as_ref().map(|_| ()).ok_or(NsError::NotFound)
     }
 
-    /// `[pubsub]`'s history caps.
+    /// `[pubsub]`'s history caps, the byte cap lowered to the namespace's
+    /// `history_bytes` quota when that is lower.
     fn history_caps(&self) -> HistoryCaps {
-        HistoryCaps::from(&self.topics.service.config)
+        let mut caps = HistoryCaps::from(&self.topics.service.config);
+        let quota = self.limits().get(crate::quota::Resource::HistoryBytes);
+        caps.max_bytes = caps.max_bytes.min(quota);
+        caps
     }
 
     /// The history rule naming `topic`, if any (no rules: none, at once).
@@ -753,6 +757,76 @@ impl Handler<SetHistory> for NamespaceSupervisor {
     type Result = ResponseActFuture<Self, NsResult<crate::namespace::NamespaceRecord>>;
     fn handle(&mut self, msg: SetHistory, _: &mut Context<Self>) -> Self::Result {
         self.change_record(move |rec| rec.history = msg.rules)
+    }
+}
+
+/// Sent by `GET /v1/namespaces/{ns}/quotas` and the export: the history's
+/// payload bytes (the `history_bytes` quota's use on this node), its byte
+/// cap, and, with `streams`, every topic's stream as an export carries it.
+#[derive(Message)]
+#[rtype(result = "NsResult<HistoryState>")]
+pub struct HistoryOf {
+    /// Whether to copy out every stream (the export) or only count.
+    pub streams: bool,
+}
+
+/// What [`HistoryOf`] answers.
+#[derive(Debug, Default)]
+pub struct HistoryState {
+    /// Payload bytes kept.
+    pub bytes: u64,
+    /// The most it may keep (the quota or the node's cap, the lower).
+    pub max_bytes: u64,
+    /// The streams, with `streams`; empty otherwise.
+    pub streams: Vec<ExportedTopic>,
+}
+
+impl Handler<HistoryOf> for NamespaceSupervisor {
+    type Result = NsResult<HistoryState>;
+    fn handle(&mut self, msg: HistoryOf, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        let max_bytes = self.history_caps().max_bytes;
+        self.guarded(ctx, |act| {
+            act.exists()?;
+            let Some(h) = act.history.as_ref() else {
+                return Ok(HistoryState {
+                    max_bytes,
+                    ..Default::default()
+                });
+            };
+            Ok(HistoryState {
+                bytes: h.bytes(),
+                max_bytes,
+                streams: if msg.streams { h.export() } else { Vec::new() },
+            })
+        })
+    }
+}
+
+/// Sent by an import that carries `history` (checked by the caller against
+/// [`HistoryOf`]'s `max_bytes`): the history becomes exactly the imported
+/// streams; the old one's keys are deleted in the same write-behind queue,
+/// after any write in flight. Replies with a receiver that resolves once
+/// the new history is stored (true) or its write failed (false).
+#[derive(Message)]
+#[rtype(result = "NsResult<tokio::sync::oneshot::Receiver<bool>>")]
+pub struct ReplaceHistory {
+    /// The imported streams.
+    pub topics: Vec<crate::pubsub::history::CheckedTopic>,
+}
+
+impl Handler<ReplaceHistory> for NamespaceSupervisor {
+    type Result = NsResult<tokio::sync::oneshot::Receiver<bool>>;
+    fn handle(&mut self, msg: ReplaceHistory, ctx: &mut Context<Self>) -> Self::Result {
+        let _t = self.stats.begin();
+        self.guarded(ctx, |act| {
+            act.exists()?;
+            act.history
+                .get_or_insert_with(|| NsHistory::load(&act.name, Vec::new()))
+                .replace(msg.topics);
+            Ok(())
+        })?;
+        Ok(self.history_stored(ctx))
     }
 }
 

@@ -187,6 +187,129 @@ pub struct NsHistory {
     pending: Vec<BatchOp>,
 }
 
+/// One topic's stream in a namespace export (`history` of
+/// `GET /v1/db/export`): its epoch and top offset, and the kept
+/// publications in offset order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedTopic {
+    /// The topic.
+    pub topic: String,
+    /// Its epoch: kept by the import, so a client of the exported stream
+    /// recovers from the imported one.
+    pub epoch: String,
+    /// The offset of its last publication.
+    pub top: u64,
+    /// The kept publications, oldest first.
+    #[serde(default)]
+    pub publications: Vec<ExportedPublication>,
+}
+
+/// One kept publication in an export.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedPublication {
+    /// Its offset in the topic.
+    pub offset: u64,
+    /// Unix milliseconds when it was accepted.
+    pub timestamp: u64,
+    /// The payload, base64 (standard alphabet).
+    pub data_base64: String,
+}
+
+/// An imported topic that passed [`check_import`].
+#[derive(Debug)]
+pub struct CheckedTopic {
+    topic: String,
+    meta: Meta,
+    entries: Vec<Entry>,
+}
+
+/// Checks an export's `history`: valid topics, each once; an epoch of 1 to
+/// 64 letters, digits or `-`; offsets from 1, strictly increasing and at
+/// most `top`; base64 payloads; the payloads' total within `max_bytes` (the
+/// namespace's `history_bytes` quota and the node's cap, whichever is lower:
+/// 413 `QUOTA_EXCEEDED` past it). The error says which entry is wrong.
+pub fn check_import(
+    topics: &[ExportedTopic],
+    max_bytes: u64,
+) -> Result<Vec<CheckedTopic>, ImportError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    let mut out = Vec::with_capacity(topics.len());
+    for t in topics {
+        super::protocol::check_topic(&t.topic)
+            .map_err(|e| ImportError::Invalid(format!("history topic {:?}: {e}", t.topic)))?;
+        if !seen.insert(t.topic.as_str()) {
+            return Err(ImportError::Invalid(format!(
+                "history topic {:?} appears twice",
+                t.topic
+            )));
+        }
+        if t.epoch.is_empty()
+            || t.epoch.len() > 64
+            || !t
+                .epoch
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(ImportError::Invalid(format!(
+                "history topic {:?}: the epoch is 1 to 64 letters, digits or '-'",
+                t.topic
+            )));
+        }
+        let mut last = 0u64;
+        let mut entries = Vec::with_capacity(t.publications.len());
+        for p in &t.publications {
+            if p.offset <= last || p.offset > t.top {
+                return Err(ImportError::Invalid(format!(
+                    "history topic {:?}: offset {} is not above {last} and at most top {}",
+                    t.topic, p.offset, t.top
+                )));
+            }
+            last = p.offset;
+            let data =
+                base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &p.data_base64)
+                    .map_err(|_| {
+                        ImportError::Invalid(format!(
+                            "history topic {:?}: the publication at offset {} is not base64",
+                            t.topic, p.offset
+                        ))
+                    })?;
+            total += data.len() as u64;
+            if total > max_bytes {
+                return Err(ImportError::TooLarge { max_bytes });
+            }
+            entries.push(Entry {
+                offset: p.offset,
+                timestamp: p.timestamp,
+                data: Bytes::from(data),
+            });
+        }
+        out.push(CheckedTopic {
+            topic: t.topic.clone(),
+            meta: Meta {
+                epoch: t.epoch.clone(),
+                top: t.top,
+            },
+            entries,
+        });
+    }
+    Ok(out)
+}
+
+/// Why an export's history is refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ImportError {
+    /// A malformed entry (400 `INVALID_EXPORT`), what is wrong.
+    Invalid(String),
+    /// More payload bytes than the namespace may hold.
+    TooLarge {
+        /// The namespace's limit.
+        max_bytes: u64,
+    },
+}
+
 /// The store prefix of a namespace's history (publications and metas).
 pub fn prefix(ns: &str) -> Vec<u8> {
     format!("hist/{ns}/").into_bytes()
@@ -409,6 +532,76 @@ impl NsHistory {
             .collect();
         out.reverse();
         out
+    }
+
+    /// Payload bytes held over every topic (the `history_bytes` quota's use).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Every topic's stream as an export carries it, topics in name order.
+    pub fn export(&self) -> Vec<ExportedTopic> {
+        let mut out: Vec<ExportedTopic> = self
+            .topics
+            .iter()
+            .map(|(topic, t)| ExportedTopic {
+                topic: topic.clone(),
+                epoch: t.meta.epoch.clone(),
+                top: t.meta.top,
+                publications: t
+                    .entries
+                    .iter()
+                    .map(|e| ExportedPublication {
+                        offset: e.offset,
+                        timestamp: e.timestamp,
+                        data_base64: base64::Engine::encode(
+                            &base64::engine::general_purpose::STANDARD,
+                            &e.data,
+                        ),
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.topic.cmp(&b.topic));
+        out
+    }
+
+    /// Makes the history exactly `imported` (checked by [`check_import`]):
+    /// every stored key of the old history is deleted and the new rows are
+    /// written, queued behind any write in flight, so nothing of the old
+    /// history lands after the new.
+    pub fn replace(&mut self, imported: Vec<CheckedTopic>) {
+        let ns = self.ns.clone();
+        for (topic, t) in std::mem::take(&mut self.topics) {
+            for e in &t.entries {
+                self.pending
+                    .push(BatchOp::Delete(pub_key(&ns, &topic, e.offset)));
+            }
+            self.pending.push(BatchOp::Delete(meta_key(&ns, &topic)));
+        }
+        self.bytes = 0;
+        for c in imported {
+            let mut t = TopicHistory {
+                meta: c.meta,
+                entries: VecDeque::new(),
+                bytes: 0,
+            };
+            self.pending.push(BatchOp::Put(
+                meta_key(&ns, &c.topic),
+                serde_json::to_vec(&t.meta).unwrap_or_default(),
+            ));
+            for e in c.entries {
+                let mut value = Vec::with_capacity(8 + e.data.len());
+                value.extend_from_slice(&e.timestamp.to_be_bytes());
+                value.extend_from_slice(&e.data);
+                self.pending
+                    .push(BatchOp::Put(pub_key(&ns, &c.topic, e.offset), value));
+                t.bytes += e.data.len() as u64;
+                t.entries.push_back(e);
+            }
+            self.bytes += t.bytes;
+            self.topics.insert(c.topic, t);
+        }
     }
 
     /// Whether store writes are queued.

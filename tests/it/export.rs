@@ -237,7 +237,7 @@ fn round_trip(from: &TestNode, src: &str, to: &TestNode, dst: &str, dst_name: &s
     assert_eq!(s, 200, "{v}");
     assert_eq!(
         v["counts"],
-        json!({"kv": 2, "functions": 1, "secrets": 1, "deployments": 2})
+        json!({"kv": 2, "functions": 1, "secrets": 1, "deployments": 2, "history_topics": 0})
     );
     assert_serves(to, dst);
 }

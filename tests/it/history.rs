@@ -575,3 +575,215 @@ async fn bad_input_refused_and_nothing_stored() {
     let (_, page) = history(&node, &key, "topic=chat.1");
     assert_eq!(offsets(&page), vec![1]);
 }
+
+/// A namespace's history counts against its `history_bytes` quota: the
+/// quota shows what is kept, the oldest go once it is full (the quota is a
+/// cap, as Centrifugo's history size is), and an override lowers it.
+#[actix_rt::test]
+async fn history_counts_against_the_namespace_quota() {
+    let node = TestNode::start_with(opts(""));
+    let key = node.create_namespace("hq");
+    let rule = json!([{"topics": "t.*", "size": 1000, "ttl_seconds": 3600}]);
+    assert_eq!(set_rules(&node, "hq", rule).0, 200);
+    let quota = |node: &TestNode| {
+        let (s, b) = node.op("GET", "/v1/namespaces/hq/quotas", None);
+        assert_eq!(s, 200, "{b}");
+        json(&b)["quotas"]["history_bytes"].clone()
+    };
+    assert_eq!(quota(&node)["used"], 0);
+    assert_eq!(quota(&node)["limit"], 64 << 20);
+    // Ten publications of 100 bytes: 1,000 bytes kept.
+    for i in 0..10 {
+        publish(&node, &key, "t.a", &format!("{i:0>100}"));
+    }
+    assert_eq!(quota(&node)["used"], 1000);
+    // The operator lowers the quota to 450 bytes: the next publication
+    // trims the oldest until four (400 bytes) are kept, itself included.
+    let (s, b) = node.op(
+        "PUT",
+        "/v1/namespaces/hq/quotas",
+        Some(r#"{"history_bytes": 450}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    publish(&node, &key, "t.a", &format!("{:0>100}", 10));
+    let q = quota(&node);
+    assert_eq!(
+        (q["limit"].as_u64(), q["used"].as_u64()),
+        (Some(450), Some(400))
+    );
+    let (s, page) = history(&node, &key, "topic=t.a");
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(offsets(&page), vec![8, 9, 10, 11]);
+    assert_eq!(page["offset"], 11, "the offsets go on: {page}");
+}
+
+/// The history travels with a whole-namespace export: imported into another
+/// namespace, each topic keeps its epoch and offsets, so a subscriber of
+/// the exported stream recovers from the imported one; the import replaces
+/// the target's own history whole.
+#[actix_rt::test]
+async fn history_is_exported_and_imported_whole() {
+    let node = TestNode::start_with(opts(""));
+    let rule = json!([{"topics": "chat.*", "size": 100, "ttl_seconds": 3600}]);
+    let a = node.create_namespace("ha");
+    let b = node.create_namespace("hb");
+    assert_eq!(set_rules(&node, "ha", rule.clone()).0, 200);
+    assert_eq!(set_rules(&node, "hb", rule).0, 200);
+    let mut epoch = String::new();
+    for i in 1..=10 {
+        epoch = publish(&node, &a, "chat.1", &format!("a{i}"))["epoch"]
+            .as_str()
+            .unwrap()
+            .into();
+    }
+    // B's own history, which the import replaces.
+    publish(&node, &b, "chat.1", "b1");
+    publish(&node, &b, "chat.only-b", "b2");
+    let (s, export) = node.with_key(&a, "GET", "/v1/db/export", None);
+    assert_eq!(s, 200, "{export}");
+    let export = json(&export);
+    let topics = export["history"].as_array().expect("history in the export");
+    assert_eq!(topics.len(), 1, "{export}");
+    assert_eq!(topics[0]["epoch"], epoch.as_str());
+    assert_eq!(topics[0]["top"], 10);
+    let (s, body) = node.with_key(
+        &b,
+        "PUT",
+        "/v1/db/import",
+        Some(export.to_string().as_bytes()),
+    );
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(json(&body)["counts"]["history_topics"], 1, "{body}");
+
+    // In B: A's stream, the same epoch and offsets; B's own topics gone.
+    let (s, page) = history(&node, &b, "topic=chat.1");
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(page["epoch"], epoch.as_str());
+    assert_eq!(offsets(&page), (1..=10).collect::<Vec<_>>());
+    assert_eq!(page["publications"][0]["data_base64"], B64.encode("a1"));
+    let (_, page) = history(&node, &b, "topic=chat.only-b");
+    assert_eq!(offsets(&page), Vec::<u64>::new(), "{page}");
+    // A subscriber of A's stream at offset 6 recovers 7..10 from B.
+    let (_, mut s) = connect(&node, "/v1/ws", &b).await;
+    let (answer, got) =
+        subscribe_recover(&mut s, "chat.1", json!({"offset": 6, "epoch": epoch}), 4).await;
+    assert_eq!(answer["recovered"], true, "{answer}");
+    assert_eq!(got, vec![7, 8, 9, 10]);
+    // And the next publication in B continues the stream.
+    let p = publish(&node, &b, "chat.1", "b-next");
+    assert_eq!(
+        (p["offset"].as_u64(), p["epoch"].as_str()),
+        (Some(11), Some(epoch.as_str()))
+    );
+}
+
+/// An export's history with bad entries is refused whole, naming the
+/// entry; a history past the namespace's quota is 413; nothing is changed.
+#[actix_rt::test]
+async fn a_bad_history_in_an_import_changes_nothing() {
+    let node = TestNode::start_with(opts(""));
+    let key = node.create_namespace("hbad");
+    let rule = json!([{"topics": "t.*", "size": 100, "ttl_seconds": 3600}]);
+    assert_eq!(set_rules(&node, "hbad", rule).0, 200);
+    let before = publish(&node, &key, "t.x", "kept");
+    assert_eq!(
+        node.with_key(&key, "PUT", "/v1/kv/k", Some(b"v1".as_slice()))
+            .0,
+        200
+    );
+    let (s, export) = node.with_key(&key, "GET", "/v1/db/export", None);
+    assert_eq!(s, 200);
+    let export = json(&export);
+    let with_history = |h: Value| {
+        let mut e = export.clone();
+        e["history"] = h;
+        // The import would also change the KV: it must not.
+        e["kv"] = json!([]);
+        e.to_string()
+    };
+    let publication = |offset: u64, data: &str| json!({"offset": offset, "timestamp": 1, "data_base64": B64.encode(data)});
+    let bad = [
+        (
+            "offsets not increasing",
+            json!([{"topic": "t.y", "epoch": "e1", "top": 5,
+                    "publications": [publication(3, "a"), publication(3, "b")]}]),
+            400,
+        ),
+        (
+            "offset above top",
+            json!([{"topic": "t.y", "epoch": "e1", "top": 2,
+                    "publications": [publication(3, "a")]}]),
+            400,
+        ),
+        (
+            "bad epoch",
+            json!([{"topic": "t.y", "epoch": "no spaces", "top": 1, "publications": []}]),
+            400,
+        ),
+        (
+            "reserved topic",
+            json!([{"topic": "_mg/x", "epoch": "e1", "top": 0, "publications": []}]),
+            400,
+        ),
+        (
+            "topic twice",
+            json!([{"topic": "t.y", "epoch": "e1", "top": 0},
+                   {"topic": "t.y", "epoch": "e2", "top": 0}]),
+            400,
+        ),
+        (
+            "not base64",
+            json!([{"topic": "t.y", "epoch": "e1", "top": 1,
+                    "publications": [{"offset": 1, "timestamp": 1, "data_base64": "%%%"}]}]),
+            400,
+        ),
+        (
+            "unknown field",
+            json!([{"topic": "t.y", "epoch": "e1", "top": 0, "extra": 1}]),
+            400,
+        ),
+    ];
+    for (what, h, status) in bad {
+        let (s, b) = node.with_key(
+            &key,
+            "PUT",
+            "/v1/db/import",
+            Some(with_history(h).as_bytes()),
+        );
+        assert_eq!(s, status, "{what}: {b}");
+        assert!(
+            b.contains("INVALID_EXPORT") || b.contains("BAD_REQUEST") || b.contains("INVALID"),
+            "{what}: {b}"
+        );
+    }
+    // Past the quota: 413 QUOTA_EXCEEDED.
+    let (s, b) = node.op(
+        "PUT",
+        "/v1/namespaces/hbad/quotas",
+        Some(r#"{"history_bytes": 10}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    let big = json!([{"topic": "t.y", "epoch": "e1", "top": 1,
+                      "publications": [publication(1, &"x".repeat(11))]}]);
+    let (s, b) = node.with_key(
+        &key,
+        "PUT",
+        "/v1/db/import",
+        Some(with_history(big).as_bytes()),
+    );
+    assert_eq!(s, 413, "{b}");
+    assert!(
+        b.contains("QUOTA_EXCEEDED") && b.contains("history_bytes"),
+        "{b}"
+    );
+    // Nothing changed: the KV and the history are as before.
+    assert_eq!(
+        node.with_key(&key, "GET", "/v1/kv/k", None),
+        (200, "v1".into())
+    );
+    let (_, page) = history(&node, &key, "topic=t.x");
+    assert_eq!(page["epoch"], before["epoch"]);
+    assert_eq!(offsets(&page), vec![1]);
+    let (_, page) = history(&node, &key, "topic=t.y");
+    assert_eq!(offsets(&page), Vec::<u64>::new());
+}

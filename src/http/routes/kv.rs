@@ -15,6 +15,7 @@ use crate::functions::{
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
+use crate::pubsub::history::ExportedTopic;
 use crate::quota::{Group, Resource, Usage, usage_key};
 use crate::storage::{BatchOp, OrderedKv};
 use actix_web::http::Method;
@@ -181,6 +182,12 @@ struct ExportV2 {
     /// Function modules and site files by SHA-256 (hex), base64.
     #[serde(default)]
     blobs: BTreeMap<String, String>,
+    /// The pub/sub history of this node: each topic's stream (epoch, top
+    /// offset, kept publications). Absent (an export from before history):
+    /// the import leaves the namespace's history as it is; present, even
+    /// empty: the history becomes exactly this.
+    #[serde(default)]
+    history: Option<Vec<ExportedTopic>>,
 }
 
 /// The function secrets of an export, sealed under the export key of the
@@ -274,6 +281,11 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
             }
         }
     }
+    let history = ctx
+        .handle
+        .ask(crate::actors::HistoryOf { streams: true })
+        .await??
+        .streams;
     let deployments = ExportedDeployment::from_rows(rows.deployments, rows.deployment_versions);
     for d in &deployments {
         blobs.extend(d.blobs().map(str::to_string));
@@ -299,6 +311,7 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
         },
         deployments,
         blobs: blob_map,
+        history: Some(history),
     }))
 }
 
@@ -359,6 +372,26 @@ fn kv_usage(
         ],
     )?;
     Ok(BatchOp::Put(usage_key(ns, Group::Kv), u.encode()))
+}
+
+/// An export's history checked against the namespace's byte cap: 400
+/// `INVALID_EXPORT` naming the bad entry, 413 `QUOTA_EXCEEDED` past the cap.
+fn check_history(
+    topics: &[ExportedTopic],
+    max_bytes: u64,
+) -> ApiResult<Vec<crate::pubsub::history::CheckedTopic>> {
+    use crate::pubsub::history::{ImportError, check_import};
+    check_import(topics, max_bytes).map_err(|e| match e {
+        ImportError::Invalid(why) => invalid(why),
+        ImportError::TooLarge { max_bytes } => ApiError::with_status(
+            actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
+            Code::QuotaExceeded,
+            format!(
+                "quota history_bytes exceeded: the export's history holds more than the \
+                 {max_bytes} bytes this namespace may keep on this node"
+            ),
+        ),
+    })
 }
 
 /// 413 for an import whose non-KV part cannot be one store transaction.
@@ -541,6 +574,17 @@ async fn import_v2(
     let ns = ctx.name.clone();
     let store = &node.store;
     let kv = kv_puts(&ns, &e.kv)?;
+    let history = match e.history.take() {
+        None => None,
+        Some(topics) => {
+            let max_bytes = ctx
+                .handle
+                .ask(crate::actors::HistoryOf { streams: false })
+                .await??
+                .max_bytes;
+            Some(check_history(&topics, max_bytes)?)
+        }
+    };
     let mut blobs = BTreeMap::new();
     for (sha, data) in std::mem::take(&mut e.blobs) {
         let bytes = b64()
@@ -632,12 +676,15 @@ async fn import_v2(
     node.deployments
         .precheck_import(&ns, &e.deployments)
         .await?;
-    let counts = json!({
+    let mut counts = json!({
         "kv": kv.len(),
         "functions": e.functions.len(),
         "secrets": secrets.len(),
         "deployments": e.deployments.len(),
     });
+    if let Some(h) = &history {
+        counts["history_topics"] = json!(h.len());
+    }
     let mut replace = vec![fn_prefix(&ns), fnver_prefix(&ns)];
     if !skip_secrets {
         records.extend(secrets);
@@ -701,6 +748,23 @@ async fn import_v2(
     let reloaded = node.deployments.reload().await;
     drop(lock);
     reloaded?;
+    // The history last, through its own write queue (behind any write of
+    // the old history in flight); a failure here leaves the rest imported
+    // and answers 503: the import is a replacement, so running it again
+    // completes it.
+    if let Some(topics) = history {
+        let stored = ctx
+            .handle
+            .ask(crate::actors::ReplaceHistory { topics })
+            .await??;
+        if !stored.await.unwrap_or(false) {
+            return Err(ApiError::new(
+                Code::StoreUnavailable,
+                "the namespace was imported but its pub/sub history could not be written; \
+                 run the import again",
+            ));
+        }
+    }
     tracing::info!(namespace = %ns, from = %e.namespace, imported = %counts, "Namespace imported.");
     if mode == SecretsMode::Reseal && e.namespace != ns {
         tracing::warn!(namespace = %ns, from = %e.namespace, "Another namespace's secrets re-sealed for this one by the operator.");

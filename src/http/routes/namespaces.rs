@@ -204,7 +204,12 @@ async fn quota_report(node: &Node, ns: &str) -> ApiResult<serde_json::Value> {
     }
     node.deployments.usage(ns).await?;
     let limits = node.limits(ns).await?;
-    Ok(crate::quota::report(&node.store, ns, &limits, &node.live).await?)
+    let history = node
+        .locate(ns)
+        .await?
+        .ask(crate::actors::HistoryOf { streams: false })
+        .await??;
+    Ok(crate::quota::report(&node.store, ns, &limits, &node.live, history.bytes).await?)
 }
 
 /// The quotas of a namespace, to the operator or the namespace's own

@@ -37,9 +37,16 @@ export function freePort() {
   });
 }
 
+const temps = [];
+/** A fresh folder under the system's temp dir, removed when the test process exits. */
 export function tempDir() {
-  return fs.mkdtempSync(path.join(os.tmpdir(), "meshgate-tsclient-"));
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), "meshgate-tsclient-"));
+  temps.push(d);
+  return d;
 }
+process.on("exit", () => {
+  for (const d of temps) fs.rmSync(d, { recursive: true, force: true });
+});
 
 /**
  * Starts `meshgate serve` on 127.0.0.1:`port` with `dataDir`; resolves once

@@ -12,6 +12,9 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+# A relative MESHGATE_BIN or CARGO_TARGET_DIR is the caller's.
+case "${MESHGATE_BIN:-/}" in /*) ;; *) MESHGATE_BIN="$PWD/$MESHGATE_BIN" ;; esac
+case "${CARGO_TARGET_DIR:-/}" in /*) ;; *) CARGO_TARGET_DIR="$PWD/$CARGO_TARGET_DIR" ;; esac
 cd "$HERE"
 
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

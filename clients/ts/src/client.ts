@@ -189,6 +189,8 @@ export class Client extends Emitter<ClientEvents> {
   /** Connects; resolves once the socket is open, rejects when the credential is refused. */
   connect(): Promise<void> {
     const p = new Promise<void>((resolve, reject) => this.connectWaiters.push({ resolve, reject }));
+    // A refusal is also an `error` event: a caller that does not await must not crash Node.
+    p.catch(() => {});
     if (this._state === "connected") this.settleConnect(null);
     else if (this._state === "disconnected") {
       this.attempt = 0;
@@ -409,6 +411,8 @@ export class Client extends Emitter<ClientEvents> {
       ws.on("error", () => {
         /* a close follows */
       });
+      // The node's pings (every ping_interval_seconds) show it alive too; `ws` answers them.
+      ws.on("ping", () => (conn.lastHeard = Date.now()));
     } else {
       ws.onerror = () => {
         /* a close follows */

@@ -165,6 +165,8 @@ export class Subscription extends Emitter<SubscriptionEvents> {
    */
   subscribe(): Promise<SubscribedContext> {
     const p = new Promise<SubscribedContext>((resolve, reject) => this.waiters.push({ resolve, reject }));
+    // Refusals are also `error` events: a caller that does not await must not crash Node.
+    p.catch(() => {});
     if (this._state === "subscribed") {
       this.settle(null, this.lastCtx!);
       return p;

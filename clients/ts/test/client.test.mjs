@@ -35,8 +35,9 @@ function client(opts = {}) {
     token: key,
     minReconnectDelayMs: 100,
     maxReconnectDelayMs: 400,
-    pingIntervalMs: 300,
-    pongTimeoutMs: 700,
+    // Short enough for the dead-connection test, long enough for a loaded CI machine.
+    pingIntervalMs: 500,
+    pongTimeoutMs: 1500,
     timeoutMs: 5000,
     ...opts,
   });

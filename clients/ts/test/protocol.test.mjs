@@ -128,3 +128,22 @@ test("backoff grows with jitter between attempts while the server is away", asyn
   assert.ok(delays[2] >= 80 && delays[2] <= 160, `third ${delays[2]}`);
   assert.ok(delays.slice(4).every((d) => d >= 150 && d <= 300), `capped ${delays}`);
 });
+
+test("a refused subscribe nobody awaits is an error event, not an unhandled rejection", async () => {
+  const s = await fakeServer((ws, f) =>
+    ws.send(JSON.stringify({ id: f.id, ok: false, error: { code: "MISSING_GRANT", message: "no" } })),
+  );
+  servers.push(s);
+  const c = new Client({ url: s.url, ...opts });
+  const sub = c.newSubscription("secret");
+  const errors = [];
+  sub.on("error", (e) => errors.push(e.error));
+  c.connect();
+  sub.subscribe(); // not awaited
+  await waitFor(() => errors.length === 1, "the error event");
+  assert.equal(errors[0].name, "ForbiddenError");
+  assert.equal(errors[0].code, "MISSING_GRANT");
+  assert.equal(sub.state, "unsubscribed");
+  await new Promise((r) => setTimeout(r, 50));
+  c.disconnect();
+});

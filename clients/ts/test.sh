@@ -40,5 +40,7 @@ if [ ! -d node_modules ]; then
 fi
 rm -rf dist
 npx --no-install tsc -p tsconfig.json
+# The .d.ts as a TypeScript consumer sees them (type-checked only).
+npx --no-install tsc -p test/tsconfig.json
 # Three files at once: the minute the token test waits overlaps the others.
 exec node --test --test-concurrency=4 --test-reporter=spec test/*.test.mjs

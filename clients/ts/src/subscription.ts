@@ -185,6 +185,8 @@ export class Subscription extends Emitter<SubscriptionEvents> {
     this.desired = false;
     this.pending = null;
     this.catchUp = null;
+    // A later subscribe starts live again: only a reconnect recovers.
+    this.pos = null;
     this.setState("unsubscribed", { topic: this.topic, code: "UNSUBSCRIBE", reason: "unsubscribe called" });
     this.settle(new MeshgateError("UNSUBSCRIBED", "unsubscribed before the server answered"));
     await this.client._sendUnsubscribe(this);

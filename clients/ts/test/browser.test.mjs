@@ -1,7 +1,8 @@
 // The built ESM client in headless Chromium: a page served here imports
 // dist/index.js (the browser's own WebSocket, the credential as ?token=),
 // subscribes, gets a publication the test makes over HTTP, publishes one
-// back, and reports each step to this server.
+// back, sees a bad key refused with a typed error, and reports each step to
+// this server.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -30,6 +31,11 @@ try {
   await client.connect();
   const ctx = await sub.subscribe();
   await report({ step: "subscribed", ctx, ws: typeof WebSocket });
+  // A refused upgrade is opaque to a page: the client asks /v1/auth/whoami
+  // (CORS lets this page's origin) and rejects with the typed error.
+  const bad = new Client({ url: q.get("node"), token: "mg_sk_" + "A".repeat(40) });
+  const e = await bad.connect().then(() => null, (e) => e);
+  await report({ step: "badkey", name: e && e.name, code: e && e.code, status: e && e.status, state: bad.state });
 } catch (e) {
   await report({ step: "error", error: String(e), code: e.code });
 }
@@ -43,9 +49,6 @@ const reports = [];
 
 before(async () => {
   if (!fs.existsSync(CHROMIUM)) throw new Error(`no chromium at ${CHROMIUM}: apt-get install -y chromium`);
-  node = await startNode({ dataDir: tempDir() });
-  key = await createNamespace(node.base, "web");
-  await setHistory(node.base, "web", key, [["*", 100]]);
   server = http.createServer((req, res) => {
     const url = new URL(req.url, "http://x");
     if (req.method === "POST" && url.pathname === "/report") {
@@ -70,6 +73,12 @@ before(async () => {
     res.end();
   });
   await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  node = await startNode({
+    dataDir: tempDir(),
+    env: { MESHGATE_CORS_ALLOWED_ORIGINS: `http://127.0.0.1:${server.address().port}` },
+  });
+  key = await createNamespace(node.base, "web");
+  await setHistory(node.base, "web", key, [["*", 100]]);
 });
 
 after(async () => {
@@ -117,5 +126,12 @@ test("headless Chromium: the ESM client subscribes and gets a publication made o
   assert.equal(back.ack.offset, 1);
   const h = await api(node.base, "GET", "/v1/pubsub/history?topic=browser.news.back", key);
   assert.equal(Buffer.from(h.json.publications[0].data_base64, "base64").toString(), "from the browser");
+  const bad = await step("badkey");
+  assert.deepEqual(
+    { name: bad.name, status: bad.status, state: bad.state },
+    { name: "UnauthorizedError", status: 401, state: "disconnected" },
+    JSON.stringify(bad),
+  );
+  assert.match(bad.code, /API_KEY|CHECKSUM/);
   assert.ok(!reports.some((r) => r.step === "error"), JSON.stringify(reports));
 });

@@ -34,6 +34,10 @@ fi
 export CARGO_INCREMENTAL=0
 cargo build --bins --features cluster
 cargo test --all-targets --features cluster "$@"
+# The TypeScript client (clients/ts, issue #41) against the binary just
+# built: node --test against real nodes, then once in headless Chromium.
+# npm ci only when clients/ts/node_modules is missing. About a minute.
+MESHGATE_BIN=${MESHGATE_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/meshgate} clients/ts/test.sh
 # The integration suite again on a cluster (issue #14): each test's node is
 # one of three on one etcd, and not a member of the test's namespaces, so
 # every namespace request is forwarded and what is published crosses the

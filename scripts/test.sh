@@ -44,7 +44,7 @@ MESHGATE_BIN=${MESHGATE_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/meshgate} cl
 # mesh (tests/it/common.rs, docs/cluster.md "The suite on a cluster").
 # Same build; about 2 minutes on 2 cores.
 MESHGATE_TEST_CLUSTER=1 cargo test --features cluster --test it -- \
-  functions:: pubsub:: deploy:: node:: chain::
+  functions:: pubsub:: deploy:: node:: chain:: passivate:: history::
 # The cluster and etcd tests again on an etcd that requires TLS client
 # certificates (issue #13: a cluster on a locked-down etcd works as on a
 # plain one). About a minute.

@@ -39,15 +39,19 @@ fn echo_wasm() -> Vec<u8> {
     .unwrap()
 }
 
-/// Whether `/v1/status` lists an actor of namespace `ns`.
+/// Whether `/v1/status` of any node (in cluster mode: the one the test
+/// talks to, the namespace's member and the third) lists an actor of
+/// namespace `ns`.
 fn running(node: &TestNode, ns: &str) -> bool {
-    let (s, _, b) = http("GET", &node.url("/v1/status"), &[OPERATOR_AUTH], None);
-    assert_eq!(s, 200);
-    json(&String::from_utf8_lossy(&b))["actors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|a| a["namespace"] == ns)
+    node.every_base().iter().any(|base| {
+        let (s, _, b) = http("GET", &format!("{base}/v1/status"), &[OPERATOR_AUTH], None);
+        assert_eq!(s, 200);
+        json(&String::from_utf8_lossy(&b))["actors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["namespace"] == ns)
+    })
 }
 
 /// The node's count of supervisors `activated` or `passivated`.
@@ -68,9 +72,6 @@ fn wait_asleep(node: &TestNode, ns: &str) {
 /// KV write works on the woken supervisor.
 #[test]
 fn idle_namespace_passivates_and_wakes_on_kv() {
-    if single_node_only("observes one node's actor list") {
-        return;
-    }
     let node = start();
     let key = node.create_namespace("sleepy");
     let (s, b) = node.with_key(&key, "PUT", "/v1/kv/greeting", Some(b"hello"));
@@ -94,9 +95,6 @@ fn idle_namespace_passivates_and_wakes_on_kv() {
 /// A function invoked after its namespace slept answers as before.
 #[test]
 fn sleeping_namespace_wakes_on_invoke() {
-    if single_node_only("observes one node's actor list") {
-        return;
-    }
     let node = start();
     let key = node.create_namespace("nap");
     deploy(&node, &key, "echo", &echo_wasm(), &[]);
@@ -116,9 +114,6 @@ fn sleeping_namespace_wakes_on_invoke() {
 /// and start one supervisor between them.
 #[test]
 fn concurrent_first_requests_start_one_supervisor() {
-    if single_node_only("counts one node's activations") {
-        return;
-    }
     let node = start();
     let key = node.create_namespace("herd");
     let (s, _) = node.with_key(&key, "PUT", "/v1/kv/k", Some(b"v"));
@@ -183,9 +178,6 @@ async fn next_data(s: &mut Socket) -> Vec<u8> {
 /// still reaches the subscriber.
 #[actix_rt::test]
 async fn subscriber_wakes_and_keeps_namespace_awake() {
-    if single_node_only("observes one node's actor list") {
-        return;
-    }
     let node = start();
     let key = node.create_namespace("listening");
     let sentinel = node.create_namespace("sentinel");
@@ -214,9 +206,6 @@ async fn subscriber_wakes_and_keeps_namespace_awake() {
 /// passivated wakes it and runs the function.
 #[test]
 fn cron_fires_for_a_sleeping_namespace() {
-    if single_node_only("observes one node's actor list") {
-        return;
-    }
     let node = start();
     let key = node.create_namespace("alarm");
     // Every 4 s: the namespace sleeps between slots (idle after 1 s).
@@ -249,9 +238,6 @@ fn cron_fires_for_a_sleeping_namespace() {
 /// export after it slept again holds what the trigger wrote.
 #[test]
 fn publish_trigger_and_export_on_a_sleeping_namespace() {
-    if single_node_only("observes one node's actor list") {
-        return;
-    }
     let node = start();
     let key = node.create_namespace("quiet");
     deploy(

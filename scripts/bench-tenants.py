@@ -31,7 +31,9 @@ BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/meshgate"
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
 THREADS = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 PASSIVATE = int(sys.argv[4]) if len(sys.argv) > 4 else 60
-IDLE_SECONDS = 10
+# Long enough for two runs of the store's 30 s expiry sweep (the node's
+# slowest periodic work): a shorter window may or may not catch one.
+IDLE_SECONDS = int(os.environ.get("MESHGATE_BENCH_IDLE_SECONDS", "65"))
 SAMPLE = 1000
 PORT = 18_900 + os.getpid() % 500
 OP = "mgop_bench_tenants_0123456789"
@@ -47,6 +49,20 @@ def rss_kib(pid):
 def cpu_ticks(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return int(f[11]) + int(f[12])
+
+
+def thread_ticks(pid):
+    """CPU ticks by thread name (threads of one name summed)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            raw = open(f"/proc/{pid}/task/{tid}/stat").read()
+        except OSError:
+            continue
+        name = raw[raw.index("(") + 1:raw.rindex(")")]
+        f = raw.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0) + int(f[11]) + int(f[12])
+    return out
 
 
 class Conn:
@@ -132,8 +148,14 @@ def main():
         time.sleep(1)
         asleep = rss_kib(node.pid)
         c0 = cpu_ticks(node.pid)
+        t0 = thread_ticks(node.pid)
+        if os.environ.get("MESHGATE_BENCH_IDLE_MARK"):
+            print(f"IDLE {node.pid}", file=sys.stderr, flush=True)
         time.sleep(IDLE_SECONDS)
         idle_cpu = (cpu_ticks(node.pid) - c0) / os.sysconf("SC_CLK_TCK") / IDLE_SECONDS
+        t1 = thread_ticks(node.pid)
+        by_thread = sorted(((t1[k] - t0.get(k, 0), k) for k in t1), reverse=True)
+        by_thread = ", ".join(f"{k} {v}" for v, k in by_thread[:5] if v > 0) or "none"
         lat = []
         for i in range(0, N, max(1, N // SAMPLE)):
             t = time.monotonic()
@@ -146,7 +168,7 @@ def main():
         print(f"| create + 1 KV write | {N / took:.0f} /s ({took:.1f} s, {THREADS} clients) |")
         print(f"| RSS per namespace, live | {(active - base) * 1024 / N:.0f} B (node {active / 1024:.0f} MiB, empty {base / 1024:.0f} MiB) |")
         print(f"| RSS per namespace, passivated | {(asleep - base) * 1024 / N:.0f} B (node {asleep / 1024:.0f} MiB) |")
-        print(f"| idle CPU after passivation | {idle_cpu * 100:.2f} % of a core over {IDLE_SECONDS} s |")
+        print(f"| idle CPU after passivation | {idle_cpu * 100:.2f} % of a core over {IDLE_SECONDS} s (ticks by thread: {by_thread}) |")
         print(f"| first request, sleeping namespace | p50 {p(0.5):.2f} ms, p99 {p(0.99):.2f} ms ({len(lat)} namespaces) |")
     finally:
         node.send_signal(signal.SIGTERM)

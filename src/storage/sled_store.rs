@@ -22,6 +22,10 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 pub struct SledStore {
     /// The open database under `data_dir/db`; sled's file lock keeps out a second process.
     db: sled::Db,
+    /// The expiry index: `deadline (8 bytes, big-endian ms) ‖ key` for each
+    /// expiring value written, so the sweep reads only what is due instead
+    /// of every key of the node (which grew with the namespace count).
+    expiry: sled::Tree,
     /// Queue of the group-commit thread: a write sends a waiter and is
     /// acknowledged when the fsync that follows answers it.
     flusher: std::sync::mpsc::Sender<FlushWaiter>,
@@ -89,6 +93,23 @@ fn encode(value: &[u8], ttl: Option<Duration>) -> Vec<u8> {
     }
 }
 
+/// The expiry index's key of an expiring raw record under `key`; None for a plain one.
+fn expiry_key(key: &[u8], raw: &[u8]) -> Option<Vec<u8>> {
+    if raw.first() != Some(&EXPIRING) || raw.len() < 9 {
+        return None;
+    }
+    let mut k = Vec::with_capacity(8 + key.len());
+    k.extend_from_slice(&raw[1..9]);
+    k.extend_from_slice(key);
+    Some(k)
+}
+
+/// The expiry index's marker that it covers every expiring value (written
+/// once the first open has indexed those of an older database). Longer than
+/// no deadline and above every one (deadlines start with a zero byte until
+/// the year 2^56 ms), so a sweep's range never reads it.
+const EXPIRY_INDEXED: &[u8] = b"indexed-v1";
+
 /// The live value inside a raw record, or None if it expired.
 fn decode(raw: &[u8], now: u64) -> Option<&[u8]> {
     match *raw.first()? {
@@ -131,9 +152,27 @@ impl SledStore {
                 }
                 other => unusable(other.to_string()),
             })?;
+        let expiry = db
+            .open_tree("expiry")
+            .map_err(|e| unusable(e.to_string()))?;
+        if !expiry
+            .contains_key(EXPIRY_INDEXED)
+            .map_err(|e| unusable(e.to_string()))?
+        {
+            // A database from before the index: index its expiring values once.
+            for (k, v) in db.iter().flatten() {
+                if let Some(x) = expiry_key(&k, &v) {
+                    expiry.insert(x, &[]).map_err(|e| unusable(e.to_string()))?;
+                }
+            }
+            expiry
+                .insert(EXPIRY_INDEXED, &[])
+                .map_err(|e| unusable(e.to_string()))?;
+        }
         let (flusher, thread) = spawn_flusher(db.clone());
         Ok(SledStore {
             db,
+            expiry,
             flusher,
             counters: Arc::default(),
             flusher_thread: Arc::new(parking_lot::Mutex::new(Some(thread))),
@@ -160,23 +199,41 @@ impl SledStore {
         }
     }
 
-    /// Removes expired keys; returns how many.
+    /// Removes expired keys; returns how many. Reads the expiry index up to
+    /// now only: the work is what expired, not the size of the database.
     pub fn sweep_expired(&self) -> usize {
         let now = now_ms();
         let mut removed = 0;
-        for (k, v) in self.db.iter().flatten() {
-            if v.first() == Some(&EXPIRING) && decode(&v, now).is_none() {
+        let due = self.expiry.range(..=now.to_be_bytes().to_vec());
+        for (x, _) in due.flatten() {
+            let key = &x[8..];
+            if let Ok(Some(v)) = self.db.get(key)
+                && expiry_key(key, &v).as_deref() == Some(&x[..])
+                && decode(&v, now).is_none()
+            {
                 // Only remove the exact expired value, never a fresh write.
                 if let Ok(Ok(())) = self
                     .db
-                    .compare_and_swap(&k, Some(&v), None as Option<&[u8]>)
+                    .compare_and_swap(key, Some(&v), None as Option<&[u8]>)
                 {
-                    self.wrote([&k[..]]);
+                    self.wrote([key]);
                     removed += 1;
                 }
             }
+            // Due: its value is gone, rewritten (with an entry of its own) or removed now.
+            let _ = self.expiry.remove(&x);
         }
         removed
+    }
+
+    /// Notes an expiring raw record in the expiry index, before it is
+    /// written: a crash between the two leaves an entry the sweep drops,
+    /// never an expiring value the sweep cannot find.
+    fn index_expiry(&self, key: &[u8], raw: &[u8]) -> StoreResult<()> {
+        if let Some(x) = expiry_key(key, raw) {
+            self.expiry.insert(x, &[]).map_err(unavailable)?;
+        }
+        Ok(())
     }
 
     /// A counter of the writes to keys under `prefix` (the same counter for
@@ -326,9 +383,9 @@ impl OrderedKv for SledStore {
     }
 
     async fn put_ttl(&self, key: &[u8], value: &[u8], ttl: Duration) -> StoreResult<()> {
-        self.db
-            .insert(key, encode(value, Some(ttl)))
-            .map_err(unavailable)?;
+        let raw = encode(value, Some(ttl));
+        self.index_expiry(key, &raw)?;
+        self.db.insert(key, raw).map_err(unavailable)?;
         self.wrote([key]);
         self.durable().await
     }
@@ -373,6 +430,9 @@ impl OrderedKv for SledStore {
                 return Ok(false);
             }
             let new_raw = new.map(|v| encode(v, ttl));
+            if let Some(r) = &new_raw {
+                self.index_expiry(key, r)?;
+            }
             match self
                 .db
                 .compare_and_swap(key, raw.as_deref(), new_raw)
@@ -616,6 +676,70 @@ mod tests {
     }
 
     /// A value put with a TTL is readable before it expires and gone after; the sweep removes it.
+    /// The sweep goes by the expiry index: it removes what expired, leaves a
+    /// key rewritten without a TTL or with a later deadline, and empties the
+    /// index of what was due (so its next run reads nothing).
+    #[tokio::test]
+    async fn sweep_reads_the_expiry_index() {
+        let (_d, s) = store();
+        let short = Duration::from_millis(30);
+        s.put_ttl(b"gone", b"v", short).await.unwrap();
+        s.put_ttl(b"made-plain", b"v", short).await.unwrap();
+        s.put(b"made-plain", b"kept").await.unwrap();
+        s.put_ttl(b"extended", b"v", short).await.unwrap();
+        s.put_ttl(b"extended", b"v2", Duration::from_secs(3600))
+            .await
+            .unwrap();
+        assert!(
+            s.compare_and_swap(b"cas", None, Some(b"v"), Some(short))
+                .await
+                .unwrap()
+        );
+        for i in 0..100u32 {
+            s.put(format!("plain/{i}").as_bytes(), b"v").await.unwrap();
+        }
+        // Four due entries (one per expiring write but the long one), the
+        // long one, the marker.
+        assert_eq!(s.expiry.len(), 6);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(s.sweep_expired(), 2, "gone and cas");
+        assert_eq!(s.db.get(b"gone").unwrap(), None);
+        assert_eq!(s.db.get(b"cas").unwrap(), None);
+        assert_eq!(
+            s.get(b"made-plain").await.unwrap().as_deref(),
+            Some(&b"kept"[..])
+        );
+        assert_eq!(
+            s.get(b"extended").await.unwrap().as_deref(),
+            Some(&b"v2"[..])
+        );
+        // Left in the index: the long deadline and the marker.
+        assert_eq!(s.expiry.len(), 2);
+        assert_eq!(s.sweep_expired(), 0);
+    }
+
+    /// A database from before the index: its expiring values are indexed
+    /// once at open, so the sweep still finds them.
+    #[tokio::test]
+    async fn an_older_database_is_indexed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(dir.path()).unwrap();
+            s.put_ttl(b"old", b"v", Duration::from_millis(20))
+                .await
+                .unwrap();
+            // As a database written before the index was.
+            s.expiry.clear().unwrap();
+            s.db.flush().unwrap();
+            s.close();
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let s = SledStore::open(dir.path()).unwrap();
+        assert!(s.expiry.contains_key(EXPIRY_INDEXED).unwrap());
+        assert_eq!(s.sweep_expired(), 1);
+        assert_eq!(s.db.get(b"old").unwrap(), None);
+    }
+
     #[tokio::test]
     async fn ttl_expiry() {
         let (_d, s) = store();

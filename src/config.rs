@@ -606,6 +606,10 @@ pub struct PubSubConfig {
     pub max_recovered_publications: u64,
     /// Seconds between the node's history sweeps (one task for every namespace).
     pub history_sweep_seconds: u64,
+    /// Milliseconds `POST /v1/pubsub/publish[-batch]` waits for the
+    /// namespace's supervisor (a history topic's ack waits for its store
+    /// write); past it 504 `TIMEOUT`. Must be > 0.
+    pub publish_timeout_ms: u64,
 }
 
 impl Default for PubSubConfig {
@@ -621,6 +625,7 @@ impl Default for PubSubConfig {
             max_history_bytes_per_namespace: 64 << 20,
             max_recovered_publications: 300,
             history_sweep_seconds: 5,
+            publish_timeout_ms: 10_000,
         }
     }
 }
@@ -793,9 +798,10 @@ impl Config {
             || p.max_history_bytes_per_namespace == 0
             || p.max_recovered_publications == 0
             || p.history_sweep_seconds == 0
+            || p.publish_timeout_ms == 0
         {
             errors.push(
-                "pubsub.max_history_size, max_history_ttl, max_history_bytes_per_namespace, max_recovered_publications and history_sweep_seconds: must be > 0"
+                "pubsub.max_history_size, max_history_ttl, max_history_bytes_per_namespace, max_recovered_publications, history_sweep_seconds and publish_timeout_ms: must be > 0"
                     .into(),
             );
         }

@@ -25,6 +25,14 @@ const NAMESPACES = ["alpha", "beta"];
 // WebSocket subscribers per namespace, as topic names: alpha 3 on 2 topics, beta 2 on 1.
 const SUBSCRIBERS = { alpha: ["room.1", "room.1", "room.2"], beta: ["room.1", "room.1"] };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// Polls `cond` (every 50 ms) until it holds; throws naming `what` past `ms`.
+async function until(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`${what}: not within ${ms} ms`);
+    await sleep(50);
+  }
+}
 
 let passed = 0;
 function check(cond, what) {
@@ -54,10 +62,9 @@ async function startNode() {
     });
   });
   const base = `http://${addr}`;
-  for (let i = 0; i < 300; i++) {
-    try { if ((await fetch(`${base}/readyz`)).status === 200) break; } catch { /* not yet */ }
-    await sleep(100);
-  }
+  await until(async () => {
+    try { return (await fetch(`${base}/readyz`)).status === 200; } catch { return false; }
+  }, 30_000, "the node ready");
   return { child, base, dir };
 }
 
@@ -124,7 +131,11 @@ function traffic(base, keys) {
   const all = Promise.all(loops);
   const state = { error: null };
   all.catch((e) => { running = false; state.error = e; });
-  return { state, stop: async () => { running = false; await all; return { sent, published }; } };
+  return {
+    state,
+    counts: () => ({ sent, published }),
+    stop: async () => { running = false; await all; return { sent, published }; },
+  };
 }
 
 async function readRow(page, ns) {
@@ -164,7 +175,12 @@ async function main() {
     const idle = await api(node.base, "POST", "/v1/namespaces", KEY, JSON.stringify({ name: "gamma-idle" }));
     check(idle.status === 201, `namespace gamma-idle created (${idle.status})`);
     load = traffic(node.base, keys);
-    await sleep(2500); // a few ticks of history before the page opens
+    // Traffic under way in both namespaces before the page opens.
+    await until(() => {
+      if (load.state.error) throw load.state.error;
+      const c = load.counts();
+      return c.sent >= 40 && c.published >= 20;
+    }, 30_000, "traffic under way");
 
     browser = await chromium.launch({
       executablePath: CHROMIUM,
@@ -200,7 +216,9 @@ async function main() {
     const first = {};
     for (const ns of NAMESPACES) first[ns] = await readRow(page, ns);
     const tick1 = Number(await page.textContent("#tick"));
-    await sleep(3000);
+    // A few ticks later (the counters move with every tick under traffic).
+    await page.waitForFunction((t) => Number(document.querySelector("#tick").textContent) >= t + 3,
+      tick1, { timeout: 15_000 });
     const second = {};
     for (const ns of NAMESPACES) second[ns] = await readRow(page, ns);
     const tick2 = Number(await page.textContent("#tick"));
@@ -243,12 +261,15 @@ async function main() {
     await page.selectOption("#ns-filter", "");
 
     // Sorting by a column: handled/s descending puts alpha (twice the traffic) first.
+    // Each click re-sorts the table: wait for the order it promises (bounded).
+    const firstRow = (ns) => page.waitForFunction((want) =>
+      document.querySelector("#ns-table tbody tr")?.dataset.ns === want, ns, { timeout: 5_000 }).catch(() => {});
     await page.click('#ns-table th[data-key="handled"]');
-    await page.waitForTimeout(300);
+    await firstRow("alpha");
     const order = await page.$$eval("#ns-table tbody tr", (rs) => rs.map((r) => r.dataset.ns));
     check(order[0] === "alpha", `sorting by handled puts the busiest first (${order.join(", ")})`);
     await page.click('#ns-table th[data-key="handled"]');
-    await page.waitForTimeout(300);
+    await firstRow("beta");
     const reversed = await page.$$eval("#ns-table tbody tr", (rs) => rs.map((r) => r.dataset.ns));
     check(reversed[0] === "beta", "a second click reverses the order");
 

@@ -1380,3 +1380,180 @@ async fn record_changes_and_deletes_reach_every_node() {
         assert_eq!(s, 404, "node {i}: {b}");
     }
 }
+
+/// A stand-in for a member's HTTP API on 127.0.0.1: answers every request
+/// with the status it is told, with or without the gateway-fault header a
+/// node puts on the 502–504 it produces itself; counts the KV requests.
+struct FakeMember {
+    port: u16,
+    /// (status, gateway fault) of the next answers.
+    answer: std::sync::Arc<std::sync::Mutex<(u16, bool)>>,
+    kv_requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FakeMember {
+    fn start() -> FakeMember {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let answer = std::sync::Arc::new(std::sync::Mutex::new((503, false)));
+        let kv_requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (ans, count) = (answer.clone(), kv_requests.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let (ans, count) = (ans.clone(), count.clone());
+                std::thread::spawn(move || {
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+                    // One request at a time on the connection: head, then the body.
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+                        if let Some(end) = head_end {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                            let len: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse().ok())
+                                .unwrap_or(0);
+                            if buf.len() >= end + 4 + len {
+                                if head.contains(" /v1/kv/") {
+                                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                }
+                                buf.drain(..end + 4 + len);
+                                let (status, fault) = *ans.lock().unwrap();
+                                let body = r#"{"ok":false,"error":{"code":"FAKE","message":"fake member","retryable":true}}"#;
+                                let fault = if fault {
+                                    "x-meshgate-fault: gateway\r\n"
+                                } else {
+                                    ""
+                                };
+                                let res = format!(
+                                    "HTTP/1.1 {status} Fake\r\ncontent-type: application/json\r\n{fault}content-length: {}\r\n\r\n{body}",
+                                    body.len()
+                                );
+                                if conn.write_all(res.as_bytes()).is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                        }
+                        match conn.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        FakeMember {
+            port,
+            answer,
+            kv_requests,
+        }
+    }
+
+    fn answer(&self, status: u16, gateway_fault: bool) {
+        *self.answer.lock().unwrap() = (status, gateway_fault);
+    }
+
+    fn kv_requests(&self) -> usize {
+        self.kv_requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The breaker counts a member's 502/503/504 only when the member's node
+/// produced it (`x-meshgate-fault: gateway`): node C advertises a stand-in
+/// that answers for it. Six 502–504 without the header (a function's or an
+/// upstream's own answer) are passed through and leave C's breaker closed;
+/// five with it (502, 503, 504 in turn) are passed through and open it
+/// (`breaker_failures = 5`; the probe interval is long, so it stays open);
+/// the next request is 503 `NO_MEMBER_AVAILABLE` and does not reach C.
+#[test]
+fn a_members_gateway_faults_open_its_breaker() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeMember::start();
+    let opts = |id: &str, extra: &str| {
+        let mut o = member_opts(&etcd, id, free_port(), tmp.path());
+        o.config = o.config.replace(
+            "breaker_probe_seconds = 1\n",
+            "breaker_probe_seconds = 3600\n",
+        );
+        o.config.push_str(extra);
+        o
+    };
+    let _c = TestNode::start_with(opts(
+        "c",
+        &format!("advertise = \"http://127.0.0.1:{}\"\n", fake.port),
+    ));
+    let a = TestNode::start_with(opts("a", ""));
+    let (s, b) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"shop","members":["c"]}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let auth = format!("Bearer {OPERATOR_KEY}");
+    let put = || {
+        let (s, h, b) = http(
+            "PUT",
+            &a.url("/v1/kv/greeting"),
+            &[("authorization", &auth), ("x-namespace", "shop")],
+            Some(b"hello"),
+        );
+        (
+            s,
+            header(&h, "x-meshgate-member").map(str::to_string),
+            String::from_utf8_lossy(&b).into_owned(),
+        )
+    };
+    let closed = |after: &str| {
+        if let Some(br) = breaker(&a, "shop", "c") {
+            assert_eq!(br["state"], "closed", "{after}: {br}");
+            assert_eq!(br["consecutive_failures"], 0, "{after}: {br}");
+        }
+    };
+    for (i, status) in [502, 503, 504, 502, 503, 504].into_iter().enumerate() {
+        fake.answer(status, false);
+        let (s, m, body) = put();
+        assert_eq!(
+            (s, m.as_deref()),
+            (status, Some("c")),
+            "plain {status}: {body}"
+        );
+        closed(&format!("after {} plain 5xx", i + 1));
+    }
+    assert_eq!(fake.kv_requests(), 6);
+    for (i, status) in [502, 503, 504, 502, 503].into_iter().enumerate() {
+        fake.answer(status, true);
+        let (s, m, body) = put();
+        assert_eq!(
+            (s, m.as_deref()),
+            (status, Some("c")),
+            "gateway fault {status}: {body}"
+        );
+        let br = breaker(&a, "shop", "c").expect("a breaker for c");
+        let failures = i + 1;
+        if failures < 5 {
+            assert_eq!(
+                br["state"], "closed",
+                "after {failures} gateway faults: {br}"
+            );
+            assert_eq!(br["consecutive_failures"], failures, "{br}");
+        } else {
+            assert_eq!(br["state"], "open", "after 5 gateway faults: {br}");
+        }
+    }
+    assert_eq!(fake.kv_requests(), 11);
+    // Open: C is skipped, nothing reaches it.
+    fake.answer(200, false);
+    let (s, m, body) = put();
+    assert_eq!(
+        (s, m.as_deref(), json(&body)["error"]["code"].as_str()),
+        (503, None, Some("NO_MEMBER_AVAILABLE")),
+        "{body}"
+    );
+    assert_eq!(fake.kv_requests(), 11, "the open breaker sent nothing to C");
+}

@@ -128,10 +128,14 @@ impl TestNode {
             }
         };
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg_path = dir
-            .parent()
-            .unwrap()
-            .join(format!("config-{}.toml", std::process::id()));
+        // Named after the data folder too: nodes whose data folders share a
+        // parent (`cluster::member_opts`) and start at once must not write
+        // one file (each read the other's `node_id`).
+        let cfg_path = dir.parent().unwrap().join(format!(
+            "config-{}-{}.toml",
+            std::process::id(),
+            dir.file_name().unwrap_or_default().to_string_lossy()
+        ));
         std::fs::write(&cfg_path, &opts.config).unwrap();
         let mut cmd = Command::new(bin());
         cmd.arg("serve")

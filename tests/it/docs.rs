@@ -2,7 +2,7 @@
 //! run as written against a real node, twice, so a README that drifts from
 //! the code (a renamed flag, a changed field, a new refusal) fails the build.
 
-use crate::common::{NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, bin};
+use crate::common::{NodeOpts, OPERATOR_AUTH, OPERATOR_KEY, TEST_CONFIG, TestNode, bin, http};
 use std::path::Path;
 use std::process::Command;
 
@@ -80,8 +80,19 @@ fn readme_runs_as_written() {
         blocks.len() >= 4,
         "the tour, CLI, pub/sub and functions blocks are marked"
     );
-    let script = format!("set -euo pipefail\n{}\n", blocks.join("\n"));
+    let mut script = format!("set -euo pipefail\n{}\n", blocks.join("\n"));
     let n = TestNode::start();
+    // Cluster mode: the tour's namespace is placed on the member the suite
+    // uses ("b"), so every step of it is forwarded by the node the reader
+    // talks to ("a"); the README's own request names no members.
+    if let Some(m) = n.member_of_namespaces() {
+        let create = r#"-d "{\"name\":\"$NS\"}" $BASE/v1/namespaces"#;
+        assert!(script.contains(create), "the tour creates $NS as expected");
+        script = script.replace(
+            create,
+            &format!(r#"-d "{{\"name\":\"$NS\",\"members\":[\"{m}\"]}}" $BASE/v1/namespaces"#),
+        );
+    }
     let work = tempfile::tempdir().unwrap();
     // The reader stands in the repository: its examples are at hand.
     std::os::unix::fs::symlink(repo().join("examples"), work.path().join("examples")).unwrap();
@@ -106,6 +117,21 @@ fn readme_runs_as_written() {
                 "round {round}: {promised:?} missing from\n{out}"
             );
         }
+    }
+    if n.member_of_namespaces().is_some() {
+        let (_, _, m) = http("GET", &n.url("/metrics"), &[OPERATOR_AUTH], None);
+        let forwarded = String::from_utf8_lossy(&m)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("meshgate_forwards_total{outcome=\"ok\"} ")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0);
+        assert!(
+            forwarded >= 10.0,
+            "the tour was forwarded by a: {forwarded}"
+        );
     }
 }
 

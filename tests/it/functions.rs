@@ -780,7 +780,7 @@ fn functions_cron_trigger() {
     }
 }
 
-/// The CLI deploys, lists, invokes and deletes.
+/// The CLI deploys, lists, invokes, shows the logs and deletes.
 #[test]
 fn functions_cli() {
     let node = start("");
@@ -819,7 +819,30 @@ fn functions_cli() {
         run(&["fn", "invoke", "echo"], Some(b"from stdin")),
         "from stdin"
     );
-    let _ = run(&["fn", "logs", "echo"], None);
+    // `fn logs` prints the function's invocation records as JSON: the two
+    // calls above (the record writer may lag behind the answers).
+    let mut logs = serde_json::Value::Null;
+    wait_until(
+        Duration::from_secs(10),
+        "the two calls in `fn logs`",
+        || {
+            logs = json(&run(&["fn", "logs", "echo"], None));
+            logs["logs"].as_array().is_some_and(|l| l.len() >= 2)
+        },
+    );
+    let records = logs["logs"].as_array().unwrap();
+    assert_eq!(records.len(), 2, "{logs:#}");
+    for r in records {
+        assert_eq!(
+            (
+                r["function"].as_str(),
+                r["status"].as_str(),
+                r["trigger"].as_str()
+            ),
+            (Some("echo"), Some("ok"), Some("http")),
+            "{r:#}"
+        );
+    }
     run(&["fn", "delete", "echo"], None);
     assert!(!run(&["fn", "list"], None).contains("\"echo\""));
 }
@@ -990,14 +1013,15 @@ const SLOW_PURE: &str = r#"(module
   (func (export "_start") (local i32)
     (drop (call $log (i32.const 1) (i32.const 64) (i32.const 7)))
     (loop (local.set 0 (i32.add (local.get 0) (i32.const 1)))
-          (br_if 0 (i32.lt_u (local.get 0) (i32.const 150000000))))
+          (br_if 0 (i32.lt_u (local.get 0) (i32.const 450000000))))
     (i32.store (i32.const 0) (i32.const 80))
     (i32.store (i32.const 4) (i32.const 4))
     (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
 #[test]
 fn a_slow_pure_function_answers_once_with_one_set_of_logs() {
-    let node = start("");
+    // One HTTP worker: a guest kept on the request's thread would hold it.
+    let node = start("[server]\nworkers = 1\n");
     let key = node.create_namespace("fpure");
     deploy(&node, &key, "slow", SLOW_PURE.as_bytes(), &[]);
     let caller = std::thread::spawn({
@@ -1005,8 +1029,37 @@ fn a_slow_pure_function_answers_once_with_one_set_of_logs() {
         let auth = format!("Bearer {key}");
         move || http("POST", &url, &[("authorization", &auth)], Some(b""))
     });
-    // While the guest runs, the node serves another request.
+    // While the guest runs, the node serves another request: the call is
+    // seen in flight (the guest runs from its arrival to its answer), /livez
+    // answers, and the call is still running after that answer.
+    let in_flight = || {
+        let (_, _, b) = http(
+            "GET",
+            &node.url("/metrics"),
+            &[crate::common::OPERATOR_AUTH],
+            None,
+        );
+        String::from_utf8_lossy(&b)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("meshgate_http_in_flight ")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    wait_until(Duration::from_secs(30), "the call in flight", || {
+        assert!(
+            !caller.is_finished(),
+            "the call ended before it was seen running"
+        );
+        in_flight() >= 1.0
+    });
     assert_eq!(http("GET", &node.url("/livez"), &[], None).0, 200);
+    assert!(
+        !caller.is_finished() && in_flight() >= 1.0,
+        "/livez answered only once the guest was done"
+    );
     let (s, _, b) = caller.join().unwrap();
     assert_eq!(
         (s, b.as_slice()),

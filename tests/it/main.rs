@@ -1,6 +1,7 @@
 //! Integration tests: each drives a real `meshgate` process over HTTP.
 
 mod chain;
+mod cli;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod common;

@@ -786,3 +786,64 @@ async fn namespace_deleted_closes_sockets_4004() {
     assert_eq!(st, 200, "{b}");
     assert_eq!(close_code(&mut s).await, 4004);
 }
+
+/// A publish its namespace's supervisor does not answer within
+/// `[pubsub] publish_timeout_ms` is 504 `TIMEOUT` (retryable), on
+/// `/v1/pubsub/publish` and `/v1/pubsub/publish-batch`: a node on etcd,
+/// a topic with history (its ack waits for the history's store write),
+/// etcd frozen so the write hangs (etcd's own request timeout is 3 s, the
+/// publish timeout 300 ms). Thawed, the topic publishes again.
+#[cfg(feature = "cluster")]
+#[test]
+fn publish_not_answered_in_time_is_504_timeout() {
+    let etcd = crate::etcd_process::EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut opts = crate::cluster::member_opts(&etcd, "a", free_port(), tmp.path());
+    opts.config.push_str("[pubsub]\npublish_timeout_ms = 300\n");
+    let node = TestNode::start_with(opts);
+    let (s, b) = node.op("POST", "/v1/namespaces", Some(r#"{"name":"feed"}"#));
+    assert_eq!(s, 201, "{b}");
+    let key = json(&b)["api_key"].as_str().unwrap().to_string();
+    let (s, b) = node.with_key(
+        &key,
+        "PUT",
+        "/v1/namespaces/feed/pubsub",
+        Some(br#"{"history":[{"topics":"ticks","size":100,"ttl_seconds":600}]}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    // A JWT, so authentication needs no store read while etcd is frozen.
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/auth/token",
+        Some(format!(r#"{{"api_key":"{key}"}}"#).as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    let token = json(&b)["access_token"].as_str().unwrap().to_string();
+    let one = br#"{"topic":"ticks","data_base64":"aGk="}"#;
+    let batch = br#"{"messages":[{"topic":"ticks","data_base64":"aGk="}]}"#;
+    let (s, b) = node.with_key(&token, "POST", "/v1/pubsub/publish", Some(one));
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["offset"], 1, "a history topic: {b}");
+
+    etcd.freeze();
+    let frozen = (
+        node.with_key(&token, "POST", "/v1/pubsub/publish", Some(one)),
+        node.with_key(&token, "POST", "/v1/pubsub/publish-batch", Some(batch)),
+    );
+    etcd.thaw();
+    for (route, (s, b)) in [("publish", frozen.0), ("publish-batch", frozen.1)] {
+        assert_eq!(s, 504, "{route}: {b}");
+        let e = &json(&b)["error"];
+        assert_eq!(
+            (e["code"].as_str(), e["retryable"].as_bool()),
+            (Some("TIMEOUT"), Some(true)),
+            "{route}: {b}"
+        );
+    }
+    wait_until(Duration::from_secs(30), "a publish after the thaw", || {
+        node.with_key(&token, "POST", "/v1/pubsub/publish", Some(one))
+            .0
+            == 200
+    });
+}

@@ -141,17 +141,31 @@ async fn publish(
     body: web::Json<PublishBody>,
 ) -> ApiResult<HttpResponse> {
     let (topic, data) = message(&ctx, &node, body.into_inner())?;
-    let pos = ctx
-        .handle
-        .ask(Publish {
-            topic,
-            data,
-            depth: 0,
-        })
-        .await??;
+    let msg = Publish {
+        topic,
+        data,
+        depth: 0,
+    };
+    let pos = ask_within(&ctx, &node, msg).await??;
     let mut answer = crate::http::ws_session::position_fields(pos.as_ref());
     answer.insert("ok".into(), serde_json::Value::Bool(true));
     Ok(HttpResponse::Ok().json(answer))
+}
+
+/// Asks the namespace's supervisor to publish, waiting at most
+/// `[pubsub] publish_timeout_ms` (then 504 `TIMEOUT`).
+async fn ask_within<M>(
+    ctx: &NsCtx,
+    node: &Node,
+    msg: M,
+) -> Result<M::Result, crate::actors::AskError>
+where
+    crate::actors::NamespaceSupervisor: actix::Handler<M>,
+    M: actix::Message + Send + 'static,
+    M::Result: Send,
+{
+    let within = std::time::Duration::from_millis(node.config.pubsub.publish_timeout_ms);
+    crate::actors::ask(&ctx.handle.addr, &ctx.handle.stats, msg, within).await
 }
 
 #[derive(Deserialize)]
@@ -179,7 +193,7 @@ async fn publish_batch(
         .into_iter()
         .map(|m| message(&ctx, &node, m))
         .collect::<ApiResult<Vec<_>>>()?;
-    let n = ctx.handle.ask(PublishBatch { messages }).await??;
+    let n = ask_within(&ctx, &node, PublishBatch { messages }).await??;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "published": n})))
 }
 

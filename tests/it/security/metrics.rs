@@ -140,9 +140,6 @@ fn public_metrics_name_no_namespace() {
 /// 401 until it is empty, then 429; the right key is still served.
 #[test]
 fn wrong_keys_at_metrics_are_rate_limited() {
-    if single_node_only("a rate-limit bucket is one node's") {
-        return;
-    }
     let n = TestNode::start_with(NodeOpts {
         config: "[rate_limit]\ncredential_per_minute = 1\ncredential_burst = 3\n".into(),
         ..Default::default()

@@ -9,6 +9,7 @@ mod egress;
 mod hop;
 mod hosts;
 mod input;
+mod limits;
 mod metrics;
 mod seals;
 mod secrets;

@@ -593,6 +593,62 @@ fn bad_settings_are_refused_and_nothing_is_stored() {
     assert_eq!(tok["role"], "member");
 }
 
+/// The challenge has a bucket per wallet (`wallet_per_minute`/`wallet_burst`,
+/// here 1/2), whatever address asks: two challenges for one wallet from
+/// two addresses are answered, the third, from a third address, is 429
+/// `WALLET_RATE_LIMITED` with `Retry-After`; that address still gets a
+/// challenge for another wallet (its own credential bucket is not empty).
+#[test]
+fn the_challenge_is_rate_limited_per_wallet_from_any_address() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}wallet_per_minute = 1\nwallet_burst = 2\n"),
+        ..Default::default()
+    });
+    let owner = node.create_namespace("bank");
+    let (s, b) = set(
+        &node.base,
+        &owner,
+        "bank",
+        &json!({"enabled": true, "allow": "any"}),
+    );
+    assert_eq!(s, 200, "{b}");
+    let (flooded, other) = (Wallet::new(), Wallet::new());
+    let ask = |from: &str, w: &Wallet| {
+        let (s, h, b) = http_from(
+            Some(from),
+            "POST",
+            &node.url("/v1/auth/challenge"),
+            &[("content-type", "application/json")],
+            Some(
+                json!({"wallet": w.addr, "namespace": "bank"})
+                    .to_string()
+                    .as_bytes(),
+            ),
+        );
+        let b = String::from_utf8_lossy(&b).into_owned();
+        (s, header(&h, "retry-after").map(str::to_string), b)
+    };
+    for from in ["127.0.0.2", "127.0.0.3"] {
+        let (s, _, b) = ask(from, &flooded);
+        assert_eq!(s, 200, "from {from}: {b}");
+        assert!(json(&b)["message"].is_string(), "{b}");
+    }
+    let (s, after, b) = ask("127.0.0.4", &flooded);
+    assert_eq!(
+        (s, code_of(&b).as_str()),
+        (429, "WALLET_RATE_LIMITED"),
+        "{b}"
+    );
+    assert!(
+        after
+            .and_then(|a| a.parse::<u64>().ok())
+            .is_some_and(|a| a >= 1),
+        "429 with Retry-After"
+    );
+    let (s, _, b) = ask("127.0.0.4", &other);
+    assert_eq!(s, 200, "another wallet from the same address: {b}");
+}
+
 /// Three nodes on etcd, bank's only member "b": through "a", which is not
 /// bank's member, the attack is refused; the owner's setting (sent through
 /// "a", kept by "b") lets the listed wallet sign in through "a" and read

@@ -1,0 +1,188 @@
+//! The command-line client's key, namespace and deployment commands
+//! (issue #43): what each prints, and what it did to the node, seen through
+//! the node's HTTP API.
+
+use crate::common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// Runs `meshgate ARGS --url BASE`; panics on a non-zero exit; returns stdout.
+fn cli(base: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .args(["--url", base])
+        .env_remove("MESHGATE_KEY")
+        .env_remove("MESHGATE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What the CLI printed, as JSON.
+fn printed(out: &str) -> Value {
+    json(out.trim())
+}
+
+/// An upstream on 127.0.0.1 that answers every request `upstream says hi`.
+fn upstream() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                    buf.drain(..end + 4);
+                    let body = "upstream says hi";
+                    let res = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if s.write_all(res.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A GET of `/` on `host` through the node: status and body.
+fn routed(node: &TestNode, host: &str) -> (u16, String) {
+    let (s, _, b) = http("GET", &node.url("/"), &[("host", host)], None);
+    (s, String::from_utf8_lossy(&b).into_owned())
+}
+
+/// `keys revoke` prints the revocation and the key stops working;
+/// `deploy upstream` prints the deployment and its host is proxied,
+/// `deploy show` prints it with its instance, `deploy delete` prints the
+/// deletion and the host is no longer routed; `ns list` prints the
+/// namespace, `ns delete` prints the deletion, and the namespace and its
+/// key are gone.
+#[test]
+fn cli_keys_namespaces_and_deployments() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n"),
+        ..Default::default()
+    });
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clins");
+    let (s, b) = node.with_key(
+        &owner,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"name":"doomed","role":"reader"}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let created = json(&b);
+    let reader = created["api_key"].as_str().unwrap().to_string();
+    let id = created["record"]["id"].as_str().unwrap().to_string();
+    assert_eq!(node.with_key(&reader, "GET", "/v1/kv/x", None).0, 404);
+
+    // keys revoke: prints what it revoked; the key is refused from then on.
+    let out = printed(&cli(base, &["keys", "revoke", &id, "--key", &owner]));
+    assert_eq!(out, serde_json::json!({"ok": true, "revoked": id}));
+    wait_until(Duration::from_secs(10), "the revoked key refused", || {
+        node.with_key(&reader, "GET", "/v1/kv/x", None).0 == 401
+    });
+    let (s, b) = node.with_key(&owner, "GET", "/v1/auth/api-keys", None);
+    assert_eq!(s, 200, "{b}");
+    let listed = json(&b)["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["id"] == id.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} not listed: {b}"));
+    assert_eq!(listed["revoked"], true, "{listed}");
+
+    // deploy upstream: prints the deployment; its host is proxied.
+    let up = upstream();
+    let host = "api.clins.example.test";
+    let out = printed(&cli(
+        base,
+        &[
+            "deploy", "upstream", &up, "--host", host, "--name", "api", "--key", &owner,
+        ],
+    ));
+    let d = &out["deployment"];
+    assert_eq!(
+        (
+            d["name"].as_str(),
+            d["hosts"].clone(),
+            d["namespace"].as_str()
+        ),
+        (Some("api"), serde_json::json!([host]), Some("clins")),
+        "{out:#}"
+    );
+    wait_until(Duration::from_secs(10), "the host proxied", || {
+        routed(&node, host) == (200, "upstream says hi".into())
+    });
+    // deploy show: the deployment with its instance and the instance's health.
+    let out = printed(&cli(base, &["deploy", "show", "api", "--key", &owner]));
+    assert_eq!(
+        (out["name"].as_str(), out["target"]["kind"].as_str()),
+        (Some("api"), Some("upstream")),
+        "{out:#}"
+    );
+    let instances = out["target"]["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 1, "{out:#}");
+    assert_eq!(
+        (
+            instances[0]["url"].as_str(),
+            instances[0]["healthy"].as_bool()
+        ),
+        (Some(up.as_str()), Some(true)),
+        "{out:#}"
+    );
+    // deploy delete: prints the deletion; the host is routed nowhere.
+    let out = printed(&cli(base, &["deploy", "delete", "api", "--key", &owner]));
+    assert_eq!(out, serde_json::json!({"ok": true, "deleted": "api"}));
+    wait_until(Duration::from_secs(10), "the host no longer routed", || {
+        routed(&node, host).0 == 404
+    });
+    let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/api", None);
+    assert_eq!(s, 404, "{b}");
+
+    // ns list: the namespace; ns delete: prints the deletion; it is gone.
+    let names = |v: &Value| -> Vec<String> {
+        v["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let out = printed(&cli(base, &["ns", "list", "--key", OPERATOR_KEY]));
+    assert!(names(&out).contains(&"clins".to_string()), "{out:#}");
+    let out = printed(&cli(
+        base,
+        &["ns", "delete", "clins", "--key", OPERATOR_KEY],
+    ));
+    assert_eq!(out, serde_json::json!({"ok": true, "deleted": "clins"}));
+    let (s, b) = node.op("GET", "/v1/namespaces/clins", None);
+    assert_eq!(s, 404, "{b}");
+    wait_until(
+        Duration::from_secs(10),
+        "the deleted namespace's key refused",
+        || node.with_key(&owner, "GET", "/v1/kv/x", None).0 == 401,
+    );
+    let out = printed(&cli(base, &["ns", "list", "--key", OPERATOR_KEY]));
+    assert!(!names(&out).contains(&"clins".to_string()), "{out:#}");
+}

@@ -59,7 +59,7 @@ pub struct NodeInner {
     /// The node's single pub/sub delivery path.
     pub pubsub: crate::pubsub::PubSubService,
     /// The dashboard's latest frame, history and viewers.
-    pub dashboard: crate::http::dashboard::Dashboard,
+    pub dashboard: crate::http::dashboard::board::Dashboard,
     /// The WASM engine, the invocation-record queue and the secret key.
     pub functions: crate::actors::FunctionsService,
     /// Host-routed deployments: records and the routing index.

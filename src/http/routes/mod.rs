@@ -32,7 +32,7 @@ pub fn register(t: &mut RouteTable) {
     functions::register(t);
     pubsub::register(t);
     deployments::register(t);
-    crate::http::dashboard::register(t);
+    crate::http::dashboard::routes::register(t);
 }
 
 /// Namespace names: 1–63 of `a-z`, `0-9`, `-`, starting with a letter or digit.

@@ -3,9 +3,15 @@
 //! steps in order; [`super::serve`] puts it under the probes and `Compress`;
 //! a test drives the order from outside.
 
-use super::error::ApiError;
-use super::policy::{Policy, PolicyMap};
-use crate::error::Code;
+use crate::error::{ApiError, Code};
+use crate::http::chain::admission::{self, InFlight, record_request};
+use crate::http::chain::context::{
+    INTERNAL_PREFIX, REQUEST_ID, RequestHost, RequestId, RoutedHost, X_API_KEY, X_FORWARDED_FOR,
+    policy_of, refuse,
+};
+use crate::http::chain::limits::Limiters;
+use crate::http::chain::logger::{request_id, request_span};
+use crate::http::policy::{Policy, PolicyMap};
 use crate::http::state::{Node, Phase};
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -13,32 +19,6 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpResponse, web};
-
-/// The request id (`X-Request-ID`), generated when the client sent none.
-#[derive(Clone, Debug)]
-pub struct RequestId(pub String);
-
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-// Header names read on every request, built once: a lookup by `&str` parses
-// the name, and a name outside the standard set is copied into a fresh
-// allocation, on each call.
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-pub const X_NAMESPACE: HeaderName = HeaderName::from_static("x-namespace");
-const INTERNAL_PREFIX: &str = "x-internal-auth-";
-
-fn node(req: &ServiceRequest) -> Node {
-    req.app_data::<web::Data<Node>>()
-        .expect("node data")
-        .get_ref()
-        .clone()
-}
-
-fn short_circuit<B>(req: ServiceRequest, err: ApiError) -> ServiceResponse<EitherBody<B>> {
-    req.into_response(err.error_response_owned())
-        .map_into_right_body()
-}
 
 /// Bodies smaller than this are sent uncompressed.
 const SMALL_BODY: u64 = 1024;
@@ -65,7 +45,7 @@ pub async fn probes(
         }
         return Ok(res.map_into_left_body());
     }
-    let node = node(&req);
+    let node = Node::of(req.request()).clone();
     let resp = match path {
         "/livez" => HttpResponse::Ok().json(serde_json::json!({"status": "alive"})),
         "/startupz" => HttpResponse::Ok().json(serde_json::json!({"status": "started"})),
@@ -119,7 +99,7 @@ fn metrics_answer(req: &ServiceRequest, node: &Node) -> HttpResponse {
         )
         .error_response_owned(),
         Some(_) => {
-            if let Some(l) = req.app_data::<web::Data<std::sync::Arc<crate::http::Limiters>>>() {
+            if let Some(l) = req.app_data::<web::Data<std::sync::Arc<Limiters>>>() {
                 let xff = req
                     .headers()
                     .get(&X_FORWARDED_FOR)
@@ -152,27 +132,15 @@ pub async fn front(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
-    let node = node(&req);
-    match node.phase() {
-        Phase::Ready => {}
-        Phase::Starting => {
-            let e = ApiError::new(Code::Starting, "the node is starting").retry_after(1);
-            return Ok(short_circuit(req, e));
-        }
-        Phase::Draining => {
-            let e = ApiError::new(Code::Draining, "the node is draining").retry_after(1);
-            let mut res = short_circuit(req, e);
-            res.response_mut()
-                .head_mut()
-                .set_connection_type(actix_web::http::ConnectionType::Close);
-            return Ok(res);
-        }
+    let node = Node::of(req.request()).clone();
+    if let Some(refused) = admission::refusal(&node) {
+        return Ok(req.into_response(refused).map_into_right_body());
     }
     let start = crate::util::mono_now();
     // Decremented on drop, so a panicking handler cannot hold the drain forever.
     let in_flight = InFlight::enter(&node);
     let mut res = match internal_auth_gate(&node, &mut req).await {
-        Err(refused) => Ok(short_circuit(req, refused)),
+        Err(refused) => Ok(refuse(req, refused)),
         Ok(()) => {
             route_policy(&node, &mut req);
             logged(req, next, start).await
@@ -196,31 +164,6 @@ pub async fn front(
     };
     record_request(&node, status, start);
     res
-}
-
-/// Counts a finished request and its duration by status class (admission's
-/// metrics; the routed fast path records the same).
-pub(crate) fn record_request(node: &Node, status: StatusCode, start: std::time::Instant) {
-    let (count, duration) = node.metrics.http_class(status.as_u16());
-    count.inc();
-    duration.observe(start.elapsed().as_secs_f64());
-}
-
-/// One request in flight, counted until dropped (the drain waits for them).
-/// It borrows the node's gauge: no reference count is touched per request.
-pub(crate) struct InFlight<'a>(&'a prometheus::IntGauge);
-
-impl InFlight<'_> {
-    pub(crate) fn enter(node: &Node) -> InFlight<'_> {
-        node.metrics.http_in_flight.inc();
-        InFlight(&node.metrics.http_in_flight)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
 }
 
 /// Step 1: deletes every `X-Internal-Auth-*` header unless a valid hop MAC came
@@ -257,14 +200,14 @@ async fn internal_auth_gate(node: &Node, req: &mut ServiceRequest) -> Result<(),
 fn route_policy(node: &Node, req: &mut ServiceRequest) {
     // The routed fast path found the host already unless it stopped earlier
     // (probes, hops, upgrades).
-    let host = crate::http::chain::RequestHost::of(req);
+    let host = RequestHost::of(req);
     let routed = host
         .as_deref()
         .and_then(|h| node.deployments.host_namespace(h));
     if let (Some(namespace), Some(host)) = (routed, host) {
         let mut ext = req.extensions_mut();
         ext.insert(Policy::Deployment);
-        ext.insert(crate::http::deploy_serve::RoutedHost { namespace, host });
+        ext.insert(RoutedHost { namespace, host });
     } else if let Some(map) = req.app_data::<web::Data<PolicyMap>>()
         && let Some(pattern) = map.pattern_of(req.path(), || req.match_pattern())
         && let Some(policy) = map.get(req.method(), pattern)
@@ -287,7 +230,7 @@ async fn logged<B: MessageBody + 'static>(
 ) -> Result<ServiceResponse<EitherBody<EitherBody<B>>>, Error> {
     let id = request_id(&req);
     req.extensions_mut().insert(RequestId(id.clone()));
-    let entry = super::access_log::Entry::begin(req.method(), req.path(), start);
+    let entry = crate::http::access_log::Entry::begin(req.method(), req.path(), start);
     let span = request_span(req.method(), req.path(), &id);
     let res = tracing::Instrument::instrument(answer(req, next), span).await;
     match res {
@@ -302,68 +245,6 @@ async fn logged<B: MessageBody + 'static>(
     }
 }
 
-/// The request's id: the client's `X-Request-ID` when it is 1 to 128
-/// printable ASCII characters, else a fresh one.
-pub(crate) fn request_id(req: &ServiceRequest) -> String {
-    req.headers()
-        .get(&REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_string)
-        .unwrap_or_else(fresh_request_id)
-}
-
-/// The span events of one request sit in; disabled (free) unless `RUST_LOG`
-/// enables DEBUG for `meshgate`.
-pub(crate) fn request_span(
-    method: &actix_web::http::Method,
-    path: &str,
-    id: &str,
-) -> tracing::Span {
-    tracing::debug_span!("request", method = %method, path = %path, request_id = %id)
-}
-
-/// A request id no other request of this process had: 24 hex digits, 8
-/// random bytes drawn once per process, then a 4-byte counter. Request ids
-/// name, they do not authorize (a client may send its own), so they need to
-/// be distinct, not unpredictable; drawing 12 fresh random bytes per request
-/// cost a system call on every request. Each thread takes the counter in
-/// blocks of [`ID_BLOCK`], so the workers do not pass one cache line between
-/// them on every request; the ids stay distinct (a block is handed out once).
-pub(crate) fn fresh_request_id() -> String {
-    use std::cell::Cell;
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static PREFIX: OnceLock<[u8; 16]> = OnceLock::new();
-    static NEXT_BLOCK: AtomicU32 = AtomicU32::new(0);
-    thread_local! {
-        /// This thread's next counter value and the end of its block.
-        static BLOCK: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
-    }
-    let prefix = PREFIX.get_or_init(|| {
-        let mut hex = [0u8; 16];
-        hex::encode_to_slice(crate::util::random_bytes::<8>(), &mut hex)
-            .expect("8 bytes are 16 hex digits");
-        hex
-    });
-    let n = BLOCK.with(|b| {
-        let (mut next, mut end) = b.get();
-        if next == end {
-            next = NEXT_BLOCK.fetch_add(ID_BLOCK, Ordering::Relaxed);
-            end = next.wrapping_add(ID_BLOCK);
-        }
-        b.set((next.wrapping_add(1), end));
-        next
-    });
-    let mut id = [0u8; 24];
-    id[..16].copy_from_slice(prefix);
-    hex::encode_to_slice(n.to_be_bytes(), &mut id[16..]).expect("4 bytes are 8 hex digits");
-    String::from_utf8_lossy(&id).into_owned()
-}
-
-/// How many request ids a thread takes from the shared counter at a time.
-const ID_BLOCK: u32 = 256;
-
 /// Steps 3½ and 4: every error answer that is not already the JSON envelope
 /// becomes it ([`envelope`]), then the security headers go on
 /// ([`security_headers`]). A deployment's answers are the upstream's own:
@@ -375,7 +256,7 @@ async fn answer<B: MessageBody + 'static>(
     let deployed = policy_of(&req) == Some(Policy::Deployment);
     let v1 = req.path().starts_with("/v1/");
     // Steps 5 to 12, in the same layer.
-    let res = super::chain::steps(req, next).await?;
+    let res = crate::http::chain::steps(req, next).await?;
     if deployed {
         return Ok(res.map_into_left_body());
     }
@@ -453,86 +334,6 @@ fn security_headers(h: &mut actix_web::http::header::HeaderMap, v1: bool) {
     );
     if v1 && !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
-}
-
-/// Step 12 for routed hosts: the deployment answers (a static file or the proxy)
-/// instead of the router.
-pub async fn deployment_dispatch<B: MessageBody + 'static>(
-    req: ServiceRequest,
-    next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, Error> {
-    if policy_of(&req) != Some(Policy::Deployment) {
-        return next
-            .call(req)
-            .await
-            .map(ServiceResponse::map_into_left_body);
-    }
-    let node = node(&req);
-    let (http, payload) = req.into_parts();
-    // Boxed: the proxy's future is kilobytes, and inline it would make
-    // every request's chain future that large (moved whole into actix's boxes).
-    let resp = Box::pin(super::deploy_serve::serve_routed(
-        &node,
-        http.clone(),
-        payload,
-    ))
-    .await;
-    Ok(ServiceResponse::new(http, resp).map_into_right_body())
-}
-
-/// The policy the route-policy step put on the request (unknown routes have none).
-pub fn policy_of(req: &ServiceRequest) -> Option<Policy> {
-    req.extensions().get::<Policy>().cloned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fresh_request_id;
-
-    /// A generated id is 24 lowercase hex digits: the process's 16, then the
-    /// counter's 8; the next id differs only in the counter.
-    #[test]
-    fn fresh_request_ids_are_24_hex_digits_and_distinct() {
-        let a = fresh_request_id();
-        let b = fresh_request_id();
-        for id in [&a, &b] {
-            assert_eq!(id.len(), 24, "{id}");
-            assert!(
-                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
-                "{id}"
-            );
-        }
-        assert_ne!(a, b);
-        assert_eq!(a[..16], b[..16], "one prefix per process");
-        let (na, nb) = (
-            u32::from_str_radix(&a[16..], 16).unwrap(),
-            u32::from_str_radix(&b[16..], 16).unwrap(),
-        );
-        assert!(nb > na, "the counter counts up: {a} then {b}");
-    }
-
-    /// Threads take the counter in blocks: ids made on several threads at
-    /// once, each past a block's end, are still all distinct.
-    #[test]
-    fn fresh_request_ids_from_several_threads_are_distinct() {
-        let per_thread = super::ID_BLOCK as usize * 3 + 7;
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                std::thread::spawn(move || {
-                    (0..per_thread)
-                        .map(|_| fresh_request_id())
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        let mut all = std::collections::HashSet::new();
-        for t in threads {
-            for id in t.join().unwrap() {
-                assert!(all.insert(id.clone()), "{id} was made twice");
-            }
-        }
-        assert_eq!(all.len(), per_thread * 4);
     }
 }
 

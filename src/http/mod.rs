@@ -20,13 +20,15 @@ mod ws_session;
 
 pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession};
 
-pub use chain::{ClientIp, Identity, Limiters, Sni, Target, request_host};
+pub use crate::identity::Identity;
+pub use crate::util::now;
+pub use chain::context::{ClientIp, RequestId, Sni, Target, policy_of, request_host};
+pub use chain::credentials::{KeyCache, TokenCache};
+pub use chain::limits::Limiters;
 pub use error::GATEWAY_FAULT;
 pub use error::{ApiError, ApiResult};
-pub use middleware::{RequestId, policy_of};
 pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
 pub use request::{has_upgrade, is_websocket_upgrade, read_limited};
-pub use routes::{KeyCache, TokenCache, now};
 
 use crate::error::Code;
 use actix_web::middleware::from_fn;
@@ -52,7 +54,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         cfg.server.workers
     };
     let data = web::Data::new(node.clone());
-    let limiters = web::Data::new(chain::Limiters::new(&cfg));
+    let limiters = web::Data::new(chain::limits::Limiters::new(&cfg));
     let max_body = cfg.server.max_body_bytes;
     let server = HttpServer::new(move || {
         let (resources, policies) = route_table().build().expect("checked at start-up");
@@ -156,16 +158,10 @@ pub fn serve_metrics(node: Node) -> anyhow::Result<Option<(actix_web::dev::Serve
     Ok(Some((server.run(), addr)))
 }
 
-/// What a future on the request path may weigh (bytes, in a debug build).
-/// Each layer's future is moved whole into actix's boxes on every request, so
-/// a rarely-taken await that holds kilobytes (an etcd call, a hop to another
-/// member, the proxy's exchange) is boxed where it is awaited instead.
-#[cfg(test)]
-pub(crate) const SMALL_FUTURE: usize = 4096;
-
 #[cfg(test)]
 mod tests {
-    use super::{Node, SMALL_FUTURE};
+    use super::request::SMALL_FUTURE;
+    use super::state::Node;
     use actix_web::body::BoxBody;
     use actix_web::middleware::Next;
 
@@ -200,11 +196,11 @@ mod tests {
             ),
             (
                 "deployment_dispatch",
-                size2(super::middleware::deployment_dispatch::<BoxBody>),
+                size2(super::deploy_serve::deployment_dispatch::<BoxBody>),
             ),
             (
                 "authenticate",
-                size2(|n: &'static Node, c: &'static str| super::routes::authenticate(n, c)),
+                size2(|n: &'static Node, c: &'static str| super::chain::access::authenticate(n, c)),
             ),
         ] {
             assert!(

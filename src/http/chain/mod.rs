@@ -9,62 +9,29 @@
 //! saves a boxed future, a service call and their moves per step on every
 //! request, with the order and every answer unchanged.)
 
-use super::error::ApiError;
-use super::middleware::policy_of;
-use super::policy::Policy;
-use crate::config::Config;
-use crate::error::Code;
-use crate::http::state::Node;
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::Method;
-use actix_web::http::header::{self, HeaderValue};
+//!
+//! Its files, bottom up: `context` (what the steps put on a request and read
+//! from it: the types the route handlers read too), `credentials` (the
+//! credential caches the node holds), `admission` and `logger` (steps 0 and
+//! 3's parts), `limits`, `routing` and `access` (steps 5 to 11), then this
+//! file, which runs them and hands the request to step 12 (`forward.rs`).
+//! Steps 0 to 4 run in one layer in `middleware.rs`, which calls [`steps`].
+//! Each file imports from the file that defines what it uses, never from
+//! this one.
+
+use crate::http::forward::cluster_forward;
+use actix_web::body::MessageBody;
+use actix_web::dev::ServiceRequest;
 use actix_web::middleware::Next;
-use actix_web::{Error, HttpMessage, HttpResponse, web};
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use std::net::{IpAddr, SocketAddr};
-use std::num::NonZeroU32;
-use std::sync::Arc;
-use std::time::Duration;
+use context::{Early, Res, early, refuse};
 
-pub use crate::identity::Identity;
-
-/// The namespace a request acts on, set by domain routing or authorization.
-#[derive(Debug, Clone)]
-pub struct Target(pub String);
-
-/// The client's address after the trusted-proxy rule.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientIp(pub IpAddr);
-
-mod access;
-mod limits;
-mod routing;
-
-pub use limits::Limiters;
-pub use routing::{RequestHost, Sni, request_host};
-
-/// How a step ends a request before the handler.
-pub(super) enum Early {
-    /// Refused: the error's envelope answers.
-    Refuse(ApiError),
-    /// Answered by the step itself (a CORS preflight, the dashboard's sign-in redirect).
-    Answer(HttpResponse),
-}
-
-impl From<ApiError> for Early {
-    fn from(e: ApiError) -> Self {
-        Early::Refuse(e)
-    }
-}
-
-fn early<B>(req: ServiceRequest, e: Early) -> ServiceResponse<EitherBody<B>> {
-    match e {
-        Early::Refuse(err) => refuse(req, err),
-        Early::Answer(resp) => req.into_response(resp).map_into_right_body(),
-    }
-}
+pub(crate) mod access;
+pub(crate) mod admission;
+pub(crate) mod context;
+pub(crate) mod credentials;
+pub(crate) mod limits;
+pub(crate) mod logger;
+pub(crate) mod routing;
 
 /// Steps 5 to 11, in order: the client rate limit, CORS, domain routing,
 /// authentication, authorization, the scope gate, the namespace rate limit.
@@ -91,7 +58,7 @@ pub async fn steps<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>)
         // Step 12 in the same layer (one boxed future and one service hop
         // fewer per request): another member's namespace goes there, a
         // routed host to its deployment, the rest to the router.
-        Ok(()) => crate::http::forward::cluster_forward(req, next).await?,
+        Ok(()) => cluster_forward(req, next).await?,
         Err(e) => early(req, e),
     };
     if let Some(origin) = origin {
@@ -99,17 +66,3 @@ pub async fn steps<B: MessageBody + 'static>(req: ServiceRequest, next: Next<B>)
     }
     Ok(res)
 }
-
-/// The node, borrowed from the request's app data.
-pub(super) fn node_ref(req: &ServiceRequest) -> &Node {
-    req.app_data::<web::Data<Node>>()
-        .expect("node data")
-        .get_ref()
-}
-
-pub(super) fn refuse<B>(req: ServiceRequest, err: ApiError) -> ServiceResponse<EitherBody<B>> {
-    req.into_response(err.error_response_owned())
-        .map_into_right_body()
-}
-
-pub(super) type Res<B> = Result<ServiceResponse<EitherBody<B>>, Error>;

@@ -153,7 +153,7 @@ async fn members_elsewhere(
     // Deployment reads are answered here: their records are in the shared
     // store, and an upstream's health is kept by each node that proxies (the
     // view of this node is the one this client's routed traffic meets).
-    if req.method() == Method::GET && req.path().starts_with("/v1/deployments") {
+    if req.method() == Method::GET && policy.as_ref().is_some_and(Policy::reads_deployments) {
         return Ok(None);
     }
     // A namespace that does not exist is answered here (404 from its handler).
@@ -213,13 +213,20 @@ async fn after_forwarded_change(n: &Node, req: &HttpRequest) {
     if matches!(*req.method(), Method::GET | Method::HEAD) {
         return;
     }
-    let path = req.path();
-    if path.starts_with("/v1/deployments") {
-        if let Err(e) = n.deployments.follow().await {
-            tracing::warn!(error = %e, "Routing index not refreshed after a forwarded change.");
+    // The route's policy says what changed: its grant's domain.
+    let domain = req
+        .extensions()
+        .get::<Policy>()
+        .and_then(Policy::grant)
+        .map(|(domain, _)| domain);
+    match domain {
+        Some("deployments") => {
+            if let Err(e) = n.deployments.follow().await {
+                tracing::warn!(error = %e, "Routing index not refreshed after a forwarded change.");
+            }
         }
-    } else if path.starts_with("/v1/auth/api-keys") {
-        n.key_cache.clear();
+        Some("keys") => n.key_cache.clear(),
+        _ => {}
     }
 }
 

@@ -75,11 +75,11 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         // `wrap` makes the last one outermost: listed here innermost first.
         // The chain, in one layer: admission, the internal-header gate, the
         // route's policy, the request log, the envelope and the security
-        // headers (steps 0 to 4), then steps 5 to 11 (client rate limit …
+        // headers (steps 0 to 4, `chain::front`), then steps 5 to 11 (client rate limit …
         // namespace rate limit, `chain::steps`) and step 12: forwarding to
         // the member that owns the namespace, or a routed host's
         // deployment, or the router.
-        app.wrap(from_fn(middleware::front))
+        app.wrap(from_fn(chain::front::front))
             .wrap(actix_web::middleware::Compress::default())
             .wrap(from_fn(middleware::probes))
             // Routed upstream requests: the chain's deployment steps in one.
@@ -187,9 +187,9 @@ mod tests {
             ),
             (
                 "front",
-                size2(|r, n: Next<BoxBody>| super::middleware::front(r, n)),
+                size2(|r, n: Next<BoxBody>| super::chain::front::front(r, n)),
             ),
-            ("steps", size2(super::chain::steps::<BoxBody>)),
+            ("steps", size2(super::chain::steps::steps::<BoxBody>)),
             (
                 "cluster_forward",
                 size2(super::forward::cluster_forward::<BoxBody>),

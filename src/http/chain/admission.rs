@@ -1,6 +1,6 @@
 //! Step 0, admission: refuses new work while the node starts or drains,
 //! counts the requests in flight (the drain waits for them) and records
-//! the request metrics. The chain (`middleware.rs`) and the routed fast path
+//! the request metrics. The chain (`front.rs`) and the routed fast path
 //! (`deploy_serve.rs`) both call these.
 
 use crate::error::{ApiError, Code};

@@ -1,5 +1,5 @@
 //! Step 3's parts: the request's id and the span its events sit in. The
-//! request log itself is `access_log.rs`; the chain (`middleware.rs`) and
+//! request log itself is `access_log.rs`; the chain (`front.rs`) and
 //! the routed fast path (`deploy_serve.rs`) both call these.
 
 use super::context::REQUEST_ID;

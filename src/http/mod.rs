@@ -18,22 +18,17 @@ pub mod tls;
 mod ws_invoke;
 mod ws_session;
 
+// For the modules outside `http/` (the assembly, the tests): no file of
+// `http/` imports from here, each names the file that defines what it uses.
+pub use crate::util::now;
+pub use error::{ApiError, ApiResult};
+pub use state::{Node, Phase};
 pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession};
 
-pub use crate::identity::Identity;
-pub use crate::util::now;
-pub use chain::context::{ClientIp, RequestId, Sni, Target, policy_of, request_host};
-pub use chain::credentials::{KeyCache, TokenCache};
-pub use chain::limits::Limiters;
-pub use error::GATEWAY_FAULT;
-pub use error::{ApiError, ApiResult};
-pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
-pub use request::{has_upgrade, is_websocket_upgrade, read_limited};
-
 use crate::error::Code;
+use crate::http::policy::RouteTable;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
-pub use state::{Node, Phase};
 use std::net::SocketAddr;
 
 /// Builds the route table of every capability.

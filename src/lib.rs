@@ -5,8 +5,13 @@
 //! # Layout
 //! - `actors/`: the node supervisor, one supervisor per namespace (its KV, and
 //!   the hooks functions and pub/sub plug into), and per-actor instrumentation.
-//! - `http/`: the listener, the request chain of docs/design.md §2 (one function per
-//!   step), route policies, the error envelope, and the route handlers.
+//! - `http/`: the listener (`mod.rs`), the node handle (`state.rs`), the
+//!   request chain of docs/design.md §2 in `http/chain/` (one function per
+//!   step; what the steps put on a request in `context.rs`), cluster
+//!   forwarding and the hop check (`forward.rs`, `hop.rs`), a routed host's
+//!   deployment (`deploy_serve.rs`), route policies, the error envelope, the
+//!   route handlers (`http/routes/`) and the `/v1/ws` socket. Layered inside:
+//!   docs/architecture.md, "Inside the folders".
 //! - `auth/`: pure identity primitives: API key format, grants and roles, EdDSA
 //!   JWTs, refresh rotation rules, wallet challenges, the cluster hop MAC.
 //! - `namespace.rs`: the namespace record (members, limits, claims provider).
@@ -23,8 +28,9 @@
 //! - `pubsub/`: the node's delivery service, per-worker relays with bounded
 //!   socket queues, the `WsSession` actor, topic tables, the socket protocol,
 //!   per-topic history (offsets, epochs, recovery; `history.rs`).
-//! - `http/dashboard/`: the live `/__admin` page: a sampler over the metrics registry,
-//!   the JSON API and event stream, operator sessions, embedded assets.
+//! - `http/dashboard/`: the live `/__admin` page: a sampler over the metrics
+//!   registry (`reading.rs`), the frames the node holds (`board.rs`), the JSON
+//!   API and event stream, operator sessions, embedded assets.
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
 //! - `functions/`: deploy, versions, secrets, each namespace's invoker (the
 //!   host services of its guests), pub/sub and cron triggers, invocation records.
@@ -34,7 +40,8 @@
 //!   forwarding to a member through per-(namespace, member) breakers.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
-//! - `node.rs`: start-up, the node's shared handle, and the drain.
+//! - `node.rs`: start-up (it builds the node's handle, `http/state.rs`), the
+//!   background tasks, and the drain.
 //! - `error.rs`: `ApiError`, the error every layer returns toward a client.
 //! - `util.rs`: the clock, random bytes, host name, CPU count (imports nothing).
 //! - `cli.rs`: the `meshgate` command line, server and client.

@@ -6,9 +6,19 @@
 use crate::deploy::index::{Bound, Serve};
 use crate::deploy::model::SiteFile;
 use crate::deploy::proxy::{Forwarded, ProxyTimeouts, proxy_http, proxy_ws};
-use crate::error::ApiError;
-use crate::error::Code;
-use crate::http::state::{Node, Phase};
+use crate::error::{ApiError, Code};
+use crate::http::access_log;
+use crate::http::chain::admission::{self, InFlight, record_request};
+use crate::http::chain::context::{
+    ClientIp, INTERNAL_PREFIX, REQUEST_ID, RequestHost, RequestId, RoutedHost, Sni,
+    X_FORWARDED_PROTO, policy_of, request_host,
+};
+use crate::http::chain::limits::{Limiters, charge_client, charge_namespace, client_ip_of};
+use crate::http::chain::logger::{request_id, request_span};
+use crate::http::chain::routing::check_server_name;
+use crate::http::policy::Policy;
+use crate::http::request::{has_upgrade, is_websocket_upgrade};
+use crate::http::state::Node;
 use crate::storage::OrderedKv;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
@@ -21,13 +31,24 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Put on a request by domain routing when its host belongs to a deployment.
-#[derive(Debug, Clone)]
-pub struct RoutedHost {
-    /// The namespace owning the host's deployment: the request's target namespace.
-    pub namespace: String,
-    /// The request's host, as the deployment index knows it; looked up again to serve.
-    pub host: String,
+/// Step 12 for routed hosts: the deployment answers (a static file or the proxy)
+/// instead of the router.
+pub async fn deployment_dispatch<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, Error> {
+    if policy_of(&req) != Some(Policy::Deployment) {
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body);
+    }
+    let node = Node::of(req.request()).clone();
+    let (http, payload) = req.into_parts();
+    // Boxed: the proxy's future is kilobytes, and inline it would make
+    // every request's chain future that large (moved whole into actix's boxes).
+    let resp = Box::pin(serve_routed(&node, http.clone(), payload)).await;
+    Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }
 
 /// Serves a routed request; every failure is the JSON envelope.
@@ -52,11 +73,8 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
         .error_response_owned();
     };
     // Each borrow of the request's extensions ends before the next begins.
-    let client_ip = req.extensions().get::<crate::http::ClientIp>().map(|c| c.0);
-    let request_id = req
-        .extensions()
-        .get::<crate::http::RequestId>()
-        .map(|r| r.0.clone());
+    let client_ip = req.extensions().get::<ClientIp>().map(|c| c.0);
+    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
     serve_bound(
         node,
         &req,
@@ -74,8 +92,7 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
 /// which is only computed when such a header is there).
 fn client_scheme(req: &HttpRequest) -> &'static str {
     let h = req.headers();
-    let forwarded =
-        h.contains_key(header::FORWARDED) || h.contains_key(&super::middleware::X_FORWARDED_PROTO);
+    let forwarded = h.contains_key(header::FORWARDED) || h.contains_key(&X_FORWARDED_PROTO);
     let https = if forwarded {
         req.connection_info().scheme() == "https"
     } else if let Some(s) = req.uri().scheme() {
@@ -117,7 +134,7 @@ async fn serve_bound(
                 connect: Duration::from_secs(cfg.connect_timeout_seconds),
                 response: Duration::from_secs(cfg.upstream_timeout_seconds),
             };
-            if crate::http::is_websocket_upgrade(req.headers()) {
+            if is_websocket_upgrade(req.headers()) {
                 Box::pin(proxy_ws(req, payload, pool, &pq, &fwd, t)).await
             } else {
                 proxy_http(req, payload, pool, &pq, &fwd, t).await
@@ -134,7 +151,7 @@ struct FastRoute {
     /// The node (cloned for this request only): metrics, config, deployments.
     node: Node,
     /// The rate limiters, applied as the chain would: client bucket, then namespace.
-    limiters: Arc<crate::http::Limiters>,
+    limiters: Arc<Limiters>,
     /// The request's host: compared with the TLS server name, sent as X-Forwarded-Host.
     host: String,
     /// The matched deployment route and its upstream pool.
@@ -149,23 +166,22 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
         return None;
     }
     // Hops (the internal-auth gate checks their MAC) and upgrades take the chain.
-    if crate::http::has_upgrade(req.headers())
+    if has_upgrade(req.headers())
         || req
             .headers()
             .keys()
-            .any(|k| k.as_str().starts_with("x-internal-auth-"))
+            .any(|k| k.as_str().starts_with(INTERNAL_PREFIX))
     {
         return None;
     }
-    let node = req.app_data::<web::Data<Node>>()?.get_ref();
-    let host = crate::http::request_host(req)?;
+    let node = Node::of(req.request());
+    let host = request_host(req)?;
     let Some(bound) = node
         .deployments
         .route(&host, req.method().as_str(), req.path())
     else {
         // Not routed: the chain's route-policy step takes the host from here.
-        req.extensions_mut()
-            .insert(crate::http::chain::RequestHost(host));
+        req.extensions_mut().insert(RequestHost(host));
         return None;
     };
     if !matches!(bound.serve, Serve::Upstream(_)) {
@@ -174,7 +190,7 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     // Cloned only for a routed request (every other request takes the chain).
     let node = node.clone();
     let limiters = req
-        .app_data::<web::Data<Arc<crate::http::Limiters>>>()?
+        .app_data::<web::Data<Arc<Limiters>>>()?
         .get_ref()
         .clone();
     Some(FastRoute {
@@ -207,29 +223,15 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     };
     let node = &route.node;
     // Admission.
-    match node.phase() {
-        Phase::Ready => {}
-        Phase::Starting => {
-            let e = ApiError::new(Code::Starting, "the node is starting").retry_after(1);
-            return Ok(req
-                .into_response(e.error_response_owned())
-                .map_into_right_body());
-        }
-        Phase::Draining => {
-            let e = ApiError::new(Code::Draining, "the node is draining").retry_after(1);
-            let mut res = req.into_response(e.error_response_owned());
-            res.response_mut()
-                .head_mut()
-                .set_connection_type(actix_web::http::ConnectionType::Close);
-            return Ok(res.map_into_right_body());
-        }
+    if let Some(refused) = admission::refusal(node) {
+        return Ok(req.into_response(refused).map_into_right_body());
     }
     let start = crate::util::mono_now();
-    let in_flight = super::middleware::InFlight::enter(node);
+    let in_flight = InFlight::enter(node);
     // The logger.
-    let id = super::middleware::request_id(&req);
-    let entry = super::access_log::Entry::begin(req.method(), req.path(), start);
-    let span = super::middleware::request_span(req.method(), req.path(), &id);
+    let id = request_id(&req);
+    let entry = access_log::Entry::begin(req.method(), req.path(), start);
+    let span = request_span(req.method(), req.path(), &id);
     let (http, payload) = req.into_parts();
     // Boxed: the steps' future holds the upstream exchange (kilobytes), and
     // this future is moved whole into actix's box and between its layers;
@@ -243,7 +245,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     entry.finish(resp.status().as_u16(), &id);
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&id) {
-        h.insert(super::middleware::REQUEST_ID, v);
+        h.insert(REQUEST_ID, v);
     }
     // The marker that keeps `Compress` off (the chain's outermost step drops it too).
     if h.get(header::CONTENT_ENCODING)
@@ -251,7 +253,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     {
         h.remove(header::CONTENT_ENCODING);
     }
-    super::middleware::record_request(&node, resp.status(), start);
+    record_request(node, resp.status(), start);
     Ok(ServiceResponse::new(http, resp).map_into_right_body())
 }
 
@@ -264,41 +266,21 @@ async fn routed_steps(
 ) -> HttpResponse {
     let node = &route.node;
     let l = &route.limiters;
-    // The client rate limit (the general bucket: a deployment's policy).
-    let xff = req
-        .headers()
-        .get(&super::middleware::X_FORWARDED_FOR)
-        .and_then(|v| v.to_str().ok());
-    let client_ip = l.client_ip(req.peer_addr(), xff);
+    // The chain's steps that act on a deployment, in its order. The client
+    // rate limit (the general bucket: a deployment's policy).
+    let client_ip = client_ip_of(l, req.headers(), req.peer_addr());
     if let Some(ip) = client_ip
-        && let Err(after) = l.check_general(ip)
+        && let Err(e) = charge_client(l, node, ip, false)
     {
-        node.metrics
-            .rate_limited
-            .with_label_values(&["general"])
-            .inc();
-        return ApiError::rate_limited(Code::RateLimited, after).error_response_owned();
+        return e.error_response_owned();
     }
     // Domain routing: on a TLS connection the host must be the server name.
-    if let Some(crate::http::Sni(Some(sni))) = req.conn_data::<crate::http::Sni>()
-        && !sni.eq_ignore_ascii_case(&route.host)
-    {
-        return ApiError::new(
-            Code::MisdirectedRequest,
-            format!(
-                "host {} does not match the TLS server name {sni}",
-                route.host
-            ),
-        )
-        .error_response_owned();
+    if let Err(e) = check_server_name(req.conn_data::<Sni>(), &route.host) {
+        return e.error_response_owned();
     }
     // The namespace rate limit.
-    if let Err(after) = l.check_namespace(node, &route.bound.namespace).await {
-        node.metrics
-            .rate_limited
-            .with_label_values(&["namespace"])
-            .inc();
-        return ApiError::rate_limited(Code::NamespaceRateLimited, after).error_response_owned();
+    if let Err(e) = charge_namespace(l, node, &route.bound.namespace).await {
+        return e.error_response_owned();
     }
     serve_bound(
         node,

@@ -26,8 +26,12 @@ use crate::auth::{HopIdentity, HopRequest, canonical_json, hop_body_sha256};
 use crate::deploy::proxy::{connection_listed, is_hop_by_hop, stream_response};
 use crate::error::ApiError;
 use crate::error::Code;
+use crate::http::chain::context::{ANONYMOUS_HOP, AnonymousHop, RequestId, Target, policy_of};
+use crate::http::deploy_serve::deployment_dispatch;
+use crate::http::error::GATEWAY_FAULT;
+use crate::http::policy::Policy;
+use crate::http::request::{has_upgrade, read_limited};
 use crate::http::state::Node;
-use crate::http::{Policy, Target};
 use crate::identity::Identity;
 use crate::placement::peer::{PeerTimeouts, hop_body_limit, peer_client};
 use crate::placement::{Admit, rendezvous};
@@ -36,29 +40,11 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::Next;
-use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
 use std::time::Duration;
 
 /// Names the member that served a forwarded request.
 pub const MEMBER_HEADER: &str = "x-meshgate-member";
-
-/// Put on a request that came by a valid anonymous hop (a caller without a
-/// credential, forwarded by a peer): it has no identity, is not forwarded
-/// again and, like any hop, is not counted against the client rate limit
-/// (the node it reached first did that).
-#[derive(Debug, Clone, Copy)]
-pub struct AnonymousHop;
-
-fn node(req: &ServiceRequest) -> Node {
-    req.app_data::<web::Data<Node>>()
-        .expect("node data")
-        .get_ref()
-        .clone()
-}
-
-/// The subject of an anonymous hop (its namespace is empty, no real
-/// namespace is): a caller without a credential on a route that takes one.
-pub const ANONYMOUS_HOP: &str = "anonymous";
 
 /// The hop identity of an anonymous caller: no namespace, no grants.
 fn anonymous_hop() -> HopIdentity {
@@ -135,7 +121,7 @@ async fn members_elsewhere(
     let Some(cluster) = node.cluster.get() else {
         return Ok(None);
     };
-    let policy = crate::http::policy_of(req);
+    let policy = policy_of(req);
     let by_path = matches!(policy, Some(Policy::NsOrAnonymous { .. }));
     let ns_policy = by_path
         || matches!(
@@ -161,13 +147,13 @@ async fn members_elsewhere(
         return Ok(None);
     }
     // Sockets stay on the node they reached; the mesh carries their messages.
-    if crate::http::has_upgrade(req.headers()) {
+    if has_upgrade(req.headers()) {
         return Ok(None);
     }
     // Deployment reads are answered here: their records are in the shared
     // store, and an upstream's health is kept by each node that proxies (the
     // view of this node is the one this client's routed traffic meets).
-    if req.method() == Method::GET && req.path().starts_with("/v1/deployments") {
+    if req.method() == Method::GET && policy.as_ref().is_some_and(Policy::reads_deployments) {
         return Ok(None);
     }
     // A namespace that does not exist is answered here (404 from its handler).
@@ -196,10 +182,10 @@ pub async fn cluster_forward<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, Error> {
-    let n = node(&req);
+    let n = Node::of(req.request()).clone();
     let (target, members) = match members_elsewhere(&n, &req).await {
         Ok(Some(found)) => found,
-        Ok(None) => return crate::http::middleware::deployment_dispatch(req, next).await,
+        Ok(None) => return deployment_dispatch(req, next).await,
         Err(e) => {
             let (http, _) = req.into_parts();
             return Ok(ServiceResponse::new(http, e.error_response_owned()).map_into_right_body());
@@ -227,13 +213,20 @@ async fn after_forwarded_change(n: &Node, req: &HttpRequest) {
     if matches!(*req.method(), Method::GET | Method::HEAD) {
         return;
     }
-    let path = req.path();
-    if path.starts_with("/v1/deployments") {
-        if let Err(e) = n.deployments.follow().await {
-            tracing::warn!(error = %e, "Routing index not refreshed after a forwarded change.");
+    // The route's policy says what changed: its grant's domain.
+    let domain = req
+        .extensions()
+        .get::<Policy>()
+        .and_then(Policy::grant)
+        .map(|(domain, _)| domain);
+    match domain {
+        Some("deployments") => {
+            if let Err(e) = n.deployments.follow().await {
+                tracing::warn!(error = %e, "Routing index not refreshed after a forwarded change.");
+            }
         }
-    } else if path.starts_with("/v1/auth/api-keys") {
-        n.key_cache.clear();
+        Some("keys") => n.key_cache.clear(),
+        _ => {}
     }
 }
 
@@ -265,7 +258,7 @@ async fn forward(
     // a finite one: read it whole, as its digest goes into the MAC.
     // The client's body, read whole up to the hop bound (413 above, before
     // reading when its Content-Length already says so).
-    let body = crate::http::read_limited(req.headers(), payload, hop_body_limit(&n.config)).await?;
+    let body = read_limited(req.headers(), payload, hop_body_limit(&n.config)).await?;
     let digest = hop_body_sha256(&body);
     let had_body = !body.is_empty() || req.headers().contains_key(header::CONTENT_LENGTH);
     let path = req.path();
@@ -282,10 +275,7 @@ async fn forward(
         tracing::error!(error = %e, "No client for other members.");
         ApiError::new(Code::NoMemberAvailable, e).retry_after(1)
     })?;
-    let request_id = req
-        .extensions()
-        .get::<crate::http::RequestId>()
-        .map(|r| r.0.clone());
+    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
     // Anonymous callers spread by request id, so they do not all land on
     // the same member.
     let spread = match (id, &request_id) {
@@ -364,7 +354,7 @@ async fn forward(
         match sent {
             Ok(res) => {
                 let gateway_fault = matches!(res.status().as_u16(), 502..=504)
-                    && res.headers().contains_key(crate::http::GATEWAY_FAULT);
+                    && res.headers().contains_key(GATEWAY_FAULT);
                 if gateway_fault {
                     n.metrics
                         .forwards

@@ -9,20 +9,21 @@
 //! headers either way, so the MAC is consumed here and never forwarded.
 //!
 //! An anonymous hop (empty namespace, subject
-//! [`ANONYMOUS_HOP`](crate::http::forward::ANONYMOUS_HOP), nothing
+//! [`ANONYMOUS_HOP`], nothing
 //! else: a public invoke forwarded for a caller without a credential)
 //! yields no identity: the request is as anonymous here as it was where it
 //! arrived, only marked [`AnonymousHop`] so it is not forwarded again.
 
-use super::chain::Identity;
-use super::error::ApiError;
 use crate::auth::{
     self, HOP_ACCEPTED_VERSION, HOP_BODY_SHA256_HEADER, HOP_MAC_HEADER, HOP_VERSION_HEADER,
     HopRequest,
 };
+use crate::error::ApiError;
 use crate::error::Code;
-use crate::http::forward::{ANONYMOUS_HOP, AnonymousHop};
+use crate::http::chain::context::{ANONYMOUS_HOP, AnonymousHop};
+use crate::http::request::{has_upgrade, read_limited};
 use crate::http::state::Node;
+use crate::identity::Identity;
 use actix_web::HttpMessage;
 use actix_web::dev::{Payload, ServiceRequest};
 
@@ -61,7 +62,7 @@ pub async fn verify_hop(
         query: req.query_string(),
         body_sha256: &claimed,
     };
-    let now = crate::http::routes::now();
+    let now = crate::util::now();
     if let Err(e) = key.verify(&macs, &signed, &hop, now) {
         let version = get(HOP_VERSION_HEADER).unwrap_or_default();
         if version != HOP_ACCEPTED_VERSION.label() {
@@ -114,7 +115,7 @@ async fn check_body(node: &Node, req: &mut ServiceRequest, claimed: &str) -> Res
             "the body of this hop is not the one its MAC was made for",
         )
     };
-    if crate::http::has_upgrade(req.headers()) {
+    if has_upgrade(req.headers()) {
         return if claimed == auth::hop_body_sha256(b"") {
             Ok(())
         } else {
@@ -123,7 +124,7 @@ async fn check_body(node: &Node, req: &mut ServiceRequest, claimed: &str) -> Res
     }
     let limit = crate::placement::peer::hop_body_limit(&node.config);
     let payload = req.take_payload();
-    let body = crate::http::read_limited(req.headers(), payload, limit).await?;
+    let body = read_limited(req.headers(), payload, limit).await?;
     if auth::hop_body_sha256(&body) != claimed {
         return Err(mismatch());
     }

@@ -18,20 +18,17 @@ pub mod tls;
 mod ws_invoke;
 mod ws_session;
 
+// For the modules outside `http/` (the assembly, the tests): no file of
+// `http/` imports from here, each names the file that defines what it uses.
+pub use crate::util::now;
+pub use error::{ApiError, ApiResult};
+pub use state::{Node, Phase};
 pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession};
 
-pub use chain::{ClientIp, Identity, Limiters, Sni, Target, request_host};
-pub use error::GATEWAY_FAULT;
-pub use error::{ApiError, ApiResult};
-pub use middleware::{RequestId, policy_of};
-pub use policy::{MissingPolicy, Policy, PolicyMap, RouteTable};
-pub use request::{has_upgrade, is_websocket_upgrade, read_limited};
-pub use routes::{KeyCache, TokenCache, now};
-
 use crate::error::Code;
+use crate::http::policy::RouteTable;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
-pub use state::{Node, Phase};
 use std::net::SocketAddr;
 
 /// Builds the route table of every capability.
@@ -52,7 +49,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         cfg.server.workers
     };
     let data = web::Data::new(node.clone());
-    let limiters = web::Data::new(chain::Limiters::new(&cfg));
+    let limiters = web::Data::new(chain::limits::Limiters::new(&cfg));
     let max_body = cfg.server.max_body_bytes;
     let server = HttpServer::new(move || {
         let (resources, policies) = route_table().build().expect("checked at start-up");
@@ -73,11 +70,11 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         // `wrap` makes the last one outermost: listed here innermost first.
         // The chain, in one layer: admission, the internal-header gate, the
         // route's policy, the request log, the envelope and the security
-        // headers (steps 0 to 4), then steps 5 to 11 (client rate limit …
+        // headers (steps 0 to 4, `chain::front`), then steps 5 to 11 (client rate limit …
         // namespace rate limit, `chain::steps`) and step 12: forwarding to
         // the member that owns the namespace, or a routed host's
         // deployment, or the router.
-        app.wrap(from_fn(middleware::front))
+        app.wrap(from_fn(chain::front::front))
             .wrap(actix_web::middleware::Compress::default())
             .wrap(from_fn(middleware::probes))
             // Routed upstream requests: the chain's deployment steps in one.
@@ -156,16 +153,10 @@ pub fn serve_metrics(node: Node) -> anyhow::Result<Option<(actix_web::dev::Serve
     Ok(Some((server.run(), addr)))
 }
 
-/// What a future on the request path may weigh (bytes, in a debug build).
-/// Each layer's future is moved whole into actix's boxes on every request, so
-/// a rarely-taken await that holds kilobytes (an etcd call, a hop to another
-/// member, the proxy's exchange) is boxed where it is awaited instead.
-#[cfg(test)]
-pub(crate) const SMALL_FUTURE: usize = 4096;
-
 #[cfg(test)]
 mod tests {
-    use super::{Node, SMALL_FUTURE};
+    use super::request::SMALL_FUTURE;
+    use super::state::Node;
     use actix_web::body::BoxBody;
     use actix_web::middleware::Next;
 
@@ -191,20 +182,20 @@ mod tests {
             ),
             (
                 "front",
-                size2(|r, n: Next<BoxBody>| super::middleware::front(r, n)),
+                size2(|r, n: Next<BoxBody>| super::chain::front::front(r, n)),
             ),
-            ("steps", size2(super::chain::steps::<BoxBody>)),
+            ("steps", size2(super::chain::steps::steps::<BoxBody>)),
             (
                 "cluster_forward",
                 size2(super::forward::cluster_forward::<BoxBody>),
             ),
             (
                 "deployment_dispatch",
-                size2(super::middleware::deployment_dispatch::<BoxBody>),
+                size2(super::deploy_serve::deployment_dispatch::<BoxBody>),
             ),
             (
                 "authenticate",
-                size2(|n: &'static Node, c: &'static str| super::routes::authenticate(n, c)),
+                size2(|n: &'static Node, c: &'static str| super::chain::access::authenticate(n, c)),
             ),
         ] {
             assert!(

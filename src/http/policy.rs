@@ -66,6 +66,11 @@ impl Policy {
             _ => None,
         }
     }
+    /// A read of the deployment routes (`deployments:read`): answered by the
+    /// node it reaches, never forwarded (the records are in the shared store).
+    pub fn reads_deployments(&self) -> bool {
+        self.grant() == Some(("deployments", "read"))
+    }
     /// The policy's name as shown in logs and docs.
     pub fn name(&self) -> &'static str {
         match self {

@@ -56,6 +56,13 @@ where
     Ok(buf.freeze())
 }
 
+/// What a future on the request path may weigh (bytes, in a debug build).
+/// Each layer's future is moved whole into actix's boxes on every request, so
+/// a rarely-taken await that holds kilobytes (an etcd call, a hop to another
+/// member, the proxy's exchange) is boxed where it is awaited instead.
+#[cfg(test)]
+pub(crate) const SMALL_FUTURE: usize = 4096;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,9 +47,9 @@ pub struct NodeInner {
     /// The hop-MAC key, when this node has a cluster secret.
     pub hop_key: Option<crate::auth::HopKey>,
     /// JWTs already verified, until they expire.
-    pub token_cache: crate::http::TokenCache,
+    pub token_cache: crate::http::chain::credentials::TokenCache,
     /// API key records recently read (see `KeyCache`).
-    pub key_cache: crate::http::KeyCache,
+    pub key_cache: crate::http::chain::credentials::KeyCache,
     /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
     pub jwt: crate::auth::JwtKeys,
     /// The [`Phase`] as its `u8`; read by the probes and the request chain.
@@ -59,7 +59,7 @@ pub struct NodeInner {
     /// The node's single pub/sub delivery path.
     pub pubsub: crate::pubsub::PubSubService,
     /// The dashboard's latest frame, history and viewers.
-    pub dashboard: crate::http::dashboard::Dashboard,
+    pub dashboard: crate::http::dashboard::board::Dashboard,
     /// The WASM engine, the invocation-record queue and the secret key.
     pub functions: crate::actors::FunctionsService,
     /// Host-routed deployments: records and the routing index.
@@ -86,6 +86,15 @@ impl std::ops::Deref for Node {
 }
 
 impl Node {
+    /// The node serving a request: the app data [`serve`](crate::http::serve)
+    /// gives every worker. The one way from a request to the node (a
+    /// `ServiceRequest` passes its `request()`).
+    pub fn of(req: &actix_web::HttpRequest) -> &Node {
+        req.app_data::<actix_web::web::Data<Node>>()
+            .expect("node data")
+            .get_ref()
+    }
+
     /// The running supervisor of a namespace, started now if the namespace exists.
     pub async fn locate(
         &self,

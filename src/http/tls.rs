@@ -3,7 +3,7 @@
 //! ALPN for HTTP/2 and HTTP/1.1, and the connection's SNI kept so that domain
 //! routing can answer 421 when a request's Host disagrees with it.
 
-use super::chain::Sni;
+use crate::http::chain::context::Sni;
 use parking_lot::RwLock;
 use rustls::crypto::ring::sign::any_supported_type;
 use rustls::server::{ClientHello, ResolvesServerCert};

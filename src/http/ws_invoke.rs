@@ -45,7 +45,7 @@ pub fn ws_invoke(
         check_input(&input)?;
         let caller = CallerInfo {
             subject: identity.map(|i| i.subject.clone()),
-            request_id: crate::http::middleware::fresh_request_id(),
+            request_id: crate::http::chain::logger::fresh_request_id(),
         };
         let run = async {
             let prepared = ns

@@ -1,7 +1,19 @@
-//! Steps 8 to 10: authentication, authorization and the scope gate.
+//! Steps 8 to 10: authentication (with [`authenticate`], the check of a
+//! presented credential, and the caches of `credentials.rs`), authorization
+//! and the scope gate.
 
-use super::*;
-use crate::http::middleware::{X_API_KEY, X_NAMESPACE};
+use super::context::{Early, Target, X_API_KEY, X_NAMESPACE, policy_of};
+use crate::auth;
+use crate::error::{ApiError, ApiResult, Code};
+use crate::http::dashboard::session as dashboard;
+use crate::http::policy::{Policy, PolicyMap};
+use crate::http::request::is_websocket_upgrade;
+use crate::http::state::Node;
+use crate::identity::{self, Identity};
+use crate::util::now;
+use actix_web::dev::ServiceRequest;
+use actix_web::http::header;
+use actix_web::{HttpMessage, HttpResponse, web};
 
 /// The credential a request presents: `Authorization: Bearer`, `X-API-Key`, or
 /// `?token=` on a WebSocket upgrade.
@@ -30,7 +42,7 @@ fn raw_credential(req: &ServiceRequest) -> Option<String> {
     if let Some(v) = req.headers().get(&X_API_KEY).and_then(|v| v.to_str().ok()) {
         return Some(v.trim().to_string());
     }
-    if crate::http::is_websocket_upgrade(req.headers()) {
+    if is_websocket_upgrade(req.headers()) {
         return web::Query::<std::collections::HashMap<String, String>>::from_query(
             req.query_string(),
         )
@@ -42,15 +54,14 @@ fn raw_credential(req: &ServiceRequest) -> Option<String> {
 
 /// Step 8: authentication. A presented credential must be valid (else 401); no
 /// credential leaves the request anonymous for authorization to judge.
-pub(super) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError> {
-    use crate::http::dashboard;
+pub(crate) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError> {
     // The dashboard changes state only from its own pages (a cookie rides
     // along on a cross-site form post).
     if dashboard::is_dashboard_path(req.path())
         && dashboard::is_state_changing(req.method())
         && policy_of(req) != Some(Policy::Deployment)
     {
-        dashboard::check_origin(node_ref(req), req.headers())?;
+        dashboard::check_origin(Node::of(req.request()), req.headers())?;
     }
     // On `/__admin` routes only, a dashboard session cookie stands for the operator
     // key (EventSource cannot send headers); a presented header still wins. The
@@ -62,7 +73,7 @@ pub(super) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError>
         && !req.headers().contains_key(&X_API_KEY)
     {
         let session = Box::pin(dashboard::cookie_identity(
-            node_ref(req),
+            Node::of(req.request()),
             req.path(),
             req.headers(),
         ))
@@ -76,10 +87,68 @@ pub(super) async fn authentication(req: &ServiceRequest) -> Result<(), ApiError>
         && policy_of(req) != Some(Policy::Deployment)
         && let Some(cred) = presented_credential(req)
     {
-        let id = crate::http::routes::authenticate(node_ref(req), &cred).await?;
+        let id = authenticate(Node::of(req.request()), &cred).await?;
         req.extensions_mut().insert(id);
     }
     Ok(())
+}
+
+/// The authentication step's check of a presented credential: the operator key,
+/// an API key (checksum first, then the record), or a JWT.
+pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
+    if node.secrets.is_operator_key(cred) {
+        return Ok(Identity::from(crate::identity::IdentityData {
+            subject: "operator".into(),
+            namespace: None,
+            grants: Vec::new(),
+            operator: true,
+            kind: "operator",
+            custom: serde_json::Value::Null,
+            jti: None,
+            exp: None,
+            iat: None,
+        }));
+    }
+    if cred.starts_with("mg_") {
+        // Checksum first: a mistyped key never reaches the cache or the store.
+        auth::parse_api_key(cred).map_err(identity::IdentityError::from)?;
+        let hash = node.secrets.api_key_hash(cred);
+        let t = now();
+        if let Some(id) = node.key_cache.get(&hash, t) {
+            return Ok(id);
+        }
+        let r = identity::lookup_key_hash(&node.store, &hash, t).await?;
+        let id = Identity::api_key(&r.id, &r.namespace, r.parsed_grants());
+        node.key_cache.insert(hash, id.clone(), r.expires_at);
+        return Ok(id);
+    }
+    if cred.starts_with("mgop_") {
+        return Err(ApiError::new(
+            Code::InvalidOperatorKey,
+            "the operator key is wrong",
+        ));
+    }
+    let t = now();
+    let digest = ring::digest::digest(&ring::digest::SHA256, cred.as_bytes());
+    let fingerprint: [u8; 32] = digest.as_ref().try_into().expect("32 bytes");
+    if let Some(id) = node.token_cache.get(&fingerprint, t) {
+        return Ok(id);
+    }
+    let iss = &node.config.server.public_url;
+    let c = node.jwt.verify(cred, t, iss, iss)?;
+    let id = Identity::from(crate::identity::IdentityData {
+        subject: c.sub.clone(),
+        namespace: Some(c.namespace.clone()),
+        grants: c.grants.iter().filter_map(|g| g.parse().ok()).collect(),
+        operator: false,
+        kind: "jwt",
+        custom: c.custom.clone(),
+        jti: Some(c.jti.clone()),
+        exp: Some(c.exp),
+        iat: Some(c.iat),
+    });
+    node.token_cache.insert(fingerprint, id.clone(), c.exp, t);
+    Ok(id)
 }
 
 /// The namespace an operator names explicitly (`X-Namespace` or `?namespace=`).
@@ -103,7 +172,7 @@ fn path_namespace(req: &ServiceRequest) -> Option<String> {
     if !req.path().starts_with("/v1/namespaces/") {
         return None;
     }
-    let map = req.app_data::<web::Data<crate::http::policy::PolicyMap>>()?;
+    let map = req.app_data::<web::Data<PolicyMap>>()?;
     let pattern = map.pattern_of(req.path(), || req.match_pattern())?;
     let at = pattern.split('/').position(|s| s == "{namespace}")?;
     req.path().split('/').nth(at).map(str::to_string)
@@ -124,7 +193,7 @@ fn wants_sign_in_page(req: &ServiceRequest) -> bool {
 /// Step 9: authorization. The credential's namespace must be the target
 /// namespace (operators may act on any); operator and admin routes need the
 /// operator key (admin also takes its dashboard session cookie).
-pub(super) fn authorization(req: &ServiceRequest) -> Result<(), Early> {
+pub(crate) fn authorization(req: &ServiceRequest) -> Result<(), Early> {
     let policy = policy_of(req);
     // Borrowed, not cloned (an identity carries its grants and claims); the
     // borrow ends with `check`, before the request is changed.
@@ -225,7 +294,7 @@ pub(super) fn authorization(req: &ServiceRequest) -> Result<(), Early> {
 
 /// Step 10: the route's required grant must be among the credential's grants
 /// (the resource part is checked by the handler, which knows the topic or key).
-pub(super) fn scope_gate(req: &ServiceRequest) -> Result<(), ApiError> {
+pub(crate) fn scope_gate(req: &ServiceRequest) -> Result<(), ApiError> {
     if let Some((domain, action)) = policy_of(req).and_then(|p| p.grant()) {
         let lacks = req.extensions().get::<Identity>().is_some_and(|i| {
             !i.operator

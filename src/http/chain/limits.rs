@@ -1,7 +1,21 @@
 //! Steps 5 and 11: the client rate limit (per address, or per /64) and the
 //! namespace rate limit, and the buckets behind them.
 
-use super::*;
+use super::context::{AnonymousHop, ClientIp, Target, X_FORWARDED_FOR, policy_of};
+use crate::config::Config;
+use crate::error::{ApiError, Code};
+use crate::http::policy::Policy;
+use crate::http::state::Node;
+use crate::identity::Identity;
+use actix_web::dev::ServiceRequest;
+use actix_web::http::header::HeaderMap;
+use actix_web::{HttpMessage, web};
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The node's rate limiters; idle buckets are evicted periodically.
 pub struct Limiters {
@@ -105,11 +119,6 @@ impl Limiters {
         self.verdict(&self.credential, &bucket_key(ip))
     }
 
-    /// Checks the general bucket of a client (a deployment's fast path).
-    pub(crate) fn check_general(&self, ip: IpAddr) -> Result<(), u64> {
-        self.verdict(&self.general, &bucket_key(ip))
-    }
-
     /// Checks a namespace's bucket: its own when its record sets one, else the default.
     /// The record is the one its owner published (`actors/records.rs`); the
     /// bucket is made again only when the record's limits change.
@@ -186,59 +195,80 @@ pub fn bucket_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-pub(super) fn limiters(req: &ServiceRequest) -> &Limiters {
+pub(crate) fn limiters(req: &ServiceRequest) -> &Limiters {
     req.app_data::<web::Data<Arc<Limiters>>>()
         .expect("limiters")
         .get_ref()
 }
 
+/// The client's address ([`Limiters::client_ip`] of the peer and its
+/// `X-Forwarded-For`).
+pub fn client_ip_of(l: &Limiters, headers: &HeaderMap, peer: Option<SocketAddr>) -> Option<IpAddr> {
+    let xff = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok());
+    l.client_ip(peer, xff)
+}
+
+/// Step 5's charge to a client's bucket: the credential bucket for
+/// `credential` routes, else the general one (a deployment's too).
+pub fn charge_client(
+    l: &Limiters,
+    node: &Node,
+    ip: IpAddr,
+    credential: bool,
+) -> Result<(), ApiError> {
+    let key = bucket_key(ip);
+    let (lim, bucket) = if credential {
+        (&l.credential, "credential")
+    } else {
+        (&l.general, "general")
+    };
+    if let Err(after) = l.verdict(lim, &key) {
+        node.metrics.rate_limited.with_label_values(&[bucket]).inc();
+        return Err(ApiError::rate_limited(Code::RateLimited, after));
+    }
+    Ok(())
+}
+
+/// Step 11's charge to a namespace's bucket.
+pub async fn charge_namespace(l: &Limiters, node: &Node, ns: &str) -> Result<(), ApiError> {
+    if let Err(after) = l.check_namespace(node, ns).await {
+        node.metrics
+            .rate_limited
+            .with_label_values(&["namespace"])
+            .inc();
+        return Err(ApiError::rate_limited(Code::NamespaceRateLimited, after));
+    }
+    Ok(())
+}
+
 /// Step 5: the client rate limit, before authentication so the auth path is capped
 /// too. Cluster peers (a valid hop) are exempt.
-pub(super) fn client_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
+pub(crate) fn client_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
     let l = limiters(req);
-    let xff = req
-        .headers()
-        .get(&crate::http::middleware::X_FORWARDED_FOR)
-        .and_then(|v| v.to_str().ok());
-    let ip = l.client_ip(req.peer_addr(), xff);
+    let ip = client_ip_of(l, req.headers(), req.peer_addr());
     if let Some(ip) = ip {
         req.extensions_mut().insert(ClientIp(ip));
     }
     let from_peer = {
         let ext = req.extensions();
         ext.get::<Identity>().is_some_and(|i| i.kind == "hop")
-            || ext.get::<crate::http::forward::AnonymousHop>().is_some()
+            || ext.get::<AnonymousHop>().is_some()
     };
     if !from_peer && let Some(ip) = ip {
-        let key = bucket_key(ip);
-        let (lim, bucket) = match policy_of(req) {
-            Some(Policy::Credential | Policy::NsCredential { .. }) => (&l.credential, "credential"),
-            _ => (&l.general, "general"),
-        };
-        if let Err(after) = l.verdict(lim, &key) {
-            node_ref(req)
-                .metrics
-                .rate_limited
-                .with_label_values(&[bucket])
-                .inc();
-            return Err(ApiError::rate_limited(Code::RateLimited, after));
-        }
+        let credential = matches!(
+            policy_of(req),
+            Some(Policy::Credential | Policy::NsCredential { .. })
+        );
+        charge_client(l, Node::of(req.request()), ip, credential)?;
     }
     Ok(())
 }
 
 /// Step 11: the per-namespace bucket.
-pub(super) async fn namespace_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
+pub(crate) async fn namespace_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
     let target = req.extensions().get::<Target>().map(|t| t.0.clone());
     if let Some(ns) = target {
-        let n = node_ref(req);
-        if let Err(after) = limiters(req).check_namespace(n, &ns).await {
-            n.metrics
-                .rate_limited
-                .with_label_values(&["namespace"])
-                .inc();
-            return Err(ApiError::rate_limited(Code::NamespaceRateLimited, after));
-        }
+        charge_namespace(limiters(req), Node::of(req.request()), &ns).await?;
     }
     Ok(())
 }

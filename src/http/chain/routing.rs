@@ -1,10 +1,19 @@
-//! Steps 6 and 7: CORS, the request's host, and domain routing.
+//! Steps 6 and 7: CORS and domain routing (the request's host is `context.rs`'s).
 
-use super::*;
+use super::context::{
+    Early, RequestHost, RoutedHost, Sni, Target, policy_of, valid_namespace_name,
+};
+use crate::error::{ApiError, Code};
+use crate::http::policy::Policy;
+use crate::http::state::Node;
+use actix_web::dev::ServiceRequest;
+use actix_web::http::Method;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpMessage, HttpResponse};
 
 /// Step 6: CORS. Allowed origins come from `[cors] allowed_origins`; a preflight
 /// is answered 204 here. Returns the origin whose headers go on the answer.
-pub(super) fn cors(req: &ServiceRequest) -> Result<Option<HeaderValue>, Early> {
+pub(crate) fn cors(req: &ServiceRequest) -> Result<Option<HeaderValue>, Early> {
     // A deployment answers its own CORS.
     let Some(origin) = req
         .headers()
@@ -15,7 +24,7 @@ pub(super) fn cors(req: &ServiceRequest) -> Result<Option<HeaderValue>, Early> {
     };
     let allowed = {
         let o = origin.to_str().unwrap_or("");
-        node_ref(req)
+        Node::of(req.request())
             .config
             .cors
             .allowed_origins
@@ -53,7 +62,7 @@ pub(super) fn cors(req: &ServiceRequest) -> Result<Option<HeaderValue>, Early> {
 }
 
 /// Puts an allowed origin's CORS headers on the answer (step 6's second half).
-pub(super) fn cors_headers(h: &mut header::HeaderMap, origin: HeaderValue) {
+pub(crate) fn cors_headers(h: &mut header::HeaderMap, origin: HeaderValue) {
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     h.insert(header::VARY, HeaderValue::from_static("Origin"));
     h.insert(
@@ -62,124 +71,43 @@ pub(super) fn cors_headers(h: &mut header::HeaderMap, origin: HeaderValue) {
     );
 }
 
-/// The request's host: `:authority`/`Host`, lower-cased, port stripped.
-/// One allocation: the routed fast path and the route-policy step both ask
-/// (the first hands its answer to the second, [`RequestHost`]).
-pub fn request_host(req: &ServiceRequest) -> Option<String> {
-    let raw = match req.uri().authority() {
-        Some(a) => a.as_str(),
-        None => req.headers().get(header::HOST)?.to_str().ok()?,
-    };
-    Some(host_of(raw))
-}
-
-/// The host part of an authority: no user info, no port, lower-cased.
-fn host_of(raw: &str) -> String {
-    let raw = raw.rsplit('@').next().unwrap_or(raw);
-    if raw.starts_with('[') {
-        return match raw.find(']') {
-            Some(end) => raw[..=end].to_ascii_lowercase(),
-            None => format!("{}]", raw.to_ascii_lowercase()),
-        };
-    }
-    raw.split(':').next().unwrap_or("").to_ascii_lowercase()
-}
-
-/// The request's host as `request_host` found it (set by the routed fast path
-/// or the route-policy step, whichever asked first).
-#[derive(Debug, Clone)]
-pub struct RequestHost(pub String);
-
-impl RequestHost {
-    /// The request's host: the one an earlier step stored, else found now and
-    /// stored for the steps after (`None` without a host).
-    pub fn of(req: &ServiceRequest) -> Option<String> {
-        if let Some(h) = req.extensions().get::<RequestHost>() {
-            return Some(h.0.clone());
-        }
-        let h = request_host(req)?;
-        req.extensions_mut().insert(RequestHost(h.clone()));
-        Some(h)
-    }
-}
-
-/// The TLS server name a connection presented (set when the node terminates TLS).
-#[derive(Debug, Clone)]
-pub struct Sni(pub Option<String>);
-
-/// Step 7: maps the host to a deployment, a namespace (`ns-<name>.<base_domain>`)
-/// or the gateway. On a TLS connection a host that disagrees with the SNI is 421.
-pub(super) fn domain_routing(req: &ServiceRequest) -> Result<(), ApiError> {
-    let Some(host) = RequestHost::of(req) else {
-        return Ok(());
-    };
-    if let Some(Sni(Some(sni))) = req.conn_data::<Sni>()
-        && !sni.eq_ignore_ascii_case(&host)
+/// Step 7's check of a TLS connection: the request's host must be the
+/// server name the connection presented (421 otherwise).
+pub fn check_server_name(sni: Option<&Sni>, host: &str) -> Result<(), ApiError> {
+    if let Some(Sni(Some(sni))) = sni
+        && !sni.eq_ignore_ascii_case(host)
     {
         return Err(ApiError::new(
             Code::MisdirectedRequest,
             format!("host {host} does not match the TLS server name {sni}"),
         ));
     }
+    Ok(())
+}
+
+/// Step 7: maps the host to a deployment, a namespace (`ns-<name>.<base_domain>`)
+/// or the gateway. On a TLS connection a host that disagrees with the SNI is 421.
+pub(crate) fn domain_routing(req: &ServiceRequest) -> Result<(), ApiError> {
+    let Some(host) = RequestHost::of(req) else {
+        return Ok(());
+    };
+    check_server_name(req.conn_data::<Sni>(), &host)?;
     let routed = req
         .extensions()
-        .get::<crate::http::deploy_serve::RoutedHost>()
+        .get::<RoutedHost>()
         .map(|r| r.namespace.clone());
     if let Some(ns) = routed {
         req.extensions_mut().insert(Target(ns));
         return Ok(());
     }
-    let base = &node_ref(req).config.server.base_domain;
+    let base = &Node::of(req.request()).config.server.base_domain;
     if let Some(label) = host
         .strip_suffix(base.as_str())
         .and_then(|h| h.strip_suffix('.'))
         .and_then(|h| h.strip_prefix("ns-"))
-        && crate::http::routes::valid_namespace_name(label)
+        && valid_namespace_name(label)
     {
         req.extensions_mut().insert(Target(label.to_string()));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{RequestHost, host_of};
-    use actix_web::{HttpMessage, test::TestRequest};
-
-    #[test]
-    fn request_host_is_found_once_and_kept_for_later_steps() {
-        let req = TestRequest::default()
-            .insert_header(("host", "Ns-Acme.Example.com:8080"))
-            .to_srv_request();
-        assert_eq!(
-            RequestHost::of(&req).as_deref(),
-            Some("ns-acme.example.com")
-        );
-        assert_eq!(
-            req.extensions().get::<RequestHost>().map(|h| h.0.clone()),
-            Some("ns-acme.example.com".to_string()),
-            "the first ask stores the host for the steps after"
-        );
-        // The stored value wins over the header from now on.
-        req.extensions_mut()
-            .insert(RequestHost("kept.example".into()));
-        assert_eq!(RequestHost::of(&req).as_deref(), Some("kept.example"));
-        let bare = TestRequest::default().to_srv_request();
-        assert_eq!(RequestHost::of(&bare), None);
-        assert!(bare.extensions().get::<RequestHost>().is_none());
-    }
-
-    #[test]
-    fn host_of_strips_port_and_user_info_and_lowers_case() {
-        assert_eq!(host_of("Example.COM"), "example.com");
-        assert_eq!(host_of("api.example.com:8443"), "api.example.com");
-        assert_eq!(
-            host_of("user:pw@Ns-Acme.Example.com:80"),
-            "ns-acme.example.com"
-        );
-        assert_eq!(host_of("[::1]:8080"), "[::1]");
-        assert_eq!(host_of("[FE80::1]"), "[fe80::1]");
-        assert_eq!(host_of("[::1"), "[::1]");
-        assert_eq!(host_of(":80"), "");
-    }
 }

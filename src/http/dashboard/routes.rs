@@ -2,11 +2,12 @@
 //! stream (all `Policy::Admin`: the operator key, or a session made from it, from
 //! every address), and the sign-in form (public page, credential-bucket POST).
 
-use super::sampler::Frame;
+use super::board::Frame;
 use super::session;
-use crate::error::Code;
+use crate::error::{ApiError, Code};
+use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
-use crate::http::{ApiError, Identity, Policy, RouteTable};
+use crate::identity::Identity;
 use actix_web::http::Method;
 use actix_web::http::header::{self, ContentEncoding};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
@@ -181,7 +182,7 @@ async fn api_history(node: web::Data<Node>) -> HttpResponse {
     node.dashboard.fresh().await;
     HttpResponse::Ok().json(json!({
         "interval_ms": super::sampler::TICK_INTERVAL.as_millis() as u64,
-        "capacity": super::sampler::HISTORY_LEN,
+        "capacity": super::board::HISTORY_LEN,
         "points": node.dashboard.history(),
     }))
 }

@@ -16,37 +16,27 @@
 //! - or its time to live runs out.
 //!
 //! Verifying reads the store; a node keeps what it read for at most
-//! [`SESSION_CACHE_TTL`] (bounded by [`SESSION_CACHE_MAX`]), so a page's burst
+//! [`SESSION_CACHE_TTL`](super::board::SESSION_CACHE_TTL) (bounded by [`SESSION_CACHE_MAX`](super::board::SESSION_CACHE_MAX)), so a page's burst
 //! of requests costs one read. A sign-out evicts the session on the node that
 //! served it at once; another node stops honouring it within
-//! [`SESSION_CACHE_TTL`].
+//! [`SESSION_CACHE_TTL`](super::board::SESSION_CACHE_TTL).
 //!
 //! The chain's authentication step reads the cookie on `/__admin` routes only,
 //! so it can never stand in for the key on the API. The dashboard's
 //! state-changing routes (every method but GET, HEAD and OPTIONS) also refuse a
 //! request from another origin ([`check_origin`]).
 
-use crate::error::Code;
-use crate::http::Identity;
+use crate::error::{ApiError, ApiResult, Code};
 use crate::http::state::Node;
-use crate::http::{ApiError, ApiResult};
+use crate::identity::Identity;
 use crate::storage::OrderedKv;
-use crate::util::{Clock, SystemClock};
 use actix_web::http::header;
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The cookie's name.
 pub const COOKIE: &str = "mg_admin";
 /// How long a session lasts.
 pub const SESSION_TTL_SECONDS: u64 = 12 * 3600;
-/// How long a node keeps a session it read from the store before reading it
-/// again: the longest another node honours a session after a sign-out.
-pub const SESSION_CACHE_TTL: Duration = Duration::from_secs(5);
-/// Most sessions a node keeps in memory; past it the cache starts over.
-pub const SESSION_CACHE_MAX: usize = 1024;
 /// Where session records live in the store (apart from every tenant's data).
 pub const SESSION_PREFIX: &str = "_admin/session/";
 const BINDING_CONTEXT: &[u8] = b"meshgate-admin-session\0";
@@ -60,50 +50,6 @@ struct Record {
     exp: u64,
     /// [`binding`] of the operator key it was opened with (hex).
     key: String,
-}
-
-/// Sessions this node read recently: session id → (expiry, read at), aged
-/// by its clock ([`SystemClock`] but in tests).
-pub struct SessionCache {
-    entries: Mutex<HashMap<String, (u64, Instant)>>,
-    clock: Arc<dyn Clock>,
-}
-
-impl Default for SessionCache {
-    fn default() -> Self {
-        Self::with_clock(Arc::new(SystemClock))
-    }
-}
-
-impl SessionCache {
-    /// An empty cache aged by `clock`.
-    pub fn with_clock(clock: Arc<dyn Clock>) -> SessionCache {
-        SessionCache {
-            entries: Mutex::new(HashMap::new()),
-            clock,
-        }
-    }
-
-    /// The expiry of a session read less than [`SESSION_CACHE_TTL`] ago.
-    fn get(&self, id: &str) -> Option<u64> {
-        let now = self.clock.now();
-        let map = self.entries.lock();
-        let (exp, at) = map.get(id)?;
-        (now.saturating_duration_since(*at) < SESSION_CACHE_TTL).then_some(*exp)
-    }
-
-    fn insert(&self, id: String, exp: u64) {
-        let now = self.clock.now();
-        let mut map = self.entries.lock();
-        if map.len() >= SESSION_CACHE_MAX {
-            map.clear();
-        }
-        map.insert(id, (exp, now));
-    }
-
-    fn evict(&self, id: &str) {
-        self.entries.lock().remove(id);
-    }
 }
 
 /// A digest of the operator key's HMAC: what a session record is bound to.
@@ -392,6 +338,8 @@ fn matches_public_url(origin: &str, public_url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::dashboard::board::{SESSION_CACHE_TTL, SessionCache};
+    use std::sync::Arc;
 
     /// Cookies are found among several pairs and several headers.
     #[test]

@@ -1,7 +1,7 @@
 //! Deployment routes (docs/design.md §7, §10): create (JSON for an upstream,
 //! multipart for a static site), list, show, versions, rollback, delete.
 
-use super::NsCtx;
+use super::ctx::NsCtx;
 use super::functions::{field_text, read_field};
 use crate::deploy::NewDeployment;
 use crate::deploy::model::{
@@ -10,7 +10,7 @@ use crate::deploy::model::{
 };
 use crate::deploy::site::{SiteDir, SiteLimits, unpack};
 use crate::error::Code;
-use crate::http::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use actix_multipart::Multipart;

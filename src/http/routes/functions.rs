@@ -3,19 +3,21 @@
 //! function answers without a credential. Every call goes through the target
 //! namespace's supervisor, which owns the namespace's invoker.
 
-use super::NsCtx;
+use super::ctx::NsCtx;
 use crate::actors::{CallerInfo, DeployRequest, MAX_LOGS, Reply, Trigger};
 use crate::actors::{
     DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
     ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
 };
 use crate::error::Code;
+use crate::error::{ApiError, ApiResult};
 use crate::functions::{FunctionMetadata, valid_function_name};
-use crate::http::chain::Identity;
-use crate::http::error::{ApiError, ApiResult};
-use crate::http::middleware::RequestId;
+use crate::http::chain::context::{RequestId, valid_namespace_name};
+use crate::http::chain::logger::fresh_request_id;
 use crate::http::policy::{Policy, RouteTable};
+use crate::http::request::read_limited;
 use crate::http::state::Node;
+use crate::identity::Identity;
 use crate::wasm::MAX_INPUT_BYTES;
 use actix_multipart::Multipart;
 use actix_web::http::Method;
@@ -108,7 +110,7 @@ fn bad(code: Code, message: impl Into<String>) -> ApiError {
 
 /// A multipart parse failure in words a person reads (the parser's own
 /// messages name Rust variants), as 400 `MALFORMED_MULTIPART`.
-pub(super) fn multipart_error(e: actix_multipart::MultipartError) -> ApiError {
+pub(crate) fn multipart_error(e: actix_multipart::MultipartError) -> ApiError {
     use actix_multipart::MultipartError as E;
     let why = match e {
         E::ContentTypeMissing | E::ContentTypeParse | E::ContentTypeIncompatible => {
@@ -131,7 +133,7 @@ pub(super) fn multipart_error(e: actix_multipart::MultipartError) -> ApiError {
 }
 
 /// Reads one multipart field whole, refusing more than `limit` bytes with 413.
-pub(super) async fn read_field(
+pub(crate) async fn read_field(
     field: &mut actix_multipart::Field,
     limit: usize,
     code: Code,
@@ -150,7 +152,7 @@ pub(super) async fn read_field(
     Ok(buf)
 }
 
-pub(super) fn field_text(bytes: Vec<u8>, part: &str) -> ApiResult<String> {
+pub(crate) fn field_text(bytes: Vec<u8>, part: &str) -> ApiResult<String> {
     String::from_utf8(bytes)
         .map(|s| s.trim().to_string())
         .map_err(|_| {
@@ -369,7 +371,7 @@ fn split_version(target: &str) -> ApiResult<(String, Option<u64>)> {
 /// above it, before reading when the Content-Length says so).
 /// `PrepareInvoke` and the invoker take the input as read.
 async fn read_input(req: &HttpRequest, payload: web::Payload) -> ApiResult<Vec<u8>> {
-    let body = crate::http::read_limited(req.headers(), payload, MAX_INPUT_BYTES).await?;
+    let body = read_limited(req.headers(), payload, MAX_INPUT_BYTES).await?;
     Ok(body.into())
 }
 
@@ -379,7 +381,7 @@ fn request_id(req: &HttpRequest) -> String {
     req.extensions()
         .get::<RequestId>()
         .map(|r| r.0.clone())
-        .unwrap_or_else(crate::http::middleware::fresh_request_id)
+        .unwrap_or_else(fresh_request_id)
 }
 
 // Built once: a name given as `&str` is parsed and copied on every answer.
@@ -401,7 +403,7 @@ pub fn reply(r: Reply) -> HttpResponse {
         .body(r.output)
 }
 
-pub(super) async fn invoke(
+pub(crate) async fn invoke(
     req: HttpRequest,
     ctx: NsCtx,
     target: web::Path<String>,
@@ -437,7 +439,7 @@ async fn invoke_by_namespace(
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
     let (ns, target) = path.into_inner();
-    if !super::valid_namespace_name(&ns) {
+    if !valid_namespace_name(&ns) {
         return Err(ApiError::new(
             Code::NamespaceNotFound,
             "namespace not found",

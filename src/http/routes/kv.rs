@@ -1,18 +1,18 @@
 //! The namespace KV (`/v1/kv`) and whole-namespace export and import
 //! (`/v1/db/*`), handled by the namespace's supervisor.
 
-use super::NsCtx;
+use super::ctx::NsCtx;
 use crate::actors::{
     Export, ExportEntry, Import, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY, MAX_KV_LIST,
     NamespaceExport,
 };
 use crate::deploy::transfer::ExportedDeployment;
 use crate::error::Code;
+use crate::error::{ApiError, ApiResult};
 use crate::functions::{
     EXPORT_SEAL_V1, EXPORT_SEAL_V2, ExportBox, ExportedFunction, FunctionRecord, SecretBox,
     VersionMeta, blob_key, fn_prefix, fnver_prefix, kv_prefix, secret_key, secret_prefix,
 };
-use crate::http::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::pubsub::history::ExportedTopic;
@@ -82,7 +82,7 @@ pub fn register(t: &mut RouteTable) {
 
 /// A read runs here, not in the supervisor (see [`KvGet::run`]); it still
 /// counts as a message the namespace handled.
-pub(super) async fn get(
+pub(crate) async fn get(
     ctx: NsCtx,
     node: web::Data<Node>,
     key: web::Path<String>,

@@ -1,6 +1,9 @@
-//! Route handlers, one file per capability, and the shared extractors.
+//! Route handlers, one file per capability, and the shared extractor
+//! (`ctx.rs`). Handlers read what the chain put on the request
+//! (`chain/context.rs`); nothing below imports them.
 
 mod auth;
+mod ctx;
 mod deployments;
 mod functions;
 mod kv;
@@ -9,18 +12,7 @@ mod pubsub;
 mod stats;
 mod system;
 
-pub use auth::{KeyCache, TokenCache, authenticate};
-
-use super::chain::{Identity, Target};
-use super::error::ApiError;
-use super::policy::RouteTable;
-use crate::actors::NsHandle;
-use crate::error::Code;
-use crate::http::state::Node;
-use actix_web::dev::Payload;
-use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
-use std::future::Future;
-use std::pin::Pin;
+use crate::http::policy::RouteTable;
 
 /// Registers every capability's routes with their policies.
 pub fn register(t: &mut RouteTable) {
@@ -32,71 +24,7 @@ pub fn register(t: &mut RouteTable) {
     functions::register(t);
     pubsub::register(t);
     deployments::register(t);
-    crate::http::dashboard::register(t);
-}
-
-/// Namespace names: 1–63 of `a-z`, `0-9`, `-`, starting with a letter or digit.
-pub fn valid_namespace_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-}
-
-pub use crate::util::now;
-
-/// The target namespace of an `ns` route, its running supervisor and the caller.
-pub struct NsCtx {
-    /// The target namespace, as the routing step chose it (its `Target`); keys every call below.
-    pub name: String,
-    /// The namespace's supervisor on this node (found or started by `locate`); routes `ask` it.
-    pub handle: NsHandle,
-    /// The caller's verified credential, if any; `require` checks its grants.
-    pub identity: Option<Identity>,
-}
-
-impl NsCtx {
-    /// Checks the caller's grant on one resource (the scope gate checked the domain and action).
-    pub fn require(&self, domain: &str, action: &str, resource: &str) -> Result<(), ApiError> {
-        match &self.identity {
-            Some(i) if i.allows(domain, action, resource) => Ok(()),
-            Some(_) => Err(ApiError::new(
-                Code::MissingGrant,
-                format!("the credential lacks {domain}:{action}:{resource}"),
-            )),
-            None => Err(ApiError::new(
-                Code::MissingCredential,
-                "this route needs a credential",
-            )),
-        }
-    }
-}
-
-impl FromRequest for NsCtx {
-    type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<NsCtx, ApiError>>>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let node = req
-            .app_data::<web::Data<Node>>()
-            .expect("node")
-            .get_ref()
-            .clone();
-        let target = req.extensions().get::<Target>().map(|t| t.0.clone());
-        let identity = req.extensions().get::<Identity>().cloned();
-        Box::pin(async move {
-            let name = target
-                .ok_or_else(|| ApiError::new(Code::NamespaceRequired, "no target namespace"))?;
-            let handle = node.locate(&name).await?;
-            Ok(NsCtx {
-                name,
-                handle,
-                identity,
-            })
-        })
-    }
+    crate::http::dashboard::routes::register(t);
 }
 
 #[cfg(test)]
@@ -119,7 +47,7 @@ mod tests {
             ("functions::invoke", size4(super::functions::invoke)),
         ] {
             assert!(
-                size < crate::http::SMALL_FUTURE,
+                size < crate::http::request::SMALL_FUTURE,
                 "{what}'s future is {size} bytes: box the rarely-taken await that made it large"
             );
         }

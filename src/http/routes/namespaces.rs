@@ -1,16 +1,18 @@
 //! `/v1/namespaces`: created, listed, shown and deleted by the operator.
 
-use super::{now, valid_namespace_name};
+use super::ctx::NsCtx;
 use crate::actors::{
     CreateNamespace, DeleteNamespace, GetInfo, InjectPanic, NamespaceRecord, ns_key,
 };
 use crate::auth::{KeyKind, Role};
 use crate::error::Code;
-use crate::http::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult};
+use crate::http::chain::context::valid_namespace_name;
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::identity::{self, NewKey};
 use crate::storage::OrderedKv;
+use crate::util::now;
 use actix_web::http::Method;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
@@ -88,7 +90,7 @@ struct CreateRequest {
 /// Creates a namespace and its first owner API key (shown once).
 async fn create(
     node: web::Data<Node>,
-    limiters: web::Data<std::sync::Arc<crate::http::chain::Limiters>>,
+    limiters: web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>,
     body: web::Json<CreateRequest>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
@@ -216,7 +218,7 @@ async fn quota_report(node: &Node, ns: &str) -> ApiResult<serde_json::Value> {
 /// credential (`namespace:read`).
 async fn show_quotas(
     node: web::Data<Node>,
-    ctx: crate::http::routes::NsCtx,
+    ctx: NsCtx,
     name: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     if *name != ctx.name {
@@ -251,7 +253,7 @@ async fn set_quotas(
 /// (both by the node supervisor, `DeleteNamespace`).
 async fn delete(
     node: web::Data<Node>,
-    limiters: web::Data<std::sync::Arc<crate::http::chain::Limiters>>,
+    limiters: web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>,
     name: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let name = name.into_inner();

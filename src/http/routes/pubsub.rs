@@ -1,17 +1,17 @@
 //! Pub/sub routes (docs/design.md §5): publish over HTTP, the two sockets, presence
 //! and the topic list. The sockets' protocol is in docs/pubsub.md.
 
-use super::NsCtx;
+use super::ctx::NsCtx;
 use crate::actors::{
     Presence, Publish, PublishBatch, ReadHistory, SetHistory, Subscribe, Topics, UnsubscribeAll,
 };
 use crate::error::Code;
-use crate::http::Identity;
-use crate::http::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::http::ws_session::settle;
-use crate::http::{Mode, WsSession};
+use crate::http::ws_session::{Mode, WsSession};
+use crate::identity::Identity;
 use crate::pubsub::{
     FrameKind, MAX_BATCH, OutBody, PayloadTooLarge, Relay, SubscriberRef, TopicError, check_member,
     check_payload, check_topic, decode_base64,

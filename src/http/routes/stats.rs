@@ -4,8 +4,8 @@
 //! (`[metrics] namespace_series_limit`); this route answers for any one.
 
 use crate::error::Code;
-use crate::http::chain::Target;
-use crate::http::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult};
+use crate::http::chain::context::Target;
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::storage::OrderedKv;

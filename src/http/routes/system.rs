@@ -1,10 +1,10 @@
 //! `/v1/health`, `/v1/status`, `/v1/version`, the JWKS, and the debug sleep route.
 
 use crate::error::Code;
-use crate::http::Identity;
-use crate::http::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult};
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
+use crate::identity::Identity;
 use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;

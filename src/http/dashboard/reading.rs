@@ -1,0 +1,402 @@
+//! Reading the node into a [`Snapshot`]: the node's Prometheus registry and
+//! actor directory (the same handles `/metrics` exports), and the per-second
+//! rates derived from two consecutive readings ([`Previous`]). The sampler
+//! calls [`take`] once a tick.
+
+use super::snapshot::{
+    ActorRow, BreakerRow, NamespaceRow, NodeRow, QUANTILE_WINDOW_TICKS, Snapshot, activity,
+};
+use crate::http::state::Node;
+use crate::metrics::Metrics;
+use prometheus::core::Collector;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A handling-time series: `(kind, namespace label)`.
+type SeriesKey = (String, String);
+
+/// Cumulative histogram buckets of one series: upper bounds and counts.
+#[derive(Clone)]
+struct Buckets {
+    /// Upper bound of each bucket, in seconds, ascending.
+    bounds: Vec<f64>,
+    /// Observations at or below the matching bound, since start.
+    counts: Vec<u64>,
+}
+
+/// What the sampler remembers between ticks to turn totals into rates.
+#[derive(Default)]
+pub struct Previous {
+    /// When the last snapshot was taken; None before the first (rates read 0).
+    at: Option<Instant>,
+    /// The last tick's sequence number.
+    tick: u64,
+    /// Each live actor's `handled` at the last tick, by actor id.
+    actor_handled: HashMap<u64, u64>,
+    /// Each namespace's `[publishes, invocations, errors]` at the last tick.
+    ns_totals: HashMap<String, [u64; 3]>,
+    /// HTTP requests finished, as of the last tick.
+    http_total: u64,
+    /// Handling-time buckets of the last [`QUANTILE_WINDOW_TICKS`] ticks,
+    /// oldest first: the percentiles' window starts at the front.
+    handling: VecDeque<HashMap<SeriesKey, Buckets>>,
+}
+
+impl Previous {
+    /// Forgets every reading but the tick number: after a pause (nobody
+    /// watched) the next tick reads rates 0 instead of averaging over the
+    /// pause, and the event ids still go on from the last one sent.
+    pub fn pause(&mut self) {
+        *self = Previous {
+            tick: self.tick,
+            ..Default::default()
+        };
+    }
+}
+
+/// Values of a one-label (`namespace`) counter or gauge vector, read without
+/// creating series (reading through `with_label_values` would add empty ones).
+fn by_namespace(c: &impl Collector) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for fam in c.collect() {
+        for m in fam.get_metric() {
+            let ns = m
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "namespace")
+                .map(|l| l.value().to_string())
+                .unwrap_or_default();
+            let v = if fam.get_field_type() == prometheus::proto::MetricType::COUNTER {
+                m.get_counter().get_value()
+            } else {
+                m.get_gauge().get_value()
+            };
+            *out.entry(ns).or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+/// The value of label `name` on one metric, empty when absent.
+fn label<'a>(m: &'a prometheus::proto::Metric, name: &str) -> &'a str {
+    m.get_label()
+        .iter()
+        .find(|l| l.name() == name)
+        .map(|l| l.value())
+        .unwrap_or("")
+}
+
+/// The current buckets of every actor handling-time series.
+fn handling_buckets(metrics: &Metrics) -> HashMap<SeriesKey, Buckets> {
+    let mut out = HashMap::new();
+    for fam in metrics.actor_handling_seconds.collect() {
+        for m in fam.get_metric() {
+            let h = m.get_histogram();
+            let key = (
+                label(m, "kind").to_string(),
+                label(m, "namespace").to_string(),
+            );
+            out.insert(
+                key,
+                Buckets {
+                    bounds: h.get_bucket().iter().map(|b| b.upper_bound()).collect(),
+                    counts: h
+                        .get_bucket()
+                        .iter()
+                        .map(|b| b.cumulative_count())
+                        .collect(),
+                },
+            );
+        }
+    }
+    out
+}
+
+/// The `q` quantile of the observations between two cumulative readings.
+pub fn window_quantile(bounds: &[f64], now: &[u64], before: Option<&[u64]>, q: f64) -> Option<f64> {
+    let diff: Vec<u64> = now
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.saturating_sub(before.and_then(|b| b.get(i)).copied().unwrap_or(0)))
+        .collect();
+    let total = *diff.last()?;
+    if total == 0 {
+        return None;
+    }
+    let rank = q * total as f64;
+    let (mut prev_bound, mut prev_count) = (0.0, 0u64);
+    for (bound, count) in bounds.iter().zip(&diff) {
+        if *count as f64 >= rank {
+            let in_bucket = (count - prev_count).max(1) as f64;
+            let frac = ((rank - prev_count as f64) / in_bucket).clamp(0.0, 1.0);
+            return Some(prev_bound + (bound - prev_bound) * frac);
+        }
+        prev_bound = *bound;
+        prev_count = *count;
+    }
+    // Past the last finite bucket: report its bound (a lower bound of the truth).
+    Some(prev_bound)
+}
+
+/// Resident set size of this process, from `/proc/self/status`.
+pub fn memory_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| parse_vm_rss(&s))
+        .unwrap_or(0)
+}
+
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn breaker_name(v: f64) -> &'static str {
+    match v as i64 {
+        0 => "closed",
+        1 => "half-open",
+        _ => "open",
+    }
+}
+
+/// Per-second rate of a counter; a series first seen now counts from zero, and
+/// the first tick (no interval yet) reads zero.
+fn rate(now: u64, before: Option<u64>, secs: f64) -> f64 {
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    now.saturating_sub(before.unwrap_or(0)) as f64 / secs
+}
+
+/// Reads every number once and derives rates against `prev` (updated in place).
+/// `known` names the namespaces in the store (counted, searched, and listed
+/// when fewer than `top` namespaces have numbers); `top` is how many
+/// namespace rows the snapshot carries.
+pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usize) -> Snapshot {
+    let m = &node.metrics;
+    let now = crate::util::mono_now();
+    let secs = prev
+        .at
+        .map(|t| now.duration_since(t).as_secs_f64())
+        .unwrap_or(0.0);
+    prev.at = Some(now);
+    prev.tick += 1;
+
+    // Handling-time percentiles: this tick's buckets against the oldest kept.
+    let buckets = handling_buckets(m);
+    let oldest = prev.handling.front().cloned().unwrap_or_default();
+    let mut quantiles: HashMap<SeriesKey, (Option<f64>, Option<f64>)> = HashMap::new();
+    for (key, b) in &buckets {
+        let before = oldest.get(key).map(|o| o.counts.as_slice());
+        // A series first seen inside the window: everything it holds is recent.
+        let q = |q| window_quantile(&b.bounds, &b.counts, before, q);
+        quantiles.insert(key.clone(), (q(0.5), q(0.99)));
+    }
+    prev.handling.push_back(buckets);
+    while prev.handling.len() > QUANTILE_WINDOW_TICKS {
+        prev.handling.pop_front();
+    }
+
+    let mut namespaces: BTreeMap<String, NamespaceRow> = BTreeMap::new();
+    let mut actor_handled = HashMap::new();
+    let mut actors: Vec<ActorRow> = node
+        .directory
+        .snapshot()
+        .iter()
+        .map(|a| {
+            let handled = a.handled();
+            let before = prev.actor_handled.get(&a.id).copied();
+            actor_handled.insert(a.id, handled);
+            // The label the actor's series were registered under (capped).
+            let ns_label = m.ns_label(&a.namespace);
+            let (p50, p99) = quantiles
+                .get(&(a.kind.to_string(), ns_label))
+                .copied()
+                .unwrap_or((None, None));
+            ActorRow {
+                id: a.id,
+                kind: a.kind,
+                namespace: a.namespace.clone(),
+                mailbox_depth: a.depth(),
+                handled,
+                handled_per_sec: rate(handled, before, secs),
+                p50_seconds: p50,
+                p99_seconds: p99,
+                restarts: a.restarts(),
+            }
+        })
+        .collect();
+    prev.actor_handled = actor_handled;
+    actors.sort_by_key(|a| a.id);
+
+    for a in actors.iter().filter(|a| !a.namespace.is_empty()) {
+        let row = namespaces.entry(a.namespace.clone()).or_default();
+        row.actors += 1;
+        row.mailbox_depth += a.mailbox_depth;
+        row.handled += a.handled;
+        row.handled_per_sec += a.handled_per_sec;
+        row.restarts += a.restarts;
+    }
+    for name in node.namespaces.names() {
+        namespaces.entry(name).or_default().running = true;
+    }
+    let subscribers = by_namespace(&m.ws_subscribers);
+    let topics = by_namespace(&m.pubsub_topics);
+    let publishes = by_namespace(&m.publishes);
+    let invocations = by_namespace(&m.invocations);
+    let errors = by_namespace(&m.invocation_errors);
+    for map in [&subscribers, &topics, &publishes, &invocations, &errors] {
+        for ns in map.keys().filter(|k| !k.is_empty()) {
+            namespaces.entry(ns.clone()).or_default();
+        }
+    }
+    let mut breakers: HashMap<String, Vec<BreakerRow>> = HashMap::new();
+    for fam in m.breaker_state.collect() {
+        for mm in fam.get_metric() {
+            let ns = label(mm, "namespace").to_string();
+            namespaces.entry(ns.clone()).or_default();
+            breakers.entry(ns).or_default().push(BreakerRow {
+                member: label(mm, "member").to_string(),
+                state: breaker_name(mm.get_gauge().get_value()),
+            });
+        }
+    }
+
+    let mut ns_totals = HashMap::new();
+    let mut node_row = NodeRow::default();
+    let rows: Vec<NamespaceRow> = namespaces
+        .into_iter()
+        .map(|(name, mut row)| {
+            row.namespace = name.clone();
+            let get = |map: &HashMap<String, f64>| map.get(&name).copied().unwrap_or(0.0);
+            row.subscribers = get(&subscribers) as i64;
+            row.topics = get(&topics) as i64;
+            row.publishes = get(&publishes) as u64;
+            row.invocations = get(&invocations) as u64;
+            row.errors = get(&errors) as u64;
+            let before = prev.ns_totals.get(&name).copied();
+            row.publishes_per_sec = rate(row.publishes, before.map(|b| b[0]), secs);
+            row.invocations_per_sec = rate(row.invocations, before.map(|b| b[1]), secs);
+            row.errors_per_sec = rate(row.errors, before.map(|b| b[2]), secs);
+            row.breakers = breakers.remove(&name).unwrap_or_default();
+            row.breakers.sort_by(|a, b| a.member.cmp(&b.member));
+            ns_totals.insert(name, [row.publishes, row.invocations, row.errors]);
+            node_row.publishes_per_sec += row.publishes_per_sec;
+            node_row.invocations_per_sec += row.invocations_per_sec;
+            node_row.errors_per_sec += row.errors_per_sec;
+            row
+        })
+        .collect();
+    prev.ns_totals = ns_totals;
+
+    // The top N by activity; stored namespaces without numbers fill the rest.
+    let mut ranked: Vec<&NamespaceRow> = rows.iter().filter(|r| !r.namespace.is_empty()).collect();
+    ranked.sort_by(|a, b| {
+        let (ra, ta) = activity(a);
+        let (rb, tb) = activity(b);
+        rb.total_cmp(&ra)
+            .then(tb.cmp(&ta))
+            .then(b.subscribers.cmp(&a.subscribers))
+            .then_with(|| a.namespace.cmp(&b.namespace))
+    });
+    let mut shown: Vec<NamespaceRow> = ranked.iter().take(top).map(|r| (*r).clone()).collect();
+    if shown.len() < top {
+        let have: HashSet<&str> = rows.iter().map(|r| r.namespace.as_str()).collect();
+        let fill: Vec<NamespaceRow> = known
+            .iter()
+            .filter(|n| !have.contains(n.as_str()))
+            .take(top - shown.len())
+            .map(|n| NamespaceRow {
+                namespace: n.clone(),
+                ..Default::default()
+            })
+            .collect();
+        shown.extend(fill);
+    }
+    let shown_names: HashSet<&str> = shown.iter().map(|r| r.namespace.as_str()).collect();
+    node_row.messages_handled = actors.iter().map(|a| a.handled).sum();
+    node_row.publishes = rows.iter().map(|r| r.publishes).sum();
+    node_row.invocations = rows.iter().map(|r| r.invocations).sum();
+    node_row.errors = rows.iter().map(|r| r.errors).sum();
+    node_row.topics = rows.iter().map(|r| r.topics).sum();
+    node_row.namespaces_known = known.len();
+    let node_actors = actors.len();
+    let handled_per_sec: f64 = actors.iter().map(|a| a.handled_per_sec).sum();
+    let actors: Vec<ActorRow> = actors
+        .into_iter()
+        .filter(|a| a.namespace.is_empty() || shown_names.contains(a.namespace.as_str()))
+        .collect();
+
+    let http_total: u64 = by_class_total(m);
+    node_row.version = env!("CARGO_PKG_VERSION");
+    node_row.uptime_seconds = m.started.elapsed().as_secs();
+    node_row.phase = format!("{:?}", node.phase()).to_lowercase();
+    node_row.http_requests = http_total;
+    node_row.http_requests_per_sec = rate(http_total, Some(prev.http_total), secs);
+    prev.http_total = http_total;
+    node_row.http_in_flight = m.http_in_flight.get();
+    node_row.ws_connections = m.ws_connections.get();
+    node_row.ws_subscribers = subscribers.values().sum::<f64>() as i64;
+    node_row.wasm_pool_busy = m.wasm_pool_busy.get();
+    node_row.wasm_pool_queued = m.wasm_pool_queued.get();
+    node_row.wasm_pool_workers = m.wasm_pool_workers.get();
+    node_row.memory_rss_bytes = memory_rss_bytes();
+    node_row.actors = node_actors;
+    node_row.namespaces_running = node.namespaces.len();
+    node_row.handled_per_sec = handled_per_sec;
+
+    Snapshot {
+        at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64,
+        tick: prev.tick,
+        node: node_row,
+        top_namespaces: top,
+        namespaces_ranked: rows.len(),
+        namespaces: shown,
+        actors,
+        all: Arc::new(rows),
+        known: known.clone(),
+    }
+}
+
+fn by_class_total(m: &Metrics) -> u64 {
+    m.http_requests
+        .collect()
+        .iter()
+        .flat_map(|f| f.get_metric())
+        .map(|x| x.get_counter().get_value() as u64)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Percentiles come from the observations inside the window only.
+    #[test]
+    fn window_quantile_uses_the_difference() {
+        let bounds = [0.001, 0.01, 0.1, 1.0];
+        // 100 fast observations long ago, then 100 slow ones in the window.
+        let before = [100, 100, 100, 100];
+        let now = [100, 100, 100, 200];
+        let p50 = window_quantile(&bounds, &now, Some(&before), 0.5).unwrap();
+        assert!(p50 > 0.1 && p50 <= 1.0, "{p50}");
+        assert_eq!(window_quantile(&bounds, &before, Some(&before), 0.5), None);
+        // Without an earlier reading everything counts.
+        let all = window_quantile(&bounds, &now, None, 0.25).unwrap();
+        assert!(all <= 0.001, "{all}");
+    }
+
+    /// VmRSS is read in kB and reported in bytes.
+    #[test]
+    fn parses_vm_rss() {
+        let s = "Name:\tmeshgate\nVmPeak:\t  9000 kB\nVmRSS:\t   2048 kB\n";
+        assert_eq!(parse_vm_rss(s), Some(2048 * 1024));
+        assert_eq!(parse_vm_rss("Name: x\n"), None);
+        assert!(memory_rss_bytes() > 0);
+    }
+}

@@ -205,7 +205,10 @@ mod tests {
             slot: s.clone(),
             taken: None,
         };
-        assert_eq!(first.next().await.unwrap().unwrap(), Bytes::from_static(b"hello"));
+        assert_eq!(
+            first.next().await.unwrap().unwrap(),
+            Bytes::from_static(b"hello")
+        );
         assert!(!body_untouched(BodyKind::Sized(5), &s));
         assert!(second.next().await.is_none());
         // A request without a body can always be sent again.

@@ -302,7 +302,10 @@ mod tests {
         assert!(got.contains(&("x-forwarded-for".into(), "1.2.3.4".into())));
         let bare = TestRequest::default().to_http_request();
         let got = lines(&bare, &fwd(None, Some("bad\nid")));
-        assert!(got.iter().all(|(k, _)| k != "x-forwarded-for" && k != "x-request-id"));
+        assert!(
+            got.iter()
+                .all(|(k, _)| k != "x-forwarded-for" && k != "x-request-id")
+        );
         // The three maps carry the same lines.
         let f = fwd(Some("::1"), Some("r"));
         assert_eq!(upstream_headers(&req, &f).len(), lines(&req, &f).len());
@@ -379,13 +382,20 @@ mod tests {
         let ControlFlow::Continue(r) = finish_head(&get, ok(), Some(5)) else {
             panic!("a GET's 200 has a body")
         };
-        assert_eq!(r.headers().get(header::CONTENT_ENCODING).unwrap(), "identity");
+        assert_eq!(
+            r.headers().get(header::CONTENT_ENCODING).unwrap(),
+            "identity"
+        );
         let ControlFlow::Break(r) = finish_head(&head, ok(), Some(5)) else {
             panic!("a HEAD's answer has no body")
         };
         assert_eq!(r.headers().get(header::CONTENT_LENGTH).unwrap(), "5");
         assert!(matches!(r.body().size(), BodySize::Stream));
-        for s in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED, StatusCode::CONTINUE] {
+        for s in [
+            StatusCode::NO_CONTENT,
+            StatusCode::NOT_MODIFIED,
+            StatusCode::CONTINUE,
+        ] {
             let ControlFlow::Break(r) = finish_head(&get, HttpResponse::new(s), None) else {
                 panic!("{s} has no body")
             };

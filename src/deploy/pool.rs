@@ -221,7 +221,11 @@ pub(crate) mod tests {
     #[test]
     fn order_is_round_robin_over_all_healthy() {
         let p = pool(
-            &["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"],
+            &[
+                "http://127.0.0.1:1",
+                "http://127.0.0.1:2",
+                "http://127.0.0.1:3",
+            ],
             1,
             Duration::from_secs(60),
         );
@@ -264,7 +268,11 @@ pub(crate) mod tests {
     /// has its `Host`, literal address and origin parsed once.
     #[test]
     fn instances_are_parsed_once() {
-        let p = pool(&["http://127.0.0.1:8080", "http://app.internal:81"], 1, Duration::ZERO);
+        let p = pool(
+            &["http://127.0.0.1:8080", "http://app.internal:81"],
+            1,
+            Duration::ZERO,
+        );
         assert!(p.plain());
         let a = &p.instances[0];
         assert_eq!(a.plain_host.as_ref().unwrap(), "127.0.0.1:8080");
@@ -276,7 +284,11 @@ pub(crate) mod tests {
             b.uri("/a/b?c=d").unwrap().to_string(),
             "http://app.internal:81/a/b?c=d"
         );
-        let p = pool(&["http://127.0.0.1:1", "https://example.test"], 1, Duration::ZERO);
+        let p = pool(
+            &["http://127.0.0.1:1", "https://example.test"],
+            1,
+            Duration::ZERO,
+        );
         assert!(!p.plain());
         assert!(p.instances[1].plain_host.is_none());
         assert_eq!(

@@ -19,10 +19,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 // The names the rest of the node knows the proxy by.
+pub(crate) use super::awc_client::stream_response;
 pub use super::headers::Forwarded;
 pub(crate) use super::headers::{connection_listed, is_hop_by_hop};
 pub use super::pool::{Instance, ProxyTimeouts, UpstreamPool};
-pub(crate) use super::awc_client::stream_response;
 
 /// Proxies one HTTP request to the pool (WebSocket upgrades go to [`proxy_ws`]).
 pub async fn proxy_http(
@@ -234,7 +234,11 @@ mod tests {
 
     fn three() -> UpstreamPool {
         pool(
-            &["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"],
+            &[
+                "http://127.0.0.1:1",
+                "http://127.0.0.1:2",
+                "http://127.0.0.1:3",
+            ],
             1,
             Duration::from_secs(3600),
         )
@@ -255,7 +259,11 @@ mod tests {
             vec![0, 1, 2],
             async |inst| {
                 tried.push(inst.base.clone());
-                if tried.len() < 3 { failed_conn() } else { Exchange::Answered(7) }
+                if tried.len() < 3 {
+                    failed_conn()
+                } else {
+                    Exchange::Answered(7)
+                }
             },
             || true,
         )
@@ -330,7 +338,10 @@ mod tests {
         let strict = std::sync::Arc::new(super::super::egress::EgressPolicy::from_config(
             &crate::config::DeployConfig::default(),
         ));
-        let bases = vec!["http://10.0.0.1:80".to_string(), "http://app.test:80".to_string()];
+        let bases = vec![
+            "http://10.0.0.1:80".to_string(),
+            "http://app.test:80".to_string(),
+        ];
         let p = UpstreamPool::new(&bases, strict, 1, Duration::from_secs(60));
         let mut tried = Vec::new();
         let e = over_instances(
@@ -352,7 +363,9 @@ mod tests {
         let strict = super::super::egress::EgressPolicy::from_config(
             &crate::config::DeployConfig::default(),
         );
-        let r = strict.check_addr("127.0.0.1".parse().unwrap(), 1).unwrap_err();
+        let r = strict
+            .check_addr("127.0.0.1".parse().unwrap(), 1)
+            .unwrap_err();
         let e = over_instances(
             &p,
             vec![1],
@@ -387,7 +400,11 @@ mod tests {
                         let head = String::from_utf8_lossy(&buf[..end]).to_string();
                         let len: usize = head
                             .lines()
-                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
                             .unwrap_or(0);
                         while buf.len() < end + 4 + len {
                             match s.read(&mut b).await {
@@ -405,7 +422,9 @@ mod tests {
                             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Saw-Proto: {xff}\r\nConnection: x-hop\r\nX-Hop: 1\r\n\r\n",
                             body.len()
                         );
-                        if s.write_all(out.as_bytes()).await.is_err() || s.write_all(&body).await.is_err() {
+                        if s.write_all(out.as_bytes()).await.is_err()
+                            || s.write_all(&body).await.is_err()
+                        {
                             return;
                         }
                         buf.drain(..end + 4 + len);
@@ -427,7 +446,10 @@ mod tests {
         };
         let (port, task) = echo_upstream().await;
         let p = pool(
-            &[&format!("http://127.0.0.1:{closed}"), &format!("http://127.0.0.1:{port}")],
+            &[
+                &format!("http://127.0.0.1:{closed}"),
+                &format!("http://127.0.0.1:{port}"),
+            ],
             1,
             Duration::from_secs(3600),
         );
@@ -452,13 +474,23 @@ mod tests {
             ),
         ] {
             let (req, payload) = req.to_http_parts();
-            let res = proxy_http(&req, payload, &p, req.uri().path_and_query().unwrap().as_str(), &fwd, t)
-                .await
-                .unwrap();
+            let res = proxy_http(
+                &req,
+                payload,
+                &p,
+                req.uri().path_and_query().unwrap().as_str(),
+                &fwd,
+                t,
+            )
+            .await
+            .unwrap();
             assert_eq!(res.status(), actix_web::http::StatusCode::OK);
             assert_eq!(res.headers().get("x-saw-proto").unwrap(), "true");
             assert!(res.headers().get("x-hop").is_none());
-            let body = actix_web::body::to_bytes(res.into_body()).await.ok().unwrap();
+            let body = actix_web::body::to_bytes(res.into_body())
+                .await
+                .ok()
+                .unwrap();
             assert_eq!(&body[..], want.as_bytes());
         }
         // The closed port was tried (once per request, order permitting) and marked down.

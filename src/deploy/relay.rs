@@ -192,7 +192,10 @@ mod tests {
 
     #[test]
     fn urls_and_handshake_headers() {
-        assert_eq!(ws_url("http://127.0.0.1:1", "/s?a=1"), "ws://127.0.0.1:1/s?a=1");
+        assert_eq!(
+            ws_url("http://127.0.0.1:1", "/s?a=1"),
+            "ws://127.0.0.1:1/s?a=1"
+        );
         assert_eq!(ws_url("https://a.test", "/"), "wss://a.test/");
         assert!(handshake_header("sec-websocket-protocol"));
         assert!(handshake_header("x-forwarded-for"));
@@ -213,7 +216,10 @@ mod tests {
             from_client(Some(Ok(actix_ws::Message::Ping(b.clone())))),
             ToUpstream::Send(Message::Ping(b.clone()))
         );
-        assert_eq!(from_client(Some(Ok(actix_ws::Message::Nop))), ToUpstream::Skip);
+        assert_eq!(
+            from_client(Some(Ok(actix_ws::Message::Nop))),
+            ToUpstream::Skip
+        );
         let r = Some(CloseReason::from(CloseCode::Away));
         assert_eq!(
             from_client(Some(Ok(actix_ws::Message::Close(r.clone())))),

@@ -20,8 +20,8 @@
 //! or nothing was answered and the method is idempotent (RFC 9110 §9.2.2).
 
 use super::h1::{Exchange, MAX_HEAD, connect_tcp};
-use super::idle::{self, IdlePool, Reusable};
 use super::headers::Forwarded;
+use super::idle::{self, IdlePool, Reusable};
 use super::pool::{Instance, ProxyTimeouts, UpstreamPool};
 use actix_web::HttpRequest;
 use actix_web::body::{BodySize, MessageBody};
@@ -1030,10 +1030,17 @@ mod tests {
             v == "{len}" || v.bytes().all(|b| b.is_ascii_digit()) && v.parse::<u64>().is_ok()
         };
         if c.status == "101" {
-            return Some("101: hyper hands over an upgrade; this client never asked for one and refuses it");
+            return Some(
+                "101: hyper hands over an upgrade; this client never asked for one and refuses it",
+            );
         }
-        if cls.iter().any(|v| v.contains(',') && v.split(',').all(digits)) {
-            return Some("a Content-Length list (`5, 5`): hyper takes equal values; this client refuses a list");
+        if cls
+            .iter()
+            .any(|v| v.contains(',') && v.split(',').all(digits))
+        {
+            return Some(
+                "a Content-Length list (`5, 5`): hyper takes equal values; this client refuses a list",
+            );
         }
         let len = |v: &str| match v.trim() {
             "{len}" => c.body.len().to_string(),
@@ -1042,10 +1049,14 @@ mod tests {
         let conflicting = cls.iter().any(|v| len(v) != len(cls[0]));
         let unused = te || c.head_only || c.status == "204" || c.status == "304";
         if (conflicting || cls.iter().any(|v| !digits(v))) && unused {
-            return Some("an invalid Content-Length (or one past u64, or two that differ): this client refuses it even where hyper ignores it (under Transfer-Encoding, or for HEAD/204/304)");
+            return Some(
+                "an invalid Content-Length (or one past u64, or two that differ): this client refuses it even where hyper ignores it (under Transfer-Encoding, or for HEAD/204/304)",
+            );
         }
         if te && c.version == "HTTP/1.0" {
-            return Some("Transfer-Encoding in an HTTP/1.0 answer: hyper refuses it; this client frames by it and closes the connection");
+            return Some(
+                "Transfer-Encoding in an HTTP/1.0 answer: hyper refuses it; this client frames by it and closes the connection",
+            );
         }
         None
     }
@@ -1072,7 +1083,9 @@ mod tests {
                     } else {
                         format!("{:x}", data.len())
                     };
-                    out.extend_from_slice(format!("{}{size}{ext}\r\n", "0".repeat(zeros)).as_bytes());
+                    out.extend_from_slice(
+                        format!("{}{size}{ext}\r\n", "0".repeat(zeros)).as_bytes(),
+                    );
                     out.extend_from_slice(&data);
                     out.extend_from_slice(b"\r\n");
                 }
@@ -1253,7 +1266,11 @@ mod tests {
         ];
         for (bytes, hyper_ok, ours_ok) in cases {
             let text = String::from_utf8_lossy(bytes);
-            assert_eq!(hyper_answer(bytes, false).is_ok(), *hyper_ok, "hyper: {text}");
+            assert_eq!(
+                hyper_answer(bytes, false).is_ok(),
+                *hyper_ok,
+                "hyper: {text}"
+            );
             assert_eq!(ours(bytes, false).is_ok(), *ours_ok, "ours: {text}");
         }
     }

@@ -593,21 +593,37 @@ mod tests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::from),
             any::<i64>().prop_map(Value::from),
-            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
             ".{0,16}".prop_map(Value::from),
-            prop_oneof![Just("subscribe"), Just("publish"), Just("invoke"), Just("unsubscribe"), Just("ping"), Just("aGk="), Just("!!")]
-                .prop_map(Value::from),
+            prop_oneof![
+                Just("subscribe"),
+                Just("publish"),
+                Just("invoke"),
+                Just("unsubscribe"),
+                Just("ping"),
+                Just("aGk="),
+                Just("!!")
+            ]
+            .prop_map(Value::from),
         ];
         leaf.prop_recursive(3, 24, 4, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
                 proptest::collection::btree_map(
                     prop_oneof![
-                        Just("type".to_string()), Just("topic".to_string()), Just("id".to_string()),
-                        Just("data_base64".to_string()), Just("input_base64".to_string()),
-                        Just("function".to_string()), Just("presence".to_string()),
-                        Just("member_id".to_string()), Just("member_meta".to_string()),
-                        Just("recover".to_string()), Just("offset".to_string()), Just("epoch".to_string()),
+                        Just("type".to_string()),
+                        Just("topic".to_string()),
+                        Just("id".to_string()),
+                        Just("data_base64".to_string()),
+                        Just("input_base64".to_string()),
+                        Just("function".to_string()),
+                        Just("presence".to_string()),
+                        Just("member_id".to_string()),
+                        Just("member_meta".to_string()),
+                        Just("recover".to_string()),
+                        Just("offset".to_string()),
+                        Just("epoch".to_string()),
                         ".{0,6}",
                     ],
                     inner,

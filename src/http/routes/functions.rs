@@ -580,7 +580,12 @@ mod multipart_tests {
             .unwrap();
     }
 
-    fn parse(ct: &str, bytes: Vec<u8>, chunk: usize, max_module: usize) -> ApiResult<DeployRequest> {
+    fn parse(
+        ct: &str,
+        bytes: Vec<u8>,
+        chunk: usize,
+        max_module: usize,
+    ) -> ApiResult<DeployRequest> {
         let mut headers = actix_web::http::header::HeaderMap::new();
         headers.insert(
             actix_web::http::header::CONTENT_TYPE,

@@ -354,3 +354,68 @@ pub(crate) fn into_response(
         ControlFlow::Continue(out) => out.set_body(actix_web::body::BoxBody::new(body)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deploy::pool::tests::{echo_upstream, pool};
+    use actix_web::test::TestRequest;
+    use std::time::Duration;
+
+    fn request(body: &'static str) -> http::Request<UpBody> {
+        let (_, payload) = TestRequest::default().set_payload(body).to_http_parts();
+        let mut r = http::Request::new(UpBody::stream(payload, Some(body.len() as u64)));
+        *r.method_mut() = http::Method::POST;
+        *r.uri_mut() = "/up".parse().unwrap();
+        r
+    }
+
+    /// A port nobody listens on gives the request back (nothing was sent);
+    /// a live instance answers it, its body streams to the client, and the
+    /// connection, back in the pool once the body was read, carries the next.
+    #[actix_rt::test]
+    async fn requests_go_back_when_not_connected_and_connections_are_reused() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let (port, accepted, task) = echo_upstream().await;
+        let p = pool(
+            &[
+                &format!("http://127.0.0.1:{closed}"),
+                &format!("http://127.0.0.1:{port}"),
+            ],
+            1,
+            Duration::from_secs(60),
+        );
+        let t = ProxyTimeouts {
+            connect: Duration::from_secs(10),
+            response: Duration::from_secs(30),
+        };
+        let mut pending = Some(request("abc"));
+        assert!(matches!(
+            exchange(&p, &p.instances[0], &mut pending, t).await,
+            Exchange::NotConnected(ConnectFailure::Failed(_))
+        ));
+        assert!(pending.is_some());
+        let client = TestRequest::post().to_http_request();
+        for body in ["abc", "de"] {
+            let mut pending = Some(request(body));
+            let Exchange::Answered(res) = exchange(&p, &p.instances[1], &mut pending, t).await
+            else {
+                panic!("no answer")
+            };
+            assert!(pending.is_none());
+            let out = into_response(&client, res);
+            assert!(out.headers().get("x-hop").is_none());
+            assert!(out.headers().get("connection").is_none());
+            let got = actix_web::body::to_bytes(out.into_body())
+                .await
+                .ok()
+                .unwrap();
+            assert_eq!(got, format!("POST /up HTTP/1.1 {body}").as_bytes());
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
+        task.abort();
+    }
+}

@@ -316,4 +316,68 @@ pub(crate) mod tests {
         let p = UpstreamPool::new(&bases, loopback_policy(), 1, Duration::ZERO);
         assert!(p.refused(1).is_none());
     }
+
+    /// An upstream on 127.0.0.1 answering each request with its request
+    /// line and body (keep-alive), and how many connections it accepted.
+    pub(crate) async fn echo_upstream() -> (
+        u16,
+        Arc<std::sync::atomic::AtomicUsize>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = accepted.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut b = [0u8; 4096];
+                    loop {
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match s.read(&mut b).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&b[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
+                            .unwrap_or(0);
+                        while buf.len() < end + 4 + len {
+                            match s.read(&mut b).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&b[..n]),
+                            }
+                        }
+                        let mut body = head.lines().next().unwrap().as_bytes().to_vec();
+                        body.push(b' ');
+                        body.extend_from_slice(&buf[end + 4..end + 4 + len]);
+                        let xff = head
+                            .lines()
+                            .any(|l| l.eq_ignore_ascii_case("x-forwarded-proto: http"));
+                        let out = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Saw-Proto: {xff}\r\nConnection: x-hop\r\nX-Hop: 1\r\n\r\n",
+                            body.len()
+                        );
+                        if s.write_all(out.as_bytes()).await.is_err()
+                            || s.write_all(&body).await.is_err()
+                        {
+                            return;
+                        }
+                        buf.drain(..end + 4 + len);
+                    }
+                });
+            }
+        });
+        (port, accepted, task)
+    }
 }

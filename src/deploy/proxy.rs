@@ -229,7 +229,7 @@ pub(crate) async fn over_instances<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deploy::pool::tests::{loopback_policy, pool};
+    use crate::deploy::pool::tests::{echo_upstream, loopback_policy, pool};
     use std::time::Duration;
 
     fn three() -> UpstreamPool {
@@ -378,63 +378,6 @@ mod tests {
         assert!(p.health().iter().all(|h| h.1 && h.2 == 0));
     }
 
-    /// A one-shot upstream on 127.0.0.1 answering each request with its
-    /// request line and body.
-    async fn echo_upstream() -> (u16, tokio::task::JoinHandle<()>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        let task = tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut b = [0u8; 4096];
-                    loop {
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            match s.read(&mut b).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&b[..n]),
-                            }
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length:")
-                                    .map(|v| v.trim().parse().unwrap())
-                            })
-                            .unwrap_or(0);
-                        while buf.len() < end + 4 + len {
-                            match s.read(&mut b).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&b[..n]),
-                            }
-                        }
-                        let mut body = head.lines().next().unwrap().as_bytes().to_vec();
-                        body.push(b' ');
-                        body.extend_from_slice(&buf[end + 4..end + 4 + len]);
-                        let xff = head
-                            .lines()
-                            .any(|l| l.eq_ignore_ascii_case("x-forwarded-proto: http"));
-                        let out = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Saw-Proto: {xff}\r\nConnection: x-hop\r\nX-Hop: 1\r\n\r\n",
-                            body.len()
-                        );
-                        if s.write_all(out.as_bytes()).await.is_err()
-                            || s.write_all(&body).await.is_err()
-                        {
-                            return;
-                        }
-                        buf.drain(..end + 4 + len);
-                    }
-                });
-            }
-        });
-        (port, task)
-    }
-
     /// Through each plain client (wire without a body, hyper with one) a
     /// request passes a closed port and reaches the live instance.
     #[actix_rt::test]
@@ -444,7 +387,7 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let (port, task) = echo_upstream().await;
+        let (port, _accepted, task) = echo_upstream().await;
         let p = pool(
             &[
                 &format!("http://127.0.0.1:{closed}"),

@@ -2,7 +2,8 @@
 //! hyper's HTTP/1.1 client connection, pooled per worker thread and instance
 //! ([`super::idle`]; docs/decisions.md, "The proxy's client for plain-HTTP
 //! upstreams"). Requests without a body go through [`super::wire`];
-//! `https://` instances and WebSocket upgrades through awc ([`super::proxy`]).
+//! `https://` instances and WebSocket upgrades through awc
+//! ([`super::awc_client`], [`super::relay`]).
 //!
 //! A connection is taken from its thread's pool for one exchange and given
 //! back when the upstream's answer has been read to its end; one whose answer
@@ -13,7 +14,8 @@
 
 use super::egress::{EgressError, Refusal};
 use super::idle::{self, IdlePool, Reusable};
-use super::proxy::{Instance, ProxyTimeouts, UpstreamPool};
+use super::pool::{Instance, ProxyTimeouts, UpstreamPool};
+use crate::error::ApiError;
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::dev::Payload;
 use actix_web::error::PayloadError;
@@ -172,7 +174,8 @@ async fn connect(
     Ok(tx)
 }
 
-/// How an exchange with one instance ended (of either plain-HTTP client).
+/// How an exchange with one instance ended (of any of the proxy's clients):
+/// what the driver's one retry loop ([`super::proxy`]) decides on.
 pub enum Exchange<T> {
     /// The upstream's answer head; its body follows.
     Answered(T),
@@ -182,6 +185,10 @@ pub enum Exchange<T> {
     TimedOut,
     /// Reached and failed after the request was (maybe partly) sent.
     Failed(String),
+    /// The request ends with this error as it is, not retried, the
+    /// instance's health untouched (awc: a URI it cannot make, a refused
+    /// WebSocket upgrade).
+    Ended(ApiError),
 }
 
 /// Sends the request in `pending` to instance `inst` of `pool` on a pooled
@@ -300,5 +307,115 @@ impl MessageBody for UpstreamBody {
                 }
             }
         }
+    }
+}
+
+/// The client's answer from the upstream's, its body streamed as it arrives.
+pub(crate) fn into_response(
+    req: &actix_web::HttpRequest,
+    res: http::Response<UpstreamBody>,
+) -> actix_web::HttpResponse {
+    use actix_web::http::StatusCode;
+    use actix_web::http::header::{HeaderName, HeaderValue};
+    use std::ops::ControlFlow;
+    let (parts, body) = res.into_parts();
+    let status = StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let listed: Vec<String> = parts
+        .headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut out = actix_web::HttpResponse::new(status);
+    let mut len = None;
+    {
+        let h = out.headers_mut();
+        for (k, v) in &parts.headers {
+            if *k == hyper::header::CONTENT_LENGTH {
+                len = v.to_str().ok().and_then(|s| s.parse::<u64>().ok());
+                continue;
+            }
+            let Ok(name) = HeaderName::from_bytes(k.as_str().as_bytes()) else {
+                continue;
+            };
+            if super::headers::is_hop_by_hop(&name, &listed) {
+                continue;
+            }
+            if let Ok(v) = HeaderValue::from_bytes(v.as_bytes()) {
+                h.append(name, v);
+            }
+        }
+    }
+    match super::headers::finish_head(req, out, len) {
+        ControlFlow::Break(done) => done,
+        ControlFlow::Continue(out) => out.set_body(actix_web::body::BoxBody::new(body)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deploy::pool::tests::{echo_upstream, pool};
+    use actix_web::test::TestRequest;
+    use std::time::Duration;
+
+    fn request(body: &'static str) -> http::Request<UpBody> {
+        let (_, payload) = TestRequest::default().set_payload(body).to_http_parts();
+        let mut r = http::Request::new(UpBody::stream(payload, Some(body.len() as u64)));
+        *r.method_mut() = http::Method::POST;
+        *r.uri_mut() = "/up".parse().unwrap();
+        r
+    }
+
+    /// A port nobody listens on gives the request back (nothing was sent);
+    /// a live instance answers it, its body streams to the client, and the
+    /// connection, back in the pool once the body was read, carries the next.
+    #[actix_rt::test]
+    async fn requests_go_back_when_not_connected_and_connections_are_reused() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let (port, accepted, task) = echo_upstream().await;
+        let p = pool(
+            &[
+                &format!("http://127.0.0.1:{closed}"),
+                &format!("http://127.0.0.1:{port}"),
+            ],
+            1,
+            Duration::from_secs(60),
+        );
+        let t = ProxyTimeouts {
+            connect: Duration::from_secs(10),
+            response: Duration::from_secs(30),
+        };
+        let mut pending = Some(request("abc"));
+        assert!(matches!(
+            exchange(&p, &p.instances[0], &mut pending, t).await,
+            Exchange::NotConnected(ConnectFailure::Failed(_))
+        ));
+        assert!(pending.is_some());
+        let client = TestRequest::post().to_http_request();
+        for body in ["abc", "de"] {
+            let mut pending = Some(request(body));
+            let Exchange::Answered(res) = exchange(&p, &p.instances[1], &mut pending, t).await
+            else {
+                panic!("no answer")
+            };
+            assert!(pending.is_none());
+            let out = into_response(&client, res);
+            assert!(out.headers().get("x-hop").is_none());
+            assert!(out.headers().get("connection").is_none());
+            let got = actix_web::body::to_bytes(out.into_body())
+                .await
+                .ok()
+                .unwrap();
+            assert_eq!(got, format!("POST /up HTTP/1.1 {body}").as_bytes());
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
+        task.abort();
     }
 }

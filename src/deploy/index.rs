@@ -3,7 +3,7 @@
 //! the highest priority wins, then the deployment name.
 
 use super::model::{RouteSpec, SiteFile};
-use super::proxy::UpstreamPool;
+use super::pool::UpstreamPool;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 

@@ -22,13 +22,17 @@
 
 #![forbid(unsafe_code)]
 
+pub mod awc_client;
 pub mod egress;
 pub mod h1;
+pub mod headers;
 pub mod hosts;
 pub mod idle;
 pub mod index;
 pub mod model;
+pub mod pool;
 pub mod proxy;
+pub mod relay;
 pub mod site;
 pub mod transfer;
 pub mod wire;
@@ -45,7 +49,7 @@ use model::{
     host_key, ver_key, ver_prefix,
 };
 use parking_lot::{Mutex, RwLock};
-use proxy::UpstreamPool;
+use pool::UpstreamPool;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

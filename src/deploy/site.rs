@@ -765,4 +765,237 @@ pub mod tests {
             assert_eq!(e.code, *want, "case {i}: {e}");
         }
     }
+
+    // -----------------------------------------------------------------
+    // Property tests: generated archives of hostile shapes (climbing and
+    // absolute paths, links in and out, hard links, devices, GNU long names
+    // and pax paths, sizes about the limits, cut short anywhere) unpack into
+    // a folder of their own or are refused with one of the documented codes;
+    // nothing is ever written outside that folder, nothing unpacked is a
+    // link, and what unpacks keeps the limits.
+
+    use proptest::prelude::*;
+
+    /// One generated entry.
+    #[derive(Debug, Clone)]
+    struct Gen {
+        path: String,
+        kind: char,
+        /// A file's bytes, or a link's target.
+        data: Vec<u8>,
+        /// How the name is carried: 0 the header, 1 a GNU long name, 2 a pax path.
+        carrier: u8,
+    }
+
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => "[a-c]{1,3}".prop_map(|s| s),
+            1 => Just("..".to_string()),
+            1 => Just(".".to_string()),
+            1 => Just(String::new()),
+            1 => Just("a\\b".to_string()),
+            1 => Just("x\u{1}".to_string()),
+        ]
+    }
+
+    fn gen_path() -> impl Strategy<Value = String> {
+        (any::<bool>(), proptest::collection::vec(segment(), 1..4)).prop_map(|(abs, segs)| {
+            let p = segs.join("/");
+            if abs { format!("/{p}") } else { p }
+        })
+    }
+
+    fn gen_entry() -> impl Strategy<Value = Gen> {
+        (
+            prop_oneof![6 => Just('f'), 2 => Just('d'), 2 => Just('s'), 2 => Just('h'), 1 => Just('c'), 1 => Just('p')],
+            gen_path(),
+            proptest::collection::vec(any::<u8>(), 0..48),
+            gen_path(),
+            prop_oneof![6 => Just(0u8), 1 => Just(1), 1 => Just(2)],
+        )
+            .prop_map(|(kind, path, bytes, target, carrier)| Gen {
+                data: if matches!(kind, 's' | 'h') { target.into_bytes() } else { bytes },
+                path,
+                kind,
+                carrier,
+            })
+    }
+
+    /// A pax record `<len> <key>=<value>\n`, its length counting itself.
+    fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
+        let rest = key.len() + value.len() + 3;
+        let mut n = rest + 1;
+        while n.to_string().len() + rest != n {
+            n += 1;
+        }
+        let mut out = format!("{n} {key}=").into_bytes();
+        out.extend_from_slice(value);
+        out.push(b'\n');
+        out
+    }
+
+    fn build(entries: &[Gen]) -> Vec<u8> {
+        use tar::EntryType as E;
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        let raw = |b: &mut tar::Builder<_>, name: &[u8], kind: E, link: &[u8], data: &[u8]| {
+            let mut h = tar::Header::new_gnu();
+            let g = h.as_gnu_mut().unwrap();
+            let n = name.len().min(100);
+            g.name[..n].copy_from_slice(&name[..n]);
+            let l = link.len().min(100);
+            g.linkname[..l].copy_from_slice(&link[..l]);
+            h.set_mode(0o644);
+            h.set_entry_type(kind);
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            b.append(&h, data).unwrap();
+        };
+        for e in entries {
+            let (kind, link, data): (E, &[u8], &[u8]) = match e.kind {
+                'f' => (E::Regular, b"", &e.data),
+                'd' => (E::Directory, b"", b""),
+                's' => (E::Symlink, &e.data, b""),
+                'h' => (E::Link, &e.data, b""),
+                'c' => (E::Char, b"", b""),
+                _ => (E::Fifo, b"", b""),
+            };
+            let name = match e.carrier {
+                1 => {
+                    let mut long = e.path.as_bytes().to_vec();
+                    long.push(0);
+                    raw(&mut b, b"././@LongLink", E::GNULongName, b"", &long);
+                    b"ignored".as_slice()
+                }
+                2 => {
+                    let rec = pax_record("path", e.path.as_bytes());
+                    raw(&mut b, b"pax", E::XHeader, b"", &rec);
+                    b"ignored".as_slice()
+                }
+                _ => e.path.as_bytes(),
+            };
+            raw(&mut b, name, kind, link, data);
+        }
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    /// Whether `p` names a place inside the site (no climbing, not absolute).
+    fn stays_inside(p: &str) -> bool {
+        !p.starts_with('/') && p.split('/').all(|s| s != "..")
+    }
+
+    /// Everything under `root`, relative, with whether it is a symlink.
+    fn walk(root: &Path, out: &mut Vec<(PathBuf, bool)>) {
+        for e in std::fs::read_dir(root).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            out.push((e.path(), t.is_symlink()));
+            if t.is_dir() {
+                walk(&e.path(), out);
+            }
+        }
+    }
+
+    const CODES: &[&str] = &["UNSAFE_TARBALL", "INVALID_TARBALL", "SITE_TOO_LARGE"];
+
+    proptest! {
+        // Each case gzips a small archive and unpacks it into a folder of its
+        // own on disk (the file system is the cost: 1000 cases, a few seconds).
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn archives_unpack_inside_their_folder_or_are_refused(
+            entries in proptest::collection::vec(gen_entry(), 0..7),
+            max_files in 1usize..6,
+            max_file_bytes in 0u64..64,
+            max_unpacked_bytes in 0u64..160,
+            cut in proptest::option::weighted(0.2, any::<usize>()),
+        ) {
+            let limits = SiteLimits { max_unpacked_bytes, max_files, max_file_bytes };
+            let mut t = build(&entries);
+            if let Some(c) = cut {
+                t.truncate(c % (t.len() + 1));
+            }
+            // A folder of its own for each case, under one folder of the thread.
+            thread_local!(static ROOT: (tempfile::TempDir, std::cell::Cell<u64>) =
+                (tempfile::tempdir().unwrap(), std::cell::Cell::new(0)));
+            let root = ROOT.with(|(d, n)| {
+                n.set(n.get() + 1);
+                d.path().join(format!("case{}", n.get()))
+            });
+            let dir = root.join("site");
+            std::fs::create_dir_all(&dir).unwrap();
+            let r = unpack(&t[..], &dir, limits);
+            // Nothing but the site folder beside it, and no link anywhere in it.
+            let mut all = Vec::new();
+            walk(&root, &mut all);
+            struct Gone(PathBuf);
+            impl Drop for Gone {
+                fn drop(&mut self) {
+                    let _ = std::fs::remove_dir_all(&self.0);
+                }
+            }
+            let _gone = Gone(root.clone());
+            for (p, link) in &all {
+                prop_assert!(p.starts_with(&dir), "{p:?} outside the site folder");
+                prop_assert!(!link, "{p:?} is a link");
+            }
+            match r {
+                Err(e) => prop_assert!(CODES.contains(&e.code.as_str()), "{e}"),
+                Ok(site) => {
+                    prop_assert!(cut.is_none() || !site.files.is_empty());
+                    // Every entry that named a place climbed nowhere.
+                    for e in &entries {
+                        prop_assert!(stays_inside(&e.path), "{:?} unpacked", e.path);
+                        if e.kind == 's' {
+                            prop_assert!(!e.data.starts_with(b"/"));
+                        }
+                    }
+                    prop_assert!(site.total_bytes <= max_unpacked_bytes);
+                    prop_assert!(site.files.len() <= max_files);
+                    prop_assert!(!site.files.is_empty());
+                    for (path, f) in &site.files {
+                        prop_assert!(stays_inside(path) && !path.is_empty() && !path.contains("//"));
+                        prop_assert!(f.size <= max_file_bytes);
+                        let blob = site.blobs.get(&f.sha256);
+                        prop_assert!(blob.is_some(), "{path}: no blob");
+                        let bytes = std::fs::read(blob.unwrap()).unwrap();
+                        prop_assert_eq!(bytes.len() as u64, f.size);
+                        prop_assert_eq!(
+                            hex::encode(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref()),
+                            f.sha256.clone()
+                        );
+                    }
+                    for p in site.blobs.values() {
+                        prop_assert!(p.starts_with(&dir));
+                    }
+                }
+            }
+        }
+
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// Any bytes, gzipped or not: refused with a documented code, never a panic.
+        #[test]
+        fn any_bytes_are_refused_with_a_documented_code(
+            bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+            gzip in any::<bool>(),
+        ) {
+            let t = if gzip {
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                gz.write_all(&bytes).unwrap();
+                gz.finish().unwrap()
+            } else {
+                bytes
+            };
+            thread_local!(static ROOT: tempfile::TempDir = tempfile::tempdir().unwrap());
+            let r = ROOT.with(|root| unpack(&t[..], root.path(), LIMITS));
+            if let Err(e) = r {
+                prop_assert!(CODES.contains(&e.code.as_str()), "{e}");
+            }
+        }
+    }
 }

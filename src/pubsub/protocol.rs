@@ -529,4 +529,216 @@ mod tests {
             let _ = parse_client_frame(s.as_bytes());
         }
     }
+
+    // -----------------------------------------------------------------
+    // The client frame decoder against generated frames: what a client may
+    // send parses back to the frame it meant, with its id; anything else is
+    // refused with one of the codes docs/pubsub.md lists, in a message of
+    // bounded size (the input is never echoed whole); and the server's own
+    // frames read back under RFC 6455's framing.
+
+    /// The refusal codes of a client frame (docs/pubsub.md, "/v1/ws").
+    const FRAME_CODES: &[&str] = &[
+        "MALFORMED_JSON",
+        "BAD_FRAME",
+        "UNKNOWN_TYPE",
+        "BAD_BASE64",
+        "BAD_OFFSET",
+    ];
+
+    /// A generated frame a client may send, with its JSON.
+    fn client_frame() -> impl Strategy<Value = (ClientFrame, Value)> {
+        use base64::engine::general_purpose::STANDARD;
+        let text = || ".{0,24}";
+        let data = || proptest::collection::vec(any::<u8>(), 0..48);
+        prop_oneof![
+            (
+                text(),
+                proptest::option::of((text(), proptest::option::of(text()))),
+                proptest::option::of((any::<u64>(), text())),
+            )
+                .prop_map(|(topic, presence, recover)| {
+                    let mut v = serde_json::json!({"type": "subscribe", "topic": topic});
+                    if let Some((m, meta)) = &presence {
+                        v["presence"] = true.into();
+                        v["member_id"] = m.clone().into();
+                        if let Some(meta) = meta {
+                            v["member_meta"] = meta.clone().into();
+                        }
+                    }
+                    if let Some((o, e)) = &recover {
+                        v["recover"] = serde_json::json!({"offset": o, "epoch": e});
+                    }
+                    (ClientFrame::Subscribe { topic, presence, recover }, v)
+                }),
+            text().prop_map(|topic| (
+                ClientFrame::Unsubscribe { topic: topic.clone() },
+                serde_json::json!({"type": "unsubscribe", "topic": topic}),
+            )),
+            (text(), data()).prop_map(|(topic, d)| (
+                ClientFrame::Publish { topic: topic.clone(), data: Bytes::from(d.clone()) },
+                serde_json::json!({"type": "publish", "topic": topic, "data_base64": STANDARD.encode(&d)}),
+            )),
+            (text(), data()).prop_map(|(function, d)| (
+                ClientFrame::Invoke { function: function.clone(), input: Bytes::from(d.clone()) },
+                serde_json::json!({"type": "invoke", "function": function, "input_base64": STANDARD.encode(&d)}),
+            )),
+            Just(()).prop_map(|()| (ClientFrame::Ping, serde_json::json!({"type": "ping"}))),
+        ]
+    }
+
+    /// Any JSON value, a few levels deep.
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,16}".prop_map(Value::from),
+            prop_oneof![
+                Just("subscribe"),
+                Just("publish"),
+                Just("invoke"),
+                Just("unsubscribe"),
+                Just("ping"),
+                Just("aGk="),
+                Just("!!")
+            ]
+            .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("type".to_string()),
+                        Just("topic".to_string()),
+                        Just("id".to_string()),
+                        Just("data_base64".to_string()),
+                        Just("input_base64".to_string()),
+                        Just("function".to_string()),
+                        Just("presence".to_string()),
+                        Just("member_id".to_string()),
+                        Just("member_meta".to_string()),
+                        Just("recover".to_string()),
+                        Just("offset".to_string()),
+                        Just("epoch".to_string()),
+                        ".{0,6}",
+                    ],
+                    inner,
+                    0..6,
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// An RFC 6455 reading of one unmasked server frame: FIN, opcode, payload.
+    fn read_ws_frame(b: &[u8]) -> Option<(bool, u8, &[u8])> {
+        let (&b0, rest) = b.split_first()?;
+        let (&b1, rest) = rest.split_first()?;
+        if b1 & 0x80 != 0 {
+            return None; // a server never masks
+        }
+        let (len, rest) = match b1 & 0x7f {
+            126 => {
+                let (l, r) = rest.split_at_checked(2)?;
+                let n = u16::from_be_bytes([l[0], l[1]]) as usize;
+                if n < 126 {
+                    return None; // not the shortest form
+                }
+                (n, r)
+            }
+            127 => {
+                let (l, r) = rest.split_at_checked(8)?;
+                let n = u64::from_be_bytes(l.try_into().ok()?);
+                if n <= u16::MAX as u64 || n >> 63 != 0 {
+                    return None;
+                }
+                (usize::try_from(n).ok()?, r)
+            }
+            n => (n as usize, rest),
+        };
+        (rest.len() == len).then_some((b0 & 0x80 != 0, b0 & 0x0f, rest))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// What a client may send parses back to the frame it meant, id echoed.
+        #[test]
+        fn client_frames_parse_back(
+            (frame, mut v) in client_frame(),
+            id in prop_oneof![Just(Value::Null), any::<u32>().prop_map(Value::from), ".{0,8}".prop_map(Value::from)],
+        ) {
+            if !id.is_null() {
+                v["id"] = id.clone();
+            }
+            let (got_id, got) = parse_client_frame(v.to_string().as_bytes());
+            prop_assert_eq!(got_id, id);
+            prop_assert_eq!(got.map_err(|e| e.code), Ok(frame));
+        }
+
+        /// Any JSON, any bytes: a frame or a refusal with a documented code,
+        /// its message bounded whatever the input's size.
+        #[test]
+        fn refusals_have_documented_codes_and_bounded_messages(
+            v in any_json(),
+            long in proptest::option::of(".{200,2000}"),
+            bytes in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let mut inputs = vec![v.to_string().into_bytes(), bytes];
+            if let (Some(long), Value::Object(_)) = (long, &v) {
+                let mut v = v.clone();
+                v["type"] = long.clone().into();
+                inputs.push(v.to_string().into_bytes());
+                v["type"] = "publish".into();
+                v["topic"] = "t".into();
+                v["data_base64"] = long.into();
+                inputs.push(v.to_string().into_bytes());
+            }
+            for input in inputs {
+                let (id, r) = parse_client_frame(&input);
+                if let Err(e) = r {
+                    prop_assert!(FRAME_CODES.contains(&e.code), "{}", e.code);
+                    prop_assert!(e.message.len() <= 1024, "{} bytes", e.message.len());
+                    if matches!(e.code, "MALFORMED_JSON") {
+                        prop_assert!(id.is_null());
+                    }
+                }
+            }
+        }
+
+        /// The server's frames read back under RFC 6455 at every length form;
+        /// a close frame's reason is cut to fit a control frame.
+        #[test]
+        fn server_frames_read_back(
+            len in prop_oneof![0usize..130, 65_530usize..65_540, Just(70_000usize)],
+            op in 0usize..4,
+            code in any::<u16>(),
+            reason in ".{0,200}",
+        ) {
+            let op = [Opcode::Text, Opcode::Binary, Opcode::Ping, Opcode::Pong][op];
+            let payload = vec![len as u8; len];
+            let f = ws_frame(op, &payload);
+            let (fin, opcode, p) = read_ws_frame(&f).unwrap();
+            prop_assert!(fin);
+            prop_assert_eq!(opcode, op as u8);
+            prop_assert_eq!(p, &payload[..]);
+            let c = close_frame(code, &reason);
+            let (fin, opcode, p) = read_ws_frame(&c).unwrap();
+            prop_assert!(fin && opcode == 0x8 && p.len() <= 125);
+            prop_assert_eq!(&p[..2], &code.to_be_bytes()[..]);
+        }
+
+        /// Base64 payloads: what the standard engine writes decodes back;
+        /// anything else decodes or is refused, never a panic.
+        #[test]
+        fn base64_payloads_round_trip(d in proptest::collection::vec(any::<u8>(), 0..256), junk in ".{0,64}") {
+            use base64::engine::general_purpose::STANDARD;
+            prop_assert_eq!(&decode_base64(&STANDARD.encode(&d)).unwrap()[..], &d[..]);
+            let _ = decode_base64(&junk);
+        }
+    }
 }

@@ -498,3 +498,194 @@ async fn invoke_by_namespace(
     }
     Ok(reply(prepared.run().await?))
 }
+
+#[cfg(test)]
+mod multipart_tests {
+    //! Property tests of the function deploy's multipart parsing (actix's
+    //! parser and [`parse_deploy`] over it): generated bodies, well formed or
+    //! cut, garbled, without a boundary or a disposition, with parts over
+    //! their limits, read in chunks of any size, never panic; a refusal
+    //! carries one of the documented codes; what parses is what was sent,
+    //! within the limits.
+    use super::*;
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    /// The codes a function deploy's parts are refused with (docs/functions.md).
+    const CODES: &[&str] = &[
+        "MALFORMED_MULTIPART",
+        "MODULE_TOO_LARGE",
+        "PAYLOAD_TOO_LARGE",
+        "UNKNOWN_PART",
+        "MISSING_PART",
+        "INVALID_NAME",
+        "INVALID_MODULE",
+        "INVALID_LIMIT",
+        "INVALID_FIELD",
+        "INVALID_METADATA",
+    ];
+
+    #[derive(Debug, Clone)]
+    struct Part {
+        name: &'static str,
+        /// Whether the part has its Content-Disposition header.
+        disposition: bool,
+        content: Vec<u8>,
+    }
+
+    fn part() -> impl Strategy<Value = Part> {
+        let text = |vs: &'static [&'static str]| {
+            proptest::sample::select(vs).prop_map(|s| s.as_bytes().to_vec())
+        };
+        (
+            prop_oneof![
+                4 => (Just("wasm"), proptest::collection::vec(any::<u8>(), 0..80)),
+                2 => (Just("name"), text(&["fn-1", " a ", "Bad Name", "", "secrets", "é"])),
+                1 => (Just("memory_limit_mb"), text(&["128", "0", "abc", "99999"])),
+                1 => (Just("timeout_seconds"), text(&["5", "0", "x"])),
+                1 => (Just("is_public"), text(&["true", "no", "maybe", ""])),
+                1 => (Just("metadata"), text(&["{}", "{\"env_vars\":{\"A\":\"b\"}}", "not json", "{\"cron\":7}"])),
+                1 => (Just("bogus"), text(&["x"])),
+                1 => (Just("name"), proptest::collection::vec(any::<u8>(), 0..8)),
+            ],
+            proptest::bool::weighted(0.95),
+        )
+            .prop_map(|((name, content), disposition)| Part {
+                name,
+                disposition,
+                content,
+            })
+    }
+
+    fn body(boundary: &str, parts: &[Part], closed: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in parts {
+            out.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+            if p.disposition {
+                out.extend_from_slice(
+                    format!("Content-Disposition: form-data; name=\"{}\"\r\n", p.name).as_bytes(),
+                );
+            }
+            out.extend_from_slice(b"Content-Type: application/octet-stream\r\n\r\n");
+            out.extend_from_slice(&p.content);
+            out.extend_from_slice(b"\r\n");
+        }
+        if closed {
+            out.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+        }
+        out
+    }
+
+    thread_local! {
+        static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+    }
+
+    fn parse(
+        ct: &str,
+        bytes: Vec<u8>,
+        chunk: usize,
+        max_module: usize,
+    ) -> ApiResult<DeployRequest> {
+        let mut headers = actix_web::http::header::HeaderMap::new();
+        headers.insert(
+            actix_web::http::header::CONTENT_TYPE,
+            actix_web::http::header::HeaderValue::from_str(ct).unwrap(),
+        );
+        let chunks: Vec<Result<Bytes, actix_web::error::PayloadError>> = bytes
+            .chunks(chunk)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let mp = Multipart::new(&headers, futures_util::stream::iter(chunks));
+        RT.with(|rt| rt.block_on(parse_deploy(mp, max_module)))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn deploy_bodies_parse_or_are_refused_with_a_documented_code(
+            boundary in "[A-Za-z0-9_-]{8,40}",
+            parts in proptest::collection::vec(part(), 0..6),
+            closed in proptest::bool::weighted(0.9),
+            cut in proptest::option::weighted(0.1, any::<usize>()),
+            garble in proptest::option::weighted(0.1, (any::<usize>(), any::<u8>())),
+            ct in prop_oneof![
+                8 => Just("multipart/form-data; boundary={b}"),
+                1 => Just("multipart/form-data; boundary=\"{b}\""),
+                1 => Just("multipart/form-data"),
+                1 => Just("text/plain; boundary={b}"),
+            ],
+            chunk in 1usize..200,
+            max_module in 1usize..64,
+            valid_tail in any::<bool>(),
+        ) {
+            // Half the bodies end in a valid name and module (the last of a part counts).
+            let mut parts = parts;
+            if valid_tail {
+                for (name, content) in [("name", b"fn-1".to_vec()), ("wasm", vec![7; max_module.min(9)])] {
+                    parts.push(Part { name, disposition: true, content });
+                }
+            }
+            let mut bytes = body(&boundary, &parts, closed);
+            if let Some(c) = cut {
+                bytes.truncate(c % (bytes.len() + 1));
+            }
+            if let Some((at, b)) = garble
+                && !bytes.is_empty()
+            {
+                let n = bytes.len();
+                bytes[at % n] = b;
+            }
+            let whole = cut.is_none() && garble.is_none();
+            match parse(&ct.replace("{b}", &boundary), bytes, chunk, max_module) {
+                Err(e) => prop_assert!(CODES.contains(&e.code.as_str()), "{e:?}"),
+                Ok(req) => {
+                    // What parsed is what was sent (the last of each part), within the limits.
+                    let last = |n: &str| parts.iter().rev().find(|p| p.name == n && p.disposition);
+                    prop_assert!(req.wasm.len() <= max_module && !req.wasm.is_empty());
+                    if whole {
+                        prop_assert_eq!(&req.wasm, &last("wasm").unwrap().content);
+                        let name = String::from_utf8(last("name").unwrap().content.clone()).unwrap();
+                        prop_assert_eq!(req.name, name.trim());
+                        prop_assert!(parts.iter().all(|p| p.name != "bogus"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A part over its limit is refused as soon as it passes it, with its code.
+    #[test]
+    fn parts_over_their_limits_are_refused() {
+        let big = Part {
+            name: "metadata",
+            disposition: true,
+            content: vec![b' '; MAX_FIELD_BYTES + 1],
+        };
+        let e = parse(
+            "multipart/form-data; boundary=abcdefgh",
+            body("abcdefgh", &[big], true),
+            4096,
+            64,
+        )
+        .err()
+        .unwrap();
+        assert_eq!(e.code.as_str(), "PAYLOAD_TOO_LARGE");
+        let wasm = Part {
+            name: "wasm",
+            disposition: true,
+            content: vec![0; 65],
+        };
+        let e = parse(
+            "multipart/form-data; boundary=abcdefgh",
+            body("abcdefgh", &[wasm], true),
+            7,
+            64,
+        )
+        .err()
+        .unwrap();
+        assert_eq!(e.code.as_str(), "MODULE_TOO_LARGE");
+    }
+}

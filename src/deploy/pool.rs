@@ -1,0 +1,383 @@
+//! Balancing and passive health of a deployment's upstream instances:
+//! round-robin among the healthy ones, an instance skipped for a while after
+//! `fail_after` connection failures in a row, and each instance's address
+//! facts parsed once (its literal address for the egress check, its name to
+//! resolve, the `Host` a plain-HTTP client sends, the origin URIs are built
+//! from). No I/O here: the clients ([`super::h1`], [`super::wire`],
+//! [`super::awc_client`]) connect, the driver ([`super::proxy`]) decides.
+
+use super::egress::{EgressPolicy, Refusal};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// One upstream instance and its passive health.
+pub struct Instance {
+    /// The instance's base URL (`http://host:port`), as deployed; logs and status name it.
+    pub base: String,
+    /// The address the base names literally (never resolved, so checked by
+    /// the proxy itself before each attempt).
+    pub(crate) literal: Option<std::net::SocketAddr>,
+    /// The host and port the base names (a name resolves through the egress policy).
+    pub(crate) host_port: Option<(String, u16)>,
+    /// The `Host` sent to a plain-HTTP instance (its authority), made once;
+    /// None for an `https://` instance (reached through awc).
+    pub(crate) plain_host: Option<hyper::header::HeaderValue>,
+    /// The base's scheme and authority, parsed once: each request's URI is
+    /// built from them and its path, not parsed again from a string.
+    origin: Option<(
+        actix_web::http::uri::Scheme,
+        actix_web::http::uri::Authority,
+    )>,
+    /// Connection failures or timeouts in a row; reset by a success.
+    failures: AtomicU32,
+    /// Unix ms until which the instance is skipped (0: healthy); set at `fail_after`.
+    down_until_ms: AtomicU64,
+}
+
+/// The instances of one deployment version.
+pub struct UpstreamPool {
+    /// The version's instances, in deploy order; picked round-robin among the healthy.
+    pub instances: Vec<Instance>,
+    /// Where the instances may be connected.
+    pub egress: Arc<EgressPolicy>,
+    /// Every instance is plain HTTP: requests go through [`super::h1`]
+    /// (otherwise through awc, which speaks TLS).
+    plain: bool,
+    /// Round-robin cursor: where the next request starts looking for a healthy instance.
+    next: AtomicUsize,
+    /// Failures in a row that mark an instance down (at least 1).
+    fail_after: u32,
+    /// How long a down instance is skipped before it is tried again.
+    down_for: Duration,
+}
+
+/// Timeouts of the proxy.
+#[derive(Clone, Copy)]
+pub struct ProxyTimeouts {
+    /// Limit on connecting to an instance (deployment config `connect_timeout_seconds`).
+    pub connect: Duration,
+    /// Limit on the whole upstream exchange (config `upstream_timeout_seconds`).
+    pub response: Duration,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// The scheme and authority of an instance's base (`http://host:port`).
+fn origin_of(
+    base: &str,
+) -> Option<(
+    actix_web::http::uri::Scheme,
+    actix_web::http::uri::Authority,
+)> {
+    let uri: actix_web::http::Uri = base.parse().ok()?;
+    let p = uri.into_parts();
+    Some((p.scheme?, p.authority?))
+}
+
+/// The `Host` of a plain `http://` base: its authority.
+fn plain_host(base: &str) -> Option<hyper::header::HeaderValue> {
+    let (scheme, authority) = origin_of(base)?;
+    if scheme != actix_web::http::uri::Scheme::HTTP {
+        return None;
+    }
+    hyper::header::HeaderValue::from_str(authority.as_str()).ok()
+}
+
+impl Instance {
+    /// The URI of `path_and_query` on this instance.
+    pub(crate) fn uri(&self, path_and_query: &str) -> Result<actix_web::http::Uri, String> {
+        let built = self.origin.as_ref().and_then(|(scheme, authority)| {
+            let mut parts = actix_web::http::uri::Parts::default();
+            parts.scheme = Some(scheme.clone());
+            parts.authority = Some(authority.clone());
+            parts.path_and_query = Some(path_and_query.parse().ok()?);
+            actix_web::http::Uri::from_parts(parts).ok()
+        });
+        match built {
+            Some(u) => Ok(u),
+            None => format!("{}{}", self.base, path_and_query)
+                .parse()
+                .map_err(|e| format!("{e}")),
+        }
+    }
+}
+
+impl UpstreamPool {
+    pub fn new(
+        bases: &[String],
+        egress: Arc<EgressPolicy>,
+        fail_after: u32,
+        down_for: Duration,
+    ) -> UpstreamPool {
+        let instances: Vec<Instance> = bases
+            .iter()
+            .map(|b| Instance {
+                base: b.clone(),
+                literal: super::egress::literal_addr(b),
+                host_port: super::egress::host_port(b),
+                plain_host: plain_host(b),
+                origin: origin_of(b),
+                failures: AtomicU32::new(0),
+                down_until_ms: AtomicU64::new(0),
+            })
+            .collect();
+        UpstreamPool {
+            egress,
+            plain: !instances.is_empty() && instances.iter().all(|i| i.plain_host.is_some()),
+            instances,
+            next: AtomicUsize::new(0),
+            fail_after: fail_after.max(1),
+            down_for,
+        }
+    }
+
+    /// Whether every instance is plain HTTP (requests then go through
+    /// [`super::wire`] and [`super::h1`], otherwise through awc).
+    pub(crate) fn plain(&self) -> bool {
+        self.plain
+    }
+
+    /// Healthy instances, in the order to try them (round-robin start).
+    pub fn order(&self) -> Vec<usize> {
+        let n = self.instances.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let now = now_ms();
+        (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|&i| self.instances[i].down_until_ms.load(Ordering::Relaxed) <= now)
+            .collect()
+    }
+
+    /// A connection failure or timeout: after `fail_after` in a row the instance
+    /// is skipped for `down_for` (then tried again; one more failure skips it again).
+    pub fn failed(&self, i: usize) {
+        let inst = &self.instances[i];
+        let f = inst.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if f >= self.fail_after {
+            inst.down_until_ms.store(
+                now_ms() + self.down_for.as_millis() as u64,
+                Ordering::Relaxed,
+            );
+            tracing::warn!(instance = %inst.base, failures = f, "Upstream instance marked unhealthy.");
+        }
+    }
+
+    pub fn succeeded(&self, i: usize) {
+        let inst = &self.instances[i];
+        if inst.failures.swap(0, Ordering::Relaxed) != 0 {
+            inst.down_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The policy's refusal of instance `i`'s literal address, if it has one
+    /// and it is refused (names are checked by the client's resolver).
+    pub(crate) fn refused(&self, i: usize) -> Option<Refusal> {
+        let a = self.instances[i].literal?;
+        self.egress.check_addr(a.ip(), a.port()).err()
+    }
+
+    /// Whether each instance is healthy now (for the API).
+    pub fn health(&self) -> Vec<(String, bool, u32)> {
+        let now = now_ms();
+        self.instances
+            .iter()
+            .map(|i| {
+                (
+                    i.base.clone(),
+                    i.down_until_ms.load(Ordering::Relaxed) <= now,
+                    i.failures.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::config::DeployConfig;
+
+    /// A policy that allows loopback (tests connect to 127.0.0.1 only).
+    pub(crate) fn loopback_policy() -> Arc<EgressPolicy> {
+        let cfg = DeployConfig {
+            upstream_allow: vec!["127.0.0.0/8".into()],
+            ..DeployConfig::default()
+        };
+        Arc::new(EgressPolicy::from_config(&cfg))
+    }
+
+    pub(crate) fn pool(bases: &[&str], fail_after: u32, down_for: Duration) -> UpstreamPool {
+        let bases: Vec<String> = bases.iter().map(|s| s.to_string()).collect();
+        UpstreamPool::new(&bases, loopback_policy(), fail_after, down_for)
+    }
+
+    /// Each request starts one instance further; all are offered.
+    #[test]
+    fn order_is_round_robin_over_all_healthy() {
+        let p = pool(
+            &[
+                "http://127.0.0.1:1",
+                "http://127.0.0.1:2",
+                "http://127.0.0.1:3",
+            ],
+            1,
+            Duration::from_secs(60),
+        );
+        assert_eq!(p.order(), vec![0, 1, 2]);
+        assert_eq!(p.order(), vec![1, 2, 0]);
+        assert_eq!(p.order(), vec![2, 0, 1]);
+        assert_eq!(p.order(), vec![0, 1, 2]);
+        assert!(pool(&[], 1, Duration::ZERO).order().is_empty());
+    }
+
+    /// `fail_after` failures in a row mark an instance down (skipped); a
+    /// success before that resets the count, and a success revives it.
+    #[test]
+    fn failures_in_a_row_mark_an_instance_down() {
+        let p = pool(
+            &["http://127.0.0.1:1", "http://127.0.0.1:2"],
+            2,
+            Duration::from_secs(3600),
+        );
+        p.failed(0);
+        p.succeeded(0);
+        p.failed(0);
+        assert_eq!(p.health()[0], ("http://127.0.0.1:1".into(), true, 1));
+        p.failed(0);
+        assert_eq!(p.health()[0], ("http://127.0.0.1:1".into(), false, 2));
+        for _ in 0..3 {
+            assert_eq!(p.order(), vec![1]);
+        }
+        p.succeeded(0);
+        assert_eq!(p.health()[0], ("http://127.0.0.1:1".into(), true, 0));
+        assert_eq!(p.order().len(), 2);
+        // `fail_after` 0 counts as 1; `down_for` 0 skips no request.
+        let p = pool(&["http://127.0.0.1:1"], 0, Duration::ZERO);
+        p.failed(0);
+        assert_eq!(p.health()[0].2, 1);
+        assert_eq!(p.order(), vec![0]);
+    }
+
+    /// A pool is plain when every instance is `http://`; each plain instance
+    /// has its `Host`, literal address and origin parsed once.
+    #[test]
+    fn instances_are_parsed_once() {
+        let p = pool(
+            &["http://127.0.0.1:8080", "http://app.internal:81"],
+            1,
+            Duration::ZERO,
+        );
+        assert!(p.plain());
+        let a = &p.instances[0];
+        assert_eq!(a.plain_host.as_ref().unwrap(), "127.0.0.1:8080");
+        assert_eq!(a.literal, Some("127.0.0.1:8080".parse().unwrap()));
+        let b = &p.instances[1];
+        assert_eq!(b.literal, None);
+        assert_eq!(b.host_port, Some(("app.internal".into(), 81)));
+        assert_eq!(
+            b.uri("/a/b?c=d").unwrap().to_string(),
+            "http://app.internal:81/a/b?c=d"
+        );
+        let p = pool(
+            &["http://127.0.0.1:1", "https://example.test"],
+            1,
+            Duration::ZERO,
+        );
+        assert!(!p.plain());
+        assert!(p.instances[1].plain_host.is_none());
+        assert_eq!(
+            p.instances[1].uri("/x").unwrap().to_string(),
+            "https://example.test/x"
+        );
+        assert!(!pool(&[], 1, Duration::ZERO).plain());
+        assert!(p.instances[0].uri("/a b").is_err());
+    }
+
+    /// A literal address the policy refuses is refused before any connect;
+    /// a name is left to the resolver.
+    #[test]
+    fn refused_literals_are_found_before_connecting() {
+        let bases = vec![
+            "http://10.1.2.3:80".to_string(),
+            "http://127.0.0.1:80".to_string(),
+            "http://app.internal:80".to_string(),
+        ];
+        let strict = Arc::new(EgressPolicy::from_config(&DeployConfig::default()));
+        let p = UpstreamPool::new(&bases, strict, 1, Duration::ZERO);
+        assert!(p.refused(0).is_some());
+        assert!(p.refused(1).is_some());
+        assert!(p.refused(2).is_none());
+        let p = UpstreamPool::new(&bases, loopback_policy(), 1, Duration::ZERO);
+        assert!(p.refused(1).is_none());
+    }
+
+    /// An upstream on 127.0.0.1 answering each request with its request
+    /// line and body (keep-alive), and how many connections it accepted.
+    pub(crate) async fn echo_upstream() -> (
+        u16,
+        Arc<std::sync::atomic::AtomicUsize>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = accepted.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut b = [0u8; 4096];
+                    loop {
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match s.read(&mut b).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&b[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
+                            .unwrap_or(0);
+                        while buf.len() < end + 4 + len {
+                            match s.read(&mut b).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&b[..n]),
+                            }
+                        }
+                        let mut body = head.lines().next().unwrap().as_bytes().to_vec();
+                        body.push(b' ');
+                        body.extend_from_slice(&buf[end + 4..end + 4 + len]);
+                        let xff = head
+                            .lines()
+                            .any(|l| l.eq_ignore_ascii_case("x-forwarded-proto: http"));
+                        let out = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Saw-Proto: {xff}\r\nConnection: x-hop\r\nX-Hop: 1\r\n\r\n",
+                            body.len()
+                        );
+                        if s.write_all(out.as_bytes()).await.is_err()
+                            || s.write_all(&body).await.is_err()
+                        {
+                            return;
+                        }
+                        buf.drain(..end + 4 + len);
+                    }
+                });
+            }
+        });
+        (port, accepted, task)
+    }
+}

@@ -1,8 +1,11 @@
 //! The functions messages of a namespace's supervisor (docs/design.md §4). The
-//! supervisor owns its namespace's [`Invoker`]; handlers check the namespace
-//! still exists and return the invoker's work as a future, so slow store
+//! supervisor owns its namespace's function state
+//! ([`FnOwner`](super::invoker::FnOwner)); handlers check the namespace still
+//! exists and return the [`Invoker`]'s store work as a future, so slow store
 //! work never holds the mailbox and guests never run on the actor's thread
-//! (they run on the engine's worker pool).
+//! (they run on the engine's worker pool). The changes (deploy, delete,
+//! secrets) queue and run one at a time; each is applied to the owned state,
+//! which is published to the calls as a new snapshot, before its reply.
 
 use std::future::Future;
 use std::sync::Arc;

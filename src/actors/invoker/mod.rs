@@ -5,6 +5,12 @@
 //! nested `invoke`) goes through the invoker of the function's own namespace,
 //! whose [`HostApi`] reaches only that namespace's KV, topics and functions.
 //! Guests run on the engine's worker pool, never on the actor's thread.
+//!
+//! The supervisor owns the state ([`FnOwner`]): limits, triggers, the
+//! publish path. It changes it by its own messages only and publishes an
+//! immutable [`Snapshot`] after each change; the invoker, shared with the
+//! HTTP threads through `NsHandle`, reads that snapshot and its caches
+//! without a lock.
 
 use crate::error::Code;
 use crate::quota::{Group, Resource, Usage, usage_key};

@@ -371,3 +371,106 @@ impl Handler<DeleteSecret> for NamespaceSupervisor {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::invoker::FunctionsService;
+    use crate::actors::stats::{ActorDirectory, ask};
+    use crate::metrics::Metrics;
+    use crate::storage::Store;
+    use std::time::Duration;
+
+    const NOOP: &[u8] = br#"(module (func (export "_start")))"#;
+
+    fn request(name: &str) -> DeployRequest {
+        DeployRequest {
+            name: name.into(),
+            wasm: NOOP.to_vec(),
+            memory_limit_mb: 16,
+            timeout_seconds: 5,
+            is_public: false,
+            env_vars: Default::default(),
+            pubsub_topics: Vec::new(),
+            cron: Vec::new(),
+        }
+    }
+
+    /// Deploys sent at once are changes of the state the supervisor owns,
+    /// run one at a time from its queue (no lock): each gets its own
+    /// version, and the snapshot the calls read moves with each. A secret
+    /// set through the supervisor is seen by the next call.
+    #[actix_rt::test]
+    async fn deploys_sent_at_once_get_a_version_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let rec = crate::namespace::NamespaceRecord {
+            name: "ns".into(),
+            created_at: 1,
+            members: vec![],
+            rate_per_minute: None,
+            rate_burst: None,
+            claims_provider: None,
+            quotas: Default::default(),
+            wallet_sign_in: None,
+            history: Default::default(),
+        };
+        store
+            .put_json(&crate::namespace::ns_key("ns"), &rec)
+            .await
+            .unwrap();
+        let metrics = Metrics::new();
+        let stats = ActorDirectory::default().register(&metrics, "namespace", "ns", 64);
+        let engine = crate::wasm::WasmEngine::new(
+            crate::wasm::WasmConfig::default(),
+            dir.path().join("cache"),
+        )
+        .unwrap();
+        let svc = FunctionsService::start(engine, store.clone(), metrics, &[7u8; 32]);
+        let inv = svc.invoker("ns");
+        let addr = NamespaceSupervisor::new("ns".into(), store, stats.clone(), 64)
+            .with_functions(Some(inv.clone()))
+            .start();
+        let module = svc.compile("ns", NOOP.to_vec()).await.unwrap();
+        let before = inv.snapshot().generation;
+        let deploys = (0..5).map(|_| {
+            let msg = DeployFunction {
+                req: request("f"),
+                module: module.clone(),
+            };
+            ask(&addr, &stats, msg, Duration::from_secs(10))
+        });
+        let mut versions: Vec<u64> = futures_util::future::join_all(deploys)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().unwrap().version)
+            .collect();
+        versions.sort_unstable();
+        assert_eq!(versions, [1, 2, 3, 4, 5]);
+        assert!(inv.snapshot().generation >= before + 5);
+        assert!(inv.snapshot().publisher.is_some(), "attached");
+
+        let caller = || CallerInfo {
+            subject: None,
+            request_id: "r".into(),
+        };
+        let p = inv
+            .prepare("f".into(), None, Vec::new(), caller(), Trigger::Http, 0)
+            .await
+            .unwrap();
+        assert_eq!(p.version, 5);
+        let put = PutSecret {
+            key: "TOKEN".into(),
+            value: "a".into(),
+        };
+        ask(&addr, &stats, put, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap();
+        let p = inv
+            .prepare("f".into(), None, Vec::new(), caller(), Trigger::Http, 0)
+            .await
+            .unwrap();
+        assert!(p.env().iter().any(|(k, v)| k == "TOKEN" && v == "a"));
+    }
+}

@@ -484,6 +484,14 @@ pub struct Prepared {
     pub is_public: bool,
 }
 
+#[cfg(test)]
+impl Prepared {
+    /// The environment the guest will get.
+    pub(crate) fn env(&self) -> &[(String, String)] {
+        &self.call.env
+    }
+}
+
 impl Invoker {
     fn store(&self) -> &Store {
         &self.svc.0.store

@@ -11,6 +11,7 @@ mod node;
 mod records;
 mod stats;
 mod topics;
+mod watch;
 
 pub use cron::{CronDue, CronEntry, CronFire, CronSet, CronTable, stored_crons};
 pub use functions::{
@@ -31,10 +32,11 @@ pub use node::{
     ASK_TIMEOUT, CreateNamespace, DeleteNamespace, Forget, Locate, LocateError, Namespaces,
     NodeSupervisor, NsHandle, Passivate, Sweep, locate, namespace_prefixes,
 };
-pub use records::{RECORD_TTL, Records, follow as follow_records};
+pub use records::{RECORD_TTL, Records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
     FromMesh, HistoryOf, HistoryPage, HistoryState, MeshMessage, Presence, Publish, PublishBatch,
     ReadHistory, Release, ReplaceHistory, SetHistory, Subscribe, Subscribed, SweepHistory, Topics,
     Unsubscribe, UnsubscribeAll,
 };
+pub use watch::follow as follow_records;

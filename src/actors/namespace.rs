@@ -106,16 +106,22 @@ pub struct NamespaceSupervisor {
     /// Live topics, local subscribers and presence (`actors/topics.rs`). Kept
     /// across a restart: it describes live sockets, which did not restart.
     pub topics: crate::pubsub::TopicTable,
-    /// The namespace's function invoker (`actors/functions.rs`); None on a
-    /// node built without the functions service.
-    pub functions: Option<crate::actors::Invoker>,
+    /// The namespace's function state, owned here (`actors/functions.rs`):
+    /// changed by this actor's messages only, published to the calls as an
+    /// immutable snapshot. None on a node built without the functions service.
+    pub functions: Option<super::invoker::FnOwner>,
+    /// Changes of the functions waiting for the one running to end
+    /// (`actors/functions.rs`): deploys, deletes and secrets run one at a time.
+    pub fn_queue: std::collections::VecDeque<FnChangeJob>,
+    /// A change of the functions is running.
+    pub fn_changing: bool,
     /// Whether this node is a member of the namespace. A non-member's
     /// supervisor (sockets, operator views, claims) loads no triggers and
     /// runs no cron: those run on members only.
     pub member: bool,
     /// Where the record is published for the other rooms to read
     /// (`actors/records.rs`); this supervisor is its one writer here.
-    pub records: Option<super::Records>,
+    pub records: Option<super::records::Records>,
     /// The node's default quotas (`[quotas]`); the record's overrides win.
     pub quotas: Arc<crate::config::QuotaConfig>,
     /// The history of the topics the record's `history` rules name
@@ -133,7 +139,7 @@ pub struct NamespaceSupervisor {
     pub held: Vec<super::topics::Held>,
     /// The node's cron timer, which a member's invoker keeps current with
     /// its cron schedules; None off a node supervisor (unit tests).
-    pub cron: Option<Recipient<super::CronSet>>,
+    pub cron: Option<Recipient<super::cron::CronSet>>,
     /// Set when it stops for good (deleted or passivated): actix's
     /// `Supervisor` restarts a stopped actor while any address of it is
     /// alive, and such a restart must stop again at once, not serve.
@@ -155,6 +161,8 @@ impl NamespaceSupervisor {
             mailbox_capacity,
             topics: Default::default(),
             functions: None,
+            fn_queue: Default::default(),
+            fn_changing: false,
             member: true,
             records: None,
             quotas: Default::default(),
@@ -169,23 +177,23 @@ impl NamespaceSupervisor {
 
     /// Stops for good (no restart, see `ended`), letting go of the
     /// addresses of itself that it handed out.
-    pub(super) fn end(&mut self, ctx: &mut Context<Self>) {
+    pub(crate) fn end(&mut self, ctx: &mut Context<Self>) {
         self.ended = true;
-        if let Some(inv) = &self.functions {
-            inv.detach();
+        if let Some(f) = &mut self.functions {
+            f.detach();
         }
         ctx.terminate();
     }
 
     /// Keeps the node's cron timer current with this namespace's schedules
     /// (members only: see `functions_started`).
-    pub fn with_cron(mut self, cron: Recipient<super::CronSet>) -> Self {
+    pub fn with_cron(mut self, cron: Recipient<super::cron::CronSet>) -> Self {
         self.cron = Some(cron);
         self
     }
 
     /// Publishes the record to the node's directory of records.
-    pub fn with_records(mut self, records: super::Records) -> Self {
+    pub fn with_records(mut self, records: super::records::Records) -> Self {
         self.records = Some(records);
         self
     }
@@ -207,7 +215,7 @@ impl NamespaceSupervisor {
     /// the store (its other fields are the store's: another node may have
     /// written them), applies `change`, writes it back and publishes it;
     /// replies with the record. Every `Set*` message of the record uses it.
-    pub(super) fn change_record(
+    pub(crate) fn change_record(
         &mut self,
         change: impl FnOnce(&mut NamespaceRecord) + 'static,
     ) -> ResponseActFuture<Self, NsResult<NamespaceRecord>> {
@@ -235,13 +243,14 @@ impl NamespaceSupervisor {
     }
 
     /// Sets the record and publishes it (None: the namespace is gone).
-    pub(super) fn set_record(&mut self, record: Option<NamespaceRecord>) {
+    pub(crate) fn set_record(&mut self, record: Option<NamespaceRecord>) {
         if let Some(r) = &self.records {
             r.publish(&self.name, self.stats.id, record.as_ref());
         }
         self.record = record;
-        if let Some(inv) = &self.functions {
-            inv.set_limits(self.limits());
+        let limits = self.limits();
+        if let Some(f) = &mut self.functions {
+            f.set_limits(limits);
         }
     }
 
@@ -252,8 +261,8 @@ impl NamespaceSupervisor {
     }
 
     /// Gives the namespace its invoker from the node's functions service.
-    pub fn with_functions(mut self, invoker: Option<crate::actors::Invoker>) -> Self {
-        self.functions = invoker;
+    pub fn with_functions(mut self, invoker: Option<super::invoker::Invoker>) -> Self {
+        self.functions = invoker.map(super::invoker::FnOwner::new);
         self
     }
 
@@ -279,7 +288,7 @@ impl NamespaceSupervisor {
     }
 
     /// Runs a handler body, turning a panic into a restart instead of a dead actor.
-    pub(super) fn guarded<R>(
+    pub(crate) fn guarded<R>(
         &mut self,
         ctx: &mut Context<Self>,
         f: impl FnOnce(&mut Self) -> NsResult<R>,
@@ -295,6 +304,11 @@ impl NamespaceSupervisor {
     }
 }
 
+/// A queued change of the namespace's functions: given the supervisor when
+/// its turn comes, it returns the work to run beside the mailbox.
+pub type FnChangeJob =
+    Box<dyn FnOnce(&mut NamespaceSupervisor) -> ResponseActFuture<NamespaceSupervisor, ()>>;
+
 impl Actor for NamespaceSupervisor {
     type Context = Context<Self>;
 
@@ -307,11 +321,15 @@ impl Actor for NamespaceSupervisor {
         // The admission counter in ActorStats is the bound; this is only a backstop.
         ctx.set_mailbox_capacity(self.mailbox_capacity.saturating_mul(2).max(16));
         self.reload(ctx);
+        // A change of the functions cut off by a restart answered its
+        // sender with an error; the next ones go on.
+        self.fn_changing = false;
+        self.next_fn_change(ctx);
         if self.member {
             self.functions_started(ctx);
-        } else if let Some(inv) = &self.functions {
+        } else {
             // Guests it runs directly may still publish; no triggers, no cron.
-            inv.attach(ctx.address(), self.stats.clone());
+            self.attach_functions(ctx);
         }
     }
 
@@ -780,7 +798,7 @@ impl Handler<Import> for NamespaceSupervisor {
     fn handle(&mut self, msg: Import, _: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
         let store = self.store.clone();
-        let functions = self.functions.clone();
+        let functions = self.functions.as_ref().map(|f| f.invoker().clone());
         let ns = self.name.clone();
         AtomicResponse::new(Box::pin(
             async move {
@@ -793,17 +811,29 @@ impl Handler<Import> for NamespaceSupervisor {
                 let mut closing = last.clone();
                 closing.push(BatchOp::Delete(journal.clone()));
                 if let Err(why) = store.check_atomic(&closing) {
-                    return Ok(Err(why));
+                    return Ok((Err(why), None));
                 }
                 store.apply_journaled(&journal, steps, last).await?;
-                if let Some(inv) = functions
-                    && let Err(e) = inv.load_triggers().await
-                {
-                    tracing::warn!(namespace = %ns, error = %e, "Function triggers could not be reloaded after an import.");
-                }
-                Ok(Ok(()))
+                // The functions may all have changed: their triggers are read
+                // again and every kept resolution forgotten.
+                let change = match functions {
+                    Some(inv) => Some(inv.load_triggers().await.unwrap_or_else(|e| {
+                        tracing::warn!(namespace = %ns, error = %e, "Function triggers could not be reloaded after an import.");
+                        super::invoker::Change::Secrets
+                    })),
+                    None => None,
+                };
+                Ok((Ok(()), change))
             }
-            .into_actor(self),
+            .into_actor(self)
+            .map(|res: NsResult<_>, act, _| {
+                res.map(|(r, change)| {
+                    if let (Some(c), Some(f)) = (change, act.functions.as_mut()) {
+                        f.apply(c);
+                    }
+                    r
+                })
+            }),
         ))
     }
 }

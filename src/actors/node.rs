@@ -15,10 +15,10 @@
 //! going away; the next use starts a new one through `Locate`, which is
 //! single-flight (this actor checks the directory again after reading the
 //! store, on its own thread). The published record goes back to a read copy
-//! ([`super::Records`]).
+//! ([`super::records::Records`]).
 //!
 //! **Cron.** The cron schedules of every namespace that has one live in this
-//! actor's one timer ([`super::CronTable`]), which wakes each namespace's
+//! actor's one timer ([`super::cron::CronTable`]), which wakes each namespace's
 //! supervisor when a slot is due (starting it if it sleeps).
 //!
 //! In a cluster, a namespace's full supervisor (triggers loaded, cron
@@ -66,7 +66,7 @@ pub struct NsHandle {
     /// state and changes it: deploys, secrets, triggers). Calls are resolved
     /// through it on the caller's thread, as KV reads go to the store: no
     /// mailbox round trip per call. None when functions are off.
-    pub invoker: Option<crate::actors::Invoker>,
+    pub invoker: Option<super::invoker::Invoker>,
     /// Counts the handle's clones: the directory holds one, each request
     /// or socket that uses the supervisor another. A supervisor whose
     /// handle is held anywhere else is in use and does not passivate.
@@ -101,8 +101,8 @@ impl NsHandle {
     /// through the supervisor is seen by the next call.
     pub async fn prepare(
         &self,
-        msg: super::PrepareInvoke,
-    ) -> crate::functions::FnResult<super::Prepared> {
+        msg: super::functions::PrepareInvoke,
+    ) -> crate::functions::FnResult<super::invoker::Prepared> {
         let _t = self.stats.timer();
         let inv = self.invoker.as_ref().ok_or_else(|| {
             crate::functions::FnError::Internal("functions are not enabled on this node".into())
@@ -112,7 +112,7 @@ impl NsHandle {
     }
 
     /// Whether the function `name` is public, read from its record without
-    /// resolving or compiling it (see [`Invoker::is_public`](crate::actors::Invoker::is_public)).
+    /// resolving or compiling it (see [`Invoker::is_public`](super::invoker::Invoker::is_public)).
     pub async fn is_public(&self, name: &str) -> crate::functions::FnResult<bool> {
         let inv = self.invoker.as_ref().ok_or_else(|| {
             crate::functions::FnError::Internal("functions are not enabled on this node".into())
@@ -202,13 +202,13 @@ pub struct NodeSupervisor {
     pubsub: crate::pubsub::PubSubService,
     /// Handed to each namespace supervisor for its invoker; None when the
     /// node runs no functions.
-    functions: Option<crate::actors::FunctionsService>,
+    functions: Option<super::invoker::FunctionsService>,
     /// This node's id in a cluster ([`crate::placement::node_id`]); None on a
     /// single node, where every namespace is served in full.
     node_id: Option<String>,
     /// The published records: `Locate` reads them, each namespace
     /// supervisor publishes its own.
-    records: super::Records,
+    records: super::records::Records,
     /// The node's default quotas, handed to every namespace supervisor.
     quotas: Arc<crate::config::QuotaConfig>,
     /// How long a namespace supervisor may sit idle before it passivates.
@@ -218,7 +218,7 @@ pub struct NodeSupervisor {
     /// When the sweep last saw each running supervisor used.
     idle_since: std::collections::HashMap<String, Instant>,
     /// Every cron schedule of the namespaces that have one: the node's one timer.
-    cron: super::CronTable,
+    cron: super::cron::CronTable,
     /// The timer armed for the table's next slot: (unix second, handle).
     cron_timer: Option<(i64, SpawnHandle)>,
 }
@@ -239,7 +239,7 @@ impl NodeSupervisor {
             .collect();
         let stats = directory.register(&metrics, "node", "", mailbox_capacity);
         Self {
-            records: super::Records::new(store.clone()),
+            records: super::records::Records::new(store.clone()),
             quotas: Default::default(),
             store,
             metrics,
@@ -286,13 +286,13 @@ impl NodeSupervisor {
     }
 
     /// Shares the node's directory of published records (else a private one).
-    pub fn with_records(mut self, records: super::Records) -> Self {
+    pub fn with_records(mut self, records: super::records::Records) -> Self {
         self.records = records;
         self
     }
 
     /// Gives every namespace supervisor an invoker from the node's functions service.
-    pub fn with_functions(mut self, functions: crate::actors::FunctionsService) -> Self {
+    pub fn with_functions(mut self, functions: super::invoker::FunctionsService) -> Self {
         self.functions = Some(functions);
         self
     }
@@ -475,7 +475,7 @@ impl NodeSupervisor {
         for (ns, fires) in self.cron.pop_due(chrono::Utc::now()) {
             let deliver = |h: &NsHandle, fires| {
                 h.stats.admit_always();
-                h.addr.do_send(super::CronDue { fires });
+                h.addr.do_send(super::cron::CronDue { fires });
             };
             if let Some(h) = self.namespaces.get(&ns) {
                 deliver(&h, fires);
@@ -493,9 +493,9 @@ impl NodeSupervisor {
     }
 }
 
-impl Handler<super::CronSet> for NodeSupervisor {
+impl Handler<super::cron::CronSet> for NodeSupervisor {
     type Result = ();
-    fn handle(&mut self, msg: super::CronSet, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: super::cron::CronSet, ctx: &mut Context<Self>) {
         // Sent with `do_send` by invokers and at start, past admission.
         let _t = self.stats.timer();
         self.cron

@@ -16,9 +16,9 @@
 //! name per TTL, not two or three each (an etcd round trip each in a
 //! cluster). The name is forgotten as soon as the namespace may exist: it is
 //! created on this node ([`Records::created`]), its owner publishes it, or
-//! [`follow`] sees its record written on another node.
+//! `actors/watch.rs` sees its record written on another node.
 //!
-//! In a cluster the record may change on another node: [`follow`] watches
+//! In a cluster the record may change on another node: `actors/watch.rs` watches
 //! `ns/` in the store and, on a change, has the running supervisor reload
 //! (which republishes) or drops the read copy; on a delete it stops the
 //! supervisor. The TTL is the safety net while that watch is being made
@@ -264,6 +264,17 @@ impl Records {
     }
 
     /// Drops a read copy (the record changed in the store); an owner's
+    /// Drops every read copy and moves the epoch on (a broken record watch
+    /// was made again: changes may have been missed meanwhile).
+    pub fn refresh_all(&self) {
+        self.0
+            .map
+            .write()
+            .retain(|_, e| matches!(e.source, Source::Owner(_)));
+        self.0.epoch.fetch_add(1, Ordering::AcqRel);
+        self.0.missing.lock().clear();
+    }
+
     /// snapshot stays until the owner republishes.
     pub fn forget_read(&self, ns: &str) {
         self.created(ns);
@@ -288,95 +299,6 @@ fn fresh(source: Source, now: Instant) -> bool {
 pub fn changed_namespace(key: &[u8]) -> Option<&str> {
     let name = std::str::from_utf8(key.strip_prefix(b"ns/")?).ok()?;
     (!name.is_empty() && !name.contains('/')).then_some(name)
-}
-
-/// First wait before a broken record watch is made again.
-const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(200);
-/// Longest wait between attempts to make the record watch again.
-const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// Follows record changes made anywhere in the cluster (on the embedded
-/// store every write is this node's own, and the watch never fires): a
-/// changed record is reloaded by its running supervisor or its read copy
-/// dropped; a deleted namespace's supervisor is stopped (its sockets closed).
-/// After a broken watch is made again, every snapshot is refreshed, since
-/// changes may have been missed meanwhile. Ends when the node supervisor does.
-pub fn follow(
-    store: Store,
-    records: Records,
-    namespaces: super::Namespaces,
-    supervisor: actix::Addr<super::NodeSupervisor>,
-) {
-    actix::spawn(async move {
-        let mut backoff = WATCH_BACKOFF_MIN;
-        let mut first = true;
-        while supervisor.connected() {
-            match store.watch_prefix(b"ns/").await {
-                Ok(mut watch) => {
-                    backoff = WATCH_BACKOFF_MIN;
-                    if !first {
-                        records
-                            .0
-                            .map
-                            .write()
-                            .retain(|_, e| matches!(e.source, Source::Owner(_)));
-                        records.0.epoch.fetch_add(1, Ordering::AcqRel);
-                        records.0.missing.lock().clear();
-                        for h in namespaces.handles() {
-                            h.addr.do_send(super::namespace::ReloadRecord);
-                        }
-                    }
-                    first = false;
-                    loop {
-                        let changes = match watch.next().await {
-                            Ok(c) => c,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "Namespace record watch broke; watching again.");
-                                break;
-                            }
-                        };
-                        for c in changes {
-                            apply(&records, &namespaces, &supervisor, c);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "Namespace record watch not started; retrying.")
-                }
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(WATCH_BACKOFF_MAX);
-        }
-    });
-}
-
-fn apply(
-    records: &Records,
-    namespaces: &super::Namespaces,
-    supervisor: &actix::Addr<super::NodeSupervisor>,
-    change: crate::storage::Change,
-) {
-    use crate::storage::Change;
-    match change {
-        Change::Put(key) => {
-            let Some(ns) = changed_namespace(&key) else {
-                return;
-            };
-            records.forget_read(ns);
-            if let Some(h) = namespaces.get(ns) {
-                h.addr.do_send(super::namespace::ReloadRecord);
-            }
-        }
-        Change::Delete(key) => {
-            let Some(ns) = changed_namespace(&key) else {
-                return;
-            };
-            records.forget_read(ns);
-            supervisor.do_send(super::Forget {
-                name: ns.to_string(),
-            });
-        }
-    }
 }
 
 #[cfg(test)]

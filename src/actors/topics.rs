@@ -104,7 +104,7 @@ impl NamespaceSupervisor {
 
     /// Loads the namespace's history from the store once (at the first
     /// start; a restart keeps it), before any other message is handled.
-    pub(super) fn load_history(&mut self, ctx: &mut Context<Self>) {
+    pub(crate) fn load_history(&mut self, ctx: &mut Context<Self>) {
         if self.history.is_some() {
             return;
         }
@@ -868,7 +868,7 @@ impl Handler<Topics> for NamespaceSupervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actors::ActorDirectory;
+    use crate::actors::stats::ActorDirectory;
     use crate::storage::Store;
     use std::time::{Duration, Instant};
 

@@ -15,7 +15,7 @@ use wasmtime::{
 };
 
 use super::cache::ArtifactCache;
-use super::error::{Result, WasmError};
+use super::error::{HostError, Result, WasmError};
 use super::gate::CompileGate;
 use super::host::{HostApi, HostState, ResolvedFunction, build_linker};
 use super::limits::{
@@ -383,20 +383,20 @@ impl std::fmt::Debug for WasmEngine {
 struct NoHost;
 
 impl HostApi for NoHost {
-    fn kv_get(&self, _: &[u8]) -> Result<Option<Vec<u8>>, super::HostError> {
-        Err(super::HostError::Denied)
+    fn kv_get(&self, _: &[u8]) -> Result<Option<Vec<u8>>, HostError> {
+        Err(HostError::Denied)
     }
-    fn kv_put(&self, _: &[u8], _: &[u8]) -> Result<(), super::HostError> {
-        Err(super::HostError::Denied)
+    fn kv_put(&self, _: &[u8], _: &[u8]) -> Result<(), HostError> {
+        Err(HostError::Denied)
     }
-    fn kv_delete(&self, _: &[u8]) -> Result<(), super::HostError> {
-        Err(super::HostError::Denied)
+    fn kv_delete(&self, _: &[u8]) -> Result<(), HostError> {
+        Err(HostError::Denied)
     }
-    fn publish(&self, _: &str, _: &[u8]) -> Result<(), super::HostError> {
-        Err(super::HostError::Denied)
+    fn publish(&self, _: &str, _: &[u8]) -> Result<(), HostError> {
+        Err(HostError::Denied)
     }
-    fn resolve(&self, _: &str) -> Result<ResolvedFunction, super::HostError> {
-        Err(super::HostError::NotFound)
+    fn resolve(&self, _: &str) -> Result<ResolvedFunction, HostError> {
+        Err(HostError::NotFound)
     }
 }
 
@@ -831,7 +831,7 @@ fn run(
         if let Some(export) = &module.memory
             && let Some(Extern::Memory(m)) = instance.get_module_export(&mut store, export)
         {
-            store.data_mut().memory = Some(m);
+            store.data_mut().wasi.memory = Some(m);
         }
         match instance.get_module_export(&mut store, &module.entry) {
             Some(Extern::Func(f)) => f.typed::<(), ()>(&store)?.call(&mut store, ()),

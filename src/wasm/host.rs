@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use wasmtime::{Caller, Extern, Linker, Memory};
+use wasmtime::{Caller, Linker};
 
 use super::engine::{CompiledModule, Invocation, LogLine, Runtime, execute};
 use super::error::{HostError, WasmError, codes};
 use super::limits::{
     MAX_DEPTH, MAX_INPUT_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_PUBLISHES, StoreLimiter,
 };
+use super::wasi::{Stdio, WasiCtx, WasiView, add_to_linker, guest_memory, guest_range};
 
 /// The node's services for the guests of one namespace.
 ///
@@ -87,7 +88,7 @@ impl LogBuf {
         }
     }
 
-    pub(super) fn write_stderr(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn write_stderr(&mut self, mut bytes: &[u8]) {
         while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
             let (line, rest) = bytes.split_at(nl);
             if self.partial.is_empty() {
@@ -118,13 +119,22 @@ impl LogBuf {
     }
 }
 
+impl WasiView for HostState {
+    fn wasi(&self) -> &WasiCtx {
+        &self.wasi
+    }
+    fn wasi_mut(&mut self) -> &mut WasiCtx {
+        &mut self.wasi
+    }
+    fn write_stderr(&mut self, bytes: &[u8]) {
+        self.logs.lock().write_stderr(bytes);
+    }
+}
+
 /// The data of one invocation's `Store`.
 pub(crate) struct HostState {
-    /// stdin (the input), stdout (capped at `MAX_OUTPUT_BYTES + 1`, so an
-    /// overflow shows) and which of the three the guest closed.
-    pub(super) stdio: super::wasi::Stdio,
-    /// Env vars and secrets, as WASI's `environ_get` hands them out.
-    pub(super) env: Vec<(String, String)>,
+    /// What WASI reads and writes: stdio, env, `argv[0]`, the deadline, the memory.
+    pub(crate) wasi: WasiCtx,
     /// stderr and the `log` import write here; shared with the stderr sink.
     pub(crate) logs: Arc<Mutex<LogBuf>>,
     /// The store's memory and table caps.
@@ -135,8 +145,6 @@ pub(crate) struct HostState {
     runtime: Arc<Runtime>,
     /// The namespace of the call; nested calls stay in it.
     namespace: String,
-    /// The function called: WASI's `argv[0]`.
-    pub(super) function: String,
     /// What the `caller` import returns; nested calls inherit it.
     caller_json: Vec<u8>,
     /// This guest's publishes, capped at [`MAX_PUBLISHES`].
@@ -145,11 +153,6 @@ pub(crate) struct HostState {
     pub(crate) nested_publishes: u32,
     /// Nesting depth of this guest (0 for a top-level call), at most [`MAX_DEPTH`].
     depth: u32,
-    /// When the whole call chain must end; nested calls share it.
-    pub(super) deadline: Instant,
-    /// The instance's exported memory, set once it is instantiated (a host
-    /// function called before, from a start function, looks it up).
-    pub(super) memory: Option<Memory>,
 }
 
 impl HostState {
@@ -161,20 +164,22 @@ impl HostState {
         deadline: Instant,
     ) -> Self {
         Self {
-            stdio: super::wasi::Stdio::new(call.input),
-            env: call.env,
+            wasi: WasiCtx {
+                stdio: Stdio::new(call.input),
+                env: call.env,
+                function: call.function,
+                deadline,
+                memory: None,
+            },
             logs: Arc::new(Mutex::new(LogBuf::default())),
             limiter: StoreLimiter::new(call.memory_limit_mb),
             host,
             runtime,
             namespace: call.namespace,
-            function: call.function,
             caller_json: call.caller_json,
             publishes: 0,
             nested_publishes: 0,
             depth: call.depth,
-            deadline,
-            memory: None,
         }
     }
 
@@ -192,8 +197,8 @@ impl HostState {
             namespace: self.namespace,
             function,
             version,
-            input: self.stdio.stdin,
-            env: self.env,
+            input: self.wasi.stdio.stdin,
+            env: self.wasi.env,
             memory_limit_mb,
             timeout,
             caller_json: self.caller_json,
@@ -203,14 +208,14 @@ impl HostState {
 
     /// What the guest wrote to stdout (at most `MAX_OUTPUT_BYTES + 1` bytes).
     pub(crate) fn take_stdout(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.stdio.stdout)
+        std::mem::take(&mut self.wasi.stdio.stdout)
     }
 }
 
 /// Builds the linker shared by every module: WASI preview 1 and `meshgate`.
 pub(crate) fn build_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
-    super::wasi::add_to_linker(&mut linker)?;
+    add_to_linker(&mut linker)?;
     linker.func_wrap("meshgate", "publish", publish)?;
     linker.func_wrap("meshgate", "kv_get", kv_get)?;
     linker.func_wrap("meshgate", "kv_put", kv_put)?;
@@ -219,24 +224,6 @@ pub(crate) fn build_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker
     linker.func_wrap("meshgate", "caller", caller_info)?;
     linker.func_wrap("meshgate", "log", log)?;
     Ok(linker)
-}
-
-pub(super) fn guest_memory(caller: &mut Caller<'_, HostState>) -> Option<Memory> {
-    if let Some(m) = caller.data().memory {
-        return Some(m);
-    }
-    match caller.get_export("memory") {
-        Some(Extern::Memory(m)) => Some(m),
-        _ => None,
-    }
-}
-
-/// The bytes `[ptr, ptr + len)` as a range of a memory of `size` bytes, if in bounds.
-/// Pointers and lengths are unsigned 32-bit values passed as `i32`.
-pub(crate) fn guest_range(ptr: i32, len: i32, size: usize) -> Option<Range<usize>> {
-    let start = ptr as u32 as usize;
-    let end = start.checked_add(len as u32 as usize)?;
-    (end <= size).then_some(start..end)
 }
 
 /// The `kv_get` protocol: write `value` only if it fits, return its length.
@@ -426,7 +413,7 @@ fn invoke(
         &resolved.module,
         call,
         state.host.clone(),
-        Some(state.deadline),
+        Some(state.wasi.deadline),
     );
     match result {
         Ok(output) => {

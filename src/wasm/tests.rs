@@ -846,7 +846,7 @@ proptest::proptest! {
     /// Guest (ptr, len) pairs never panic the host and never leave the memory.
     #[test]
     fn guest_range_stays_in_bounds(ptr: i32, len: i32, size in 0usize..(1 << 33)) {
-        if let Some(r) = super::host::guest_range(ptr, len, size) {
+        if let Some(r) = super::wasi::guest_range(ptr, len, size) {
             proptest::prop_assert!(r.start <= r.end && r.end <= size);
             proptest::prop_assert_eq!(r.start, ptr as u32 as usize);
             proptest::prop_assert_eq!(r.len(), len as u32 as usize);

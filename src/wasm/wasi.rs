@@ -23,9 +23,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use wasmtime::{Caller, Linker, Trap};
+use std::ops::Range;
+use std::time::Instant;
 
-use super::host::{HostState, guest_memory, guest_range};
+use wasmtime::{Caller, Extern, Linker, Memory, Trap};
+
 use super::limits::MAX_OUTPUT_BYTES;
 
 /// The module name of WASI preview 1's imports.
@@ -73,6 +75,52 @@ impl std::fmt::Display for Exit {
 }
 
 impl std::error::Error for Exit {}
+
+/// What WASI needs of a store's data: its [`WasiCtx`]. The store's data
+/// type (`host::HostState`) implements it; this file names no other.
+pub(crate) trait WasiView: 'static {
+    /// The call's WASI state.
+    fn wasi(&self) -> &WasiCtx;
+    /// The call's WASI state, to change.
+    fn wasi_mut(&mut self) -> &mut WasiCtx;
+    /// Takes bytes the guest wrote to stderr.
+    fn write_stderr(&mut self, bytes: &[u8]);
+}
+
+/// The part of one invocation's store data that WASI reads and writes.
+pub(crate) struct WasiCtx {
+    /// stdin (the input), stdout (capped at `MAX_OUTPUT_BYTES + 1`, so an
+    /// overflow shows) and which of the three the guest closed.
+    pub(crate) stdio: Stdio,
+    /// Env vars and secrets, as `environ_get` hands them out.
+    pub(crate) env: Vec<(String, String)>,
+    /// The function called: `argv[0]`.
+    pub(crate) function: String,
+    /// When the whole call chain must end; nested calls share it.
+    pub(crate) deadline: Instant,
+    /// The instance's exported memory, set once it is instantiated (a host
+    /// function called before, from a start function, looks it up).
+    pub(crate) memory: Option<Memory>,
+}
+
+/// The guest's exported memory: the one set at instantiation, else looked up.
+pub(crate) fn guest_memory(caller: &mut Caller<'_, impl WasiView>) -> Option<Memory> {
+    if let Some(m) = caller.data().wasi().memory {
+        return Some(m);
+    }
+    match caller.get_export("memory") {
+        Some(Extern::Memory(m)) => Some(m),
+        _ => None,
+    }
+}
+
+/// The bytes `[ptr, ptr + len)` as a range of a memory of `size` bytes, if in bounds.
+/// Pointers and lengths are unsigned 32-bit values passed as `i32`.
+pub(crate) fn guest_range(ptr: i32, len: i32, size: usize) -> Option<Range<usize>> {
+    let start = ptr as u32 as usize;
+    let end = start.checked_add(len as u32 as usize)?;
+    (end <= size).then_some(start..end)
+}
 
 /// The standard streams of one call.
 #[derive(Default)]
@@ -157,20 +205,20 @@ fn iovecs(mem: &[u8], iovs: i32, count: i32) -> Result<Vec<std::ops::Range<usize
 /// Runs `f` on the guest's memory and state; `EFAULT`'s kin when the
 /// guest has no memory. The errno is the function's result.
 fn with_mem(
-    caller: &mut Caller<'_, HostState>,
-    f: impl FnOnce(&mut [u8], &mut HostState) -> Result<(), i32>,
+    caller: &mut Caller<'_, impl WasiView>,
+    f: impl FnOnce(&mut [u8], &mut WasiCtx) -> Result<(), i32>,
 ) -> i32 {
     let Some(m) = guest_memory(caller) else {
         return EFAULT;
     };
     let (mem, state) = m.data_and_store_mut(caller);
-    match f(mem, state) {
+    match f(mem, state.wasi_mut()) {
         Ok(()) => SUCCESS,
         Err(errno) => errno,
     }
 }
 
-fn fd_read(mut caller: Caller<'_, HostState>, fd: i32, iovs: i32, n: i32, nread: i32) -> i32 {
+fn fd_read(mut caller: Caller<'_, impl WasiView>, fd: i32, iovs: i32, n: i32, nread: i32) -> i32 {
     with_mem(&mut caller, |mem, st| {
         let io = &mut st.stdio;
         if fd != 0 || !io.open(0) {
@@ -191,9 +239,19 @@ fn fd_read(mut caller: Caller<'_, HostState>, fd: i32, iovs: i32, n: i32, nread:
     })
 }
 
-fn fd_write(mut caller: Caller<'_, HostState>, fd: i32, iovs: i32, n: i32, nwritten: i32) -> i32 {
-    with_mem(&mut caller, |mem, st| {
-        if !(fd == 1 || fd == 2) || !st.stdio.open(fd) {
+fn fd_write(
+    mut caller: Caller<'_, impl WasiView>,
+    fd: i32,
+    iovs: i32,
+    n: i32,
+    nwritten: i32,
+) -> i32 {
+    let Some(m) = guest_memory(&mut caller) else {
+        return EFAULT;
+    };
+    let (mem, st) = m.data_and_store_mut(&mut caller);
+    let written = (|| {
+        if !(fd == 1 || fd == 2) || !st.wasi().stdio.open(fd) {
             return Err(EBADF);
         }
         let mut total = 0usize;
@@ -202,13 +260,13 @@ fn fd_write(mut caller: Caller<'_, HostState>, fd: i32, iovs: i32, n: i32, nwrit
             if fd == 1 {
                 // Past the cap the bytes are dropped but counted as written
                 // (the call fails as OutputTooLarge when the guest ends).
-                let out = &mut st.stdio.stdout;
+                let out = &mut st.wasi_mut().stdio.stdout;
                 let room = (MAX_OUTPUT_BYTES + 1).saturating_sub(out.len());
                 out.extend_from_slice(&bytes[..bytes.len().min(room)]);
                 total = total.saturating_add(bytes.len());
             } else {
                 let take = bytes.len().min(MAX_STDERR_PER_CALL - total);
-                st.logs.lock().write_stderr(&bytes[..take]);
+                st.write_stderr(&bytes[..take]);
                 total += take;
                 if total == MAX_STDERR_PER_CALL {
                     break;
@@ -216,11 +274,12 @@ fn fd_write(mut caller: Caller<'_, HostState>, fd: i32, iovs: i32, n: i32, nwrit
             }
         }
         put_u32(mem, nwritten, total.min(u32::MAX as usize) as u32)
-    })
+    })();
+    written.err().unwrap_or(SUCCESS)
 }
 
-fn fd_close(mut caller: Caller<'_, HostState>, fd: i32) -> i32 {
-    let st = caller.data_mut();
+fn fd_close(mut caller: Caller<'_, impl WasiView>, fd: i32) -> i32 {
+    let st = caller.data_mut().wasi_mut();
     if !st.stdio.open(fd) {
         return EBADF;
     }
@@ -228,7 +287,7 @@ fn fd_close(mut caller: Caller<'_, HostState>, fd: i32) -> i32 {
     SUCCESS
 }
 
-fn fd_fdstat_get(mut caller: Caller<'_, HostState>, fd: i32, out: i32) -> i32 {
+fn fd_fdstat_get(mut caller: Caller<'_, impl WasiView>, fd: i32, out: i32) -> i32 {
     with_mem(&mut caller, |mem, st| {
         if !st.stdio.open(fd) {
             return Err(EBADF);
@@ -249,7 +308,7 @@ fn fd_fdstat_get(mut caller: Caller<'_, HostState>, fd: i32, out: i32) -> i32 {
     })
 }
 
-fn fd_filestat_get(mut caller: Caller<'_, HostState>, fd: i32, out: i32) -> i32 {
+fn fd_filestat_get(mut caller: Caller<'_, impl WasiView>, fd: i32, out: i32) -> i32 {
     with_mem(&mut caller, |mem, st| {
         if !st.stdio.open(fd) {
             return Err(EBADF);
@@ -262,36 +321,36 @@ fn fd_filestat_get(mut caller: Caller<'_, HostState>, fd: i32, out: i32) -> i32 
 }
 
 /// `fd_seek` and `fd_tell`: a stream cannot seek.
-fn seek_errno(caller: &Caller<'_, HostState>, fd: i32) -> i32 {
-    if caller.data().stdio.open(fd) {
+fn seek_errno(caller: &Caller<'_, impl WasiView>, fd: i32) -> i32 {
+    if caller.data().wasi().stdio.open(fd) {
         ESPIPE
     } else {
         EBADF
     }
 }
 
-fn fd_seek(caller: Caller<'_, HostState>, fd: i32, _off: i64, _whence: i32, _out: i32) -> i32 {
+fn fd_seek(caller: Caller<'_, impl WasiView>, fd: i32, _off: i64, _whence: i32, _out: i32) -> i32 {
     seek_errno(&caller, fd)
 }
 
-fn fd_tell(caller: Caller<'_, HostState>, fd: i32, _out: i32) -> i32 {
+fn fd_tell(caller: Caller<'_, impl WasiView>, fd: i32, _out: i32) -> i32 {
     seek_errno(&caller, fd)
 }
 
-fn fd_pread(caller: Caller<'_, HostState>, fd: i32, _: i32, _: i32, _: i64, _: i32) -> i32 {
+fn fd_pread(caller: Caller<'_, impl WasiView>, fd: i32, _: i32, _: i32, _: i64, _: i32) -> i32 {
     seek_errno(&caller, fd)
 }
 
-fn fd_pwrite(caller: Caller<'_, HostState>, fd: i32, _: i32, _: i32, _: i64, _: i32) -> i32 {
+fn fd_pwrite(caller: Caller<'_, impl WasiView>, fd: i32, _: i32, _: i32, _: i64, _: i32) -> i32 {
     seek_errno(&caller, fd)
 }
 
 /// The `NAME=value` strings of the env, in order.
-fn env_strings(st: &HostState) -> impl Iterator<Item = (&str, &str)> {
+fn env_strings(st: &WasiCtx) -> impl Iterator<Item = (&str, &str)> {
     st.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))
 }
 
-fn environ_sizes_get(mut caller: Caller<'_, HostState>, count: i32, size: i32) -> i32 {
+fn environ_sizes_get(mut caller: Caller<'_, impl WasiView>, count: i32, size: i32) -> i32 {
     with_mem(&mut caller, |mem, st| {
         let n = st.env.len() as u32;
         let bytes: usize = env_strings(st).map(|(k, v)| k.len() + v.len() + 2).sum();
@@ -300,7 +359,7 @@ fn environ_sizes_get(mut caller: Caller<'_, HostState>, count: i32, size: i32) -
     })
 }
 
-fn environ_get(mut caller: Caller<'_, HostState>, ptrs: i32, buf: i32) -> i32 {
+fn environ_get(mut caller: Caller<'_, impl WasiView>, ptrs: i32, buf: i32) -> i32 {
     with_mem(&mut caller, |mem, st| {
         let mut at = buf as u32 as usize;
         for (i, (k, v)) in env_strings(st).enumerate() {
@@ -326,14 +385,14 @@ fn environ_get(mut caller: Caller<'_, HostState>, ptrs: i32, buf: i32) -> i32 {
 
 /// One argument, `argv[0]`: the function's name, as a WASI runtime gives
 /// a command its program name (libc's `main` and `getopt` expect one).
-fn args_sizes_get(mut caller: Caller<'_, HostState>, count: i32, size: i32) -> i32 {
+fn args_sizes_get(mut caller: Caller<'_, impl WasiView>, count: i32, size: i32) -> i32 {
     with_mem(&mut caller, |mem, st| {
         put_u32(mem, count, 1)?;
         put_u32(mem, size, st.function.len() as u32 + 1)
     })
 }
 
-fn args_get(mut caller: Caller<'_, HostState>, argv: i32, buf: i32) -> i32 {
+fn args_get(mut caller: Caller<'_, impl WasiView>, argv: i32, buf: i32) -> i32 {
     with_mem(&mut caller, |mem, st| {
         let name = st.function.as_bytes();
         let r = span(mem, buf as u32, name.len() + 1).ok_or(EFAULT)?;
@@ -347,8 +406,8 @@ fn args_get(mut caller: Caller<'_, HostState>, argv: i32, buf: i32) -> i32 {
 
 /// The `sock_*` calls: stdio is no socket (`ENOTSOCK`, as wasmtime-wasi
 /// answers), and no other descriptor exists (`EBADF`).
-fn sock_errno(caller: &Caller<'_, HostState>, fd: i32) -> i32 {
-    if caller.data().stdio.open(fd) {
+fn sock_errno(caller: &Caller<'_, impl WasiView>, fd: i32) -> i32 {
+    if caller.data().wasi().stdio.open(fd) {
         ENOTSOCK
     } else {
         EBADF
@@ -375,21 +434,26 @@ fn clock_now(id: i32) -> Result<u64, i32> {
 static MONO_BASE: std::sync::LazyLock<std::time::Instant> =
     std::sync::LazyLock::new(crate::util::mono_now);
 
-fn clock_res_get(mut caller: Caller<'_, HostState>, id: i32, out: i32) -> i32 {
+fn clock_res_get(mut caller: Caller<'_, impl WasiView>, id: i32, out: i32) -> i32 {
     with_mem(&mut caller, |mem, _| {
         clock_now(id)?;
         put_u64(mem, out, 1)
     })
 }
 
-fn clock_time_get(mut caller: Caller<'_, HostState>, id: i32, _precision: i64, out: i32) -> i32 {
+fn clock_time_get(
+    mut caller: Caller<'_, impl WasiView>,
+    id: i32,
+    _precision: i64,
+    out: i32,
+) -> i32 {
     with_mem(&mut caller, |mem, _| {
         let now = clock_now(id)?;
         put_u64(mem, out, now)
     })
 }
 
-fn random_get(mut caller: Caller<'_, HostState>, buf: i32, len: i32) -> i32 {
+fn random_get(mut caller: Caller<'_, impl WasiView>, buf: i32, len: i32) -> i32 {
     with_mem(&mut caller, |mem, _| {
         if len as u32 as usize > MAX_RANDOM_PER_CALL {
             return Err(EINVAL);
@@ -402,15 +466,15 @@ fn random_get(mut caller: Caller<'_, HostState>, buf: i32, len: i32) -> i32 {
     })
 }
 
-fn sched_yield(_: Caller<'_, HostState>) -> i32 {
+fn sched_yield(_: Caller<'_, impl WasiView>) -> i32 {
     SUCCESS
 }
 
-fn proc_exit(_: Caller<'_, HostState>, code: i32) -> wasmtime::Result<()> {
+fn proc_exit(_: Caller<'_, impl WasiView>, code: i32) -> wasmtime::Result<()> {
     Err(wasmtime::Error::new(Exit(code)))
 }
 
-fn proc_raise(_: Caller<'_, HostState>, _sig: i32) -> i32 {
+fn proc_raise(_: Caller<'_, impl WasiView>, _sig: i32) -> i32 {
     ENOSYS
 }
 
@@ -481,7 +545,7 @@ fn put_event(
 /// Streams are always ready; otherwise the guest sleeps until its earliest
 /// clock, never past the call's deadline (then it traps as timed out).
 fn poll_oneoff(
-    mut caller: Caller<'_, HostState>,
+    mut caller: Caller<'_, impl WasiView>,
     subs: i32,
     events: i32,
     n: i32,
@@ -491,6 +555,7 @@ fn poll_oneoff(
         return Ok(EFAULT);
     };
     let (mem, st) = m.data_and_store_mut(&mut caller);
+    let st = st.wasi_mut();
     if n == 0 || n as u32 as usize > MAX_VECTORS {
         return Ok(EINVAL);
     }
@@ -557,7 +622,7 @@ fn poll_oneoff(
 /// (`ENOTSOCK` on stdio), and every other one of the standard set answering
 /// `EBADF` (there is no file or directory to name) with its standard
 /// signature.
-pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+pub(crate) fn add_to_linker<T: WasiView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     let m = MODULE;
     linker.func_wrap(m, "args_get", args_get)?;
     linker.func_wrap(m, "args_sizes_get", args_sizes_get)?;
@@ -582,29 +647,25 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     linker.func_wrap(
         m,
         "sock_accept",
-        |c: Caller<'_, HostState>, fd: i32, _: i32, _: i32| sock_errno(&c, fd),
+        |c: Caller<'_, T>, fd: i32, _: i32, _: i32| sock_errno(&c, fd),
     )?;
     linker.func_wrap(
         m,
         "sock_recv",
-        |c: Caller<'_, HostState>, fd: i32, _: i32, _: i32, _: i32, _: i32, _: i32| {
-            sock_errno(&c, fd)
-        },
+        |c: Caller<'_, T>, fd: i32, _: i32, _: i32, _: i32, _: i32, _: i32| sock_errno(&c, fd),
     )?;
     linker.func_wrap(
         m,
         "sock_send",
-        |c: Caller<'_, HostState>, fd: i32, _: i32, _: i32, _: i32, _: i32| sock_errno(&c, fd),
+        |c: Caller<'_, T>, fd: i32, _: i32, _: i32, _: i32, _: i32| sock_errno(&c, fd),
     )?;
-    linker.func_wrap(
-        m,
-        "sock_shutdown",
-        |c: Caller<'_, HostState>, fd: i32, _: i32| sock_errno(&c, fd),
-    )?;
+    linker.func_wrap(m, "sock_shutdown", |c: Caller<'_, T>, fd: i32, _: i32| {
+        sock_errno(&c, fd)
+    })?;
     // No file, directory or socket exists: EBADF whatever the arguments.
     macro_rules! badf {
         ($($name:literal: ($($t:ty),*);)*) => {$(
-            linker.func_wrap(m, $name, |_: Caller<'_, HostState>, $(_: $t),*| -> i32 { EBADF })?;
+            linker.func_wrap(m, $name, |_: Caller<'_, T>, $(_: $t),*| -> i32 { EBADF })?;
         )*};
     }
     badf! {

@@ -5,56 +5,50 @@
 //! nested `invoke`) goes through the invoker of the function's own namespace,
 //! whose [`HostApi`] reaches only that namespace's KV, topics and functions.
 //! Guests run on the engine's worker pool, never on the actor's thread.
+//!
+//! The supervisor owns the state ([`FnOwner`]): limits, triggers, the
+//! publish path. It changes it by its own messages only and publishes an
+//! immutable [`Snapshot`] after each change; the invoker, shared with the
+//! HTTP threads through `NsHandle`, reads that snapshot and its caches
+//! without a lock.
 
 use crate::error::Code;
 use crate::quota::{Group, Resource, Usage, usage_key};
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use actix::Addr;
-use bytes::Bytes;
-use parking_lot::{Mutex, RwLock};
-use prometheus::IntCounter;
-use serde::Serialize;
-use tokio::sync::mpsc;
-
-use super::{ActorStats, MAX_KV_KEY, NamespaceSupervisor, Publish};
 use crate::functions::model::{
     FunctionRecord, InvocationRecord, LogEntry, MAX_VALUE_BYTES, MAX_VERSIONS, VersionMeta,
-    blob_key, cron_claim_key, fn_key, fn_prefix, kv_prefix, log_key_under, log_prefix, parse_cron,
-    secret_key, secret_prefix, topic_matches, valid_function_name, valid_secret_name, ver_key,
+    blob_key, cron_claim_key, fn_key, fn_prefix, kv_prefix, log_prefix, parse_cron, secret_key,
+    secret_prefix, topic_matches, valid_function_name, valid_secret_name, ver_key,
 };
-use crate::functions::{FnError, FnResult, SecretBox};
-use crate::metrics::Metrics;
-use crate::storage::{BatchOp, OrderedKv, Store, StoreError, StoreResult};
-use crate::wasm::{CompiledModule, HostApi, HostError, Invocation, ResolvedFunction, WasmEngine};
+use crate::functions::{FnError, FnResult};
+use crate::storage::{BatchOp, OrderedKv, Store};
+use crate::wasm::{CompiledModule, HostApi, HostError, Invocation, ResolvedFunction};
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use prometheus::IntCounter;
+use serde::Serialize;
+#[cfg(test)]
+use tokio::sync::mpsc;
 
 mod host;
 mod run;
 mod service;
+mod state;
 mod triggers;
 
-use host::NsHost;
-pub use service::FunctionsService;
+pub use service::{FunctionsService, MAX_LOGS};
+use service::{QueuedRecord, RecordProgress, decode_log_entry, now_ms};
+#[cfg(test)]
+use service::{
+    RECORD_BATCH_BYTES, RECORD_ENTRIES_PER_BATCH, RECORD_ENTRY_BYTES, RECORD_QUEUE, count_log_entry,
+};
+use state::TriggerEntry;
+pub use state::{Publisher, Snapshot};
 
-/// Invocation records waiting for the writer; past this they are dropped (and counted).
-pub const RECORD_QUEUE: usize = 1024;
-/// Records the writer takes from the queue for one store batch at most.
-const RECORD_BATCH: usize = 512;
-/// Store entries written per batch at most (etcd takes 128 operations per
-/// transaction by default).
-const RECORD_ENTRIES_PER_BATCH: usize = 64;
-/// Bytes of entries written per batch at most, past one entry (etcd refuses
-/// a request above 1.5 MiB by default).
-const RECORD_BATCH_BYTES: usize = 1 << 20;
-/// One stored log entry holds a function's records of one batch up to about
-/// this many bytes of JSON (etcd's request limit is 1.5 MiB).
-const RECORD_ENTRY_BYTES: usize = 256 << 10;
-/// How often the pool gauges and cache counters are refreshed.
-const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 /// Trigger chains (pub/sub publishes from triggered functions) stop at this depth.
 pub const MAX_TRIGGER_DEPTH: u8 = 5;
 /// Compiled modules kept per namespace before the cache is cleared.
@@ -63,81 +57,6 @@ const MAX_CACHED_MODULES: usize = 64;
 const MAX_KV_VALUE: usize = 1 << 20;
 /// How long a claimed cron slot is remembered.
 const CRON_CLAIM_TTL: Duration = Duration::from_secs(3600);
-/// Records `GET /v1/functions/{name}/logs` returns at most.
-pub const MAX_LOGS: usize = 100;
-
-/// An invocation record on its way to the writer.
-pub(super) struct QueuedRecord {
-    /// `log/<ns>/<name>/`: records of one function are stored together.
-    prefix: Vec<u8>,
-    /// The record, turned into JSON and given its key by the writer, and
-    /// only if it is written: of a busy function's batch only the newest
-    /// [`MAX_LOGS`] are ([`service::keep_newest`]), so the request thread
-    /// does not serialize the ones left out.
-    record: InvocationRecord,
-    /// Its namespace's writer progress, counted on once it is written.
-    progress: Arc<service::RecordProgress>,
-}
-
-/// The records of one stored log entry, oldest first: a JSON array of
-/// records (what the writer stores: one entry per function per batch) or
-/// one record (entries written before records were grouped). An entry that
-/// does not decode yields nothing.
-fn decode_log_entry(v: &[u8]) -> Vec<InvocationRecord> {
-    if v.first() == Some(&b'[') {
-        serde_json::from_slice(v).unwrap_or_default()
-    } else {
-        serde_json::from_slice(v)
-            .map(|r| vec![r])
-            .unwrap_or_default()
-    }
-}
-
-/// How many records an entry holds, as [`decode_log_entry`] would return,
-/// without building them (the writer's trim counts, it does not read).
-fn count_log_entry(v: &[u8]) -> usize {
-    use serde::de::IgnoredAny;
-    /// An array's elements, each only checked to be a record's shape.
-    #[derive(serde::Deserialize)]
-    struct Shape {
-        #[allow(dead_code)] // only its presence is checked
-        request_id: IgnoredAny,
-    }
-    if v.first() == Some(&b'[') {
-        serde_json::from_slice::<Vec<Shape>>(v).map_or(0, |r| r.len())
-    } else {
-        usize::from(serde_json::from_slice::<Shape>(v).is_ok())
-    }
-}
-
-/// Unix milliseconds now.
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
-
-/// Polls a future to completion on the current (non-runtime) thread, parking
-/// between polls. Only for sled, which does its work synchronously and needs
-/// no runtime (see [`FunctionsService::store_wait`]).
-fn poll_here<F: Future>(f: F) -> F::Output {
-    struct ThreadWaker(std::thread::Thread);
-    impl Wake for ThreadWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Arc::new(ThreadWaker(std::thread::current())).into();
-    let mut cx = Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    loop {
-        match f.as_mut().poll(&mut cx) {
-            Poll::Ready(v) => return v,
-            Poll::Pending => std::thread::park(),
-        }
-    }
-}
 
 /// What started an invocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -247,49 +166,234 @@ impl Drop for Busy {
     }
 }
 
-/// The triggers of one function's current version.
-struct TriggerEntry {
-    /// Function the triggers fire; one entry per function, replaced on each deploy.
-    name: String,
-    /// Topic patterns matched against every accepted publish by `on_published`.
-    topics: Vec<String>,
-    /// Each cron expression with its parsed schedule: the text goes in the event.
-    crons: Vec<(String, cron::Schedule)>,
-}
+/// Compiled modules by (function, version).
+type ModuleCache = HashMap<(String, u64), Arc<CompiledModule>>;
 
+/// One namespace's shared state: what its supervisor published, the caches
+/// the calls fill, the counters. Nothing here is locked: the snapshot and
+/// the caches are swapped whole (`arc_swap`), the rest are atomics.
 struct NsState {
-    /// Compiled modules by (function, version), so a call skips the blob read and compile;
-    /// cleared at `MAX_CACHED_MODULES`, and evicted versions dropped on deploy.
-    modules: Mutex<HashMap<(String, u64), Arc<CompiledModule>>>,
+    /// What the supervisor last published ([`FnOwner::publish`]): limits,
+    /// triggers, the publish path, the resolutions' generation.
+    snapshot: ArcSwap<Snapshot>,
+    /// Compiled modules by (function, version), so a call skips the blob read
+    /// and compile; cleared at `MAX_CACHED_MODULES`, evicted versions dropped
+    /// on deploy. Filled by calls (copy on write: only on a compile).
+    modules: ArcSwap<ModuleCache>,
     /// Functions resolved once (record, version, module, environment), by
     /// name and requested version; see [`Invoker::cached`].
-    resolved: Mutex<ResolvedCache>,
+    resolved: ArcSwap<ResolvedCache>,
     /// The embedded store's count of writes to function records (any
     /// namespace's); None on etcd, where no resolution is kept.
-    fn_writes: Option<Arc<std::sync::atomic::AtomicU64>>,
-    /// Pub/sub and cron triggers of each function's current version, read on every
-    /// publish and cron tick, rewritten on deploy, delete and `load_triggers`.
-    triggers: RwLock<Vec<TriggerEntry>>,
-    /// Serializes deploy and delete in this namespace, so two deploys cannot both
-    /// read the same old record and write the same version number.
-    deploy_lock: tokio::sync::Mutex<()>,
-    /// The namespace supervisor and its mailbox stats, set by `attach`: a guest's
-    /// `publish` goes through it (bounded) and fails while it is unset.
-    publisher: Mutex<Option<(Addr<NamespaceSupervisor>, Arc<ActorStats>)>>,
-    /// Where this namespace's cron schedules go whenever its triggers change:
-    /// the node's one cron timer (`NodeSupervisor`), set on members only.
-    cron_sink: Mutex<Option<actix::Recipient<crate::actors::CronSet>>>,
+    fn_writes: Option<Arc<AtomicU64>>,
     /// Invocations prepared, queued or running (and triggers being claimed):
     /// while any is, the supervisor does not passivate ([`Busy`]).
     busy: std::sync::atomic::AtomicUsize,
     /// This namespace's invocation and error counters, looked up by label once.
     counters: std::sync::OnceLock<(IntCounter, IntCounter)>,
     /// This namespace's records queued for the writer and written by it.
-    records: Arc<service::RecordProgress>,
-    /// The namespace's quota limits, set by its supervisor whenever its
-    /// record loads or changes (`Invoker::set_limits`); a guest's KV writes
-    /// and the deploys count against them.
-    limits: RwLock<Option<crate::quota::Limits>>,
+    records: Arc<RecordProgress>,
+}
+
+impl FunctionsService {
+    /// The invoker of one namespace (its supervisor owns the state it reads:
+    /// [`FnOwner`]).
+    pub fn invoker(&self, ns: &str) -> Invoker {
+        Invoker {
+            ns: ns.into(),
+            svc: self.clone(),
+            st: Arc::new(NsState {
+                snapshot: Default::default(),
+                modules: Default::default(),
+                resolved: Default::default(),
+                fn_writes: self
+                    .0
+                    .store
+                    .as_sled()
+                    .map(|s| s.write_counter(crate::functions::model::FN_RECORDS)),
+                busy: Default::default(),
+                counters: Default::default(),
+                records: self.record_progress(ns),
+            }),
+        }
+    }
+}
+
+/// What a change made through the supervisor did, for it to apply to the
+/// state it owns ([`FnOwner::apply`]) once the store has it.
+pub enum Change {
+    /// A deploy: the new version is current, its module compiled.
+    Deployed {
+        /// The function.
+        name: String,
+        /// The new version.
+        version: u64,
+        /// Its meta (its triggers).
+        meta: VersionMeta,
+        /// Its module, kept for the calls.
+        module: Arc<CompiledModule>,
+        /// The versions past `MAX_VERSIONS` that went.
+        evicted: Vec<u64>,
+    },
+    /// A function deleted.
+    Deleted(String),
+    /// A secret set or deleted: every resolution may have changed.
+    Secrets,
+    /// Every function's triggers read again (start, import).
+    Reloaded(Vec<TriggerEntry>),
+}
+
+/// A namespace's function state, owned by its supervisor: deploys, deletes,
+/// secrets and imports are its messages, handled one at a time; after each
+/// it publishes a new [`Snapshot`] that the calls read lock-free.
+pub struct FnOwner {
+    /// The namespace's invoker: what calls and triggers go through.
+    inv: Invoker,
+    /// The quota limits from the namespace's record.
+    limits: Option<crate::quota::Limits>,
+    /// Every function's triggers.
+    triggers: Arc<Vec<TriggerEntry>>,
+    /// The guests' publish path, while the supervisor is attached.
+    publisher: Option<Publisher>,
+    /// Moves on every change; see [`Snapshot::generation`].
+    generation: u64,
+    /// Where this namespace's cron schedules go whenever its triggers change:
+    /// the node's one cron timer (`NodeSupervisor`), set on members only.
+    cron_sink: Option<actix::Recipient<super::cron::CronSet>>,
+}
+
+impl FnOwner {
+    /// Takes over the state of `inv`'s namespace (as last published: none
+    /// for a new invoker).
+    pub fn new(inv: Invoker) -> Self {
+        let now = inv.st.snapshot.load_full();
+        FnOwner {
+            limits: now.limits,
+            triggers: now.triggers.clone(),
+            publisher: now.publisher.clone(),
+            generation: now.generation,
+            cron_sink: None,
+            inv,
+        }
+    }
+
+    /// The invoker (a handle on the shared state: clone it for a future).
+    pub fn invoker(&self) -> &Invoker {
+        &self.inv
+    }
+
+    /// Publishes the state as it is now: the next call reads it.
+    fn publish(&self) {
+        self.inv.st.snapshot.store(Arc::new(Snapshot {
+            limits: self.limits,
+            triggers: self.triggers.clone(),
+            publisher: self.publisher.clone(),
+            generation: self.generation,
+        }));
+    }
+
+    /// Sets the namespace's quota limits (on every record load or change).
+    pub fn set_limits(&mut self, limits: crate::quota::Limits) {
+        self.limits = Some(limits);
+        self.publish();
+    }
+
+    /// Gives the guests their publish path (the supervisor, at start).
+    pub fn attach(&mut self, publisher: Publisher) {
+        self.publisher = Some(publisher);
+        self.publish();
+    }
+
+    /// Lets go of the publish path and the cron timer (the supervisor stops
+    /// for good): a guest's publish fails from then on.
+    pub fn detach(&mut self) {
+        self.publisher = None;
+        self.cron_sink = None;
+        self.publish();
+    }
+
+    /// Sends this namespace's cron schedules to `sink` now and after every
+    /// change of its triggers (the node's cron timer; members only).
+    pub fn schedule_crons_with(&mut self, sink: actix::Recipient<super::cron::CronSet>) {
+        self.cron_sink = Some(sink);
+        self.send_crons();
+    }
+
+    /// This namespace's cron schedules now: every (function, expression) of
+    /// the functions' current versions, what the node's cron timer holds.
+    pub fn crons(&self) -> Vec<super::cron::CronEntry> {
+        self.triggers
+            .iter()
+            .flat_map(|e| {
+                e.crons.iter().map(|(expr, s)| super::cron::CronEntry {
+                    function: e.name.clone(),
+                    expr: expr.clone(),
+                    schedule: s.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Sends the cron schedules to the node's cron timer, when one is set.
+    fn send_crons(&self) {
+        if let Some(sink) = &self.cron_sink {
+            sink.do_send(super::cron::CronSet {
+                namespace: self.inv.ns.to_string(),
+                entries: self.crons(),
+            });
+        }
+    }
+
+    /// Applies a change the store has (see [`Change`]) and publishes the
+    /// state: every kept resolution is forgotten.
+    pub fn apply(&mut self, change: Change) {
+        self.generation += 1;
+        self.inv.st.resolved.store(Default::default());
+        let mut triggers_changed = true;
+        match change {
+            Change::Deployed {
+                name,
+                version,
+                meta,
+                module,
+                evicted,
+            } => {
+                self.inv.st.modules.rcu(|m| {
+                    let mut m = ModuleCache::clone(m);
+                    for v in &evicted {
+                        m.remove(&(name.clone(), *v));
+                    }
+                    if m.len() >= MAX_CACHED_MODULES {
+                        m.clear();
+                    }
+                    m.insert((name.clone(), version), module.clone());
+                    m
+                });
+                self.set_triggers(&name, Some(&meta));
+            }
+            Change::Deleted(name) => {
+                self.inv.st.modules.rcu(|m| {
+                    let mut m = ModuleCache::clone(m);
+                    m.retain(|(n, _), _| *n != name);
+                    m
+                });
+                self.set_triggers(&name, None);
+            }
+            Change::Secrets => triggers_changed = false,
+            Change::Reloaded(all) => self.triggers = Arc::new(all),
+        }
+        self.publish();
+        if triggers_changed {
+            self.send_crons();
+        }
+    }
+
+    /// Replaces the triggers of `name` with those of `meta` (None: none).
+    fn set_triggers(&mut self, name: &str, meta: Option<&VersionMeta>) {
+        let t = Arc::make_mut(&mut self.triggers);
+        t.retain(|e| e.name != name);
+        t.extend(meta.and_then(|m| Invoker::trigger_entry(name, m)));
+    }
 }
 
 /// What a deploy writes, planned over the function's record as read.
@@ -320,17 +424,26 @@ pub struct Invoker {
     st: Arc<NsState>,
 }
 
-/// Resolved functions kept between calls. `generation` moves on every change
-/// this invoker makes (deploy, delete, secrets, import): a resolution that
-/// began under an older generation is not kept.
-#[derive(Default)]
+/// Resolved functions kept between calls, valid while the snapshot's
+/// generation is `generation` (a change through the supervisor moves it):
+/// a resolution that began under an older generation is not kept.
+#[derive(Clone, Default)]
 struct ResolvedCache {
-    /// Bumped by `forget_resolutions`; a resolution that began under an older one is not kept.
+    /// The snapshot's generation these were kept under.
     generation: u64,
     /// Kept resolutions by (function, requested version or None), at most
-    /// `MAX_CACHED_RESOLVED`, each with the store's count of function-record
-    /// writes when its record was last read (see [`Invoker::cached`]).
-    map: HashMap<(String, Option<u64>), (Arc<Resolved>, u64)>,
+    /// `MAX_CACHED_RESOLVED` (see [`Invoker::cached`]).
+    map: HashMap<(String, Option<u64>), Arc<Kept>>,
+}
+
+/// A kept resolution, with the store's count of function-record writes when
+/// its record was last read.
+struct Kept {
+    /// The resolution.
+    r: Arc<Resolved>,
+    /// The write count of its last check; moved up by a check that found the
+    /// record unchanged.
+    stamp: AtomicU64,
 }
 
 /// Resolutions kept per namespace before the cache is cleared.
@@ -371,6 +484,14 @@ pub struct Prepared {
     pub is_public: bool,
 }
 
+#[cfg(test)]
+impl Prepared {
+    /// The environment the guest will get.
+    pub(crate) fn env(&self) -> &[(String, String)] {
+        &self.call.env
+    }
+}
+
 impl Invoker {
     fn store(&self) -> &Store {
         &self.svc.0.store
@@ -381,42 +502,23 @@ impl Invoker {
         &self.ns
     }
 
-    /// Sets the namespace's quota limits (its supervisor, on every record load or change).
-    pub fn set_limits(&self, limits: crate::quota::Limits) {
-        *self.st.limits.write() = Some(limits);
+    /// What the supervisor last published (one atomic load, no lock).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.st.snapshot.load_full()
     }
 
     /// The namespace's quota limits; the node's defaults until the supervisor set them.
-    pub(super) fn limits(&self) -> crate::quota::Limits {
+    pub(crate) fn limits(&self) -> crate::quota::Limits {
         self.st
+            .snapshot
+            .load()
             .limits
-            .read()
             .unwrap_or_else(|| crate::quota::Limits::of(&Default::default(), &Default::default()))
     }
 
     /// Invocations of this namespace prepared, queued or running now.
     pub fn busy(&self) -> usize {
         self.st.busy.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Sends this namespace's cron schedules to `sink` now and after every
-    /// change of its triggers (the node's cron timer; members only).
-    pub fn schedule_crons_with(&self, sink: actix::Recipient<crate::actors::CronSet>) {
-        *self.st.cron_sink.lock() = Some(sink);
-        self.send_crons();
-    }
-
-    /// Lets go of the supervisor's address and the cron timer (the
-    /// supervisor stops for good): an address held here would keep its
-    /// mailbox connected, and actix's `Supervisor` would restart it.
-    pub fn detach(&self) {
-        *self.st.publisher.lock() = None;
-        *self.st.cron_sink.lock() = None;
-    }
-
-    /// Gives the invoker its supervisor, the one way its guests publish.
-    pub fn attach(&self, addr: Addr<NamespaceSupervisor>, stats: Arc<ActorStats>) {
-        *self.st.publisher.lock() = Some((addr, stats));
     }
 
     fn record(&self, rec: InvocationRecord) {
@@ -437,13 +539,15 @@ impl Invoker {
 
     /// Deploys a compiled module as the function's next version: the blob
     /// first, then version and record in one atomic batch, so a crash leaves
-    /// the function at its old version or its new one.
+    /// the function at its old version or its new one. Only the namespace's
+    /// supervisor calls it, one change at a time (so two deploys cannot both
+    /// read the same old record and write the same version number), and
+    /// applies the [`Change`] it returns.
     pub async fn deploy(
         &self,
         req: DeployRequest,
         module: Arc<CompiledModule>,
-    ) -> FnResult<Deployed> {
-        let _g = self.st.deploy_lock.lock().await;
+    ) -> FnResult<(Deployed, Change)> {
         let store = self.store();
         let sha = module.sha256_hex();
         let key = fn_key(&self.ns, &req.name);
@@ -494,27 +598,23 @@ impl Invoker {
                 Some(Err(None)) | None => continue,
             }
         };
-        self.forget_resolutions();
-        {
-            let mut modules = self.st.modules.lock();
-            for v in evicted {
-                modules.remove(&(req.name.clone(), v));
-            }
-            if modules.len() >= MAX_CACHED_MODULES {
-                modules.clear();
-            }
-            modules.insert((req.name.clone(), version), module);
-        }
-        self.set_triggers(&req.name, Some(&meta));
         tracing::info!(namespace = %self.ns, function = %req.name, version, "Function deployed.");
-        Ok(Deployed {
-            name: req.name,
+        let deployed = Deployed {
+            name: req.name.clone(),
             version,
             sha256: sha,
             size_bytes: meta.size_bytes,
             is_public: req.is_public,
             created_at: meta.created_at,
-        })
+        };
+        let change = Change::Deployed {
+            name: req.name,
+            version,
+            meta,
+            module,
+            evicted,
+        };
+        Ok((deployed, change))
     }
 
     /// What a deploy of `req` would write over the function's current
@@ -666,8 +766,8 @@ impl Invoker {
     /// Deletes a function with its versions and records (blobs are shared,
     /// kept), giving back its `functions` and `module_bytes` quota in the
     /// same guarded change.
-    pub async fn delete(&self, name: &str) -> FnResult<()> {
-        let _g = self.st.deploy_lock.lock().await;
+    /// As [`Invoker::deploy`], through the supervisor only.
+    pub async fn delete(&self, name: &str) -> FnResult<Change> {
         self.record_of(name).await?;
         let store = self.store();
         let key = fn_key(&self.ns, name);
@@ -719,11 +819,8 @@ impl Invoker {
                 break;
             }
         }
-        self.forget_resolutions();
-        self.st.modules.lock().retain(|(n, _), _| n != name);
-        self.set_triggers(name, None);
         tracing::info!(namespace = %self.ns, function = %name, "Function deleted.");
-        Ok(())
+        Ok(Change::Deleted(name.to_string()))
     }
 
     /// The newest invocation records of a function, newest first.
@@ -760,8 +857,8 @@ impl Invoker {
         Ok(out)
     }
 
-    /// Seals and stores a secret.
-    pub async fn put_secret(&self, key: &str, value: &str) -> FnResult<()> {
+    /// Seals and stores a secret (through the supervisor, which applies the change).
+    pub async fn put_secret(&self, key: &str, value: &str) -> FnResult<Change> {
         if !valid_secret_name(key) {
             return Err(FnError::bad(
                 Code::InvalidSecret,
@@ -777,8 +874,7 @@ impl Invoker {
         let k = secret_key(&self.ns, key);
         let sealed = self.svc.0.secrets.seal(&k, value.as_bytes());
         self.store().put(&k, &sealed).await?;
-        self.forget_resolutions();
-        Ok(())
+        Ok(Change::Secrets)
     }
 
     /// Secret names (never values).
@@ -793,13 +889,12 @@ impl Invoker {
             .collect())
     }
 
-    /// Deletes a secret.
-    pub async fn delete_secret(&self, key: &str) -> FnResult<()> {
+    /// Deletes a secret (through the supervisor, which applies the change).
+    pub async fn delete_secret(&self, key: &str) -> FnResult<Change> {
         if !valid_secret_name(key) || !self.store().delete(&secret_key(&self.ns, key)).await? {
             return Err(FnError::NotFound(format!("no secret {key:?}")));
         }
-        self.forget_resolutions();
-        Ok(())
+        Ok(Change::Secrets)
     }
 }
 
@@ -807,7 +902,9 @@ impl Invoker {
 mod tests {
     use super::*;
     use crate::functions::model::{FN_RECORDS, log_key, ver_key};
+    use crate::metrics::Metrics;
     use crate::storage::BatchOp;
+    use crate::wasm::WasmEngine;
     use std::sync::atomic::Ordering;
 
     const NOOP: &[u8] = br#"(module (func (export "_start")))"#;
@@ -844,7 +941,7 @@ mod tests {
     }
 
     /// As [`deployed_f`], on `store` (sled or etcd), caches under `dir`.
-    async fn deployed_f_on(
+    pub(super) async fn deployed_f_on(
         dir: &tempfile::TempDir,
         store: Store,
     ) -> (Store, Invoker, Arc<CompiledModule>) {
@@ -853,8 +950,14 @@ mod tests {
         let svc = FunctionsService::start(engine, store.clone(), Metrics::new(), &[7u8; 32]);
         let inv = svc.invoker("ns");
         let module = svc.compile("ns", NOOP.to_vec()).await.unwrap();
-        inv.deploy(request("f"), module.clone()).await.unwrap();
+        let (_, c) = inv.deploy(request("f"), module.clone()).await.unwrap();
+        owned(&inv, c);
         (store, inv, module)
+    }
+
+    /// Applies a change as the namespace's supervisor does.
+    fn owned(inv: &Invoker, c: Change) {
+        FnOwner::new(inv.clone()).apply(c);
     }
 
     fn env_of(p: &Prepared, k: &str) -> Option<String> {
@@ -872,21 +975,22 @@ mod tests {
     async fn kept_resolutions_follow_every_change() {
         let (_dir, store, inv, module) = deployed_f().await;
 
-        inv.put_secret("TOKEN", "a").await.unwrap();
+        owned(&inv, inv.put_secret("TOKEN", "a").await.unwrap());
         let p = prepared(&inv, "f").await.unwrap();
         assert_eq!((p.version, env_of(&p, "TOKEN").as_deref()), (1, Some("a")));
         assert_eq!(env_of(&p, "MODE").as_deref(), Some("plain"));
-        assert_eq!(inv.st.resolved.lock().map.len(), 1, "kept");
+        assert_eq!(inv.st.resolved.load().map.len(), 1, "kept");
         assert!(inv.cached("f", None).await.unwrap().is_some(), "used");
 
-        inv.put_secret("TOKEN", "b").await.unwrap();
+        owned(&inv, inv.put_secret("TOKEN", "b").await.unwrap());
         let p = prepared(&inv, "f").await.unwrap();
         assert_eq!(env_of(&p, "TOKEN").as_deref(), Some("b"));
 
-        inv.deploy(request("f"), module.clone()).await.unwrap();
+        let (_, c) = inv.deploy(request("f"), module.clone()).await.unwrap();
+        owned(&inv, c);
         assert_eq!(prepared(&inv, "f").await.unwrap().version, 2);
 
-        inv.delete_secret("TOKEN").await.unwrap();
+        owned(&inv, inv.delete_secret("TOKEN").await.unwrap());
         assert_eq!(env_of(&prepared(&inv, "f").await.unwrap(), "TOKEN"), None);
 
         // The record rewritten behind the invoker's back: the next call
@@ -900,7 +1004,7 @@ mod tests {
             .unwrap();
         assert_eq!(prepared(&inv, "f").await.unwrap().version, 1);
 
-        inv.delete("f").await.unwrap();
+        owned(&inv, inv.delete("f").await.unwrap());
         assert!(matches!(
             prepared(&inv, "f").await,
             Err(FnError::NotFound(_))
@@ -919,10 +1023,10 @@ mod tests {
         let stamp = || {
             inv.st
                 .resolved
-                .lock()
+                .load()
                 .map
                 .get(&("f".to_string(), None))
-                .map(|k| k.1)
+                .map(|k| k.stamp.load(Ordering::Acquire))
         };
         prepared(&inv, "f").await.unwrap();
         let first = stamp().expect("kept");
@@ -1307,56 +1411,6 @@ mod tests {
         assert_eq!(inv.logs("f", MAX_LOGS).await.unwrap(), newest(all));
         let quiet = stored_records(&store, "g").await;
         assert_eq!(quiet, 3);
-    }
-
-    /// On etcd, a guest's `kv_put` while an import's journal is in the store
-    /// (left by an importer that died past its commit point, here written
-    /// by hand): the write waits for the import to be finished (after
-    /// `IMPORT_TAKEOVER` it finishes it itself), then lands after it. Once
-    /// any later finisher has run, the guest's value is still there (not
-    /// lost under the import's) and the import's other keys are whole.
-    #[cfg(feature = "cluster")]
-    #[actix_rt::test]
-    async fn a_guests_kv_write_waits_for_a_journaled_import_on_etcd() {
-        use crate::actors::namespace::import_journal_key;
-        use crate::wasm::HostApi;
-        let etcd = crate::storage::etcd_process::EtcdProcess::start();
-        let cfg: crate::config::ClusterConfig = toml::from_str(&etcd.cluster_toml()).unwrap();
-        let access = crate::storage::EtcdAccess::from_config(&cfg).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_etcd(&[etcd.url()], &access).await.unwrap();
-        let (store, inv, _) = deployed_f_on(&dir, store).await;
-        let key = |k: &str| [kv_prefix("ns"), k.as_bytes().to_vec()].concat();
-        // More writes than one etcd transaction: a journaled import's KV.
-        let steps: Vec<BatchOp> = (0..200)
-            .map(|i| BatchOp::Put(key(&format!("k{i:03}")), b"import".to_vec()))
-            .collect();
-        let journal = import_journal_key("ns");
-        store
-            .put(&journal, &crate::storage::encode_journal(&steps, &[]))
-            .await
-            .unwrap();
-
-        let host = host::NsHost {
-            inv: inv.clone(),
-            depth: 0,
-            _busy: Busy::new(&inv.st),
-        };
-        tokio::task::spawn_blocking(move || host.kv_put(b"k000", b"guest"))
-            .await
-            .unwrap()
-            .unwrap();
-        // Whoever finishes the journal next (any waiting reader, after
-        // `IMPORT_TAKEOVER`) must find nothing left to overwrite it with.
-        let left = store.roll_forward(&journal).await.unwrap();
-        let get = |k: &'static str| {
-            let store = store.clone();
-            async move { store.get(&key(k)).await.unwrap() }
-        };
-        assert_eq!(get("k000").await.as_deref(), Some(&b"guest"[..]), "lost");
-        assert_eq!(get("k001").await.as_deref(), Some(&b"import"[..]));
-        assert_eq!(get("k199").await.as_deref(), Some(&b"import"[..]));
-        assert!(!left, "the guest wrote while the journal was there");
     }
 
     /// On etcd, as in a cluster: two nodes' writers record calls of the same

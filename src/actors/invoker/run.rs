@@ -1,8 +1,9 @@
 //! Resolving a call (record, version, module, secrets; kept until a change)
 //! and running it on the pool.
 
+use super::host::NsHost;
 use super::*;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 impl Invoker {
     /// The store's count of function-record writes, when resolutions are
@@ -31,30 +32,36 @@ impl Invoker {
             return Ok(None);
         };
         let key = (name.to_string(), version);
-        let Some((r, stamp)) = self.st.resolved.lock().map.get(&key).cloned() else {
-            return Ok(None);
+        let kept = {
+            let c = self.st.resolved.load();
+            if c.generation != self.st.snapshot.load().generation {
+                return Ok(None);
+            }
+            match c.map.get(&key) {
+                Some(k) => k.clone(),
+                None => return Ok(None),
+            }
         };
         let count = writes.load(Ordering::Acquire);
-        if count == stamp {
-            return Ok(Some(r));
+        if count == kept.stamp.load(Ordering::Acquire) {
+            return Ok(Some(kept.r.clone()));
         }
         let now = self.store().get(&fn_key(&self.ns, name)).await?;
-        if now.as_deref() == Some(&r.record_bytes[..]) {
-            if let Some(kept) = self.st.resolved.lock().map.get_mut(&key)
-                && Arc::ptr_eq(&kept.0, &r)
-            {
-                kept.1 = kept.1.max(count);
-            }
-            return Ok(Some(r));
+        if now.as_deref() == Some(&kept.r.record_bytes[..]) {
+            kept.stamp.fetch_max(count, Ordering::AcqRel);
+            return Ok(Some(kept.r.clone()));
         }
         self.forget_resolutions();
         Ok(None)
     }
 
-    /// The count of function-record writes before a resolution reads the
-    /// record (0 where none is kept).
-    pub(super) fn fn_writes_now(&self) -> u64 {
-        self.fn_writes().map_or(0, |w| w.load(Ordering::Acquire))
+    /// The generation of the snapshot and the count of function-record
+    /// writes before a resolution reads the record (0 where none is kept).
+    pub(super) fn stamp_now(&self) -> (u64, u64) {
+        (
+            self.st.snapshot.load().generation,
+            self.fn_writes().map_or(0, |w| w.load(Ordering::Acquire)),
+        )
     }
 
     /// Keeps a resolution made under `generation` from a record read after
@@ -66,25 +73,36 @@ impl Invoker {
         (generation, count): (u64, u64),
         r: &Arc<Resolved>,
     ) {
-        if self.fn_writes().is_none() {
+        if self.fn_writes().is_none() || self.st.snapshot.load().generation != generation {
             return;
         }
-        let mut c = self.st.resolved.lock();
-        if c.generation != generation {
-            return;
-        }
-        if c.map.len() >= MAX_CACHED_RESOLVED {
-            c.map.clear();
-        }
-        c.map
-            .insert((name.to_string(), version), (r.clone(), count));
+        let kept = Arc::new(Kept {
+            r: r.clone(),
+            stamp: AtomicU64::new(count),
+        });
+        self.st.resolved.rcu(|c| {
+            let mut c = if c.generation == generation {
+                ResolvedCache::clone(c)
+            } else {
+                ResolvedCache {
+                    generation,
+                    map: HashMap::new(),
+                }
+            };
+            if c.map.len() >= MAX_CACHED_RESOLVED {
+                c.map.clear();
+            }
+            c.map.insert((name.to_string(), version), kept.clone());
+            c
+        });
     }
 
-    /// Forgets every kept resolution (a deploy, a delete, a secret, an import).
+    /// Forgets every kept resolution (a record found changed on a call).
     pub(super) fn forget_resolutions(&self) {
-        let mut c = self.st.resolved.lock();
-        c.generation += 1;
-        c.map.clear();
+        self.st.resolved.store(Arc::new(ResolvedCache {
+            generation: self.st.snapshot.load().generation,
+            map: HashMap::new(),
+        }));
     }
 
     /// Resolves a function of THIS namespace synchronously (on a blocking or
@@ -117,7 +135,7 @@ impl Invoker {
         let cached = self
             .st
             .modules
-            .lock()
+            .load()
             .get(&(name.to_string(), version))
             .cloned();
         let module = match cached {
@@ -131,11 +149,14 @@ impl Invoker {
                         FnError::Internal(format!("module blob {} is missing", meta.sha256))
                     })?;
                 let m = self.svc.sync_compile(&self.ns, &bytes)?;
-                let mut modules = self.st.modules.lock();
-                if modules.len() >= MAX_CACHED_MODULES {
-                    modules.clear();
-                }
-                modules.insert((name.to_string(), version), m.clone());
+                self.st.modules.rcu(|modules| {
+                    let mut modules = ModuleCache::clone(modules);
+                    if modules.len() >= MAX_CACHED_MODULES {
+                        modules.clear();
+                    }
+                    modules.insert((name.to_string(), version), m.clone());
+                    modules
+                });
                 m
             }
         };
@@ -198,7 +219,7 @@ impl Invoker {
         let r = match self.cached(&name, version).await? {
             Some(r) => r,
             None => {
-                let stamp = (self.st.resolved.lock().generation, self.fn_writes_now());
+                let stamp = self.stamp_now();
                 let inv = self.clone();
                 let n = name.clone();
                 let r = tokio::task::spawn_blocking(move || inv.resolve_sync(&n, version))

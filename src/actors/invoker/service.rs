@@ -1,36 +1,141 @@
 //! The node's functions service: the engine, the module cache, the
 //! invocation-record writer, and one invoker per namespace.
 
-use super::*;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake};
+use std::time::Duration;
 
-pub(super) struct ServiceInner {
+use parking_lot::Mutex;
+use prometheus::IntCounter;
+use tokio::sync::mpsc;
+
+use crate::functions::model::{InvocationRecord, log_key_under};
+use crate::functions::{FnError, FnResult, SecretBox};
+use crate::metrics::Metrics;
+use crate::storage::{BatchOp, Store, StoreError, StoreResult};
+use crate::wasm::{CompiledModule, WasmEngine};
+
+/// Invocation records waiting for the writer; past this they are dropped (and counted).
+pub const RECORD_QUEUE: usize = 1024;
+/// Records the writer takes from the queue for one store batch at most.
+pub(crate) const RECORD_BATCH: usize = 512;
+/// Store entries written per batch at most (etcd takes 128 operations per
+/// transaction by default).
+pub(crate) const RECORD_ENTRIES_PER_BATCH: usize = 64;
+/// Bytes of entries written per batch at most, past one entry (etcd refuses
+/// a request above 1.5 MiB by default).
+pub(crate) const RECORD_BATCH_BYTES: usize = 1 << 20;
+/// One stored log entry holds a function's records of one batch up to about
+/// this many bytes of JSON (etcd's request limit is 1.5 MiB).
+pub(crate) const RECORD_ENTRY_BYTES: usize = 256 << 10;
+/// How often the pool gauges and cache counters are refreshed.
+const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+/// Records `GET /v1/functions/{name}/logs` returns at most.
+pub const MAX_LOGS: usize = 100;
+
+/// An invocation record on its way to the writer.
+pub(crate) struct QueuedRecord {
+    /// `log/<ns>/<name>/`: records of one function are stored together.
+    pub(crate) prefix: Vec<u8>,
+    /// The record, turned into JSON and given its key by the writer, and
+    /// only if it is written: of a busy function's batch only the newest
+    /// [`MAX_LOGS`] are ([`keep_newest`]), so the request thread
+    /// does not serialize the ones left out.
+    pub(crate) record: InvocationRecord,
+    /// Its namespace's writer progress, counted on once it is written.
+    pub(crate) progress: Arc<RecordProgress>,
+}
+
+/// The records of one stored log entry, oldest first: a JSON array of
+/// records (what the writer stores: one entry per function per batch) or
+/// one record (entries written before records were grouped). An entry that
+/// does not decode yields nothing.
+pub(crate) fn decode_log_entry(v: &[u8]) -> Vec<InvocationRecord> {
+    if v.first() == Some(&b'[') {
+        serde_json::from_slice(v).unwrap_or_default()
+    } else {
+        serde_json::from_slice(v)
+            .map(|r| vec![r])
+            .unwrap_or_default()
+    }
+}
+
+/// How many records an entry holds, as [`decode_log_entry`] would return,
+/// without building them (the writer's trim counts, it does not read).
+pub(crate) fn count_log_entry(v: &[u8]) -> usize {
+    use serde::de::IgnoredAny;
+    /// An array's elements, each only checked to be a record's shape.
+    #[derive(serde::Deserialize)]
+    struct Shape {
+        #[allow(dead_code)] // only its presence is checked
+        request_id: IgnoredAny,
+    }
+    if v.first() == Some(&b'[') {
+        serde_json::from_slice::<Vec<Shape>>(v).map_or(0, |r| r.len())
+    } else {
+        usize::from(serde_json::from_slice::<Shape>(v).is_ok())
+    }
+}
+
+/// Unix milliseconds now.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// Polls a future to completion on the current (non-runtime) thread, parking
+/// between polls. Only for sled, which does its work synchronously and needs
+/// no runtime (see [`FunctionsService::store_wait`]).
+pub(crate) fn poll_here<F: Future>(f: F) -> F::Output {
+    struct ThreadWaker(std::thread::Thread);
+    impl Wake for ThreadWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(ThreadWaker(std::thread::current())).into();
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        match f.as_mut().poll(&mut cx) {
+            Poll::Ready(v) => return v,
+            Poll::Pending => std::thread::park(),
+        }
+    }
+}
+
+pub(crate) struct ServiceInner {
     /// The node's WASM engine: compiles modules and runs guests on its worker pool.
-    pub(super) engine: WasmEngine,
+    pub(crate) engine: WasmEngine,
     /// The node's store: function records, versions, blobs, secrets and logs.
-    pub(super) store: Store,
+    pub(crate) store: Store,
     /// Node metrics: invocation counts and errors, pool gauges, dropped records.
-    pub(super) metrics: Metrics,
+    pub(crate) metrics: Metrics,
     /// Queue of invocation records to the writer task; bounded
     /// (`RECORD_QUEUE`), a full queue drops the record and counts it.
-    pub(super) records: mpsc::Sender<QueuedRecord>,
+    pub(crate) records: mpsc::Sender<QueuedRecord>,
     /// The runtime the store was opened on (the node's), where the
     /// synchronous paths run their store operations (`store_wait`).
-    pub(super) store_runtime: tokio::runtime::Handle,
+    pub(crate) store_runtime: tokio::runtime::Handle,
     /// Seals and opens secrets in the store, each bound to its key.
-    pub(super) secrets: SecretBox,
+    pub(crate) secrets: SecretBox,
     /// `meshgate_wasm_cache_hits_total`, caught up to the engine's count by `sample`.
-    pub(super) cache_hits: IntCounter,
+    pub(crate) cache_hits: IntCounter,
     /// `meshgate_wasm_cache_misses_total`, caught up to the engine's count by `sample`.
-    pub(super) cache_misses: IntCounter,
+    pub(crate) cache_misses: IntCounter,
     /// Each namespace's record progress, while an invoker or a queued record
     /// holds it: an invoker recreated for the namespace (its supervisor
     /// restarted) takes over the records its predecessor queued.
-    pub(super) progress: Mutex<HashMap<String, std::sync::Weak<RecordProgress>>>,
+    pub(crate) progress: Mutex<HashMap<String, std::sync::Weak<RecordProgress>>>,
 }
 
 /// The node's functions service: the engine, the record queue, the secret key.
 #[derive(Clone)]
-pub struct FunctionsService(pub(super) Arc<ServiceInner>);
+pub struct FunctionsService(pub(crate) Arc<ServiceInner>);
 
 impl FunctionsService {
     /// Starts the record writer and the sampler. Must run inside the node's
@@ -122,35 +227,10 @@ impl FunctionsService {
             .inc_by(misses.saturating_sub(self.0.cache_misses.get()));
     }
 
-    /// The invoker of one namespace.
-    pub fn invoker(&self, ns: &str) -> Invoker {
-        Invoker {
-            ns: ns.into(),
-            svc: self.clone(),
-            st: Arc::new(NsState {
-                modules: Default::default(),
-                resolved: Default::default(),
-                fn_writes: self
-                    .0
-                    .store
-                    .as_sled()
-                    .map(|s| s.write_counter(crate::functions::model::FN_RECORDS)),
-                triggers: Default::default(),
-                deploy_lock: Default::default(),
-                publisher: Default::default(),
-                cron_sink: Default::default(),
-                busy: Default::default(),
-                counters: Default::default(),
-                records: self.record_progress(ns),
-                limits: Default::default(),
-            }),
-        }
-    }
-
     /// The writer's progress on `ns`'s records: the one a previous invoker of
     /// the namespace still has records queued under (so `logs` on the new
     /// invoker waits for them too), else a new one.
-    fn record_progress(&self, ns: &str) -> Arc<RecordProgress> {
+    pub(crate) fn record_progress(&self, ns: &str) -> Arc<RecordProgress> {
         let mut all = self.0.progress.lock();
         all.retain(|_, p| p.strong_count() > 0);
         if let Some(p) = all.get(ns).and_then(std::sync::Weak::upgrade) {
@@ -168,7 +248,7 @@ impl FunctionsService {
     /// connection lives on the runtime that opened it, so the operation is
     /// spawned onto that runtime and this thread waits for the answer. Never
     /// call it on a runtime thread: it blocks.
-    pub(super) fn store_wait<T, F>(&self, op: impl FnOnce(Store) -> F) -> StoreResult<T>
+    pub(crate) fn store_wait<T, F>(&self, op: impl FnOnce(Store) -> F) -> StoreResult<T>
     where
         F: Future<Output = StoreResult<T>> + Send + 'static,
         T: Send + 'static,
@@ -191,7 +271,7 @@ impl FunctionsService {
 
     /// Compiles (or loads) a stored module of `ns` on this blocking thread,
     /// through the compile gate ([`WasmEngine::compile_stored`]).
-    pub(super) fn sync_compile(&self, ns: &str, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
+    pub(crate) fn sync_compile(&self, ns: &str, wasm: &[u8]) -> FnResult<Arc<CompiledModule>> {
         let m = self.0.engine.compile_stored(ns, wasm)?;
         self.sample();
         Ok(m)
@@ -204,7 +284,7 @@ impl FunctionsService {
 /// function's records in it only the newest [`MAX_LOGS`] are written
 /// ([`keep_newest`]). 20 ms: a function's log shows a call at most that much
 /// (plus the write) after its answer.
-pub(super) const RECORD_LINGER: Duration = Duration::from_millis(20);
+pub(crate) const RECORD_LINGER: Duration = Duration::from_millis(20);
 
 /// Writes invocation records in batches until the node stops. A batch's
 /// records of one function go into one store entry (a JSON array, under the
@@ -216,7 +296,7 @@ pub(super) const RECORD_LINGER: Duration = Duration::from_millis(20);
 /// function's entries older than the newest `MAX_LOGS` records
 /// ([`trim_records`]). A busy function's log used to grow without bound,
 /// on sled and on etcd, while `logs` never returns more than `MAX_LOGS`.
-pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRecord>) {
+pub(crate) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRecord>) {
     let mut buf = Vec::with_capacity(RECORD_BATCH);
     // Records written per function (`log/<ns>/<name>/`) since its last trim.
     let mut since_trim: HashMap<Vec<u8>, usize> = HashMap::new();
@@ -285,12 +365,12 @@ pub(super) async fn write_records(store: Store, mut rx: mpsc::Receiver<QueuedRec
 /// its first invoker started (a recreated one takes it over while records
 /// are queued under it): `logs` waits for its own namespace's records only,
 /// so a neighbour flooding the writer does not hold it up.
-pub(super) struct RecordProgress {
+pub(crate) struct RecordProgress {
     /// Records handed to the writer's queue.
-    pub(super) queued: std::sync::atomic::AtomicU64,
+    pub(crate) queued: std::sync::atomic::AtomicU64,
     /// Records the writer took from the queue and has written (or left out
     /// as older than a function's newest `MAX_LOGS`).
-    pub(super) written: tokio::sync::watch::Sender<u64>,
+    pub(crate) written: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for RecordProgress {
@@ -304,7 +384,7 @@ impl Default for RecordProgress {
 
 /// How long `logs` waits for the records queued before it to be written;
 /// past it (a store that does not answer) it reads what is stored.
-pub(super) const RECORD_FLUSH_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const RECORD_FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// Functions whose written-record counts the writer tracks at most.
 const TRIM_TRACKED_FUNCTIONS: usize = 10_000;
@@ -315,7 +395,7 @@ const TRIM_TRACKED_FUNCTIONS: usize = 10_000;
 /// sit in an older entry than a record that started after it. Returns the
 /// entries deleted. Another node's writer trimming the same function at
 /// the same time deletes the same old entries; nothing newer is touched.
-pub(super) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<usize> {
+pub(crate) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<usize> {
     let rows = store.scan_all(prefix).await?;
     let mut kept_records = 0;
     let mut keep = rows.len();
@@ -343,7 +423,7 @@ pub(super) async fn trim_records(store: &Store, prefix: &[u8]) -> StoreResult<us
 /// trim keeps, so writing them only to delete them was sled's and etcd's
 /// busiest work under load (a third of an invoke's store threads' CPU,
 /// BENCHMARKS.md).
-pub(super) fn keep_newest(buf: &mut Vec<QueuedRecord>, n: usize) {
+pub(crate) fn keep_newest(buf: &mut Vec<QueuedRecord>, n: usize) {
     let mut seen: HashMap<&[u8], usize> = HashMap::new();
     let mut keep: Vec<bool> = buf
         .iter()
@@ -362,7 +442,7 @@ pub(super) fn keep_newest(buf: &mut Vec<QueuedRecord>, n: usize) {
 
 /// Splits entries into store batches of at most `RECORD_ENTRIES_PER_BATCH`
 /// entries and `RECORD_BATCH_BYTES` bytes (a larger entry goes alone).
-pub(super) fn store_batches(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<Vec<BatchOp>> {
+pub(crate) fn store_batches(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<Vec<BatchOp>> {
     let mut batches: Vec<Vec<BatchOp>> = Vec::new();
     let mut bytes = 0;
     for (k, v) in entries {
@@ -383,7 +463,7 @@ pub(super) fn store_batches(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<Vec<BatchOp
 
 /// Groups records by function, in queue order, into (key, JSON array)
 /// entries of at most about `RECORD_ENTRY_BYTES` each.
-pub(super) fn group_records(
+pub(crate) fn group_records(
     records: impl Iterator<Item = QueuedRecord>,
 ) -> Vec<(Vec<u8>, Vec<u8>)> {
     // Index of each function's open entry in `out`.

@@ -5,7 +5,7 @@ use super::*;
 
 impl Invoker {
     /// The triggers of `name` at version `meta` (None: no trigger).
-    fn trigger_entry(name: &str, meta: &VersionMeta) -> Option<TriggerEntry> {
+    pub(super) fn trigger_entry(name: &str, meta: &VersionMeta) -> Option<TriggerEntry> {
         let crons: Vec<_> = meta
             .cron
             .iter()
@@ -18,21 +18,11 @@ impl Invoker {
         })
     }
 
-    pub(super) fn set_triggers(&self, name: &str, meta: Option<&VersionMeta>) {
-        {
-            let mut t = self.st.triggers.write();
-            t.retain(|e| e.name != name);
-            t.extend(meta.and_then(|m| Self::trigger_entry(name, m)));
-        }
-        self.send_crons();
-    }
-
-    /// Loads the triggers of every function (at supervisor start and after an
-    /// import), replacing the ones before (a function the import removed
-    /// loses its triggers) and forgetting every kept resolution: the
-    /// functions may all have changed.
-    pub async fn load_triggers(&self) -> FnResult<()> {
-        self.forget_resolutions();
+    /// Reads the triggers of every function (at supervisor start and after an
+    /// import): the supervisor applies them in place of the ones before (a
+    /// function the import removed loses its triggers), forgetting every
+    /// kept resolution: the functions may all have changed.
+    pub async fn load_triggers(&self) -> FnResult<Change> {
         let mut all = Vec::new();
         for rec in self.list().await? {
             let meta: Option<VersionMeta> = self
@@ -41,9 +31,7 @@ impl Invoker {
                 .await?;
             all.extend(meta.and_then(|m| Self::trigger_entry(&rec.name, &m)));
         }
-        *self.st.triggers.write() = all;
-        self.send_crons();
-        Ok(())
+        Ok(Change::Reloaded(all))
     }
 
     /// Fires the pub/sub triggers matching `topic` (called by the supervisor
@@ -54,8 +42,9 @@ impl Invoker {
         }
         let names: Vec<String> = self
             .st
+            .snapshot
+            .load()
             .triggers
-            .read()
             .iter()
             .filter(|e| e.topics.iter().any(|p| topic_matches(p, topic)))
             .map(|e| e.name.clone())
@@ -77,42 +66,15 @@ impl Invoker {
         }
     }
 
-    /// This namespace's cron schedules now: every (function, expression) of
-    /// the functions' current versions, what the node's cron timer holds.
-    pub fn crons(&self) -> Vec<crate::actors::CronEntry> {
-        self.st
-            .triggers
-            .read()
-            .iter()
-            .flat_map(|e| {
-                e.crons.iter().map(|(expr, s)| crate::actors::CronEntry {
-                    function: e.name.clone(),
-                    expr: expr.clone(),
-                    schedule: s.clone(),
-                })
-            })
-            .collect()
-    }
-
-    /// Sends the cron schedules to the node's cron timer, when one is set.
-    pub(super) fn send_crons(&self) {
-        let Some(sink) = self.st.cron_sink.lock().clone() else {
-            return;
-        };
-        sink.do_send(crate::actors::CronSet {
-            namespace: self.ns.to_string(),
-            entries: self.crons(),
-        });
-    }
-
     /// Fires one cron slot of `function` (the node's cron timer found it
     /// due), if the function's current version still has `expr`: the slot
     /// is claimed once in the cluster, then run.
     pub fn fire_cron(&self, function: &str, expr: &str, slot: i64) {
         let still = self
             .st
+            .snapshot
+            .load()
             .triggers
-            .read()
             .iter()
             .any(|e| e.name == function && e.crons.iter().any(|(x, _)| x == expr));
         if !still {

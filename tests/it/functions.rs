@@ -366,7 +366,9 @@ fn functions_invoke_depth_limit() {
 /// while A's spins still hold both workers) and A's waiting call runs too.
 #[test]
 fn functions_namespace_cap_does_not_starve_others() {
-    let node = start("namespace_concurrency = 1\nqueue_wait_ms = 10000");
+    // The queued call waits for the 6 s spins to end: a wait far past them,
+    // so a loaded machine that starts them late still serves it.
+    let node = start("namespace_concurrency = 1\nqueue_wait_ms = 30000");
     let ka = node.create_namespace("ca");
     let kb = node.create_namespace("cb");
     deploy(

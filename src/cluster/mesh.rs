@@ -122,7 +122,8 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// (topic, data, origin timestamp in ms), in stream order. Called from the
 /// swarm task once per namespace per received batch (and per gap timeout
 /// that released held-back ones), never with an empty list; it must not
-/// block (the node sends one `FromMesh` to the namespace's supervisor).
+/// block (the node queues them for its mesh ingress task, which delivers
+/// them to the worker relays with the namespace's shared routes).
 pub type DeliverFn = Arc<dyn Fn(String, Vec<MeshMessage>) + Send + Sync>;
 
 /// The mesh's timings and sizes; `Default` gives the production values.

@@ -104,6 +104,7 @@ impl Relay {
 async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
     let mut batch = Vec::with_capacity(64);
     while rx.recv_many(&mut batch, 64).await > 0 {
+        let full = batch.len() == 64;
         for m in batch.drain(..) {
             match m {
                 RelayMsg::Deliver(d) => relay.deliver(d),
@@ -120,6 +121,13 @@ async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
                     }
                 }
             }
+        }
+        if full {
+            // A burst (from the mesh, whose batches come at once): let the
+            // sockets' response bodies on this thread write what was just
+            // queued before the next 64, so a socket that keeps up never
+            // sees its queue fill from one burst.
+            tokio::task::yield_now().await;
         }
     }
 }

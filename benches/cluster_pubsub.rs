@@ -504,7 +504,10 @@ async fn burst(
     let (acked, refused, _rd) = answers.await.expect("answers task");
     let _wr = writer.await.expect("writer task");
     if acked != n || refused > 0 {
-        eprintln!("{}: {acked} of {n} publishes answered, {refused} refused", p.name);
+        eprintln!(
+            "{}: {acked} of {n} publishes answered, {refused} refused",
+            p.name
+        );
         in_order = false;
     }
     let rate = delivered as f64 / (last_at - start).as_secs_f64().max(1e-9);
@@ -512,7 +515,13 @@ async fn burst(
 }
 
 /// The burst mode (`BURST_RUNS`): see the module's comment.
-fn burst_main(runs: usize, msgs: usize, single: &Route, cross: &Route, nodes: &[(&str, &NodeProc)]) {
+fn burst_main(
+    runs: usize,
+    msgs: usize,
+    single: &Route,
+    cross: &Route,
+    nodes: &[(&str, &NodeProc)],
+) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -530,7 +539,14 @@ fn burst_main(runs: usize, msgs: usize, single: &Route, cross: &Route, nodes: &[
             let mut row = Vec::new();
             for (p, sub) in [single, cross].into_iter().zip(subs.iter_mut()) {
                 let r = burst(p, sub, first, msgs).await;
-                eprintln!("run {}: {}: {} delivered, complete and in order {}, {:.0} msgs/s", run + 1, p.name, r.0, r.1, r.2);
+                eprintln!(
+                    "run {}: {}: {} delivered, complete and in order {}, {:.0} msgs/s",
+                    run + 1,
+                    p.name,
+                    r.0,
+                    r.1,
+                    r.2
+                );
                 row.push(r);
                 // Let the nodes settle between bursts.
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -542,7 +558,9 @@ fn burst_main(runs: usize, msgs: usize, single: &Route, cross: &Route, nodes: &[
         "{runs} runs of {msgs} publishes of {PAYLOAD} B pipelined on one /v1/ws socket to one subscriber (format=binary)"
     );
     println!();
-    println!("| run | single: delivered | in order | msgs/s | A→B: delivered | in order | msgs/s | ratio A→B / single |");
+    println!(
+        "| run | single: delivered | in order | msgs/s | A→B: delivered | in order | msgs/s | ratio A→B / single |"
+    );
     println!("|---:|---:|:---:|---:|---:|:---:|---:|---:|");
     let yes = |b: bool| if b { "yes" } else { "no" };
     for (i, r) in rows.iter().enumerate() {
@@ -593,7 +611,9 @@ fn burst_main(runs: usize, msgs: usize, single: &Route, cross: &Route, nodes: &[
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let burst_runs: Option<usize> = std::env::var("BURST_RUNS").ok().and_then(|v| v.parse().ok());
+    let burst_runs: Option<usize> = std::env::var("BURST_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let burst_msgs: usize = std::env::var("BURST_MSGS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -34,6 +34,6 @@ pub use node::{
 pub use records::{RECORD_TTL, Records, follow as follow_records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
-    HistoryPage, MeshMessage, Presence, Publish, PublishBatch, ReadHistory, Release,
-    SetHistory, Subscribe, Subscribed, SweepHistory, Topics, Unsubscribe, UnsubscribeAll,
+    HistoryPage, MeshMessage, Presence, Publish, PublishBatch, ReadHistory, Release, SetHistory,
+    Subscribe, Subscribed, SweepHistory, Topics, Unsubscribe, UnsubscribeAll,
 };

@@ -122,7 +122,13 @@ async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
             match m {
                 RelayMsg::Deliver(d) => {
                     msgs += 1;
-                    bytes += d.frames.iter().flatten().map(|f| f.len()).max().unwrap_or(0);
+                    bytes += d
+                        .frames
+                        .iter()
+                        .flatten()
+                        .map(|f| f.len())
+                        .max()
+                        .unwrap_or(0);
                     relay.deliver(d);
                     if msgs >= turn_msgs || bytes >= turn_bytes {
                         msgs = 0;

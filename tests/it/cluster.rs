@@ -712,7 +712,13 @@ async fn mesh_pair(
 /// Publishes numbered warm-ups (from 2^62) on `node` over HTTP until one
 /// reaches the subscriber (the mesh's first message to a topic may take a
 /// heartbeat); what follows them is skipped by [`read_numbers`].
-async fn warm_up(node: &TestNode, key: &str, topic: &str, sub: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) {
+async fn warm_up(
+    node: &TestNode,
+    key: &str,
+    topic: &str,
+    sub: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+) {
     use base64::Engine as _;
     use tokio::io::AsyncReadExt as _;
     let mut chunk = vec![0u8; 1 << 16];
@@ -721,9 +727,15 @@ async fn warm_up(node: &TestNode, key: &str, topic: &str, sub: &mut tokio::net::
         data.resize(128, b'x');
         let body = serde_json::json!({"topic": topic,
             "data_base64": base64::engine::general_purpose::STANDARD.encode(&data)});
-        let (s, b) = node.with_key(key, "POST", "/v1/pubsub/publish", Some(body.to_string().as_bytes()));
+        let (s, b) = node.with_key(
+            key,
+            "POST",
+            "/v1/pubsub/publish",
+            Some(body.to_string().as_bytes()),
+        );
         assert_eq!(s, 200, "{b}");
-        if let Ok(Ok(k)) = tokio::time::timeout(Duration::from_millis(300), sub.read(&mut chunk)).await
+        if let Ok(Ok(k)) =
+            tokio::time::timeout(Duration::from_millis(300), sub.read(&mut chunk)).await
             && k > 0
         {
             // Keep the bytes (frames of the warm-ups, skipped later).
@@ -789,7 +801,11 @@ async fn pipelined_burst_crosses_the_mesh_complete_and_in_order() {
     let (got, close) = read_numbers(&mut sub, &mut buf, N as usize, Duration::from_secs(30)).await;
     let refused = acks.await.unwrap();
     let _wr = writer.await.unwrap();
-    assert!(refused.is_empty(), "publishes refused: {:?}", &refused[..refused.len().min(3)]);
+    assert!(
+        refused.is_empty(),
+        "publishes refused: {:?}",
+        &refused[..refused.len().min(3)]
+    );
     assert_eq!(close, None, "the subscriber was closed");
     let first_wrong = got.iter().enumerate().find(|(i, v)| **v != *i as u64);
     assert!(
@@ -800,7 +816,10 @@ async fn pipelined_burst_crosses_the_mesh_complete_and_in_order() {
         metric_sum(&b, "meshgate_pubsub_dropped_total"),
     );
     assert_eq!(metric_sum(&b, "meshgate_mesh_messages_dropped_total"), 0.0);
-    assert_eq!(metric_sum(&b, "meshgate_ws_slow_consumers_closed_total"), 0.0);
+    assert_eq!(
+        metric_sum(&b, "meshgate_ws_slow_consumers_closed_total"),
+        0.0
+    );
     // Nothing more behind them (no duplicate).
     let (extra, _) = read_numbers(&mut sub, &mut buf, 1, Duration::from_millis(500)).await;
     assert!(extra.is_empty(), "more than {N}: {extra:?}");
@@ -856,22 +875,55 @@ async fn slow_consumer_on_the_far_node_is_still_closed() {
             let (s, _, b) = http(
                 "POST",
                 &format!("{a_base}/v1/pubsub/publish-batch"),
-                &[("authorization", &auth), ("content-type", "application/json")],
+                &[
+                    ("authorization", &auth),
+                    ("content-type", "application/json"),
+                ],
                 Some(body.as_bytes()),
             );
             assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
         }
     });
-    let (got, close) =
-        read_numbers(&mut good, &mut good_buf, N as usize, Duration::from_secs(30)).await;
+    let (got, close) = read_numbers(
+        &mut good,
+        &mut good_buf,
+        N as usize,
+        Duration::from_secs(30),
+    )
+    .await;
     publisher.join().unwrap();
     assert_eq!(close, None, "the reading subscriber was closed");
-    assert_eq!(got.len(), N as usize, "the reading subscriber got {} of {N}", got.len());
-    assert!(got.iter().enumerate().all(|(i, v)| *v == i as u64), "out of order");
-    let (frames, code) = read_numbers(&mut slow, &mut slow_buf, N as usize, Duration::from_secs(20)).await;
-    assert_eq!(code, Some(4008), "the slow consumer's close code (after {} frames)", frames.len());
-    assert!((frames.len() as u64) < N, "the slow consumer cannot have everything");
-    assert_eq!(metric_sum(&b, "meshgate_ws_slow_consumers_closed_total"), 1.0);
+    assert_eq!(
+        got.len(),
+        N as usize,
+        "the reading subscriber got {} of {N}",
+        got.len()
+    );
+    assert!(
+        got.iter().enumerate().all(|(i, v)| *v == i as u64),
+        "out of order"
+    );
+    let (frames, code) = read_numbers(
+        &mut slow,
+        &mut slow_buf,
+        N as usize,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        code,
+        Some(4008),
+        "the slow consumer's close code (after {} frames)",
+        frames.len()
+    );
+    assert!(
+        (frames.len() as u64) < N,
+        "the slow consumer cannot have everything"
+    );
+    assert_eq!(
+        metric_sum(&b, "meshgate_ws_slow_consumers_closed_total"),
+        1.0
+    );
     assert_eq!(metric_sum(&b, "meshgate_mesh_messages_dropped_total"), 0.0);
 }
 

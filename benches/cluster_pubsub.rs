@@ -595,8 +595,7 @@ fn burst_main(
     for (name, node) in nodes {
         let (_, m) = http(&node.addr, "GET", "/metrics", None);
         for l in m.lines().filter(|l| {
-            l.starts_with("meshgate_mesh_messages_dropped")
-                || l.starts_with("meshgate_mesh_ingress_waits")
+            l.starts_with("meshgate_mesh_")
                 || l.starts_with("meshgate_pubsub_dropped")
                 || l.starts_with("meshgate_ws_slow_consumers")
         }) {

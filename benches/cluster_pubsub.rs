@@ -23,11 +23,12 @@
 //! With `BURST_RUNS=<runs>` (issue #41) it runs the burst instead: per run,
 //! one publisher pipelines `BURST_MSGS` (20,000) publishes on one `/v1/ws`
 //! socket, every frame written at once (the node reads on while at most 256
-//! answers are pending), to one subscriber, first on the single node, then
-//! from A to a subscriber on B. It prints a row per run (delivered, complete
-//! and in order, msgs/s for both paths, and the cross-node / single-node
-//! ratio of that run) and the medians, and fails unless every run of both
-//! paths was complete and in order.
+//! answers are pending), to one subscriber: on the single node, then on A
+//! (same node, each publish also sent out on the mesh: the mesh's cost
+//! without the crossing), then from A to a subscriber on B. It prints a row
+//! per run (delivered, complete and in order, msgs/s of each path, and its
+//! ratio to the single node's run just before) and the medians, and fails
+//! unless every run of every path was complete and in order.
 //! Under `cargo test --features cluster` (no `--bench` argument) a short smoke
 //! round runs and fails if a message is lost, duplicated or out of order.
 //! etcd comes from Debian's `etcd-server` (`scripts/test.sh` installs it).
@@ -519,6 +520,7 @@ fn burst_main(
     runs: usize,
     msgs: usize,
     single: &Route,
+    same: &Route,
     cross: &Route,
     nodes: &[(&str, &NodeProc)],
 ) {
@@ -530,14 +532,14 @@ fn burst_main(
     let mut rows = Vec::new();
     rt.block_on(async {
         let mut subs = Vec::new();
-        for p in [single, cross] {
+        for p in [single, same, cross] {
             // Warm: the mesh's first message to a topic may take a heartbeat.
             subs.push(connect(p).await.sub);
         }
         for run in 0..runs {
             let first = (run * msgs) as u64;
             let mut row = Vec::new();
-            for (p, sub) in [single, cross].into_iter().zip(subs.iter_mut()) {
+            for (p, sub) in [single, same, cross].into_iter().zip(subs.iter_mut()) {
                 let r = burst(p, sub, first, msgs).await;
                 eprintln!(
                     "run {}: {}: {} delivered, complete and in order {}, {:.0} msgs/s",
@@ -559,38 +561,46 @@ fn burst_main(
     );
     println!();
     println!(
-        "| run | single: delivered | in order | msgs/s | A→B: delivered | in order | msgs/s | ratio A→B / single |"
+        "| run | single: delivered | in order | msgs/s | A→A (same node): in order | msgs/s | ratio | A→B: delivered | in order | msgs/s | ratio A→B / single |"
     );
-    println!("|---:|---:|:---:|---:|---:|:---:|---:|---:|");
+    println!("|---:|---:|:---:|---:|:---:|---:|---:|---:|:---:|---:|---:|");
     let yes = |b: bool| if b { "yes" } else { "no" };
+    let ratio = |r: &Vec<(usize, bool, f64)>, k: usize| r[k].2 / r[0].2.max(1e-9);
     for (i, r) in rows.iter().enumerate() {
         println!(
-            "| {} | {} | {} | {:.0} | {} | {} | {:.0} | {:.2} |",
+            "| {} | {} | {} | {:.0} | {} | {:.0} | {:.2} | {} | {} | {:.0} | {:.2} |",
             i + 1,
             r[0].0,
             yes(r[0].1),
             r[0].2,
-            r[1].0,
             yes(r[1].1),
             r[1].2,
-            r[1].2 / r[0].2.max(1e-9)
+            ratio(r, 1),
+            r[2].0,
+            yes(r[2].1),
+            r[2].2,
+            ratio(r, 2)
         );
     }
-    let mut single_rates: Vec<f64> = rows.iter().map(|r| r[0].2).collect();
-    let mut cross_rates: Vec<f64> = rows.iter().map(|r| r[1].2).collect();
-    let mut ratios: Vec<f64> = rows.iter().map(|r| r[1].2 / r[0].2.max(1e-9)).collect();
+    let med = |k: usize| quantile(&mut rows.iter().map(|r| r[k].2).collect::<Vec<_>>(), 0.5);
+    let (s_med, a_med, c_med) = (med(0), med(1), med(2));
+    let med_ratio = |k: usize| {
+        quantile(
+            &mut rows.iter().map(|r| ratio(r, k)).collect::<Vec<_>>(),
+            0.5,
+        )
+    };
     let complete = |k: usize| rows.iter().filter(|r| r[k].1).count();
-    let (s_med, c_med, r_med) = (
-        quantile(&mut single_rates, 0.5),
-        quantile(&mut cross_rates, 0.5),
-        quantile(&mut ratios, 0.5),
-    );
     println!();
     println!(
-        "complete and in order: single {}/{runs}, A→B {}/{runs}; median msgs/s: single {s_med:.0}, A→B {c_med:.0}; ratio of the medians {:.2}, median of the per-run ratios {r_med:.2}",
+        "complete and in order: single {}/{runs}, A→A {}/{runs}, A→B {}/{runs}; median msgs/s: single {s_med:.0}, A→A {a_med:.0}, A→B {c_med:.0}; A→B / single: ratio of the medians {:.2}, median of the per-run ratios {:.2}; A→A / single: {:.2}, {:.2}",
         complete(0),
         complete(1),
-        c_med / s_med.max(1e-9)
+        complete(2),
+        c_med / s_med.max(1e-9),
+        med_ratio(2),
+        a_med / s_med.max(1e-9),
+        med_ratio(1),
     );
     for (name, node) in nodes {
         let (_, m) = http(&node.addr, "GET", "/metrics", None);
@@ -603,7 +613,7 @@ fn burst_main(
         }
     }
     assert!(
-        complete(0) == runs && complete(1) == runs,
+        (0..3).all(|k| complete(k) == runs),
         "a burst lost, duplicated or reordered messages"
     );
 }
@@ -684,6 +694,7 @@ fn main() {
             runs,
             burst_msgs,
             &paths[0],
+            &paths[1],
             &paths[2],
             &[("single", &single), ("A", &a), ("B", &b)],
         );

@@ -19,6 +19,16 @@
 //! 8 bytes number the message.
 //!
 //! `cargo bench --features cluster --bench cluster_pubsub` prints the table.
+//!
+//! With `BURST_RUNS=<runs>` (issue #41) it runs the burst instead: per run,
+//! one publisher pipelines `BURST_MSGS` (20,000) publishes on one `/v1/ws`
+//! socket, every frame written at once (the node reads on while at most 256
+//! answers are pending), to one subscriber: on the single node, then on A
+//! (same node, each publish also sent out on the mesh: the mesh's cost
+//! without the crossing), then from A to a subscriber on B. It prints a row
+//! per run (delivered, complete and in order, msgs/s of each path, and its
+//! ratio to the single node's run just before) and the medians, and fails
+//! unless every run of every path was complete and in order.
 //! Under `cargo test --features cluster` (no `--bench` argument) a short smoke
 //! round runs and fails if a message is lost, duplicated or out of order.
 //! etcd comes from Debian's `etcd-server` (`scripts/test.sh` installs it).
@@ -425,8 +435,198 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
+/// One pipelined burst: `n` publishes written at once on a fresh `/v1/ws`
+/// socket of `p.pub_addr` while the answers are read, counted at the
+/// already-warm subscriber `sub` until all came or nothing came for 10 s.
+/// Returns (delivered, complete and in order, msgs/s from the first write to
+/// the last delivery).
+async fn burst(
+    p: &Route,
+    sub: &mut mpsc::UnboundedReceiver<(u64, Instant)>,
+    first: u64,
+    n: usize,
+) -> (usize, bool, f64) {
+    let publisher = Publisher::connect(&p.pub_addr, &p.key, &p.topic).await;
+    let frames: Vec<u8> = (0..n as u64)
+        .flat_map(|i| publisher.publish_frame(first + i))
+        .collect();
+    let Ws { mut rd, mut wr, .. } = publisher.ws;
+    let start = Instant::now();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&frames).await.expect("publisher writes");
+        wr
+    });
+    let answers = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let (mut acked, mut refused) = (0usize, 0usize);
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = vec![0u8; 1 << 16];
+        while acked < n {
+            let k = match tokio::time::timeout(Duration::from_secs(60), rd.read(&mut chunk)).await {
+                Ok(Ok(k)) if k > 0 => k,
+                _ => break,
+            };
+            buf.extend_from_slice(&chunk[..k]);
+            let mut pos = 0;
+            while let Some((op, range, used)) = ws::parse(&buf[pos..]) {
+                let d = &buf[pos + range.start..pos + range.end];
+                if op == 0x1 && d.starts_with(b"{\"id\"") {
+                    acked += 1;
+                    if !d.windows(9).any(|w| w == b"\"ok\":true") {
+                        refused += 1;
+                    }
+                }
+                pos += used;
+            }
+            buf.drain(..pos);
+        }
+        (acked, refused, rd)
+    });
+    let mut expect = first;
+    let mut in_order = true;
+    let mut delivered = 0usize;
+    let mut last_at = start;
+    while delivered < n {
+        match tokio::time::timeout(Duration::from_secs(10), sub.recv()).await {
+            Ok(Some((got, at))) => {
+                if got >= 1 << 62 {
+                    continue; // a warm-up straggler
+                }
+                if got != expect {
+                    in_order = false;
+                }
+                expect = got + 1;
+                delivered += 1;
+                last_at = at;
+            }
+            _ => break,
+        }
+    }
+    let (acked, refused, _rd) = answers.await.expect("answers task");
+    let _wr = writer.await.expect("writer task");
+    if acked != n || refused > 0 {
+        eprintln!(
+            "{}: {acked} of {n} publishes answered, {refused} refused",
+            p.name
+        );
+        in_order = false;
+    }
+    let rate = delivered as f64 / (last_at - start).as_secs_f64().max(1e-9);
+    (delivered, in_order && delivered == n, rate)
+}
+
+/// The burst mode (`BURST_RUNS`): see the module's comment.
+fn burst_main(
+    runs: usize,
+    msgs: usize,
+    single: &Route,
+    same: &Route,
+    cross: &Route,
+    nodes: &[(&str, &NodeProc)],
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut rows = Vec::new();
+    rt.block_on(async {
+        let mut subs = Vec::new();
+        for p in [single, same, cross] {
+            // Warm: the mesh's first message to a topic may take a heartbeat.
+            subs.push(connect(p).await.sub);
+        }
+        for run in 0..runs {
+            let first = (run * msgs) as u64;
+            let mut row = Vec::new();
+            for (p, sub) in [single, same, cross].into_iter().zip(subs.iter_mut()) {
+                let r = burst(p, sub, first, msgs).await;
+                eprintln!(
+                    "run {}: {}: {} delivered, complete and in order {}, {:.0} msgs/s",
+                    run + 1,
+                    p.name,
+                    r.0,
+                    r.1,
+                    r.2
+                );
+                row.push(r);
+                // Let the nodes settle between bursts.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            rows.push(row);
+        }
+    });
+    println!(
+        "{runs} runs of {msgs} publishes of {PAYLOAD} B pipelined on one /v1/ws socket to one subscriber (format=binary)"
+    );
+    println!();
+    println!(
+        "| run | single: delivered | in order | msgs/s | A→A (same node): in order | msgs/s | ratio | A→B: delivered | in order | msgs/s | ratio A→B / single |"
+    );
+    println!("|---:|---:|:---:|---:|:---:|---:|---:|---:|:---:|---:|---:|");
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let ratio = |r: &Vec<(usize, bool, f64)>, k: usize| r[k].2 / r[0].2.max(1e-9);
+    for (i, r) in rows.iter().enumerate() {
+        println!(
+            "| {} | {} | {} | {:.0} | {} | {:.0} | {:.2} | {} | {} | {:.0} | {:.2} |",
+            i + 1,
+            r[0].0,
+            yes(r[0].1),
+            r[0].2,
+            yes(r[1].1),
+            r[1].2,
+            ratio(r, 1),
+            r[2].0,
+            yes(r[2].1),
+            r[2].2,
+            ratio(r, 2)
+        );
+    }
+    let med = |k: usize| quantile(&mut rows.iter().map(|r| r[k].2).collect::<Vec<_>>(), 0.5);
+    let (s_med, a_med, c_med) = (med(0), med(1), med(2));
+    let med_ratio = |k: usize| {
+        quantile(
+            &mut rows.iter().map(|r| ratio(r, k)).collect::<Vec<_>>(),
+            0.5,
+        )
+    };
+    let complete = |k: usize| rows.iter().filter(|r| r[k].1).count();
+    println!();
+    println!(
+        "complete and in order: single {}/{runs}, A→A {}/{runs}, A→B {}/{runs}; median msgs/s: single {s_med:.0}, A→A {a_med:.0}, A→B {c_med:.0}; A→B / single: ratio of the medians {:.2}, median of the per-run ratios {:.2}; A→A / single: {:.2}, {:.2}",
+        complete(0),
+        complete(1),
+        complete(2),
+        c_med / s_med.max(1e-9),
+        med_ratio(2),
+        a_med / s_med.max(1e-9),
+        med_ratio(1),
+    );
+    for (name, node) in nodes {
+        let (_, m) = http(&node.addr, "GET", "/metrics", None);
+        for l in m.lines().filter(|l| {
+            l.starts_with("meshgate_mesh_")
+                || l.starts_with("meshgate_pubsub_dropped")
+                || l.starts_with("meshgate_ws_slow_consumers")
+        }) {
+            println!("{name}: {l}");
+        }
+    }
+    assert!(
+        (0..3).all(|k| complete(k) == runs),
+        "a burst lost, duplicated or reordered messages"
+    );
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
+    let burst_runs: Option<usize> = std::env::var("BURST_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let burst_msgs: usize = std::env::var("BURST_MSGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
     let sizes = if full {
         Sizes {
             rounds: 3,
@@ -488,6 +688,19 @@ fn main() {
             topic: "bench.cross".into(),
         },
     ];
+
+    if let Some(runs) = burst_runs {
+        burst_main(
+            runs,
+            burst_msgs,
+            &paths[0],
+            &paths[1],
+            &paths[2],
+            &[("single", &single), ("A", &a), ("B", &b)],
+        );
+        drop((a, b, single, etcd));
+        return;
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

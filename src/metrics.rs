@@ -129,9 +129,11 @@ pub struct Inner {
     /// (the batch waits and is retried).
     pub mesh_deferred: IntCounter,
     /// Mesh messages dropped, by reason (`queue_full`, `backlog_full`, `no_peers`,
-    /// `too_large`, `publish_failed`, `decode`, `bad_origin`, `duplicate`, `stale`;
-    /// at the namespace's supervisor: `mailbox_full`, `namespace_stopped`).
+    /// `too_large`, `publish_failed`, `decode`, `bad_origin`, `duplicate`, `stale`).
     pub mesh_dropped: IntCounterVec,
+    /// Mesh messages whose delivery waited for room in a relay's queue (the
+    /// mesh ingress held back instead of dropping).
+    pub mesh_ingress_waits: IntCounter,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
@@ -428,6 +430,13 @@ impl Metrics {
                         "Cluster mesh messages dropped"
                     ),
                     &["reason"]
+                )
+                .unwrap()
+            ),
+            mesh_ingress_waits: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_ingress_waits_total",
+                    "Mesh deliveries that waited for room in a relay's queue"
                 )
                 .unwrap()
             ),

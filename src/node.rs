@@ -340,9 +340,11 @@ fn start_functions(
 }
 
 /// Joins the pub/sub mesh: messages published here go to the other nodes, and
-/// theirs enter each namespace's supervisor here (`FromMesh`, one per
-/// namespace per received batch) in arrival order (one task), so each
-/// publisher's order is kept.
+/// theirs are delivered here by one task, in arrival order (so each
+/// publisher's order is kept), straight to the worker relays with the routes
+/// each namespace's supervisor shares (`NsHandle::routes`): no supervisor
+/// mailbox on the way. A full relay queue is waited for, not dropped; the
+/// task's channel (65,536 batches) is the headroom before `queue_full`.
 #[cfg(feature = "cluster")]
 async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
     let c = &node.config.cluster;
@@ -370,12 +372,18 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
         while let Some((ns, messages)) = rx.recv().await {
             // Only a running supervisor has local subscribers: a namespace
             // without one here is not started for a message (placement).
-            match n.namespaces.get(&ns).ok_or("no supervisor running here") {
-                Ok(h) => {
-                    crate::actors::FromMesh { messages }.send_to(&h.addr, &h.stats, &n.metrics);
-                }
-                Err(e) => {
-                    tracing::debug!(namespace = %ns, error = %e, "Mesh messages for a namespace not here.")
+            let Some(h) = n.namespaces.get(&ns) else {
+                tracing::debug!(namespace = %ns, "Mesh messages for a namespace with no supervisor here.");
+                continue;
+            };
+            // Straight to the relays with the routes the supervisor shares,
+            // one message after the other (order kept); a full relay queue
+            // is waited for, which holds this task and so the mesh back.
+            for m in &messages {
+                if let Some(route) = h.routes.get(&m.topic) {
+                    n.pubsub
+                        .deliver_from_mesh(&m.topic, &m.data, &route, m.timestamp)
+                        .await;
                 }
             }
         }

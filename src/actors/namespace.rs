@@ -272,6 +272,14 @@ impl NamespaceSupervisor {
         self
     }
 
+    /// Shares the topic table's routes with the node's mesh ingress, which
+    /// delivers messages from other nodes without this supervisor (call
+    /// after [`with_pubsub`](Self::with_pubsub)).
+    pub fn with_mesh_routes(mut self, routes: crate::pubsub::MeshRoutes) -> Self {
+        self.topics.share_routes(routes);
+        self
+    }
+
     /// Loads the namespace's state from the store (at start and after a restart).
     fn reload(&mut self, ctx: &mut Context<Self>) {
         let store = self.store.clone();

@@ -67,6 +67,10 @@ pub struct NsHandle {
     /// through it on the caller's thread, as KV reads go to the store: no
     /// mailbox round trip per call. None when functions are off.
     pub invoker: Option<super::invoker::Invoker>,
+    /// The routes of the namespace's topics on this node, kept by its
+    /// supervisor's topic table: messages from the mesh are delivered with
+    /// them, not through the supervisor's mailbox (docs/pubsub.md).
+    pub routes: crate::pubsub::MeshRoutes,
     /// Counts the handle's clones: the directory holds one, each request
     /// or socket that uses the supervisor another. A supervisor whose
     /// handle is held anywhere else is in use and does not passivate.
@@ -318,6 +322,8 @@ impl NodeSupervisor {
                 .register(&self.metrics, "namespace", name, self.mailbox_capacity);
         let invoker = self.functions.as_ref().map(|f| f.invoker(name));
         let quotas = self.quotas.clone();
+        let routes = crate::pubsub::MeshRoutes::default();
+        let shared = routes.clone();
         let (n, store, s, cap, pubsub, functions, records) = (
             name.to_string(),
             self.store.clone(),
@@ -332,6 +338,7 @@ impl NodeSupervisor {
                 .with_records(records)
                 .with_quotas(quotas.clone())
                 .with_pubsub(pubsub)
+                .with_mesh_routes(shared.clone())
                 .with_functions(functions)
                 .with_member(member)
                 .with_cron(me.recipient())
@@ -342,6 +349,7 @@ impl NodeSupervisor {
             stats,
             member,
             invoker,
+            routes,
             lease: Arc::new(()),
         };
         self.idle_since.insert(name.to_string(), self.clock.now());

@@ -4,8 +4,6 @@
 //! delivered and acknowledged in the order it sent them.
 
 use super::namespace::{NamespaceSupervisor, NsError, NsResult};
-use super::stats::ActorStats;
-use crate::metrics::Metrics;
 use crate::pubsub::history::{Entry, ExportedTopic, rule_for};
 use crate::pubsub::protocol::{message_frame, now_ms};
 use crate::pubsub::{
@@ -13,7 +11,6 @@ use crate::pubsub::{
     TopicInfo,
 };
 use crate::storage::{OrderedKv, StoreError};
-use actix::dev::SendError;
 use actix::prelude::*;
 use bytes::Bytes;
 
@@ -534,109 +531,6 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
 
 pub use crate::pubsub::MeshMessage;
 
-/// Sent by the cluster mesh (through [`FromMesh::send_to`], the bounded
-/// admission) with the messages of one received mesh batch for this
-/// namespace, in stream order: delivered to this node's subscribers only,
-/// with the origin's timestamps. Never forwarded back into the mesh and
-/// fires no pub/sub triggers (the origin node fired them). One supervisor
-/// message per batch, but admitted by its message count: each message takes
-/// a mailbox slot. No reply.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct FromMesh {
-    /// One mesh batch's messages for this namespace, in stream order, each with
-    /// its origin's timestamp; each took a mailbox slot.
-    pub messages: Vec<MeshMessage>,
-}
-
-/// Why a mesh message was dropped at a namespace's supervisor: the label of
-/// `meshgate_mesh_messages_dropped_total`.
-pub const MESH_DROP_MAILBOX_FULL: &str = "mailbox_full";
-/// The supervisor stopped (its namespace was deleted) before taking the message.
-pub const MESH_DROP_NAMESPACE_STOPPED: &str = "namespace_stopped";
-
-impl FromMesh {
-    /// Hands the messages to the namespace's supervisor through the same
-    /// bounded admission as local publishes, one slot per message: as many
-    /// as there are free slots are admitted (the first ones, so what is
-    /// delivered keeps its order), the rest is dropped and counted in
-    /// `meshgate_mesh_messages_dropped_total{reason="mailbox_full"}`; with
-    /// the supervisor gone all of them are (`reason="namespace_stopped"`).
-    /// Returns how many were admitted.
-    pub fn send_to(
-        mut self,
-        addr: &Addr<NamespaceSupervisor>,
-        stats: &ActorStats,
-        metrics: &Metrics,
-    ) -> usize {
-        let total = self.messages.len();
-        let mut admitted = 0;
-        while admitted < total && stats.admit() {
-            admitted += 1;
-        }
-        let dropped = |reason: &str, n: usize| {
-            if n > 0 {
-                metrics
-                    .mesh_dropped
-                    .with_label_values(&[reason])
-                    .inc_by(n as u64);
-            }
-        };
-        dropped(MESH_DROP_MAILBOX_FULL, total - admitted);
-        if admitted == 0 {
-            return 0;
-        }
-        self.messages.truncate(admitted);
-        let give_back = |stats: &ActorStats| {
-            for _ in 0..admitted {
-                stats.cancel();
-            }
-        };
-        match addr.try_send(self) {
-            Ok(()) => admitted,
-            Err(SendError::Full(_)) => {
-                // The mailbox's backstop (envelopes, not messages) is full.
-                give_back(stats);
-                dropped(MESH_DROP_MAILBOX_FULL, admitted);
-                0
-            }
-            Err(SendError::Closed(_)) => {
-                give_back(stats);
-                dropped(MESH_DROP_NAMESPACE_STOPPED, admitted);
-                0
-            }
-        }
-    }
-}
-
-impl Handler<FromMesh> for NamespaceSupervisor {
-    type Result = ();
-    fn handle(&mut self, msg: FromMesh, ctx: &mut Context<Self>) {
-        // Every message of the batch took a slot: one is given back by
-        // `begin`, the others here.
-        let _t = self.stats.begin();
-        for _ in 1..msg.messages.len() {
-            self.stats.cancel();
-        }
-        let _ = self.guarded(ctx, |act| {
-            act.exists()?;
-            for m in &msg.messages {
-                let targets = act.topics.targets(&m.topic);
-                act.topics.service.deliver_at(
-                    &act.name,
-                    &m.topic,
-                    &m.data,
-                    targets,
-                    Origin::Mesh,
-                    m.timestamp,
-                    None,
-                );
-            }
-            Ok(())
-        });
-    }
-}
-
 impl NamespaceSupervisor {
     fn count_publishes(&self, n: u64) {
         let m = &self.topics.service.metrics;
@@ -862,99 +756,5 @@ impl Handler<Topics> for NamespaceSupervisor {
             act.exists()?;
             Ok(act.topics.list())
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::actors::stats::ActorDirectory;
-    use crate::storage::Store;
-    use std::time::{Duration, Instant};
-
-    fn batch(range: std::ops::Range<usize>) -> FromMesh {
-        FromMesh {
-            messages: range
-                .map(|i| MeshMessage {
-                    topic: "room".into(),
-                    data: Bytes::from(i.to_string()),
-                    timestamp: 0,
-                })
-                .collect(),
-        }
-    }
-
-    /// Mesh messages take a mailbox slot each like local ones, though a
-    /// batch is one supervisor message: over the bound the rest of a batch
-    /// is dropped and counted (`mailbox_full`), and the depth gauge, counted
-    /// in at admission and out by the handler, ends at 0, never below.
-    #[actix_rt::test]
-    async fn from_mesh_goes_through_admission() {
-        let dir = tempfile::tempdir().unwrap();
-        let metrics = Metrics::new();
-        let stats = ActorDirectory::default().register(&metrics, "namespace", "chat", 4);
-        let store = Store::open_sled(dir.path()).unwrap();
-        let addr = NamespaceSupervisor::new("chat".into(), store, stats.clone(), 4).start();
-        let gauge = metrics
-            .actor_mailbox_depth
-            .with_label_values(&["namespace", metrics.ns_label("chat").as_str()]);
-        let dropped = |reason| metrics.mesh_dropped.with_label_values(&[reason]).get();
-        // No await between the sends: the supervisor (on this thread) takes none yet.
-        assert_eq!(batch(0..3).send_to(&addr, &stats, &metrics), 3);
-        assert_eq!(gauge.get(), 3);
-        // One slot left: the first message of the next batch takes it.
-        assert_eq!(batch(3..10).send_to(&addr, &stats, &metrics), 1);
-        assert_eq!(batch(10..12).send_to(&addr, &stats, &metrics), 0);
-        assert_eq!(gauge.get(), 4);
-        assert_eq!(dropped(MESH_DROP_MAILBOX_FULL), 6 + 2);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stats.handled() < 2 {
-            assert!(gauge.get() >= 0, "depth {}", gauge.get());
-            assert!(Instant::now() < deadline, "handled {}", stats.handled());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert_eq!(gauge.get(), 0);
-        // The slots are free again: a whole batch of 4 fits.
-        assert_eq!(batch(20..24).send_to(&addr, &stats, &metrics), 4);
-        assert_eq!(dropped(MESH_DROP_MAILBOX_FULL), 8);
-        assert_eq!(batch(30..30).send_to(&addr, &stats, &metrics), 0);
-        while stats.handled() < 3 {
-            assert!(Instant::now() < deadline, "handled {}", stats.handled());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert_eq!(gauge.get(), 0);
-    }
-
-    /// A stopped supervisor takes nothing: the batch is counted as
-    /// `namespace_stopped` and its slots are given back.
-    #[actix_rt::test]
-    async fn from_mesh_to_a_stopped_supervisor_is_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let metrics = Metrics::new();
-        let stats = ActorDirectory::default().register(&metrics, "namespace", "gone", 8);
-        let store = Store::open_sled(dir.path()).unwrap();
-        let addr = NamespaceSupervisor::new("gone".into(), store, stats.clone(), 8).start();
-        addr.send(StopForTest).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while addr.connected() {
-            assert!(Instant::now() < deadline, "never stopped");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert_eq!(batch(0..5).send_to(&addr, &stats, &metrics), 0);
-        let dropped = |reason| metrics.mesh_dropped.with_label_values(&[reason]).get();
-        assert_eq!(dropped(MESH_DROP_NAMESPACE_STOPPED), 5);
-        assert_eq!(dropped(MESH_DROP_MAILBOX_FULL), 0);
-        assert_eq!(stats.depth(), 0);
-    }
-
-    #[derive(Message)]
-    #[rtype(result = "()")]
-    struct StopForTest;
-
-    impl Handler<StopForTest> for NamespaceSupervisor {
-        type Result = ();
-        fn handle(&mut self, _: StopForTest, ctx: &mut Context<Self>) {
-            ctx.stop();
-        }
     }
 }

@@ -89,6 +89,13 @@ pub const BATCH_MESSAGES: usize = 512;
 /// …or once its payloads reach this many bytes (a single larger message
 /// travels alone).
 pub const BATCH_BYTES: usize = 64 << 10;
+/// While messages arrive faster than batches go out (the swarm task found
+/// more than one waiting when it woke), the next batch waits this long to
+/// fill (or until it is full) instead of going at once with the few there
+/// are: under a burst, batches of a handful of messages made the mesh's cost
+/// per batch (GossipSub, Noise, the receiver's decoding) the limit of
+/// cross-node throughput (issue #41). A lone message still goes at once.
+const LINGER: Duration = Duration::from_millis(1);
 /// How long a batch may wait in a peer's GossipSub send queue before it is
 /// abandoned (`reason="send_timeout"`). Long: a full queue already holds
 /// publishes back (the backlog), so only a peer that stopped reading loses
@@ -122,7 +129,8 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// (topic, data, origin timestamp in ms), in stream order. Called from the
 /// swarm task once per namespace per received batch (and per gap timeout
 /// that released held-back ones), never with an empty list; it must not
-/// block (the node sends one `FromMesh` to the namespace's supervisor).
+/// block (the node queues them for its mesh ingress task, which delivers
+/// them to the worker relays with the namespace's shared routes).
 pub type DeliverFn = Arc<dyn Fn(String, Vec<MeshMessage>) + Send + Sync>;
 
 /// The mesh's timings and sizes; `Default` gives the production values.
@@ -779,23 +787,47 @@ impl SwarmTask {
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut dial_tick = tokio::time::interval(DIAL_TICK);
         dial_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let linger = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(linger);
+        let mut lingering = false;
         loop {
             tokio::select! {
                 event = self.swarm.select_next_some() => self.on_event(event),
+                _ = &mut linger, if lingering => {
+                    lingering = false;
+                    if !self.blocked {
+                        self.flush_backlog();
+                    }
+                }
                 _ = dial_tick.tick(), if !self.dials.is_empty() => self.dial_due(),
                 _ = retry.tick(), if !self.backlog.is_empty() => self.flush_backlog(),
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => {
                         self.on_command(cmd);
                         // What is already queued joins the same batches.
+                        let mut queued = 1;
                         for _ in 0..BATCH_MESSAGES {
                             match rx.try_recv() {
-                                Ok(cmd) => self.on_command(cmd),
+                                Ok(cmd) => {
+                                    self.on_command(cmd);
+                                    queued += 1;
+                                }
                                 Err(_) => break,
                             }
                         }
-                        if !self.blocked {
+                        let full = self.backlog.len() >= BATCH_MESSAGES
+                            || self.backlog_bytes >= BATCH_BYTES;
+                        if self.blocked {
+                            // The retry timer publishes.
+                        } else if full || (!lingering && queued == 1) {
+                            lingering = false;
                             self.flush_backlog();
+                        } else if !lingering && !self.backlog.is_empty() {
+                            // A burst: let the next batch fill for a moment.
+                            linger
+                                .as_mut()
+                                .reset(tokio::time::Instant::now() + LINGER);
+                            lingering = true;
                         }
                     }
                     None => break,

@@ -18,4 +18,4 @@ pub use protocol::{
 };
 pub use relay::{Conn, OutBody, Relay, Shutdown};
 pub use service::{Delivery, MeshMessage, MeshSink, Origin, PubSubService, RelayMsg, Targets};
-pub use table::{Member, PresenceEvent, SubscriberRef, TopicInfo, TopicTable};
+pub use table::{Member, MeshRoutes, PresenceEvent, Route, SubscriberRef, TopicInfo, TopicTable};

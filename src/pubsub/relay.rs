@@ -101,12 +101,41 @@ impl Relay {
 }
 
 /// The relay's loop: deliveries and closes from the service, in order.
+///
+/// It pushes at most a **turn** at a time, then yields so the response bodies
+/// of this thread's sockets (woken by the pushes) write what was queued
+/// before it takes more: a turn ends after a quarter of a socket queue's
+/// limits (`outbound_queue_messages / 4` deliveries, at most 64, or
+/// `outbound_queue_bytes / 4` of the largest frame of each delivery), which
+/// is the most one socket can have been given in it. A burst (the mesh
+/// hands over whole batches at once) therefore never fills the queue of a
+/// socket that keeps up; one whose client does not read stays a slow
+/// consumer.
 async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
+    let cfg = &relay.service.config;
+    let turn_msgs = (cfg.outbound_queue_messages / 4).clamp(1, 64);
+    let turn_bytes = (cfg.outbound_queue_bytes / 4).max(1);
+    let (mut msgs, mut bytes) = (0usize, 0usize);
     let mut batch = Vec::with_capacity(64);
     while rx.recv_many(&mut batch, 64).await > 0 {
         for m in batch.drain(..) {
             match m {
-                RelayMsg::Deliver(d) => relay.deliver(d),
+                RelayMsg::Deliver(d) => {
+                    msgs += 1;
+                    bytes += d
+                        .frames
+                        .iter()
+                        .flatten()
+                        .map(|f| f.len())
+                        .max()
+                        .unwrap_or(0);
+                    relay.deliver(d);
+                    if msgs >= turn_msgs || bytes >= turn_bytes {
+                        msgs = 0;
+                        bytes = 0;
+                        tokio::task::yield_now().await;
+                    }
+                }
                 RelayMsg::Close { conns, code } => {
                     let found: Vec<Rc<Conn>> = {
                         let map = relay.conns.borrow();

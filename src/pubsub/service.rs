@@ -192,6 +192,48 @@ impl PubSubService {
         }
     }
 
+    /// Delivers one message received from the mesh to this node's
+    /// subscribers of its topic (`route`, read from the namespace's
+    /// [`MeshRoutes`](super::MeshRoutes) without its supervisor), with the
+    /// origin's timestamp. Unlike [`deliver_at`](Self::deliver_at) it never
+    /// drops at a full relay queue: it waits for room, which holds the mesh
+    /// ingress back (its caller delivers one message after the other, so the
+    /// order is kept). A socket that cannot keep up is still closed as a slow
+    /// consumer by its own bounded queue, in its relay.
+    pub async fn deliver_from_mesh(
+        &self,
+        topic: &str,
+        data: &Bytes,
+        route: &super::Route,
+        timestamp: u64,
+    ) {
+        let frames: Arc<[Option<Bytes>; 3]> = Arc::new(FrameKind::ALL.map(|k| {
+            route.kinds[k.index()].then(|| message_frame(k, topic, data, timestamp, None))
+        }));
+        for (relay, conns) in &route.targets {
+            let d = RelayMsg::Deliver(Delivery {
+                frames: frames.clone(),
+                conns: conns.clone(),
+            });
+            // Fast path: room in the relay's queue.
+            let full = {
+                let relays = self.relays.read();
+                let Some(tx) = relays.get(*relay as usize) else {
+                    continue;
+                };
+                match tx.try_send(d) {
+                    Ok(()) => None,
+                    Err(tokio::sync::mpsc::error::TrySendError::Full(d)) => Some((tx.clone(), d)),
+                    Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => None,
+                }
+            };
+            if let Some((tx, d)) = full {
+                self.metrics.mesh_ingress_waits.inc();
+                let _ = tx.send(d).await;
+            }
+        }
+    }
+
     /// Hands `frame` (one or several complete frames) to one socket through
     /// its relay: the same channel as live deliveries, so what is sent here
     /// reaches the socket before any publication delivered after it (a
@@ -241,4 +283,49 @@ pub struct MeshMessage {
     pub data: Bytes,
     /// When the origin node accepted the message (ms since the Unix epoch).
     pub timestamp: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pubsub::Route;
+
+    /// A mesh delivery waits for room in a full relay queue instead of
+    /// dropping (a local one counts `relay_full`), and keeps the order.
+    #[tokio::test]
+    async fn mesh_delivery_waits_for_a_full_relay() {
+        let service = PubSubService::default();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let relay = service.add_relay(tx);
+        let route = Route {
+            targets: vec![(relay, Arc::new(vec![(7, FrameKind::Binary)]))],
+            kinds: [false, false, true],
+        };
+        let s = service.clone();
+        let r = route.clone();
+        let sender = tokio::spawn(async move {
+            for i in 0..5u8 {
+                s.deliver_from_mesh("t", &Bytes::from(vec![i]), &r, 0).await;
+            }
+        });
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            match rx.recv().await.expect("relay channel open") {
+                RelayMsg::Deliver(d) => {
+                    let f = d.frames[FrameKind::Binary.index()].clone().unwrap();
+                    got.push(*f.last().unwrap());
+                }
+                RelayMsg::Close { .. } => panic!("a close"),
+            }
+        }
+        sender.await.unwrap();
+        assert_eq!(got, vec![0, 1, 2, 3, 4]);
+        let dropped = service
+            .metrics
+            .pubsub_dropped
+            .with_label_values(&["relay_full"])
+            .get();
+        assert_eq!(dropped, 0);
+        assert!(service.metrics.mesh_ingress_waits.get() >= 1);
+    }
 }

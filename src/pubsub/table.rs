@@ -90,6 +90,67 @@ fn presence_event(event: &str, topic: &str, m: &Member) -> PresenceEvent {
     }
 }
 
+/// Where a message on one topic goes: the topic's per-relay connection
+/// lists and which frame kinds are needed (what [`TopicTable::targets`] gives).
+#[derive(Clone)]
+pub struct Route {
+    /// Per relay, the connections subscribed (shared lists, not copies).
+    pub targets: Targets,
+    /// Which [`FrameKind`]s someone needs, by index.
+    pub kinds: [bool; 3],
+}
+
+/// A read-only copy of a namespace's routes (topic → [`Route`]) for the
+/// cluster mesh's ingress, which delivers messages from other nodes without
+/// going through the namespace's supervisor (docs/pubsub.md, "Messages from
+/// the mesh"). The supervisor's [`TopicTable`] is its only writer and updates
+/// it in the same step as its own table, so a subscription is in it before
+/// the subscribe is answered. Cheap to clone (shared).
+#[derive(Clone, Default)]
+pub struct MeshRoutes(Arc<parking_lot::RwLock<HashMap<String, Route>>>);
+
+impl MeshRoutes {
+    /// The route of `topic`, if anyone subscribes to it on this node.
+    pub fn get(&self, topic: &str) -> Option<Route> {
+        self.0.read().get(topic).cloned()
+    }
+
+    /// Topics with a route (tests, metrics).
+    pub fn len(&self) -> usize {
+        self.0.read().len()
+    }
+
+    /// Whether no topic has a route.
+    pub fn is_empty(&self) -> bool {
+        self.0.read().is_empty()
+    }
+
+    fn set(&self, topic: &str, t: Option<&Topic>) {
+        let mut map = self.0.write();
+        match t {
+            Some(t) => {
+                let route = Route {
+                    targets: t.targets.clone(),
+                    kinds: t.kinds.map(|n| n > 0),
+                };
+                match map.get_mut(topic) {
+                    Some(r) => *r = route,
+                    None => {
+                        map.insert(topic.to_string(), route);
+                    }
+                }
+            }
+            None => {
+                map.remove(topic);
+            }
+        }
+    }
+
+    fn clear(&self) {
+        self.0.write().clear();
+    }
+}
+
 /// The topics of one namespace.
 #[derive(Default)]
 pub struct TopicTable {
@@ -101,6 +162,8 @@ pub struct TopicTable {
     conn_topics: HashMap<u64, Vec<String>>,
     /// Subscriptions over every topic ([`TopicTable::subscriptions`]).
     count: usize,
+    /// The copy of every topic's route the mesh ingress reads.
+    routes: MeshRoutes,
 }
 
 impl TopicTable {
@@ -111,7 +174,23 @@ impl TopicTable {
             topics: HashMap::new(),
             conn_topics: HashMap::new(),
             count: 0,
+            routes: MeshRoutes::default(),
         }
+    }
+
+    /// Keeps `routes` (shared with the mesh ingress) in step with this
+    /// table from now on, starting with what the table holds.
+    pub fn share_routes(&mut self, routes: MeshRoutes) {
+        routes.clear();
+        for (topic, t) in &self.topics {
+            routes.set(topic, Some(t));
+        }
+        self.routes = routes;
+    }
+
+    /// The routes copy this table keeps current.
+    pub fn routes(&self) -> &MeshRoutes {
+        &self.routes
     }
 
     /// Adds a subscriber (idempotent per connection and topic); returns the
@@ -136,6 +215,7 @@ impl TopicTable {
                 .entry(sub.conn)
                 .or_default()
                 .push(topic.to_string());
+            self.routes.set(topic, Some(t));
         }
         let (member_id, meta) = presence?;
         if t.member_of_conn.contains_key(&sub.conn) {
@@ -204,6 +284,9 @@ impl TopicTable {
         }
         if t.subs.is_empty() {
             self.topics.remove(topic);
+            self.routes.set(topic, None);
+        } else {
+            self.routes.set(topic, Some(t));
         }
         ev
     }
@@ -257,6 +340,7 @@ impl TopicTable {
     /// leaving them mute. Their sessions then unsubscribe as usual, which
     /// keeps the subscriber gauge right.
     pub fn close_all_sockets(&self) {
+        self.routes.clear();
         for t in self.topics.values() {
             self.service
                 .close_all(&t.targets, super::protocol::close::NAMESPACE_GONE);
@@ -303,6 +387,31 @@ mod tests {
         t.unsubscribe("a", 2);
         t.unsubscribe("a", 3);
         assert!(t.list().is_empty());
+    }
+
+    /// The mesh's copy of the routes follows every change of the table,
+    /// from the moment it is shared (with what was there before).
+    #[test]
+    fn shared_routes_follow_the_table() {
+        let mut t = TopicTable::default();
+        t.subscribe("a", sub(0, 1), None);
+        let routes = MeshRoutes::default();
+        t.share_routes(routes.clone());
+        assert_eq!(routes.get("a").unwrap().targets[0].1.len(), 1);
+        t.subscribe("a", sub(1, 2), None);
+        t.subscribe("b", sub(0, 2), None);
+        let a = routes.get("a").unwrap();
+        assert_eq!(a.targets.len(), 2);
+        assert_eq!(a.kinds, [false, true, false]);
+        assert_eq!(routes.len(), 2);
+        t.unsubscribe_all(2);
+        assert_eq!(routes.get("a").unwrap().targets.len(), 1);
+        assert!(routes.get("b").is_none());
+        t.unsubscribe("a", 1);
+        assert!(routes.is_empty());
+        t.subscribe("c", sub(0, 3), None);
+        t.close_all_sockets();
+        assert!(routes.is_empty());
     }
 
     /// A member joins once, stays while any of its connections remains, then leaves.

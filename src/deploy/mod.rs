@@ -29,6 +29,7 @@ pub mod idle;
 pub mod index;
 pub mod model;
 pub mod proxy;
+pub mod route_policy;
 pub mod site;
 pub mod transfer;
 pub mod wire;

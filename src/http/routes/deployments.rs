@@ -77,6 +77,9 @@ struct CreateJson {
     /// None: one route taking everything.
     #[serde(default)]
     routes: Vec<RouteSpec>,
+    /// The routes' default policy: copied into every route without its own.
+    #[serde(default)]
+    policy: Option<crate::deploy::route_policy::RoutePolicy>,
 }
 
 /// `upstream` of [`CreateJson`].
@@ -177,10 +180,12 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
         .iter()
         .map(|i| normalize_instance(i))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut routes = validate_routes(c.routes)?;
+    crate::deploy::route_policy::apply_default(&mut routes, c.policy)?;
     Ok(NewDeployment {
         name: c.name,
         hosts,
-        routes: validate_routes(c.routes)?,
+        routes,
         target: TargetSpec::Upstream { instances },
         blobs: Vec::new(),
     })

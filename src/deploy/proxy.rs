@@ -297,8 +297,14 @@ pub(crate) fn upstream_header_lines(
         .as_deref()
         .filter(|id| value_ok(id.as_bytes()));
     let listed = connection_listed(req.headers());
+    // A route's policy (http/route_policy.rs): forged X-Meshgate-* headers
+    // always go, the credential unless forwarded, the checked identity is added.
+    let policy_view = crate::http::route_policy::UpstreamView::of(req);
     let mut prev_xff: Option<&[u8]> = None;
     for (k, v) in req.headers() {
+        if crate::http::route_policy::strip(k.as_str(), policy_view.as_deref()) {
+            continue;
+        }
         match k.as_str() {
             "host" | "x-forwarded-proto" | "x-forwarded-host" => continue,
             "x-forwarded-for" => {
@@ -332,6 +338,9 @@ pub(crate) fn upstream_header_lines(
     }
     if let Some(id) = own_id {
         emit("x-request-id", id.as_bytes());
+    }
+    if let Some(view) = &policy_view {
+        view.emit(&mut emit);
     }
 }
 

@@ -96,6 +96,12 @@ async fn serve_bound(
     client_ip: Option<IpAddr>,
     request_id: Option<String>,
 ) -> HttpResponse {
+    // The route's policy (CORS preflight, rate limit, credential): a refusal
+    // or a preflight answers here, with the route's CORS headers.
+    let mut gate = super::route_policy::admit(node, req, bound, client_ip).await;
+    if let Some(answer) = gate.early.take() {
+        return gate.finish(answer);
+    }
     let path = bound.route.rewrite(req.path());
     let result = match &bound.serve {
         // Boxed, as is the WebSocket relay: the proxy's path is kept small.
@@ -124,7 +130,7 @@ async fn serve_bound(
             }
         }
     };
-    result.unwrap_or_else(|e| e.error_response_owned())
+    gate.finish(result.unwrap_or_else(|e| e.error_response_owned()))
 }
 
 /// What the fast path serves: a plain HTTP request (no upgrade, no cluster

@@ -134,7 +134,8 @@ pub(crate) async fn admit(
                 None => ApiError::new(Code::CorsOriginDenied, "this origin is not allowed")
                     .error_response_owned(),
             });
-            gate.cors = allowed.map(|o| (c.clone(), o));
+            // The preflight's answer is whole: `finish` leaves it as it is.
+            gate.cors_override = false;
             return gate;
         }
         gate.cors = allowed.map(|o| (c.clone(), o));

@@ -27,7 +27,7 @@ use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What the proxy sends upstream for a route with a policy: the identity
 /// headers, and whether the credential headers are dropped.
@@ -175,7 +175,8 @@ async fn check(
         && (rl.key == RateKey::Client || policy.auth == AuthMode::None)
     {
         let key = client.map(bucket_key).map(|ip| format!("ip:{ip}"));
-        limit(node, bound, rl, key.as_deref().unwrap_or("ip:unknown"))?;
+        limit(node, bound, rl, key.as_deref().unwrap_or("ip:unknown"))
+            .map_err(|e| e.error_response_owned())?;
     }
     if policy.auth == AuthMode::None {
         // The client's X-Meshgate-* headers are dropped by the proxy anyway.
@@ -185,7 +186,8 @@ async fn check(
     if let Some(rl) = &policy.rate_limit
         && rl.key == RateKey::Subject
     {
-        limit(node, bound, rl, &format!("sub:{}", id.subject))?;
+        limit(node, bound, rl, &format!("sub:{}", id.subject))
+            .map_err(|e| e.error_response_owned())?;
     }
     let mut headers = vec![
         (rp::H_NAMESPACE, bound.namespace.clone()),
@@ -330,27 +332,30 @@ async fn authenticated(
 /// An API key's name (its label), read from its record and remembered a
 /// minute (its validity is `authenticate`'s, checked on every request).
 async fn key_name(node: &Node, req: &HttpRequest) -> Option<String> {
-    static NAMES: LazyLock<Mutex<HashMap<[u8; 32], (String, Instant)>>> =
-        LazyLock::new(Default::default);
-    const KEEP: Duration = Duration::from_secs(60);
+    /// Key HMAC to its name and when it was read (Unix seconds).
+    type Names = HashMap<[u8; 32], (String, u64)>;
+    static NAMES: LazyLock<Mutex<Names>> = LazyLock::new(Default::default);
+    const KEEP_SECONDS: u64 = 60;
     let cred = credential(req.headers())?;
     let hash = node.secrets.api_key_hash(&cred);
+    let t = crate::util::now();
+    let fresh = |at: u64| t.saturating_sub(at) < KEEP_SECONDS;
     if let Some((n, at)) = NAMES.lock().get(&hash)
-        && at.elapsed() < KEEP
+        && fresh(*at)
     {
         return Some(n.clone());
     }
-    let r = crate::identity::lookup_key_hash(&node.store, &hash, crate::util::now())
+    let r = crate::identity::lookup_key_hash(&node.store, &hash, t)
         .await
         .ok()?;
     let mut names = NAMES.lock();
     if names.len() >= 4096 {
-        names.retain(|_, (_, at)| at.elapsed() < KEEP);
+        names.retain(|_, (_, at)| fresh(*at));
         if names.len() >= 4096 {
             names.clear();
         }
     }
-    names.insert(hash, (r.name.clone(), Instant::now()));
+    names.insert(hash, (r.name.clone(), t));
     Some(r.name)
 }
 
@@ -370,7 +375,7 @@ static BUCKETS: LazyLock<Mutex<HashMap<BucketKey, Arc<RouteBucket>>>> =
     LazyLock::new(Default::default);
 
 /// Charges the route's bucket for `key`; Err is the 429 with `Retry-After`.
-fn limit(node: &Node, bound: &Bound, rl: &RateLimitPolicy, key: &str) -> Result<(), HttpResponse> {
+fn limit(node: &Node, bound: &Bound, rl: &RateLimitPolicy, key: &str) -> Result<(), ApiError> {
     let route_id = format!(
         "{} {} {}",
         bound.route.path_prefix,
@@ -419,7 +424,7 @@ fn limit(node: &Node, bound: &Bound, rl: &RateLimitPolicy, key: &str) -> Result<
             .rate_limited
             .with_label_values(&["route"])
             .inc();
-        ApiError::rate_limited(Code::RouteRateLimited, after).error_response_owned()
+        ApiError::rate_limited(Code::RouteRateLimited, after)
     })
 }
 

@@ -444,3 +444,48 @@ fn bad_policies_are_refused_and_change_nothing() {
     let (s, _, _) = via(&node, "polbad.test", "GET", "/", &[], None);
     assert_eq!(s, 200);
 }
+
+/// A static site takes a default `policy` part: an `api_key` site answers
+/// 401 without a key and serves with one; a bad part is 400.
+#[test]
+fn a_static_site_takes_a_policy_part() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polsite");
+    let tgz = super::tarball(&[("index.html", 'f', b"members only")]);
+    let post = |policy: &str| {
+        let (ct, body) = super::multipart(&[
+            ("name", b"www".as_slice()),
+            ("hosts", b"polsite.test".as_slice()),
+            ("policy", policy.as_bytes()),
+            ("tarball", &tgz),
+        ]);
+        let auth = format!("Bearer {owner}");
+        let (s, _, b) = http(
+            "POST",
+            &node.url("/v1/deployments"),
+            &[("authorization", &auth), ("content-type", &ct)],
+            Some(&body),
+        );
+        (s, String::from_utf8_lossy(&b).into_owned())
+    };
+    let (s, b) = post(r#"{"auth": "sometimes"}"#);
+    assert_eq!(
+        (s, code(b.as_bytes()).as_str()),
+        (400, "INVALID_POLICY"),
+        "{b}"
+    );
+    let (s, b) = post(r#"{"auth": "api_key"}"#);
+    assert_eq!(s, 201, "{b}");
+    let (s, h, _) = via(&node, "polsite.test", "GET", "/", &[], None);
+    assert_eq!(s, 401);
+    assert!(header(&h, "www-authenticate").is_some());
+    let (s, _, b) = via(
+        &node,
+        "polsite.test",
+        "GET",
+        "/",
+        &[("x-api-key", &owner)],
+        None,
+    );
+    assert_eq!((s, b.as_slice()), (200, b"members only".as_slice()));
+}

@@ -299,10 +299,12 @@ pub(crate) fn upstream_header_lines(
     let listed = connection_listed(req.headers());
     // A route's policy (http/route_policy.rs): forged X-Meshgate-* headers
     // always go, the credential unless forwarded, the checked identity is added.
-    let policy_view = crate::http::route_policy::UpstreamView::of(req);
+    let policy_view = actix_web::HttpMessage::extensions(req)
+        .get::<Arc<super::route_policy::UpstreamView>>()
+        .cloned();
     let mut prev_xff: Option<&[u8]> = None;
     for (k, v) in req.headers() {
-        if crate::http::route_policy::strip(k.as_str(), policy_view.as_deref()) {
+        if super::route_policy::stripped(k.as_str(), policy_view.as_deref()) {
             continue;
         }
         match k.as_str() {

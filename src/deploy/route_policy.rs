@@ -359,6 +359,34 @@ pub fn strip_upstream_header(name: &str, strip_credentials: bool) -> bool {
         || (strip_credentials && (name == "authorization" || name == "x-api-key"))
 }
 
+/// What the proxy sends upstream for a route whose policy authenticated:
+/// the checked identity's `X-Meshgate-*` headers, and whether the credential
+/// headers are dropped. `http/route_policy.rs` puts it on the request (an
+/// `Arc` in its extensions); the proxy reads it there.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamView {
+    /// `X-Meshgate-*` headers (lower-case names), in order.
+    pub headers: Vec<(&'static str, String)>,
+    /// Drop `Authorization` and `X-API-Key` (no `forward_credentials`).
+    pub strip_credentials: bool,
+}
+
+impl UpstreamView {
+    /// Gives the identity headers to the proxy's `emit`.
+    pub fn emit(&self, emit: &mut impl FnMut(&str, &[u8])) {
+        for (k, v) in &self.headers {
+            emit(k, v.as_bytes());
+        }
+    }
+}
+
+/// Whether the proxy drops a client's request header `name` (lower-case):
+/// `X-Meshgate-*` always, on every route; the credential when the route
+/// authenticated and does not forward it.
+pub fn stripped(name: &str, view: Option<&UpstreamView>) -> bool {
+    strip_upstream_header(name, view.is_some_and(|v| v.strip_credentials))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ mod hop;
 mod middleware;
 mod policy;
 mod request;
-pub(crate) mod route_policy;
+mod route_policy;
 mod routes;
 pub mod state;
 pub mod tls;

@@ -7,11 +7,12 @@
 //! `X-Meshgate-*` headers; [`Gate::finish`] puts the CORS headers on the answer.
 //!
 //! Whatever the route, the proxy drops a client's own `X-Meshgate-*` headers
-//! ([`strip`], called from `deploy::proxy::upstream_header_lines`).
+//! (`deploy::route_policy::stripped`, called from
+//! `deploy::proxy::upstream_header_lines`).
 
 use crate::deploy::index::Bound;
 use crate::deploy::route_policy::{
-    self as rp, AuthMode, CorsPolicy, RateKey, RateLimitPolicy, RoutePolicy,
+    self as rp, AuthMode, CorsPolicy, RateKey, RateLimitPolicy, RoutePolicy, UpstreamView,
 };
 use crate::error::{ApiError, Code};
 use crate::http::state::Node;
@@ -28,38 +29,6 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
-
-/// What the proxy sends upstream for a route with a policy: the identity
-/// headers, and whether the credential headers are dropped.
-#[derive(Debug)]
-pub(crate) struct UpstreamView {
-    /// `X-Meshgate-*` headers of the authenticated identity, in order.
-    headers: Vec<(&'static str, String)>,
-    /// Drop `Authorization` and `X-API-Key` (an authenticating route without
-    /// `forward_credentials`).
-    strip_credentials: bool,
-}
-
-impl UpstreamView {
-    /// The view [`admit`] put on the request, if any.
-    pub(crate) fn of(req: &HttpRequest) -> Option<Arc<UpstreamView>> {
-        req.extensions().get::<Arc<UpstreamView>>().cloned()
-    }
-
-    /// Gives the identity headers to the proxy's `emit`.
-    pub(crate) fn emit(&self, emit: &mut impl FnMut(&str, &[u8])) {
-        for (k, v) in &self.headers {
-            emit(k, v.as_bytes());
-        }
-    }
-}
-
-/// Whether the proxy drops a client's request header `name` (lower-case):
-/// `X-Meshgate-*` always, the credential when the route authenticated and
-/// does not forward it.
-pub(crate) fn strip(name: &str, view: Option<&UpstreamView>) -> bool {
-    rp::strip_upstream_header(name, view.is_some_and(|v| v.strip_credentials))
-}
 
 /// What [`admit`] decided: an early answer (a refusal, a preflight), and the
 /// CORS override whose headers go on whatever answers.

@@ -196,9 +196,11 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
 /// chain's order: admission (starting/draining refusals, in-flight count,
 /// request metrics), the logger (request id, span, echoed `X-Request-ID`),
 /// the client rate limit, the TLS server-name check of domain routing and
-/// the namespace rate limit, then the proxy. The others do nothing for a
-/// deployment (security headers, the envelope, CORS, authentication,
-/// authorization, the scope gate, cluster forwarding) and are not run; nor is
+/// the namespace rate limit, then the proxy (a route's own policy, its
+/// credential, CORS and rate limit, runs in `serve_bound`, on both paths).
+/// The others do nothing for a deployment (security headers, the envelope,
+/// CORS, authentication, authorization, the scope gate, cluster forwarding)
+/// and are not run; nor is
 /// `Compress` (an upstream's bytes are passed as they are). Every other
 /// request, static sites included, goes on through the whole chain.
 pub async fn routed_fast_path<B: MessageBody + 'static>(

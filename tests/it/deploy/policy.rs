@@ -121,7 +121,9 @@ fn policy_routes_authenticate_and_vouch_for_the_caller() {
                 {"path_prefix": "/"},
                 {"path_prefix": "/open", "policy": {}},
                 {"path_prefix": "/keyed", "policy": {"auth": "api_key"}},
-                {"path_prefix": "/fwd", "policy": {"auth": "any", "forward_credentials": true}}
+                {"path_prefix": "/fwd", "policy": {"auth": "any", "forward_credentials": true}},
+                {"path_prefix": "/per-subject", "policy": {"auth": "any",
+                    "rate_limit": {"requests_per_second": 1, "burst": 1, "key": "subject"}}}
             ]
         }),
     );
@@ -257,6 +259,28 @@ fn policy_routes_authenticate_and_vouch_for_the_caller() {
     let u = seen(&b);
     assert_eq!(u["authorization"], bearer(&good_jwt).as_str());
     assert_eq!(u["x-meshgate-subject"], good_sub.as_str());
+    // key: subject: one subject's bucket runs out; another subject's first
+    // request still passes (its bucket is full, whatever the time).
+    let sub_get = |cred: &str| {
+        via(
+            &node,
+            host,
+            "GET",
+            "/per-subject",
+            &[("authorization", &bearer(cred))],
+            None,
+        )
+    };
+    let refused = (0..20).find_map(|_| {
+        let (s, h, b) = sub_get(&good_jwt);
+        (s == 429).then(|| (code(&b), header(&h, "retry-after").is_some()))
+    });
+    assert_eq!(refused, Some(("ROUTE_RATE_LIMITED".to_string(), true)));
+    assert_eq!(
+        sub_get(&weak_key).0,
+        200,
+        "another subject has its own bucket"
+    );
 }
 
 /// A route's CORS override answers preflights itself and replaces the

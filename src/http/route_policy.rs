@@ -217,6 +217,9 @@ fn unauthorized(e: ApiError, host: &str, presented: bool) -> HttpResponse {
     }
     let mut resp = e.error_response_owned();
     let realm: String = host
+        .split(':')
+        .next()
+        .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-'))
         .collect();

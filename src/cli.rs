@@ -247,9 +247,22 @@ pub enum DeployCommand {
         /// Deployment name (default: the first host with dots as dashes).
         #[arg(long)]
         name: Option<String>,
-        /// Routes as JSON: [{"path_prefix","methods","strip_prefix","add_prefix","priority"}].
+        /// Routes as JSON: [{"path_prefix","methods","strip_prefix","add_prefix","priority","policy"}].
         #[arg(long)]
         routes: Option<String>,
+        /// The routes' default policy: which credential they take (none, api_key, jwt, any).
+        #[arg(long)]
+        auth: Option<String>,
+        /// A grant the credential must hold (repeat for several; all are needed).
+        #[arg(long = "require-grant")]
+        require_grants: Vec<String>,
+        /// Send the credential on to the upstream (removed by default).
+        #[arg(long)]
+        forward_credentials: bool,
+        /// The whole default policy as JSON (docs/deployments.md "Route policy");
+        /// --auth, --require-grant and --forward-credentials are set on top of it.
+        #[arg(long)]
+        policy: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },

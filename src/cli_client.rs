@@ -182,6 +182,36 @@ async fn functions(cmd: FnCommand) -> Result<(), String> {
 }
 
 /// A name a deployment may take, from a folder or host name.
+/// The deployment's default route policy from `--policy` and the flags set on
+/// top of it (None: no flag given, no `policy` in the body). The node checks it.
+fn default_policy(
+    policy: Option<String>,
+    auth: Option<String>,
+    require_grants: Vec<String>,
+    forward_credentials: bool,
+) -> Result<Option<Value>, String> {
+    let mut p: Value = match policy {
+        Some(p) => serde_json::from_str(&p).map_err(|e| format!("--policy is not JSON: {e}"))?,
+        None if auth.is_none() && require_grants.is_empty() && !forward_credentials => {
+            return Ok(None);
+        }
+        None => json!({}),
+    };
+    if !p.is_object() {
+        return Err("--policy must be a JSON object".into());
+    }
+    if let Some(a) = auth {
+        p["auth"] = json!(a);
+    }
+    if !require_grants.is_empty() {
+        p["require_grants"] = json!(require_grants);
+    }
+    if forward_credentials {
+        p["forward_credentials"] = json!(true);
+    }
+    Ok(Some(p))
+}
+
 fn default_name(s: &str) -> String {
     let n: String = s
         .to_ascii_lowercase()
@@ -239,6 +269,10 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             hosts,
             name,
             routes,
+            auth,
+            require_grants,
+            forward_credentials,
+            policy,
             client,
         } => {
             let routes: Value = match routes {
@@ -248,7 +282,10 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
                 None => json!([]),
             };
             let name = name.unwrap_or_else(|| default_name(&hosts[0]));
-            let body = json!({"name": name, "hosts": hosts, "upstream": {"instances": urls}, "routes": routes});
+            let mut body = json!({"name": name, "hosts": hosts, "upstream": {"instances": urls}, "routes": routes});
+            if let Some(p) = default_policy(policy, auth, require_grants, forward_credentials)? {
+                body["policy"] = p;
+            }
             print(&call(&client, "POST", "/v1/deployments", Some(body)).await?);
         }
         DeployCommand::List { client } => {

@@ -103,6 +103,8 @@ codes! {
     ModuleTooComplex = "MODULE_TOO_COMPLEX", 400, Client, false;
     InvalidName = "INVALID_NAME", 400, Client, false;
     InvalidNamespaceName = "INVALID_NAMESPACE_NAME", 400, Client, false;
+    /// A deployment route's `policy` (or the deployment's default) is wrong.
+    InvalidPolicy = "INVALID_POLICY", 400, Client, false;
     InvalidRoute = "INVALID_ROUTE", 400, Client, false;
     InvalidSecret = "INVALID_SECRET", 400, Client, false;
     InvalidTarball = "INVALID_TARBALL", 400, Client, false;
@@ -203,6 +205,8 @@ codes! {
     // 429: too much, for now.
     RateLimited = "RATE_LIMITED", 429, Client, true;
     NamespaceRateLimited = "NAMESPACE_RATE_LIMITED", 429, Client, true;
+    /// A deployment route's own `rate_limit` (per client or per subject).
+    RouteRateLimited = "ROUTE_RATE_LIMITED", 429, Client, true;
     WalletRateLimited = "WALLET_RATE_LIMITED", 429, Client, true;
     TooManyChallenges = "TOO_MANY_CHALLENGES", 429, Client, true;
     FunctionBusy = "FUNCTION_BUSY", 429, Node, true;

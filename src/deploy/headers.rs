@@ -69,8 +69,16 @@ pub(crate) fn upstream_header_lines(
         .as_deref()
         .filter(|id| value_ok(id.as_bytes()));
     let listed = connection_listed(req.headers());
+    // A route's policy (http/route_policy.rs): forged X-Meshgate-* headers
+    // always go, the credential unless forwarded, the checked identity is added.
+    let policy_view = actix_web::HttpMessage::extensions(req)
+        .get::<std::sync::Arc<super::route_policy::UpstreamView>>()
+        .cloned();
     let mut prev_xff: Option<&[u8]> = None;
     for (k, v) in req.headers() {
+        if super::route_policy::stripped(k.as_str(), policy_view.as_deref()) {
+            continue;
+        }
         match k.as_str() {
             "host" | "x-forwarded-proto" | "x-forwarded-host" => continue,
             "x-forwarded-for" => {
@@ -104,6 +112,9 @@ pub(crate) fn upstream_header_lines(
     }
     if let Some(id) = own_id {
         emit("x-request-id", id.as_bytes());
+    }
+    if let Some(view) = &policy_view {
+        view.emit(&mut emit);
     }
 }
 

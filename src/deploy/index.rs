@@ -125,6 +125,7 @@ mod tests {
                 strip_prefix: None,
                 add_prefix: None,
                 priority,
+                policy: None,
             },
             serve: Serve::Static(Arc::new(BTreeMap::new())),
         })

@@ -33,6 +33,7 @@ pub mod model;
 pub mod pool;
 pub mod proxy;
 pub mod relay;
+pub mod route_policy;
 pub mod site;
 pub mod transfer;
 pub mod wire;

@@ -96,6 +96,10 @@ pub struct RouteSpec {
     /// deployment name); a deeper prefix wins regardless.
     #[serde(default)]
     pub priority: i32,
+    /// Who may call the route, its CORS and its rate limit
+    /// (`super::route_policy`); None: no credential read, as before policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<super::route_policy::RoutePolicy>,
 }
 
 fn root() -> String {
@@ -111,6 +115,7 @@ impl RouteSpec {
             strip_prefix: None,
             add_prefix: None,
             priority: 0,
+            policy: None,
         }
     }
 
@@ -222,7 +227,7 @@ pub fn normalize_instance(raw: &str) -> Result<String, ApiError> {
     ))
 }
 
-const METHODS: &[&str] = &[
+pub(crate) const METHODS: &[&str] = &[
     "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
 ];
 
@@ -237,6 +242,8 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
     if routes.is_empty() {
         return Ok(vec![RouteSpec::everything()]);
     }
+    let mut routes = routes;
+    super::route_policy::validate_route_policies(&mut routes)?;
     let path_ok = |p: &str| {
         p.starts_with('/')
             && p.len() <= 1024
@@ -325,6 +332,7 @@ mod tests {
             strip_prefix: Some("/api".into()),
             add_prefix: Some("/v2/".into()),
             priority: 0,
+            policy: None,
         };
         assert_eq!(r.rewrite("/api/users"), "/v2/users");
         assert_eq!(r.rewrite("/api"), "/v2");

@@ -113,6 +113,12 @@ async fn serve_bound(
     client_ip: Option<IpAddr>,
     request_id: Option<String>,
 ) -> HttpResponse {
+    // The route's policy (CORS preflight, rate limit, credential): a refusal
+    // or a preflight answers here, with the route's CORS headers.
+    let mut gate = super::route_policy::admit(node, req, bound, client_ip).await;
+    if let Some(answer) = gate.early.take() {
+        return gate.finish(answer);
+    }
     let path = bound.route.rewrite(req.path());
     let result = match &bound.serve {
         // Boxed, as is the WebSocket relay: the proxy's path is kept small.
@@ -141,7 +147,7 @@ async fn serve_bound(
             }
         }
     };
-    result.unwrap_or_else(|e| e.error_response_owned())
+    gate.finish(result.unwrap_or_else(|e| e.error_response_owned()))
 }
 
 /// What the fast path serves: a plain HTTP request (no upgrade, no cluster
@@ -206,9 +212,11 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
 /// chain's order: admission (starting/draining refusals, in-flight count,
 /// request metrics), the logger (request id, span, echoed `X-Request-ID`),
 /// the client rate limit, the TLS server-name check of domain routing and
-/// the namespace rate limit, then the proxy. The others do nothing for a
-/// deployment (security headers, the envelope, CORS, authentication,
-/// authorization, the scope gate, cluster forwarding) and are not run; nor is
+/// the namespace rate limit, then the proxy (a route's own policy, its
+/// credential, CORS and rate limit, runs in `serve_bound`, on both paths).
+/// The others do nothing for a deployment (security headers, the envelope,
+/// CORS, authentication, authorization, the scope gate, cluster forwarding)
+/// and are not run; nor is
 /// `Compress` (an upstream's bytes are passed as they are). Every other
 /// request, static sites included, goes on through the whole chain.
 pub async fn routed_fast_path<B: MessageBody + 'static>(

@@ -12,6 +12,7 @@ mod hop;
 mod middleware;
 mod policy;
 mod request;
+mod route_policy;
 mod routes;
 pub mod state;
 pub mod tls;

@@ -186,3 +186,70 @@ fn cli_keys_namespaces_and_deployments() {
     let out = printed(&cli(base, &["ns", "list", "--key", OPERATOR_KEY]));
     assert!(!names(&out).contains(&"clins".to_string()), "{out:#}");
 }
+
+/// `deploy upstream --auth jwt --require-grant G` deploys the routes' default
+/// policy: the printed deployment's route carries it, the host answers 401
+/// without a token and proxies with a token holding G; a bad `--auth` is
+/// refused by the node (non-zero exit).
+#[test]
+fn cli_deploy_upstream_with_a_policy() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n"),
+        ..Default::default()
+    });
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clipol");
+    let up = upstream();
+    let host = "api.clipol.example.test";
+    let out = printed(&cli(
+        base,
+        &[
+            "deploy",
+            "upstream",
+            &up,
+            "--host",
+            host,
+            "--name",
+            "api",
+            "--auth",
+            "jwt",
+            "--require-grant",
+            "deployments:read:api",
+            "--key",
+            &owner,
+        ],
+    ));
+    let route = &out["deployment"]["routes"][0];
+    assert_eq!(route["policy"]["auth"], "jwt", "{out:#}");
+    assert_eq!(
+        route["policy"]["require_grants"],
+        serde_json::json!(["deployments:read:api"]),
+        "{out:#}"
+    );
+    wait_until(Duration::from_secs(10), "the host asks for a token", || {
+        routed(&node, host).0 == 401
+    });
+    let body = format!("{{\"api_key\":\"{owner}\"}}");
+    let (s, b) = node.with_key("", "POST", "/v1/auth/token", Some(body.as_bytes()));
+    assert_eq!(s, 200, "{b}");
+    let token = json(&b)["access_token"].as_str().unwrap().to_string();
+    let auth = format!("Bearer {token}");
+    let (s, _, b) = http(
+        "GET",
+        &node.url("/"),
+        &[("host", host), ("authorization", &auth)],
+        None,
+    );
+    assert_eq!(
+        (s, String::from_utf8_lossy(&b).as_ref()),
+        (200, "upstream says hi")
+    );
+    let out = std::process::Command::new(bin())
+        .args(["deploy", "upstream", &up, "--host", host, "--name", "api"])
+        .args(["--auth", "basic", "--key", &owner, "--url", base])
+        .env_remove("MESHGATE_KEY")
+        .env_remove("MESHGATE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

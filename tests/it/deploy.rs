@@ -13,6 +13,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod policy;
+
 /// An upstream app in this process: echo, SSE held open until told, a large
 /// download, a WebSocket echo. Its id tells instances apart.
 pub struct Upstream {

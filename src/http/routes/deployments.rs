@@ -77,6 +77,9 @@ struct CreateJson {
     /// None: one route taking everything.
     #[serde(default)]
     routes: Vec<RouteSpec>,
+    /// The routes' default policy: copied into every route without its own.
+    #[serde(default)]
+    policy: Option<crate::deploy::route_policy::RoutePolicy>,
 }
 
 /// `upstream` of [`CreateJson`].
@@ -177,10 +180,12 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
         .iter()
         .map(|i| normalize_instance(i))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut routes = validate_routes(c.routes)?;
+    crate::deploy::route_policy::apply_default(&mut routes, c.policy)?;
     Ok(NewDeployment {
         name: c.name,
         hosts,
-        routes: validate_routes(c.routes)?,
+        routes,
         target: TargetSpec::Upstream { instances },
         blobs: Vec::new(),
     })
@@ -229,6 +234,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
     let dir = SiteDir::create(&node.config.server.data_dir)
         .map_err(|e| ApiError::internal(format!("cannot create a temporary site folder: {e}")))?;
     let (mut name, mut hosts, mut tarball, mut routes) = (None, None, None, None);
+    let mut policy = None;
     while let Some(field) = mp.next().await {
         let mut field = field.map_err(super::functions::multipart_error)?;
         let part = field.name().unwrap_or_default().to_string();
@@ -238,7 +244,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 save_field(&mut field, &upload, cfg.max_site_bytes).await?;
                 tarball = Some(upload);
             }
-            "name" | "hosts" | "routes" => {
+            "name" | "hosts" | "routes" | "policy" => {
                 let text = field_text(
                     read_field(&mut field, 64 * 1024, Code::PayloadTooLarge).await?,
                     &part,
@@ -246,6 +252,12 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 match part.as_str() {
                     "name" => name = Some(text),
                     "hosts" => hosts = Some(text),
+                    "policy" => {
+                        policy = Some(
+                            serde_json::from_str::<crate::deploy::route_policy::RoutePolicy>(&text)
+                                .map_err(|e| bad(Code::InvalidPolicy, e.to_string()))?,
+                        )
+                    }
                     _ => {
                         routes = Some(
                             serde_json::from_str::<Vec<RouteSpec>>(&text)
@@ -268,7 +280,8 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
     let hosts = check_hosts(&hosts)?;
     let tarball =
         tarball.ok_or_else(|| bad(Code::MissingPart, "the `tarball` part is required"))?;
-    let routes = validate_routes(routes.unwrap_or_default())?;
+    let mut routes = validate_routes(routes.unwrap_or_default())?;
+    crate::deploy::route_policy::apply_default(&mut routes, policy)?;
     let limits = SiteLimits {
         max_unpacked_bytes: cfg.max_site_unpacked_bytes as u64,
         max_files: cfg.max_site_files,

@@ -1,0 +1,515 @@
+//! Route policies of proxied deployments (issue #40, docs/deployments.md
+//! "Route policy"): credentials checked against the deployment's namespace
+//! and grants, the identity headers the upstream gets (never a client's
+//! forged ones), the credential dropped unless forwarded, a route's CORS
+//! preflight, its rate limit, and bad policies refused with nothing stored.
+//! Upstreams listen on 127.0.0.1.
+
+use super::{deploy_json, proxy_node, via};
+use crate::common::*;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// An upstream that answers every request with its headers (lower-case
+/// names; repeated ones joined with `|`), and counts what it served.
+struct HeaderEcho {
+    addr: String,
+}
+
+async fn headers(req: HttpRequest) -> HttpResponse {
+    let mut m: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in req.headers() {
+        let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+        m.entry(k.as_str().to_string())
+            .and_modify(|e| {
+                e.push('|');
+                e.push_str(&v);
+            })
+            .or_insert(v);
+    }
+    HttpResponse::Ok()
+        .insert_header(("access-control-allow-origin", "https://upstream-says.test"))
+        .json(serde_json::json!({"path": req.path(), "headers": m}))
+}
+
+impl HeaderEcho {
+    fn start() -> HeaderEcho {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let srv = HttpServer::new(|| App::new().default_service(web::to(headers)))
+                    .workers(1)
+                    .bind("127.0.0.1:0")
+                    .unwrap();
+                tx.send(srv.addrs()[0].to_string()).unwrap();
+                srv.run().await.unwrap();
+            });
+        });
+        HeaderEcho {
+            addr: rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// A new API key of the namespace with these grants; returns (key, id).
+fn key_with(node: &TestNode, owner: &str, name: &str, grants: &[&str]) -> (String, String) {
+    let body = serde_json::json!({"name": name, "grants": grants}).to_string();
+    let (s, b) = node.with_key(owner, "POST", "/v1/auth/api-keys", Some(body.as_bytes()));
+    assert_eq!(s, 201, "{b}");
+    let v = json(&b);
+    (
+        v["key"].as_str().unwrap().to_string(),
+        v["record"]["id"].as_str().unwrap().to_string(),
+    )
+}
+
+/// A JWT for an API key, and the subject the node sees for it.
+fn jwt_for(node: &TestNode, key: &str) -> (String, String) {
+    let body = format!("{{\"api_key\":\"{key}\"}}");
+    let (s, b) = node.with_key("", "POST", "/v1/auth/token", Some(body.as_bytes()));
+    assert_eq!(s, 200, "{b}");
+    let token = json(&b)["access_token"].as_str().unwrap().to_string();
+    let (s, b) = node.with_key(&token, "GET", "/v1/auth/whoami", None);
+    assert_eq!(s, 200, "{b}");
+    let sub = json(&b)["subject"].as_str().unwrap().to_string();
+    (token, sub)
+}
+
+fn code(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    serde_json::from_str::<serde_json::Value>(&s)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// What the upstream saw: its headers.
+fn seen(b: &[u8]) -> serde_json::Value {
+    json(&String::from_utf8_lossy(b))["headers"].clone()
+}
+
+/// `auth: jwt` answers 401 (with WWW-Authenticate) without a token, 403 for a
+/// token lacking the grant or of another namespace, and proxies with a good
+/// one; the upstream sees the token's subject, never a forged one (on
+/// `auth: none` either), and no credential unless `forward_credentials`. An
+/// `api_key` route takes keys only and names the key.
+#[test]
+fn policy_routes_authenticate_and_vouch_for_the_caller() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polauth");
+    let other_owner = node.create_namespace("polother");
+    let up = HeaderEcho::start();
+    let (good_key, good_id) = key_with(&node, &owner, "good-key", &["deployments:read:*"]);
+    let (weak_key, _) = key_with(&node, &owner, "weak", &["kv:read:*"]);
+    let (other_key, _) = key_with(&node, &other_owner, "x", &["deployments:read:*"]);
+    let (good_jwt, good_sub) = jwt_for(&node, &good_key);
+    let (weak_jwt, _) = jwt_for(&node, &weak_key);
+    let (other_jwt, _) = jwt_for(&node, &other_key);
+    let (s, v) = deploy_json(
+        &node,
+        &owner,
+        serde_json::json!({
+            "name": "api", "hosts": ["polauth.test"],
+            "upstream": {"instances": [up.url()]},
+            "policy": {"auth": "jwt", "require_grants": ["deployments:read:api"]},
+            "routes": [
+                {"path_prefix": "/"},
+                {"path_prefix": "/open", "policy": {}},
+                {"path_prefix": "/keyed", "policy": {"auth": "api_key"}},
+                {"path_prefix": "/fwd", "policy": {"auth": "any", "forward_credentials": true}},
+                {"path_prefix": "/per-subject", "policy": {"auth": "any",
+                    "rate_limit": {"requests_per_second": 1, "burst": 1, "key": "subject"}}}
+            ]
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let host = "polauth.test";
+    let bearer = |t: &str| format!("Bearer {t}");
+    // No token: 401 with a challenge.
+    let (s, h, b) = via(&node, host, "GET", "/x", &[], None);
+    assert_eq!((s, code(&b).as_str()), (401, "MISSING_CREDENTIAL"));
+    assert!(header(&h, "www-authenticate").is_some_and(|v| v.starts_with("Bearer")));
+    // A token that does not verify: 401 too.
+    let (s, h, _) = via(
+        &node,
+        host,
+        "GET",
+        "/x",
+        &[("authorization", "Bearer not.a.jwt")],
+        None,
+    );
+    assert_eq!(s, 401);
+    assert!(header(&h, "www-authenticate").is_some());
+    // A token without the grant, another namespace's token, an API key on a jwt route.
+    let (s, _, b) = via(
+        &node,
+        host,
+        "GET",
+        "/x",
+        &[("authorization", &bearer(&weak_jwt))],
+        None,
+    );
+    assert_eq!((s, code(&b).as_str()), (403, "MISSING_GRANT"));
+    let (s, _, b) = via(
+        &node,
+        host,
+        "GET",
+        "/x",
+        &[("authorization", &bearer(&other_jwt))],
+        None,
+    );
+    assert_eq!((s, code(&b).as_str()), (403, "NAMESPACE_MISMATCH"));
+    let (s, _, _) = via(
+        &node,
+        host,
+        "GET",
+        "/x",
+        &[("authorization", &bearer(&good_key))],
+        None,
+    );
+    assert_eq!(s, 401, "an API key on an auth: jwt route");
+    // A good token: proxied, with the vouched identity and without the credential.
+    let (s, _, b) = via(
+        &node,
+        host,
+        "GET",
+        "/x",
+        &[
+            ("authorization", &bearer(&good_jwt)),
+            ("x-meshgate-subject", "forged"),
+            ("x-meshgate-namespace", "forged"),
+            ("x-meshgate-grants", "*:*:*"),
+            ("x-api-key", "mg_forged"),
+        ],
+        None,
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    let u = seen(&b);
+    assert_eq!(u["x-meshgate-subject"], good_sub.as_str());
+    assert_eq!(u["x-meshgate-namespace"], "polauth");
+    assert_eq!(u["x-meshgate-grants"], "deployments:read:*");
+    assert_eq!(u["x-meshgate-key-name"], serde_json::Value::Null);
+    assert_eq!(u["authorization"], serde_json::Value::Null);
+    assert_eq!(u["x-api-key"], serde_json::Value::Null);
+    // auth: none: today's behaviour, but forged identity headers never pass.
+    let (s, _, b) = via(
+        &node,
+        host,
+        "GET",
+        "/open/x",
+        &[
+            ("authorization", "Bearer for-the-upstream"),
+            ("x-meshgate-subject", "forged"),
+            ("X-Meshgate-Key-Name", "forged"),
+        ],
+        None,
+    );
+    assert_eq!(s, 200);
+    let u = seen(&b);
+    assert_eq!(u["x-meshgate-subject"], serde_json::Value::Null);
+    assert_eq!(u["x-meshgate-key-name"], serde_json::Value::Null);
+    assert_eq!(u["authorization"], "Bearer for-the-upstream");
+    // auth: api_key: a key (X-API-Key), named; a JWT is refused.
+    let (s, _, b) = via(
+        &node,
+        host,
+        "GET",
+        "/keyed",
+        &[("x-api-key", &good_key)],
+        None,
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    let u = seen(&b);
+    assert_eq!(u["x-meshgate-subject"], format!("key:{good_id}").as_str());
+    assert_eq!(u["x-meshgate-key-name"], "good-key");
+    assert_eq!(u["x-api-key"], serde_json::Value::Null);
+    let (s, _, _) = via(
+        &node,
+        host,
+        "GET",
+        "/keyed",
+        &[("authorization", &bearer(&good_jwt))],
+        None,
+    );
+    assert_eq!(s, 401);
+    let (s, _, b) = via(
+        &node,
+        host,
+        "GET",
+        "/keyed",
+        &[("x-api-key", &other_key)],
+        None,
+    );
+    assert_eq!((s, code(&b).as_str()), (403, "NAMESPACE_MISMATCH"));
+    // forward_credentials: the upstream gets the token as sent.
+    let (s, _, b) = via(
+        &node,
+        host,
+        "GET",
+        "/fwd",
+        &[("authorization", &bearer(&good_jwt))],
+        None,
+    );
+    assert_eq!(s, 200);
+    let u = seen(&b);
+    assert_eq!(u["authorization"], bearer(&good_jwt).as_str());
+    assert_eq!(u["x-meshgate-subject"], good_sub.as_str());
+    // key: subject: one subject's bucket runs out; another subject's first
+    // request still passes (its bucket is full, whatever the time).
+    let sub_get = |cred: &str| {
+        via(
+            &node,
+            host,
+            "GET",
+            "/per-subject",
+            &[("authorization", &bearer(cred))],
+            None,
+        )
+    };
+    let refused = (0..20).find_map(|_| {
+        let (s, h, b) = sub_get(&good_jwt);
+        (s == 429).then(|| (code(&b), header(&h, "retry-after").is_some()))
+    });
+    assert_eq!(refused, Some(("ROUTE_RATE_LIMITED".to_string(), true)));
+    assert_eq!(
+        sub_get(&weak_key).0,
+        200,
+        "another subject has its own bucket"
+    );
+}
+
+/// A route's CORS override answers preflights itself and replaces the
+/// upstream's CORS headers; a route's rate limit answers 429 with Retry-After.
+#[test]
+fn policy_cors_preflight_and_route_rate_limit() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polcors");
+    let up = HeaderEcho::start();
+    let (s, v) = deploy_json(
+        &node,
+        &owner,
+        serde_json::json!({
+            "name": "web", "hosts": ["polcors.test"],
+            "upstream": {"instances": [up.url()]},
+            "routes": [
+                {"path_prefix": "/cors", "policy": {"cors": {
+                    "origins": ["https://App.test"], "methods": ["GET", "POST"],
+                    "headers": ["content-type"], "credentials": true, "max_age": 60}}},
+                {"path_prefix": "/limited", "policy": {"rate_limit": {"requests_per_second": 1, "burst": 1}}}
+            ]
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let host = "polcors.test";
+    let (s, h, _) = via(
+        &node,
+        host,
+        "OPTIONS",
+        "/cors/x",
+        &[
+            ("origin", "https://app.test"),
+            ("access-control-request-method", "POST"),
+        ],
+        None,
+    );
+    assert_eq!(s, 204);
+    assert_eq!(
+        header(&h, "access-control-allow-origin"),
+        Some("https://app.test")
+    );
+    assert_eq!(
+        header(&h, "access-control-allow-methods"),
+        Some("GET, POST")
+    );
+    assert_eq!(
+        header(&h, "access-control-allow-headers"),
+        Some("content-type")
+    );
+    assert_eq!(header(&h, "access-control-allow-credentials"), Some("true"));
+    assert_eq!(header(&h, "access-control-max-age"), Some("60"));
+    let (s, _, b) = via(
+        &node,
+        host,
+        "OPTIONS",
+        "/cors/x",
+        &[
+            ("origin", "https://evil.test"),
+            ("access-control-request-method", "POST"),
+        ],
+        None,
+    );
+    assert_eq!((s, code(&b).as_str()), (403, "CORS_ORIGIN_DENIED"));
+    // A normal answer: the override's headers, not the upstream's.
+    let (s, h, _) = via(
+        &node,
+        host,
+        "GET",
+        "/cors/x",
+        &[("origin", "https://app.test")],
+        None,
+    );
+    assert_eq!(s, 200);
+    assert_eq!(
+        header(&h, "access-control-allow-origin"),
+        Some("https://app.test")
+    );
+    let (s, h, _) = via(
+        &node,
+        host,
+        "GET",
+        "/cors/x",
+        &[("origin", "https://evil.test")],
+        None,
+    );
+    assert_eq!(s, 200);
+    assert_eq!(header(&h, "access-control-allow-origin"), None);
+    // Without an override the upstream's CORS passes as it is.
+    let (_, h, _) = via(
+        &node,
+        host,
+        "GET",
+        "/limited",
+        &[("origin", "https://app.test")],
+        None,
+    );
+    assert_eq!(
+        header(&h, "access-control-allow-origin"),
+        Some("https://upstream-says.test")
+    );
+    // The route's bucket (burst 1) runs out within a few requests.
+    let mut refused = None;
+    for _ in 0..20 {
+        let (s, h, b) = via(&node, host, "GET", "/limited", &[], None);
+        if s == 429 {
+            refused = Some((code(&b), header(&h, "retry-after").map(str::to_string)));
+            break;
+        }
+        assert_eq!(s, 200);
+    }
+    let (c, retry) = refused.expect("a 429 from the route's bucket");
+    assert_eq!(c, "ROUTE_RATE_LIMITED");
+    assert!(retry.is_some_and(|r| r.parse::<u64>().is_ok_and(|n| n >= 1)));
+    // Another route of the host has no such bucket.
+    let (s, _, _) = via(&node, host, "GET", "/cors/y", &[], None);
+    assert_eq!(s, 200);
+}
+
+/// Each bad policy is 400 with the envelope, and the deployment is unchanged.
+#[test]
+fn bad_policies_are_refused_and_change_nothing() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polbad");
+    let up = HeaderEcho::start();
+    let base = || {
+        serde_json::json!({
+            "name": "svc", "hosts": ["polbad.test"],
+            "upstream": {"instances": [up.url()]},
+        })
+    };
+    let (s, v) = deploy_json(&node, &owner, base());
+    assert_eq!(s, 201, "{v}");
+    let with = |k: &str, p: serde_json::Value| {
+        let mut b = base();
+        b[k] = p;
+        b
+    };
+    for (i, body) in [
+        with("policy", serde_json::json!({"auth": "basic"})),
+        with(
+            "policy",
+            serde_json::json!({"auth": "jwt", "require_grants": ["not-a-grant"]}),
+        ),
+        with(
+            "policy",
+            serde_json::json!({"auth": "jwt", "require_grants": ["kv:fly:*"]}),
+        ),
+        with(
+            "routes",
+            serde_json::json!([{"policy": {"cors": {"origins": ["app.test"]}}}]),
+        ),
+        with(
+            "routes",
+            serde_json::json!([{"policy": {"cors": {"origins": ["https://app.test/x"]}}}]),
+        ),
+        with(
+            "policy",
+            serde_json::json!({"rate_limit": {"requests_per_second": 0}}),
+        ),
+        with(
+            "policy",
+            serde_json::json!({"rate_limit": {"requests_per_second": 5, "burst": 0}}),
+        ),
+        with(
+            "policy",
+            serde_json::json!({"auth": "jwt", "colour": "red"}),
+        ),
+        with(
+            "routes",
+            serde_json::json!([{"policy": {"auth": "any", "cors": {"origins": ["*"], "max": 1}}}]),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (s, v) = deploy_json(&node, &owner, body);
+        assert_eq!(s, 400, "case {i}: {v}");
+        assert_eq!(v["ok"], false, "case {i}: {v}");
+        assert!(v["error"]["code"].is_string(), "case {i}: {v}");
+    }
+    // Still one version, still open (auth: none).
+    let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/svc/versions", None);
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 1, "{b}");
+    let (s, _, _) = via(&node, "polbad.test", "GET", "/", &[], None);
+    assert_eq!(s, 200);
+}
+
+/// A static site takes a default `policy` part: an `api_key` site answers
+/// 401 without a key and serves with one; a bad part is 400.
+#[test]
+fn a_static_site_takes_a_policy_part() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polsite");
+    let tgz = super::tarball(&[("index.html", 'f', b"members only")]);
+    let post = |policy: &str| {
+        let (ct, body) = super::multipart(&[
+            ("name", b"www".as_slice()),
+            ("hosts", b"polsite.test".as_slice()),
+            ("policy", policy.as_bytes()),
+            ("tarball", &tgz),
+        ]);
+        let auth = format!("Bearer {owner}");
+        let (s, _, b) = http(
+            "POST",
+            &node.url("/v1/deployments"),
+            &[("authorization", &auth), ("content-type", &ct)],
+            Some(&body),
+        );
+        (s, String::from_utf8_lossy(&b).into_owned())
+    };
+    let (s, b) = post(r#"{"auth": "sometimes"}"#);
+    assert_eq!(
+        (s, code(b.as_bytes()).as_str()),
+        (400, "INVALID_POLICY"),
+        "{b}"
+    );
+    let (s, b) = post(r#"{"auth": "api_key"}"#);
+    assert_eq!(s, 201, "{b}");
+    let (s, h, _) = via(&node, "polsite.test", "GET", "/", &[], None);
+    assert_eq!(s, 401);
+    assert!(header(&h, "www-authenticate").is_some());
+    let (s, _, b) = via(
+        &node,
+        "polsite.test",
+        "GET",
+        "/",
+        &[("x-api-key", &owner)],
+        None,
+    );
+    assert_eq!((s, b.as_slice()), (200, b"members only".as_slice()));
+}

@@ -11,8 +11,14 @@
 //! v2: label, method, path, namespace, subject, custom, grants, exp, iat, jti, timestamp
 //! v3: ... v2 fields ..., exp, iat, jti, device, session, timestamp
 //! v4: label, method, path, query, namespace, subject, custom, grants,
-//!     exp, iat, jti, device, session, body_sha256, timestamp
+//!     exp, iat, jti, device, session, body_sha256, [operator,] timestamp
 //! ```
+//!
+//! The operator's request forwarded by a non-member keeps its operator
+//! status: the hop then carries `X-Internal-Auth-Operator: 1` and its MAC
+//! covers the word `operator` before the timestamp, so the flag can be
+//! neither added to nor removed from a hop on the way (a hop without it
+//! MACs exactly as before).
 //!
 //! (absent optional fields are empty strings; the timestamp is always
 //! last). V4 adds the query string and the SHA-256 of the body, which the
@@ -62,6 +68,9 @@ pub const HOP_SESSION_HEADER: &str = "X-Internal-Auth-Session";
 /// Lower-case hex SHA-256 of the request body as the forwarder sent it (v4).
 pub const HOP_BODY_SHA256_HEADER: &str = "X-Internal-Auth-Body-SHA256";
 /// The version label the sender used (informational; see [`HopKey::verify`]).
+/// Present (`1`) when the forwarded credential was the operator key (v4, in the MAC).
+pub const HOP_OPERATOR_HEADER: &str = "X-Internal-Auth-Operator";
+/// The version of the hop's MAC.
 pub const HOP_VERSION_HEADER: &str = "X-Internal-Auth-Version";
 /// `<unix>.<64 hex>`.
 pub const HOP_MAC_HEADER: &str = "X-Internal-Auth-MAC";
@@ -175,6 +184,8 @@ pub struct HopIdentity {
     pub device: Option<String>,
     /// Session id (v3+).
     pub session: Option<String>,
+    /// The credential was the operator key (v4; see the module's doc).
+    pub operator: bool,
 }
 
 impl HopIdentity {
@@ -194,6 +205,7 @@ impl HopIdentity {
             jti: Some(claims.jti.clone()),
             device: None,
             session: None,
+            operator: false,
         }
     }
 
@@ -364,6 +376,9 @@ fn mac_input(version: HopVersion, req: &HopRequest, id: &HopIdentity, ts: u64) -
     }
     if version >= HopVersion::V4 {
         fields.push(req.body_sha256.into());
+        if id.operator {
+            fields.push("operator".into());
+        }
     }
     fields.push(ts.to_string());
     fields.join("\n")
@@ -406,6 +421,9 @@ pub fn to_headers(
     }
     if version >= HopVersion::V4 {
         h.push((HOP_BODY_SHA256_HEADER, body_sha256.into()));
+        if id.operator {
+            h.push((HOP_OPERATOR_HEADER, "1".into()));
+        }
     }
     h.push((HOP_VERSION_HEADER, version.label().into()));
     h.push((HOP_MAC_HEADER, mac.into()));
@@ -442,6 +460,7 @@ pub fn from_headers(get: impl Fn(&str) -> Option<String>) -> Option<HopIdentity>
         jti: get(HOP_JTI_HEADER),
         device: get(HOP_DEVICE_HEADER),
         session: get(HOP_SESSION_HEADER),
+        operator: get(HOP_OPERATOR_HEADER).is_some_and(|v| v == "1"),
     })
 }
 
@@ -673,6 +692,7 @@ mod tests {
             ("jti", |i| i.jti = Some("j2".into())),
             ("device", |i| i.device = Some("stolen".into())),
             ("session", |i| i.session = None),
+            ("operator", |i| i.operator = true),
         ];
         for (what, change) in changes {
             let mut other = ident.clone();
@@ -819,7 +839,11 @@ mod tests {
     fn headers_round_trip() {
         let k = key();
         let digest = body_sha256(b"payload");
-        for ident in [id(), id_v3()] {
+        let operator = HopIdentity {
+            operator: true,
+            ..id()
+        };
+        for ident in [id(), id_v3(), operator] {
             let headers = k.sign_headers(&put(&digest), &ident, NOW);
             let map: HashMap<String, String> = headers
                 .iter()
@@ -842,6 +866,18 @@ mod tests {
             let got = &map["x-internal-auth-mac"];
             let r = put(&map["x-internal-auth-body-sha256"]);
             assert_eq!(k.verify(&[got], &r, &back, NOW).unwrap(), HopVersion::V4);
+            // The flag travels only when set, and its removal breaks the MAC.
+            assert_eq!(map.contains_key("x-internal-auth-operator"), ident.operator);
+            if ident.operator {
+                let stripped = from_headers(|n| {
+                    (n != HOP_OPERATOR_HEADER)
+                        .then(|| map.get(&n.to_ascii_lowercase()).cloned())
+                        .flatten()
+                })
+                .unwrap();
+                assert!(!stripped.operator);
+                assert!(k.verify(&[got], &r, &stripped, NOW).is_err());
+            }
         }
         // v1 headers leave the v2+ fields and the digest out.
         let h = to_headers(&id_v3(), HopVersion::V1, &digest, "m");

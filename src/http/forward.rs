@@ -58,6 +58,7 @@ fn anonymous_hop() -> HopIdentity {
         jti: None,
         device: None,
         session: None,
+        operator: false,
     }
 }
 
@@ -86,6 +87,9 @@ fn hop_identity(id: &Identity, target: &str) -> HopIdentity {
         jti: id.jti.clone(),
         device: None,
         session: None,
+        // The member treats the forwarded operator as the operator
+        // (`?secrets=reseal`, operator-only routes): the flag is in the MAC.
+        operator: id.operator,
     }
 }
 

@@ -93,7 +93,8 @@ pub async fn verify_hop(
         subject: hop.subject.clone(),
         namespace: Some(hop.namespace.clone()),
         grants: hop.grants.iter().filter_map(|g| g.parse().ok()).collect(),
-        operator: false,
+        // The forwarding node checked the operator key (the flag is MAC'd).
+        operator: hop.operator,
         kind: "hop",
         custom: serde_json::from_str(&hop.custom).unwrap_or(serde_json::Value::Null),
         jti: hop.jti.clone(),

@@ -101,6 +101,7 @@ fn hop_id(ns: &str) -> HopIdentity {
         jti: None,
         device: None,
         session: None,
+        operator: false,
     }
 }
 

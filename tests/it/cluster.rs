@@ -1400,6 +1400,7 @@ fn anonymous_hop_grants_nothing_but_public_invokes() {
         jti: None,
         device: None,
         session: None,
+        operator: false,
     };
     let send = |id: &HopIdentity, method: &str, path: &str, body: &[u8]| {
         let digest = hop_body_sha256(body);

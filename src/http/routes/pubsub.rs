@@ -664,6 +664,7 @@ async fn others_views(
         jti: None,
         device: None,
         session: None,
+        operator: false,
     };
     let query = match topic {
         Some(t) => format!("topic={}", percent_encode(t)),

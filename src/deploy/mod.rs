@@ -26,6 +26,7 @@ pub mod awc_client;
 pub mod egress;
 pub mod h1;
 pub mod headers;
+pub mod health;
 pub mod hosts;
 pub mod idle;
 pub mod index;
@@ -275,27 +276,40 @@ impl Deployments {
             else {
                 continue;
             };
-            let serve = match &ver.target {
-                TargetSpec::Static { files, .. } => Serve::Static(Arc::new(files.clone())),
-                TargetSpec::Upstream { instances } => {
-                    let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
-                    live.insert(key.clone());
-                    let pool = self
-                        .pools
-                        .lock()
-                        .entry(key)
-                        .or_insert_with(|| {
-                            Arc::new(UpstreamPool::new(
-                                instances,
-                                self.egress.clone(),
-                                self.config.unhealthy_after_failures,
-                                Duration::from_secs(self.config.unhealthy_seconds),
-                            ))
-                        })
-                        .clone();
-                    Serve::Upstream(pool)
-                }
-            };
+            let serve =
+                match &ver.target {
+                    TargetSpec::Static { files, .. } => Serve::Static(Arc::new(files.clone())),
+                    TargetSpec::Upstream {
+                        instances,
+                        weights,
+                        balance,
+                        health,
+                    } => {
+                        let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
+                        live.insert(key.clone());
+                        let pool =
+                            self.pools
+                                .lock()
+                                .entry(key)
+                                .or_insert_with(|| {
+                                    let p =
+                                        Arc::new(
+                                            UpstreamPool::new(
+                                                instances,
+                                                self.egress.clone(),
+                                                self.config.unhealthy_after_failures,
+                                                Duration::from_secs(self.config.unhealthy_seconds),
+                                            )
+                                            .with_balancing(weights, balance, health.clone()),
+                                        );
+                                    // One checker per pool: per deployment version and node.
+                                    health::start(&p);
+                                    p
+                                })
+                                .clone();
+                        Serve::Upstream(pool)
+                    }
+                };
             for route in &ver.routes {
                 let bound = Arc::new(Bound {
                     namespace: rec.namespace.clone(),
@@ -315,7 +329,15 @@ impl Deployments {
                 }
             }
         }
-        self.pools.lock().retain(|k, _| live.contains(k));
+        // A deleted or replaced deployment's checker stops now (requests
+        // still holding its pool finish without it).
+        self.pools.lock().retain(|k, p| {
+            let keep = live.contains(k);
+            if !keep {
+                p.stop_checker();
+            }
+            keep
+        });
         *self.index.write() = Arc::new(ix);
         *self.loaded.lock() = generation;
         Ok(())
@@ -440,7 +462,7 @@ impl Deployments {
     /// `UPSTREAM_FORBIDDEN`): each literal address, each address a name
     /// resolves to now.
     async fn check_egress(&self, target: &TargetSpec) -> DeployResult<()> {
-        if let TargetSpec::Upstream { instances } = target {
+        if let TargetSpec::Upstream { instances, .. } = target {
             for base in instances {
                 self.egress.check_instance(base).await?;
             }
@@ -760,18 +782,40 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
             "files": files.len(),
             "total_bytes": total_bytes,
         }),
-        TargetSpec::Upstream { instances } => {
-            let health: Vec<Value> = match pool {
+        TargetSpec::Upstream {
+            instances,
+            weights,
+            balance,
+            health,
+        } => {
+            let states: Vec<Value> = match pool {
                 Some(p) => p
-                    .health()
+                    .states()
                     .into_iter()
-                    .map(|(url, healthy, failures)| {
-                        json!({"url": url, "healthy": healthy, "consecutive_failures": failures})
+                    .map(|s| {
+                        json!({
+                            "url": s.url,
+                            "weight": s.weight,
+                            "healthy": s.healthy,
+                            "consecutive_failures": s.failures,
+                            "in_flight": s.in_flight,
+                            "check": s.check.map(|c| json!({
+                                "healthy": c.healthy,
+                                "consecutive_passes": c.passes,
+                                "consecutive_failures": c.failures,
+                                "last_check_ms": (c.last_ms != 0).then_some(c.last_ms),
+                                "last_status": (c.last_status != 0).then_some(c.last_status),
+                            })),
+                        })
                     })
                     .collect(),
-                None => instances.iter().map(|u| json!({"url": u})).collect(),
+                None => instances
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| json!({"url": u, "weight": weights.get(i).copied().unwrap_or(1)}))
+                    .collect(),
             };
-            json!({"kind": "upstream", "instances": health})
+            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health})
         }
     };
     json!({
@@ -820,6 +864,9 @@ mod tests {
             routes: vec![RouteSpec::everything()],
             target: TargetSpec::Upstream {
                 instances: vec!["http://127.0.0.1:9".into()],
+                weights: vec![],
+                balance: Default::default(),
+                health: None,
             },
             blobs: Vec::new(),
         }
@@ -900,6 +947,9 @@ mod tests {
             .unwrap();
         let mut v2 = upstream("site", "www.test");
         v2.target = TargetSpec::Upstream {
+            weights: vec![],
+            balance: Default::default(),
+            health: None,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();
@@ -968,6 +1018,9 @@ mod tests {
             routes: vec![RouteSpec::everything()],
             target: TargetSpec::Upstream {
                 instances: vec!["http://127.0.0.1:9".into()],
+                weights: vec![],
+                balance: Default::default(),
+                health: None,
             },
             created_at: 0,
         };

@@ -171,8 +171,20 @@ mod tests {
         assert!(s[0].healthy);
         assert_eq!(s[1].check.as_ref().unwrap().last_status, 503);
         assert_eq!(p.order(), vec![0]);
-        let weak = Arc::downgrade(&p);
-        drop(p);
-        assert!(weak.upgrade().is_none());
+        // Stopped (as when the deployment is deleted or replaced): no more checks.
+        p.stop_checker();
+        tokio::task::yield_now().await;
+        let last: Vec<u64> = p
+            .states()
+            .iter()
+            .map(|s| s.check.as_ref().unwrap().last_ms)
+            .collect();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let after: Vec<u64> = p
+            .states()
+            .iter()
+            .map(|s| s.check.as_ref().unwrap().last_ms)
+            .collect();
+        assert_eq!(last, after);
     }
 }

@@ -564,6 +564,174 @@ pub(crate) mod tests {
         assert_eq!(p.order(), vec![0]);
     }
 
+    fn weighted(n: usize, weights: &[u32], balance: Balance) -> UpstreamPool {
+        let bases: Vec<String> = (1..=n).map(|i| format!("http://127.0.0.1:{i}")).collect();
+        let refs: Vec<&str> = bases.iter().map(String::as_str).collect();
+        pool(&refs, 1, Duration::from_secs(3600)).with_balancing(weights, &balance, None)
+    }
+
+    fn ip(k: u32) -> Option<std::net::IpAddr> {
+        Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(k)))
+    }
+
+    /// Smooth weighted round robin: exact shares per cycle, interleaved
+    /// (3:1 is a a b a, not a a a b); a down instance's share goes to the rest.
+    #[test]
+    fn smooth_round_robin_follows_weights() {
+        let p = weighted(2, &[3, 1], Balance::RoundRobin);
+        let first: Vec<usize> = (0..4).map(|_| p.order()[0]).collect();
+        assert_eq!(first, vec![0, 0, 1, 0]);
+        let mut n = [0; 2];
+        for _ in 0..1000 {
+            n[p.order()[0]] += 1;
+        }
+        assert_eq!(n, [750, 250]);
+        // The other healthy instance follows the choice (for a retry).
+        assert_eq!(p.order().len(), 2);
+        let p = weighted(3, &[5, 2, 3], Balance::RoundRobin);
+        let mut n = [0; 3];
+        for _ in 0..100 {
+            n[p.order()[0]] += 1;
+        }
+        assert_eq!(n, [50, 20, 30]);
+        p.failed(0);
+        let mut n = [0; 3];
+        for _ in 0..100 {
+            n[p.order()[0]] += 1;
+        }
+        assert_eq!(n, [0, 40, 60]);
+    }
+
+    /// Power of two choices: never the most loaded of two; with three, the
+    /// stalled one is never chosen; with equal load, all are used; weight
+    /// divides the load.
+    #[test]
+    fn least_request_avoids_loaded_instances() {
+        let p = weighted(2, &[], Balance::LeastRequest);
+        let stalled: Vec<_> = (0..5).map(|_| p.start(0)).collect();
+        for _ in 0..100 {
+            assert_eq!(p.order(), vec![1, 0]);
+        }
+        drop(stalled);
+        let mut n = [0; 2];
+        for _ in 0..1000 {
+            n[p.order()[0]] += 1;
+        }
+        assert!(n[0] > 300 && n[1] > 300, "{n:?}");
+        let p = weighted(3, &[], Balance::LeastRequest);
+        let _stalled = p.start(2);
+        for _ in 0..200 {
+            assert_ne!(p.order()[0], 2);
+        }
+        // 2 in flight on weight 4 beats 1 in flight on weight 1.
+        let p = weighted(2, &[4, 1], Balance::LeastRequest);
+        let _a = (p.start(0), p.start(0));
+        let _b = p.start(1);
+        for _ in 0..50 {
+            assert_eq!(p.order()[0], 0);
+        }
+        assert_eq!(weighted(1, &[], Balance::LeastRequest).order(), vec![0]);
+    }
+
+    /// Rendezvous hashing: a key stays on one instance; shares follow the
+    /// weights; removing an instance moves only the keys that were on it.
+    #[test]
+    fn hash_is_consistent() {
+        let p = weighted(4, &[], Balance::Hash(Default::default()));
+        let before: Vec<usize> = (0..4000).map(|k| p.pick(None, ip(k))[0]).collect();
+        for k in 0..4000 {
+            assert_eq!(p.pick(None, ip(k))[0], before[k as usize]);
+        }
+        let mut n = [0; 4];
+        for &i in &before {
+            n[i] += 1;
+        }
+        assert!(n.iter().all(|&c| (800..1200).contains(&c)), "{n:?}");
+        p.failed(2);
+        let mut moved_to = [0; 4];
+        for k in 0..4000 {
+            let now = p.pick(None, ip(k))[0];
+            if before[k as usize] == 2 {
+                assert_ne!(now, 2);
+                moved_to[now] += 1;
+            } else {
+                assert_eq!(now, before[k as usize], "key {k} moved");
+            }
+        }
+        // The lost share spreads over the rest.
+        assert!(
+            moved_to.iter().enumerate().all(|(i, &c)| i == 2 || c > 150),
+            "{moved_to:?}"
+        );
+        // Back: every key returns where it was.
+        p.succeeded(2);
+        for k in 0..4000 {
+            assert_eq!(p.pick(None, ip(k))[0], before[k as usize]);
+        }
+        let p = weighted(2, &[3, 1], Balance::Hash(Default::default()));
+        let on0 = (0..4000).filter(|&k| p.pick(None, ip(k))[0] == 0).count();
+        assert!((2800..3200).contains(&on0), "{on0}");
+    }
+
+    /// A hash header's value is the key; without the header, the client address.
+    #[test]
+    fn hash_reads_the_header() {
+        let on = super::super::model::HashOn {
+            header: Some("X-User".into()),
+        };
+        let p = weighted(8, &[], Balance::Hash(on));
+        let req = |u: &str| {
+            actix_web::test::TestRequest::default()
+                .insert_header(("x-user", u.to_string()))
+                .to_http_request()
+        };
+        let alice = p.pick(Some(&req("alice")), ip(1))[0];
+        for k in 0..50 {
+            assert_eq!(p.pick(Some(&req("alice")), ip(k))[0], alice);
+        }
+        let bare = actix_web::test::TestRequest::default().to_http_request();
+        let by_ip = p.pick(Some(&bare), ip(7))[0];
+        assert_eq!(p.pick(None, ip(7))[0], by_ip);
+        let users: std::collections::BTreeSet<usize> = (0..100)
+            .map(|u| p.pick(Some(&req(&format!("user{u}"))), ip(1))[0])
+            .collect();
+        assert!(users.len() >= 6, "{users:?}");
+    }
+
+    /// An active check failing `unhealthy_threshold` times takes an instance
+    /// out; `healthy_threshold` passes bring it back.
+    #[test]
+    fn active_checks_move_instances_in_and_out() {
+        let spec: HealthSpec = serde_json::from_value(serde_json::json!({
+            "path": "/h", "healthy_threshold": 2, "unhealthy_threshold": 2
+        }))
+        .unwrap();
+        let p = pool(
+            &["http://127.0.0.1:1", "http://127.0.0.1:2"],
+            1,
+            Duration::ZERO,
+        )
+        .with_balancing(&[], &Balance::RoundRobin, Some(spec));
+        p.checked(0, false, 503);
+        assert_eq!(p.order().len(), 2);
+        p.checked(0, false, 503);
+        for _ in 0..4 {
+            assert_eq!(p.order(), vec![1]);
+        }
+        let s = &p.states()[0];
+        let c = s.check.as_ref().unwrap();
+        assert!(!s.healthy && !c.healthy && c.failures == 2 && c.last_status == 503);
+        p.checked(0, true, 200);
+        assert_eq!(p.order(), vec![1]);
+        p.checked(0, true, 200);
+        assert_eq!(p.order().len(), 2);
+        p.checked(1, false, 0);
+        p.checked(1, false, 0);
+        p.checked(0, false, 0);
+        p.checked(0, false, 0);
+        assert!(p.order().is_empty());
+    }
+
     /// A pool is plain when every instance is `http://`; each plain instance
     /// has its `Host`, literal address and origin parsed once.
     #[test]

@@ -586,6 +586,30 @@ impl Deployments {
         Ok(out)
     }
 
+    /// Every live upstream instance's state, for `/metrics`.
+    pub fn upstream_samples(&self) -> Vec<crate::metrics::UpstreamSample> {
+        let pools: Vec<_> = self
+            .pools
+            .lock()
+            .iter()
+            .map(|((ns, name, _), p)| (ns.clone(), name.clone(), p.clone()))
+            .collect();
+        let mut out = Vec::new();
+        for (ns, name, p) in pools {
+            for s in p.states() {
+                out.push(crate::metrics::UpstreamSample {
+                    namespace: ns.clone(),
+                    deployment: name.clone(),
+                    instance: s.url,
+                    healthy: s.healthy,
+                    in_flight: s.in_flight,
+                    weight: s.weight,
+                });
+            }
+        }
+        out
+    }
+
     /// One deployment, with the live health of its upstream instances.
     pub async fn show(&self, ns: &str, name: &str) -> DeployResult<Value> {
         let rec = self.head(ns, name).await?;

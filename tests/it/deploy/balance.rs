@@ -92,6 +92,20 @@ fn who(node: &TestNode, host: &str, headers: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&b).to_string()
 }
 
+/// The value of `family`'s series for deployment `dep` and `instance` in
+/// the node's `/metrics`, if it has one.
+fn upstream_metric(node: &TestNode, family: &str, dep: &str, instance: &str) -> Option<f64> {
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
+    String::from_utf8_lossy(&b)
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!("{family}{{"))
+                && l.contains(&format!("deployment=\"{dep}\""))
+                && l.contains(&format!("instance=\"{instance}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 /// Waits (up to 20 s) until `cond` holds of the deployment's JSON.
 fn wait_for(
     node: &TestNode,
@@ -160,6 +174,14 @@ fn weights_share_requests() {
     );
     assert_eq!(inst[1]["in_flight"], 0, "{v}");
     assert_eq!(v["target"]["balance"], "round_robin", "{v}");
+    assert_eq!(
+        upstream_metric(&node, "meshgate_upstream_weight", "web", &a.url),
+        Some(3.0)
+    );
+    assert_eq!(
+        upstream_metric(&node, "meshgate_upstream_healthy", "web", &b.url),
+        Some(1.0)
+    );
 }
 
 /// `least_request`: while one instance stalls each request (200 ms) and

@@ -99,11 +99,22 @@ struct UpstreamJson {
 #[serde(untagged)]
 enum InstanceJson {
     Url(String),
-    Weighted {
-        url: String,
-        /// Wide so that 0, -1 and 1001 reach the range check (400 `INVALID_UPSTREAM`).
-        weight: i64,
-    },
+    Weighted(WeightedJson),
+}
+
+/// `{url, weight}` in [`UpstreamJson`]'s instances.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightedJson {
+    url: String,
+    /// Wide so that 0, -1 and 1001 reach the range check (400
+    /// `INVALID_UPSTREAM`); 1 when absent.
+    #[serde(default = "one")]
+    weight: i64,
+}
+
+fn one() -> i64 {
+    1
 }
 
 fn check_name(name: &str) -> ApiResult<()> {
@@ -196,7 +207,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     for i in &up.instances {
         let (url, w) = match i {
             InstanceJson::Url(u) => (u, 1),
-            InstanceJson::Weighted { url, weight } => (url, *weight),
+            InstanceJson::Weighted(WeightedJson { url, weight }) => (url, *weight),
         };
         instances.push(normalize_instance(url)?);
         if !(1..=i64::from(MAX_WEIGHT)).contains(&w) {

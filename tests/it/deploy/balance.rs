@@ -383,6 +383,8 @@ fn bad_balancing_inputs_are_refused_and_change_nothing() {
         serde_json::json!({"instances": [a.url], "health": {"path": "healthz"}}),
         serde_json::json!({"instances": [a.url], "health": {"path": "/healthz", "interval_ms": 50}}),
         serde_json::json!({"instances": [a.url], "balance": "random"}),
+        serde_json::json!({"instances": [{"url": a.url, "weight": 2, "extra": 1}]}),
+        serde_json::json!({"instances": [{"url": a.url, "weight": 1.5}]}),
     ];
     for up in bad {
         let (s, v) = deploy_json(

@@ -290,17 +290,39 @@ fn active_checks_take_instances_out_and_back() {
         "{ids:?}"
     );
     assert!(b.checks.load(Ordering::SeqCst) >= 3);
-    // Deleted: its checker stops (no check reaches the instances after).
+    // No check reaches the instances once the checker is stopped (the
+    // first wait lets a check already under way land).
+    let no_more_checks = |why: &str| {
+        std::thread::sleep(Duration::from_millis(300));
+        let n = b.checks.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(b.checks.load(Ordering::SeqCst), n, "checks after {why}");
+    };
+    // Replaced by a version without a check: the old checker stops.
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "hc", "hosts": ["hc.lb.test"], "upstream": {"instances": [a.url, b.url]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    no_more_checks("the replacement");
+    // Replaced again with one: checks resume; deleted: they stop.
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({"name": "hc", "hosts": ["hc.lb.test"], "upstream": {
+            "instances": [a.url, b.url], "health": {"path": "/healthz", "interval_ms": 100}}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let n = b.checks.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.checks.load(Ordering::SeqCst) == n {
+        assert!(Instant::now() < deadline, "no checks after the new version");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (s, _) = node.with_key(&key, "DELETE", "/v1/deployments/hc", None);
     assert_eq!(s, 200);
-    std::thread::sleep(Duration::from_millis(300));
-    let n = b.checks.load(Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(
-        b.checks.load(Ordering::SeqCst),
-        n,
-        "checks after the delete"
-    );
+    no_more_checks("the delete");
 }
 
 /// `hash` on a header: a client stays on one instance; when an instance is

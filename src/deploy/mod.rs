@@ -7,7 +7,9 @@
 //! - `hosts`: which hosts no deployment may take (addresses, the node's own names).
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
-//! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
+//! - `proxy`: the reverse proxy (streaming, WebSockets, one retry loop).
+//! - `pool`: instances, weights, the balancers, passive and active health state.
+//! - `health`: the active health checker (one task per upstream pool with `health`).
 //! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
 //!   instances (hyper for requests with a body, our own inline one for those
 //!   without) and their per-thread pool of idle connections.

@@ -431,3 +431,51 @@ fn bad_balancing_inputs_are_refused_and_change_nothing() {
     }
     assert_eq!(who(&node, "keep.lb.test", &[]), "a");
 }
+
+/// `hash` without a header: the client's address is the key, so each
+/// client address stays on one instance.
+#[test]
+fn hash_on_the_client_address_keeps_each_client() {
+    let node = proxy_node();
+    let key = node.create_namespace("lb");
+    let ups: Vec<Counted> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Counted::start(id, Duration::ZERO))
+        .collect();
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "ip", "hosts": ["ip.lb.test"],
+            "upstream": {"instances": ups.iter().map(|u| u.url.clone()).collect::<Vec<_>>(),
+                         "balance": {"hash": {}}}
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(
+        v["deployment"]["target"]["balance"],
+        serde_json::json!({"hash": {}}),
+        "{v}"
+    );
+    let from = |local: &str| {
+        let (s, _, b) = http_from(
+            Some(local),
+            "GET",
+            &node.url("/"),
+            &[("host", "ip.lb.test")],
+            None,
+        );
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        String::from_utf8_lossy(&b).to_string()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 2..12 {
+        let local = format!("127.0.0.{k}");
+        let first = from(&local);
+        for _ in 0..4 {
+            assert_eq!(from(&local), first, "{local} moved");
+        }
+        seen.insert(first);
+    }
+    assert!(seen.len() >= 2, "ten clients all on {seen:?}");
+}

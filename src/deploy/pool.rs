@@ -127,14 +127,14 @@ fn rendezvous(key: u64, seed: u64, weight: u32) -> f64 {
 
 /// The instances of one deployment version.
 pub struct UpstreamPool {
-    /// The version's instances, in deploy order; picked round-robin among the healthy.
+    /// The version's instances, in deploy order; picked by the balancer among the healthy.
     pub instances: Vec<Instance>,
     /// Where the instances may be connected.
     pub egress: Arc<EgressPolicy>,
     /// Every instance is plain HTTP: requests go through [`super::h1`]
     /// (otherwise through awc, which speaks TLS).
     plain: bool,
-    /// Round-robin cursor: where the next request starts looking for a healthy instance.
+    /// Round-robin cursor (equal weights): where the next request starts looking for a healthy instance.
     next: AtomicUsize,
     /// Failures in a row that mark an instance down (at least 1).
     fail_after: u32,

@@ -263,6 +263,31 @@ pub enum DeployCommand {
         /// --auth, --require-grant and --forward-credentials are set on top of it.
         #[arg(long)]
         policy: Option<String>,
+        /// An instance's weight as URL=WEIGHT, 1..=1000 (repeat; default 1).
+        /// `URL=WEIGHT` also works in the instance list itself.
+        #[arg(long = "weight", value_name = "URL=WEIGHT")]
+        weights: Vec<String>,
+        /// round_robin (default, weighted), least_request or hash.
+        #[arg(long)]
+        balance: Option<String>,
+        /// The header `hash` balancing hashes (default: the client address); implies --balance hash.
+        #[arg(long)]
+        hash_header: Option<String>,
+        /// Turn on active health checks: GET this absolute path on each instance.
+        #[arg(long)]
+        health_path: Option<String>,
+        /// Between two checks, in ms (at least 100; default 5000).
+        #[arg(long, requires = "health_path")]
+        health_interval_ms: Option<u64>,
+        /// Limit on one check, in ms (default 1000).
+        #[arg(long, requires = "health_path")]
+        health_timeout_ms: Option<u64>,
+        /// Passes in a row that bring an instance back (default 2).
+        #[arg(long, requires = "health_path")]
+        healthy_threshold: Option<u32>,
+        /// Failures in a row that take an instance out (default 3).
+        #[arg(long, requires = "health_path")]
+        unhealthy_threshold: Option<u32>,
         #[command(flatten)]
         client: ClientArgs,
     },

@@ -273,6 +273,14 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             require_grants,
             forward_credentials,
             policy,
+            weights,
+            balance,
+            hash_header,
+            health_path,
+            health_interval_ms,
+            health_timeout_ms,
+            healthy_threshold,
+            unhealthy_threshold,
             client,
         } => {
             let routes: Value = match routes {
@@ -282,7 +290,24 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
                 None => json!([]),
             };
             let name = name.unwrap_or_else(|| default_name(&hosts[0]));
-            let mut body = json!({"name": name, "hosts": hosts, "upstream": {"instances": urls}, "routes": routes});
+            let health = health_path.map(|path| {
+                let mut h = serde_json::Map::new();
+                h.insert("path".into(), json!(path));
+                for (k, v) in [
+                    ("interval_ms", health_interval_ms),
+                    ("timeout_ms", health_timeout_ms),
+                    ("healthy_threshold", healthy_threshold.map(u64::from)),
+                    ("unhealthy_threshold", unhealthy_threshold.map(u64::from)),
+                ] {
+                    if let Some(v) = v {
+                        h.insert(k.into(), json!(v));
+                    }
+                }
+                Value::Object(h)
+            });
+            let upstream = upstream_json(&urls, &weights, balance.as_deref(), hash_header, health)?;
+            let mut body =
+                json!({"name": name, "hosts": hosts, "upstream": upstream, "routes": routes});
             if let Some(p) = default_policy(policy, auth, require_grants, forward_credentials)? {
                 body["policy"] = p;
             }
@@ -308,6 +333,60 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The `upstream` of `meshgate deploy upstream`: each instance a URL, or
+/// `{url, weight}` when `URL=WEIGHT` (in the list or a `--weight`) gives one.
+fn upstream_json(
+    urls: &[String],
+    weights: &[String],
+    balance: Option<&str>,
+    hash_header: Option<String>,
+    health: Option<Value>,
+) -> Result<Value, String> {
+    let split = |s: &str| -> Result<(String, Option<u32>), String> {
+        match s.rsplit_once('=') {
+            Some((u, w)) => w
+                .parse()
+                .map(|w| (u.to_string(), Some(w)))
+                .map_err(|_| format!("{s:?}: the weight after = is not a number")),
+            None => Ok((s.to_string(), None)),
+        }
+    };
+    let mut list: Vec<(String, Option<u32>)> =
+        urls.iter().map(|u| split(u)).collect::<Result<_, _>>()?;
+    for w in weights {
+        let (url, weight) = split(w)?;
+        let Some(weight) = weight else {
+            return Err(format!("--weight {w:?}: give URL=WEIGHT"));
+        };
+        match list
+            .iter_mut()
+            .find(|(u, _)| u.trim_end_matches('/') == url.trim_end_matches('/'))
+        {
+            Some(e) => e.1 = Some(weight),
+            None => return Err(format!("--weight {w:?}: {url} is not one of the instances")),
+        }
+    }
+    let instances: Vec<Value> = list
+        .into_iter()
+        .map(|(u, w)| match w {
+            Some(w) => json!({"url": u, "weight": w}),
+            None => json!(u),
+        })
+        .collect();
+    let mut up = json!({"instances": instances});
+    match (balance, hash_header) {
+        (None | Some("hash"), Some(h)) => up["balance"] = json!({"hash": {"header": h}}),
+        (Some(_), Some(_)) => return Err("--hash-header goes with --balance hash".into()),
+        (Some("hash"), None) => up["balance"] = json!({"hash": {}}),
+        (Some(b), None) => up["balance"] = json!(b),
+        (None, None) => {}
+    }
+    if let Some(h) = health {
+        up["health"] = h;
+    }
+    Ok(up)
 }
 
 fn print(v: &Value) {
@@ -480,4 +559,36 @@ fn error_text(status: u16, v: &Value) -> String {
         _ => "",
     };
     format!("{status} {code}: {msg}{hint}")
+}
+
+#[cfg(test)]
+mod balance_tests {
+    use super::*;
+
+    /// `URL=WEIGHT` in the list or as `--weight`; balance and hash header.
+    #[test]
+    fn upstream_json_takes_weights_and_balance() {
+        let urls = vec!["http://a:1=3".to_string(), "http://b:2".to_string()];
+        let up = upstream_json(&urls, &[], None, None, None).unwrap();
+        assert_eq!(
+            up,
+            json!({"instances": [{"url": "http://a:1", "weight": 3}, "http://b:2"]})
+        );
+        let w = vec!["http://b:2=5".to_string()];
+        let up = upstream_json(&urls, &w, Some("least_request"), None, None).unwrap();
+        assert_eq!(
+            up["instances"][1],
+            json!({"url": "http://b:2", "weight": 5})
+        );
+        assert_eq!(up["balance"], "least_request");
+        let up = upstream_json(&urls, &[], None, Some("X-User".into()), None).unwrap();
+        assert_eq!(up["balance"], json!({"hash": {"header": "X-User"}}));
+        assert_eq!(
+            upstream_json(&urls, &[], Some("hash"), None, Some(json!({"path": "/h"}))).unwrap()["balance"],
+            json!({"hash": {}})
+        );
+        assert!(upstream_json(&urls, &["http://c:3=1".into()], None, None, None).is_err());
+        assert!(upstream_json(&urls, &["http://b:2".into()], None, None, None).is_err());
+        assert!(upstream_json(&["http://a:1=x".into()], &[], None, None, None).is_err());
+    }
 }

@@ -228,6 +228,8 @@ codes! {
     ClaimsProviderFailed = "CLAIMS_PROVIDER_FAILED", 502, Upstream, true;
     /// A member a request was forwarded to failed (504 when it timed out).
     MemberFailed = "MEMBER_FAILED", 502, Node, true;
+    /// Every instance of an upstream is out of rotation (passive health or
+    /// its active check); no panic threshold (docs/deployments.md "Health checks").
     NoHealthyUpstream = "NO_HEALTHY_UPSTREAM", 503, Upstream, true;
     Overloaded = "OVERLOADED", 503, Node, true;
     StoreUnavailable = "STORE_UNAVAILABLE", 503, Node, true;

@@ -852,3 +852,95 @@ mod public_tests {
         assert!(!m.render(100).contains("gamma"), "reading made no series");
     }
 }
+
+// Upstream instances (issue #40): read from the live upstream pools at each
+// scrape, so a deleted or replaced deployment's series go with it. Bounded:
+// at most `MAX_INSTANCES` instances per deployment, deployments by quota,
+// and the `namespace` label by `render`'s top N like every other series.
+
+/// One upstream instance's state, for [`UpstreamSeries`].
+pub struct UpstreamSample {
+    pub namespace: String,
+    pub deployment: String,
+    /// The instance's base URL.
+    pub instance: String,
+    /// In rotation (neither passive nor active health has it out).
+    pub healthy: bool,
+    /// Requests sent to it and not yet answered.
+    pub in_flight: u32,
+    /// Its weight.
+    pub weight: u32,
+}
+
+/// Reads the samples at scrape time.
+type ReadSamples = Box<dyn Fn() -> Vec<UpstreamSample> + Send + Sync>;
+
+/// A collector of `meshgate_upstream_healthy`, `meshgate_upstream_in_flight`
+/// and `meshgate_upstream_weight` (`namespace`, `deployment`, `instance`).
+pub struct UpstreamSeries {
+    read: ReadSamples,
+    /// Templates: their descriptions, and the options of each scrape's gauges.
+    templates: [IntGaugeVec; 3],
+}
+
+const UPSTREAM_LABELS: &[&str] = &["namespace", "deployment", "instance"];
+
+fn upstream_gauges() -> [IntGaugeVec; 3] {
+    let g =
+        |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), UPSTREAM_LABELS).unwrap();
+    [
+        g(
+            "meshgate_upstream_healthy",
+            "1 while an upstream instance is in rotation (passive and active health), else 0",
+        ),
+        g(
+            "meshgate_upstream_in_flight",
+            "Requests sent to an upstream instance and not yet answered",
+        ),
+        g(
+            "meshgate_upstream_weight",
+            "An upstream instance's balancing weight",
+        ),
+    ]
+}
+
+impl Collector for UpstreamSeries {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.templates.iter().flat_map(|t| t.desc()).collect()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let [healthy, in_flight, weight] = upstream_gauges();
+        for s in (self.read)() {
+            let l = [
+                s.namespace.as_str(),
+                s.deployment.as_str(),
+                s.instance.as_str(),
+            ];
+            healthy.with_label_values(&l).set(i64::from(s.healthy));
+            in_flight.with_label_values(&l).set(i64::from(s.in_flight));
+            weight.with_label_values(&l).set(i64::from(s.weight));
+        }
+        [healthy, in_flight, weight]
+            .iter()
+            .flat_map(|g| g.collect())
+            .collect()
+    }
+}
+
+impl Metrics {
+    /// Registers the upstream instance series, read by `read` at each scrape
+    /// (once per node, when its deployments service exists).
+    pub fn register_upstreams(
+        &self,
+        read: impl Fn() -> Vec<UpstreamSample> + Send + Sync + 'static,
+    ) {
+        let c = UpstreamSeries {
+            read: Box::new(read),
+            templates: upstream_gauges(),
+        };
+        if let Err(e) = self.0.registry.register(Box::new(c)) {
+            tracing::warn!(error = %e, "Upstream series not registered.");
+        }
+    }
+}

@@ -202,6 +202,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .reload()
         .await
         .map_err(|e| anyhow::anyhow!("cannot load the deployments: {e}"))?;
+    {
+        // `/metrics` reads the upstream instances' state from the live pools.
+        let d = Arc::downgrade(&deployments);
+        metrics.register_upstreams(move || {
+            d.upgrade()
+                .map(|d| d.upstream_samples())
+                .unwrap_or_default()
+        });
+    }
     let node = Node(Arc::new(NodeInner {
         config,
         store: store.clone(),

@@ -7,7 +7,9 @@
 //! - `hosts`: which hosts no deployment may take (addresses, the node's own names).
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
-//! - `proxy`: the reverse proxy (round-robin, passive health, streaming, WebSockets).
+//! - `proxy`: the reverse proxy (streaming, WebSockets, one retry loop).
+//! - `pool`: instances, weights, the balancers, passive and active health state.
+//! - `health`: the active health checker (one task per upstream pool with `health`).
 //! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
 //!   instances (hyper for requests with a body, our own inline one for those
 //!   without) and their per-thread pool of idle connections.
@@ -26,6 +28,7 @@ pub mod awc_client;
 pub mod egress;
 pub mod h1;
 pub mod headers;
+pub mod health;
 pub mod hosts;
 pub mod idle;
 pub mod index;
@@ -276,27 +279,40 @@ impl Deployments {
             else {
                 continue;
             };
-            let serve = match &ver.target {
-                TargetSpec::Static { files, .. } => Serve::Static(Arc::new(files.clone())),
-                TargetSpec::Upstream { instances } => {
-                    let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
-                    live.insert(key.clone());
-                    let pool = self
-                        .pools
-                        .lock()
-                        .entry(key)
-                        .or_insert_with(|| {
-                            Arc::new(UpstreamPool::new(
-                                instances,
-                                self.egress.clone(),
-                                self.config.unhealthy_after_failures,
-                                Duration::from_secs(self.config.unhealthy_seconds),
-                            ))
-                        })
-                        .clone();
-                    Serve::Upstream(pool)
-                }
-            };
+            let serve =
+                match &ver.target {
+                    TargetSpec::Static { files, .. } => Serve::Static(Arc::new(files.clone())),
+                    TargetSpec::Upstream {
+                        instances,
+                        weights,
+                        balance,
+                        health,
+                    } => {
+                        let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
+                        live.insert(key.clone());
+                        let pool =
+                            self.pools
+                                .lock()
+                                .entry(key)
+                                .or_insert_with(|| {
+                                    let p =
+                                        Arc::new(
+                                            UpstreamPool::new(
+                                                instances,
+                                                self.egress.clone(),
+                                                self.config.unhealthy_after_failures,
+                                                Duration::from_secs(self.config.unhealthy_seconds),
+                                            )
+                                            .with_balancing(weights, balance, health.clone()),
+                                        );
+                                    // One checker per pool: per deployment version and node.
+                                    health::start(&p);
+                                    p
+                                })
+                                .clone();
+                        Serve::Upstream(pool)
+                    }
+                };
             for route in &ver.routes {
                 let bound = Arc::new(Bound {
                     namespace: rec.namespace.clone(),
@@ -316,7 +332,15 @@ impl Deployments {
                 }
             }
         }
-        self.pools.lock().retain(|k, _| live.contains(k));
+        // A deleted or replaced deployment's checker stops now (requests
+        // still holding its pool finish without it).
+        self.pools.lock().retain(|k, p| {
+            let keep = live.contains(k);
+            if !keep {
+                p.stop_checker();
+            }
+            keep
+        });
         *self.index.write() = Arc::new(ix);
         *self.loaded.lock() = generation;
         Ok(())
@@ -441,7 +465,7 @@ impl Deployments {
     /// `UPSTREAM_FORBIDDEN`): each literal address, each address a name
     /// resolves to now.
     async fn check_egress(&self, target: &TargetSpec) -> DeployResult<()> {
-        if let TargetSpec::Upstream { instances } = target {
+        if let TargetSpec::Upstream { instances, .. } = target {
             for base in instances {
                 self.egress.check_instance(base).await?;
             }
@@ -563,6 +587,30 @@ impl Deployments {
             }
         }
         Ok(out)
+    }
+
+    /// Every live upstream instance's state, for `/metrics`.
+    pub fn upstream_samples(&self) -> Vec<crate::metrics::UpstreamSample> {
+        let pools: Vec<_> = self
+            .pools
+            .lock()
+            .iter()
+            .map(|((ns, name, _), p)| (ns.clone(), name.clone(), p.clone()))
+            .collect();
+        let mut out = Vec::new();
+        for (ns, name, p) in pools {
+            for s in p.states() {
+                out.push(crate::metrics::UpstreamSample {
+                    namespace: ns.clone(),
+                    deployment: name.clone(),
+                    instance: s.url,
+                    healthy: s.healthy,
+                    in_flight: s.in_flight,
+                    weight: s.weight,
+                });
+            }
+        }
+        out
     }
 
     /// One deployment, with the live health of its upstream instances.
@@ -761,18 +809,40 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
             "files": files.len(),
             "total_bytes": total_bytes,
         }),
-        TargetSpec::Upstream { instances } => {
-            let health: Vec<Value> = match pool {
+        TargetSpec::Upstream {
+            instances,
+            weights,
+            balance,
+            health,
+        } => {
+            let states: Vec<Value> = match pool {
                 Some(p) => p
-                    .health()
+                    .states()
                     .into_iter()
-                    .map(|(url, healthy, failures)| {
-                        json!({"url": url, "healthy": healthy, "consecutive_failures": failures})
+                    .map(|s| {
+                        json!({
+                            "url": s.url,
+                            "weight": s.weight,
+                            "healthy": s.healthy,
+                            "consecutive_failures": s.failures,
+                            "in_flight": s.in_flight,
+                            "check": s.check.map(|c| json!({
+                                "healthy": c.healthy,
+                                "consecutive_passes": c.passes,
+                                "consecutive_failures": c.failures,
+                                "last_check_ms": (c.last_ms != 0).then_some(c.last_ms),
+                                "last_status": (c.last_status != 0).then_some(c.last_status),
+                            })),
+                        })
                     })
                     .collect(),
-                None => instances.iter().map(|u| json!({"url": u})).collect(),
+                None => instances
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| json!({"url": u, "weight": weights.get(i).copied().unwrap_or(1)}))
+                    .collect(),
             };
-            json!({"kind": "upstream", "instances": health})
+            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health})
         }
     };
     json!({
@@ -821,6 +891,9 @@ mod tests {
             routes: vec![RouteSpec::everything()],
             target: TargetSpec::Upstream {
                 instances: vec!["http://127.0.0.1:9".into()],
+                weights: vec![],
+                balance: Default::default(),
+                health: None,
             },
             blobs: Vec::new(),
         }
@@ -901,6 +974,9 @@ mod tests {
             .unwrap();
         let mut v2 = upstream("site", "www.test");
         v2.target = TargetSpec::Upstream {
+            weights: vec![],
+            balance: Default::default(),
+            health: None,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();
@@ -969,6 +1045,9 @@ mod tests {
             routes: vec![RouteSpec::everything()],
             target: TargetSpec::Upstream {
                 instances: vec!["http://127.0.0.1:9".into()],
+                weights: vec![],
+                balance: Default::default(),
+                health: None,
             },
             created_at: 0,
         };

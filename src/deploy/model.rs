@@ -60,7 +60,170 @@ pub enum TargetSpec {
     Upstream {
         /// Normalized by [`normalize_instance`]; at most [`MAX_INSTANCES`].
         instances: Vec<String>,
+        /// Each instance's weight (1..=[`MAX_WEIGHT`]), in the order of
+        /// `instances`; empty when every weight is 1 (records written before
+        /// weights existed read so).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        weights: Vec<u32>,
+        /// How requests are spread over the instances.
+        #[serde(default, skip_serializing_if = "Balance::is_default")]
+        balance: Balance,
+        /// The active health check, if any (passive health always applies).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        health: Option<HealthSpec>,
     },
+}
+
+/// Highest weight of an instance.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// How a deployment's requests are spread over its healthy instances
+/// (docs/deployments.md "Load balancing").
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Balance {
+    /// Smooth weighted round robin (nginx's): each instance in proportion
+    /// to its weight, interleaved.
+    #[default]
+    RoundRobin,
+    /// Power of two random choices on in-flight requests over weight.
+    LeastRequest,
+    /// Rendezvous hashing of a header's value (or the client's address):
+    /// one key stays on one instance while it is healthy.
+    Hash(HashOn),
+}
+
+/// What [`Balance::Hash`] hashes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HashOn {
+    /// The request header whose value is hashed; none (or a request
+    /// without it): the client's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+}
+
+impl Balance {
+    fn is_default(&self) -> bool {
+        *self == Balance::RoundRobin
+    }
+}
+
+/// An active health check: every `interval_ms` (jittered) each instance
+/// gets `GET path`; `unhealthy_threshold` failures in a row take it out of
+/// rotation, `healthy_threshold` passes in a row bring it back.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSpec {
+    /// Absolute path (and query) requested.
+    pub path: String,
+    /// Between two checks of an instance, in ms (at least 100).
+    #[serde(default = "default_interval_ms")]
+    pub interval_ms: u64,
+    /// Limit on one check (connect and answer head), in ms.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Passes in a row that bring an instance back.
+    #[serde(default = "default_healthy_threshold")]
+    pub healthy_threshold: u32,
+    /// Failures in a row that take an instance out.
+    #[serde(default = "default_unhealthy_threshold")]
+    pub unhealthy_threshold: u32,
+    /// Statuses that pass; empty: any 2xx.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expected_statuses: Vec<u16>,
+}
+
+fn default_interval_ms() -> u64 {
+    5_000
+}
+fn default_timeout_ms() -> u64 {
+    1_000
+}
+fn default_healthy_threshold() -> u32 {
+    2
+}
+fn default_unhealthy_threshold() -> u32 {
+    3
+}
+
+impl HealthSpec {
+    /// Whether an answer's status passes the check.
+    pub fn passes(&self, status: u16) -> bool {
+        if self.expected_statuses.is_empty() {
+            (200..300).contains(&status)
+        } else {
+            self.expected_statuses.contains(&status)
+        }
+    }
+}
+
+/// Checks weights (one per instance, each 1..=[`MAX_WEIGHT`], all 1 stored
+/// as none), the hash header's name and the health check; 400
+/// `INVALID_UPSTREAM` otherwise.
+pub fn validate_balancing(
+    instances: usize,
+    weights: &mut Vec<u32>,
+    balance: &Balance,
+    health: Option<&HealthSpec>,
+) -> Result<(), ApiError> {
+    let bad = |m: String| ApiError::new(Code::InvalidUpstream, m);
+    if !weights.is_empty() && weights.len() != instances {
+        return Err(bad(format!(
+            "{} weights for {instances} instances",
+            weights.len()
+        )));
+    }
+    if let Some(w) = weights.iter().find(|w| !(1..=MAX_WEIGHT).contains(*w)) {
+        return Err(bad(format!("weight {w} is not within 1..={MAX_WEIGHT}")));
+    }
+    if weights.iter().all(|&w| w == 1) {
+        weights.clear();
+    }
+    if let Balance::Hash(HashOn { header: Some(h) }) = balance
+        && actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+    {
+        return Err(bad(format!("hash header {h:?} is not a header name")));
+    }
+    if let Some(h) = health {
+        if !h.path.starts_with('/')
+            || h.path.len() > 1024
+            || !h.path.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(bad(format!(
+                "health path {:?} must be an absolute path (\"/healthz\")",
+                h.path
+            )));
+        }
+        if !(100..=3_600_000).contains(&h.interval_ms) {
+            return Err(bad(format!(
+                "health interval_ms {} is not within 100..=3600000",
+                h.interval_ms
+            )));
+        }
+        if !(1..=60_000).contains(&h.timeout_ms) {
+            return Err(bad(format!(
+                "health timeout_ms {} is not within 1..=60000",
+                h.timeout_ms
+            )));
+        }
+        for (name, t) in [
+            ("healthy_threshold", h.healthy_threshold),
+            ("unhealthy_threshold", h.unhealthy_threshold),
+        ] {
+            if !(1..=100).contains(&t) {
+                return Err(bad(format!("health {name} {t} is not within 1..=100")));
+            }
+        }
+        if h.expected_statuses.len() > 16
+            || h.expected_statuses.iter().any(|s| !(100..=599).contains(s))
+        {
+            return Err(bad(
+                "health expected_statuses: at most 16 statuses, each 100..=599".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One file of a static site.
@@ -344,6 +507,73 @@ mod tests {
         };
         assert_eq!(strip_only.rewrite("/api"), "/");
         assert_eq!(strip_only.rewrite("/api/x"), "/x");
+    }
+
+    /// Weights within 1..=1000 (all 1 stored as none), absolute health
+    /// paths, intervals of at least 100 ms.
+    #[test]
+    fn balancing_is_checked() {
+        let mut w = vec![3, 1];
+        validate_balancing(2, &mut w, &Balance::RoundRobin, None).unwrap();
+        assert_eq!(w, vec![3, 1]);
+        let mut w = vec![1, 1];
+        validate_balancing(2, &mut w, &Balance::LeastRequest, None).unwrap();
+        assert!(w.is_empty());
+        for bad in [vec![0, 1], vec![1001, 1], vec![1]] {
+            let mut w = bad.clone();
+            let e = validate_balancing(2, &mut w, &Balance::RoundRobin, None).unwrap_err();
+            assert_eq!(e.code, "INVALID_UPSTREAM", "{bad:?}");
+        }
+        let h: HealthSpec = serde_json::from_str(r#"{"path": "/healthz"}"#).unwrap();
+        assert_eq!((h.interval_ms, h.healthy_threshold), (5000, 2));
+        assert!(h.passes(204) && !h.passes(301));
+        validate_balancing(1, &mut vec![], &Balance::RoundRobin, Some(&h)).unwrap();
+        for bad in [
+            HealthSpec {
+                path: "healthz".into(),
+                ..h.clone()
+            },
+            HealthSpec {
+                interval_ms: 50,
+                ..h.clone()
+            },
+            HealthSpec {
+                healthy_threshold: 0,
+                ..h.clone()
+            },
+            HealthSpec {
+                expected_statuses: vec![42],
+                ..h.clone()
+            },
+        ] {
+            assert!(validate_balancing(1, &mut vec![], &Balance::RoundRobin, Some(&bad)).is_err());
+        }
+        let hash: Balance = serde_json::from_str(r#"{"hash": {"header": "X-User"}}"#).unwrap();
+        assert_eq!(
+            hash,
+            Balance::Hash(HashOn {
+                header: Some("X-User".into())
+            })
+        );
+        let rr: Balance = serde_json::from_str(r#""least_request""#).unwrap();
+        assert_eq!(rr, Balance::LeastRequest);
+        let bad = Balance::Hash(HashOn {
+            header: Some("a b".into()),
+        });
+        assert!(validate_balancing(1, &mut vec![], &bad, None).is_err());
+        // A record of before weights reads with the defaults.
+        let t: TargetSpec =
+            serde_json::from_str(r#"{"kind":"upstream","instances":["http://a:1"]}"#).unwrap();
+        let TargetSpec::Upstream {
+            weights,
+            balance,
+            health,
+            ..
+        } = t
+        else {
+            panic!()
+        };
+        assert!(weights.is_empty() && balance == Balance::RoundRobin && health.is_none());
     }
 
     /// Only http(s) instances with a host and no path are accepted.

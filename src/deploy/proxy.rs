@@ -33,7 +33,7 @@ pub async fn proxy_http(
     fwd: &Forwarded,
     t: ProxyTimeouts,
 ) -> Result<HttpResponse, ApiError> {
-    let order = pool.order();
+    let order = pool.pick(Some(req), fwd.client_ip);
     if order.is_empty() {
         return Err(ApiError::new(
             Code::NoHealthyUpstream,
@@ -139,12 +139,13 @@ pub async fn proxy_ws(
     let payload = actix_web::web::Payload::from_request(req, &mut payload)
         .await
         .map_err(|e| ApiError::new(Code::BadUpgrade, e.to_string()))?;
-    let order = pool.order();
+    let order = pool.pick(Some(req), fwd.client_ip);
     if order.is_empty() {
         return Err(ApiError::new(
             Code::NoHealthyUpstream,
             "every instance of this upstream is unhealthy",
-        ));
+        )
+        .retry_after(1));
     }
     let headers = super::headers::upstream_headers(req, fwd);
     let client = super::awc_client::upstream_client(t, &pool.egress);
@@ -178,6 +179,8 @@ pub(crate) async fn over_instances<T>(
             continue;
         }
         let inst = &pool.instances[i];
+        // In flight until its answer's head (for `least_request`).
+        let _in_flight = pool.start(i);
         match attempt(inst).await {
             Exchange::Answered(res) => {
                 pool.succeeded(i);

@@ -128,7 +128,12 @@ impl Deployments {
                 }
                 v.routes = validate_routes(std::mem::take(&mut v.routes))?;
                 match &mut v.target {
-                    TargetSpec::Upstream { instances } => {
+                    TargetSpec::Upstream {
+                        instances,
+                        weights,
+                        balance,
+                        health,
+                    } => {
                         if instances.is_empty() || instances.len() > MAX_INSTANCES {
                             return Err(invalid(format!(
                                 "deployment {name} version {}: 1 to {MAX_INSTANCES} instances",
@@ -139,6 +144,12 @@ impl Deployments {
                             .iter()
                             .map(|i| normalize_instance(i))
                             .collect::<Result<_, _>>()?;
+                        super::model::validate_balancing(
+                            instances.len(),
+                            weights,
+                            balance,
+                            health.as_ref(),
+                        )?;
                     }
                     TargetSpec::Static { files, .. } => {
                         for (path, f) in files.iter() {

@@ -118,7 +118,21 @@ fn cli_keys_namespaces_and_deployments() {
     let out = printed(&cli(
         base,
         &[
-            "deploy", "upstream", &up, "--host", host, "--name", "api", "--key", &owner,
+            "deploy",
+            "upstream",
+            &format!("{up}=3"),
+            "--host",
+            host,
+            "--name",
+            "api",
+            "--balance",
+            "least_request",
+            "--health-path",
+            "/",
+            "--health-interval-ms",
+            "200",
+            "--key",
+            &owner,
         ],
     ));
     let d = &out["deployment"];
@@ -151,6 +165,11 @@ fn cli_keys_namespaces_and_deployments() {
         (Some(up.as_str()), Some(true)),
         "{out:#}"
     );
+    // The weight, balance and health check given as flags.
+    assert_eq!(instances[0]["weight"], 3, "{out:#}");
+    assert_eq!(out["target"]["balance"], "least_request", "{out:#}");
+    assert_eq!(out["target"]["health"]["path"], "/", "{out:#}");
+    assert_eq!(out["target"]["health"]["interval_ms"], 200, "{out:#}");
     // deploy delete: prints the deletion; the host is routed nowhere.
     let out = printed(&cli(base, &["deploy", "delete", "api", "--key", &owner]));
     assert_eq!(out, serde_json::json!({"ok": true, "deleted": "api"}));

@@ -6,6 +6,8 @@
 //! `[deploy] upstream_allow` (the policy itself: tests/it/security/egress.rs).
 
 use crate::common::*;
+
+mod balance;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use futures_util::{SinkExt as _, StreamExt as _};
 use std::io::{Read, Write};

@@ -5,8 +5,8 @@ use super::ctx::NsCtx;
 use super::functions::{field_text, read_field};
 use crate::deploy::NewDeployment;
 use crate::deploy::model::{
-    MAX_HOSTS, MAX_INSTANCES, RouteSpec, TargetSpec, normalize_host, normalize_instance,
-    valid_name, validate_routes,
+    Balance, HealthSpec, MAX_HOSTS, MAX_INSTANCES, MAX_WEIGHT, RouteSpec, TargetSpec,
+    normalize_host, normalize_instance, valid_name, validate_balancing, validate_routes,
 };
 use crate::deploy::site::{SiteDir, SiteLimits, unpack};
 use crate::error::Code;
@@ -86,8 +86,38 @@ struct CreateJson {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct UpstreamJson {
-    /// 1 to [`MAX_INSTANCES`] `http(s)://host:port` base URLs.
-    instances: Vec<String>,
+    /// 1 to [`MAX_INSTANCES`] `http(s)://host:port` base URLs, each a
+    /// string (weight 1) or `{url, weight}`.
+    instances: Vec<InstanceJson>,
+    /// `round_robin` (default), `least_request` or `{"hash": {"header": …}}`.
+    #[serde(default)]
+    balance: Balance,
+    /// The active health check.
+    #[serde(default)]
+    health: Option<HealthSpec>,
+}
+
+/// One of [`UpstreamJson`]'s instances.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum InstanceJson {
+    Url(String),
+    Weighted(WeightedJson),
+}
+
+/// `{url, weight}` in [`UpstreamJson`]'s instances.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightedJson {
+    url: String,
+    /// Wide so that 0, -1 and 1001 reach the range check (400
+    /// `INVALID_UPSTREAM`); 1 when absent.
+    #[serde(default = "one")]
+    weight: i64,
+}
+
+fn one() -> i64 {
+    1
 }
 
 fn check_name(name: &str) -> ApiResult<()> {
@@ -175,18 +205,40 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
             format!("an upstream has 1 to {MAX_INSTANCES} instances"),
         ));
     }
-    let instances = up
-        .instances
-        .iter()
-        .map(|i| normalize_instance(i))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut instances = Vec::with_capacity(up.instances.len());
+    let mut weights = Vec::with_capacity(up.instances.len());
+    for i in &up.instances {
+        let (url, w) = match i {
+            InstanceJson::Url(u) => (u, 1),
+            InstanceJson::Weighted(WeightedJson { url, weight }) => (url, *weight),
+        };
+        instances.push(normalize_instance(url)?);
+        if !(1..=i64::from(MAX_WEIGHT)).contains(&w) {
+            return Err(bad(
+                Code::InvalidUpstream,
+                format!("weight {w} of {url} is not within 1..={MAX_WEIGHT}"),
+            ));
+        }
+        weights.push(w as u32);
+    }
+    validate_balancing(
+        instances.len(),
+        &mut weights,
+        &up.balance,
+        up.health.as_ref(),
+    )?;
     let mut routes = validate_routes(c.routes)?;
     crate::deploy::route_policy::apply_default(&mut routes, c.policy)?;
     Ok(NewDeployment {
         name: c.name,
         hosts,
         routes,
-        target: TargetSpec::Upstream { instances },
+        target: TargetSpec::Upstream {
+            instances,
+            weights,
+            balance: up.balance,
+            health: up.health,
+        },
         blobs: Vec::new(),
     })
 }

@@ -211,6 +211,9 @@ fn hosts_cannot_shadow_a_cluster_even_from_an_old_record() {
         routes: vec![RouteSpec::everything()],
         target: TargetSpec::Upstream {
             instances: vec![echo.url()],
+            weights: vec![],
+            balance: Default::default(),
+            health: None,
         },
         created_at: 0,
     };

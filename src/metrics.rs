@@ -136,6 +136,20 @@ pub struct Inner {
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
     pub mesh_connections_refused: IntCounter,
+    // Deployments (per route; labels bounded by `crate::deploy::activity`).
+    /// Routed requests a deployment's route answered, by `namespace`,
+    /// `deployment`, `route` (its declared `path_prefix`) and `status_class`.
+    pub route_requests: IntCounterVec,
+    /// Seconds a route took to answer (until the response headers), by
+    /// `namespace`, `deployment` and `route`.
+    pub route_duration_seconds: HistogramVec,
+    /// Upstream attempts by `namespace`, `deployment`, `route`, `instance`
+    /// and `outcome` (`answered`, `connect_failed`, `refused`, `timeout`, `failed`).
+    pub upstream_requests: IntCounterVec,
+    /// The series cap of the three above (`[metrics] route_series_limit`).
+    pub route_labels: crate::deploy::activity::RouteLabels,
+    /// Each deployment's latest requests on this node.
+    pub route_activity: crate::deploy::activity::Activity,
 }
 
 const ACTOR_LABELS: &[&str] = &["kind", "namespace"];
@@ -445,6 +459,42 @@ impl Metrics {
                 )
                 .unwrap()
             ),
+            route_requests: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_route_requests_total",
+                        "Routed requests answered by a deployment's route, by status class"
+                    ),
+                    &["namespace", "deployment", "route", "status_class"]
+                )
+                .unwrap()
+            ),
+            route_duration_seconds: reg!(
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "meshgate_route_duration_seconds",
+                        "Time a deployment's route took to answer (response headers)"
+                    )
+                    .buckets(vec![
+                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                        2.5, 5.0, 10.0, 30.0
+                    ]),
+                    &["namespace", "deployment", "route"]
+                )
+                .unwrap()
+            ),
+            upstream_requests: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_upstream_requests_total",
+                        "Attempts to reach a deployment's upstream instance, by outcome"
+                    ),
+                    &["namespace", "deployment", "route", "instance", "outcome"]
+                )
+                .unwrap()
+            ),
+            route_labels: Default::default(),
+            route_activity: Default::default(),
             http_classes: Default::default(),
             registry,
         };
@@ -713,6 +763,36 @@ fn merge_label(
     }
     family.set_metric(merged);
     family
+}
+
+impl Metrics {
+    /// Counts one request a deployment's route answered and the upstream
+    /// attempts it made, under the bounded labels of
+    /// [`crate::deploy::activity::RouteLabels`].
+    pub fn observe_route(
+        &self,
+        namespace: &str,
+        deployment: &str,
+        route: &str,
+        status: u16,
+        seconds: f64,
+        attempts: &[crate::deploy::activity::Attempt],
+    ) {
+        let (dep, rt) = self.route_labels.route(namespace, deployment, route);
+        let class = crate::deploy::activity::status_class(status);
+        self.route_requests
+            .with_label_values(&[namespace, dep, rt, class])
+            .inc();
+        self.route_duration_seconds
+            .with_label_values(&[namespace, dep, rt])
+            .observe(seconds);
+        for (instance, outcome) in attempts {
+            let inst = self.route_labels.instance(namespace, deployment, instance);
+            self.upstream_requests
+                .with_label_values(&[namespace, dep, rt, inst, outcome])
+                .inc();
+        }
+    }
 }
 
 impl std::ops::Deref for Metrics {

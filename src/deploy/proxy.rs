@@ -178,7 +178,9 @@ pub(crate) async fn over_instances<T>(
             continue;
         }
         let inst = &pool.instances[i];
-        match attempt(inst).await {
+        let exchange = attempt(inst).await;
+        super::activity::attempted(&inst.base, super::activity::outcome(&exchange));
+        match exchange {
             Exchange::Answered(res) => {
                 pool.succeeded(i);
                 return Ok(res);

@@ -15,6 +15,7 @@ mod request;
 mod routes;
 pub mod state;
 pub mod tls;
+pub mod trace;
 mod ws_invoke;
 mod ws_session;
 

@@ -40,6 +40,8 @@ async fn echo(req: HttpRequest, body: web::Bytes, id: web::Data<String>) -> Http
         "authorization": h("authorization"),
         "keep_alive_header": h("keep-alive"),
         "custom": h("x-custom"),
+        "traceparent": h("traceparent"),
+        "tracestate": h("tracestate"),
         "body_len": body.len(),
         "body_sha": hex::encode(ring::digest::digest(&ring::digest::SHA256, &body).as_ref()),
     }))

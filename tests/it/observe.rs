@@ -1,0 +1,136 @@
+//! Per-route observability of deployments (issue #40): the route series in
+//! `/metrics`, the activity ring, `/__metrics` on a routed host and W3C
+//! trace context, through a real node and an upstream on 127.0.0.1.
+
+use crate::common::*;
+use crate::deploy::{Upstream, deploy_json, proxy_node, via};
+use std::collections::HashMap;
+
+/// The samples of a Prometheus text exposition, each by its name and
+/// sorted labels; panics on a line that is not valid text format.
+fn parse_prometheus(text: &str) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix('#') {
+            let rest = rest.trim_start();
+            assert!(
+                rest.starts_with("HELP ") || rest.starts_with("TYPE "),
+                "bad comment line: {line}"
+            );
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((n, l)) => {
+                let l = l.strip_suffix('}').unwrap_or_else(|| panic!("{line}"));
+                let mut pairs: Vec<String> = Vec::new();
+                let mut rest = l;
+                while !rest.is_empty() {
+                    let (k, v) = rest.split_once("=\"").unwrap_or_else(|| panic!("{line}"));
+                    assert!(
+                        k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+                        "{line}"
+                    );
+                    let end = v.find('"').unwrap_or_else(|| panic!("{line}"));
+                    pairs.push(format!("{k}={}", &v[..end]));
+                    rest = v[end + 1..].trim_start_matches(',');
+                }
+                pairs.sort();
+                (n, pairs.join(","))
+            }
+            None => (series, String::new()),
+        };
+        assert!(
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':'),
+            "{line}"
+        );
+        out.insert(format!("{name}{{{labels}}}"), value);
+    }
+    out
+}
+
+fn scrape(node: &TestNode, host: Option<&str>, path: &str) -> (u16, String) {
+    let auth = format!("Bearer {}", node.operator_key);
+    let mut h = vec![("authorization", auth.as_str())];
+    if let Some(host) = host {
+        h.push(("host", host));
+    }
+    let (s, _, b) = http("GET", &node.url(path), &h, None);
+    (s, String::from_utf8_lossy(&b).into_owned())
+}
+
+/// The route series count exactly the requests made, by declared route
+/// (never the raw path), status class and instance.
+#[test]
+fn route_metrics_count_the_requests_made() {
+    if single_node_only("counts the series of one node") {
+        return;
+    }
+    let node = proxy_node();
+    let key = node.create_namespace("obs");
+    let up = Upstream::start("one");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "web", "hosts": ["obs.test"],
+            "upstream": {"instances": [up.url()]},
+            "routes": [{"path_prefix": "/api"}, {"path_prefix": "/"}]
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    for i in 0..3 {
+        let (s, _, _) = via(&node, "obs.test", "GET", &format!("/api/u/{i}?q=1"), &[], None);
+        assert_eq!(s, 200);
+    }
+    for i in 0..2 {
+        let (s, _, _) = via(&node, "obs.test", "POST", &format!("/x{i}"), &[], Some(b"{}"));
+        assert_eq!(s, 200);
+    }
+    let (s, text) = scrape(&node, None, "/metrics");
+    assert_eq!(s, 200);
+    let m = parse_prometheus(&text);
+    let get = |name: &str, labels: &[(&str, &str)]| {
+        let mut l: Vec<String> = [("namespace", "obs"), ("deployment", "web")]
+            .iter()
+            .chain(labels)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        l.sort();
+        m.get(&format!("{name}{{{}}}", l.join(","))).copied()
+    };
+    let req = "meshgate_route_requests_total";
+    let two = ("status_class", "2xx");
+    assert_eq!(get(req, &[("route", "/api"), two]), Some(3.0), "{text}");
+    assert_eq!(get(req, &[("route", "/"), two]), Some(2.0), "{text}");
+    let count = "meshgate_route_duration_seconds_count";
+    assert_eq!(get(count, &[("route", "/api")]), Some(3.0), "{text}");
+    assert_eq!(get(count, &[("route", "/")]), Some(2.0), "{text}");
+    let inst = up.url();
+    let ups = "meshgate_upstream_requests_total";
+    let answered = [("instance", inst.as_str()), ("outcome", "answered")];
+    assert_eq!(
+        get(ups, &[answered[0], answered[1], ("route", "/api")]),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        get(ups, &[answered[0], answered[1], ("route", "/")]),
+        Some(2.0),
+        "{text}"
+    );
+    assert!(!text.contains("/api/u/"), "no raw path is a label: {text}");
+    let total: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("meshgate_route_requests_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(total, 5.0, "{text}");
+}

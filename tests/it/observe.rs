@@ -134,3 +134,79 @@ fn route_metrics_count_the_requests_made() {
         .sum();
     assert_eq!(total, 5.0, "{text}");
 }
+
+/// The activity ring holds the latest requests of a deployment, newest
+/// first, capped by `limit`; never a query string or a credential; a bad
+/// limit is 400, another namespace's key 404/403.
+#[test]
+fn activity_holds_the_latest_requests_without_secrets() {
+    if single_node_only("the ring is per node") {
+        return;
+    }
+    let node = proxy_node();
+    let key = node.create_namespace("act");
+    let up = Upstream::start("one");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "web", "hosts": ["act.test"],
+            "upstream": {"instances": [up.url()]},
+            "routes": [{"path_prefix": "/api"}]
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    for i in 0..5 {
+        let (s, _, _) = via(
+            &node,
+            "act.test",
+            "GET",
+            &format!("/api/item/{i}?token=sekrit-query-{i}"),
+            &[
+                ("authorization", "Bearer sekrit-bearer"),
+                ("cookie", "session=sekrit-cookie"),
+                ("x-request-id", &format!("rid-{i}")),
+            ],
+            None,
+        );
+        assert_eq!(s, 200);
+    }
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/web/activity?limit=3", None);
+    assert_eq!(s, 200, "{b}");
+    assert!(!b.contains("sekrit"), "{b}");
+    assert!(!b.contains('?'), "{b}");
+    let v = json(&b);
+    let reqs = v["requests"].as_array().unwrap();
+    assert_eq!(reqs.len(), 3, "{b}");
+    let paths: Vec<&str> = reqs.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["/api/item/4", "/api/item/3", "/api/item/2"], "{b}");
+    let r = &reqs[0];
+    assert_eq!(r["method"], "GET");
+    assert_eq!(r["route"], "/api");
+    assert_eq!(r["status"], 200);
+    assert_eq!(r["request_id"], "rid-4");
+    assert_eq!(r["instance"], up.url().as_str());
+    assert!(r["duration_ms"].as_f64().is_some(), "{b}");
+    assert!(r["time_ms"].as_u64().is_some(), "{b}");
+    // trace_id: see trace_context_reaches_the_upstream_and_the_logs.
+    // Every one by default (fewer than 50 made).
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/web/activity", None);
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["requests"].as_array().unwrap().len(), 5);
+    for bad in ["0", "257", "x"] {
+        let (s, b) = node.with_key(
+            &key,
+            "GET",
+            &format!("/v1/deployments/web/activity?limit={bad}"),
+            None,
+        );
+        assert_eq!(s, 400, "{bad}: {b}");
+    }
+    let (s, _) = node.with_key(&key, "GET", "/v1/deployments/nope/activity", None);
+    assert_eq!(s, 404);
+    let other = node.create_namespace("other");
+    let (s, b) = node.with_key(&other, "GET", "/v1/deployments/web/activity", None);
+    assert!(s == 404 || s == 403, "{s} {b}");
+    let (s, _, _) = http("GET", &node.url("/v1/deployments/web/activity"), &[], None);
+    assert_eq!(s, 401);
+}

@@ -225,7 +225,10 @@ struct FastRoute {
 fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     // Probes are answered before anything else, whatever the host.
     if req.method() == Method::GET
-        && matches!(req.path(), "/livez" | "/readyz" | "/startupz" | "/metrics")
+        && matches!(
+            req.path(),
+            "/livez" | "/readyz" | "/startupz" | "/metrics" | "/__metrics"
+        )
     {
         return None;
     }

@@ -96,6 +96,13 @@ fn route_metrics_count_the_requests_made() {
     }
     let (s, text) = scrape(&node, None, "/metrics");
     assert_eq!(s, 200);
+    // `/__metrics` on the routed host answers as `/metrics` does, before
+    // accounting (the scrapes count no route request), with the same auth.
+    let (s, routed) = scrape(&node, Some("obs.test"), "/__metrics");
+    assert_eq!(s, 200, "{routed}");
+    assert!(routed.contains("meshgate_route_requests_total{"), "{routed}");
+    let (s, _, _) = http("GET", &node.url("/__metrics"), &[("host", "obs.test")], None);
+    assert_eq!(s, 401);
     let m = parse_prometheus(&text);
     let get = |name: &str, labels: &[(&str, &str)]| {
         let mut l: Vec<String> = [("namespace", "obs"), ("deployment", "web")]
@@ -133,6 +140,13 @@ fn route_metrics_count_the_requests_made() {
         .map(|(_, v)| v)
         .sum();
     assert_eq!(total, 5.0, "{text}");
+    let (_, again) = scrape(&node, Some("obs.test"), "/__metrics");
+    let total: f64 = parse_prometheus(&again)
+        .iter()
+        .filter(|(k, _)| k.starts_with("meshgate_route_requests_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(total, 5.0, "the scrapes were not counted: {again}");
 }
 
 /// The activity ring holds the latest requests of a deployment, newest

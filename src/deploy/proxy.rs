@@ -403,6 +403,7 @@ mod tests {
             proto: "http",
             host: "app.test".into(),
             request_id: None,
+            trace: None,
         };
         let t = ProxyTimeouts {
             connect: Duration::from_secs(10),

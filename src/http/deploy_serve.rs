@@ -192,6 +192,10 @@ async fn serve_bound(
                 proto: client_scheme(req),
                 host: host.to_string(),
                 request_id,
+                trace: req
+                    .extensions()
+                    .get::<crate::http::trace::TraceContext>()
+                    .cloned(),
             };
             let cfg = &node.deployments.config;
             let t = ProxyTimeouts {
@@ -297,7 +301,9 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     let in_flight = InFlight::enter(node);
     // The logger.
     let id = request_id(&req);
-    let entry = access_log::Entry::begin(req.method(), req.path(), start);
+    let trace = crate::http::trace::TraceContext::from_headers(req.headers());
+    let entry = access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
+    req.extensions_mut().insert(trace);
     let span = request_span(req.method(), req.path(), &id);
     let (http, payload) = req.into_parts();
     // Boxed: the steps' future holds the upstream exchange (kilobytes), and

@@ -120,12 +120,29 @@ pub fn parse_traceparent(s: &str) -> Option<([u8; 16], [u8; 8], u8)> {
     Some((t, p, f[0]))
 }
 
-/// Random bytes, not all zero.
+/// Random-looking bytes, not all zero. Ids name, they do not authorize: a
+/// per-thread SplitMix64 seeded once from the OS (no system call per
+/// request, as for request ids in `chain::logger`).
 fn nonzero<const N: usize>() -> [u8; N] {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> =
+            Cell::new(u64::from_le_bytes(crate::util::random_bytes::<8>()));
+    }
     loop {
-        let b = crate::util::random_bytes::<N>();
-        if b.iter().any(|&x| x != 0) {
-            return b;
+        let mut out = [0u8; N];
+        for chunk in out.chunks_mut(8) {
+            let z = STATE.with(|s| {
+                let mut z = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+                s.set(z);
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^ (z >> 31)
+            });
+            chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+        }
+        if out.iter().any(|&x| x != 0) {
+            return out;
         }
     }
 }

@@ -224,3 +224,98 @@ fn activity_holds_the_latest_requests_without_secrets() {
     let (s, _, _) = http("GET", &node.url("/v1/deployments/web/activity"), &[], None);
     assert_eq!(s, 401);
 }
+
+/// A valid `traceparent` reaches the upstream with the same trace id and a
+/// new parent id (its `tracestate` kept); a malformed one is replaced, never
+/// forwarded; none starts a trace. The request log and the activity ring
+/// carry the trace id.
+#[test]
+fn trace_context_reaches_the_upstream_and_the_logs() {
+    if single_node_only("reads the one node's log") {
+        return;
+    }
+    let node = TestNode::start_with(NodeOpts {
+        config: crate::deploy::loopback_config(),
+        env: vec![("RUST_LOG".into(), "info".into())],
+        ..Default::default()
+    });
+    let key = node.create_namespace("trc");
+    let up = Upstream::start("one");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "web", "hosts": ["trc.test"],
+            "upstream": {"instances": [up.url()]}
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let sent = format!("00-{trace}-{parent}-01");
+    let upstream_saw = |headers: &[(&str, &str)]| {
+        let (s, _, b) = via(&node, "trc.test", "GET", "/x", headers, None);
+        assert_eq!(s, 200);
+        let e = json(&String::from_utf8_lossy(&b));
+        (
+            e["traceparent"].as_str().unwrap_or("").to_string(),
+            e["tracestate"].as_str().map(str::to_string),
+        )
+    };
+    // Continued: same trace id and flags, a new parent id.
+    let (tp, ts) = upstream_saw(&[
+        ("traceparent", &sent),
+        ("tracestate", "vendor=abc"),
+        ("x-request-id", "trace-rid-1"),
+    ]);
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    assert_eq!((parts[0], parts[1], parts[3]), ("00", trace, "01"), "{tp}");
+    assert_eq!(parts[2].len(), 16, "{tp}");
+    assert_ne!(parts[2], parent, "a new parent id: {tp}");
+    assert_ne!(parts[2], "0000000000000000");
+    assert_eq!(ts.as_deref(), Some("vendor=abc"));
+    // Malformed: replaced by a new trace, the tracestate dropped.
+    let bad = format!("00-{trace}-0000000000000000-01");
+    let (tp, ts) = upstream_saw(&[("traceparent", &bad), ("tracestate", "vendor=abc")]);
+    assert_ne!(tp, bad);
+    assert!(!tp.contains(trace), "{tp}");
+    assert_eq!(tp.len(), 55, "{tp}");
+    assert_eq!(ts, None);
+    let (tp, _) = upstream_saw(&[("traceparent", "garbage")]);
+    assert_eq!(tp.len(), 55, "{tp}");
+    // Absent: a new trace.
+    let (tp, _) = upstream_saw(&[]);
+    assert_eq!(tp.len(), 55, "{tp}");
+    assert!(tp.starts_with("00-"), "{tp}");
+    // The request log line and the activity ring carry the trace id.
+    let mut line = String::new();
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the request's log line",
+        || {
+            let log = node.stderr.lock().unwrap();
+            match log.lines().find(|l| l.contains("request_id=trace-rid-1")) {
+                Some(l) => {
+                    line = l.to_string();
+                    true
+                }
+                None => false,
+            }
+        },
+    );
+    assert!(line.contains(&format!("trace_id={trace}")), "{line}");
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/web/activity", None);
+    assert_eq!(s, 200, "{b}");
+    let v = json(&b);
+    let reqs = v["requests"].as_array().unwrap();
+    let first = reqs
+        .iter()
+        .find(|r| r["request_id"] == "trace-rid-1")
+        .expect("in the ring");
+    assert_eq!(first["trace_id"], trace, "{b}");
+    assert!(
+        reqs.iter().all(|r| r["trace_id"].as_str().map(str::len) == Some(32)),
+        "{b}"
+    );
+}

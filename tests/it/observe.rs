@@ -319,3 +319,79 @@ fn trace_context_reaches_the_upstream_and_the_logs() {
         "{b}"
     );
 }
+
+/// Writes its environment (`K=V` strings, NUL-separated) to stdout.
+const ENV_ECHO: &str = r#"(module
+  (import "wasi_snapshot_preview1" "environ_sizes_get" (func $sizes (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "environ_get" (func $env (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (drop (call $sizes (i32.const 0) (i32.const 4)))
+    (drop (call $env (i32.const 1024) (i32.const 4096)))
+    (i32.store (i32.const 16) (i32.const 4096))
+    (i32.store (i32.const 20) (i32.load (i32.const 4)))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))))"#;
+
+/// A function's guest sees `TRACEPARENT` continuing the caller's trace (a
+/// new parent id), and its invocation record carries the trace id.
+#[test]
+fn trace_context_reaches_the_guest_and_the_invocation_record() {
+    let node = TestNode::start();
+    let key = node.create_namespace("trf");
+    crate::functions::deploy(&node, &key, "env", ENV_ECHO.as_bytes(), &[]);
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let parent = "b7ad6b7169203331";
+    let auth = format!("Bearer {key}");
+    let tp = format!("00-{trace}-{parent}-01");
+    let (s, _, b) = http(
+        "POST",
+        &node.url("/v1/functions/env/invoke"),
+        &[
+            ("authorization", &auth),
+            ("traceparent", &tp),
+            ("x-request-id", "trace-fn-1"),
+        ],
+        Some(b"{}"),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    let out = String::from_utf8_lossy(&b).into_owned();
+    let seen = out
+        .split('\0')
+        .find_map(|kv| kv.strip_prefix("TRACEPARENT="))
+        .unwrap_or_else(|| panic!("no TRACEPARENT in {out:?}"));
+    let parts: Vec<&str> = seen.split('-').collect();
+    assert_eq!(parts.len(), 4, "{seen}");
+    assert_eq!((parts[0], parts[1], parts[3]), ("00", trace, "01"), "{seen}");
+    assert_ne!(parts[2], parent, "a new parent id: {seen}");
+    // Without one, the guest still gets a (new) trace.
+    let (_, _, b) = http(
+        "POST",
+        &node.url("/v1/functions/env/invoke"),
+        &[("authorization", &auth)],
+        Some(b"{}"),
+    );
+    let out = String::from_utf8_lossy(&b).into_owned();
+    assert!(out.contains("TRACEPARENT=00-"), "{out:?}");
+    // The invocation record carries the trace id.
+    let mut record = serde_json::Value::Null;
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the invocation record",
+        || {
+            let (_, b) = node.with_key(&key, "GET", "/v1/functions/env/logs", None);
+            let v = json(&b);
+            match v["logs"]
+                .as_array()
+                .and_then(|l| l.iter().find(|r| r["request_id"] == "trace-fn-1"))
+            {
+                Some(r) => {
+                    record = r.clone();
+                    true
+                }
+                None => false,
+            }
+        },
+    );
+    assert_eq!(record["trace_id"], trace, "{record}");
+}

@@ -543,7 +543,8 @@ impl Metrics {
 
     /// The text exposition without namespace names, for `[metrics] public =
     /// true`: every series with a `namespace` label is summed over it
-    /// (counters, gauges, histogram buckets), the other labels kept.
+    /// (counters, gauges, histogram buckets), the other labels kept but
+    /// `deployment`, `route` and `instance`, summed away likewise.
     pub fn render_public(&self) -> String {
         let families: Vec<_> = self
             .0
@@ -551,6 +552,11 @@ impl Metrics {
             .gather()
             .into_iter()
             .map(|f| merge_label(f, "namespace", None))
+            // A deployment's name, route and instance addresses are its
+            // namespace's business too: summed away the same way.
+            .map(|f| merge_label(f, "deployment", None))
+            .map(|f| merge_label(f, "route", None))
+            .map(|f| merge_label(f, "instance", None))
             .collect();
         encode(&families)
     }
@@ -901,6 +907,42 @@ mod public_tests {
         );
         // Under the limit nothing is merged.
         assert!(!m.render(100).contains("_other"));
+    }
+
+    /// Route series: counted under their declared labels, capped into
+    /// `_other`, and without deployment, route or instance in the public
+    /// exposition.
+    #[test]
+    fn route_series_are_bounded_and_public_hides_them() {
+        let m = Metrics::new();
+        m.route_labels.set_limit(1);
+        let a = [("http://10.0.0.1:80".to_string(), "answered")];
+        m.observe_route("alpha", "web", "/api", 200, 0.01, &a);
+        m.observe_route("alpha", "web", "/api", 503, 0.01, &a);
+        m.observe_route("alpha", "shop", "/", 200, 0.01, &[]);
+        let full = m.render(100);
+        assert!(
+            full.contains("meshgate_route_requests_total{deployment=\"web\",namespace=\"alpha\",route=\"/api\",status_class=\"5xx\"} 1\n"),
+            "{full}"
+        );
+        assert!(
+            full.contains("meshgate_route_requests_total{deployment=\"_other\",namespace=\"alpha\",route=\"_other\",status_class=\"2xx\"} 1\n"),
+            "{full}"
+        );
+        assert!(full.contains("instance=\"http://10.0.0.1:80\""), "{full}");
+        let public = m.render_public();
+        assert!(
+            !public.contains("web") && !public.contains("10.0.0.1") && !public.contains("alpha"),
+            "{public}"
+        );
+        assert!(
+            public.contains("meshgate_route_requests_total{status_class=\"2xx\"} 2\n"),
+            "{public}"
+        );
+        assert!(
+            public.contains("meshgate_upstream_requests_total{outcome=\"answered\"} 2\n"),
+            "{public}"
+        );
     }
 
     /// A namespace's stats read its own series only, and create none.

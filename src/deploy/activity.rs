@@ -63,10 +63,13 @@ pub struct ActivityEntry {
     pub trace_id: Option<String>,
 }
 
+/// Each ring by (namespace, deployment), with its last write's tick.
+type Rings = HashMap<(String, String), (u64, VecDeque<ActivityEntry>)>;
+
 /// Every deployment's ring on this node, by (namespace, deployment).
 #[derive(Default)]
 pub struct Activity {
-    rings: Mutex<HashMap<(String, String), (u64, VecDeque<ActivityEntry>)>>,
+    rings: Mutex<Rings>,
     /// Counts writes: a ring's last write, to pick the one dropped past [`MAX_RINGS`].
     tick: AtomicUsize,
 }

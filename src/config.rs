@@ -103,7 +103,7 @@ impl Default for MetricsConfig {
             listen: String::new(),
             public: false,
             namespace_series_limit: crate::metrics::DEFAULT_NAMESPACE_SERIES_LIMIT,
-            route_series_limit: crate::deploy::activity::DEFAULT_ROUTE_SERIES_LIMIT,
+            route_series_limit: crate::observe::DEFAULT_ROUTE_SERIES_LIMIT,
         }
     }
 }
@@ -860,10 +860,10 @@ impl Config {
             ));
         }
         let routes = self.metrics.route_series_limit;
-        if !(1..=crate::deploy::activity::MAX_ROUTE_SERIES_LIMIT).contains(&routes) {
+        if !(1..=crate::observe::MAX_ROUTE_SERIES_LIMIT).contains(&routes) {
             errors.push(format!(
                 "metrics.route_series_limit: {routes} must be 1..={} (deployment routes with their own series in /metrics)",
-                crate::deploy::activity::MAX_ROUTE_SERIES_LIMIT
+                crate::observe::MAX_ROUTE_SERIES_LIMIT
             ));
         }
         let top = self.dashboard.top_namespaces;

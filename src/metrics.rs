@@ -147,9 +147,9 @@ pub struct Inner {
     /// and `outcome` (`answered`, `connect_failed`, `refused`, `timeout`, `failed`).
     pub upstream_requests: IntCounterVec,
     /// The series cap of the three above (`[metrics] route_series_limit`).
-    pub route_labels: crate::deploy::activity::RouteLabels,
+    pub route_labels: crate::observe::RouteLabels,
     /// Each deployment's latest requests on this node.
-    pub route_activity: crate::deploy::activity::Activity,
+    pub route_activity: crate::observe::Activity,
 }
 
 const ACTOR_LABELS: &[&str] = &["kind", "namespace"];
@@ -476,8 +476,8 @@ impl Metrics {
                         "Time a deployment's route took to answer (response headers)"
                     )
                     .buckets(vec![
-                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                        2.5, 5.0, 10.0, 30.0
+                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0, 10.0, 30.0
                     ]),
                     &["namespace", "deployment", "route"]
                 )
@@ -774,7 +774,7 @@ fn merge_label(
 impl Metrics {
     /// Counts one request a deployment's route answered and the upstream
     /// attempts it made, under the bounded labels of
-    /// [`crate::deploy::activity::RouteLabels`].
+    /// [`crate::observe::RouteLabels`].
     pub fn observe_route(
         &self,
         namespace: &str,
@@ -782,10 +782,10 @@ impl Metrics {
         route: &str,
         status: u16,
         seconds: f64,
-        attempts: &[crate::deploy::activity::Attempt],
+        attempts: &[crate::observe::Attempt],
     ) {
         let (dep, rt) = self.route_labels.route(namespace, deployment, route);
-        let class = crate::deploy::activity::status_class(status);
+        let class = crate::observe::status_class(status);
         self.route_requests
             .with_label_values(&[namespace, dep, rt, class])
             .inc();

@@ -53,7 +53,7 @@ pub struct Forwarded {
     pub request_id: Option<String>,
     /// The request's W3C trace context: sent as `traceparent` (this node's
     /// span as the parent) and `tracestate`, in place of the client's.
-    pub trace: Option<crate::http::trace::TraceContext>,
+    pub trace: Option<crate::observe::trace::TraceContext>,
 }
 
 /// The request headers every client sends upstream, given to `emit` in

@@ -56,7 +56,7 @@ impl Entry {
     }
 
     /// The request's trace context: its trace id goes on the line.
-    pub fn trace(mut self, t: &crate::http::trace::TraceContext) -> Entry {
+    pub fn trace(mut self, t: &crate::observe::trace::TraceContext) -> Entry {
         let mut hex = [0u8; 32];
         if hex::encode_to_slice(t.trace_id, &mut hex).is_ok() {
             self.trace_id = Some(hex);
@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn lines_carry_the_trace_id() {
         let stamp = *b"2026-12-03T00:00:00.123456Z";
-        let t = crate::http::trace::TraceContext::fresh();
+        let t = crate::observe::trace::TraceContext::fresh();
         let e = entry("/x").trace(&t);
         let mut buf = Vec::new();
         text_line(&mut buf, &stamp, &e, "abc", 200, 1);

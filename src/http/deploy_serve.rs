@@ -114,7 +114,8 @@ async fn serve_observed(
     client_ip: Option<IpAddr>,
     request_id: Option<String>,
 ) -> HttpResponse {
-    use crate::deploy::activity::{ActivityEntry, Subject, recording};
+    use crate::deploy::activity::recording;
+    use crate::observe::{ActivityEntry, Subject};
     let start = crate::util::mono_now();
     let (resp, attempts) = recording(serve_bound(
         node,
@@ -141,7 +142,7 @@ async fn serve_observed(
         let ext = req.extensions();
         (
             ext.get::<Subject>().map(|s| s.0.clone()),
-            ext.get::<crate::http::trace::TraceContext>()
+            ext.get::<crate::observe::trace::TraceContext>()
                 .map(|t| t.trace_id_hex()),
         )
     };
@@ -194,7 +195,7 @@ async fn serve_bound(
                 request_id,
                 trace: req
                     .extensions()
-                    .get::<crate::http::trace::TraceContext>()
+                    .get::<crate::observe::trace::TraceContext>()
                     .cloned(),
             };
             let cfg = &node.deployments.config;
@@ -301,7 +302,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     let in_flight = InFlight::enter(node);
     // The logger.
     let id = request_id(&req);
-    let trace = crate::http::trace::TraceContext::from_headers(req.headers());
+    let trace = crate::observe::trace::TraceContext::from_headers(req.headers());
     let entry = access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
     req.extensions_mut().insert(trace);
     let span = request_span(req.method(), req.path(), &id);

@@ -278,7 +278,7 @@ async fn forward(
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
     let trace = req
         .extensions()
-        .get::<crate::http::trace::TraceContext>()
+        .get::<crate::observe::trace::TraceContext>()
         .cloned();
     // Anonymous callers spread by request id, so they do not all land on
     // the same member.
@@ -333,8 +333,8 @@ async fn forward(
                 || k == header::CONTENT_LENGTH
                 || k.as_str() == "x-api-key"
                 || k.as_str().starts_with("x-internal-auth-")
-                || k.as_str() == crate::http::trace::TRACEPARENT
-                || k.as_str() == crate::http::trace::TRACESTATE
+                || k.as_str() == crate::observe::trace::TRACEPARENT
+                || k.as_str() == crate::observe::trace::TRACESTATE
                 || is_hop_by_hop(k, &listed)
             {
                 continue;
@@ -344,9 +344,9 @@ async fn forward(
         // The trace context continues on the member (this node's span as
         // the parent); it is not identity, and the hop MAC does not cover it.
         if let Some(t) = &trace {
-            creq = creq.insert_header((crate::http::trace::TRACEPARENT, t.traceparent()));
+            creq = creq.insert_header((crate::observe::trace::TRACEPARENT, t.traceparent()));
             if let Some(ts) = &t.tracestate {
-                creq = creq.insert_header((crate::http::trace::TRACESTATE, ts.as_str()));
+                creq = creq.insert_header((crate::observe::trace::TRACESTATE, ts.as_str()));
             }
         }
         for (k, v) in key.sign_headers(&signed, &hop, crate::util::now()) {

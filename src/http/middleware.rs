@@ -24,8 +24,7 @@ pub async fn probes(
     if !matches!(
         path,
         "/livez" | "/readyz" | "/startupz" | "/metrics" | "/__metrics"
-    )
-        || req.method() != actix_web::http::Method::GET
+    ) || req.method() != actix_web::http::Method::GET
     {
         let mut res = next.call(req).await?;
         // The marker set by `admission` kept Compress off a small body; the

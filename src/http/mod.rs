@@ -15,7 +15,6 @@ mod request;
 mod routes;
 pub mod state;
 pub mod tls;
-pub mod trace;
 mod ws_invoke;
 mod ws_session;
 

@@ -87,11 +87,25 @@ fn route_metrics_count_the_requests_made() {
     );
     assert_eq!(s, 201, "{v}");
     for i in 0..3 {
-        let (s, _, _) = via(&node, "obs.test", "GET", &format!("/api/u/{i}?q=1"), &[], None);
+        let (s, _, _) = via(
+            &node,
+            "obs.test",
+            "GET",
+            &format!("/api/u/{i}?q=1"),
+            &[],
+            None,
+        );
         assert_eq!(s, 200);
     }
     for i in 0..2 {
-        let (s, _, _) = via(&node, "obs.test", "POST", &format!("/x{i}"), &[], Some(b"{}"));
+        let (s, _, _) = via(
+            &node,
+            "obs.test",
+            "POST",
+            &format!("/x{i}"),
+            &[],
+            Some(b"{}"),
+        );
         assert_eq!(s, 200);
     }
     let (s, text) = scrape(&node, None, "/metrics");
@@ -100,8 +114,16 @@ fn route_metrics_count_the_requests_made() {
     // accounting (the scrapes count no route request), with the same auth.
     let (s, routed) = scrape(&node, Some("obs.test"), "/__metrics");
     assert_eq!(s, 200, "{routed}");
-    assert!(routed.contains("meshgate_route_requests_total{"), "{routed}");
-    let (s, _, _) = http("GET", &node.url("/__metrics"), &[("host", "obs.test")], None);
+    assert!(
+        routed.contains("meshgate_route_requests_total{"),
+        "{routed}"
+    );
+    let (s, _, _) = http(
+        "GET",
+        &node.url("/__metrics"),
+        &[("host", "obs.test")],
+        None,
+    );
     assert_eq!(s, 401);
     let m = parse_prometheus(&text);
     let get = |name: &str, labels: &[(&str, &str)]| {
@@ -315,7 +337,8 @@ fn trace_context_reaches_the_upstream_and_the_logs() {
         .expect("in the ring");
     assert_eq!(first["trace_id"], trace, "{b}");
     assert!(
-        reqs.iter().all(|r| r["trace_id"].as_str().map(str::len) == Some(32)),
+        reqs.iter()
+            .all(|r| r["trace_id"].as_str().map(str::len) == Some(32)),
         "{b}"
     );
 }
@@ -362,7 +385,11 @@ fn trace_context_reaches_the_guest_and_the_invocation_record() {
         .unwrap_or_else(|| panic!("no TRACEPARENT in {out:?}"));
     let parts: Vec<&str> = seen.split('-').collect();
     assert_eq!(parts.len(), 4, "{seen}");
-    assert_eq!((parts[0], parts[1], parts[3]), ("00", trace, "01"), "{seen}");
+    assert_eq!(
+        (parts[0], parts[1], parts[3]),
+        ("00", trace, "01"),
+        "{seen}"
+    );
     assert_ne!(parts[2], parent, "a new parent id: {seen}");
     // Without one, the guest still gets a (new) trace.
     let (_, _, b) = http(

@@ -180,7 +180,7 @@ pub struct CallerInfo {
     /// The request's W3C trace context; None starts a new trace (triggers).
     /// The guest sees it as `TRACEPARENT` (and `TRACESTATE`), the record
     /// carries its trace id.
-    pub trace: Option<crate::http::trace::TraceContext>,
+    pub trace: Option<crate::observe::trace::TraceContext>,
 }
 
 /// A validated deploy.

@@ -232,7 +232,7 @@ impl Invoker {
         // parent), or starts one.
         let trace = caller
             .trace
-            .unwrap_or_else(crate::http::trace::TraceContext::fresh);
+            .unwrap_or_else(crate::observe::trace::TraceContext::fresh);
         let mut env = r.env.clone();
         env.retain(|(k, _)| k != "TRACEPARENT" && k != "TRACESTATE");
         env.push(("TRACEPARENT".into(), trace.traceparent()));

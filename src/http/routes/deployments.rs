@@ -341,14 +341,11 @@ async fn activity(
     query: web::Query<std::collections::HashMap<String, String>>,
 ) -> ApiResult<HttpResponse> {
     ctx.require("deployments", "read", &name)?;
-    let limit = crate::deploy::activity::parse_limit(query.get("limit").map(String::as_str))
+    let limit = crate::observe::parse_limit(query.get("limit").map(String::as_str))
         .map_err(|m| bad(Code::InvalidLimit, m))?;
     // A deployment that does not exist is 404, as for `GET /v1/deployments/{name}`.
     node.deployments.show(&ctx.name, &name).await?;
-    let requests = node
-        .metrics
-        .route_activity
-        .latest(&ctx.name, &name, limit);
+    let requests = node.metrics.route_activity.latest(&ctx.name, &name, limit);
     Ok(HttpResponse::Ok().json(json!({"requests": requests})))
 }
 

@@ -417,7 +417,7 @@ pub(crate) async fn invoke(
         request_id: request_id(&req),
         trace: req
             .extensions()
-            .get::<crate::http::trace::TraceContext>()
+            .get::<crate::observe::trace::TraceContext>()
             .cloned(),
     };
     let prepared = ctx
@@ -487,7 +487,7 @@ async fn invoke_by_namespace(
         request_id: request_id(&req),
         trace: req
             .extensions()
-            .get::<crate::http::trace::TraceContext>()
+            .get::<crate::observe::trace::TraceContext>()
             .cloned(),
     };
     let prepared = handle

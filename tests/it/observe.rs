@@ -422,3 +422,63 @@ fn trace_context_reaches_the_guest_and_the_invocation_record() {
     );
     assert_eq!(record["trace_id"], trace, "{record}");
 }
+
+/// A request forwarded to the namespace's member carries the trace on: the
+/// member's request-log line has the client's trace id (a hop without it
+/// would start a new trace there).
+#[cfg(feature = "cluster")]
+#[test]
+fn trace_context_reaches_the_member_on_a_forwarded_hop() {
+    use crate::cluster::member_opts;
+    let etcd = crate::etcd_process::EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |id: &str| {
+        let mut o = member_opts(&etcd, id, free_port(), tmp.path());
+        o.env.push(("RUST_LOG".into(), "info".into()));
+        TestNode::start_with(o)
+    };
+    let (a, b) = (start("a"), start("b"));
+    let (s, body) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"shop","members":["b"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let tp = format!("00-{trace}-10f067aa0ba902b7-01");
+    let auth = format!("Bearer {OPERATOR_KEY}");
+    let (s, h, body) = http(
+        "PUT",
+        &a.url("/v1/kv/greeting"),
+        &[
+            ("authorization", &auth),
+            ("x-namespace", "shop"),
+            ("traceparent", &tp),
+            ("x-request-id", "trace-hop-1"),
+        ],
+        Some(b"hello"),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(header(&h, "x-meshgate-member"), Some("b"));
+    for (node, name) in [(&a, "a"), (&b, "b")] {
+        let mut line = String::new();
+        wait_until(
+            std::time::Duration::from_secs(10),
+            &format!("the request's log line on {name}"),
+            || {
+                let log = node.stderr.lock().unwrap();
+                match log.lines().find(|l| l.contains("request_id=trace-hop-1")) {
+                    Some(l) => {
+                        line = l.to_string();
+                        true
+                    }
+                    None => false,
+                }
+            },
+        );
+        assert!(
+            line.contains(&format!("trace_id={trace}")),
+            "{name}: {line}"
+        );
+    }
+}

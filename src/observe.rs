@@ -64,8 +64,9 @@ pub struct ActivityEntry {
     pub trace_id: Option<String>,
 }
 
-/// Each ring by (namespace, deployment), with its last write's tick.
-type Rings = HashMap<(String, String), (u64, VecDeque<ActivityEntry>)>;
+/// Each ring by namespace, then deployment, with its last write's tick
+/// (nested: a request's lookup borrows its strings).
+type Rings = HashMap<String, HashMap<String, (u64, VecDeque<ActivityEntry>)>>;
 
 /// Every deployment's ring on this node, by (namespace, deployment).
 #[derive(Default)]
@@ -80,29 +81,42 @@ impl Activity {
     pub fn push(&self, namespace: &str, deployment: &str, entry: ActivityEntry) {
         let tick = self.tick.fetch_add(1, Ordering::Relaxed) as u64;
         let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (namespace.to_string(), deployment.to_string());
-        if !rings.contains_key(&key)
-            && rings.len() >= MAX_RINGS
-            && let Some(oldest) = rings
-                .iter()
-                .min_by_key(|(_, (t, _))| *t)
-                .map(|(k, _)| k.clone())
-        {
-            rings.remove(&oldest);
+        let present = rings
+            .get(namespace)
+            .is_some_and(|m| m.contains_key(deployment));
+        if !present {
+            let count: usize = rings.values().map(HashMap::len).sum();
+            if count >= MAX_RINGS
+                && let Some((ns, dep)) = rings
+                    .iter()
+                    .flat_map(|(ns, m)| m.iter().map(move |(d, (t, _))| (*t, ns, d)))
+                    .min()
+                    .map(|(_, ns, d)| (ns.clone(), d.clone()))
+            {
+                Self::remove(&mut rings, &ns, &dep);
+            }
         }
-        let (t, ring) = rings.entry(key).or_default();
-        *t = tick;
-        if ring.len() >= RING_SIZE {
-            ring.pop_front();
+        let ring = match rings.get_mut(namespace).and_then(|m| m.get_mut(deployment)) {
+            Some(r) => r,
+            None => rings
+                .entry(namespace.to_string())
+                .or_default()
+                .entry(deployment.to_string())
+                .or_default(),
+        };
+        ring.0 = tick;
+        if ring.1.len() >= RING_SIZE {
+            ring.1.pop_front();
         }
-        ring.push_back(entry);
+        ring.1.push_back(entry);
     }
 
     /// The latest `limit` requests of a deployment, newest first.
     pub fn latest(&self, namespace: &str, deployment: &str, limit: usize) -> Vec<ActivityEntry> {
         let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
         rings
-            .get(&(namespace.to_string(), deployment.to_string()))
+            .get(namespace)
+            .and_then(|m| m.get(deployment))
             .map(|(_, r)| r.iter().rev().take(limit).cloned().collect())
             .unwrap_or_default()
     }
@@ -110,7 +124,16 @@ impl Activity {
     /// Forgets a deployment's ring (it was deleted).
     pub fn forget(&self, namespace: &str, deployment: &str) {
         let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-        rings.remove(&(namespace.to_string(), deployment.to_string()));
+        Self::remove(&mut rings, namespace, deployment);
+    }
+
+    fn remove(rings: &mut Rings, namespace: &str, deployment: &str) {
+        if let Some(m) = rings.get_mut(namespace) {
+            m.remove(deployment);
+            if m.is_empty() {
+                rings.remove(namespace);
+            }
+        }
     }
 }
 
@@ -129,8 +152,8 @@ pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
 /// The series cap of the route and instance labels.
 pub struct RouteLabels {
     limit: AtomicUsize,
-    routes: Mutex<HashSet<(String, String, String)>>,
-    instances: Mutex<HashSet<(String, String, String)>>,
+    routes: Mutex<Admitted>,
+    instances: Mutex<Admitted>,
 }
 
 impl Default for RouteLabels {
@@ -186,22 +209,34 @@ impl RouteLabels {
     }
 }
 
-fn admit(
-    set: &Mutex<HashSet<(String, String, String)>>,
-    limit: usize,
-    a: &str,
-    b: &str,
-    c: &str,
-) -> bool {
+/// Triples admitted to their own series: nested by their parts, so a
+/// request's lookup borrows its strings and allocates nothing.
+#[derive(Default)]
+struct Admitted {
+    count: usize,
+    map: HashMap<String, HashMap<String, HashSet<String>>>,
+}
+
+fn admit(set: &Mutex<Admitted>, limit: usize, a: &str, b: &str, c: &str) -> bool {
     let mut set = set.lock().unwrap_or_else(|e| e.into_inner());
-    let key = (a.to_string(), b.to_string(), c.to_string());
-    if set.contains(&key) {
+    if set
+        .map
+        .get(a)
+        .and_then(|m| m.get(b))
+        .is_some_and(|s| s.contains(c))
+    {
         return true;
     }
-    if set.len() >= limit {
+    if set.count >= limit {
         return false;
     }
-    set.insert(key);
+    set.count += 1;
+    set.map
+        .entry(a.to_string())
+        .or_default()
+        .entry(b.to_string())
+        .or_default()
+        .insert(c.to_string());
     true
 }
 
@@ -256,6 +291,20 @@ mod tests {
         assert!(a.latest("ns2", "web", 10).is_empty());
         a.forget("ns", "web");
         assert!(a.latest("ns", "web", 10).is_empty());
+    }
+
+    /// Past [`MAX_RINGS`] deployments, the least recently written ring goes.
+    #[test]
+    fn activity_rings_are_bounded() {
+        let a = Activity::default();
+        for i in 0..MAX_RINGS {
+            a.push("ns", &format!("d{i}"), entry(0));
+        }
+        a.push("ns", "d0", entry(1));
+        a.push("other", "new", entry(2));
+        assert_eq!(a.latest("ns", "d0", 10).len(), 2, "written lately: kept");
+        assert!(a.latest("ns", "d1", 10).is_empty(), "the oldest write went");
+        assert_eq!(a.latest("other", "new", 10).len(), 1);
     }
 
     /// `?limit=` is 1..=256, 50 by default.

@@ -482,3 +482,39 @@ fn trace_context_reaches_the_member_on_a_forwarded_hop() {
         );
     }
 }
+
+/// A static site's route is counted too (status class by status, no
+/// upstream attempt), and its activity names no instance.
+#[test]
+fn static_routes_are_counted_without_instances() {
+    if single_node_only("counts the series of one node") {
+        return;
+    }
+    let node = proxy_node();
+    let key = node.create_namespace("sta");
+    let tgz = crate::deploy::tarball(&[("index.html", 'f', b"<h1>hi</h1>")]);
+    let (s, b) = crate::deploy::deploy_static(&node, &key, "site", "sta.test", &tgz);
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(via(&node, "sta.test", "GET", "/", &[], None).0, 200);
+    assert_eq!(via(&node, "sta.test", "GET", "/missing", &[], None).0, 404);
+    let (_, text) = scrape(&node, None, "/metrics");
+    let m = parse_prometheus(&text);
+    for class in ["2xx", "4xx"] {
+        let k = format!(
+            "meshgate_route_requests_total{{deployment=site,namespace=sta,route=/,status_class={class}}}"
+        );
+        assert_eq!(m.get(&k), Some(&1.0), "{k}: {text}");
+    }
+    assert!(
+        !text.contains("meshgate_upstream_requests_total{deployment=\"site\""),
+        "{text}"
+    );
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/site/activity", None);
+    assert_eq!(s, 200, "{b}");
+    let v = json(&b);
+    let reqs = v["requests"].as_array().unwrap();
+    assert_eq!(reqs.len(), 2, "{b}");
+    assert_eq!(reqs[0]["status"], 404);
+    assert_eq!(reqs[0]["path"], "/missing");
+    assert!(reqs.iter().all(|r| r["instance"].is_null()), "{b}");
+}

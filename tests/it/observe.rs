@@ -518,3 +518,56 @@ fn static_routes_are_counted_without_instances() {
     assert_eq!(reqs[0]["path"], "/missing");
     assert!(reqs.iter().all(|r| r["instance"].is_null()), "{b}");
 }
+
+/// An instance that cannot be connected is counted as `connect_failed` on
+/// its own instance label; the request itself is counted once.
+#[test]
+fn upstream_attempts_are_counted_per_instance_and_outcome() {
+    if single_node_only("counts the series of one node") {
+        return;
+    }
+    let node = proxy_node();
+    let key = node.create_namespace("att");
+    let up = Upstream::start("one");
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        drop(l);
+        format!("http://{a}")
+    };
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "web", "hosts": ["att.test"],
+            "upstream": {"instances": [dead, up.url()]}
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    for _ in 0..2 {
+        assert_eq!(via(&node, "att.test", "GET", "/", &[], None).0, 200);
+    }
+    let (_, text) = scrape(&node, None, "/metrics");
+    let m = parse_prometheus(&text);
+    let sum = |pred: &dyn Fn(&str) -> bool| -> f64 {
+        m.iter().filter(|(k, _)| pred(k)).map(|(_, v)| v).sum()
+    };
+    let ups = "meshgate_upstream_requests_total{";
+    let live = format!("instance={}", up.url());
+    let gone = format!("instance={dead}");
+    assert_eq!(
+        sum(&|k| k.starts_with(ups) && k.contains(&live) && k.contains("outcome=answered")),
+        2.0,
+        "{text}"
+    );
+    assert!(
+        sum(&|k| k.starts_with(ups) && k.contains(&gone) && k.contains("outcome=connect_failed"))
+            >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sum(&|k| k.starts_with("meshgate_route_requests_total{") && k.contains("namespace=att")),
+        2.0,
+        "{text}"
+    );
+}

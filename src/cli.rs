@@ -302,6 +302,15 @@ pub enum DeployCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// The deployment's latest requests on the node that answers (newest first).
+    Activity {
+        name: String,
+        /// How many (1 to 256; default 50).
+        #[arg(long)]
+        limit: Option<u32>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Make an earlier version serve again (default: the one before the active one).
     Rollback {
         name: String,

@@ -319,6 +319,17 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
         DeployCommand::Show { name, client } => {
             print(&call(&client, "GET", &format!("/v1/deployments/{name}"), None).await?)
         }
+        DeployCommand::Activity {
+            name,
+            limit,
+            client,
+        } => {
+            let mut path = format!("/v1/deployments/{name}/activity");
+            if let Some(n) = limit {
+                path.push_str(&format!("?limit={n}"));
+            }
+            print(&call(&client, "GET", &path, None).await?)
+        }
         DeployCommand::Rollback {
             name,
             version,

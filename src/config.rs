@@ -90,6 +90,11 @@ pub struct MetricsConfig {
     /// invocations); every other namespace is summed into
     /// `namespace="_other"`. 1 to 10,000; default 100.
     pub namespace_series_limit: usize,
+    /// (namespace, deployment, route) triples with their own series in the
+    /// route metrics of deployments, and as many (namespace, deployment,
+    /// instance) triples; past it a new one is counted under `_other`.
+    /// 1 to 100,000; default 1,000.
+    pub route_series_limit: usize,
 }
 
 impl Default for MetricsConfig {
@@ -98,6 +103,7 @@ impl Default for MetricsConfig {
             listen: String::new(),
             public: false,
             namespace_series_limit: crate::metrics::DEFAULT_NAMESPACE_SERIES_LIMIT,
+            route_series_limit: crate::observe::DEFAULT_ROUTE_SERIES_LIMIT,
         }
     }
 }
@@ -851,6 +857,13 @@ impl Config {
             errors.push(format!(
                 "metrics.namespace_series_limit: {limit} must be 1..={} (namespaces with their own series in /metrics)",
                 crate::metrics::MAX_NAMESPACE_SERIES_LIMIT
+            ));
+        }
+        let routes = self.metrics.route_series_limit;
+        if !(1..=crate::observe::MAX_ROUTE_SERIES_LIMIT).contains(&routes) {
+            errors.push(format!(
+                "metrics.route_series_limit: {routes} must be 1..={} (deployment routes with their own series in /metrics)",
+                crate::observe::MAX_ROUTE_SERIES_LIMIT
             ));
         }
         let top = self.dashboard.top_namespaces;

@@ -62,6 +62,7 @@ pub mod identity;
 pub mod metrics;
 pub mod namespace;
 pub mod node;
+pub mod observe;
 pub mod placement;
 pub mod pubsub;
 pub mod quota;

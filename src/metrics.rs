@@ -138,6 +138,20 @@ pub struct Inner {
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
     pub mesh_connections_refused: IntCounter,
+    // Deployments (per route; labels bounded by `crate::deploy::activity`).
+    /// Routed requests a deployment's route answered, by `namespace`,
+    /// `deployment`, `route` (its declared `path_prefix`) and `status_class`.
+    pub route_requests: IntCounterVec,
+    /// Seconds a route took to answer (until the response headers), by
+    /// `namespace`, `deployment` and `route`.
+    pub route_duration_seconds: HistogramVec,
+    /// Upstream attempts by `namespace`, `deployment`, `route`, `instance`
+    /// and `outcome` (`answered`, `connect_failed`, `refused`, `timeout`, `failed`).
+    pub upstream_requests: IntCounterVec,
+    /// The series cap of the three above (`[metrics] route_series_limit`).
+    pub route_labels: crate::observe::RouteLabels,
+    /// Each deployment's latest requests on this node.
+    pub route_activity: crate::observe::Activity,
 }
 
 const ACTOR_LABELS: &[&str] = &["kind", "namespace"];
@@ -454,6 +468,42 @@ impl Metrics {
                 )
                 .unwrap()
             ),
+            route_requests: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_route_requests_total",
+                        "Routed requests answered by a deployment's route, by status class"
+                    ),
+                    &["namespace", "deployment", "route", "status_class"]
+                )
+                .unwrap()
+            ),
+            route_duration_seconds: reg!(
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "meshgate_route_duration_seconds",
+                        "Time a deployment's route took to answer (response headers)"
+                    )
+                    .buckets(vec![
+                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0, 10.0, 30.0
+                    ]),
+                    &["namespace", "deployment", "route"]
+                )
+                .unwrap()
+            ),
+            upstream_requests: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_upstream_requests_total",
+                        "Attempts to reach a deployment's upstream instance, by outcome"
+                    ),
+                    &["namespace", "deployment", "route", "instance", "outcome"]
+                )
+                .unwrap()
+            ),
+            route_labels: Default::default(),
+            route_activity: Default::default(),
             http_classes: Default::default(),
             registry,
         };
@@ -502,7 +552,8 @@ impl Metrics {
 
     /// The text exposition without namespace names, for `[metrics] public =
     /// true`: every series with a `namespace` label is summed over it
-    /// (counters, gauges, histogram buckets), the other labels kept.
+    /// (counters, gauges, histogram buckets), the other labels kept but
+    /// `deployment`, `route` and `instance`, summed away likewise.
     pub fn render_public(&self) -> String {
         let families: Vec<_> = self
             .0
@@ -510,6 +561,11 @@ impl Metrics {
             .gather()
             .into_iter()
             .map(|f| merge_label(f, "namespace", None))
+            // A deployment's name, route and instance addresses are its
+            // namespace's business too: summed away the same way.
+            .map(|f| merge_label(f, "deployment", None))
+            .map(|f| merge_label(f, "route", None))
+            .map(|f| merge_label(f, "instance", None))
             .collect();
         encode(&families)
     }
@@ -724,6 +780,36 @@ fn merge_label(
     family
 }
 
+impl Metrics {
+    /// Counts one request a deployment's route answered and the upstream
+    /// attempts it made, under the bounded labels of
+    /// [`crate::observe::RouteLabels`].
+    pub fn observe_route(
+        &self,
+        namespace: &str,
+        deployment: &str,
+        route: &str,
+        status: u16,
+        seconds: f64,
+        attempts: &[crate::observe::Attempt],
+    ) {
+        let (dep, rt) = self.route_labels.route(namespace, deployment, route);
+        let class = crate::observe::status_class(status);
+        self.route_requests
+            .with_label_values(&[namespace, dep, rt, class])
+            .inc();
+        self.route_duration_seconds
+            .with_label_values(&[namespace, dep, rt])
+            .observe(seconds);
+        for (instance, outcome) in attempts {
+            let inst = self.route_labels.instance(namespace, deployment, instance);
+            self.upstream_requests
+                .with_label_values(&[namespace, dep, rt, inst, outcome])
+                .inc();
+        }
+    }
+}
+
 impl std::ops::Deref for Metrics {
     type Target = Inner;
     fn deref(&self) -> &Inner {
@@ -830,6 +916,42 @@ mod public_tests {
         );
         // Under the limit nothing is merged.
         assert!(!m.render(100).contains("_other"));
+    }
+
+    /// Route series: counted under their declared labels, capped into
+    /// `_other`, and without deployment, route or instance in the public
+    /// exposition.
+    #[test]
+    fn route_series_are_bounded_and_public_hides_them() {
+        let m = Metrics::new();
+        m.route_labels.set_limit(1);
+        let a = [("http://10.0.0.1:80".to_string(), "answered")];
+        m.observe_route("alpha", "web", "/api", 200, 0.01, &a);
+        m.observe_route("alpha", "web", "/api", 503, 0.01, &a);
+        m.observe_route("alpha", "shop", "/", 200, 0.01, &[]);
+        let full = m.render(100);
+        assert!(
+            full.contains("meshgate_route_requests_total{deployment=\"web\",namespace=\"alpha\",route=\"/api\",status_class=\"5xx\"} 1\n"),
+            "{full}"
+        );
+        assert!(
+            full.contains("meshgate_route_requests_total{deployment=\"_other\",namespace=\"alpha\",route=\"_other\",status_class=\"2xx\"} 1\n"),
+            "{full}"
+        );
+        assert!(full.contains("instance=\"http://10.0.0.1:80\""), "{full}");
+        let public = m.render_public();
+        assert!(
+            !public.contains("web") && !public.contains("10.0.0.1") && !public.contains("alpha"),
+            "{public}"
+        );
+        assert!(
+            public.contains("meshgate_route_requests_total{status_class=\"2xx\"} 2\n"),
+            "{public}"
+        );
+        assert!(
+            public.contains("meshgate_upstream_requests_total{outcome=\"answered\"} 2\n"),
+            "{public}"
+        );
     }
 
     /// A namespace's stats read its own series only, and create none.

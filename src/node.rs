@@ -155,6 +155,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     }
     let hop_key = hop_secret.map(|s| crate::auth::HopKey::from_secret(&s));
     let metrics = Metrics::new();
+    metrics
+        .route_labels
+        .set_limit(config.metrics.route_series_limit);
     let directory = ActorDirectory::default();
     let namespaces = Namespaces::default();
     let threads = if config.server.actor_threads == 0 {

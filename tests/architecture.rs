@@ -13,6 +13,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("error", 0),
     ("config", 0),
     ("metrics", 0),
+    ("observe", 0),
     ("storage", 0),
     // Pure identity primitives (formats, signatures, grants).
     ("auth", 1),

@@ -453,6 +453,7 @@ mod tests {
         let caller = || CallerInfo {
             subject: None,
             request_id: "r".into(),
+            trace: None,
         };
         let p = inv
             .prepare("f".into(), None, Vec::new(), caller(), Trigger::Http, 0)

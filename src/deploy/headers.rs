@@ -51,6 +51,9 @@ pub struct Forwarded {
     pub host: String,
     /// The request's id, sent as X-Request-ID so upstream logs can be correlated.
     pub request_id: Option<String>,
+    /// The request's W3C trace context: sent as `traceparent` (this node's
+    /// span as the parent) and `tracestate`, in place of the client's.
+    pub trace: Option<crate::observe::trace::TraceContext>,
 }
 
 /// The request headers every client sends upstream, given to `emit` in
@@ -86,6 +89,8 @@ pub(crate) fn upstream_header_lines(
                 continue;
             }
             "x-request-id" if own_id.is_some() => continue,
+            // Never forwarded as they came: replaced by the request's context.
+            "traceparent" | "tracestate" => continue,
             _ => {}
         }
         if is_hop_by_hop(k, &listed) {
@@ -115,6 +120,12 @@ pub(crate) fn upstream_header_lines(
     }
     if let Some(view) = &policy_view {
         view.emit(&mut emit);
+    }
+    if let Some(t) = &fwd.trace {
+        emit("traceparent", t.traceparent().as_bytes());
+        if let Some(ts) = &t.tracestate {
+            emit("tracestate", ts.as_bytes());
+        }
     }
 }
 
@@ -268,6 +279,7 @@ mod tests {
             proto: "https",
             host: "app.example".into(),
             request_id: id.map(str::to_string),
+            trace: None,
         }
     }
 

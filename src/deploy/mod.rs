@@ -24,6 +24,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod awc_client;
 pub mod egress;
 pub mod h1;

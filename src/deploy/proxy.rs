@@ -181,7 +181,9 @@ pub(crate) async fn over_instances<T>(
         let inst = &pool.instances[i];
         // In flight until its answer's head (for `least_request`).
         let _in_flight = pool.start(i);
-        match attempt(inst).await {
+        let exchange = attempt(inst).await;
+        super::activity::attempted(&inst.base, super::activity::outcome(&exchange));
+        match exchange {
             Exchange::Answered(res) => {
                 pool.succeeded(i);
                 return Ok(res);
@@ -404,6 +406,7 @@ mod tests {
             proto: "http",
             host: "app.test".into(),
             request_id: None,
+            trace: None,
         };
         let t = ProxyTimeouts {
             connect: Duration::from_secs(10),

@@ -183,6 +183,10 @@ pub struct InvocationRecord {
     pub timestamp_ms: u64,
     /// What the guest logged, in order; empty when it failed.
     pub logs: Vec<LogEntry>,
+    /// The call's W3C trace id (hex): the request's, or a new trace's for
+    /// a trigger. Absent in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// One guest log line in a record.

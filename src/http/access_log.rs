@@ -39,6 +39,8 @@ pub struct Entry {
     method: Method,
     path: String,
     start: Instant,
+    /// The request's W3C trace id, in hex (the line's `trace_id`).
+    trace_id: Option<[u8; 32]>,
 }
 
 impl Entry {
@@ -49,7 +51,24 @@ impl Entry {
             method: method.clone(),
             path: path.to_string(),
             start,
+            trace_id: None,
         }
+    }
+
+    /// The request's trace context: its trace id goes on the line.
+    pub fn trace(mut self, t: &crate::observe::trace::TraceContext) -> Entry {
+        let mut hex = [0u8; 32];
+        if hex::encode_to_slice(t.trace_id, &mut hex).is_ok() {
+            self.trace_id = Some(hex);
+        }
+        self
+    }
+
+    fn trace_str(&self) -> &str {
+        self.trace_id
+            .as_ref()
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .unwrap_or("")
     }
 
     /// Writes the request's line if the filter lets it through.
@@ -67,10 +86,11 @@ impl Entry {
         let Some(w) = WRITER.get() else {
             let ms = micros as f64 / 1000.0;
             let (m, p, id) = (self.method.as_str(), self.path.as_str(), request_id);
+            let trace_id = self.trace_str();
             if failed {
-                tracing::warn!(target: "meshgate::access", method = m, path = p, request_id = id, status, duration_ms = ms, "Request failed.");
+                tracing::warn!(target: "meshgate::access", method = m, path = p, request_id = id, trace_id, status, duration_ms = ms, "Request failed.");
             } else {
-                tracing::info!(target: "meshgate::access", method = m, path = p, request_id = id, status, duration_ms = ms, "Request served.");
+                tracing::info!(target: "meshgate::access", method = m, path = p, request_id = id, trace_id, status, duration_ms = ms, "Request served.");
             }
             return;
         };
@@ -184,6 +204,10 @@ fn text_line(buf: &mut Vec<u8>, stamp: &[u8; 27], e: &Entry, id: &str, status: u
     put_text(buf, &e.path);
     buf.extend_from_slice(b" request_id=");
     put_text(buf, id);
+    if e.trace_id.is_some() {
+        buf.extend_from_slice(b" trace_id=");
+        buf.extend_from_slice(e.trace_str().as_bytes());
+    }
     buf.extend_from_slice(b"}: meshgate::access: ");
     buf.extend_from_slice(message.as_bytes());
     buf.extend_from_slice(b" status=");
@@ -216,6 +240,11 @@ fn json_line(buf: &mut Vec<u8>, stamp: &[u8; 27], e: &Entry, id: &str, status: u
     str_(buf, &e.path);
     buf.extend_from_slice(b",\"request_id\":");
     str_(buf, id);
+    if e.trace_id.is_some() {
+        buf.extend_from_slice(b",\"trace_id\":\"");
+        buf.extend_from_slice(e.trace_str().as_bytes());
+        buf.push(b'"');
+    }
     buf.extend_from_slice(b",\"name\":\"request\"}}\n");
 }
 
@@ -259,7 +288,27 @@ mod tests {
             method: Method::GET,
             path: path.into(),
             start: crate::util::mono_now(),
+            trace_id: None,
         }
+    }
+
+    /// A line of a request with a trace context carries its trace id (text and JSON).
+    #[test]
+    fn lines_carry_the_trace_id() {
+        let stamp = *b"2026-12-03T00:00:00.123456Z";
+        let t = crate::observe::trace::TraceContext::fresh();
+        let e = entry("/x").trace(&t);
+        let mut buf = Vec::new();
+        text_line(&mut buf, &stamp, &e, "abc", 200, 1);
+        let line = String::from_utf8(buf).unwrap();
+        assert!(
+            line.contains(&format!("request_id=abc trace_id={}}}", t.trace_id_hex())),
+            "{line}"
+        );
+        let mut buf = Vec::new();
+        json_line(&mut buf, &stamp, &e, "abc", 200, 1);
+        let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!(v["span"]["trace_id"], t.trace_id_hex());
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
     // Each borrow of the request's extensions ends before the next begins.
     let client_ip = req.extensions().get::<ClientIp>().map(|c| c.0);
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
-    serve_bound(
+    serve_observed(
         node,
         &req,
         payload,
@@ -101,6 +101,71 @@ fn client_scheme(req: &HttpRequest) -> &'static str {
         req.app_config().secure()
     };
     if https { "https" } else { "http" }
+}
+
+/// [`serve_bound`], counted: the route's series in `/metrics` and the
+/// deployment's activity ring (`crate::deploy::activity`).
+async fn serve_observed(
+    node: &Node,
+    req: &HttpRequest,
+    payload: Payload,
+    host: &str,
+    bound: &Bound,
+    client_ip: Option<IpAddr>,
+    request_id: Option<String>,
+) -> HttpResponse {
+    use crate::deploy::activity::recording;
+    use crate::observe::{ActivityEntry, Subject};
+    let start = crate::util::mono_now();
+    let (resp, attempts) = recording(serve_bound(
+        node,
+        req,
+        payload,
+        host,
+        bound,
+        client_ip,
+        request_id.clone(),
+    ))
+    .await;
+    let elapsed = start.elapsed();
+    let status = resp.status().as_u16();
+    let route = bound.route.path_prefix.as_str();
+    node.metrics.observe_route(
+        &bound.namespace,
+        &bound.deployment,
+        route,
+        status,
+        elapsed.as_secs_f64(),
+        &attempts,
+    );
+    let (subject, trace_id) = {
+        let ext = req.extensions();
+        (
+            ext.get::<Subject>().map(|s| s.0.clone()),
+            ext.get::<crate::observe::trace::TraceContext>()
+                .map(|t| t.trace_id_hex()),
+        )
+    };
+    node.metrics.route_activity.push(
+        &bound.namespace,
+        &bound.deployment,
+        ActivityEntry {
+            time_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or_default(),
+            method: req.method().to_string(),
+            path: req.path().to_string(),
+            route: route.to_string(),
+            status,
+            duration_ms: elapsed.as_micros() as f64 / 1000.0,
+            instance: attempts.last().map(|a| a.0.clone()),
+            request_id,
+            subject,
+            trace_id,
+        },
+    );
+    resp
 }
 
 /// Answers a request with the route it matched.
@@ -134,6 +199,10 @@ async fn serve_bound(
                 proto: client_scheme(req),
                 host: host.to_string(),
                 request_id,
+                trace: req
+                    .extensions()
+                    .get::<crate::observe::trace::TraceContext>()
+                    .cloned(),
             };
             let cfg = &node.deployments.config;
             let t = ProxyTimeouts {
@@ -167,7 +236,10 @@ struct FastRoute {
 fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     // Probes are answered before anything else, whatever the host.
     if req.method() == Method::GET
-        && matches!(req.path(), "/livez" | "/readyz" | "/startupz" | "/metrics")
+        && matches!(
+            req.path(),
+            "/livez" | "/readyz" | "/startupz" | "/metrics" | "/__metrics"
+        )
     {
         return None;
     }
@@ -238,7 +310,9 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     let in_flight = InFlight::enter(node);
     // The logger.
     let id = request_id(&req);
-    let entry = access_log::Entry::begin(req.method(), req.path(), start);
+    let trace = crate::observe::trace::TraceContext::from_headers(req.headers());
+    let entry = access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
+    req.extensions_mut().insert(trace);
     let span = request_span(req.method(), req.path(), &id);
     let (http, payload) = req.into_parts();
     // Boxed: the steps' future holds the upstream exchange (kilobytes), and
@@ -290,7 +364,7 @@ async fn routed_steps(
     if let Err(e) = charge_namespace(l, node, &route.bound.namespace).await {
         return e.error_response_owned();
     }
-    serve_bound(
+    serve_observed(
         node,
         req,
         payload,

@@ -280,6 +280,10 @@ async fn forward(
         ApiError::new(Code::NoMemberAvailable, e).retry_after(1)
     })?;
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    let trace = req
+        .extensions()
+        .get::<crate::observe::trace::TraceContext>()
+        .cloned();
     // Anonymous callers spread by request id, so they do not all land on
     // the same member.
     let spread = match (id, &request_id) {
@@ -333,11 +337,21 @@ async fn forward(
                 || k == header::CONTENT_LENGTH
                 || k.as_str() == "x-api-key"
                 || k.as_str().starts_with("x-internal-auth-")
+                || k.as_str() == crate::observe::trace::TRACEPARENT
+                || k.as_str() == crate::observe::trace::TRACESTATE
                 || is_hop_by_hop(k, &listed)
             {
                 continue;
             }
             creq = creq.append_header((k.clone(), v.clone()));
+        }
+        // The trace context continues on the member (this node's span as
+        // the parent); it is not identity, and the hop MAC does not cover it.
+        if let Some(t) = &trace {
+            creq = creq.insert_header((crate::observe::trace::TRACEPARENT, t.traceparent()));
+            if let Some(ts) = &t.tracestate {
+                creq = creq.insert_header((crate::observe::trace::TRACESTATE, ts.as_str()));
+            }
         }
         for (k, v) in key.sign_headers(&signed, &hop, crate::util::now()) {
             if let (Ok(k), Ok(v)) = (

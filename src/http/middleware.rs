@@ -14,14 +14,17 @@ use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, HttpResponse, web};
 
 /// Probes and `/metrics`: answered before anything else, outside the chain and
-/// not counted in request metrics.
+/// not counted in request metrics. `/__metrics` is `/metrics` under a name
+/// a routed host's upstream is unlikely to own (same answer, same auth).
 pub async fn probes(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
     let path = req.path();
-    if !matches!(path, "/livez" | "/readyz" | "/startupz" | "/metrics")
-        || req.method() != actix_web::http::Method::GET
+    if !matches!(
+        path,
+        "/livez" | "/readyz" | "/startupz" | "/metrics" | "/__metrics"
+    ) || req.method() != actix_web::http::Method::GET
     {
         let mut res = next.call(req).await?;
         // The marker set by `admission` kept Compress off a small body; the

@@ -152,6 +152,9 @@ async fn check(
         return Ok(());
     }
     let id = authenticated(node, req, bound, policy).await?;
+    // The deployment's activity ring names who made the request.
+    req.extensions_mut()
+        .insert(crate::observe::Subject(id.subject.clone()));
     if let Some(rl) = &policy.rate_limit
         && rl.key == RateKey::Subject
     {

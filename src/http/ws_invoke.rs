@@ -46,6 +46,7 @@ pub fn ws_invoke(
         let caller = CallerInfo {
             subject: identity.map(|i| i.subject.clone()),
             request_id: crate::http::chain::logger::fresh_request_id(),
+            trace: None,
         };
         let run = async {
             let prepared = ns

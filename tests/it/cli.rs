@@ -170,6 +170,17 @@ fn cli_keys_namespaces_and_deployments() {
     assert_eq!(out["target"]["balance"], "least_request", "{out:#}");
     assert_eq!(out["target"]["health"]["path"], "/", "{out:#}");
     assert_eq!(out["target"]["health"]["interval_ms"], 200, "{out:#}");
+    // deploy activity: the latest requests this node served (per node).
+    if !crate::common::cluster_mode() {
+        let out = printed(&cli(
+            base,
+            &["deploy", "activity", "api", "--limit", "1", "--key", &owner],
+        ));
+        let reqs = out["requests"].as_array().unwrap();
+        assert_eq!(reqs.len(), 1, "{out:#}");
+        assert_eq!(reqs[0]["status"], 200, "{out:#}");
+        assert_eq!(reqs[0]["instance"].as_str(), Some(up.as_str()), "{out:#}");
+    }
     // deploy delete: prints the deletion; the host is routed nowhere.
     let out = printed(&cli(base, &["deploy", "delete", "api", "--key", &owner]));
     assert_eq!(out, serde_json::json!({"ok": true, "deleted": "api"}));

@@ -44,6 +44,8 @@ async fn echo(req: HttpRequest, body: web::Bytes, id: web::Data<String>) -> Http
         "authorization": h("authorization"),
         "keep_alive_header": h("keep-alive"),
         "custom": h("x-custom"),
+        "traceparent": h("traceparent"),
+        "tracestate": h("tracestate"),
         "body_len": body.len(),
         "body_sha": hex::encode(ring::digest::digest(&ring::digest::SHA256, &body).as_ref()),
     }))
@@ -207,7 +209,7 @@ fn code(b: &[u8]) -> String {
 
 /// A `.tar.gz` from (path, kind, data) entries, names written raw so hostile
 /// names can be made: 'f' file, 'd' folder, 's' symlink, 'h' hard link.
-fn tarball(entries: &[(&str, char, &[u8])]) -> Vec<u8> {
+pub(crate) fn tarball(entries: &[(&str, char, &[u8])]) -> Vec<u8> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut b = tar::Builder::new(gz);
     for (path, kind, data) in entries {
@@ -247,7 +249,13 @@ fn multipart(parts: &[(&str, &[u8])]) -> (String, Vec<u8>) {
     (format!("multipart/form-data; boundary={boundary}"), body)
 }
 
-fn deploy_static(node: &TestNode, key: &str, name: &str, hosts: &str, tgz: &[u8]) -> (u16, String) {
+pub(crate) fn deploy_static(
+    node: &TestNode,
+    key: &str,
+    name: &str,
+    hosts: &str,
+    tgz: &[u8],
+) -> (u16, String) {
     let (ct, body) = multipart(&[
         ("name", name.as_bytes()),
         ("hosts", hosts.as_bytes()),

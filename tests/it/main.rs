@@ -18,6 +18,7 @@ mod export;
 mod functions;
 mod history;
 mod node;
+mod observe;
 mod passivate;
 mod pubsub;
 mod quotas;

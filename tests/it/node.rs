@@ -464,7 +464,8 @@ fn request_log_lines_carry_the_request_and_follow_the_filter() {
     assert_eq!(s, 200);
     let l = line_with(&node, "request_id=it-log-1");
     assert!(
-        l.contains("INFO request{method=GET path=/v1/health request_id=it-log-1}: meshgate::access: Request served. status=200 duration_ms="),
+        l.contains("INFO request{method=GET path=/v1/health request_id=it-log-1 trace_id=")
+            && l.contains("}: meshgate::access: Request served. status=200 duration_ms="),
         "{l}"
     );
     let (s, headers, _) = http("GET", &node.url("/v1/no-such-route"), &[], None);

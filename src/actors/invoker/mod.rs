@@ -96,6 +96,10 @@ pub struct CallerInfo {
     pub subject: Option<String>,
     /// The request id (generated for triggers).
     pub request_id: String,
+    /// The request's W3C trace context; None starts a new trace (triggers).
+    /// The guest sees it as `TRACEPARENT` (and `TRACESTATE`), the record
+    /// carries its trace id.
+    pub trace: Option<crate::observe::trace::TraceContext>,
 }
 
 /// A validated deploy.
@@ -476,6 +480,8 @@ pub struct Prepared {
     host: Arc<dyn HostApi>,
     /// The caller's request id, written to the invocation record and the reply.
     request_id: String,
+    /// The call's W3C trace id (hex), written to the invocation record.
+    trace_id: String,
     /// What caused the call, recorded in the invocation record.
     trigger: Trigger,
     /// The version that will run.
@@ -926,6 +932,7 @@ mod tests {
         let caller = CallerInfo {
             subject: None,
             request_id: "r".into(),
+            trace: None,
         };
         inv.prepare(name.into(), None, Vec::new(), caller, Trigger::Http, 0)
             .await
@@ -1073,6 +1080,7 @@ mod tests {
             duration_ms: 0,
             timestamp_ms: ts,
             logs: Vec::new(),
+            trace_id: None,
         }
     }
 

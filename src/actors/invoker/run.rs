@@ -249,12 +249,23 @@ impl Invoker {
             trigger: trigger.as_str(),
         })
         .expect("serializable");
+        // The guest continues the caller's trace (this node's span as its
+        // parent), or starts one.
+        let trace = caller
+            .trace
+            .unwrap_or_else(crate::observe::trace::TraceContext::fresh);
+        let mut env = r.env.clone();
+        env.retain(|(k, _)| k != "TRACEPARENT" && k != "TRACESTATE");
+        env.push(("TRACEPARENT".into(), trace.traceparent()));
+        if let Some(ts) = &trace.tracestate {
+            env.push(("TRACESTATE".into(), ts.clone()));
+        }
         let call = Invocation {
             namespace: self.ns.to_string(),
             function: name,
             version: r.meta.version,
             input,
-            env: r.env.clone(),
+            env,
             memory_limit_mb: r.meta.memory_limit_mb,
             timeout: Duration::from_secs(r.meta.timeout_seconds.into()),
             caller_json,
@@ -270,6 +281,7 @@ impl Invoker {
             module: r.module.clone(),
             call,
             request_id: caller.request_id,
+            trace_id: trace.trace_id_hex(),
             trigger,
             version: r.meta.version,
             is_public: r.record.is_public,
@@ -286,6 +298,7 @@ impl Prepared {
             call,
             host,
             request_id,
+            trace_id,
             trigger,
             version,
             ..
@@ -348,6 +361,7 @@ impl Prepared {
                     message: l.message,
                 })
                 .collect(),
+            trace_id: Some(trace_id),
         });
         let out = result?;
         Ok(Reply {

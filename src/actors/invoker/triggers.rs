@@ -131,6 +131,7 @@ impl Invoker {
             let caller = CallerInfo {
                 subject: None,
                 request_id: hex::encode(crate::util::random_bytes::<8>()),
+                trace: None,
             };
             let res = match inv
                 .prepare(name.clone(), None, input, caller, trigger, depth)

@@ -134,7 +134,10 @@ async fn logged<B: MessageBody + 'static>(
 ) -> Result<ServiceResponse<EitherBody<EitherBody<B>>>, Error> {
     let id = request_id(&req);
     req.extensions_mut().insert(RequestId(id.clone()));
-    let entry = crate::http::access_log::Entry::begin(req.method(), req.path(), start);
+    let trace = crate::observe::trace::TraceContext::from_headers(req.headers());
+    let entry =
+        crate::http::access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
+    req.extensions_mut().insert(trace);
     let span = request_span(req.method(), req.path(), &id);
     let res = tracing::Instrument::instrument(answer(req, next), span).await;
     match res {

@@ -116,6 +116,7 @@ async fn custom_claims(
     let caller = CallerInfo {
         subject: Some(subject.to_string()),
         request_id: crate::http::chain::logger::fresh_request_id(),
+        trace: None,
     };
     let prepared = h
         .prepare(crate::actors::PrepareInvoke {

@@ -53,6 +53,12 @@ pub fn register(t: &mut RouteTable) {
         web::get().to(versions),
     )
     .add(
+        Method::GET,
+        "/v1/deployments/{name}/activity",
+        Policy::ns("deployments", "read"),
+        web::get().to(activity),
+    )
+    .add(
         Method::POST,
         "/v1/deployments/{name}/rollback",
         Policy::ns("deployments", "deploy"),
@@ -391,6 +397,23 @@ async fn versions(
     Ok(HttpResponse::Ok().json(json!({"versions": v})))
 }
 
+/// `GET /v1/deployments/{name}/activity?limit=N`: the deployment's latest
+/// requests on this node, newest first (`crate::deploy::activity`).
+async fn activity(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+    query: web::Query<std::collections::HashMap<String, String>>,
+) -> ApiResult<HttpResponse> {
+    ctx.require("deployments", "read", &name)?;
+    let limit = crate::observe::parse_limit(query.get("limit").map(String::as_str))
+        .map_err(|m| bad(Code::InvalidLimit, m))?;
+    // A deployment that does not exist is 404, as for `GET /v1/deployments/{name}`.
+    node.deployments.show(&ctx.name, &name).await?;
+    let requests = node.metrics.route_activity.latest(&ctx.name, &name, limit);
+    Ok(HttpResponse::Ok().json(json!({"requests": requests})))
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RollbackBody {
@@ -428,5 +451,6 @@ async fn delete(
 ) -> ApiResult<HttpResponse> {
     ctx.require("deployments", "deploy", &name)?;
     node.deployments.delete(&ctx.name, &name).await?;
+    node.metrics.route_activity.forget(&ctx.name, &name);
     Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name.into_inner()})))
 }

@@ -415,6 +415,10 @@ pub(crate) async fn invoke(
     let caller = CallerInfo {
         subject: ctx.identity.as_ref().map(|i| i.subject.clone()),
         request_id: request_id(&req),
+        trace: req
+            .extensions()
+            .get::<crate::observe::trace::TraceContext>()
+            .cloned(),
     };
     let prepared = ctx
         .handle
@@ -481,6 +485,10 @@ async fn invoke_by_namespace(
     let caller = CallerInfo {
         subject: identity.as_ref().map(|i| i.subject.clone()),
         request_id: request_id(&req),
+        trace: req
+            .extensions()
+            .get::<crate::observe::trace::TraceContext>()
+            .cloned(),
     };
     let prepared = handle
         .prepare(PrepareInvoke {

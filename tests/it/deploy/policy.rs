@@ -196,6 +196,15 @@ fn policy_routes_authenticate_and_vouch_for_the_caller() {
     assert_eq!(u["x-meshgate-key-name"], serde_json::Value::Null);
     assert_eq!(u["authorization"], serde_json::Value::Null);
     assert_eq!(u["x-api-key"], serde_json::Value::Null);
+    // The deployment's activity ring names the verified subject (the ring is
+    // per node: in cluster mode the request and the read meet other nodes).
+    if !crate::common::cluster_mode() {
+        let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/api/activity?limit=1", None);
+        assert_eq!(s, 200, "{b}");
+        let last = &json(&b)["requests"][0];
+        assert_eq!(last["subject"], good_sub.as_str(), "{b}");
+        assert!(!b.contains(&good_jwt), "the credential is never kept: {b}");
+    }
     // auth: none: today's behaviour, but forged identity headers never pass.
     let (s, _, b) = via(
         &node,

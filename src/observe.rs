@@ -1,0 +1,561 @@
+//! What the node tells about the requests it serves (issue #40), the pure
+//! parts (layer 0, below every user): the bounded label values of the route
+//! series (`[metrics] route_series_limit`), each deployment's activity ring
+//! (`GET /v1/deployments/{name}/activity`) and W3C trace context
+//! ([`trace`]). The proxy's side (the upstream attempts of one request) is
+//! `deploy::activity`.
+//!
+//! Labels are declared values only: the route label is the matched route's
+//! `path_prefix` (never the request's path), the instance label an instance's
+//! base URL as deployed. On one node at most `[metrics] route_series_limit`
+//! (namespace, deployment, route) triples and as many (namespace, deployment,
+//! instance) triples get their own series; past the cap a new triple is
+//! counted under `deployment="_other",route="_other"` (or `instance="_other"`).
+//! The `namespace` label then follows the exposition's top-N scheme
+//! (`crate::metrics`).
+
+use serde::Serialize;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The label value of a deployment, route or instance past the series cap.
+pub const OTHER: &str = "_other";
+/// Default of `[metrics] route_series_limit`.
+pub const DEFAULT_ROUTE_SERIES_LIMIT: usize = 1000;
+/// Largest `[metrics] route_series_limit` the configuration accepts.
+pub const MAX_ROUTE_SERIES_LIMIT: usize = 100_000;
+/// Requests each deployment's ring keeps (the latest).
+pub const RING_SIZE: usize = 256;
+/// `?limit=` when absent.
+pub const DEFAULT_LIMIT: usize = 50;
+/// Deployments with a ring on one node; past it the least recently written
+/// ring is dropped for a new one.
+const MAX_RINGS: usize = 10_000;
+
+/// The subject a request was authorized as, when a route policy put one in
+/// the request's extensions; the activity ring shows it.
+#[derive(Clone, Debug)]
+pub struct Subject(pub String);
+
+/// One request in a deployment's activity ring. Never a body, a query
+/// string or a header value: the path is the request's without its query.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ActivityEntry {
+    /// Unix milliseconds when the request finished.
+    pub time_ms: u64,
+    /// The request's method.
+    pub method: String,
+    /// The request's path, without its query string.
+    pub path: String,
+    /// The matched route's `path_prefix`.
+    pub route: String,
+    /// The status answered.
+    pub status: u16,
+    /// Milliseconds the route took to answer (headers; a streamed body may run on).
+    pub duration_ms: f64,
+    /// The upstream instance that answered (or the last one tried).
+    pub instance: Option<String>,
+    /// The request's id (`X-Request-ID`).
+    pub request_id: Option<String>,
+    /// The authorized subject, when a route policy established one.
+    pub subject: Option<String>,
+    /// The W3C trace id of the request.
+    pub trace_id: Option<String>,
+}
+
+/// Each ring by namespace, then deployment, with its last write's tick
+/// (nested: a request's lookup borrows its strings).
+type Rings = HashMap<String, HashMap<String, (u64, VecDeque<ActivityEntry>)>>;
+
+/// Every deployment's ring on this node, by (namespace, deployment).
+#[derive(Default)]
+pub struct Activity {
+    rings: Mutex<Rings>,
+    /// Counts writes: a ring's last write, to pick the one dropped past [`MAX_RINGS`].
+    tick: AtomicUsize,
+}
+
+impl Activity {
+    /// Adds a request to its deployment's ring (the oldest leaves past [`RING_SIZE`]).
+    pub fn push(&self, namespace: &str, deployment: &str, entry: ActivityEntry) {
+        let tick = self.tick.fetch_add(1, Ordering::Relaxed) as u64;
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        let present = rings
+            .get(namespace)
+            .is_some_and(|m| m.contains_key(deployment));
+        if !present {
+            let count: usize = rings.values().map(HashMap::len).sum();
+            if count >= MAX_RINGS
+                && let Some((ns, dep)) = rings
+                    .iter()
+                    .flat_map(|(ns, m)| m.iter().map(move |(d, (t, _))| (*t, ns, d)))
+                    .min()
+                    .map(|(_, ns, d)| (ns.clone(), d.clone()))
+            {
+                Self::remove(&mut rings, &ns, &dep);
+            }
+        }
+        let ring = match rings.get_mut(namespace).and_then(|m| m.get_mut(deployment)) {
+            Some(r) => r,
+            None => rings
+                .entry(namespace.to_string())
+                .or_default()
+                .entry(deployment.to_string())
+                .or_default(),
+        };
+        ring.0 = tick;
+        if ring.1.len() >= RING_SIZE {
+            ring.1.pop_front();
+        }
+        ring.1.push_back(entry);
+    }
+
+    /// The latest `limit` requests of a deployment, newest first.
+    pub fn latest(&self, namespace: &str, deployment: &str, limit: usize) -> Vec<ActivityEntry> {
+        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        rings
+            .get(namespace)
+            .and_then(|m| m.get(deployment))
+            .map(|(_, r)| r.iter().rev().take(limit).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Forgets a deployment's ring (it was deleted).
+    pub fn forget(&self, namespace: &str, deployment: &str) {
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        Self::remove(&mut rings, namespace, deployment);
+    }
+
+    fn remove(rings: &mut Rings, namespace: &str, deployment: &str) {
+        if let Some(m) = rings.get_mut(namespace) {
+            m.remove(deployment);
+            if m.is_empty() {
+                rings.remove(namespace);
+            }
+        }
+    }
+}
+
+/// `?limit=`: 1 to [`RING_SIZE`], [`DEFAULT_LIMIT`] when absent; anything
+/// else is an error message.
+pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
+    let Some(raw) = raw else {
+        return Ok(DEFAULT_LIMIT);
+    };
+    match raw.parse::<usize>() {
+        Ok(n) if (1..=RING_SIZE).contains(&n) => Ok(n),
+        _ => Err(format!("limit must be 1..={RING_SIZE}, not {raw:?}")),
+    }
+}
+
+/// The series cap of the route and instance labels.
+pub struct RouteLabels {
+    limit: AtomicUsize,
+    routes: Mutex<Admitted>,
+    instances: Mutex<Admitted>,
+}
+
+impl Default for RouteLabels {
+    fn default() -> Self {
+        RouteLabels {
+            limit: AtomicUsize::new(DEFAULT_ROUTE_SERIES_LIMIT),
+            routes: Mutex::default(),
+            instances: Mutex::default(),
+        }
+    }
+}
+
+impl RouteLabels {
+    /// Sets the cap (`[metrics] route_series_limit`), once at start-up.
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// The `deployment` and `route` label values of a request's route:
+    /// its own while the triple has (or may take) a series, else `_other` twice.
+    pub fn route<'a>(
+        &self,
+        namespace: &str,
+        deployment: &'a str,
+        route: &'a str,
+    ) -> (&'a str, &'a str) {
+        if admit(
+            &self.routes,
+            self.limit.load(Ordering::Relaxed),
+            namespace,
+            deployment,
+            route,
+        ) {
+            (deployment, route)
+        } else {
+            (OTHER, OTHER)
+        }
+    }
+
+    /// The `instance` label value of an instance of a deployment.
+    pub fn instance<'a>(&self, namespace: &str, deployment: &str, instance: &'a str) -> &'a str {
+        if admit(
+            &self.instances,
+            self.limit.load(Ordering::Relaxed),
+            namespace,
+            deployment,
+            instance,
+        ) {
+            instance
+        } else {
+            OTHER
+        }
+    }
+}
+
+/// Triples admitted to their own series: nested by their parts, so a
+/// request's lookup borrows its strings and allocates nothing.
+#[derive(Default)]
+struct Admitted {
+    count: usize,
+    map: HashMap<String, HashMap<String, HashSet<String>>>,
+}
+
+fn admit(set: &Mutex<Admitted>, limit: usize, a: &str, b: &str, c: &str) -> bool {
+    let mut set = set.lock().unwrap_or_else(|e| e.into_inner());
+    if set
+        .map
+        .get(a)
+        .and_then(|m| m.get(b))
+        .is_some_and(|s| s.contains(c))
+    {
+        return true;
+    }
+    if set.count >= limit {
+        return false;
+    }
+    set.count += 1;
+    set.map
+        .entry(a.to_string())
+        .or_default()
+        .entry(b.to_string())
+        .or_default()
+        .insert(c.to_string());
+    true
+}
+
+/// The status class label of a status.
+pub fn status_class(status: u16) -> &'static str {
+    match status / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// One upstream attempt: the instance's base URL and its outcome
+/// (`answered`, `connect_failed`, `refused`, `timeout`, `failed`).
+pub type Attempt = (String, &'static str);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(i: u16) -> ActivityEntry {
+        ActivityEntry {
+            time_ms: i as u64,
+            method: "GET".into(),
+            path: format!("/p{i}"),
+            route: "/".into(),
+            status: 200 + i,
+            duration_ms: 1.0,
+            instance: None,
+            request_id: None,
+            subject: None,
+            trace_id: None,
+        }
+    }
+
+    /// A ring keeps the latest [`RING_SIZE`], newest first, per deployment.
+    #[test]
+    fn activity_ring_keeps_the_latest() {
+        let a = Activity::default();
+        for i in 0..(RING_SIZE as u16 + 10) {
+            a.push("ns", "web", entry(i));
+        }
+        a.push("ns", "other", entry(0));
+        let all = a.latest("ns", "web", 1000);
+        assert_eq!(all.len(), RING_SIZE);
+        assert_eq!(all[0].path, format!("/p{}", RING_SIZE + 9));
+        assert_eq!(all.last().unwrap().path, "/p10");
+        assert_eq!(a.latest("ns", "web", 3).len(), 3);
+        assert_eq!(a.latest("ns", "other", 10).len(), 1);
+        assert!(a.latest("ns2", "web", 10).is_empty());
+        a.forget("ns", "web");
+        assert!(a.latest("ns", "web", 10).is_empty());
+    }
+
+    /// Past [`MAX_RINGS`] deployments, the least recently written ring goes.
+    #[test]
+    fn activity_rings_are_bounded() {
+        let a = Activity::default();
+        for i in 0..MAX_RINGS {
+            a.push("ns", &format!("d{i}"), entry(0));
+        }
+        a.push("ns", "d0", entry(1));
+        a.push("other", "new", entry(2));
+        assert_eq!(a.latest("ns", "d0", 10).len(), 2, "written lately: kept");
+        assert!(a.latest("ns", "d1", 10).is_empty(), "the oldest write went");
+        assert_eq!(a.latest("other", "new", 10).len(), 1);
+    }
+
+    /// `?limit=` is 1..=256, 50 by default.
+    #[test]
+    fn activity_limits_parse() {
+        assert_eq!(parse_limit(None), Ok(DEFAULT_LIMIT));
+        assert_eq!(parse_limit(Some("3")), Ok(3));
+        assert_eq!(parse_limit(Some("256")), Ok(256));
+        for bad in ["0", "257", "-1", "x", ""] {
+            assert!(parse_limit(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    /// Past the cap, new triples go to `_other`; admitted ones keep theirs.
+    #[test]
+    fn activity_labels_are_capped() {
+        let l = RouteLabels::default();
+        l.set_limit(2);
+        assert_eq!(l.route("a", "d1", "/"), ("d1", "/"));
+        assert_eq!(l.route("a", "d1", "/api"), ("d1", "/api"));
+        assert_eq!(l.route("a", "d2", "/"), (OTHER, OTHER));
+        assert_eq!(l.route("a", "d1", "/"), ("d1", "/"));
+        assert_eq!(l.instance("a", "d1", "http://x:1"), "http://x:1");
+        assert_eq!(l.instance("a", "d1", "http://x:2"), "http://x:2");
+        assert_eq!(l.instance("a", "d1", "http://x:3"), OTHER);
+    }
+}
+
+pub mod trace {
+    //! W3C Trace Context (https://www.w3.org/TR/trace-context/): the request's
+    //! `traceparent` and `tracestate`. An incoming `traceparent` of version
+    //! `00` with a 32-hex trace id and a 16-hex parent id (neither all zero) and
+    //! 2-hex flags is continued: the trace id and flags are kept and the node
+    //! takes a new span id, the parent id of the next hop (an upstream, a member
+    //! of the cluster, a function's guest as `TRACEPARENT`). A malformed one (or
+    //! several) is replaced by a new trace, its `tracestate` dropped; never is
+    //! it forwarded as it came. Trace context is not identity: nothing
+    //! authorizes by it, and the hop MAC does not cover it.
+    use actix_web::http::header::HeaderMap;
+
+    /// The `traceparent` header's name.
+    pub const TRACEPARENT: &str = "traceparent";
+    /// The `tracestate` header's name.
+    pub const TRACESTATE: &str = "tracestate";
+    /// Longest `tracestate` passed on (the spec's 32 members of at most 256
+    /// bytes each need no more than this in practice); a longer one is dropped.
+    const MAX_TRACESTATE: usize = 512;
+
+    /// One request's trace context, in its extensions.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct TraceContext {
+        /// The trace id (never all zero).
+        pub trace_id: [u8; 16],
+        /// This node's span id: the parent id sent to the next hop.
+        pub span_id: [u8; 8],
+        /// The trace flags (bit 0: sampled).
+        pub flags: u8,
+        /// The incoming `tracestate`, when the `traceparent` was valid.
+        pub tracestate: Option<String>,
+        /// The parent id the request came with, when it continued a trace.
+        pub parent_id: Option<[u8; 8]>,
+    }
+
+    impl TraceContext {
+        /// A new trace (no valid `traceparent` came in).
+        pub fn fresh() -> TraceContext {
+            TraceContext {
+                trace_id: nonzero(),
+                span_id: nonzero(),
+                flags: 0,
+                tracestate: None,
+                parent_id: None,
+            }
+        }
+
+        /// The context of a request: its `traceparent` continued when it is
+        /// valid (and the only one), else a new trace.
+        pub fn from_headers(headers: &HeaderMap) -> TraceContext {
+            let mut tps = headers.get_all(TRACEPARENT);
+            let (Some(tp), None) = (tps.next(), tps.next()) else {
+                return TraceContext::fresh();
+            };
+            let Some((trace_id, parent, flags)) = tp.to_str().ok().and_then(parse_traceparent)
+            else {
+                return TraceContext::fresh();
+            };
+            let tracestate = {
+                let parts: Vec<&str> = headers
+                    .get_all(TRACESTATE)
+                    .filter_map(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty())
+                    .collect();
+                let joined = parts.join(",");
+                (!joined.is_empty()
+                    && joined.len() <= MAX_TRACESTATE
+                    && joined.bytes().all(|b| (0x20..0x7f).contains(&b)))
+                .then_some(joined)
+            };
+            TraceContext {
+                trace_id,
+                span_id: nonzero(),
+                flags,
+                tracestate,
+                parent_id: Some(parent),
+            }
+        }
+
+        /// The `traceparent` for the next hop: `00-<trace id>-<span id>-<flags>`.
+        pub fn traceparent(&self) -> String {
+            format!(
+                "00-{}-{}-{:02x}",
+                hex::encode(self.trace_id),
+                hex::encode(self.span_id),
+                self.flags
+            )
+        }
+
+        /// The trace id in hex (logs and records).
+        pub fn trace_id_hex(&self) -> String {
+            hex::encode(self.trace_id)
+        }
+    }
+
+    /// The trace id, parent id and flags of a valid version-00 `traceparent`.
+    pub fn parse_traceparent(s: &str) -> Option<([u8; 16], [u8; 8], u8)> {
+        let s = s.trim();
+        let mut parts = s.split('-');
+        let (version, trace, parent, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || version != "00" {
+            return None;
+        }
+        let lower_hex = |p: &str, n: usize| {
+            p.len() == n && p.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        };
+        if !lower_hex(trace, 32) || !lower_hex(parent, 16) || !lower_hex(flags, 2) {
+            return None;
+        }
+        let mut t = [0u8; 16];
+        let mut p = [0u8; 8];
+        let mut f = [0u8; 1];
+        hex::decode_to_slice(trace, &mut t).ok()?;
+        hex::decode_to_slice(parent, &mut p).ok()?;
+        hex::decode_to_slice(flags, &mut f).ok()?;
+        if t == [0; 16] || p == [0; 8] {
+            return None;
+        }
+        Some((t, p, f[0]))
+    }
+
+    /// Random-looking bytes, not all zero. Ids name, they do not authorize: a
+    /// per-thread SplitMix64 seeded once from the OS (no system call per
+    /// request, as for request ids in `chain::logger`).
+    fn nonzero<const N: usize>() -> [u8; N] {
+        use std::cell::Cell;
+        thread_local! {
+            static STATE: Cell<u64> =
+                Cell::new(u64::from_le_bytes(crate::util::random_bytes::<8>()));
+        }
+        loop {
+            let mut out = [0u8; N];
+            for chunk in out.chunks_mut(8) {
+                let z = STATE.with(|s| {
+                    let mut z = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+                    s.set(z);
+                    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                    z ^ (z >> 31)
+                });
+                chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+            }
+            if out.iter().any(|&x| x != 0) {
+                return out;
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use actix_web::http::header::{HeaderName, HeaderValue};
+
+        fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            h
+        }
+
+        const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+        /// A valid traceparent is continued: same trace id and flags, a new span id.
+        #[test]
+        fn trace_valid_traceparent_is_continued() {
+            let t = TraceContext::from_headers(&headers(&[
+                (TRACEPARENT, GOOD),
+                (TRACESTATE, "congo=t61rcWkgMzE"),
+            ]));
+            assert_eq!(t.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+            assert_eq!(t.flags, 1);
+            assert_eq!(hex::encode(t.parent_id.unwrap()), "00f067aa0ba902b7");
+            assert_ne!(hex::encode(t.span_id), "00f067aa0ba902b7");
+            assert_eq!(t.tracestate.as_deref(), Some("congo=t61rcWkgMzE"));
+            let tp = t.traceparent();
+            assert!(
+                tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+                "{tp}"
+            );
+            assert!(tp.ends_with("-01"));
+            assert_eq!(parse_traceparent(&tp).map(|p| p.0), Some(t.trace_id));
+        }
+
+        /// Malformed ones are replaced by a new trace, their tracestate dropped.
+        #[test]
+        fn trace_malformed_traceparent_is_replaced() {
+            for bad in [
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+                "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+                "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+                "garbage",
+                "",
+            ] {
+                let t = TraceContext::from_headers(&headers(&[
+                    (TRACEPARENT, bad),
+                    (TRACESTATE, "a=b"),
+                ]));
+                assert_ne!(
+                    t.trace_id_hex(),
+                    "4bf92f3577b34da6a3ce929d0e0e4736",
+                    "{bad}"
+                );
+                assert_eq!(t.parent_id, None, "{bad}");
+                assert_eq!(t.tracestate, None, "{bad}");
+                assert!(parse_traceparent(&t.traceparent()).is_some());
+            }
+            // Two traceparents: replaced too.
+            let t =
+                TraceContext::from_headers(&headers(&[(TRACEPARENT, GOOD), (TRACEPARENT, GOOD)]));
+            assert_eq!(t.parent_id, None);
+            // None: a new trace.
+            let t = TraceContext::from_headers(&HeaderMap::new());
+            assert!(parse_traceparent(&t.traceparent()).is_some());
+        }
+    }
+}

@@ -29,17 +29,7 @@ fn round_trips(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_sled(dir.path()).unwrap();
     let sys = actix::System::new();
-    let record = NamespaceRecord {
-        name: "bench".into(),
-        created_at: 0,
-        members: vec![],
-        rate_per_minute: None,
-        rate_burst: None,
-        claims_provider: None,
-        quotas: Default::default(),
-        wallet_sign_in: None,
-        history: Default::default(),
-    };
+    let record = NamespaceRecord::new("bench", 0);
     sys.block_on(store.put_json(&ns_key("bench"), &record))
         .unwrap();
     let metrics = Metrics::new();

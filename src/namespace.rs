@@ -39,6 +39,23 @@ pub struct NamespaceRecord {
     pub history: Vec<crate::pubsub::HistoryRule>,
 }
 
+impl NamespaceRecord {
+    /// A new namespace's record: no members, no overrides, no settings.
+    pub fn new(name: &str, created_at: u64) -> NamespaceRecord {
+        NamespaceRecord {
+            name: name.to_string(),
+            created_at,
+            members: Vec::new(),
+            rate_per_minute: None,
+            rate_burst: None,
+            claims_provider: None,
+            quotas: Default::default(),
+            wallet_sign_in: None,
+            history: Vec::new(),
+        }
+    }
+}
+
 /// Store key of a namespace record.
 pub fn ns_key(name: &str) -> Vec<u8> {
     format!("ns/{name}").into_bytes()

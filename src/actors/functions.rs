@@ -404,17 +404,7 @@ mod tests {
     async fn deploys_sent_at_once_get_a_version_each() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_sled(dir.path()).unwrap();
-        let rec = crate::namespace::NamespaceRecord {
-            name: "ns".into(),
-            created_at: 1,
-            members: vec![],
-            rate_per_minute: None,
-            rate_burst: None,
-            claims_provider: None,
-            quotas: Default::default(),
-            wallet_sign_in: None,
-            history: Default::default(),
-        };
+        let rec = crate::namespace::NamespaceRecord::new("ns", 1);
         store
             .put_json(&crate::namespace::ns_key("ns"), &rec)
             .await

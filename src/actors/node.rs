@@ -754,17 +754,7 @@ mod tests {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_sled(dir.path()).unwrap();
-        let rec = crate::namespace::NamespaceRecord {
-            name: "a".into(),
-            created_at: 1,
-            members: vec![],
-            rate_per_minute: None,
-            rate_burst: None,
-            claims_provider: None,
-            quotas: Default::default(),
-            wallet_sign_in: None,
-            history: Default::default(),
-        };
+        let rec = crate::namespace::NamespaceRecord::new("a", 1);
         store
             .put_json(&crate::namespace::ns_key("a"), &rec)
             .await

@@ -308,15 +308,8 @@ mod tests {
 
     fn record(name: &str, rate: Option<u32>) -> NamespaceRecord {
         NamespaceRecord {
-            name: name.into(),
-            created_at: 1,
-            members: vec![],
             rate_per_minute: rate,
-            rate_burst: None,
-            claims_provider: None,
-            quotas: Default::default(),
-            wallet_sign_in: None,
-            history: Vec::new(),
+            ..NamespaceRecord::new(name, 1)
         }
     }
 

@@ -1941,45 +1941,9 @@ const ARGS_AND_SOCKETS: &str = r#"(module
 /// (`argv[0]`), and `sock_*` on stdio answer `ENOTSOCK`.
 #[tokio::test]
 async fn args_and_sockets_answer_as_wasmtime_wasi() {
-    use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
     let (engine, _dir) = engine();
-    let m = engine.compile(&wat(ARGS_AND_SOCKETS)).unwrap();
-    let ours = run(
-        &engine,
-        &m,
-        Invocation::new("ns", "hello-fn", Vec::new()),
-        Arc::default(),
-    )
-    .await
-    .unwrap()
-    .stdout;
-
-    // wasmtime-wasi's sync calls enter a Tokio runtime of their own: run
-    // them on a thread outside this test's.
-    let raw = engine.wasmtime_engine().clone();
-    let theirs = std::thread::spawn(move || {
-        let module = wasmtime::Module::new(&raw, ARGS_AND_SOCKETS).unwrap();
-        let mut linker = wasmtime::Linker::new(&raw);
-        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |t| t).unwrap();
-        let out = MemoryOutputPipe::new(1 << 16);
-        let wasi = wasmtime_wasi::WasiCtxBuilder::new()
-            .args(&["hello-fn"])
-            .stdout(out.clone())
-            .build_p1();
-        let mut store = wasmtime::Store::new(&raw, wasi);
-        // Our engine interrupts by epoch: give this store ample ticks.
-        store.set_epoch_deadline(u64::MAX / 2);
-        let instance = linker.instantiate(&mut store, &module).unwrap();
-        instance
-            .get_typed_func::<(), ()>(&mut store, "_start")
-            .unwrap()
-            .call(&mut store, ())
-            .unwrap();
-        out.contents().to_vec()
-    })
-    .join()
-    .unwrap();
-
+    let ours = ours_print(&engine, ARGS_AND_SOCKETS).await;
+    let theirs = theirs_print(&engine, ARGS_AND_SOCKETS.to_string()).unwrap();
     assert_eq!(ours, theirs, "ours vs wasmtime-wasi");
     // What both answered, spelled out: success, success, ENOTSOCK (57) on
     // stdio, EBADF (8) on fd 9; argc 1, 9 bytes; argv[0] at the buffer.

@@ -131,15 +131,10 @@ async fn create(
     }
     let t = now();
     let record = NamespaceRecord {
-        name: body.name.clone(),
-        created_at: t,
         members,
         rate_per_minute: body.rate_per_minute,
         rate_burst: body.rate_burst,
-        claims_provider: None,
-        quotas: Default::default(),
-        wallet_sign_in: None,
-        history: Vec::new(),
+        ..NamespaceRecord::new(&body.name, t)
     };
     let (key, key_record, mut ops) = identity::prepare_key(
         &node.secrets.server_secret,

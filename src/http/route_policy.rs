@@ -143,7 +143,9 @@ async fn check(
     if let Some(rl) = &policy.rate_limit
         && (rl.key == RateKey::Client || policy.auth == AuthMode::None)
     {
-        let key = client.map(bucket_key).map(|ip| format!("ip:{ip}"));
+        let key = client
+            .map(super::chain::limits::bucket_key)
+            .map(|ip| format!("ip:{ip}"));
         limit(node, bound, rl, key.as_deref().unwrap_or("ip:unknown"))
             .map_err(|e| e.error_response_owned())?;
     }
@@ -401,21 +403,6 @@ fn limit(node: &Node, bound: &Bound, rl: &RateLimitPolicy, key: &str) -> Result<
             .inc();
         ApiError::rate_limited(Code::RouteRateLimited, after)
     })
-}
-
-/// The bucket key of a client: its IPv4 address, or its IPv6 /64 (as the
-/// chain's client bucket).
-fn bucket_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
-    }
 }
 
 #[cfg(test)]

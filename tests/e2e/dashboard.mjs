@@ -3,10 +3,13 @@
 // over HTTP), open /__admin in headless Chromium and check that both namespaces
 // show non-zero live counters (handled, subscribers, topics, publishes/s) that
 // change between reads; with `[dashboard] top_namespaces = 2` a third, idle
-// namespace is left out of the tables and found with the search.
+// namespace is left out of the tables and found with the search. A deployment
+// in alpha proxies to an upstream on 127.0.0.1 (a quarter of its answers 500):
+// the Deployments panel shows its route with a non-zero rate and 5xx share.
 // Run by scripts/e2e-dashboard.sh (which installs chromium, playwright-core and ws).
 import { spawn } from "node:child_process";
 import fs from "node:fs";
+import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import { createInterface } from "node:readline";
@@ -24,6 +27,7 @@ const KEY = process.env.MESHGATE_OPERATOR_KEY || `mgop_e2e_${Math.random().toStr
 const NAMESPACES = ["alpha", "beta"];
 // WebSocket subscribers per namespace, as topic names: alpha 3 on 2 topics, beta 2 on 1.
 const SUBSCRIBERS = { alpha: ["room.1", "room.1", "room.2"], beta: ["room.1", "room.1"] };
+const DEPLOY_HOST = "web.e2e.test";
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // Polls `cond` (every 50 ms) until it holds; throws naming `what` past `ms`.
 async function until(cond, ms, what) {
@@ -50,7 +54,11 @@ const watchdog = setTimeout(() => {
 async function startNode() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "meshgate-e2e-"));
   const child = spawn(BIN, ["serve", "--listen", "127.0.0.1:0", "--data-dir", path.join(dir, "data")], {
-    env: { ...process.env, MESHGATE_OPERATOR_KEY: KEY, MESHGATE_DASHBOARD_TOP_NAMESPACES: "2", RUST_LOG: "warn" },
+    env: {
+      ...process.env, MESHGATE_OPERATOR_KEY: KEY, MESHGATE_DASHBOARD_TOP_NAMESPACES: "2", RUST_LOG: "warn",
+      // The deployment's upstream below listens on loopback.
+      MESHGATE_DEPLOY_UPSTREAM_ALLOW: "127.0.0.0/8",
+    },
     stdio: ["ignore", "pipe", "inherit"],
   });
   const addr = await new Promise((resolve, reject) => {
@@ -95,12 +103,36 @@ function subscribe(base, key, topic, format) {
   });
 }
 
+// The deployment's upstream: 500 for a path under /api/fail, 200 otherwise.
+async function startUpstream() {
+  const srv = http.createServer((req, res) => {
+    const fail = req.url.startsWith("/api/fail");
+    res.writeHead(fail ? 500 : 200, { "content-type": "text/plain" });
+    res.end(fail ? "fail" : "ok");
+  });
+  await new Promise((r) => srv.listen(0, "127.0.0.1", r));
+  return { srv, url: `http://127.0.0.1:${srv.address().port}` };
+}
+
+// One GET through the node to the deployment on `host` (fetch cannot set Host).
+function viaHost(base, host, p) {
+  const u = new URL(base);
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: u.hostname, port: u.port, path: p, headers: { host } }, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
 // Traffic: each namespace gets a steady stream of KV writes and reads and of
 // publishes over HTTP to its subscribed topics, all handled by its supervisor
 // actor (so its handled counters and rates move). alpha gets twice beta's.
 function traffic(base, keys) {
   let running = true;
-  let sent = 0, published = 0;
+  let sent = 0, published = 0, routed = 0;
   const loops = [];
   for (const [ns, key] of Object.entries(keys)) {
     const pause = ns === "alpha" ? 40 : 80;
@@ -128,13 +160,24 @@ function traffic(base, keys) {
       }
     })());
   }
+  // Requests to alpha's deployment: one in four answered 500 by its upstream.
+  loops.push((async () => {
+    let i = 0;
+    while (running) {
+      const p = i++ % 4 === 0 ? `/api/fail/${i}` : `/api/ok/${i}`;
+      const st = await viaHost(base, DEPLOY_HOST, p);
+      if (st !== (p.startsWith("/api/fail") ? 500 : 200)) throw new Error(`GET ${p} via ${DEPLOY_HOST}: ${st}`);
+      routed++;
+      await sleep(40);
+    }
+  })());
   const all = Promise.all(loops);
   const state = { error: null };
   all.catch((e) => { running = false; state.error = e; });
   return {
     state,
-    counts: () => ({ sent, published }),
-    stop: async () => { running = false; await all; return { sent, published }; },
+    counts: () => ({ sent, published, routed }),
+    stop: async () => { running = false; await all; return { sent, published, routed }; },
   };
 }
 
@@ -159,6 +202,7 @@ async function main() {
   let browser;
   let page;
   let load;
+  let upstream;
   const subs = {};
   try {
     const keys = {};
@@ -171,6 +215,11 @@ async function main() {
       subs[ns] = await Promise.all(SUBSCRIBERS[ns].map((t, i) => subscribe(node.base, keys[ns], t, i % 2 ? "binary" : "")));
       check(subs[ns].length > 0, `${ns}: ${subs[ns].length} WebSocket subscribers open`);
     }
+    upstream = await startUpstream();
+    const dep = await api(node.base, "POST", "/v1/deployments", keys.alpha, JSON.stringify({
+      name: "web", hosts: [DEPLOY_HOST], upstream: { instances: [upstream.url] }, routes: [{ path_prefix: "/api" }],
+    }));
+    check(dep.status === 201, `alpha: deployment web created (${dep.status} ${dep.status === 201 ? "" : dep.text})`);
     // An idle third namespace: outside the top two, found by the search.
     const idle = await api(node.base, "POST", "/v1/namespaces", KEY, JSON.stringify({ name: "gamma-idle" }));
     check(idle.status === 201, `namespace gamma-idle created (${idle.status})`);
@@ -179,7 +228,7 @@ async function main() {
     await until(() => {
       if (load.state.error) throw load.state.error;
       const c = load.counts();
-      return c.sent >= 40 && c.published >= 20;
+      return c.sent >= 40 && c.published >= 20 && c.routed >= 8;
     }, 30_000, "traffic under way");
 
     browser = await chromium.launch({
@@ -247,6 +296,24 @@ async function main() {
     const rss = await page.textContent("#n-rss");
     check(/[KMG]iB/.test(rss), `memory RSS is shown (${rss})`);
 
+    // The Deployments panel: alpha's route with live numbers.
+    await page.waitForFunction(() => {
+      const tr = document.querySelector('#dep-table tr[data-route="/api"]');
+      const n = (c) => parseFloat(tr.querySelector(`[data-col="${c}"]`).textContent);
+      return tr && n("requests_per_sec") > 0 && n("error_share") > 0;
+    }, null, { timeout: 15_000 });
+    const depRow = await page.$eval('#dep-table tr[data-route="/api"]', (tr) => {
+      const cell = (c) => tr.querySelector(`[data-col="${c}"]`).textContent.trim();
+      return { dep: tr.dataset.dep, rate: cell("requests_per_sec"), p50: cell("p50_seconds"), p99: cell("p99_seconds"),
+        share: cell("error_share"), instances: cell("instances") };
+    });
+    check(depRow.dep === "alpha/web", `the Deployments panel has a row for alpha/web /api (${JSON.stringify(depRow)})`);
+    check(parseFloat(depRow.rate) > 0, `its req/s is non-zero (${depRow.rate})`);
+    check(/s$/.test(depRow.p50) && /s$/.test(depRow.p99), `its p50 and p99 are shown (${depRow.p50}, ${depRow.p99})`);
+    const share = parseFloat(depRow.share);
+    check(share >= 10 && share <= 40, `its 5xx share is about a quarter (${depRow.share})`);
+    check(depRow.instances === "1 / 1", `its one instance is healthy (${depRow.instances})`);
+
     // Screenshot with everything on.
     const shot = path.join(OUT, "dashboard.png");
     await page.screenshot({ path: shot, fullPage: true });
@@ -284,7 +351,7 @@ async function main() {
 
     check(offsite.length === 0, `the page fetched nothing off the node (${offsite.join(", ") || "none"})`);
     const totals = await load.stop();
-    console.log(`traffic: ${totals.sent} KV requests, ${totals.published} publishes`);
+    console.log(`traffic: ${totals.sent} KV requests, ${totals.published} publishes, ${totals.routed} routed requests`);
     // Closing the sockets takes the subscribers off the page.
     for (const ns of NAMESPACES) for (const x of subs[ns]) x.ws.close();
     await page.waitForFunction(() => [...document.querySelectorAll('#ns-table tbody [data-col="subscribers"]')]
@@ -297,6 +364,7 @@ async function main() {
   } finally {
     for (const list of Object.values(subs)) for (const x of list) x.ws.terminate();
     if (browser) await browser.close();
+    if (upstream) upstream.srv.close();
     node.child.kill("SIGKILL");
     fs.rmSync(node.dir, { recursive: true, force: true });
   }

@@ -803,3 +803,137 @@ fn bad_namespace_series_limit_is_refused_at_start() {
         assert!(err.contains("metrics.namespace_series_limit"), "{err}");
     }
 }
+
+/// An upstream on 127.0.0.1 answering every request on its connection (keep-alive):
+/// 500 for a path under `/api/fail`, 200 otherwise. Returns its URL.
+fn failing_upstream() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // Requests without a body: a head ends at the blank line.
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end);
+                    let path = head.split(' ').nth(1).unwrap_or("");
+                    let answer: &[u8] = if path.starts_with("/api/fail") {
+                        b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nfail"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if s.write_all(answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// The Deployments panel's numbers: a deployment proxied to an upstream on
+/// 127.0.0.1 gets requests while the stream is open (4 of 12 answered 500 by
+/// the upstream); a later snapshot has the route's row with a non-zero rate,
+/// an error share of 1/3, percentiles, and its one instance healthy.
+#[test]
+fn deployment_routes_show_rate_percentiles_and_error_share() {
+    let n = TestNode::start_with(NodeOpts {
+        config: crate::deploy::loopback_config(),
+        ..Default::default()
+    });
+    let key = n.create_namespace("shop");
+    let upstream = failing_upstream();
+    let (s, v) = crate::deploy::deploy_json(
+        &n,
+        &key,
+        serde_json::json!({"name": "web", "hosts": ["web.test"],
+            "upstream": {"instances": [upstream]},
+            "routes": [{"path_prefix": "/api"}, {"path_prefix": "/"}]}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let sent = std::cell::Cell::new(false);
+    let route_row = |snap: &serde_json::Value| -> Option<serde_json::Value> {
+        let dep = snap["deployments"]
+            .as_array()?
+            .iter()
+            .find(|d| d["namespace"] == "shop" && d["deployment"] == "web")?
+            .clone();
+        let route = dep["routes"]
+            .as_array()?
+            .iter()
+            .find(|r| r["route"] == "/api")?
+            .clone();
+        Some(serde_json::json!({"dep": dep, "route": route}))
+    };
+    let done = |raw: &str| {
+        let events = sse_events(raw.split_once("\r\n\r\n").map_or("", |(_, b)| b));
+        let snaps: Vec<serde_json::Value> = events.iter().map(|(_, d)| json(d)).collect();
+        // After the sampler's first tick (whose rates read 0), the traffic.
+        if !sent.get() && snaps.iter().any(|s| s["tick"].as_u64() >= Some(1)) {
+            sent.set(true);
+            for i in 0..12 {
+                let path = if i % 3 == 0 {
+                    format!("/api/fail/{i}")
+                } else {
+                    format!("/api/ok/{i}")
+                };
+                let (st, _, _) = crate::deploy::via(&n, "web.test", "GET", &path, &[], None);
+                assert_eq!(st, if i % 3 == 0 { 500 } else { 200 }, "{path}");
+            }
+            return false;
+        }
+        snaps
+            .iter()
+            .filter_map(route_row)
+            .any(|r| r["route"]["requests"] == 12)
+    };
+    let (s, _, body) = stream_until(
+        &n,
+        "/__admin/api/stream",
+        &[("authorization", &format!("Bearer {OPERATOR_KEY}"))],
+        done,
+    );
+    assert_eq!(s, 200);
+    assert!(sent.get(), "no tick arrived: {body}");
+    let rows: Vec<serde_json::Value> = sse_events(&body)
+        .iter()
+        .filter_map(|(_, d)| route_row(&json(d)))
+        .collect();
+    let last = rows
+        .last()
+        .unwrap_or_else(|| panic!("no route row: {body}"));
+    assert_eq!(last["route"]["requests"], 12, "{last}");
+    assert_eq!(last["route"]["error_share"], 0.333, "{last}");
+    assert!(
+        last["route"]["p50_seconds"].as_f64().unwrap() > 0.0,
+        "{last}"
+    );
+    assert!(
+        last["route"]["p99_seconds"].as_f64().unwrap() > 0.0,
+        "{last}"
+    );
+    assert_eq!(last["dep"]["instances"], 1, "{last}");
+    assert_eq!(last["dep"]["instances_healthy"], 1, "{last}");
+    // Every request arrived after a tick, so some tick saw them at a non-zero rate.
+    assert!(
+        rows.iter()
+            .any(|r| r["route"]["requests_per_sec"].as_f64().unwrap() > 0.0),
+        "{rows:?}"
+    );
+    // The route "/" had no request: no row for it.
+    assert!(
+        last["dep"]["routes"].as_array().unwrap().len() == 1,
+        "{last}"
+    );
+}

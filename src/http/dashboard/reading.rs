@@ -4,7 +4,8 @@
 //! calls [`take`] once a tick.
 
 use super::snapshot::{
-    ActorRow, BreakerRow, NamespaceRow, NodeRow, QUANTILE_WINDOW_TICKS, Snapshot, activity,
+    ActorRow, BreakerRow, DeploymentRow, NamespaceRow, NodeRow, QUANTILE_WINDOW_TICKS, RouteRow,
+    Snapshot, TOP_DEPLOYMENTS, TOP_ROUTES, activity,
 };
 use crate::http::state::Node;
 use crate::metrics::Metrics;
@@ -16,8 +17,22 @@ use std::time::Instant;
 /// A handling-time series: `(kind, namespace label)`.
 type SeriesKey = (String, String);
 
+/// A route series: `(namespace, deployment, route)`.
+type RouteKey = (String, String, String);
+
+/// One route's cumulative numbers at one tick.
+#[derive(Clone, Default)]
+pub struct RouteReading {
+    /// Requests answered since start, every status class.
+    pub requests: u64,
+    /// Of those, answered with a 5xx status.
+    pub errors: u64,
+    /// Its answer time buckets.
+    buckets: Buckets,
+}
+
 /// Cumulative histogram buckets of one series: upper bounds and counts.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct Buckets {
     /// Upper bound of each bucket, in seconds, ascending.
     bounds: Vec<f64>,
@@ -41,6 +56,9 @@ pub struct Previous {
     /// Handling-time buckets of the last [`QUANTILE_WINDOW_TICKS`] ticks,
     /// oldest first: the percentiles' window starts at the front.
     handling: VecDeque<HashMap<SeriesKey, Buckets>>,
+    /// Route readings of the last [`QUANTILE_WINDOW_TICKS`] ticks, oldest
+    /// first: the last one gives the rates, the front the window.
+    routes: VecDeque<HashMap<RouteKey, RouteReading>>,
 }
 
 impl Previous {
@@ -111,6 +129,132 @@ fn handling_buckets(metrics: &Metrics) -> HashMap<SeriesKey, Buckets> {
         }
     }
     out
+}
+
+/// Every route series' numbers now (read without creating series).
+fn route_readings(metrics: &Metrics) -> HashMap<RouteKey, RouteReading> {
+    let mut out: HashMap<RouteKey, RouteReading> = HashMap::new();
+    let key = |m: &prometheus::proto::Metric| {
+        (
+            label(m, "namespace").to_string(),
+            label(m, "deployment").to_string(),
+            label(m, "route").to_string(),
+        )
+    };
+    for fam in metrics.route_requests.collect() {
+        for m in fam.get_metric() {
+            let n = m.get_counter().get_value() as u64;
+            let r = out.entry(key(m)).or_default();
+            r.requests += n;
+            if label(m, "status_class") == "5xx" {
+                r.errors += n;
+            }
+        }
+    }
+    for fam in metrics.route_duration_seconds.collect() {
+        for m in fam.get_metric() {
+            let h = m.get_histogram();
+            out.entry(key(m)).or_default().buckets = Buckets {
+                bounds: h.get_bucket().iter().map(|b| b.upper_bound()).collect(),
+                counts: h
+                    .get_bucket()
+                    .iter()
+                    .map(|b| b.cumulative_count())
+                    .collect(),
+            };
+        }
+    }
+    out
+}
+
+/// One route's row from its reading `now`, the previous tick's `last` (the
+/// rate) and the window's first `oldest` (error share and percentiles); a
+/// series missing from an earlier reading counts from zero.
+pub fn route_row(
+    route: &str,
+    now: &RouteReading,
+    last: Option<&RouteReading>,
+    oldest: Option<&RouteReading>,
+    secs: f64,
+) -> RouteRow {
+    let before = oldest.map(|o| o.requests).unwrap_or(0);
+    let answered = now.requests.saturating_sub(before);
+    let errors = now
+        .errors
+        .saturating_sub(oldest.map(|o| o.errors).unwrap_or(0));
+    let counts = oldest
+        .map(|o| o.buckets.counts.as_slice())
+        .filter(|c| !c.is_empty());
+    let q = |q| window_quantile(&now.buckets.bounds, &now.buckets.counts, counts, q);
+    RouteRow {
+        route: route.to_string(),
+        requests: now.requests,
+        requests_per_sec: rate(now.requests, last.map(|l| l.requests), secs),
+        error_share: (answered > 0).then(|| errors as f64 / answered as f64),
+        p50_seconds: q(0.5),
+        p99_seconds: q(0.99),
+    }
+}
+
+/// The deployment rows of one tick: every route series against `prev`'s
+/// readings (this tick's is pushed), grouped by deployment, the `top` most
+/// requested kept (instance health is filled in by [`with_health`]).
+fn deployment_rows(
+    readings: HashMap<RouteKey, RouteReading>,
+    prev: &mut Previous,
+    secs: f64,
+    top: usize,
+) -> (Vec<DeploymentRow>, usize) {
+    let empty = HashMap::new();
+    let last = prev.routes.back().unwrap_or(&empty);
+    let oldest = prev.routes.front().unwrap_or(&empty);
+    let mut deps: BTreeMap<(String, String), DeploymentRow> = BTreeMap::new();
+    for (key, now) in &readings {
+        let row = route_row(&key.2, now, last.get(key), oldest.get(key), secs);
+        let d = deps.entry((key.0.clone(), key.1.clone())).or_default();
+        d.requests += row.requests;
+        d.requests_per_sec += row.requests_per_sec;
+        d.routes.push(row);
+    }
+    prev.routes.push_back(readings);
+    while prev.routes.len() > QUANTILE_WINDOW_TICKS {
+        prev.routes.pop_front();
+    }
+    let ranked = deps.len();
+    let mut rows: Vec<DeploymentRow> = deps
+        .into_iter()
+        .map(|((ns, name), mut d)| {
+            d.namespace = ns;
+            d.deployment = name;
+            d
+        })
+        .collect();
+    let busier = |ra: f64, ta: u64, rb: f64, tb: u64| rb.total_cmp(&ra).then(tb.cmp(&ta));
+    rows.sort_by(|a, b| {
+        busier(
+            a.requests_per_sec,
+            a.requests,
+            b.requests_per_sec,
+            b.requests,
+        )
+        .then_with(|| a.namespace.cmp(&b.namespace))
+        .then_with(|| a.deployment.cmp(&b.deployment))
+    });
+    rows.truncate(top);
+    for d in &mut rows {
+        d.routes.sort_by(|a, b| {
+            busier(
+                a.requests_per_sec,
+                a.requests,
+                b.requests_per_sec,
+                b.requests,
+            )
+            .then_with(|| a.route.cmp(&b.route))
+        });
+        d.routes_ranked = d.routes.len();
+        d.routes.truncate(TOP_ROUTES);
+    }
+    (rows, ranked)
 }
 
 /// The `q` quantile of the observations between two cumulative readings.
@@ -329,6 +473,12 @@ pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usi
         .filter(|a| a.namespace.is_empty() || shown_names.contains(a.namespace.as_str()))
         .collect();
 
+    // Deployments: only the route series (bounded labels) and, for the rows
+    // shown, the live pools' instance health.
+    let (deployments, deployments_ranked) =
+        deployment_rows(route_readings(m), prev, secs, TOP_DEPLOYMENTS);
+    let deployments = with_health(node, deployments);
+
     let http_total: u64 = by_class_total(m);
     node_row.version = env!("CARGO_PKG_VERSION");
     node_row.uptime_seconds = m.started.elapsed().as_secs();
@@ -358,9 +508,31 @@ pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usi
         namespaces_ranked: rows.len(),
         namespaces: shown,
         actors,
+        top_deployments: TOP_DEPLOYMENTS,
+        deployments_ranked,
+        deployments,
         all: Arc::new(rows),
         known: known.clone(),
     }
+}
+
+/// Fills the rows' instance counts from the live upstream pools (read only
+/// when some deployment has a row).
+fn with_health(node: &Node, mut rows: Vec<DeploymentRow>) -> Vec<DeploymentRow> {
+    if rows.is_empty() {
+        return rows;
+    }
+    let mut health: HashMap<(String, String), (usize, usize)> = HashMap::new();
+    for s in node.deployments.upstream_samples() {
+        let h = health.entry((s.namespace, s.deployment)).or_default();
+        h.0 += 1;
+        h.1 += usize::from(s.healthy);
+    }
+    for d in &mut rows {
+        let key = (d.namespace.clone(), d.deployment.clone());
+        (d.instances, d.instances_healthy) = health.get(&key).copied().unwrap_or((0, 0));
+    }
+    rows
 }
 
 fn by_class_total(m: &Metrics) -> u64 {
@@ -389,6 +561,75 @@ mod tests {
         // Without an earlier reading everything counts.
         let all = window_quantile(&bounds, &now, None, 0.25).unwrap();
         assert!(all <= 0.001, "{all}");
+    }
+
+    fn reading(requests: u64, errors: u64, counts: &[u64]) -> RouteReading {
+        RouteReading {
+            requests,
+            errors,
+            buckets: Buckets {
+                bounds: vec![0.005, 0.05, 0.5, 5.0],
+                counts: counts.to_vec(),
+            },
+        }
+    }
+
+    /// Rate over the last tick, error share and percentiles over the window,
+    /// from two readings of one route.
+    #[test]
+    fn route_row_from_two_readings() {
+        // Long before: 100 fast answers, none failed.
+        let oldest = reading(100, 0, &[100, 100, 100, 100]);
+        // The last tick: 20 more (10 of them 5xx, slow).
+        let last = reading(120, 10, &[110, 110, 110, 120]);
+        // Now, 2 s later: 20 more again, 10 fast, 10 slow and failed.
+        let now = reading(140, 20, &[120, 120, 120, 140]);
+        let r = route_row("/api", &now, Some(&last), Some(&oldest), 2.0);
+        assert_eq!(r.route, "/api");
+        assert_eq!(r.requests, 140);
+        assert_eq!(r.requests_per_sec, 10.0);
+        assert_eq!(r.error_share, Some(0.5));
+        // 20 fast (<= 5 ms) and 20 slow (0.5 s to 5 s) in the window.
+        let p50 = r.p50_seconds.unwrap();
+        assert!(p50 <= 0.005, "{p50}");
+        let p99 = r.p99_seconds.unwrap();
+        assert!(p99 > 0.5 && p99 <= 5.0, "{p99}");
+        // Nothing in the window: no share, no percentiles, rate 0.
+        let idle = route_row("/api", &oldest, Some(&oldest), Some(&oldest), 1.0);
+        assert_eq!(idle.requests_per_sec, 0.0);
+        assert_eq!((idle.error_share, idle.p50_seconds), (None, None));
+        // A series first seen now counts from zero; the first tick's rate is 0.
+        let fresh = route_row("/", &last, None, None, 0.0);
+        assert_eq!(fresh.requests_per_sec, 0.0);
+        assert_eq!(fresh.error_share, Some(10.0 / 120.0));
+    }
+
+    /// Deployments are grouped from route series, ranked by rate, the top
+    /// kept; readings are kept for the window only.
+    #[test]
+    fn deployment_rows_rank_and_bound() {
+        let mut prev = Previous::default();
+        let key = |d: &str, r: &str| ("ns".to_string(), d.to_string(), r.to_string());
+        let tick = |prev: &mut Previous, busy: u64| {
+            let mut m = HashMap::new();
+            m.insert(key("web", "/"), reading(busy, 0, &[busy; 4]));
+            m.insert(key("web", "/api"), reading(2 * busy, busy, &[2 * busy; 4]));
+            m.insert(key("shop", "/"), reading(busy / 2, 0, &[busy / 2; 4]));
+            deployment_rows(m, prev, 1.0, 1)
+        };
+        tick(&mut prev, 10);
+        let (rows, ranked) = tick(&mut prev, 20);
+        assert_eq!(ranked, 2);
+        assert_eq!(rows.len(), 1);
+        let web = &rows[0];
+        assert_eq!(web.deployment, "web");
+        assert_eq!(web.requests_per_sec, 30.0);
+        assert_eq!(web.routes[0].route, "/api");
+        assert_eq!(web.routes[0].error_share, Some(0.5));
+        for i in 0..2 * QUANTILE_WINDOW_TICKS as u64 {
+            tick(&mut prev, 30 + i);
+        }
+        assert_eq!(prev.routes.len(), QUANTILE_WINDOW_TICKS);
     }
 
     /// VmRSS is read in kB and reported in bytes.

@@ -18,6 +18,60 @@ pub const HISTORY_NAMESPACES: usize = 20;
 /// How many ticks the handling-time percentiles look back over.
 pub const QUANTILE_WINDOW_TICKS: usize = 10;
 
+/// Deployments with a row in a snapshot at most: the most requested of the
+/// tick (the route series hold more; a tick's payload stays small).
+pub const TOP_DEPLOYMENTS: usize = 10;
+
+/// Routes per deployment row at most, the most requested first.
+pub const TOP_ROUTES: usize = 10;
+
+/// One route of a deployment (its declared `path_prefix`, or `_other` past
+/// the route series cap), from `meshgate_route_requests_total` and
+/// `meshgate_route_duration_seconds`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct RouteRow {
+    /// The route's label: its declared `path_prefix`.
+    pub route: String,
+    /// Requests it answered since start, every status class.
+    pub requests: u64,
+    /// `requests` per second since the previous tick.
+    #[serde(serialize_with = "hundredths")]
+    pub requests_per_sec: f64,
+    /// Share of its answers with a 5xx status over the last
+    /// `QUANTILE_WINDOW_TICKS` ticks, 0 to 1; None when it answered nothing then.
+    #[serde(serialize_with = "thousandths")]
+    pub error_share: Option<f64>,
+    /// Answer time percentiles (until the response headers) over the last
+    /// `QUANTILE_WINDOW_TICKS` ticks, in seconds; None when it answered nothing then.
+    #[serde(serialize_with = "tenth_micros")]
+    pub p50_seconds: Option<f64>,
+    /// As `p50_seconds`, the 99th percentile.
+    #[serde(serialize_with = "tenth_micros")]
+    pub p99_seconds: Option<f64>,
+}
+
+/// One deployment's row: its routes and its upstream instances' health.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct DeploymentRow {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name (`_other` past the route series cap).
+    pub deployment: String,
+    /// Requests its routes answered since start.
+    pub requests: u64,
+    /// Sum of its routes' requests per second.
+    #[serde(serialize_with = "hundredths")]
+    pub requests_per_sec: f64,
+    /// Its upstream instances now (0 for a static site).
+    pub instances: usize,
+    /// Those in rotation (neither passive nor active health has them out).
+    pub instances_healthy: usize,
+    /// Routes with numbers, most requested first, at most [`TOP_ROUTES`].
+    pub routes: Vec<RouteRow>,
+    /// Routes with numbers, shown or not.
+    pub routes_ranked: usize,
+}
+
 /// One actor's row.
 #[derive(Debug, Clone, Serialize)]
 pub struct ActorRow {
@@ -175,6 +229,13 @@ pub struct Snapshot {
     /// One row per live actor of the node or of a namespace in
     /// [`Snapshot::namespaces`], by id.
     pub actors: Vec<ActorRow>,
+    /// How many deployments [`Snapshot::deployments`] holds at most ([`TOP_DEPLOYMENTS`]).
+    pub top_deployments: usize,
+    /// Deployments with route series on this node.
+    pub deployments_ranked: usize,
+    /// The most requested deployments of the tick (requests per second, then
+    /// requests since start, then by namespace and name).
+    pub deployments: Vec<DeploymentRow>,
     /// Every ranked namespace's row, by name, for the search (not sent).
     #[serde(skip)]
     pub all: Arc<Vec<NamespaceRow>>,
@@ -187,6 +248,14 @@ pub struct Snapshot {
 /// `0.3333333333333333`; a tick's payload is mostly numbers.
 fn hundredths<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64((v * 100.0).round() / 100.0)
+}
+
+/// A share to three decimals.
+fn thousandths<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.serialize_some(&((v * 1000.0).round() / 1000.0)),
+        None => s.serialize_none(),
+    }
 }
 
 /// A duration in seconds to a tenth of a microsecond.
@@ -358,5 +427,36 @@ mod tests {
             json.contains("\"handled_per_sec\":3333.33,"),
             "rates rounded"
         );
+    }
+
+    /// The Deployments panel at its bound ([`TOP_DEPLOYMENTS`] rows of
+    /// [`TOP_ROUTES`] routes, 63-character names, 64-character routes) adds
+    /// under 24 KB to a tick.
+    #[test]
+    fn the_deployments_of_a_tick_stay_under_24_kb() {
+        let deployments: Vec<DeploymentRow> = (0..TOP_DEPLOYMENTS)
+            .map(|i| DeploymentRow {
+                namespace: format!("{i:03}{}", "n".repeat(60)),
+                deployment: format!("{i:03}{}", "d".repeat(60)),
+                requests: 123_456_789_012,
+                requests_per_sec: 10_000.0 / 3.0,
+                instances: 16,
+                instances_healthy: 15,
+                routes_ranked: 1_000,
+                routes: (0..TOP_ROUTES)
+                    .map(|j| RouteRow {
+                        route: format!("/{j:03}{}", "r".repeat(60)),
+                        requests: 123_456_789_012,
+                        requests_per_sec: 1_000.0 / 3.0,
+                        error_share: Some(1.0 / 3.0),
+                        p50_seconds: Some(1.0 / 3_000.0),
+                        p99_seconds: Some(1.0 / 30.0),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let json = serde_json::to_string(&deployments).unwrap();
+        assert!(json.len() <= 24 * 1024, "{} bytes", json.len());
+        assert!(json.contains("\"error_share\":0.333,"), "shares rounded");
     }
 }

@@ -1,6 +1,6 @@
 // meshgate dashboard: one EventSource, tables sortable by column, a namespace
-// filter, a search for namespaces outside the top N, and canvas charts of the
-// history. No libraries, nothing fetched from anywhere but this node.
+// filter, a search for namespaces outside the top N, the busiest deployments'
+// routes, and canvas charts of the history. No libraries, nothing fetched from anywhere but this node.
 "use strict";
 
 const HISTORY_MAX = 600;
@@ -150,6 +150,41 @@ function renderActors(rows) {
       <td class="${r.restarts > 0 ? "hot" : ""}">${r.restarts}</td></tr>`).join("");
 }
 
+function fmtShare(v) {
+  if (v === null || v === undefined) return "–";
+  return (v * 100).toFixed(v > 0 && v < 0.1 ? 1 : 0) + " %";
+}
+
+// One row per route of the most requested deployments (the node sends at
+// most top_deployments, each with its busiest routes).
+function renderDeployments(s) {
+  const deps = (s.deployments || []).filter((d) => !state.filter || d.namespace === state.filter);
+  const of = s.deployments_ranked || 0;
+  $("dep-count").textContent = `${deps.length} shown · top ${s.top_deployments || 0} of ${fmtInt(of)}`;
+  const rows = [];
+  for (const d of deps) {
+    const health = d.instances
+      ? `<span class="${d.instances_healthy < d.instances ? "hot" : ""}">${d.instances_healthy} / ${d.instances}</span>`
+      : '<span class="muted">static</span>';
+    const more = d.routes_ranked > d.routes.length ? ` <span class="muted">(+${d.routes_ranked - d.routes.length} routes)</span>` : "";
+    d.routes.forEach((r, i) => {
+      const first = i === 0;
+      rows.push(`<tr data-dep="${esc(d.namespace)}/${esc(d.deployment)}" data-route="${esc(r.route)}">
+      <td class="str">${first ? esc(d.namespace) : ""}</td>
+      <td class="str">${first ? esc(d.deployment) + more : ""}</td>
+      <td class="str" data-col="route">${esc(r.route)}</td>
+      <td data-col="requests_per_sec" title="${fmtInt(r.requests)} since the node started">${fmtRate(r.requests_per_sec)}</td>
+      <td data-col="p50_seconds">${fmtSecs(r.p50_seconds)}</td>
+      <td data-col="p99_seconds">${fmtSecs(r.p99_seconds)}</td>
+      <td data-col="error_share" class="${r.error_share > 0 ? "hot" : ""}">${fmtShare(r.error_share)}</td>
+      <td data-col="instances">${first ? health : ""}</td></tr>`);
+    });
+  }
+  $("dep-table").tBodies[0].innerHTML = rows.length
+    ? rows.join("")
+    : '<tr><td class="str muted" colspan="8">no routed requests yet</td></tr>';
+}
+
 function drawChart(canvas, values, color) {
   const dpr = window.devicePixelRatio || 1;
   const w = canvas.clientWidth || canvas.width, h = canvas.clientHeight || canvas.height;
@@ -195,6 +230,7 @@ function render() {
   renderNode(s.node);
   renderFilter(s.namespaces);
   renderNamespaces(s.namespaces, s);
+  renderDeployments(s);
   renderActors(s.actors);
   renderCharts();
 }

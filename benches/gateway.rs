@@ -19,70 +19,14 @@ mod load;
 #[path = "support/procs.rs"]
 mod procs;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
-use procs::{Proc, http, spawn_announcing};
-use std::io::Write;
+use procs::{http, spawn_announcing};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const UPSTREAM_ENV: &str = "GATEWAY_BENCH_UPSTREAM";
 const OPERATOR_KEY: &str = "mgop_gatewaybench_0123456789abcdef0123456789abcd";
 const CONNECTIONS: usize = 32;
 const BODY: &[u8] = b"{\"hello\":\"world\"}";
-
-async fn hello() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .body(BODY)
-}
-
-fn run_upstream() {
-    actix_web::rt::System::new().block_on(async move {
-        let srv = HttpServer::new(|| App::new().default_service(web::to(hello)))
-            .workers(meshgate::node::num_cpus())
-            .backlog(4096)
-            .bind("127.0.0.1:0")
-            .unwrap();
-        println!("upstream listening on {}", srv.addrs()[0]);
-        std::io::stdout().flush().unwrap();
-        srv.run().await.unwrap();
-    });
-}
-
-fn start_node(dir: &std::path::Path) -> (Proc, String) {
-    let data = dir.join("node");
-    std::fs::create_dir_all(&data).unwrap();
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        "[rate_limit]\ngeneral_per_minute = 1000000000\ngeneral_burst = 100000000\n\
-         credential_per_minute = 1000000000\ncredential_burst = 100000000\n\
-         namespace_per_minute = 1000000000\nnamespace_burst = 100000000\n\
-         [quotas]\ndeployments = 1000\nhosts = 1000\n\
-         [deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n",
-    )
-    .unwrap();
-    let mut cmd = Command::new(
-        std::env::var("MESHGATE_BENCH_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_meshgate").to_string()),
-    );
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .arg("--data-dir")
-        .arg(&data)
-        .env("MESHGATE_OPERATOR_KEY", OPERATOR_KEY)
-        .env("RUST_LOG", "warn");
-    let (node, addr) = spawn_announcing(cmd, "meshgate listening on http://", "the meshgate node");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http(&addr, "GET", "/readyz", None, None).0 != 200 {
-        assert!(Instant::now() < deadline, "the node never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (node, addr)
-}
 
 fn json(b: &str) -> serde_json::Value {
     serde_json::from_str(b).unwrap_or_else(|e| panic!("{e}: {b}"))
@@ -110,7 +54,7 @@ fn idle_cpu(pid: u32, secs: f64) -> f64 {
 
 fn main() {
     if std::env::var_os(UPSTREAM_ENV).is_some() {
-        return run_upstream();
+        return procs::run_upstream(BODY);
     }
     let full = std::env::args().any(|a| a == "--bench");
     let secs = if full { 5.0 } else { 0.3 };
@@ -120,7 +64,11 @@ fn main() {
     up_cmd.env(UPSTREAM_ENV, "1");
     let (_upstream_proc, upstream) =
         spawn_announcing(up_cmd, "upstream listening on ", "the upstream");
-    let (node_proc, addr) = start_node(dir.path());
+    let (node_proc, addr) = procs::start_node(
+        dir.path(),
+        OPERATOR_KEY,
+        "[quotas]\ndeployments = 1000\nhosts = 1000\n",
+    );
     let (s, b) = http(
         &addr,
         "POST",

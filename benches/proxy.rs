@@ -24,11 +24,9 @@ mod procs;
 #[path = "support/wrk.rs"]
 mod wrk;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
-use procs::{Proc, http, spawn_announcing};
-use std::io::Write;
+use procs::{http, spawn_announcing};
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Set in the environment of the upstream process.
 const UPSTREAM_ENV: &str = "PROXY_BENCH_UPSTREAM";
@@ -36,12 +34,6 @@ const OPERATOR_KEY: &str = "mgop_proxybench_0123456789abcdef0123456789abcdef";
 
 const CONNECTIONS: usize = 32;
 const BODY: &[u8] = b"{\"hello\":\"world\",\"padding\":\"0123456789abcdef0123456789abcdef\"}";
-
-async fn hello() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .body(BODY)
-}
 
 fn nginx_binary() -> String {
     for p in ["/usr/sbin/nginx", "/usr/bin/nginx"] {
@@ -124,64 +116,9 @@ fn start_nginx(dir: &std::path::Path, upstream: std::net::SocketAddr) -> Nginx {
     panic!("nginx did not start; see {d}/error.log");
 }
 
-/// The upstream process: a small actix-web app answering every path with
-/// [`BODY`], one worker per core. Prints its address, then serves until killed.
-fn run_upstream() {
-    actix_web::rt::System::new().block_on(async move {
-        let srv = HttpServer::new(|| App::new().default_service(web::to(hello)))
-            .workers(meshgate::node::num_cpus())
-            .backlog(4096)
-            .bind("127.0.0.1:0")
-            .unwrap();
-        println!("upstream listening on {}", srv.addrs()[0]);
-        std::io::stdout().flush().unwrap();
-        srv.run().await.unwrap();
-    });
-}
-
-/// Starts the meshgate binary with the rate limits lifted and loopback
-/// upstreams allowed.
-fn start_node(dir: &std::path::Path) -> (Proc, String) {
-    let data = dir.join("node");
-    std::fs::create_dir_all(&data).unwrap();
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        "[rate_limit]\ngeneral_per_minute = 1000000000\ngeneral_burst = 100000000\n\
-         credential_per_minute = 1000000000\ncredential_burst = 100000000\n\
-         namespace_per_minute = 1000000000\nnamespace_burst = 100000000\n\
-         [deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n",
-    )
-    .unwrap();
-    let mut cmd = Command::new(
-        // MESHGATE_BENCH_BIN runs another build of the node (a saved baseline).
-        std::env::var("MESHGATE_BENCH_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_meshgate").to_string()),
-    );
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .arg("--data-dir")
-        .arg(&data)
-        .env("MESHGATE_OPERATOR_KEY", OPERATOR_KEY)
-        .env(
-            "RUST_LOG",
-            std::env::var("BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
-        );
-    let (node, addr) = spawn_announcing(cmd, "meshgate listening on http://", "the meshgate node");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http(&addr, "GET", "/readyz", None, None).0 != 200 {
-        assert!(Instant::now() < deadline, "the node never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (node, addr)
-}
-
 fn main() {
     if std::env::var_os(UPSTREAM_ENV).is_some() {
-        return run_upstream();
+        return procs::run_upstream(BODY);
     }
     let full = std::env::args().any(|a| a == "--bench");
     let hold = std::env::args().any(|a| a == "--hold");
@@ -197,7 +134,7 @@ fn main() {
     let nginx_dir = dir.path().join("nginx");
     std::fs::create_dir_all(&nginx_dir).unwrap();
     let nginx = start_nginx(&nginx_dir, upstream);
-    let (node_proc, addr) = start_node(dir.path());
+    let (node_proc, addr) = procs::start_node(dir.path(), OPERATOR_KEY, "");
 
     let (s, b) = http(
         &addr,

@@ -3,7 +3,73 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// The upstream process of a proxy bench: a small actix-web app answering
+/// every path with `body`, one worker per core. Prints its address, then
+/// serves until killed.
+pub fn run_upstream(body: &'static [u8]) {
+    use actix_web::{App, HttpResponse, HttpServer, web};
+    actix_web::rt::System::new().block_on(async move {
+        let srv = HttpServer::new(move || {
+            App::new().default_service(web::to(move || async move {
+                HttpResponse::Ok()
+                    .content_type("application/json")
+                    .body(body)
+            }))
+        })
+        .workers(meshgate::node::num_cpus())
+        .backlog(4096)
+        .bind("127.0.0.1:0")
+        .unwrap();
+        println!("upstream listening on {}", srv.addrs()[0]);
+        std::io::stdout().flush().unwrap();
+        srv.run().await.unwrap();
+    });
+}
+
+/// Starts the meshgate binary (`MESHGATE_BENCH_BIN`, another build such as
+/// a saved baseline or a release, or this build's) with the rate limits
+/// lifted, loopback upstreams allowed, `operator_key`, and `extra_toml`
+/// appended to its config; waits until it is ready.
+pub fn start_node(dir: &std::path::Path, operator_key: &str, extra_toml: &str) -> (Proc, String) {
+    let data = dir.join("node");
+    std::fs::create_dir_all(&data).unwrap();
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[rate_limit]\ngeneral_per_minute = 1000000000\ngeneral_burst = 100000000\n\
+             credential_per_minute = 1000000000\ncredential_burst = 100000000\n\
+             namespace_per_minute = 1000000000\nnamespace_burst = 100000000\n\
+             [deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n{extra_toml}"
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(
+        std::env::var("MESHGATE_BENCH_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_meshgate").to_string()),
+    );
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(&data)
+        .env("MESHGATE_OPERATOR_KEY", operator_key)
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+        );
+    let (node, addr) = spawn_announcing(cmd, "meshgate listening on http://", "the meshgate node");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http(&addr, "GET", "/readyz", None, None).0 != 200 {
+        assert!(Instant::now() < deadline, "the node never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (node, addr)
+}
 
 /// A child process killed (and reaped) on drop.
 pub struct Proc(pub Child);

@@ -3,15 +3,14 @@
 //! refusals, a restart, the history read, and bad input.
 
 use crate::common::*;
-use awc::ws::{self, Frame};
+use crate::pubsub::{Socket, next_data};
+use awc::ws;
 use base64::Engine as _;
-use futures_util::{SinkExt as _, StreamExt as _};
+use futures_util::SinkExt as _;
 use serde_json::{Value, json};
 use std::time::Duration;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
 
 fn opts(extra: &str) -> NodeOpts {
     NodeOpts {
@@ -33,25 +32,6 @@ async fn connect(node: &TestNode, path: &str, key: &str) -> (awc::ClientResponse
         .unwrap_or_else(|e| panic!("ws connect {url}: {e}"));
     assert_eq!(resp.status(), 101);
     (resp, s)
-}
-
-/// The next text or binary frame, skipping pings.
-async fn next_data(s: &mut Socket) -> Vec<u8> {
-    loop {
-        let f = tokio::time::timeout(Duration::from_secs(30), s.next())
-            .await
-            .expect("frame within 30 s")
-            .expect("socket open")
-            .expect("valid frame");
-        match f {
-            Frame::Text(b) | Frame::Binary(b) => return b.to_vec(),
-            Frame::Ping(p) => {
-                let _ = s.send(ws::Message::Pong(p)).await;
-            }
-            Frame::Close(r) => panic!("closed: {r:?}"),
-            _ => {}
-        }
-    }
 }
 
 async fn next_json(s: &mut Socket) -> Value {

@@ -6,8 +6,7 @@
 
 use crate::common::*;
 use crate::functions::{deploy, invoke};
-use awc::ws::{self, Frame};
-use futures_util::{SinkExt as _, StreamExt as _};
+use crate::pubsub::{Socket, next_data};
 use std::time::Duration;
 
 /// A guest that writes `hit` = `1` into its namespace's KV.
@@ -138,38 +137,8 @@ fn concurrent_first_requests_start_one_supervisor() {
     assert_eq!(lifecycle(&node, "activated") - before, 1.0);
 }
 
-type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
-
 async fn connect(node: &TestNode, path: &str, key: &str) -> Socket {
-    let url = format!("ws://{}{path}&token={key}", node.addr);
-    let (resp, s) = awc::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .finish()
-        .ws(url.as_str())
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("ws connect {url}: {e}"));
-    assert_eq!(resp.status(), 101);
-    s
-}
-
-/// Next data frame, skipping pings.
-async fn next_data(s: &mut Socket) -> Vec<u8> {
-    loop {
-        let f = tokio::time::timeout(Duration::from_secs(30), s.next())
-            .await
-            .expect("frame within 30 s")
-            .expect("socket open")
-            .expect("valid frame");
-        match f {
-            Frame::Text(b) | Frame::Binary(b) => return b.to_vec(),
-            Frame::Ping(p) => {
-                let _ = s.send(ws::Message::Pong(p)).await;
-            }
-            Frame::Close(r) => panic!("closed: {r:?}"),
-            _ => {}
-        }
-    }
+    crate::pubsub::connect(&format!("ws://{}{path}&token={key}", node.addr)).await
 }
 
 /// A socket subscribe wakes a sleeping namespace, and a namespace with a

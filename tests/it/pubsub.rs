@@ -10,14 +10,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
+pub(crate) type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
 
 fn ws_url(node: &TestNode, path: &str, key: &str) -> String {
     let sep = if path.contains('?') { '&' } else { '?' };
     format!("ws://{}{path}{sep}token={key}", node.addr)
 }
 
-async fn connect(url: &str) -> Socket {
+pub(crate) async fn connect(url: &str) -> Socket {
     let (resp, s) = awc::Client::builder()
         .timeout(Duration::from_secs(30))
         .finish()
@@ -31,7 +31,7 @@ async fn connect(url: &str) -> Socket {
 }
 
 /// Next data frame (text or binary), skipping pings; panics on close or timeout.
-async fn next_data(s: &mut Socket) -> Vec<u8> {
+pub(crate) async fn next_data(s: &mut Socket) -> Vec<u8> {
     loop {
         let f = tokio::time::timeout(Duration::from_secs(30), s.next())
             .await

@@ -134,6 +134,12 @@ pub struct Inner {
     /// Mesh messages whose delivery waited for room in a relay's queue (the
     /// mesh ingress held back instead of dropping).
     pub mesh_ingress_waits: IntCounter,
+    /// Times a node read a history topic again from the store because its
+    /// copy was behind (another node sequenced, or a mesh message was missed).
+    pub history_catch_ups: IntCounter,
+    /// Times a history topic's local subscribers were closed with 4011
+    /// (insufficient state) to recover.
+    pub history_broken: IntCounter,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
@@ -451,6 +457,20 @@ impl Metrics {
                 IntCounter::new(
                     "meshgate_mesh_ingress_waits_total",
                     "Mesh deliveries that waited for room in a relay's queue"
+                )
+                .unwrap()
+            ),
+            history_catch_ups: reg!(
+                IntCounter::new(
+                    "meshgate_history_catch_ups_total",
+                    "History topics read again from the store because this node's copy was behind"
+                )
+                .unwrap()
+            ),
+            history_broken: reg!(
+                IntCounter::new(
+                    "meshgate_history_insufficient_state_total",
+                    "History topics whose local subscribers were closed with 4011 to recover"
                 )
                 .unwrap()
             ),

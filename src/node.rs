@@ -391,12 +391,26 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
             // Straight to the relays with the routes the supervisor shares,
             // one message after the other (order kept); a full relay queue
             // is waited for, which holds this task and so the mesh back.
-            for m in &messages {
-                if let Some(route) = h.routes.get(&m.topic) {
+            let mut sequenced = Vec::new();
+            for m in messages {
+                if m.history.is_some() {
+                    sequenced.push(m);
+                } else if let Some(route) = h.routes.get(&m.topic) {
                     n.pubsub
                         .deliver_from_mesh(&m.topic, &m.data, &route, m.timestamp)
                         .await;
                 }
+            }
+            // History topics go through the supervisor, which keeps this
+            // node's copy and holds recoveries (docs/pubsub.md); `send`
+            // waits for room in its mailbox, holding the mesh back.
+            if !sequenced.is_empty() {
+                let _ = h
+                    .addr
+                    .send(crate::actors::Replicated {
+                        messages: sequenced,
+                    })
+                    .await;
             }
         }
     });

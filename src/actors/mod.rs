@@ -35,7 +35,7 @@ pub use node::{
 pub use records::{RECORD_TTL, Records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
-    HistoryOf, HistoryPage, HistoryState, MeshMessage, Presence, Publish, PublishBatch,
+    HistoryOf, HistoryPage, HistoryState, MeshMessage, Presence, Publish, PublishBatch, Replicated,
     ReadHistory, Release, ReplaceHistory, SetHistory, Subscribe, Subscribed, SweepHistory, Topics,
     Unsubscribe, UnsubscribeAll,
 };

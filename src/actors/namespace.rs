@@ -133,6 +133,12 @@ pub struct NamespaceSupervisor {
     pub history_writing: bool,
     /// The acks waiting for the history writes queued since the last batch.
     pub history_waiters: Vec<tokio::sync::oneshot::Sender<bool>>,
+    /// Publications of history topics waiting for the next sequencing
+    /// transaction, with the senders of their positions (`actors/topics.rs`).
+    pub history_staged: Vec<(
+        crate::pubsub::history::Staged,
+        tokio::sync::oneshot::Sender<Option<crate::pubsub::Position>>,
+    )>,
     /// Recovering subscriptions whose missed publications are on their way
     /// to the socket; live publications wait here until it says
     /// [`Release`](super::Release) (`actors/topics.rs`).
@@ -169,6 +175,7 @@ impl NamespaceSupervisor {
             history: None,
             history_writing: false,
             history_waiters: Vec::new(),
+            history_staged: Vec::new(),
             held: Vec::new(),
             cron: None,
             ended: false,

@@ -4,7 +4,10 @@
 //! delivered and acknowledged in the order it sent them.
 
 use super::namespace::{NamespaceSupervisor, NsError, NsResult};
-use crate::pubsub::history::{Entry, ExportedTopic, rule_for};
+use crate::pubsub::history::{
+    Entry, ExportedTopic, Meta, ReplicaStep, Sequenced, Staged, plan_sequence, rule_for,
+    sequence_keys,
+};
 use crate::pubsub::protocol::{message_frame, now_ms};
 use crate::pubsub::{
     HistoryCaps, HistoryRule, Member, NsHistory, Origin, Position, PresenceEvent, SubscriberRef,
@@ -72,17 +75,37 @@ impl NamespaceSupervisor {
         rule_for(rules, topic).cloned()
     }
 
-    /// Accepts one publication: a topic without history takes today's path;
-    /// one with history gets its offset first and every frame carries it.
-    fn publish_one(&mut self, topic: &str, data: &Bytes) -> Option<Position> {
+    /// Accepts one publication: a topic without history takes today's path
+    /// (delivered now, None); one with history is staged for the next
+    /// sequencing transaction, which gives its offset in the store, and is
+    /// delivered once that is written. The receiver then gets its position
+    /// (None: the write failed, nothing was delivered).
+    fn publish_one(&mut self, topic: &str, data: &Bytes) -> Option<Ack> {
         let Some(rule) = self.history_rule(topic) else {
             self.deliver(topic, data);
             return None;
         };
-        let caps = self.history_caps();
-        let h = self.history.as_mut()?;
-        let timestamp = now_ms();
-        let pos = h.append(topic, &rule, data, timestamp, &caps);
+        if self.history.is_none() {
+            self.deliver(topic, data);
+            return None;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.history_staged.push((
+            Staged {
+                topic: topic.to_string(),
+                data: data.clone(),
+                timestamp: now_ms(),
+                size: rule.size,
+            },
+            tx,
+        ));
+        Some(rx)
+    }
+
+    /// Delivers a publication whose position the store gave: to held
+    /// recoveries, the local subscribers and (`Origin::Local`: this node
+    /// sequenced it) the mesh, with the offset in every frame.
+    fn deliver_sequenced(&mut self, topic: &str, pos: &Position, timestamp: u64, data: &Bytes, origin: Origin) {
         if !self.held.is_empty() {
             self.hold_live(topic, pos.offset, timestamp, data);
         }
@@ -92,11 +115,168 @@ impl NamespaceSupervisor {
             topic,
             data,
             targets,
-            Origin::Local,
+            origin,
             timestamp,
-            Some(pos.offset),
+            Some((pos.offset, pos.epoch.as_str())),
         );
-        Some(pos)
+    }
+
+    /// Closes this node's sockets subscribed to `topic` (held recoveries
+    /// included) with `INSUFFICIENT_STATE`: what they hold of the topic can
+    /// not be continued here (another epoch, or a gap the store no longer
+    /// fills). They reconnect and recover, and are told the truth.
+    fn break_topic(&mut self, topic: &str) {
+        if let Some((targets, _)) = self.topics.targets(topic) {
+            let targets = targets.clone();
+            self.topics
+                .service
+                .close_all(&targets, crate::pubsub::close::INSUFFICIENT_STATE);
+        }
+        let held: Vec<SubscriberRef> = self
+            .held
+            .iter()
+            .filter(|h| h.topic == topic)
+            .map(|h| h.sub)
+            .collect();
+        self.held.retain(|h| h.topic != topic);
+        for sub in held {
+            let targets = vec![(sub.relay, std::sync::Arc::new(vec![(sub.conn, sub.kind)]))];
+            self.topics
+                .service
+                .close_all(&targets, crate::pubsub::close::INSUFFICIENT_STATE);
+        }
+        self.topics.service.metrics.history_broken.inc();
+    }
+
+    /// After a sequencing transaction: each topic whose copy here was what
+    /// the store held before it keeps and delivers this node's publications
+    /// at once; any other (another node sequenced in between, or the store
+    /// started a new epoch) is read again from the store first.
+    fn sequenced(&mut self, ctx: &mut Context<Self>, batch: Vec<(Staged, AckTx)>, s: Sequenced) {
+        let caps = self.history_caps();
+        let mut replies = Vec::with_capacity(batch.len());
+        let mut behind: Vec<(String, Vec<(Position, u64, Bytes)>)> = Vec::new();
+        let mut ours: Vec<(Staged, Position)> = Vec::with_capacity(batch.len());
+        for ((st, tx), pos) in batch.into_iter().zip(s.positions) {
+            replies.push((tx, pos.clone()));
+            ours.push((st, pos));
+        }
+        for step in &s.topics {
+            let Some(h) = self.history.as_ref() else {
+                break;
+            };
+            let held = h.meta(&step.topic);
+            let fresh = Meta {
+                epoch: step.fresh.clone(),
+                top: 0,
+            };
+            let in_step = held == step.before
+                || (step.before.is_none() && (held.is_none() || held.as_ref() == Some(&fresh)));
+            let mine: Vec<(Position, u64, Bytes)> = ours
+                .iter()
+                .filter(|(st, _)| st.topic == step.topic)
+                .map(|(st, p)| (p.clone(), st.timestamp, st.data.clone()))
+                .collect();
+            if !in_step {
+                behind.push((step.topic.clone(), mine));
+                continue;
+            }
+            let rule = self.history_rule(&step.topic);
+            if held.is_none() || step.before.is_none() {
+                // The meta the store holds now (a touched topic's, created).
+                if let Some(h) = self.history.as_mut() {
+                    h.adopt(&step.topic, Some((step.after.clone(), Vec::new())));
+                    if mine.is_empty() {
+                        continue;
+                    }
+                }
+            }
+            for (pos, ts, data) in mine {
+                if let (Some(rule), Some(h)) = (&rule, self.history.as_mut()) {
+                    h.append_at(&step.topic, &pos.epoch, pos.offset, ts, &data, rule, &caps);
+                }
+                self.deliver_sequenced(&step.topic, &pos, ts, &data, Origin::Local);
+            }
+        }
+        for (tx, pos) in replies {
+            let _ = tx.send(Some(pos));
+        }
+        for (topic, mine) in behind {
+            self.catch_up(ctx, topic, mine);
+        }
+    }
+
+    /// Reads `topic` from the store and makes this node's copy that,
+    /// delivering what is new to the local subscribers (and this node's own
+    /// publications among them, `mine`, to the mesh too), or closing them
+    /// when they cannot continue. Holds the mailbox meanwhile, so every
+    /// later publication of the topic is judged against the store's copy.
+    fn catch_up(&mut self, ctx: &mut Context<Self>, topic: String, mine: Vec<(Position, u64, Bytes)>) {
+        let store = self.store.clone();
+        let (prefix, meta_key) = crate::pubsub::history::topic_keys(&self.name, &topic);
+        self.topics.service.metrics.history_catch_ups.inc();
+        ctx.wait(
+            async move {
+                let meta = store.get(&meta_key).await?;
+                let rows = store.scan_all(&prefix).await?;
+                Ok::<_, StoreError>((meta, rows))
+            }
+            .into_actor(self)
+            .map(move |res, act, _| {
+                let Some(h) = act.history.as_mut() else {
+                    return;
+                };
+                let adopted = match res {
+                    Ok((meta, rows)) => {
+                        h.adopt(&topic, NsHistory::stored_topic(&act.name, &topic, meta, rows))
+                    }
+                    Err(e) => {
+                        tracing::warn!(namespace = %act.name, topic = %topic, error = %e, "A pub/sub history topic could not be read again; its subscribers here are closed to recover.");
+                        h.adopt(&topic, None);
+                        crate::pubsub::history::Adopted {
+                            new: Vec::new(),
+                            broken: true,
+                        }
+                    }
+                };
+                if adopted.broken {
+                    act.break_topic(&topic);
+                }
+                let mut sent = std::collections::HashSet::new();
+                for e in &adopted.new {
+                    let pos = Position {
+                        offset: e.offset,
+                        epoch: act
+                            .history
+                            .as_ref()
+                            .and_then(|h| h.meta(&topic))
+                            .map(|m| m.epoch)
+                            .unwrap_or_default(),
+                    };
+                    let origin = match mine.iter().find(|(p, _, _)| p.offset == e.offset) {
+                        Some(_) => {
+                            sent.insert(e.offset);
+                            Origin::Local
+                        }
+                        None => Origin::Mesh,
+                    };
+                    act.deliver_sequenced(&topic, &pos, e.timestamp, &e.data, origin);
+                }
+                // This node's own that were not delivered here still go to
+                // the other nodes: it sequenced them.
+                for (pos, ts, data) in mine.iter().filter(|(p, _, _)| !sent.contains(&p.offset)) {
+                    act.topics.service.deliver_at(
+                        &act.name,
+                        &topic,
+                        data,
+                        None,
+                        Origin::Local,
+                        *ts,
+                        Some((pos.offset, pos.epoch.as_str())),
+                    );
+                }
+            }),
+        );
     }
 
     /// Loads the namespace's history from the store once (at the first
@@ -121,48 +301,114 @@ impl NamespaceSupervisor {
         );
     }
 
-    /// Writes every queued history change in one store batch, unless a
-    /// batch is being written (then the next one takes them when it ends).
-    /// The acks waiting for those changes are answered when it lands.
-    fn flush_history(&mut self, ctx: &mut Context<Self>) {
+    /// Writes what waits, unless a write is in flight (the next one takes
+    /// it when that ends): the staged publications (as many as fit one
+    /// store transaction) and touched topics in one **sequencing
+    /// transaction** ([`plan_sequence`]: offsets from the metas the store
+    /// holds, guarded so no two writers give one offset), then the queued
+    /// trims in one batch. The publications are delivered once it is
+    /// written; the acks waiting on the trims are answered when they land.
+    pub(crate) fn flush_history(&mut self, ctx: &mut Context<Self>) {
         if self.history_writing {
             return;
         }
         let Some(h) = self.history.as_mut() else {
             return;
         };
-        if !h.has_pending() {
-            for w in self.history_waiters.drain(..) {
+        let touched = h.take_touched();
+        let pending = h.take_pending();
+        let (max_ops, max_bytes) = if self.store.as_sled().is_some() {
+            (usize::MAX, usize::MAX)
+        } else {
+            (SEQUENCE_OPS, SEQUENCE_BYTES)
+        };
+        let (mut ops, mut bytes, mut n) = (touched.len(), 0usize, 0usize);
+        for (st, _) in &self.history_staged {
+            if n > 0 && (ops + 3 > max_ops || bytes + st.data.len() + 128 > max_bytes) {
+                break;
+            }
+            ops += 3;
+            bytes += st.data.len() + 128;
+            n += 1;
+        }
+        let batch: Vec<(Staged, AckTx)> = self.history_staged.drain(..n).collect();
+        let waiters = std::mem::take(&mut self.history_waiters);
+        if batch.is_empty() && touched.is_empty() && pending.is_empty() {
+            for w in waiters {
                 let _ = w.send(true);
             }
             return;
         }
-        let ops = h.take_pending();
-        let waiters = std::mem::take(&mut self.history_waiters);
+        let staged: Vec<Staged> = batch.iter().map(|(s, _)| s.clone()).collect();
+        let (keys, topics) = sequence_keys(&self.name, &staged, &touched);
+        // A topic given an epoch here but not yet stored keeps it; any
+        // other topic new to the store starts a fresh one.
+        let fresh: Vec<String> = topics
+            .iter()
+            .map(|t| match h.meta(t) {
+                Some(m) if m.top == 0 => m.epoch,
+                _ => crate::pubsub::history::new_epoch(),
+            })
+            .collect();
         self.history_writing = true;
         let store = self.store.clone();
+        let ns = self.name.clone();
         ctx.spawn(
             async move {
-                // One batch; on etcd, one that fits a transaction at a time.
-                if store.check_atomic(&ops).is_ok() {
-                    return store.apply_batch(ops).await;
+                let seq = if keys.is_empty() {
+                    None
+                } else {
+                    let r = store
+                        .transact(&keys, None, |vals| {
+                            Ok::<_, std::convert::Infallible>(plan_sequence(
+                                &ns, &topics, vals, &fresh, &staged,
+                            ))
+                        })
+                        .await;
+                    Some(match r {
+                        Ok(Some(Ok(s))) => Ok(s),
+                        Ok(_) => Err(StoreError::Unavailable("an import is in progress".into())),
+                        Err(e) => Err(e),
+                    })
+                };
+                // Trims: deletions any node may make (idempotent), in one
+                // batch; on etcd one that fits a transaction at a time.
+                let trims = async {
+                    if pending.is_empty() {
+                        return Ok(());
+                    }
+                    if store.check_atomic(&pending).is_ok() {
+                        return store.apply_batch(pending).await;
+                    }
+                    for chunk in pending.chunks(HISTORY_CHUNK) {
+                        store.apply_batch(chunk.to_vec()).await?;
+                    }
+                    Ok(())
                 }
-                for chunk in ops.chunks(HISTORY_CHUNK) {
-                    store.apply_batch(chunk.to_vec()).await?;
-                }
-                Ok(())
+                .await;
+                (seq, trims)
             }
-                .into_actor(self)
-                .map(move |res, act, ctx| {
-                    act.history_writing = false;
-                    if let Err(e) = &res {
-                        tracing::error!(namespace = %act.name, error = %e, "A pub/sub history batch was not written.");
+            .into_actor(self)
+            .map(move |(seq, trims), act, ctx| {
+                act.history_writing = false;
+                if let Err(e) = &trims {
+                    tracing::error!(namespace = %act.name, error = %e, "A pub/sub history batch was not written.");
+                }
+                for w in waiters {
+                    let _ = w.send(trims.is_ok());
+                }
+                match seq {
+                    Some(Ok(s)) => act.sequenced(ctx, batch, s),
+                    Some(Err(e)) => {
+                        tracing::error!(namespace = %act.name, error = %e, "Pub/sub history publications were not written; their publishers are answered 503.");
+                        for (_, tx) in batch {
+                            let _ = tx.send(None);
+                        }
                     }
-                    for w in waiters {
-                        let _ = w.send(res.is_ok());
-                    }
-                    act.flush_history(ctx);
-                }),
+                    None => {}
+                }
+                act.flush_history(ctx);
+            }),
         );
     }
 
@@ -179,14 +425,33 @@ impl NamespaceSupervisor {
 /// (etcd's limit on operations per transaction is 128 by default).
 const HISTORY_CHUNK: usize = 64;
 
-/// Waits for a history write; a failed one fails the publish (503, retryable).
-async fn stored<T>(rx: tokio::sync::oneshot::Receiver<bool>, v: T) -> NsResult<T> {
-    match rx.await {
-        Ok(true) => Ok(v),
-        _ => Err(NsError::Store(StoreError::Unavailable(
-            "the pub/sub history could not be written".into(),
-        ))),
+/// Most operations of one sequencing transaction on etcd (a publication is
+/// at most three: its row, the row it trims, its topic's meta), under
+/// etcd's 128 per transaction.
+const SEQUENCE_OPS: usize = 96;
+/// Most payload bytes of one sequencing transaction on etcd, under its
+/// request limit (1.5 MiB by default).
+const SEQUENCE_BYTES: usize = 1 << 20;
+
+/// The position of a staged publication once it is stored (None: it was not).
+type AckTx = tokio::sync::oneshot::Sender<Option<Position>>;
+/// The receiving end of [`AckTx`].
+type Ack = tokio::sync::oneshot::Receiver<Option<Position>>;
+
+/// Waits for the positions of staged publications: all stored, or 503.
+async fn positions(acks: Vec<Ack>) -> NsResult<Vec<Position>> {
+    let mut out = Vec::with_capacity(acks.len());
+    for a in acks {
+        match a.await {
+            Ok(Some(p)) => out.push(p),
+            _ => {
+                return Err(NsError::Store(StoreError::Unavailable(
+                    "the pub/sub history could not be written".into(),
+                )));
+            }
+        }
     }
+    Ok(out)
 }
 
 /// Sent by a `WsSession` to subscribe its connection to a topic (with an
@@ -472,20 +737,20 @@ impl Handler<Publish> for NamespaceSupervisor {
     type Result = actix::Response<NsResult<Option<Position>>>;
     fn handle(&mut self, msg: Publish, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
-        let pos = match self.guarded(ctx, |act| {
+        let ack = match self.guarded(ctx, |act| {
             act.exists()?;
             Ok(act.publish_one(&msg.topic, &msg.data))
         }) {
-            Ok(p) => p,
+            Ok(a) => a,
             Err(e) => return actix::Response::reply(Err(e)),
         };
         self.count_publishes(1);
         self.fire_pubsub_triggers(&msg.topic, &msg.data, msg.depth);
-        match pos {
+        match ack {
             None => actix::Response::reply(Ok(None)),
-            Some(p) => {
-                let rx = self.history_stored(ctx);
-                actix::Response::fut(stored(rx, Some(p)))
+            Some(a) => {
+                self.flush_history(ctx);
+                actix::Response::fut(async move { Ok(positions(vec![a]).await?.pop()) })
             }
         }
     }
@@ -505,15 +770,15 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
     type Result = actix::Response<NsResult<usize>>;
     fn handle(&mut self, msg: PublishBatch, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
-        let kept = match self.guarded(ctx, |act| {
+        let acks = match self.guarded(ctx, |act| {
             act.exists()?;
-            let mut kept = false;
-            for (topic, data) in &msg.messages {
-                kept |= act.publish_one(topic, data).is_some();
-            }
-            Ok(kept)
+            Ok(msg
+                .messages
+                .iter()
+                .filter_map(|(topic, data)| act.publish_one(topic, data))
+                .collect::<Vec<_>>())
         }) {
-            Ok(k) => k,
+            Ok(a) => a,
             Err(e) => return actix::Response::reply(Err(e)),
         };
         self.count_publishes(msg.messages.len() as u64);
@@ -521,15 +786,70 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
             self.fire_pubsub_triggers(topic, data, 0);
         }
         let n = msg.messages.len();
-        if kept {
-            let rx = self.history_stored(ctx);
-            return actix::Response::fut(stored(rx, n));
+        if !acks.is_empty() {
+            self.flush_history(ctx);
+            return actix::Response::fut(async move { positions(acks).await.map(|_| n) });
         }
         actix::Response::reply(Ok(n))
     }
 }
 
 pub use crate::pubsub::MeshMessage;
+
+/// Sent by the node's mesh ingress task (`node.rs`): publications of
+/// history topics that another node sequenced, in the order the mesh
+/// delivered them (each with its offset and epoch). Each is kept in this
+/// node's copy of the topic and delivered to the local subscribers when it
+/// is the next offset; a duplicate is dropped; a gap or another epoch reads
+/// the topic from the store again (where every delivered publication is),
+/// which delivers what was missed or closes the subscribers with 4011.
+/// Past admission (sent with `Addr::send`, which waits for room). No reply.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Replicated {
+    /// The publications, each with `history` set.
+    pub messages: Vec<MeshMessage>,
+}
+
+impl Handler<Replicated> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: Replicated, ctx: &mut Context<Self>) {
+        let _t = self.stats.begin();
+        if self.record.is_none() {
+            return;
+        }
+        let caps = self.history_caps();
+        let mut behind: Vec<String> = Vec::new();
+        for m in msg.messages {
+            let Some((offset, epoch)) = m.history else {
+                continue;
+            };
+            // The store holds every later publication of a topic behind here.
+            if behind.contains(&m.topic) {
+                continue;
+            }
+            let pos = Position { offset, epoch };
+            let rule = self.history_rule(&m.topic);
+            let step = match (&rule, self.history.as_mut()) {
+                (Some(rule), Some(h)) => {
+                    h.apply_replica(&m.topic, &pos.epoch, offset, m.timestamp, &m.data, rule, &caps)
+                }
+                // No rule here (yet): delivered with its offset, not kept.
+                _ => ReplicaStep::Appended,
+            };
+            match step {
+                ReplicaStep::Appended => {
+                    self.deliver_sequenced(&m.topic, &pos, m.timestamp, &m.data, Origin::Mesh)
+                }
+                ReplicaStep::Duplicate => {}
+                ReplicaStep::Behind => behind.push(m.topic),
+            }
+        }
+        for topic in behind {
+            self.catch_up(ctx, topic, Vec::new());
+        }
+    }
+}
 
 impl NamespaceSupervisor {
     fn count_publishes(&self, n: u64) {

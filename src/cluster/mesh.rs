@@ -202,6 +202,8 @@ struct WireEntry {
     /// the wire as a sequence of u8 in postcard.
     #[serde(with = "byte_string")]
     data: Vec<u8>,
+    /// A history topic's publication: (offset, epoch) as the store gave them.
+    history: Option<(u64, String)>,
 }
 
 /// `Vec<u8>` as a serde byte string: postcard writes and reads it with one
@@ -280,6 +282,8 @@ struct Outbound {
     data: Bytes,
     /// When this node accepted the publish (ms since the Unix epoch), sent along.
     timestamp: u64,
+    /// A history topic's position of it (offset, epoch), sent along.
+    history: Option<(u64, String)>,
 }
 
 enum Command {
@@ -315,12 +319,20 @@ impl MeshSink for Mesh {
     /// Queues a locally published message for the swarm task, which numbers
     /// it in its (namespace, topic) stream and publishes it. One queue, so
     /// publish order is kept.
-    fn forward(&self, namespace: &str, topic: &str, data: &Bytes, timestamp: u64) {
+    fn forward(
+        &self,
+        namespace: &str,
+        topic: &str,
+        data: &Bytes,
+        timestamp: u64,
+        history: Option<(u64, &str)>,
+    ) {
         let cmd = Command::Forward(Outbound {
             namespace: namespace.to_string(),
             topic: topic.to_string(),
             data: data.clone(),
             timestamp,
+            history: history.map(|(o, e)| (o, e.to_string())),
         });
         if self.tx.try_send(cmd).is_err() {
             self.drop_count("queue_full");
@@ -942,6 +954,7 @@ impl SwarmTask {
                 seq: stream.next + *k,
                 timestamp: out.timestamp,
                 data: out.data.to_vec(),
+                history: out.history.clone(),
             });
             *k += 1;
         }
@@ -1239,6 +1252,7 @@ impl SwarmTask {
                 topic: m.topic,
                 data: Bytes::from(m.data),
                 timestamp: m.timestamp,
+                history: m.history,
             };
             match groups.iter_mut().find(|(ns, _)| *ns == m.namespace) {
                 Some((_, list)) => list.push(msg),
@@ -1378,7 +1392,7 @@ mod tests {
         let store = sled(&dir);
         let (a, b, c) = trio(&store).await;
         a.mesh
-            .forward("acme", "room", &Bytes::from_static(b"hello"), 1234);
+            .forward("acme", "room", &Bytes::from_static(b"hello"), 1234, None);
         for n in [&b, &c] {
             wait_for("delivery", Duration::from_secs(10), || async {
                 !n.got.lock().is_empty()
@@ -1502,7 +1516,7 @@ mod tests {
         const N: usize = 60_000;
         for i in 0..N {
             a.mesh
-                .forward("acme", "burst", &Bytes::from(i.to_string()), 0);
+                .forward("acme", "burst", &Bytes::from(i.to_string()), 0, None);
         }
         all_arrive_in_order(&a, &b, (0..N).map(|i| i.to_string()).collect()).await;
         let batches = a.pubsub.metrics.mesh_batches.get();
@@ -1524,7 +1538,7 @@ mod tests {
         let pad = "x".repeat(40 << 10);
         for i in 0..N {
             a.mesh
-                .forward("acme", "big", &Bytes::from(format!("{i}:{pad}")), 0);
+                .forward("acme", "big", &Bytes::from(format!("{i}:{pad}")), 0, None);
         }
         all_arrive_in_order(&a, &b, (0..N).map(|i| format!("{i}:{pad}")).collect()).await;
         assert!(
@@ -1696,6 +1710,7 @@ mod tests {
             seq,
             timestamp: 1_700_000_000_000,
             data: vec![0, 1, 2, 255],
+            history: Some((seq, "e1".into())),
         };
         let m = WireBatch {
             origin: Keypair::generate_ed25519().public().to_peer_id().to_bytes(),

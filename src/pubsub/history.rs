@@ -185,6 +185,8 @@ pub struct NsHistory {
     bytes: u64,
     /// Store writes queued by appends and trims, in order.
     pending: Vec<BatchOp>,
+    /// Topics given an epoch here whose metas the store may not hold yet.
+    touched: Vec<String>,
 }
 
 /// One topic's stream in a namespace export (`history` of
@@ -335,6 +337,157 @@ pub fn new_epoch() -> String {
     hex::encode(b)
 }
 
+/// A publication waiting for its offset: the supervisor's next sequencing
+/// transaction gives it one ([`plan_sequence`]).
+#[derive(Debug, Clone)]
+pub struct Staged {
+    /// The topic (a history rule names it).
+    pub topic: String,
+    /// The payload.
+    pub data: Bytes,
+    /// Unix milliseconds when this node accepted it.
+    pub timestamp: u64,
+    /// The rule's `size`: the row `size` offsets back is deleted with it.
+    pub size: u64,
+}
+
+/// What one sequencing transaction found and wrote for one topic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicStep {
+    /// The topic.
+    pub topic: String,
+    /// Its meta in the store before the transaction (None: no history yet).
+    pub before: Option<Meta>,
+    /// Its meta after it.
+    pub after: Meta,
+    /// The epoch the transaction would have started the topic with.
+    pub fresh: String,
+}
+
+/// What a sequencing transaction decided: per topic (in the order of the
+/// keys read) and the position of each staged publication, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sequenced {
+    /// One per distinct topic, in key order.
+    pub topics: Vec<TopicStep>,
+    /// One per staged publication, in staging order.
+    pub positions: Vec<Position>,
+}
+
+/// The meta keys a sequencing transaction reads, one per distinct topic of
+/// `staged` and `touched`, first-seen order; the topics come second.
+pub fn sequence_keys(ns: &str, staged: &[Staged], touched: &[String]) -> (Vec<Vec<u8>>, Vec<String>) {
+    let mut topics: Vec<String> = Vec::new();
+    for t in staged.iter().map(|s| &s.topic).chain(touched.iter()) {
+        if !topics.iter().any(|x| x == t) {
+            topics.push(t.clone());
+        }
+    }
+    (topics.iter().map(|t| meta_key(ns, t)).collect(), topics)
+}
+
+/// Decides one sequencing transaction from the metas as the store holds
+/// them now (`metas`, one per topic of `topics`): each staged publication
+/// gets the next offset of its topic's stored meta (a topic with no meta,
+/// or an unreadable one, starts at 1 under `fresh[i]`), its row, the
+/// deletion of the row `size` offsets back, and each changed meta its put.
+/// Pure: the store calls it again when a meta changed in between, so two
+/// nodes sequencing one topic never give one offset twice.
+pub fn plan_sequence(
+    ns: &str,
+    topics: &[String],
+    metas: &[Option<Vec<u8>>],
+    fresh: &[String],
+    staged: &[Staged],
+) -> (Vec<BatchOp>, Sequenced) {
+    let mut steps: Vec<TopicStep> = topics
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let before = metas
+                .get(i)
+                .and_then(|m| m.as_deref())
+                .and_then(|v| serde_json::from_slice::<Meta>(v).ok());
+            let after = before.clone().unwrap_or_else(|| Meta {
+                epoch: fresh[i].clone(),
+                top: 0,
+            });
+            TopicStep {
+                topic: t.clone(),
+                before,
+                after,
+                fresh: fresh[i].clone(),
+            }
+        })
+        .collect();
+    let mut ops = Vec::with_capacity(staged.len() * 2 + topics.len());
+    let mut positions = Vec::with_capacity(staged.len());
+    for s in staged {
+        let Some(step) = steps.iter_mut().find(|st| st.topic == s.topic) else {
+            continue;
+        };
+        step.after.top += 1;
+        let offset = step.after.top;
+        let mut value = Vec::with_capacity(8 + s.data.len());
+        value.extend_from_slice(&s.timestamp.to_be_bytes());
+        value.extend_from_slice(&s.data);
+        ops.push(BatchOp::Put(pub_key(ns, &s.topic, offset), value));
+        if offset > s.size {
+            ops.push(BatchOp::Delete(pub_key(ns, &s.topic, offset - s.size)));
+        }
+        positions.push(Position {
+            offset,
+            epoch: step.after.epoch.clone(),
+        });
+    }
+    for st in &steps {
+        if st.before.as_ref() != Some(&st.after) {
+            ops.push(BatchOp::Put(
+                meta_key(ns, &st.topic),
+                serde_json::to_vec(&st.after).unwrap_or_default(),
+            ));
+        }
+    }
+    (
+        ops,
+        Sequenced {
+            topics: steps,
+            positions,
+        },
+    )
+}
+
+/// The store keys of one topic: the prefix of its publications' rows and its meta.
+pub fn topic_keys(ns: &str, topic: &str) -> (Vec<u8>, Vec<u8>) {
+    (
+        format!("hist/{ns}/p/{topic}\0").into_bytes(),
+        meta_key(ns, topic),
+    )
+}
+
+/// What a publication received from the mesh did to this node's copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaStep {
+    /// It was the next offset: kept; deliver it.
+    Appended,
+    /// Already held (an offset at or below the top of the same epoch): drop it.
+    Duplicate,
+    /// A gap or another epoch: read the topic from the store ([`NsHistory::adopt`]).
+    Behind,
+}
+
+/// What adopting a topic's stored state changed for this node's subscribers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adopted {
+    /// The publications above the old top, in offset order, to deliver
+    /// (same epoch and no gap only).
+    pub new: Vec<Entry>,
+    /// The local subscribers cannot be continued: another epoch, or
+    /// publications between the old top and the kept ones are gone. They
+    /// are closed with [`close::INSUFFICIENT_STATE`](super::close) and recover.
+    pub broken: bool,
+}
+
 impl NsHistory {
     /// The history of `ns` as stored (`rows`: every key under [`prefix`]).
     /// Undecodable rows are skipped (their topic keeps its meta).
@@ -401,6 +554,23 @@ impl NsHistory {
             }
         }
         h
+    }
+
+    /// One topic as stored: its meta (`meta`, the value under its meta key)
+    /// and its rows (`rows`, every key under its publications' prefix,
+    /// [`topic_keys`]). None when it has no meta.
+    pub fn stored_topic(
+        ns: &str,
+        topic: &str,
+        meta: Option<Vec<u8>>,
+        mut rows: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Option<(Meta, Vec<Entry>)> {
+        let (_, mkey) = topic_keys(ns, topic);
+        rows.push((mkey, meta?));
+        rows.sort();
+        let mut h = NsHistory::load(ns, rows);
+        let t = h.topics.remove(topic)?;
+        Some((t.meta, t.entries.into()))
     }
 
     /// Appends a publication to `topic` under `rule`; returns its position.
@@ -604,6 +774,137 @@ impl NsHistory {
         }
     }
 
+    /// The topic's meta as this node holds it; None when it has no history here.
+    pub fn meta(&self, topic: &str) -> Option<Meta> {
+        self.topics.get(topic).map(|t| t.meta.clone())
+    }
+
+    /// Keeps a publication whose offset the store already gave (this node's
+    /// own, once its transaction is written, or one received from the
+    /// mesh): the topic's top becomes `offset` under `epoch`; trimmed as
+    /// [`append`](Self::append) trims.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_at(
+        &mut self,
+        topic: &str,
+        epoch: &str,
+        offset: u64,
+        timestamp: u64,
+        data: &Bytes,
+        rule: &HistoryRule,
+        caps: &HistoryCaps,
+    ) {
+        let t = self
+            .topics
+            .entry(topic.to_string())
+            .or_insert_with(|| TopicHistory {
+                meta: Meta {
+                    epoch: epoch.to_string(),
+                    top: 0,
+                },
+                entries: VecDeque::new(),
+                bytes: 0,
+            });
+        t.meta = Meta {
+            epoch: epoch.to_string(),
+            top: offset,
+        };
+        t.entries.push_back(Entry {
+            offset,
+            timestamp,
+            data: data.clone(),
+        });
+        t.bytes += data.len() as u64;
+        self.bytes += data.len() as u64;
+        self.trim_topic(
+            topic,
+            rule.size,
+            timestamp.saturating_sub(rule.ttl_seconds * 1000),
+        );
+        self.trim_bytes(caps.max_bytes);
+    }
+
+    /// A publication of another node, received from the mesh with its
+    /// position: kept when it is the next offset of the epoch held here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_replica(
+        &mut self,
+        topic: &str,
+        epoch: &str,
+        offset: u64,
+        timestamp: u64,
+        data: &Bytes,
+        rule: &HistoryRule,
+        caps: &HistoryCaps,
+    ) -> ReplicaStep {
+        match self.topics.get(topic) {
+            None if offset == 1 => {}
+            None => return ReplicaStep::Behind,
+            Some(t) if t.meta.epoch != epoch => return ReplicaStep::Behind,
+            Some(t) if offset <= t.meta.top => return ReplicaStep::Duplicate,
+            Some(t) if offset != t.meta.top + 1 => return ReplicaStep::Behind,
+            Some(_) => {}
+        }
+        self.append_at(topic, epoch, offset, timestamp, data, rule, caps);
+        ReplicaStep::Appended
+    }
+
+    /// Makes this node's copy of `topic` what the store holds (`stored`:
+    /// its meta and kept publications, None when it has no history there).
+    /// Returns what the topic's local subscribers must be sent or told.
+    pub fn adopt(&mut self, topic: &str, stored: Option<(Meta, Vec<Entry>)>) -> Adopted {
+        let old = self.topics.remove(topic);
+        if let Some(t) = &old {
+            self.bytes -= t.bytes;
+        }
+        let Some((meta, entries)) = stored else {
+            // Nothing stored: a subscriber told an epoch here cannot continue.
+            return Adopted {
+                new: Vec::new(),
+                broken: old.is_some_and(|t| t.meta.top > 0),
+            };
+        };
+        let (new, broken) = match &old {
+            Some(o) if o.meta.epoch == meta.epoch => {
+                let new: Vec<Entry> = entries
+                    .iter()
+                    .filter(|e| e.offset > o.meta.top)
+                    .cloned()
+                    .collect();
+                let gap = meta.top > o.meta.top
+                    && new.first().is_none_or(|e| e.offset != o.meta.top + 1);
+                (if gap { Vec::new() } else { new }, gap)
+            }
+            // A topic first seen here: its subscribers were told offset 0
+            // of no epoch they can hold on to, only if there is one.
+            None => (Vec::new(), false),
+            Some(o) => (Vec::new(), o.meta.top > 0 || meta.top > 0),
+        };
+        let bytes: u64 = entries.iter().map(|e| e.data.len() as u64).sum();
+        self.bytes += bytes;
+        self.topics.insert(
+            topic.to_string(),
+            TopicHistory {
+                meta,
+                entries: entries.into(),
+                bytes,
+            },
+        );
+        Adopted { new, broken }
+    }
+
+    /// The topics given an epoch here by [`position_or_create`](Self::position_or_create)
+    /// since the last call: their metas are created in the store (unless
+    /// another node created them first) by the next sequencing transaction.
+    pub fn take_touched(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// Whether topics wait for their metas to be created in the store.
+    pub fn has_touched(&self) -> bool {
+        !self.touched.is_empty()
+    }
+
     /// Whether store writes are queued.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -627,10 +928,7 @@ impl NsHistory {
             epoch: new_epoch(),
             top: 0,
         };
-        self.pending.push(BatchOp::Put(
-            meta_key(&self.ns, topic),
-            serde_json::to_vec(&meta).unwrap_or_default(),
-        ));
+        self.touched.push(topic.to_string());
         self.topics.insert(
             topic.to_string(),
             TopicHistory {

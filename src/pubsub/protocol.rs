@@ -34,6 +34,10 @@ pub mod close {
     pub const READ_TIMEOUT: u16 = 4000;
     /// The outbound queue overflowed: a slow consumer.
     pub const SLOW_CONSUMER: u16 = 4008;
+    /// What the socket holds of a history topic cannot be continued on this
+    /// node (the topic's epoch changed, or publications between what it got
+    /// and what the store keeps are gone): reconnect and recover.
+    pub const INSUFFICIENT_STATE: u16 = 4011;
 }
 
 /// Why a topic name is refused.

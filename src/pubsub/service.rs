@@ -62,7 +62,16 @@ pub enum Origin {
 pub trait MeshSink: Send + Sync {
     /// Sends one message to the other nodes; `timestamp` (Unix ms) is the one
     /// local subscribers saw, so every node delivers the same frame.
-    fn forward(&self, namespace: &str, topic: &str, data: &Bytes, timestamp: u64);
+    /// `history`: a history topic's position of it (offset, epoch), given
+    /// by the store; the other nodes keep it in their copies.
+    fn forward(
+        &self,
+        namespace: &str,
+        topic: &str,
+        data: &Bytes,
+        timestamp: u64,
+        history: Option<(u64, &str)>,
+    );
 }
 
 /// The node's pub/sub delivery service. Cheap to clone.
@@ -150,9 +159,10 @@ impl PubSubService {
     }
 
     /// [`deliver`](Self::deliver) with the message's timestamp given: a
-    /// message from the mesh keeps the one its origin node gave it. `offset`:
-    /// the publication's place in its topic's history (history topics only),
-    /// carried by every frame.
+    /// message from the mesh keeps the one its origin node gave it.
+    /// `history`: the publication's place in its topic's history (offset,
+    /// epoch; history topics only): every frame carries the offset, the
+    /// mesh both.
     #[allow(clippy::too_many_arguments)]
     pub fn deliver_at(
         &self,
@@ -162,8 +172,9 @@ impl PubSubService {
         targets: Option<(&Targets, [bool; 3])>,
         origin: Origin,
         timestamp: u64,
-        offset: Option<u64>,
+        history: Option<(u64, &str)>,
     ) {
+        let offset = history.map(|(o, _)| o);
         if let Some((targets, kinds)) = targets {
             let frames: Arc<[Option<Bytes>; 3]> = Arc::new(FrameKind::ALL.map(|k| {
                 kinds[k.index()].then(|| message_frame(k, topic, data, timestamp, offset))
@@ -188,7 +199,7 @@ impl PubSubService {
         if origin == Origin::Local
             && let Some(mesh) = self.0.mesh.read().as_ref()
         {
-            mesh.forward(namespace, topic, data, timestamp);
+            mesh.forward(namespace, topic, data, timestamp, history);
         }
     }
 
@@ -283,6 +294,8 @@ pub struct MeshMessage {
     pub data: Bytes,
     /// When the origin node accepted the message (ms since the Unix epoch).
     pub timestamp: u64,
+    /// A history topic's publication: its offset and epoch, as the store gave them.
+    pub history: Option<(u64, String)>,
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@ mod chain;
 mod cli;
 #[cfg(feature = "cluster")]
 mod cluster;
+#[cfg(feature = "cluster")]
+mod cluster_history;
 mod common;
 mod dashboard;
 mod deploy;

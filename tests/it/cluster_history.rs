@@ -1,0 +1,240 @@
+//! History topics on three nodes (issue #41): one offset sequence however
+//! many nodes publish, recovery served by the node the client reconnects
+//! to, a killed node's stream continued with the same epoch, and sockets
+//! closed with 4011 when their node's copy cannot be continued.
+
+use crate::cluster::member_opts;
+use crate::common::*;
+use crate::etcd_process::EtcdProcess;
+use base64::Engine as _;
+use futures_util::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// What a simple socket got: a message (offset, data) or its close code.
+#[derive(Debug, PartialEq)]
+enum Got {
+    Message(u64, String),
+    Closed(u16),
+    Nothing,
+}
+
+/// Opens `GET /v1/pubsub/ws` on `node` for `topic` (with `recover` as
+/// `(offset, epoch)`); returns the 101's `x-meshgate-epoch`,
+/// `x-meshgate-recovered` and the socket.
+async fn subscribe(
+    node: &TestNode,
+    key: &str,
+    topic: &str,
+    recover: Option<(u64, &str)>,
+) -> (String, Option<String>, Socket) {
+    let mut url = format!("ws://{}/v1/pubsub/ws?topic={topic}&token={key}", node.addr);
+    if let Some((o, e)) = recover {
+        url.push_str(&format!("&recover_offset={o}&recover_epoch={e}"));
+    }
+    let (resp, s) = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish()
+        .ws(url)
+        .connect()
+        .await
+        .expect("subscribe");
+    assert_eq!(resp.status(), 101);
+    let h = |n: &str| {
+        resp.headers()
+            .get(n)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    (
+        h("x-meshgate-epoch").expect("an epoch on a history topic"),
+        h("x-meshgate-recovered"),
+        s,
+    )
+}
+
+async fn next(s: &mut Socket, wait: Duration) -> Got {
+    loop {
+        let Ok(Some(Ok(f))) = tokio::time::timeout(wait, s.next()).await else {
+            return Got::Nothing;
+        };
+        match f {
+            awc::ws::Frame::Text(b) => {
+                let v: Value = serde_json::from_slice(&b).unwrap();
+                let data = B64.decode(v["data_base64"].as_str().unwrap()).unwrap();
+                let offset = v["offset"].as_u64().unwrap_or_else(|| panic!("no offset: {v}"));
+                return Got::Message(offset, String::from_utf8(data).unwrap());
+            }
+            awc::ws::Frame::Close(r) => return Got::Closed(r.map_or(0, |r| r.code.into())),
+            awc::ws::Frame::Ping(p) => {
+                let _ = s.send(awc::ws::Message::Pong(p)).await;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The next `n` messages' offsets and data; panics on a close or a pause.
+async fn take(s: &mut Socket, n: usize, who: &str) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match next(s, Duration::from_secs(20)).await {
+            Got::Message(o, d) => out.push((o, d)),
+            other => panic!("{who}: {other:?} after {out:?}"),
+        }
+    }
+    out
+}
+
+/// Publishes through `node`; returns the ack's (offset, epoch).
+fn publish(node: &TestNode, key: &str, topic: &str, data: &str) -> (u64, String) {
+    let body = json!({"topic": topic, "data_base64": B64.encode(data)});
+    let (s, b) = node.with_key(
+        key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    let v = json(&b);
+    (
+        v["offset"].as_u64().expect("an offset in the ack"),
+        v["epoch"].as_str().unwrap().to_string(),
+    )
+}
+
+fn set_rules(node: &TestNode, ns: &str) {
+    let (s, _, b) = http(
+        "PUT",
+        &node.url(&format!("/v1/namespaces/{ns}/pubsub")),
+        &[OPERATOR_AUTH, ("content-type", "application/json")],
+        Some(
+            json!({"history": [{"topics": "room.*", "size": 1000, "ttl_seconds": 3600}]})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+}
+
+fn metric(node: &TestNode, name: &str) -> f64 {
+    let (_, _, b) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
+    String::from_utf8_lossy(&b)
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Three nodes, one history topic:
+/// - 30 publications sent round robin through a, b and c get offsets 1..30
+///   in one epoch, and a subscriber on c gets exactly those, in order;
+/// - away while 20 more are published through a and b, it reconnects to c
+///   with its position and gets 31..50 from c's copy (`recovered: true`),
+///   then the live ones;
+/// - a killed (SIGKILL): publications through b continue at 51 in the same
+///   epoch (the store's meta is the sequence, nothing past it was ever
+///   delivered), and a client of a recovers them on b;
+/// - the topic's stream replaced by an import through b (a new epoch): the
+///   subscriber on c, whose copy cannot continue, is closed with 4011 and,
+///   reconnecting with its old position, is told `recovered: false` and
+///   the new epoch.
+#[actix_rt::test]
+async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| TestNode::start_with(member_opts(&etcd, id, free_port(), tmp.path())))
+        .collect();
+    let key = nodes[0].create_namespace("hist");
+    set_rules(&nodes[0], "hist");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !nodes.iter().all(|n| metric(n, "meshgate_mesh_peers") >= 2.0) {
+        assert!(Instant::now() < deadline, "the mesh never formed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The rule has reached every node once a publication through each has an offset.
+    for n in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let body = json!({"topic": "room.warm", "data_base64": ""});
+            let (s, b) = n.with_key(&key, "POST", "/v1/pubsub/publish", Some(body.to_string().as_bytes()));
+            assert_eq!(s, 200, "{b}");
+            if json(&b)["offset"].is_u64() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the history rule never reached a node");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    let (epoch, _, mut on_c) = subscribe(&nodes[2], &key, "room.1", None).await;
+    let mut acks = Vec::new();
+    for i in 1..=30u64 {
+        let (o, e) = publish(&nodes[(i % 3) as usize], &key, "room.1", &format!("m{i}"));
+        assert_eq!(e, epoch, "one epoch whichever node publishes");
+        acks.push(o);
+    }
+    assert_eq!(acks, (1..=30).collect::<Vec<_>>(), "one offset sequence");
+    let got = take(&mut on_c, 30, "c").await;
+    assert_eq!(
+        got,
+        (1..=30).map(|i| (i, format!("m{i}"))).collect::<Vec<_>>()
+    );
+
+    // Away from c while 20 more are published through a and b.
+    drop(on_c);
+    for i in 31..=50u64 {
+        publish(&nodes[(i % 2) as usize], &key, "room.1", &format!("m{i}"));
+    }
+    let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((30, &epoch))).await;
+    assert_eq!((e.as_str(), recovered.as_deref()), (epoch.as_str(), Some("true")));
+    let got = take(&mut on_c, 20, "c recovering").await;
+    assert_eq!(
+        got,
+        (31..=50).map(|i| (i, format!("m{i}"))).collect::<Vec<_>>()
+    );
+    // A client of a that saw 50 before a dies.
+    let (_, _, mut on_a) = subscribe(&nodes[0], &key, "room.1", None).await;
+
+    // a killed: b continues the stream.
+    nodes[0].kill9();
+    drop(on_a.close().await);
+    for i in 51..=55u64 {
+        let (o, e) = publish(&nodes[1], &key, "room.1", &format!("m{i}"));
+        assert_eq!((o, e.as_str()), (i, epoch.as_str()), "the stream continues");
+    }
+    let got = take(&mut on_c, 5, "c after a died").await;
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![51, 52, 53, 54, 55]);
+    let (_, recovered, mut on_b) = subscribe(&nodes[1], &key, "room.1", Some((50, &epoch))).await;
+    assert_eq!(recovered.as_deref(), Some("true"));
+    let got = take(&mut on_b, 5, "a's client on b").await;
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![51, 52, 53, 54, 55]);
+    drop(on_b);
+
+    // Another stream of the topic imported through b: a new epoch.
+    let other = nodes[1].create_namespace("hist2");
+    set_rules(&nodes[1], "hist2");
+    let (_, new_epoch) = publish(&nodes[1], &other, "room.1", "x1");
+    assert_ne!(new_epoch, epoch);
+    let (s, export) = nodes[1].with_key(&other, "GET", "/v1/db/export", None);
+    assert_eq!(s, 200, "{export}");
+    let (s, body) = nodes[1].with_key(&key, "PUT", "/v1/db/import", Some(export.as_bytes()));
+    assert_eq!(s, 200, "{body}");
+    let (o, e) = publish(&nodes[1], &key, "room.1", "after-import");
+    assert_eq!((o, e.as_str()), (2, new_epoch.as_str()));
+    // c's copy is of the old epoch: its subscriber is closed to recover.
+    assert_eq!(next(&mut on_c, Duration::from_secs(20)).await, Got::Closed(4011));
+    assert!(metric(&nodes[2], "meshgate_history_insufficient_state_total") >= 1.0);
+    let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((55, &epoch))).await;
+    assert_eq!((e.as_str(), recovered.as_deref()), (new_epoch.as_str(), Some("false")));
+    publish(&nodes[2], &key, "room.1", "live");
+    assert_eq!(
+        next(&mut on_c, Duration::from_secs(20)).await,
+        Got::Message(3, "live".into())
+    );
+}

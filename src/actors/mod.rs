@@ -35,8 +35,8 @@ pub use node::{
 pub use records::{RECORD_TTL, Records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
-    HistoryOf, HistoryPage, HistoryState, MeshMessage, Presence, Publish, PublishBatch, Replicated,
-    ReadHistory, Release, ReplaceHistory, SetHistory, Subscribe, Subscribed, SweepHistory, Topics,
-    Unsubscribe, UnsubscribeAll,
+    HistoryOf, HistoryPage, HistoryState, MeshMessage, Presence, Publish, PublishBatch,
+    ReadHistory, Release, ReplaceHistory, Replicated, SetHistory, Subscribe, Subscribed,
+    SweepHistory, Topics, Unsubscribe, UnsubscribeAll,
 };
 pub use watch::follow as follow_records;

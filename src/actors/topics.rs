@@ -105,7 +105,14 @@ impl NamespaceSupervisor {
     /// Delivers a publication whose position the store gave: to held
     /// recoveries, the local subscribers and (`Origin::Local`: this node
     /// sequenced it) the mesh, with the offset in every frame.
-    fn deliver_sequenced(&mut self, topic: &str, pos: &Position, timestamp: u64, data: &Bytes, origin: Origin) {
+    fn deliver_sequenced(
+        &mut self,
+        topic: &str,
+        pos: &Position,
+        timestamp: u64,
+        data: &Bytes,
+        origin: Origin,
+    ) {
         if !self.held.is_empty() {
             self.hold_live(topic, pos.offset, timestamp, data);
         }
@@ -211,7 +218,12 @@ impl NamespaceSupervisor {
     /// publications among them, `mine`, to the mesh too), or closing them
     /// when they cannot continue. Holds the mailbox meanwhile, so every
     /// later publication of the topic is judged against the store's copy.
-    fn catch_up(&mut self, ctx: &mut Context<Self>, topic: String, mine: Vec<(Position, u64, Bytes)>) {
+    fn catch_up(
+        &mut self,
+        ctx: &mut Context<Self>,
+        topic: String,
+        mine: Vec<(Position, u64, Bytes)>,
+    ) {
         let store = self.store.clone();
         let (prefix, meta_key) = crate::pubsub::history::topic_keys(&self.name, &topic);
         self.topics.service.metrics.history_catch_ups.inc();
@@ -831,9 +843,15 @@ impl Handler<Replicated> for NamespaceSupervisor {
             let pos = Position { offset, epoch };
             let rule = self.history_rule(&m.topic);
             let step = match (&rule, self.history.as_mut()) {
-                (Some(rule), Some(h)) => {
-                    h.apply_replica(&m.topic, &pos.epoch, offset, m.timestamp, &m.data, rule, &caps)
-                }
+                (Some(rule), Some(h)) => h.apply_replica(
+                    &m.topic,
+                    &pos.epoch,
+                    offset,
+                    m.timestamp,
+                    &m.data,
+                    rule,
+                    &caps,
+                ),
                 // No rule here (yet): delivered with its offset, not kept.
                 _ => ReplicaStep::Appended,
             };

@@ -376,7 +376,11 @@ pub struct Sequenced {
 
 /// The meta keys a sequencing transaction reads, one per distinct topic of
 /// `staged` and `touched`, first-seen order; the topics come second.
-pub fn sequence_keys(ns: &str, staged: &[Staged], touched: &[String]) -> (Vec<Vec<u8>>, Vec<String>) {
+pub fn sequence_keys(
+    ns: &str,
+    staged: &[Staged],
+    touched: &[String],
+) -> (Vec<Vec<u8>>, Vec<String>) {
     let mut topics: Vec<String> = Vec::new();
     for t in staged.iter().map(|s| &s.topic).chain(touched.iter()) {
         if !topics.iter().any(|x| x == t) {
@@ -871,8 +875,8 @@ impl NsHistory {
                     .filter(|e| e.offset > o.meta.top)
                     .cloned()
                     .collect();
-                let gap = meta.top > o.meta.top
-                    && new.first().is_none_or(|e| e.offset != o.meta.top + 1);
+                let gap =
+                    meta.top > o.meta.top && new.first().is_none_or(|e| e.offset != o.meta.top + 1);
                 (if gap { Vec::new() } else { new }, gap)
             }
             // A topic first seen here: its subscribers were told offset 0
@@ -1124,6 +1128,139 @@ mod tests {
         h.append("chat.b", &r, &d, 200_002, &caps);
         assert!(h.read("chat.a", None, 10, false, 0).is_empty());
         assert_eq!(h.read("chat.b", None, 10, false, 0).len(), 2);
+    }
+
+    fn staged(topic: &str, data: &str, size: u64) -> Staged {
+        Staged {
+            topic: topic.into(),
+            data: Bytes::from(data.to_string()),
+            timestamp: 1000,
+            size,
+        }
+    }
+
+    /// A sequencing transaction continues the meta the store holds (not
+    /// this node's idea of it), starts a topic without one at 1 under the
+    /// fresh epoch, trims the row `size` back, and writes each meta once.
+    #[test]
+    fn sequencing_continues_the_stored_meta() {
+        let batch = [
+            staged("chat.a", "1", 2),
+            staged("chat.b", "2", 10),
+            staged("chat.a", "3", 2),
+        ];
+        let (keys, topics) = sequence_keys("ns", &batch, &["chat.c".to_string()]);
+        assert_eq!(topics, vec!["chat.a", "chat.b", "chat.c"]);
+        assert_eq!(keys[0], meta_key("ns", "chat.a"));
+        let stored = serde_json::to_vec(&Meta {
+            epoch: "e1".into(),
+            top: 7,
+        })
+        .unwrap();
+        let fresh = vec!["fa".to_string(), "fb".to_string(), "fc".to_string()];
+        let (ops, s) = plan_sequence("ns", &topics, &[Some(stored), None, None], &fresh, &batch);
+        let pos: Vec<(u64, &str)> = s
+            .positions
+            .iter()
+            .map(|p| (p.offset, p.epoch.as_str()))
+            .collect();
+        assert_eq!(pos, vec![(8, "e1"), (1, "fb"), (9, "e1")]);
+        assert_eq!(
+            s.topics[2].after,
+            Meta {
+                epoch: "fc".into(),
+                top: 0
+            }
+        );
+        let deletes: Vec<&Vec<u8>> = ops
+            .iter()
+            .filter_map(|o| match o {
+                BatchOp::Delete(k) => Some(k),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            deletes,
+            vec![&pub_key("ns", "chat.a", 6), &pub_key("ns", "chat.a", 7)]
+        );
+        let metas = ops
+            .iter()
+            .filter(|o| matches!(o, BatchOp::Put(k, _) if k.starts_with(b"hist/ns/m/")))
+            .count();
+        assert_eq!(metas, 3, "one put per changed meta");
+        // The same decision again on the same metas: the store may call it twice.
+        let again = plan_sequence("ns", &topics, &[None, None, None], &fresh, &batch).1;
+        assert_eq!(
+            again.positions[0],
+            Position {
+                offset: 1,
+                epoch: "fa".into()
+            }
+        );
+    }
+
+    /// A copy kept from the mesh takes the next offset, drops a duplicate,
+    /// and is behind on a gap or another epoch; adopting the store's state
+    /// delivers what was missed, or says the subscribers cannot continue.
+    #[test]
+    fn replica_steps_and_adoption() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let r = rule(100);
+        let d = Bytes::from_static(b"x");
+        assert_eq!(
+            h.apply_replica("chat.1", "e1", 2, 1, &d, &r, &CAPS),
+            ReplicaStep::Behind
+        );
+        assert_eq!(
+            h.apply_replica("chat.1", "e1", 1, 1, &d, &r, &CAPS),
+            ReplicaStep::Appended
+        );
+        assert_eq!(
+            h.apply_replica("chat.1", "e1", 2, 1, &d, &r, &CAPS),
+            ReplicaStep::Appended
+        );
+        assert_eq!(
+            h.apply_replica("chat.1", "e1", 2, 1, &d, &r, &CAPS),
+            ReplicaStep::Duplicate
+        );
+        assert_eq!(
+            h.apply_replica("chat.1", "e1", 4, 1, &d, &r, &CAPS),
+            ReplicaStep::Behind
+        );
+        assert_eq!(
+            h.apply_replica("chat.1", "e2", 3, 1, &d, &r, &CAPS),
+            ReplicaStep::Behind
+        );
+        let entry = |o| Entry {
+            offset: o,
+            timestamp: 1,
+            data: d.clone(),
+        };
+        let meta = |e: &str, top| Meta {
+            epoch: e.into(),
+            top,
+        };
+        // The store holds 1..4 of e1: 3 and 4 are new here.
+        let a = h.adopt(
+            "chat.1",
+            Some((meta("e1", 4), (1..=4).map(entry).collect())),
+        );
+        assert_eq!(
+            (a.new.iter().map(|e| e.offset).collect::<Vec<_>>(), a.broken),
+            (vec![3, 4], false)
+        );
+        assert_eq!(h.position("chat.1").unwrap().offset, 4);
+        // 5 and 6 were trimmed before this node saw them: a gap.
+        let a = h.adopt(
+            "chat.1",
+            Some((meta("e1", 8), (7..=8).map(entry).collect())),
+        );
+        assert!(a.broken && a.new.is_empty());
+        // Another epoch.
+        let a = h.adopt("chat.1", Some((meta("e2", 1), vec![entry(1)])));
+        assert!(a.broken);
+        assert_eq!(h.position("chat.1").unwrap().epoch, "e2");
+        assert_eq!(h.bytes(), 1, "bytes follow the adopted copy");
     }
 
     /// Globs: wildcards `*` and `?` only; caps checked.

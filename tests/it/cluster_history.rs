@@ -65,7 +65,9 @@ async fn next(s: &mut Socket, wait: Duration) -> Got {
             awc::ws::Frame::Text(b) => {
                 let v: Value = serde_json::from_slice(&b).unwrap();
                 let data = B64.decode(v["data_base64"].as_str().unwrap()).unwrap();
-                let offset = v["offset"].as_u64().unwrap_or_else(|| panic!("no offset: {v}"));
+                let offset = v["offset"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("no offset: {v}"));
                 return Got::Message(offset, String::from_utf8(data).unwrap());
             }
             awc::ws::Frame::Close(r) => return Got::Closed(r.map_or(0, |r| r.code.into())),
@@ -153,7 +155,10 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
     let key = nodes[0].create_namespace("hist");
     set_rules(&nodes[0], "hist");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !nodes.iter().all(|n| metric(n, "meshgate_mesh_peers") >= 2.0) {
+    while !nodes
+        .iter()
+        .all(|n| metric(n, "meshgate_mesh_peers") >= 2.0)
+    {
         assert!(Instant::now() < deadline, "the mesh never formed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -162,12 +167,20 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let body = json!({"topic": "room.warm", "data_base64": ""});
-            let (s, b) = n.with_key(&key, "POST", "/v1/pubsub/publish", Some(body.to_string().as_bytes()));
+            let (s, b) = n.with_key(
+                &key,
+                "POST",
+                "/v1/pubsub/publish",
+                Some(body.to_string().as_bytes()),
+            );
             assert_eq!(s, 200, "{b}");
             if json(&b)["offset"].is_u64() {
                 break;
             }
-            assert!(Instant::now() < deadline, "the history rule never reached a node");
+            assert!(
+                Instant::now() < deadline,
+                "the history rule never reached a node"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -192,7 +205,10 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
         publish(&nodes[(i % 2) as usize], &key, "room.1", &format!("m{i}"));
     }
     let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((30, &epoch))).await;
-    assert_eq!((e.as_str(), recovered.as_deref()), (epoch.as_str(), Some("true")));
+    assert_eq!(
+        (e.as_str(), recovered.as_deref()),
+        (epoch.as_str(), Some("true"))
+    );
     let got = take(&mut on_c, 20, "c recovering").await;
     assert_eq!(
         got,
@@ -209,11 +225,17 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
         assert_eq!((o, e.as_str()), (i, epoch.as_str()), "the stream continues");
     }
     let got = take(&mut on_c, 5, "c after a died").await;
-    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![51, 52, 53, 54, 55]);
+    assert_eq!(
+        got.iter().map(|g| g.0).collect::<Vec<_>>(),
+        vec![51, 52, 53, 54, 55]
+    );
     let (_, recovered, mut on_b) = subscribe(&nodes[1], &key, "room.1", Some((50, &epoch))).await;
     assert_eq!(recovered.as_deref(), Some("true"));
     let got = take(&mut on_b, 5, "a's client on b").await;
-    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![51, 52, 53, 54, 55]);
+    assert_eq!(
+        got.iter().map(|g| g.0).collect::<Vec<_>>(),
+        vec![51, 52, 53, 54, 55]
+    );
     drop(on_b);
 
     // Another stream of the topic imported through b: a new epoch.
@@ -228,10 +250,16 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
     let (o, e) = publish(&nodes[1], &key, "room.1", "after-import");
     assert_eq!((o, e.as_str()), (2, new_epoch.as_str()));
     // c's copy is of the old epoch: its subscriber is closed to recover.
-    assert_eq!(next(&mut on_c, Duration::from_secs(20)).await, Got::Closed(4011));
+    assert_eq!(
+        next(&mut on_c, Duration::from_secs(20)).await,
+        Got::Closed(4011)
+    );
     assert!(metric(&nodes[2], "meshgate_history_insufficient_state_total") >= 1.0);
     let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((55, &epoch))).await;
-    assert_eq!((e.as_str(), recovered.as_deref()), (new_epoch.as_str(), Some("false")));
+    assert_eq!(
+        (e.as_str(), recovered.as_deref()),
+        (new_epoch.as_str(), Some("false"))
+    );
     publish(&nodes[2], &key, "room.1", "live");
     assert_eq!(
         next(&mut on_c, Duration::from_secs(20)).await,

@@ -27,6 +27,12 @@ export const CloseCode = {
   NAMESPACE_GONE: 4004,
   /** The socket's outbound queue overflowed: frames were dropped. Reconnect and recover. */
   SLOW_CONSUMER: 4008,
+  /**
+   * What the socket held of a history topic cannot be continued on that
+   * node (the topic's epoch changed, or a gap the store no longer fills).
+   * Reconnect at once and recover: the server then says whether it could.
+   */
+  INSUFFICIENT_STATE: 4011,
 } as const;
 
 export interface ClientOptions {
@@ -519,8 +525,11 @@ export class Client extends Emitter<ClientEvents> {
     if (code === CloseCode.NAMESPACE_GONE) {
       return this.terminal(new ServerError("NAMESPACE_GONE", reason || "the namespace was deleted"), code, reason);
     }
-    // 4008 slow consumer: frames were dropped; come back soon and recover.
-    const delay = code === CloseCode.SLOW_CONSUMER && this.attempt === 0 ? 0 : undefined;
+    // 4008 slow consumer (frames were dropped) and 4011 insufficient state
+    // (the node's copy of a history topic cannot continue): come back at
+    // once and recover; the subscribe answers say whether it could.
+    const now = code === CloseCode.SLOW_CONSUMER || code === CloseCode.INSUFFICIENT_STATE;
+    const delay = now && this.attempt === 0 ? 0 : undefined;
     this.schedule(code, reason, err, delay);
   }
 

@@ -7,7 +7,10 @@
 //! Run through `scripts/bench-pubsub.sh`, which starts both servers and sets:
 //! `MG_ADDR`, `MG_KEY`, `MG_PID`, `NATS_ADDR` (its websocket listener),
 //! `NATS_PID`; optional `SUBS` (1000), `MSGS` (2000), `PAYLOAD` (128),
-//! `WINDOW` (32), `IDLE` (5000). Without them it prints how to run and exits.
+//! `WINDOW` (32), `IDLE` (5000), `FORMAT` (`binary`, or `json`: meshgate's
+//! JSON frames) and `TOPIC` (`bench`; the script gives topics `hist.*` a
+//! history rule, so `TOPIC=hist.bench` publishes to a history topic).
+//! Without them it prints how to run and exits.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,7 +104,8 @@ impl NatsParser {
 async fn subscribe(t: &Target, topic: &str) -> std::io::Result<Ws> {
     match t.server {
         Server::Meshgate => {
-            let path = format!("/v1/pubsub/ws?topic={topic}&format=binary&token={}", t.key);
+            let format = std::env::var("FORMAT").unwrap_or_else(|_| "binary".into());
+            let path = format!("/v1/pubsub/ws?topic={topic}&format={format}&token={}", t.key);
             // The subscription is live once the 101 arrives.
             Ws::connect(&t.addr, &path).await
         }
@@ -129,7 +133,7 @@ async fn drain(t: Server, mut ws: Ws, want: u64, total: Arc<AtomicU64>) -> std::
         let mut ev = NatsEvents::default();
         let mut pings = 0u64;
         ws.read_frames(|op, d| match (t, op) {
-            (Server::Meshgate, 0x2) => ev.msgs += 1,
+            (Server::Meshgate, 0x1 | 0x2) => ev.msgs += 1,
             (Server::Meshgate, 0x9) => pings += 1,
             (Server::Nats, 0x1 | 0x2) => p.feed(d, &mut ev),
             _ => {}
@@ -161,7 +165,8 @@ async fn fanout(
     payload: usize,
     window: usize,
 ) -> FanoutResult {
-    let topic = "bench";
+    let topic = std::env::var("TOPIC").unwrap_or_else(|_| "bench".into());
+    let topic = topic.as_str();
     let total = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::with_capacity(subs);
     let conns = futures_util::future::join_all((0..subs).map(|_| subscribe(t, topic))).await;
@@ -340,8 +345,10 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
+        let format = std::env::var("FORMAT").unwrap_or_else(|_| "binary".into());
+        let topic = std::env::var("TOPIC").unwrap_or_else(|_| "bench".into());
         println!(
-            "1 publisher, {subs} subscribers, {msgs} messages of {payload} B, window {window}"
+            "1 publisher, {subs} subscribers, {msgs} messages of {payload} B, window {window}, meshgate frames {format}, topic {topic}"
         );
         let mut rows = Vec::new();
         for t in [&mg, &nats] {

@@ -2,7 +2,7 @@
 # Fan-out bench: meshgate vs nats-server over WebSockets, same client
 # (benches/pubsub_fanout.rs). Installs nats-server (Debian package) if missing,
 # starts both on loopback, runs the bench, stops what it started.
-# Usage: scripts/bench-pubsub.sh   (env: SUBS MSGS PAYLOAD WINDOW IDLE)
+# Usage: scripts/bench-pubsub.sh   (env: SUBS MSGS PAYLOAD WINDOW IDLE FORMAT TOPIC)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,6 +75,10 @@ done
 MG_KEY="$(curl -sf -X POST "http://127.0.0.1:$MG_PORT/v1/namespaces" \
     -H "authorization: Bearer $MESHGATE_OPERATOR_KEY" -H 'content-type: application/json' \
     -d '{"name":"bench"}' | python3 -c 'import json,sys;print(json.load(sys.stdin)["api_key"])')"
+# Topics hist.* keep a history (TOPIC=hist.bench measures history publishes).
+curl -sf -X PUT "http://127.0.0.1:$MG_PORT/v1/namespaces/bench/pubsub" \
+    -H "authorization: Bearer $MESHGATE_OPERATOR_KEY" -H 'content-type: application/json' \
+    -d '{"history":[{"topics":"hist.*","size":10000,"ttl_seconds":3600}]}' >/dev/null
 
 MG_ADDR="127.0.0.1:$MG_PORT" MG_KEY="$MG_KEY" MG_PID="$MG_PID" \
 NATS_ADDR="127.0.0.1:$NATS_WS_PORT" NATS_PID="$NATS_PID" \

@@ -36,8 +36,13 @@ export const CloseCode = {
 } as const;
 
 export interface ClientOptions {
-  /** The node: `http(s)://host:port` or `ws(s)://host:port` (the path `/v1/ws` is added). */
-  url: string;
+  /**
+   * The node: `http(s)://host:port` or `ws(s)://host:port` (the path `/v1/ws`
+   * is added). Or the nodes of one cluster: the client stays on one while it
+   * works and moves to the next when a connection cannot be opened or ends
+   * abnormally (1006, 1001 draining), recovering its subscriptions there.
+   */
+  url: string | string[];
   /** An API key or a JWT (`POST /v1/auth/token`). */
   token?: string;
   /**
@@ -165,6 +170,8 @@ export class Client extends Emitter<ClientEvents> {
   private outbox: { id: number; p: Pending }[] = [];
   private subs = new Map<string, Subscription>();
   private attempt = 0;
+  /** Index into `url` when it lists several nodes. */
+  private urlAt = 0;
   private reconnectTimer?: ReturnType<typeof setTimeout>;
   private everConnected = false;
   /** The token was refused: get another before the next attempt. */
@@ -317,7 +324,7 @@ export class Client extends Emitter<ClientEvents> {
   }
 
   private httpBase(): string {
-    return this.o.url.replace(/^ws(s?):/, "http$1:").replace(/\/v1\/ws\/?$/, "").replace(/\/$/, "");
+    return this.url().replace(/^ws(s?):/, "http$1:").replace(/\/v1\/ws\/?$/, "").replace(/\/$/, "");
   }
 
   private async http(method: string, path: string): Promise<any> {
@@ -368,7 +375,7 @@ export class Client extends Emitter<ClientEvents> {
   }
 
   private wsUrl(token: string): string {
-    const u = new URL(this.o.url.replace(/^http(s?):/, "ws$1:"));
+    const u = new URL(this.url().replace(/^http(s?):/, "ws$1:"));
     if (!/\/v1\/ws\/?$/.test(u.pathname)) u.pathname = u.pathname.replace(/\/$/, "") + "/v1/ws";
     if (this.o.namespace) u.searchParams.set("namespace", this.o.namespace);
     // A browser cannot set headers on a WebSocket: the credential goes in the query.
@@ -444,7 +451,7 @@ export class Client extends Emitter<ClientEvents> {
     this.outbox = [];
     for (const q of queued) this.sendNow(q.id, q.p);
     conn.pingTimer = setInterval(() => this.heartbeat(conn), this.o.pingIntervalMs);
-    this.emit("connected", { url: this.o.url, reconnected: this.everConnected });
+    this.emit("connected", { url: this.url(), reconnected: this.everConnected });
     this.everConnected = true;
     this.settleConnect(null);
   }
@@ -480,11 +487,23 @@ export class Client extends Emitter<ClientEvents> {
     conn.ws.onopen = conn.ws.onmessage = conn.ws.onclose = null;
   }
 
+  /** The node this client talks to now (one of `url`'s). */
+  private url(): string {
+    const u = this.o.url;
+    return Array.isArray(u) ? u[this.urlAt % u.length] : u;
+  }
+
   private closed(conn: Conn, code: number, reason: string): void {
     if (conn.done) return;
     this.finish(conn);
     if (this.conn !== conn) return;
     this.conn = null;
+    // Several nodes: one that could not be reached, died or drains is left
+    // for the next; the subscriptions recover there (the cluster shares the
+    // history, docs/pubsub.md).
+    if (Array.isArray(this.o.url) && (!conn.opened || code === CloseCode.ABNORMAL || code === CloseCode.GOING_AWAY)) {
+      this.urlAt = (this.urlAt + 1) % this.o.url.length;
+    }
     this.failRequests(new DisconnectedError("DISCONNECTED", `the connection ended (${code} ${reason})`.trim(), true), true);
     for (const s of this.subs.values()) {
       s.pending = null;

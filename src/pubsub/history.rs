@@ -469,6 +469,21 @@ pub fn topic_keys(ns: &str, topic: &str) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
+/// The store key of one publication's row.
+pub fn row_key(ns: &str, topic: &str, offset: u64) -> Vec<u8> {
+    pub_key(ns, topic, offset)
+}
+
+/// One publication from its row's value (8 bytes timestamp, then the payload).
+pub fn decode_row(offset: u64, value: &[u8]) -> Option<Entry> {
+    let ts: [u8; 8] = value.get(..8)?.try_into().ok()?;
+    Some(Entry {
+        offset,
+        timestamp: u64::from_be_bytes(ts),
+        data: Bytes::copy_from_slice(&value[8..]),
+    })
+}
+
 /// What a publication received from the mesh did to this node's copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplicaStep {
@@ -895,6 +910,26 @@ impl NsHistory {
             },
         );
         Adopted { new, broken }
+    }
+
+    /// Appends the publications the store holds right after this node's
+    /// top of `topic` (read one by one, every offset present, same epoch):
+    /// the cheap form of [`adopt`](Self::adopt) for a short gap.
+    pub fn extend(
+        &mut self,
+        topic: &str,
+        epoch: &str,
+        entries: Vec<Entry>,
+        rule: &HistoryRule,
+        caps: &HistoryCaps,
+    ) -> Adopted {
+        for e in &entries {
+            self.append_at(topic, epoch, e.offset, e.timestamp, &e.data, rule, caps);
+        }
+        Adopted {
+            new: entries,
+            broken: false,
+        }
     }
 
     /// The topics given an epoch here by [`position_or_create`](Self::position_or_create)

@@ -105,7 +105,10 @@ async fn subscribe(t: &Target, topic: &str) -> std::io::Result<Ws> {
     match t.server {
         Server::Meshgate => {
             let format = std::env::var("FORMAT").unwrap_or_else(|_| "binary".into());
-            let path = format!("/v1/pubsub/ws?topic={topic}&format={format}&token={}", t.key);
+            let path = format!(
+                "/v1/pubsub/ws?topic={topic}&format={format}&token={}",
+                t.key
+            );
             // The subscription is live once the 101 arrives.
             Ws::connect(&t.addr, &path).await
         }

@@ -97,9 +97,8 @@ pub fn traces_url(endpoint: &str) -> Result<String, String> {
         return Err(format!("{endpoint:?} has no host"));
     };
     if auth.as_str().contains('@') {
-        return Err(format!(
-            "{endpoint:?} carries user info; put no credential in the URL"
-        ));
+        // Not echoed: it may be a credential.
+        return Err("the URL carries user info; put no credential in it".into());
     }
     if auth.host().is_empty() {
         return Err(format!("{endpoint:?} has no host"));

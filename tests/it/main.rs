@@ -23,3 +23,4 @@ mod passivate;
 mod pubsub;
 mod quotas;
 mod security;
+mod telemetry;

@@ -8,18 +8,6 @@
 use crate::observe::Attempt;
 use std::cell::RefCell;
 
-/// The `outcome` label of one exchange with an instance.
-pub fn outcome<T>(e: &super::h1::Exchange<T>) -> &'static str {
-    use super::h1::{ConnectFailure, Exchange};
-    match e {
-        Exchange::Answered(_) => "answered",
-        Exchange::NotConnected(ConnectFailure::Refused(_)) => "refused",
-        Exchange::NotConnected(ConnectFailure::Failed(_)) => "connect_failed",
-        Exchange::TimedOut => "timeout",
-        Exchange::Failed(_) | Exchange::Ended(_) => "failed",
-    }
-}
-
 /// Opens the attempt about to be made to the instance at `base`: with
 /// spans exported, a CLIENT span under the request's SERVER span, whose id
 /// the attempt sends as the `traceparent`'s parent id ([`traceparent`]).

@@ -197,7 +197,7 @@ pub(crate) async fn over_instances<T>(
         let _in_flight = pool.start(i);
         super::activity::attempt_begins(&inst.base);
         let exchange = attempt(inst).await;
-        super::activity::attempted(&inst.base, super::activity::outcome(&exchange));
+        super::activity::attempted(&inst.base, outcome(&exchange));
         match exchange {
             Exchange::Answered(res) => {
                 pool.succeeded(i);
@@ -244,6 +244,18 @@ pub(crate) async fn over_instances<T>(
             last_err.unwrap_or_default()
         ),
     ))
+}
+
+/// The `outcome` label of one exchange with an instance.
+fn outcome<T>(e: &super::h1::Exchange<T>) -> &'static str {
+    use super::h1::{ConnectFailure, Exchange};
+    match e {
+        Exchange::Answered(_) => "answered",
+        Exchange::NotConnected(ConnectFailure::Refused(_)) => "refused",
+        Exchange::NotConnected(ConnectFailure::Failed(_)) => "connect_failed",
+        Exchange::TimedOut => "timeout",
+        Exchange::Failed(_) | Exchange::Ended(_) => "failed",
+    }
 }
 
 #[cfg(test)]

@@ -484,3 +484,104 @@ fn otlp_bad_endpoint_is_refused_at_start() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("telemetry.sample_ratio"), "{err}");
 }
+
+/// Drain flushes: with exports a minute apart, the span of the last request
+/// still reaches the collector when the node stops on SIGTERM.
+#[test]
+fn otlp_drain_flushes_the_queued_spans() {
+    if single_node_only("stops one node") {
+        return;
+    }
+    let col = Collector::start();
+    let mut node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[server]\ndrain_grace_seconds = 1\n[telemetry]\notlp_endpoint = \"http://{}\"\nscheduled_delay_ms = 60000\n",
+            col.addr
+        ),
+        ..Default::default()
+    });
+    let trace = "7bf92f3577b34da6a3ce929d0e0e4739";
+    let (s, _, _) = http(
+        "GET",
+        &node.url("/livez"),
+        &[("traceparent", &format!("00-{trace}-30f067aa0ba902b7-01"))],
+        None,
+    );
+    assert_eq!(s, 200);
+    let (s, _, _) = http(
+        "GET",
+        &node.url("/v1/nothing-here"),
+        &[("traceparent", &format!("00-{trace}-40f067aa0ba902b7-01"))],
+        None,
+    );
+    assert_eq!(s, 404);
+    assert!(col.got.lock().unwrap().spans.is_empty(), "not before a minute");
+    node.signal(15);
+    assert_eq!(node.wait_exit(Duration::from_secs(30)), Some(0));
+    let t = hex::decode(trace).unwrap();
+    let (server, _) = col.wait_for("the flushed span", |s| s.kind == SERVER && s.trace_id == t);
+    assert_eq!(attr(&server, "url.path").as_deref(), Some("/v1/nothing-here"));
+    assert_eq!(attr(&server, "http.response.status_code").as_deref(), Some("404"));
+}
+
+/// A request forwarded to the namespace's member: the first node's SERVER
+/// span, its CLIENT span of the hop, and the member's SERVER span whose
+/// parent is that CLIENT span, one trace.
+#[cfg(feature = "cluster")]
+#[test]
+fn otlp_spans_of_a_forwarded_hop() {
+    use crate::cluster::member_opts;
+    let col = Collector::start();
+    let etcd = crate::etcd_process::EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |id: &str| {
+        let mut o = member_opts(&etcd, id, free_port(), tmp.path());
+        o.config.push_str(&format!(
+            "[telemetry]\notlp_endpoint = \"http://{}\"\nservice_name = \"node-{id}\"\nscheduled_delay_ms = 100\n",
+            col.addr
+        ));
+        TestNode::start_with(o)
+    };
+    let (a, b) = (start("a"), start("b"));
+    let (s, body) = a.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"shop","members":["b"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let trace = "8bf92f3577b34da6a3ce929d0e0e473a";
+    let parent = "50f067aa0ba902b7";
+    let auth = format!("Bearer {OPERATOR_KEY}");
+    let (s, h, body) = http(
+        "PUT",
+        &a.url("/v1/kv/greeting"),
+        &[
+            ("authorization", &auth),
+            ("x-namespace", "shop"),
+            ("traceparent", &format!("00-{trace}-{parent}-01")),
+        ],
+        Some(b"hello"),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(header(&h, "x-meshgate-member"), Some("b"));
+    let t = hex::decode(trace).unwrap();
+    let (member, _) = col.wait_for("the member's SERVER span", |s| {
+        s.kind == SERVER && s.trace_id == t && s.parent_span_id != hex::decode(parent).unwrap()
+    });
+    let (hop, _) = col.wait_for("the hop's CLIENT span", |s| {
+        s.kind == CLIENT && s.trace_id == t
+    });
+    let (first, all) = col.wait_for("the first node's SERVER span", |s| {
+        s.kind == SERVER && s.trace_id == t && hex::encode(&s.parent_span_id) == parent
+    });
+    assert_eq!(member.parent_span_id, hop.span_id, "the member continues the hop");
+    assert_eq!(hop.parent_span_id, first.span_id, "the hop is the first node's");
+    assert_eq!(attr(&first, "meshgate.namespace").as_deref(), Some("shop"));
+    let services: Vec<&str> = all
+        .iter()
+        .filter(|(_, s)| s.trace_id == t)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert!(services.contains(&"node-a") && services.contains(&"node-b"), "{services:?}");
+    drop((a, b));
+}

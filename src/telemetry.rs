@@ -30,7 +30,9 @@
 //! request id. Never a query string, a header value or a credential.
 
 use crate::observe::trace::TraceContext;
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
@@ -343,8 +345,15 @@ impl Open {
             .and_then(|s| s.parse::<TraceState>().ok())
             .unwrap_or_default();
         let flags = TraceFlags::new(self.flags);
-        let context =
-            |id: [u8; 8]| SpanContext::new(trace_id, SpanId::from_bytes(id), flags, false, state.clone());
+        let context = |id: [u8; 8]| {
+            SpanContext::new(
+                trace_id,
+                SpanId::from_bytes(id),
+                flags,
+                false,
+                state.clone(),
+            )
+        };
         let mut attributes = std::mem::take(&mut self.attributes);
         let name = match &self.route {
             Some(r) => {
@@ -386,7 +395,9 @@ impl Open {
             };
             if failed {
                 let kind = if c.outcome == "answered" || c.outcome.is_empty() {
-                    c.status.map(|s| s.to_string()).unwrap_or_else(|| "_OTHER".into())
+                    c.status
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "_OTHER".into())
                 } else {
                     c.outcome.to_string()
                 };
@@ -404,13 +415,20 @@ impl Open {
                 dropped_attributes_count: 0,
                 events: SpanEvents::default(),
                 links: SpanLinks::default(),
-                status: if failed { Status::error("") } else { Status::Unset },
+                status: if failed {
+                    Status::error("")
+                } else {
+                    Status::Unset
+                },
                 instrumentation_scope: e.scope.clone(),
             });
         }
         e.processor.on_end(SpanData {
             span_context: context(self.span_id),
-            parent_span_id: self.parent.map(SpanId::from_bytes).unwrap_or(SpanId::INVALID),
+            parent_span_id: self
+                .parent
+                .map(SpanId::from_bytes)
+                .unwrap_or(SpanId::INVALID),
             parent_span_is_remote: self.parent.is_some(),
             span_kind: SpanKind::Server,
             name: Cow::Owned(name),
@@ -478,8 +496,10 @@ impl<E: SpanExporter> Logged<E> {
         };
         f.batches += 1;
         f.spans += spans as u64;
-        let now = Instant::now();
-        if f.last_logged.is_some_and(|t| now.duration_since(t) < FAILURE_LOG_EVERY) {
+        let now = crate::util::mono_now();
+        if f.last_logged
+            .is_some_and(|t| now.duration_since(t) < FAILURE_LOG_EVERY)
+        {
             return;
         }
         tracing::warn!(
@@ -638,7 +658,13 @@ mod tests {
 
     #[test]
     fn telemetry_instances_give_host_and_port() {
-        assert_eq!(host_port("http://10.0.0.1:8080"), ("10.0.0.1".into(), Some(8080)));
-        assert_eq!(host_port("https://up.example"), ("up.example".into(), Some(443)));
+        assert_eq!(
+            host_port("http://10.0.0.1:8080"),
+            ("10.0.0.1".into(), Some(8080))
+        );
+        assert_eq!(
+            host_port("https://up.example"),
+            ("up.example".into(), Some(443))
+        );
     }
 }

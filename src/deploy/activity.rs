@@ -36,10 +36,7 @@ pub fn attempted(instance: &str, outcome: &'static str) {
 /// The `traceparent` an attempt sends: the open CLIENT span as the parent
 /// when spans are exported, else the node's span for the request.
 pub fn traceparent(t: &crate::observe::trace::TraceContext) -> String {
-    let hop = RECORDING
-        .try_with(|r| r.borrow().hop)
-        .ok()
-        .flatten();
+    let hop = RECORDING.try_with(|r| r.borrow().hop).ok().flatten();
     match hop {
         Some(id) => t.traceparent_from(id),
         None => t.traceparent(),

@@ -122,9 +122,8 @@ async fn proxy_h1(
             // Each attempt names its own CLIENT span as the parent.
             if crate::telemetry::enabled()
                 && let (Some(r), Some(tc)) = (pending.as_mut(), &fwd.trace)
-                && let Ok(v) = hyper::header::HeaderValue::from_str(
-                    &super::activity::traceparent(tc),
-                )
+                && let Ok(v) =
+                    hyper::header::HeaderValue::from_str(&super::activity::traceparent(tc))
             {
                 r.headers_mut().insert("traceparent", v);
             }

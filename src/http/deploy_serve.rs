@@ -123,15 +123,18 @@ async fn serve_observed(
         s.attribute("meshgate.namespace", bound.namespace.to_string());
         s.attribute("meshgate.deployment", bound.deployment.to_string());
     }
-    let (resp, attempts) = recording(server.clone(), serve_bound(
-        node,
-        req,
-        payload,
-        host,
-        bound,
-        client_ip,
-        request_id.clone(),
-    ))
+    let (resp, attempts) = recording(
+        server.clone(),
+        serve_bound(
+            node,
+            req,
+            payload,
+            host,
+            bound,
+            client_ip,
+            request_id.clone(),
+        ),
+    )
     .await;
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();

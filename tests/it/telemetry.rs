@@ -102,7 +102,11 @@ impl Collector {
         let mut found = None;
         wait_until(Duration::from_secs(30), what, || {
             let g = self.got.lock().unwrap();
-            found = g.spans.iter().find(|(_, s)| pick(s)).map(|(_, s)| s.clone());
+            found = g
+                .spans
+                .iter()
+                .find(|(_, s)| pick(s))
+                .map(|(_, s)| s.clone());
             found.is_some()
         });
         (found.unwrap(), self.got.lock().unwrap().spans.clone())
@@ -196,7 +200,11 @@ fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
     let seen = upstream_traceparent(&b);
     let parts: Vec<&str> = seen.split('-').collect();
     assert_eq!(parts.len(), 4, "{seen}");
-    assert_eq!((parts[0], parts[1], parts[3]), ("00", trace, "01"), "{seen}");
+    assert_eq!(
+        (parts[0], parts[1], parts[3]),
+        ("00", trace, "01"),
+        "{seen}"
+    );
 
     let trace_bytes = hex::decode(trace).unwrap();
     let (server, all) = col.wait_for("the SERVER span", |s| {
@@ -206,11 +214,17 @@ fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
     assert_eq!(server.span_id.len(), 8);
     assert_eq!(attr(&server, "http.request.method").as_deref(), Some("GET"));
     assert_eq!(attr(&server, "url.path").as_deref(), Some("/x/y"));
-    assert_eq!(attr(&server, "http.response.status_code").as_deref(), Some("200"));
+    assert_eq!(
+        attr(&server, "http.response.status_code").as_deref(),
+        Some("200")
+    );
     assert_eq!(attr(&server, "http.route").as_deref(), Some("/"));
     assert_eq!(attr(&server, "meshgate.namespace").as_deref(), Some("otl"));
     assert_eq!(attr(&server, "meshgate.deployment").as_deref(), Some("web"));
-    assert_eq!(attr(&server, "meshgate.request_id").as_deref(), Some("otlp-rid-1"));
+    assert_eq!(
+        attr(&server, "meshgate.request_id").as_deref(),
+        Some("otlp-rid-1")
+    );
     assert_eq!(server.name, "GET /");
     assert_ne!(server.status.as_ref().map(|s| s.code), Some(STATUS_ERROR));
     // The CLIENT span of the attempt: a child of the SERVER span, the
@@ -226,12 +240,22 @@ fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
         })
     };
     assert_eq!(client.trace_id, trace_bytes);
-    assert_eq!(hex::encode(&client.span_id), parts[2], "the upstream's parent is the CLIENT span");
+    assert_eq!(
+        hex::encode(&client.span_id),
+        parts[2],
+        "the upstream's parent is the CLIENT span"
+    );
     assert_ne!(client.span_id, server.span_id);
-    assert_eq!(attr(&client, "server.address").as_deref(), Some("127.0.0.1"));
+    assert_eq!(
+        attr(&client, "server.address").as_deref(),
+        Some("127.0.0.1")
+    );
     let port = up.addr.rsplit_once(':').unwrap().1;
     assert_eq!(attr(&client, "server.port").as_deref(), Some(port));
-    assert_eq!(attr(&client, "http.response.status_code").as_deref(), Some("200"));
+    assert_eq!(
+        attr(&client, "http.response.status_code").as_deref(),
+        Some("200")
+    );
     assert!(client.start_time_unix_nano >= server.start_time_unix_nano);
     assert!(client.end_time_unix_nano <= server.end_time_unix_nano);
     // No query string, no credential, in any attribute of any span.
@@ -362,10 +386,19 @@ fn otlp_span_of_a_function_invocation() {
     );
     assert_eq!(attr(&server, "meshgate.namespace").as_deref(), Some("otf"));
     assert_eq!(attr(&server, "meshgate.function").as_deref(), Some("env"));
-    assert_eq!(attr(&server, "url.path").as_deref(), Some("/v1/functions/env/invoke"));
-    assert_eq!(attr(&server, "http.response.status_code").as_deref(), Some("200"));
+    assert_eq!(
+        attr(&server, "url.path").as_deref(),
+        Some("/v1/functions/env/invoke")
+    );
+    assert_eq!(
+        attr(&server, "http.response.status_code").as_deref(),
+        Some("200")
+    );
     let route = attr(&server, "http.route").unwrap_or_default();
-    assert!(route.starts_with("/v1/functions/") && route.contains('{'), "{route}");
+    assert!(
+        route.starts_with("/v1/functions/") && route.contains('{'),
+        "{route}"
+    );
     for v in all_values(&server) {
         assert!(!v.contains("querysecret") && !v.contains(&key), "{v}");
     }
@@ -436,12 +469,16 @@ fn otlp_collector_down_costs_no_request() {
         let (s, _, _) = via(&node, "otd.test", "GET", "/", &[], None);
         assert_eq!(s, 200);
     }
-    wait_until(Duration::from_secs(60), "the failed export's log line", || {
-        node.stderr
-            .lock()
-            .unwrap()
-            .contains("spans could not be exported")
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "the failed export's log line",
+        || {
+            node.stderr
+                .lock()
+                .unwrap()
+                .contains("spans could not be exported")
+        },
+    );
     let (s, _, _) = via(&node, "otd.test", "GET", "/", &[], None);
     assert_eq!(s, 200);
     let log = node.stderr.lock().unwrap().clone();
@@ -455,7 +492,11 @@ fn otlp_collector_down_costs_no_request() {
 /// An endpoint that is not an http(s) URL is refused at start-up, named.
 #[test]
 fn otlp_bad_endpoint_is_refused_at_start() {
-    for bad in ["grpc://127.0.0.1:4317", "127.0.0.1:4318", "http://u:p@127.0.0.1:4318"] {
+    for bad in [
+        "grpc://127.0.0.1:4317",
+        "127.0.0.1:4318",
+        "http://u:p@127.0.0.1:4318",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("config.toml");
         std::fs::write(&cfg, format!("[telemetry]\notlp_endpoint = \"{bad}\"\n")).unwrap();
@@ -515,13 +556,22 @@ fn otlp_drain_flushes_the_queued_spans() {
         None,
     );
     assert_eq!(s, 404);
-    assert!(col.got.lock().unwrap().spans.is_empty(), "not before a minute");
+    assert!(
+        col.got.lock().unwrap().spans.is_empty(),
+        "not before a minute"
+    );
     node.signal(15);
     assert_eq!(node.wait_exit(Duration::from_secs(30)), Some(0));
     let t = hex::decode(trace).unwrap();
     let (server, _) = col.wait_for("the flushed span", |s| s.kind == SERVER && s.trace_id == t);
-    assert_eq!(attr(&server, "url.path").as_deref(), Some("/v1/nothing-here"));
-    assert_eq!(attr(&server, "http.response.status_code").as_deref(), Some("404"));
+    assert_eq!(
+        attr(&server, "url.path").as_deref(),
+        Some("/v1/nothing-here")
+    );
+    assert_eq!(
+        attr(&server, "http.response.status_code").as_deref(),
+        Some("404")
+    );
 }
 
 /// A request forwarded to the namespace's member: the first node's SERVER
@@ -574,14 +624,23 @@ fn otlp_spans_of_a_forwarded_hop() {
     let (first, all) = col.wait_for("the first node's SERVER span", |s| {
         s.kind == SERVER && s.trace_id == t && hex::encode(&s.parent_span_id) == parent
     });
-    assert_eq!(member.parent_span_id, hop.span_id, "the member continues the hop");
-    assert_eq!(hop.parent_span_id, first.span_id, "the hop is the first node's");
+    assert_eq!(
+        member.parent_span_id, hop.span_id,
+        "the member continues the hop"
+    );
+    assert_eq!(
+        hop.parent_span_id, first.span_id,
+        "the hop is the first node's"
+    );
     assert_eq!(attr(&first, "meshgate.namespace").as_deref(), Some("shop"));
     let services: Vec<&str> = all
         .iter()
         .filter(|(_, s)| s.trace_id == t)
         .map(|(n, _)| n.as_str())
         .collect();
-    assert!(services.contains(&"node-a") && services.contains(&"node-b"), "{services:?}");
+    assert!(
+        services.contains(&"node-a") && services.contains(&"node-b"),
+        "{services:?}"
+    );
     drop((a, b));
 }

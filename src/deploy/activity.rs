@@ -13,6 +13,9 @@ use std::cell::RefCell;
 /// the attempt sends as the `traceparent`'s parent id ([`traceparent`]).
 /// Nothing outside [`recording`].
 pub fn attempt_begins(base: &str) {
+    if !crate::telemetry::enabled() {
+        return;
+    }
     let _ = RECORDING.try_with(|r| {
         let mut r = r.borrow_mut();
         r.hop = r.span.as_ref().map(|s| s.client_begins(base));
@@ -36,6 +39,9 @@ pub fn attempted(instance: &str, outcome: &'static str) {
 /// The `traceparent` an attempt sends: the open CLIENT span as the parent
 /// when spans are exported, else the node's span for the request.
 pub fn traceparent(t: &crate::observe::trace::TraceContext) -> String {
+    if !crate::telemetry::enabled() {
+        return t.traceparent();
+    }
     let hop = RECORDING.try_with(|r| r.borrow().hop).ok().flatten();
     match hop {
         Some(id) => t.traceparent_from(id),

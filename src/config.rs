@@ -48,6 +48,82 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `[dashboard]`: what the `/__admin` page shows.
     pub dashboard: DashboardConfig,
+    /// `[telemetry]`: OTLP export of request spans (off by default).
+    pub telemetry: TelemetryConfig,
+}
+
+/// `[telemetry]`: spans of the requests the node serves, exported over
+/// OTLP/HTTP (protobuf) to an operator's collector (`crate::telemetry`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL, `http://` or `https://` (spans
+    /// are posted to `<it>/v1/traces`), e.g. `"http://127.0.0.1:4318"`.
+    /// Empty (the default): nothing is exported and no span is built.
+    pub otlp_endpoint: String,
+    /// The resource's `service.name`. Default `"meshgate"`.
+    pub service_name: String,
+    /// The share of the traces this node starts (no valid `traceparent`
+    /// came in) that are sampled, 0 to 1; default 1. A continued trace
+    /// follows its caller's `sampled` flag.
+    pub sample_ratio: f64,
+    /// Milliseconds between two exports of the queued spans, 1 to 60,000;
+    /// default 5,000.
+    pub scheduled_delay_ms: u64,
+    /// Finished spans waiting for export at most (past it a new one is
+    /// dropped), 1 to 65,536; default 2,048.
+    pub max_queue_size: usize,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: String::new(),
+            service_name: crate::telemetry::DEFAULT_SERVICE_NAME.to_string(),
+            sample_ratio: 1.0,
+            scheduled_delay_ms: crate::telemetry::DEFAULT_SCHEDULED_DELAY_MS,
+            max_queue_size: crate::telemetry::DEFAULT_MAX_QUEUE_SIZE,
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// What `crate::telemetry::install` takes.
+    pub fn settings(&self) -> crate::telemetry::Settings<'_> {
+        crate::telemetry::Settings {
+            otlp_endpoint: &self.otlp_endpoint,
+            service_name: &self.service_name,
+            sample_ratio: self.sample_ratio,
+            scheduled_delay_ms: self.scheduled_delay_ms,
+            max_queue_size: self.max_queue_size,
+        }
+    }
+
+    fn validate(&self, errors: &mut Vec<String>) {
+        if !self.otlp_endpoint.is_empty()
+            && let Err(e) = crate::telemetry::traces_url(&self.otlp_endpoint)
+        {
+            errors.push(format!("telemetry.otlp_endpoint: {e}"));
+        }
+        if self.service_name.trim().is_empty() {
+            errors.push("telemetry.service_name: must not be empty".into());
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            errors.push(format!(
+                "telemetry.sample_ratio: {} must be 0..=1",
+                self.sample_ratio
+            ));
+        }
+        if !(1..=60_000).contains(&self.scheduled_delay_ms) {
+            errors.push("telemetry.scheduled_delay_ms: must be 1..=60000".into());
+        }
+        if !(1..=crate::telemetry::MAX_QUEUE_SIZE).contains(&self.max_queue_size) {
+            errors.push(format!(
+                "telemetry.max_queue_size: must be 1..={}",
+                crate::telemetry::MAX_QUEUE_SIZE
+            ));
+        }
+    }
 }
 
 /// `[dashboard]`: the page shows node totals and the most active namespaces;
@@ -866,6 +942,7 @@ impl Config {
                 crate::observe::MAX_ROUTE_SERIES_LIMIT
             ));
         }
+        self.telemetry.validate(&mut errors);
         let top = self.dashboard.top_namespaces;
         if !(1..=MAX_DASHBOARD_TOP_NAMESPACES).contains(&top) {
             errors.push(format!(

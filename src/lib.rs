@@ -40,6 +40,7 @@
 //!   forwarding to a member through per-(namespace, member) breakers.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.
 //! - `metrics.rs`: every Prometheus metric, in one registry.
+//! - `telemetry.rs`: OTLP export of request spans (`[telemetry]`, off by default).
 //! - `node.rs`: start-up (it builds the node's handle, `http/state.rs`), the
 //!   background tasks, and the drain.
 //! - `error.rs`: `ApiError`, the error every layer returns toward a client.
@@ -67,5 +68,6 @@ pub mod placement;
 pub mod pubsub;
 pub mod quota;
 pub mod storage;
+pub mod telemetry;
 pub mod util;
 pub mod wasm;

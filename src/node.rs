@@ -88,6 +88,9 @@ pub struct RunningNode {
 /// Opens the store, starts the actors, binds the listener. Must run inside an actix System.
 pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let data_dir = config.server.data_dir.clone();
+    if crate::telemetry::install(&config.telemetry.settings()).map_err(anyhow::Error::msg)? {
+        tracing::info!(endpoint = %config.telemetry.otlp_endpoint, "Exporting spans over OTLP.");
+    }
     let hop_secret = read_cluster_secret(&config)?;
     let cluster_mode = !config.cluster.etcd.is_empty();
     let store = open_store(&config).await?;
@@ -654,6 +657,10 @@ impl RunningNode {
         }
         if let Err(e) = crate::storage::OrderedKv::flush(&self.node.store).await {
             tracing::error!(error = %e, "Store flush failed during drain.");
+        }
+        // The spans of the last requests (blocks until exported or timed out).
+        if crate::telemetry::enabled() {
+            let _ = actix_web::rt::task::spawn_blocking(crate::telemetry::shutdown).await;
         }
         tracing::info!("Drained; bye.");
     }

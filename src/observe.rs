@@ -423,6 +423,17 @@ pub mod trace {
             )
         }
 
+        /// The `traceparent` naming `parent` (a CLIENT span of this node's)
+        /// as the next hop's parent.
+        pub fn traceparent_from(&self, parent: [u8; 8]) -> String {
+            format!(
+                "00-{}-{}-{:02x}",
+                hex::encode(self.trace_id),
+                hex::encode(parent),
+                self.flags
+            )
+        }
+
         /// The trace id in hex (logs and records).
         pub fn trace_id_hex(&self) -> String {
             hex::encode(self.trace_id)

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 0),
     ("metrics", 0),
     ("observe", 0),
+    ("telemetry", 0),
     ("storage", 0),
     // Pure identity primitives (formats, signatures, grants).
     ("auth", 1),

@@ -122,7 +122,7 @@ pub(crate) fn upstream_header_lines(
         view.emit(&mut emit);
     }
     if let Some(t) = &fwd.trace {
-        emit("traceparent", t.traceparent().as_bytes());
+        emit("traceparent", super::activity::traceparent(t).as_bytes());
         if let Some(ts) = &t.tracestate {
             emit("tracestate", ts.as_bytes());
         }

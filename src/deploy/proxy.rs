@@ -118,7 +118,17 @@ async fn proxy_h1(
     let res = Box::pin(over_instances(
         pool,
         order,
-        async |inst| super::h1::exchange(pool, inst, &mut pending, t).await,
+        async |inst| {
+            // Each attempt names its own CLIENT span as the parent.
+            if crate::telemetry::enabled()
+                && let (Some(r), Some(tc)) = (pending.as_mut(), &fwd.trace)
+                && let Ok(v) =
+                    hyper::header::HeaderValue::from_str(&super::activity::traceparent(tc))
+            {
+                r.headers_mut().insert("traceparent", v);
+            }
+            super::h1::exchange(pool, inst, &mut pending, t).await
+        },
         || true,
     ))
     .await?;
@@ -147,12 +157,15 @@ pub async fn proxy_ws(
         )
         .retry_after(1));
     }
-    let headers = super::headers::upstream_headers(req, fwd);
     let client = super::awc_client::upstream_client(t, &pool.egress);
     let (protocol, upstream) = over_instances(
         pool,
         order,
-        async |inst| super::relay::handshake(&client, inst, &headers, path_and_query).await,
+        async |inst| {
+            // Built per attempt: each names its own CLIENT span as the parent.
+            let headers = super::headers::upstream_headers(req, fwd);
+            super::relay::handshake(&client, inst, &headers, path_and_query).await
+        },
         || true,
     )
     .await?;
@@ -181,8 +194,9 @@ pub(crate) async fn over_instances<T>(
         let inst = &pool.instances[i];
         // In flight until its answer's head (for `least_request`).
         let _in_flight = pool.start(i);
+        super::activity::attempt_begins(&inst.base);
         let exchange = attempt(inst).await;
-        super::activity::attempted(&inst.base, super::activity::outcome(&exchange));
+        super::activity::attempted(&inst.base, outcome(&exchange));
         match exchange {
             Exchange::Answered(res) => {
                 pool.succeeded(i);
@@ -229,6 +243,18 @@ pub(crate) async fn over_instances<T>(
             last_err.unwrap_or_default()
         ),
     ))
+}
+
+/// The `outcome` label of one exchange with an instance.
+fn outcome<T>(e: &super::h1::Exchange<T>) -> &'static str {
+    use super::h1::{ConnectFailure, Exchange};
+    match e {
+        Exchange::Answered(_) => "answered",
+        Exchange::NotConnected(ConnectFailure::Refused(_)) => "refused",
+        Exchange::NotConnected(ConnectFailure::Failed(_)) => "connect_failed",
+        Exchange::TimedOut => "timeout",
+        Exchange::Failed(_) | Exchange::Ended(_) => "failed",
+    }
 }
 
 #[cfg(test)]

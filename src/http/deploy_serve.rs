@@ -117,18 +117,30 @@ async fn serve_observed(
     use crate::deploy::activity::recording;
     use crate::observe::{ActivityEntry, Subject};
     let start = crate::util::mono_now();
-    let (resp, attempts) = recording(serve_bound(
-        node,
-        req,
-        payload,
-        host,
-        bound,
-        client_ip,
-        request_id.clone(),
-    ))
+    let server = crate::telemetry::ServerSpan::of(&req.extensions());
+    if let Some(s) = &server {
+        s.route(&bound.route.path_prefix);
+        s.attribute("meshgate.namespace", bound.namespace.to_string());
+        s.attribute("meshgate.deployment", bound.deployment.to_string());
+    }
+    let (resp, attempts) = recording(
+        server.clone(),
+        serve_bound(
+            node,
+            req,
+            payload,
+            host,
+            bound,
+            client_ip,
+            request_id.clone(),
+        ),
+    )
     .await;
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
+    if let Some(s) = &server {
+        s.upstream_status(status);
+    }
     let route = bound.route.path_prefix.as_str();
     node.metrics.observe_route(
         &bound.namespace,
@@ -310,8 +322,13 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     let in_flight = InFlight::enter(node);
     // The logger.
     let id = request_id(&req);
-    let trace = crate::observe::trace::TraceContext::from_headers(req.headers());
+    let mut trace = crate::observe::trace::TraceContext::from_headers(req.headers());
+    let server =
+        crate::telemetry::ServerSpan::begin(&mut trace, req.method().as_str(), req.path(), &id);
     let entry = access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
+    if let Some(s) = &server {
+        req.extensions_mut().insert(s.clone());
+    }
     req.extensions_mut().insert(trace);
     let span = request_span(req.method(), req.path(), &id);
     let (http, payload) = req.into_parts();
@@ -324,6 +341,9 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     )
     .await;
     drop(in_flight);
+    if let Some(s) = server {
+        s.finish(resp.status().as_u16(), None);
+    }
     entry.finish(resp.status().as_u16(), &id);
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&id) {

@@ -284,6 +284,12 @@ async fn forward(
         .extensions()
         .get::<crate::observe::trace::TraceContext>()
         .cloned();
+    // With spans exported: each attempt to a member is a CLIENT span, the
+    // parent the member's request continues from.
+    let server = crate::telemetry::ServerSpan::of(&req.extensions());
+    if let Some(s) = &server {
+        s.attribute("meshgate.namespace", target.to_string());
+    }
     // Anonymous callers spread by request id, so they do not all land on
     // the same member.
     let spread = match (id, &request_id) {
@@ -347,8 +353,13 @@ async fn forward(
         }
         // The trace context continues on the member (this node's span as
         // the parent); it is not identity, and the hop MAC does not cover it.
+        let client_span = server.as_ref().map(|s| s.client_begins(&base));
         if let Some(t) = &trace {
-            creq = creq.insert_header((crate::observe::trace::TRACEPARENT, t.traceparent()));
+            let tp = match client_span {
+                Some(id) => t.traceparent_from(id),
+                None => t.traceparent(),
+            };
+            creq = creq.insert_header((crate::observe::trace::TRACEPARENT, tp));
             if let Some(ts) = &t.tracestate {
                 creq = creq.insert_header((crate::observe::trace::TRACESTATE, ts.as_str()));
             }
@@ -369,6 +380,12 @@ async fn forward(
         } else {
             creq.send().await
         };
+        if let Some(s) = &server {
+            s.client_ends(if sent.is_ok() { "answered" } else { "failed" });
+            if let Ok(res) = &sent {
+                s.upstream_status(res.status().as_u16());
+            }
+        }
         match sent {
             Ok(res) => {
                 let gateway_fault = matches!(res.status().as_u16(), 502..=504)

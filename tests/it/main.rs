@@ -25,3 +25,4 @@ mod passivate;
 mod pubsub;
 mod quotas;
 mod security;
+mod telemetry;

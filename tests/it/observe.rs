@@ -344,7 +344,7 @@ fn trace_context_reaches_the_upstream_and_the_logs() {
 }
 
 /// Writes its environment (`K=V` strings, NUL-separated) to stdout.
-const ENV_ECHO: &str = r#"(module
+pub(crate) const ENV_ECHO: &str = r#"(module
   (import "wasi_snapshot_preview1" "environ_sizes_get" (func $sizes (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "environ_get" (func $env (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))

@@ -134,12 +134,24 @@ async fn logged<B: MessageBody + 'static>(
 ) -> Result<ServiceResponse<EitherBody<EitherBody<B>>>, Error> {
     let id = request_id(&req);
     req.extensions_mut().insert(RequestId(id.clone()));
-    let trace = crate::observe::trace::TraceContext::from_headers(req.headers());
+    let mut trace = crate::observe::trace::TraceContext::from_headers(req.headers());
+    // The request's SERVER span, when spans are exported (else nothing is built).
+    let server =
+        crate::telemetry::ServerSpan::begin(&mut trace, req.method().as_str(), req.path(), &id);
     let entry =
         crate::http::access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
+    if let Some(s) = &server {
+        req.extensions_mut().insert(s.clone());
+    }
     req.extensions_mut().insert(trace);
     let span = request_span(req.method(), req.path(), &id);
     let res = tracing::Instrument::instrument(answer(req, next), span).await;
+    if let Some(s) = server {
+        match &res {
+            Ok(r) => s.finish(r.status().as_u16(), r.request().match_pattern().as_deref()),
+            Err(e) => s.finish(e.as_response_error().status_code().as_u16(), None),
+        }
+    }
     match res {
         Ok(mut r) => {
             entry.finish(r.status().as_u16(), &id);

@@ -403,6 +403,15 @@ pub fn reply(r: Reply) -> HttpResponse {
         .body(r.output)
 }
 
+/// The invocation's namespace and function on the request's SERVER span,
+/// when spans are exported.
+fn note_span(req: &HttpRequest, namespace: &str, function: &str) {
+    if let Some(s) = crate::telemetry::ServerSpan::of(&req.extensions()) {
+        s.attribute("meshgate.namespace", namespace.to_string());
+        s.attribute("meshgate.function", function.to_string());
+    }
+}
+
 pub(crate) async fn invoke(
     req: HttpRequest,
     ctx: NsCtx,
@@ -410,6 +419,7 @@ pub(crate) async fn invoke(
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
     let (name, version) = split_version(&target)?;
+    note_span(&req, &ctx.name, &name);
     ctx.require("functions", "invoke", &name)?;
     let input = read_input(&req, payload).await?;
     let caller = CallerInfo {
@@ -450,6 +460,7 @@ async fn invoke_by_namespace(
         ));
     }
     let (name, version) = split_version(&target)?;
+    note_span(&req, &ns, &name);
     let identity = req.extensions().get::<Identity>().cloned();
     let member = match &identity {
         Some(i) if i.operator => true,

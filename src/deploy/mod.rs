@@ -8,6 +8,7 @@
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (streaming, WebSockets, one retry loop).
+//! - `compress`: gzip of proxied answers (streamed, for clients that accept it).
 //! - `pool`: instances, weights, the balancers, passive and active health state.
 //! - `health`: the active health checker (one task per upstream pool with `health`).
 //! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
@@ -26,6 +27,7 @@
 
 pub mod activity;
 pub mod awc_client;
+pub mod compress;
 pub mod egress;
 pub mod h1;
 pub mod headers;
@@ -288,6 +290,7 @@ impl Deployments {
                         weights,
                         balance,
                         health,
+                        compress,
                     } => {
                         let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
                         live.insert(key.clone());
@@ -304,7 +307,8 @@ impl Deployments {
                                                 self.config.unhealthy_after_failures,
                                                 Duration::from_secs(self.config.unhealthy_seconds),
                                             )
-                                            .with_balancing(weights, balance, health.clone()),
+                                            .with_balancing(weights, balance, health.clone())
+                                            .with_compress(*compress),
                                         );
                                     // One checker per pool: per deployment version and node.
                                     health::start(&p);
@@ -815,6 +819,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
             weights,
             balance,
             health,
+            compress,
         } => {
             let states: Vec<Value> = match pool {
                 Some(p) => p
@@ -843,7 +848,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
                     .map(|(i, u)| json!({"url": u, "weight": weights.get(i).copied().unwrap_or(1)}))
                     .collect(),
             };
-            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health})
+            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress})
         }
     };
     json!({
@@ -895,6 +900,7 @@ mod tests {
                 weights: vec![],
                 balance: Default::default(),
                 health: None,
+                compress: true,
             },
             blobs: Vec::new(),
         }
@@ -978,6 +984,7 @@ mod tests {
             weights: vec![],
             balance: Default::default(),
             health: None,
+                compress: true,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();
@@ -1049,6 +1056,7 @@ mod tests {
                 weights: vec![],
                 balance: Default::default(),
                 health: None,
+                compress: true,
             },
             created_at: 0,
         };

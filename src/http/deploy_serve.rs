@@ -212,7 +212,12 @@ async fn serve_bound(
             if is_websocket_upgrade(req.headers()) {
                 Box::pin(proxy_ws(req, payload, pool, &pq, &fwd, t)).await
             } else {
-                proxy_http(req, payload, pool, &pq, &fwd, t).await
+                let r = proxy_http(req, payload, pool, &pq, &fwd, t).await;
+                // The deployment's `compress`, then a few header lookups.
+                match r {
+                    Ok(r) if pool.compress => Ok(crate::deploy::compress::apply(req, r)),
+                    r => r,
+                }
             }
         }
     };
@@ -289,7 +294,8 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
 /// The others do nothing for a deployment (security headers, the envelope,
 /// CORS, authentication, authorization, the scope gate, cluster forwarding)
 /// and are not run; nor is
-/// `Compress` (an upstream's bytes are passed as they are). Every other
+/// `Compress` (an upstream's answer is gzipped by the proxy itself,
+/// `crate::deploy::compress`, as it streams). Every other
 /// request, static sites included, goes on through the whole chain.
 pub async fn routed_fast_path<B: MessageBody + 'static>(
     req: ServiceRequest,

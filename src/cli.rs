@@ -288,6 +288,10 @@ pub enum DeployCommand {
         /// Failures in a row that take an instance out (default 3).
         #[arg(long, requires = "health_path")]
         unhealthy_threshold: Option<u32>,
+        /// Never gzip the upstream's answers (by default the node gzips
+        /// compressible ones the upstream did not encode, for clients that accept it).
+        #[arg(long)]
+        no_compress: bool,
         #[command(flatten)]
         client: ClientArgs,
     },

@@ -281,6 +281,7 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             health_timeout_ms,
             healthy_threshold,
             unhealthy_threshold,
+            no_compress,
             client,
         } => {
             let routes: Value = match routes {
@@ -305,7 +306,11 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
                 }
                 Value::Object(h)
             });
-            let upstream = upstream_json(&urls, &weights, balance.as_deref(), hash_header, health)?;
+            let mut upstream =
+                upstream_json(&urls, &weights, balance.as_deref(), hash_header, health)?;
+            if no_compress {
+                upstream["compress"] = json!(false);
+            }
             let mut body =
                 json!({"name": name, "hosts": hosts, "upstream": upstream, "routes": routes});
             if let Some(p) = default_policy(policy, auth, require_grants, forward_credentials)? {

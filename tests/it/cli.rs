@@ -170,6 +170,8 @@ fn cli_keys_namespaces_and_deployments() {
     assert_eq!(out["target"]["balance"], "least_request", "{out:#}");
     assert_eq!(out["target"]["health"]["path"], "/", "{out:#}");
     assert_eq!(out["target"]["health"]["interval_ms"], 200, "{out:#}");
+    // Gzip of the upstream's answers: on unless --no-compress.
+    assert_eq!(out["target"]["compress"], true, "{out:#}");
     // deploy activity: the latest requests this node served (per node).
     if !crate::common::cluster_mode() {
         let out = printed(&cli(
@@ -218,7 +220,7 @@ fn cli_keys_namespaces_and_deployments() {
 }
 
 /// `deploy upstream --auth jwt --require-grant G` deploys the routes' default
-/// policy: the printed deployment's route carries it, the host answers 401
+/// policy (and `--no-compress` turns gzip off): the printed deployment's route carries it, the host answers 401
 /// without a token and proxies with a token holding G; a bad `--auth` is
 /// refused by the node (non-zero exit).
 #[test]
@@ -245,10 +247,12 @@ fn cli_deploy_upstream_with_a_policy() {
             "jwt",
             "--require-grant",
             "deployments:read:api",
+            "--no-compress",
             "--key",
             &owner,
         ],
     ));
+    assert_eq!(out["deployment"]["target"]["compress"], false, "{out:#}");
     let route = &out["deployment"]["routes"][0];
     assert_eq!(route["policy"]["auth"], "jwt", "{out:#}");
     assert_eq!(

@@ -190,9 +190,20 @@ async fn serve_bound(
         Serve::Static(files) => Box::pin(serve_static(node, req, files, &path)).await,
         Serve::Upstream(pool) => {
             let mut pq = path;
-            if !req.query_string().is_empty() {
+            // A WebSocket's `?token=` the route's policy took is not sent on
+            // (unless `forward_credentials`).
+            let strip_token = req
+                .extensions()
+                .get::<Arc<crate::deploy::route_policy::UpstreamView>>()
+                .is_some_and(|v| v.strip_query_token);
+            let query = if strip_token {
+                crate::deploy::route_policy::without_query_param(req.query_string(), "token")
+            } else {
+                std::borrow::Cow::Borrowed(req.query_string())
+            };
+            if !query.is_empty() {
                 pq.push('?');
-                pq.push_str(req.query_string());
+                pq.push_str(&query);
             }
             let fwd = Forwarded {
                 client_ip: client_ip.or_else(|| req.peer_addr().map(|a| a.ip())),

@@ -153,7 +153,7 @@ async fn check(
         // The client's X-Meshgate-* headers are dropped by the proxy anyway.
         return Ok(());
     }
-    let id = authenticated(node, req, bound, policy).await?;
+    let (id, from_query) = authenticated(node, req, bound, policy).await?;
     // The deployment's activity ring names who made the request.
     req.extensions_mut()
         .insert(crate::observe::Subject(id.subject.clone()));
@@ -194,8 +194,27 @@ async fn check(
     req.extensions_mut().insert(Arc::new(UpstreamView {
         headers,
         strip_credentials: !policy.forward_credentials,
+        strip_query_token: from_query && !policy.forward_credentials,
     }));
     Ok(())
+}
+
+/// The presented credential of a request, and whether it came as
+/// `?token=`: a header (see [`credential`]), else on a WebSocket upgrade
+/// the `token` query parameter (browsers cannot set headers on a
+/// WebSocket), as the node's own socket endpoints read it.
+fn request_credential(req: &HttpRequest) -> Option<(String, bool)> {
+    if let Some(c) = credential(req.headers()) {
+        return Some((c, false));
+    }
+    if !crate::http::request::is_websocket_upgrade(req.headers()) {
+        return None;
+    }
+    actix_web::web::Query::<HashMap<String, String>>::from_query(req.query_string())
+        .ok()
+        .and_then(|q| q.get("token").map(|t| t.trim().to_string()))
+        .filter(|t| !t.is_empty())
+        .map(|t| (t, true))
 }
 
 /// The presented credential: `Authorization` (Bearer, or the bare value) or `X-API-Key`.
@@ -241,19 +260,20 @@ fn unauthorized(e: ApiError, host: &str, presented: bool) -> HttpResponse {
 
 /// The credential's identity, checked against the route: 401 without one or
 /// with one that does not hold or is of a kind the route does not take, 403
-/// for another namespace's (or the operator's) or without the grants.
+/// for another namespace's (or the operator's) or without the grants. With
+/// it, whether the credential came as `?token=`.
 async fn authenticated(
     node: &Node,
     req: &HttpRequest,
     bound: &Bound,
     policy: &RoutePolicy,
-) -> Result<Identity, HttpResponse> {
+) -> Result<(Identity, bool), HttpResponse> {
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("meshgate");
-    let Some(cred) = credential(req.headers()) else {
+    let Some((cred, from_query)) = request_credential(req) else {
         let what = match policy.auth {
             AuthMode::ApiKey => "an API key (X-API-Key or Authorization: Bearer)",
             AuthMode::Jwt => "a token (Authorization: Bearer)",
@@ -303,7 +323,7 @@ async fn authenticated(
         )
         .error_response_owned());
     }
-    Ok(id)
+    Ok((id, from_query))
 }
 
 /// An API key's name (its label), read from its record and remembered a
@@ -313,7 +333,7 @@ async fn key_name(node: &Node, req: &HttpRequest) -> Option<String> {
     type Names = HashMap<[u8; 32], (String, u64)>;
     static NAMES: LazyLock<Mutex<Names>> = LazyLock::new(Default::default);
     const KEEP_SECONDS: u64 = 60;
-    let cred = credential(req.headers())?;
+    let (cred, _) = request_credential(req)?;
     let hash = node.secrets.api_key_hash(&cred);
     let t = crate::util::now();
     let fresh = |at: u64| t.saturating_sub(at) < KEEP_SECONDS;

@@ -98,6 +98,9 @@ pub struct Deployments {
     /// Upstream pools by (namespace, deployment, version), kept across index
     /// rebuilds so passive health survives other deployments' changes.
     pools: Mutex<HashMap<(String, String, u64), Arc<UpstreamPool>>>,
+    /// The routes' rate-limit buckets by (namespace, deployment, version),
+    /// in route order, kept across index rebuilds as the pools are.
+    buckets: Mutex<HashMap<(String, String, u64), Vec<Option<Arc<index::RouteBucket>>>>>,
     /// Serializes this node's changes before they contend for the store-wide lock.
     writes: tokio::sync::Mutex<()>,
     /// The generation the index was built from.
@@ -160,6 +163,7 @@ impl Deployments {
             own_names: hosts::OwnNames::new(&base_domain),
             index: RwLock::new(Arc::new(Index::default())),
             pools: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
             loaded: Mutex::new(None),
             unpacks,
@@ -271,6 +275,7 @@ impl Deployments {
         let heads = self.store.scan_prefix(b"dep/", usize::MAX).await?;
         let mut ix = Index::default();
         let mut live = BTreeSet::new();
+        let mut live_buckets = BTreeSet::new();
         for (_, v) in heads {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
@@ -318,13 +323,22 @@ impl Deployments {
                         Serve::Upstream(pool)
                     }
                 };
-            for route in &ver.routes {
+            let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
+            let buckets = self
+                .buckets
+                .lock()
+                .entry(key.clone())
+                .or_insert_with(|| index::RouteBucket::for_routes(&ver.routes))
+                .clone();
+            live_buckets.insert(key);
+            for (i, route) in ver.routes.iter().enumerate() {
                 let bound = Arc::new(Bound {
                     namespace: rec.namespace.clone(),
                     deployment: rec.name.clone(),
                     version: ver.version,
                     route: route.clone(),
                     serve: serve.clone(),
+                    bucket: buckets.get(i).cloned().flatten(),
                 });
                 for h in &ver.hosts {
                     if let Some(why) = self.reserved_host(h) {
@@ -346,6 +360,8 @@ impl Deployments {
             }
             keep
         });
+        // A deleted or replaced version's buckets go with it.
+        self.buckets.lock().retain(|k, _| live_buckets.contains(k));
         *self.index.write() = Arc::new(ix);
         *self.loaded.lock() = generation;
         Ok(())

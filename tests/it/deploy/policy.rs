@@ -655,3 +655,43 @@ async fn websocket_upgrades_take_a_query_token() {
     let (s, _, b) = via(&node, host, "GET", &format!("/x?token={token}"), &[], None);
     assert_eq!((s, code(&b).as_str()), (401, "MISSING_CREDENTIAL"));
 }
+
+/// A route's bucket lives with the deployment's version in the index: it
+/// is not refilled when another deployment changes (the index is rebuilt),
+/// and a new version of its own deployment starts with a full one.
+#[test]
+fn route_buckets_survive_other_changes_and_refill_with_a_new_version() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polbucket");
+    let up = HeaderEcho::start();
+    let limited = serde_json::json!({
+        "name": "svc", "hosts": ["polbucket.test"],
+        "upstream": {"instances": [up.url()]},
+        "policy": {"rate_limit": {"requests_per_second": 1, "burst": 30}}
+    });
+    let (s, v) = deploy_json(&node, &owner, limited.clone());
+    assert_eq!(s, 201, "{v}");
+    let host = "polbucket.test";
+    let get = || via(&node, host, "GET", "/x", &[], None).0;
+    for i in 0..20 {
+        assert_eq!(get(), 200, "request {i} within the burst");
+    }
+    // Another deployment: the index is rebuilt, this bucket kept (about 10
+    // tokens left, plus one a second since).
+    let (s, v) = deploy_json(
+        &node,
+        &owner,
+        serde_json::json!({"name": "other", "hosts": ["polother.test"],
+            "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let passed = (0..15).take_while(|_| get() == 200).count();
+    assert!(passed < 15, "the bucket was refilled by another deployment's change");
+    assert_eq!(get(), 429);
+    // A new version of this deployment: a full bucket.
+    let (s, v) = deploy_json(&node, &owner, limited);
+    assert_eq!(s, 201, "{v}");
+    for i in 0..25 {
+        assert_eq!(get(), 200, "request {i} of the new version");
+    }
+}

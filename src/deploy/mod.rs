@@ -100,7 +100,7 @@ pub struct Deployments {
     pools: Mutex<HashMap<(String, String, u64), Arc<UpstreamPool>>>,
     /// The routes' rate-limit buckets by (namespace, deployment, version),
     /// in route order, kept across index rebuilds as the pools are.
-    buckets: Mutex<HashMap<(String, String, u64), Vec<Option<Arc<index::RouteBucket>>>>>,
+    buckets: Mutex<HashMap<(String, String, u64), RouteBuckets>>,
     /// Serializes this node's changes before they contend for the store-wide lock.
     writes: tokio::sync::Mutex<()>,
     /// The generation the index was built from.
@@ -108,6 +108,9 @@ pub struct Deployments {
     /// Site unpacks running at once, node-wide (`unpack_concurrency`).
     unpacks: Arc<tokio::sync::Semaphore>,
 }
+
+/// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
+type RouteBuckets = Vec<Option<Arc<index::RouteBucket>>>;
 
 fn unix_now() -> u64 {
     crate::util::now()

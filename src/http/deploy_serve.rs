@@ -192,10 +192,11 @@ async fn serve_bound(
             let mut pq = path;
             // A WebSocket's `?token=` the route's policy took is not sent on
             // (unless `forward_credentials`).
-            let strip_token = req
-                .extensions()
-                .get::<Arc<crate::deploy::route_policy::UpstreamView>>()
-                .is_some_and(|v| v.strip_query_token);
+            let strip_token = bound.route.policy.is_some()
+                && req
+                    .extensions()
+                    .get::<Arc<crate::deploy::route_policy::UpstreamView>>()
+                    .is_some_and(|v| v.strip_query_token);
             let query = if strip_token {
                 crate::deploy::route_policy::without_query_param(req.query_string(), "token")
             } else {

@@ -223,6 +223,25 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// The routes' default policy of `deploy static` and `deploy upstream`
+/// (docs/deployments.md "Route policy").
+#[derive(Args, Clone, Default)]
+pub struct PolicyArgs {
+    /// The routes' default policy: which credential they take (none, api_key, jwt, any).
+    #[arg(long)]
+    pub auth: Option<String>,
+    /// A grant the credential must hold (repeat for several; all are needed).
+    #[arg(long = "require-grant")]
+    pub require_grants: Vec<String>,
+    /// Send the credential on to the upstream (removed by default).
+    #[arg(long)]
+    pub forward_credentials: bool,
+    /// The whole default policy as JSON (docs/deployments.md "Route policy");
+    /// --auth, --require-grant and --forward-credentials are set on top of it.
+    #[arg(long)]
+    pub policy: Option<String>,
+}
+
 #[derive(Subcommand)]
 pub enum DeployCommand {
     /// Pack DIR into a .tar.gz and serve it as a static site on the hosts.
@@ -234,6 +253,8 @@ pub enum DeployCommand {
         /// Deployment name (default: the folder's name).
         #[arg(long)]
         name: Option<String>,
+        #[command(flatten)]
+        policy: PolicyArgs,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -250,19 +271,8 @@ pub enum DeployCommand {
         /// Routes as JSON: [{"path_prefix","methods","strip_prefix","add_prefix","priority","policy"}].
         #[arg(long)]
         routes: Option<String>,
-        /// The routes' default policy: which credential they take (none, api_key, jwt, any).
-        #[arg(long)]
-        auth: Option<String>,
-        /// A grant the credential must hold (repeat for several; all are needed).
-        #[arg(long = "require-grant")]
-        require_grants: Vec<String>,
-        /// Send the credential on to the upstream (removed by default).
-        #[arg(long)]
-        forward_credentials: bool,
-        /// The whole default policy as JSON (docs/deployments.md "Route policy");
-        /// --auth, --require-grant and --forward-credentials are set on top of it.
-        #[arg(long)]
-        policy: Option<String>,
+        #[command(flatten)]
+        policy: PolicyArgs,
         /// An instance's weight as URL=WEIGHT, 1..=1000 (repeat; default 1).
         /// `URL=WEIGHT` also works in the instance list itself.
         #[arg(long = "weight", value_name = "URL=WEIGHT")]
@@ -288,6 +298,10 @@ pub enum DeployCommand {
         /// Failures in a row that take an instance out (default 3).
         #[arg(long, requires = "health_path")]
         unhealthy_threshold: Option<u32>,
+        /// Never gzip the upstream's answers (by default the node gzips
+        /// compressible ones the upstream did not encode, for clients that accept it).
+        #[arg(long)]
+        no_compress: bool,
         #[command(flatten)]
         client: ClientArgs,
     },

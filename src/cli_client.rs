@@ -2,7 +2,9 @@
 
 #![forbid(unsafe_code)]
 
-use crate::cli::{ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, NsCommand};
+use crate::cli::{
+    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, NsCommand, PolicyArgs,
+};
 use serde_json::{Value, json};
 use std::process::ExitCode;
 
@@ -184,12 +186,13 @@ async fn functions(cmd: FnCommand) -> Result<(), String> {
 /// A name a deployment may take, from a folder or host name.
 /// The deployment's default route policy from `--policy` and the flags set on
 /// top of it (None: no flag given, no `policy` in the body). The node checks it.
-fn default_policy(
-    policy: Option<String>,
-    auth: Option<String>,
-    require_grants: Vec<String>,
-    forward_credentials: bool,
-) -> Result<Option<Value>, String> {
+fn default_policy(args: PolicyArgs) -> Result<Option<Value>, String> {
+    let PolicyArgs {
+        auth,
+        require_grants,
+        forward_credentials,
+        policy,
+    } = args;
     let mut p: Value = match policy {
         Some(p) => serde_json::from_str(&p).map_err(|e| format!("--policy is not JSON: {e}"))?,
         None if auth.is_none() && require_grants.is_empty() && !forward_credentials => {
@@ -238,6 +241,7 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             dir,
             hosts,
             name,
+            policy,
             client,
         } => {
             if !dir.is_dir() {
@@ -252,11 +256,14 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             });
             let tgz = crate::deploy::site::pack_dir(&dir)
                 .map_err(|e| format!("cannot pack {}: {e}", dir.display()))?;
-            let parts = vec![
+            let mut parts = vec![
                 ("name", name.clone().into_bytes()),
                 ("hosts", hosts.join(",").into_bytes()),
-                ("tarball", tgz),
             ];
+            if let Some(p) = default_policy(policy)? {
+                parts.push(("policy", p.to_string().into_bytes()));
+            }
+            parts.push(("tarball", tgz));
             let boundary = format!("meshgate{}", hex::encode(crate::util::random_bytes::<12>()));
             let body = multipart(&boundary, &parts);
             let ct = format!("multipart/form-data; boundary={boundary}");
@@ -269,9 +276,6 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             hosts,
             name,
             routes,
-            auth,
-            require_grants,
-            forward_credentials,
             policy,
             weights,
             balance,
@@ -281,6 +285,7 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             health_timeout_ms,
             healthy_threshold,
             unhealthy_threshold,
+            no_compress,
             client,
         } => {
             let routes: Value = match routes {
@@ -305,10 +310,14 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
                 }
                 Value::Object(h)
             });
-            let upstream = upstream_json(&urls, &weights, balance.as_deref(), hash_header, health)?;
+            let mut upstream =
+                upstream_json(&urls, &weights, balance.as_deref(), hash_header, health)?;
+            if no_compress {
+                upstream["compress"] = json!(false);
+            }
             let mut body =
                 json!({"name": name, "hosts": hosts, "upstream": upstream, "routes": routes});
-            if let Some(p) = default_policy(policy, auth, require_grants, forward_credentials)? {
+            if let Some(p) = default_policy(policy)? {
                 body["policy"] = p;
             }
             print(&call(&client, "POST", "/v1/deployments", Some(body)).await?);

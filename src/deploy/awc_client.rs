@@ -22,6 +22,24 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+/// The TLS client config of `https://` instances, for the proxy's awc
+/// and the active health checks ([`super::health`]): the webpki roots (as
+/// awc's own default), no client certificate, HTTP/1.1 by ALPN.
+pub(crate) fn upstream_tls() -> Arc<rustls::ClientConfig> {
+    static TLS: std::sync::OnceLock<Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(actix_tls::connect::rustls_0_23::webpki_roots_cert_store())
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(cfg)
+    })
+    .clone()
+}
+
 thread_local! {
     static UPSTREAM_CLIENT: RefCell<Option<(Duration, Arc<EgressPolicy>, awc::Client)>> =
         const { RefCell::new(None) };
@@ -46,6 +64,8 @@ pub(crate) fn upstream_client(t: ProxyTimeouts, egress: &Arc<EgressPolicy>) -> a
             .connector(tcp)
             .timeout(t.connect)
             .max_http_version(actix_web::http::Version::HTTP_11)
+            // After `max_http_version`, which would replace it.
+            .rustls_0_23(upstream_tls())
             .limit(1024)
             .conn_keep_alive(Duration::from_secs(30));
         let client = awc::Client::builder()

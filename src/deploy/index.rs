@@ -4,8 +4,13 @@
 
 use super::model::{RouteSpec, SiteFile};
 use super::pool::UpstreamPool;
+use super::route_policy::RateLimitPolicy;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 /// What serves a matched route.
 #[derive(Clone)]
@@ -28,6 +33,49 @@ pub struct Bound {
     pub route: RouteSpec,
     /// What answers the matched requests.
     pub serve: Serve,
+    /// The route's own rate-limit bucket, when its policy has a
+    /// `rate_limit`: a routed request charges it without any lock of the
+    /// node's (`http/route_policy.rs`).
+    pub bucket: Option<Arc<RouteBucket>>,
+}
+
+/// One route's rate-limit bucket (its policy's `rate_limit`), one key per
+/// client or subject inside. Built with the index, and kept across
+/// rebuilds while the same version of the deployment serves
+/// (`super::Deployments::reload`): another deployment's change does not
+/// refill it; a new version (or a rollback) starts with a full one.
+pub struct RouteBucket {
+    /// The keyed limiter.
+    pub limiter: DefaultKeyedRateLimiter<String>,
+    /// How often it was checked (idle keys are dropped every so many checks).
+    pub checks: AtomicU64,
+}
+
+impl RouteBucket {
+    /// A full bucket of `rl`'s rate and burst.
+    pub fn new(rl: &RateLimitPolicy) -> RouteBucket {
+        let per = Duration::from_nanos(1_000_000_000 / u64::from(rl.requests_per_second.max(1)));
+        let q = Quota::with_period(per)
+            .expect("non-zero")
+            .allow_burst(NonZeroU32::new(rl.burst().max(1)).expect("non-zero"));
+        RouteBucket {
+            limiter: RateLimiter::keyed(q),
+            checks: AtomicU64::new(0),
+        }
+    }
+
+    /// The buckets of a version's routes, in their order (None: no `rate_limit`).
+    pub fn for_routes(routes: &[RouteSpec]) -> Vec<Option<Arc<RouteBucket>>> {
+        routes
+            .iter()
+            .map(|r| {
+                r.policy
+                    .as_ref()
+                    .and_then(|p| p.rate_limit.as_ref())
+                    .map(|rl| Arc::new(RouteBucket::new(rl)))
+            })
+            .collect()
+    }
 }
 
 /// One path segment of a host's trie.
@@ -128,6 +176,7 @@ mod tests {
                 policy: None,
             },
             serve: Serve::Static(Arc::new(BTreeMap::new())),
+            bucket: None,
         })
     }
 

@@ -8,6 +8,7 @@
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (streaming, WebSockets, one retry loop).
+//! - `compress`: gzip of proxied answers (streamed, for clients that accept it).
 //! - `pool`: instances, weights, the balancers, passive and active health state.
 //! - `health`: the active health checker (one task per upstream pool with `health`).
 //! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
@@ -26,6 +27,7 @@
 
 pub mod activity;
 pub mod awc_client;
+pub mod compress;
 pub mod egress;
 pub mod h1;
 pub mod headers;
@@ -96,6 +98,9 @@ pub struct Deployments {
     /// Upstream pools by (namespace, deployment, version), kept across index
     /// rebuilds so passive health survives other deployments' changes.
     pools: Mutex<HashMap<(String, String, u64), Arc<UpstreamPool>>>,
+    /// The routes' rate-limit buckets by (namespace, deployment, version),
+    /// in route order, kept across index rebuilds as the pools are.
+    buckets: Mutex<HashMap<(String, String, u64), RouteBuckets>>,
     /// Serializes this node's changes before they contend for the store-wide lock.
     writes: tokio::sync::Mutex<()>,
     /// The generation the index was built from.
@@ -103,6 +108,9 @@ pub struct Deployments {
     /// Site unpacks running at once, node-wide (`unpack_concurrency`).
     unpacks: Arc<tokio::sync::Semaphore>,
 }
+
+/// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
+type RouteBuckets = Vec<Option<Arc<index::RouteBucket>>>;
 
 fn unix_now() -> u64 {
     crate::util::now()
@@ -158,6 +166,7 @@ impl Deployments {
             own_names: hosts::OwnNames::new(&base_domain),
             index: RwLock::new(Arc::new(Index::default())),
             pools: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
             loaded: Mutex::new(None),
             unpacks,
@@ -269,6 +278,7 @@ impl Deployments {
         let heads = self.store.scan_prefix(b"dep/", usize::MAX).await?;
         let mut ix = Index::default();
         let mut live = BTreeSet::new();
+        let mut live_buckets = BTreeSet::new();
         for (_, v) in heads {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
@@ -288,6 +298,7 @@ impl Deployments {
                         weights,
                         balance,
                         health,
+                        compress,
                     } => {
                         let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
                         live.insert(key.clone());
@@ -304,7 +315,8 @@ impl Deployments {
                                                 self.config.unhealthy_after_failures,
                                                 Duration::from_secs(self.config.unhealthy_seconds),
                                             )
-                                            .with_balancing(weights, balance, health.clone()),
+                                            .with_balancing(weights, balance, health.clone())
+                                            .with_compress(*compress),
                                         );
                                     // One checker per pool: per deployment version and node.
                                     health::start(&p);
@@ -314,13 +326,22 @@ impl Deployments {
                         Serve::Upstream(pool)
                     }
                 };
-            for route in &ver.routes {
+            let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
+            let buckets = self
+                .buckets
+                .lock()
+                .entry(key.clone())
+                .or_insert_with(|| index::RouteBucket::for_routes(&ver.routes))
+                .clone();
+            live_buckets.insert(key);
+            for (i, route) in ver.routes.iter().enumerate() {
                 let bound = Arc::new(Bound {
                     namespace: rec.namespace.clone(),
                     deployment: rec.name.clone(),
                     version: ver.version,
                     route: route.clone(),
                     serve: serve.clone(),
+                    bucket: buckets.get(i).cloned().flatten(),
                 });
                 for h in &ver.hosts {
                     if let Some(why) = self.reserved_host(h) {
@@ -342,6 +363,8 @@ impl Deployments {
             }
             keep
         });
+        // A deleted or replaced version's buckets go with it.
+        self.buckets.lock().retain(|k, _| live_buckets.contains(k));
         *self.index.write() = Arc::new(ix);
         *self.loaded.lock() = generation;
         Ok(())
@@ -815,6 +838,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
             weights,
             balance,
             health,
+            compress,
         } => {
             let states: Vec<Value> = match pool {
                 Some(p) => p
@@ -843,7 +867,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
                     .map(|(i, u)| json!({"url": u, "weight": weights.get(i).copied().unwrap_or(1)}))
                     .collect(),
             };
-            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health})
+            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress})
         }
     };
     json!({
@@ -895,6 +919,7 @@ mod tests {
                 weights: vec![],
                 balance: Default::default(),
                 health: None,
+                compress: true,
             },
             blobs: Vec::new(),
         }
@@ -978,6 +1003,7 @@ mod tests {
             weights: vec![],
             balance: Default::default(),
             health: None,
+                compress: true,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();
@@ -1049,6 +1075,7 @@ mod tests {
                 weights: vec![],
                 balance: Default::default(),
                 health: None,
+                compress: true,
             },
             created_at: 0,
         };

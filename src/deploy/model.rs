@@ -71,7 +71,20 @@ pub enum TargetSpec {
         /// The active health check, if any (passive health always applies).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         health: Option<HealthSpec>,
+        /// Gzip answers the upstream did not encode, for clients that accept
+        /// it (`super::compress`); true unless turned off (records written
+        /// before the field read so).
+        #[serde(default = "yes", skip_serializing_if = "is_true")]
+        compress: bool,
     },
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Highest weight of an instance.
@@ -574,6 +587,24 @@ mod tests {
             panic!()
         };
         assert!(weights.is_empty() && balance == Balance::RoundRobin && health.is_none());
+        let TargetSpec::Upstream { compress, .. } = serde_json::from_str(
+            r#"{"kind":"upstream","instances":["http://a:1"]}"#,
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert!(compress, "a record of before compression compresses");
+        let off = TargetSpec::Upstream {
+            instances: vec!["http://a:1".into()],
+            weights: vec![],
+            balance: Balance::RoundRobin,
+            health: None,
+            compress: false,
+        };
+        let text = serde_json::to_string(&off).unwrap();
+        assert!(text.contains(r#""compress":false"#), "{text}");
+        let back: TargetSpec = serde_json::from_str(&text).unwrap();
+        assert!(matches!(back, TargetSpec::Upstream { compress: false, .. }));
     }
 
     /// Only http(s) instances with a host and no path are accepted.

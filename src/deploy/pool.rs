@@ -146,6 +146,9 @@ pub struct UpstreamPool {
     rng: AtomicU64,
     /// The active check, run by [`super::health`] while this pool serves.
     pub health: Option<HealthSpec>,
+    /// The deployment's `compress`: answers gzipped for clients that accept
+    /// it (`super::compress`).
+    pub compress: bool,
     /// The running checker, aborted when the pool is retired or dropped.
     pub(crate) checker: parking_lot::Mutex<Option<tokio::task::AbortHandle>>,
 }
@@ -249,8 +252,16 @@ impl UpstreamPool {
             balancer: Balancer::Cursor,
             rng: AtomicU64::new(now_ms() ^ 0x2545f4914f6cdd1d),
             health: None,
+            compress: true,
             checker: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// The pool gzipping its answers for clients that accept it, or not
+    /// (`super::compress`).
+    pub fn with_compress(mut self, compress: bool) -> UpstreamPool {
+        self.compress = compress;
+        self
     }
 
     /// The pool with its weights (none: all 1), balancer and active check.

@@ -369,6 +369,9 @@ pub struct UpstreamView {
     pub headers: Vec<(&'static str, String)>,
     /// Drop `Authorization` and `X-API-Key` (no `forward_credentials`).
     pub strip_credentials: bool,
+    /// The credential came as `?token=` (a WebSocket upgrade) and is not
+    /// forwarded: the `token` parameter is removed from the query sent upstream.
+    pub strip_query_token: bool,
 }
 
 impl UpstreamView {
@@ -378,6 +381,41 @@ impl UpstreamView {
             emit(k, v.as_bytes());
         }
     }
+}
+
+/// `query` (without its `?`) minus every `name` parameter (its key compared
+/// after `%XX` and `+` decoding, as a query is read); borrowed when none is there.
+pub fn without_query_param<'q>(query: &'q str, name: &str) -> std::borrow::Cow<'q, str> {
+    let is_name = |pair: &str| {
+        let b = pair.split('=').next().unwrap_or_default().as_bytes();
+        let mut key = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let escaped = (b[i] == b'%')
+                .then(|| b.get(i + 1..i + 3))
+                .flatten()
+                .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+            match (escaped, b[i]) {
+                (Some(v), _) => {
+                    key.push(v);
+                    i += 3;
+                }
+                (None, c) => {
+                    key.push(if c == b'+' { b' ' } else { c });
+                    i += 1;
+                }
+            }
+        }
+        key == name.as_bytes()
+    };
+    if !query.split('&').any(is_name) {
+        return std::borrow::Cow::Borrowed(query);
+    }
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !is_name(p))
+        .collect();
+    std::borrow::Cow::Owned(kept.join("&"))
 }
 
 /// Whether the proxy drops a client's request header `name` (lower-case):
@@ -390,6 +428,22 @@ pub fn stripped(name: &str, view: Option<&UpstreamView>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `token` goes in any spelling of its key; other parameters stay in order.
+    #[test]
+    fn query_tokens_are_removed() {
+        assert_eq!(without_query_param("a=1&b=2", "token"), "a=1&b=2");
+        assert!(matches!(
+            without_query_param("a=1", "token"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(without_query_param("token=x", "token"), "");
+        assert_eq!(
+            without_query_param("a=1&token=x&b=2&%74oken=y&tokens=z", "token"),
+            "a=1&b=2&tokens=z"
+        );
+        assert_eq!(without_query_param("token&a=%zz", "token"), "a=%zz");
+    }
 
     fn parse(v: serde_json::Value) -> Result<RoutePolicy, String> {
         let p: RoutePolicy = serde_json::from_value(v).map_err(|e| e.to_string())?;

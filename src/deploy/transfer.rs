@@ -133,6 +133,7 @@ impl Deployments {
                         weights,
                         balance,
                         health,
+                        ..
                     } => {
                         if instances.is_empty() || instances.len() > MAX_INSTANCES {
                             return Err(invalid(format!(

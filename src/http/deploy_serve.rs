@@ -202,9 +202,21 @@ async fn serve_bound(
         Serve::Static(files) => Box::pin(serve_static(node, req, files, &path)).await,
         Serve::Upstream(pool) => {
             let mut pq = path;
-            if !req.query_string().is_empty() {
+            // A WebSocket's `?token=` the route's policy took is not sent on
+            // (unless `forward_credentials`).
+            let strip_token = bound.route.policy.is_some()
+                && req
+                    .extensions()
+                    .get::<Arc<crate::deploy::route_policy::UpstreamView>>()
+                    .is_some_and(|v| v.strip_query_token);
+            let query = if strip_token {
+                crate::deploy::route_policy::without_query_param(req.query_string(), "token")
+            } else {
+                std::borrow::Cow::Borrowed(req.query_string())
+            };
+            if !query.is_empty() {
                 pq.push('?');
-                pq.push_str(req.query_string());
+                pq.push_str(&query);
             }
             let fwd = Forwarded {
                 client_ip: client_ip.or_else(|| req.peer_addr().map(|a| a.ip())),
@@ -224,7 +236,12 @@ async fn serve_bound(
             if is_websocket_upgrade(req.headers()) {
                 Box::pin(proxy_ws(req, payload, pool, &pq, &fwd, t)).await
             } else {
-                proxy_http(req, payload, pool, &pq, &fwd, t).await
+                let r = proxy_http(req, payload, pool, &pq, &fwd, t).await;
+                // The deployment's `compress`, then a few header lookups.
+                match r {
+                    Ok(r) if pool.compress => Ok(crate::deploy::compress::apply(req, r)),
+                    r => r,
+                }
             }
         }
     };
@@ -301,7 +318,8 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
 /// The others do nothing for a deployment (security headers, the envelope,
 /// CORS, authentication, authorization, the scope gate, cluster forwarding)
 /// and are not run; nor is
-/// `Compress` (an upstream's bytes are passed as they are). Every other
+/// `Compress` (an upstream's answer is gzipped by the proxy itself,
+/// `crate::deploy::compress`, as it streams). Every other
 /// request, static sites included, goes on through the whole chain.
 pub async fn routed_fast_path<B: MessageBody + 'static>(
     req: ServiceRequest,

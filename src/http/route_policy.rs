@@ -12,7 +12,7 @@
 
 use crate::deploy::index::Bound;
 use crate::deploy::route_policy::{
-    self as rp, AuthMode, CorsPolicy, RateKey, RateLimitPolicy, RoutePolicy, UpstreamView,
+    self as rp, AuthMode, CorsPolicy, RateKey, RoutePolicy, UpstreamView,
 };
 use crate::error::{ApiError, Code};
 use crate::http::state::Node;
@@ -21,14 +21,11 @@ use actix_web::http::header::{self, HeaderMap, HeaderValue};
 use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
 /// What [`admit`] decided: an early answer (a refusal, a preflight), and the
 /// CORS override whose headers go on whatever answers.
@@ -146,21 +143,21 @@ async fn check(
         let key = client
             .map(super::chain::limits::bucket_key)
             .map(|ip| format!("ip:{ip}"));
-        limit(node, bound, rl, key.as_deref().unwrap_or("ip:unknown"))
+        limit(node, bound, key.as_deref().unwrap_or("ip:unknown"))
             .map_err(|e| e.error_response_owned())?;
     }
     if policy.auth == AuthMode::None {
         // The client's X-Meshgate-* headers are dropped by the proxy anyway.
         return Ok(());
     }
-    let id = authenticated(node, req, bound, policy).await?;
+    let (id, from_query) = authenticated(node, req, bound, policy).await?;
     // The deployment's activity ring names who made the request.
     req.extensions_mut()
         .insert(crate::observe::Subject(id.subject.clone()));
     if let Some(rl) = &policy.rate_limit
         && rl.key == RateKey::Subject
     {
-        limit(node, bound, rl, &format!("sub:{}", id.subject))
+        limit(node, bound, &format!("sub:{}", id.subject))
             .map_err(|e| e.error_response_owned())?;
     }
     let mut headers = vec![
@@ -194,8 +191,27 @@ async fn check(
     req.extensions_mut().insert(Arc::new(UpstreamView {
         headers,
         strip_credentials: !policy.forward_credentials,
+        strip_query_token: from_query && !policy.forward_credentials,
     }));
     Ok(())
+}
+
+/// The presented credential of a request, and whether it came as
+/// `?token=`: a header (see [`credential`]), else on a WebSocket upgrade
+/// the `token` query parameter (browsers cannot set headers on a
+/// WebSocket), as the node's own socket endpoints read it.
+fn request_credential(req: &HttpRequest) -> Option<(String, bool)> {
+    if let Some(c) = credential(req.headers()) {
+        return Some((c, false));
+    }
+    if !crate::http::request::is_websocket_upgrade(req.headers()) {
+        return None;
+    }
+    actix_web::web::Query::<HashMap<String, String>>::from_query(req.query_string())
+        .ok()
+        .and_then(|q| q.get("token").map(|t| t.trim().to_string()))
+        .filter(|t| !t.is_empty())
+        .map(|t| (t, true))
 }
 
 /// The presented credential: `Authorization` (Bearer, or the bare value) or `X-API-Key`.
@@ -241,19 +257,20 @@ fn unauthorized(e: ApiError, host: &str, presented: bool) -> HttpResponse {
 
 /// The credential's identity, checked against the route: 401 without one or
 /// with one that does not hold or is of a kind the route does not take, 403
-/// for another namespace's (or the operator's) or without the grants.
+/// for another namespace's (or the operator's) or without the grants. With
+/// it, whether the credential came as `?token=`.
 async fn authenticated(
     node: &Node,
     req: &HttpRequest,
     bound: &Bound,
     policy: &RoutePolicy,
-) -> Result<Identity, HttpResponse> {
+) -> Result<(Identity, bool), HttpResponse> {
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("meshgate");
-    let Some(cred) = credential(req.headers()) else {
+    let Some((cred, from_query)) = request_credential(req) else {
         let what = match policy.auth {
             AuthMode::ApiKey => "an API key (X-API-Key or Authorization: Bearer)",
             AuthMode::Jwt => "a token (Authorization: Bearer)",
@@ -303,7 +320,7 @@ async fn authenticated(
         )
         .error_response_owned());
     }
-    Ok(id)
+    Ok((id, from_query))
 }
 
 /// An API key's name (its label), read from its record and remembered a
@@ -313,7 +330,7 @@ async fn key_name(node: &Node, req: &HttpRequest) -> Option<String> {
     type Names = HashMap<[u8; 32], (String, u64)>;
     static NAMES: LazyLock<Mutex<Names>> = LazyLock::new(Default::default);
     const KEEP_SECONDS: u64 = 60;
-    let cred = credential(req.headers())?;
+    let (cred, _) = request_credential(req)?;
     let hash = node.secrets.api_key_hash(&cred);
     let t = crate::util::now();
     let fresh = |at: u64| t.saturating_sub(at) < KEEP_SECONDS;
@@ -336,57 +353,17 @@ async fn key_name(node: &Node, req: &HttpRequest) -> Option<String> {
     Some(r.name)
 }
 
-/// One route's bucket and how often it was checked (idle keys are dropped
-/// every [`EVICT_EVERY`] checks).
-struct RouteBucket {
-    limiter: DefaultKeyedRateLimiter<String>,
-    checks: AtomicU64,
-}
-
+/// Idle keys of a route's bucket are dropped every this many checks.
 const EVICT_EVERY: u64 = 4096;
 
-/// Every route's bucket, by namespace, deployment, version, route and limit.
-type BucketKey = (String, String, u64, String, u32, u32);
-
-static BUCKETS: LazyLock<Mutex<HashMap<BucketKey, Arc<RouteBucket>>>> =
-    LazyLock::new(Default::default);
-
-/// Charges the route's bucket for `key`; Err is the 429 with `Retry-After`.
-fn limit(node: &Node, bound: &Bound, rl: &RateLimitPolicy, key: &str) -> Result<(), ApiError> {
-    let route_id = format!(
-        "{} {} {}",
-        bound.route.path_prefix,
-        bound.route.methods.join(","),
-        bound.route.priority
-    );
-    let bk: BucketKey = (
-        bound.namespace.clone(),
-        bound.deployment.clone(),
-        bound.version,
-        route_id,
-        rl.requests_per_second,
-        rl.burst(),
-    );
-    let bucket = {
-        let mut all = BUCKETS.lock();
-        match all.get(&bk) {
-            Some(b) => b.clone(),
-            None => {
-                // An older version's buckets of the same deployment go.
-                all.retain(|k, _| !(k.0 == bk.0 && k.1 == bk.1 && k.2 < bk.2));
-                let per =
-                    Duration::from_nanos(1_000_000_000 / u64::from(rl.requests_per_second.max(1)));
-                let q = Quota::with_period(per)
-                    .expect("non-zero")
-                    .allow_burst(NonZeroU32::new(rl.burst().max(1)).expect("non-zero"));
-                let b = Arc::new(RouteBucket {
-                    limiter: RateLimiter::keyed(q),
-                    checks: AtomicU64::new(0),
-                });
-                all.insert(bk, b.clone());
-                b
-            }
-        }
+/// Charges the route's bucket (built with the index, on the route's
+/// [`Bound`]: no lock of the node's is taken) for `key`; Err is the 429
+/// with `Retry-After`.
+fn limit(node: &Node, bound: &Bound, key: &str) -> Result<(), ApiError> {
+    let Some(bucket) = bound.bucket.as_deref() else {
+        // Every route with a `rate_limit` gets its bucket with the index.
+        debug_assert!(false, "a rate-limited route without its bucket");
+        return Ok(());
     };
     if bucket.checks.fetch_add(1, Ordering::Relaxed) % EVICT_EVERY == EVICT_EVERY - 1 {
         bucket.limiter.retain_recent();

@@ -170,6 +170,8 @@ fn cli_keys_namespaces_and_deployments() {
     assert_eq!(out["target"]["balance"], "least_request", "{out:#}");
     assert_eq!(out["target"]["health"]["path"], "/", "{out:#}");
     assert_eq!(out["target"]["health"]["interval_ms"], 200, "{out:#}");
+    // Gzip of the upstream's answers: on unless --no-compress.
+    assert_eq!(out["target"]["compress"], true, "{out:#}");
     // deploy activity: the latest requests this node served (per node).
     if !crate::common::cluster_mode() {
         let out = printed(&cli(
@@ -218,7 +220,7 @@ fn cli_keys_namespaces_and_deployments() {
 }
 
 /// `deploy upstream --auth jwt --require-grant G` deploys the routes' default
-/// policy: the printed deployment's route carries it, the host answers 401
+/// policy (and `--no-compress` turns gzip off): the printed deployment's route carries it, the host answers 401
 /// without a token and proxies with a token holding G; a bad `--auth` is
 /// refused by the node (non-zero exit).
 #[test]
@@ -245,10 +247,12 @@ fn cli_deploy_upstream_with_a_policy() {
             "jwt",
             "--require-grant",
             "deployments:read:api",
+            "--no-compress",
             "--key",
             &owner,
         ],
     ));
+    assert_eq!(out["deployment"]["target"]["compress"], false, "{out:#}");
     let route = &out["deployment"]["routes"][0];
     assert_eq!(route["policy"]["auth"], "jwt", "{out:#}");
     assert_eq!(
@@ -282,4 +286,81 @@ fn cli_deploy_upstream_with_a_policy() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+/// `deploy static --auth api_key --require-grant G` (the same flags as
+/// `deploy upstream`) sends the site's default policy: the printed
+/// deployment's route carries it, the host answers 401 without a key and
+/// serves the site with a key holding G; `--policy` JSON takes the flags on
+/// top; a bad `--auth` is refused by the node (non-zero exit) and stores
+/// no new version.
+#[test]
+fn cli_deploy_static_with_a_policy() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clistat");
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("index.html"), "members only").unwrap();
+    let dir = site.path().to_str().unwrap();
+    let host = "www.clistat.example.test";
+    let out = printed(&cli(
+        base,
+        &[
+            "deploy",
+            "static",
+            dir,
+            "--host",
+            host,
+            "--name",
+            "www",
+            "--policy",
+            r#"{"auth": "jwt", "rate_limit": {"requests_per_second": 1000}}"#,
+            "--auth",
+            "api_key",
+            "--require-grant",
+            "deployments:read:www",
+            "--key",
+            &owner,
+        ],
+    ));
+    let policy = &out["deployment"]["routes"][0]["policy"];
+    assert_eq!(policy["auth"], "api_key", "{out:#}");
+    assert_eq!(
+        policy["require_grants"],
+        serde_json::json!(["deployments:read:www"]),
+        "{out:#}"
+    );
+    assert_eq!(
+        policy["rate_limit"]["requests_per_second"], 1000,
+        "{out:#}"
+    );
+    wait_until(Duration::from_secs(10), "the host asks for a key", || {
+        routed(&node, host).0 == 401
+    });
+    let (s, _, b) = http(
+        "GET",
+        &node.url("/"),
+        &[("host", host), ("x-api-key", &owner)],
+        None,
+    );
+    assert_eq!(
+        (s, String::from_utf8_lossy(&b).as_ref()),
+        (200, "members only")
+    );
+    let out = std::process::Command::new(bin())
+        .args(["deploy", "static", dir, "--host", host, "--name", "www"])
+        .args(["--auth", "basic", "--key", &owner, "--url", base])
+        .env_remove("MESHGATE_KEY")
+        .env_remove("MESHGATE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("INVALID_POLICY"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/www/versions", None);
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 1, "{b}");
 }

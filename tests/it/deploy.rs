@@ -8,6 +8,7 @@
 use crate::common::*;
 
 mod balance;
+mod compress;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use futures_util::{SinkExt as _, StreamExt as _};
 use std::io::{Read, Write};

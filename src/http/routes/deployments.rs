@@ -101,6 +101,10 @@ struct UpstreamJson {
     /// The active health check.
     #[serde(default)]
     health: Option<HealthSpec>,
+    /// Gzip of answers the upstream did not encode: `true` (the default)
+    /// or `false`; any other value is 400 `INVALID_UPSTREAM`.
+    #[serde(default)]
+    compress: Option<serde_json::Value>,
 }
 
 /// One of [`UpstreamJson`]'s instances.
@@ -233,6 +237,16 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
         &up.balance,
         up.health.as_ref(),
     )?;
+    let compress = match up.compress {
+        None => true,
+        Some(serde_json::Value::Bool(b)) => b,
+        Some(other) => {
+            return Err(bad(
+                Code::InvalidUpstream,
+                format!("upstream.compress is true or false, not {other}"),
+            ));
+        }
+    };
     let mut routes = validate_routes(c.routes)?;
     crate::deploy::route_policy::apply_default(&mut routes, c.policy)?;
     Ok(NewDeployment {
@@ -244,6 +258,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
             weights,
             balance: up.balance,
             health: up.health,
+            compress,
         },
         blobs: Vec::new(),
     })

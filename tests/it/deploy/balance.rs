@@ -479,3 +479,44 @@ fn hash_on_the_client_address_keeps_each_client() {
     }
     assert!(seen.len() >= 2, "ten clients all on {seen:?}");
 }
+
+/// An `https://` instance is checked over TLS, not by its TCP connect: a
+/// listener that answers plain HTTP (and would pass a TCP check) is taken
+/// out with no status, while the plain-HTTP instance beside it passes.
+#[test]
+fn https_instances_are_checked_over_tls_not_by_a_tcp_connect() {
+    let node = proxy_node();
+    let key = node.create_namespace("lbtls");
+    let (plain, not_tls) = (
+        Counted::start("plain", Duration::ZERO),
+        Counted::start("not-tls", Duration::ZERO),
+    );
+    let https = not_tls.url.replacen("http://", "https://", 1);
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "tls", "hosts": ["tls.lb.test"],
+            "upstream": {
+                "instances": [plain.url, https],
+                "health": {"path": "/healthz", "interval_ms": 100, "timeout_ms": 500,
+                           "healthy_threshold": 1, "unhealthy_threshold": 1}
+            }
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    wait_for(&node, &key, "tls", "the https instance checked out", |v| {
+        let i = &v["target"]["instances"];
+        i[0]["check"]["last_status"] == 200
+            && i[1]["check"]["healthy"] == false
+            && i[1]["check"]["last_check_ms"].is_u64()
+    });
+    let (_, body) = node.with_key(&key, "GET", "/v1/deployments/tls", None);
+    let v = json(&body);
+    let i = &v["target"]["instances"];
+    assert_eq!(i[1]["check"]["last_status"], serde_json::Value::Null, "{v}");
+    assert_eq!(i[1]["healthy"], false, "{v}");
+    assert_eq!(i[0]["healthy"], true, "{v}");
+    // The plain-HTTP check of the other listener never saw an HTTP request.
+    assert_eq!(not_tls.checks.load(Ordering::SeqCst), 0);
+}

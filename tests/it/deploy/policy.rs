@@ -522,3 +522,176 @@ fn a_static_site_takes_a_policy_part() {
     );
     assert_eq!((s, b.as_slice()), (200, b"members only".as_slice()));
 }
+
+/// A WebSocket upstream: on each upgrade it sends one text frame, what it
+/// saw (path with query, the subject header, `Authorization`), then closes.
+fn ws_seen_upstream() -> String {
+    async fn seen_ws(
+        req: HttpRequest,
+        body: web::Payload,
+    ) -> actix_web::Result<HttpResponse> {
+        let h = |n: &str| {
+            req.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let saw = serde_json::json!({
+            "path": req.uri().path_and_query().map(|p| p.as_str()).unwrap_or(""),
+            "subject": h("x-meshgate-subject"),
+            "authorization": h("authorization"),
+        })
+        .to_string();
+        let (resp, mut session, _stream) = actix_ws::handle(&req, body)?;
+        actix_web::rt::spawn(async move {
+            let _ = session.text(saw).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let _ = session.close(None).await;
+        });
+        Ok(resp)
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            let srv = HttpServer::new(|| App::new().default_service(web::to(seen_ws)))
+                .workers(1)
+                .bind("127.0.0.1:0")
+                .unwrap();
+            tx.send(srv.addrs()[0].to_string()).unwrap();
+            srv.run().await.unwrap();
+        });
+    });
+    format!("http://{}", rx.recv_timeout(Duration::from_secs(10)).unwrap())
+}
+
+/// A WebSocket upgrade through `node` to `host` `path`: the status, and on
+/// 101 the upstream's first text frame as JSON.
+async fn ws_through(node: &TestNode, host: &str, path: &str) -> (u16, serde_json::Value) {
+    use futures_util::StreamExt as _;
+    let addr: std::net::SocketAddr = node.addr.parse().unwrap();
+    match awc::Client::new()
+        .ws(format!("ws://{host}:{}{path}", addr.port()))
+        .address(addr)
+        .connect()
+        .await
+    {
+        Ok((res, mut sock)) => {
+            let f = tokio::time::timeout(Duration::from_secs(10), sock.next())
+                .await
+                .expect("a frame from the upstream")
+                .expect("a frame")
+                .expect("a good frame");
+            let awc::ws::Frame::Text(t) = f else {
+                panic!("unexpected frame {f:?}")
+            };
+            (
+                res.status().as_u16(),
+                json(&String::from_utf8_lossy(&t)),
+            )
+        }
+        Err(awc::error::WsClientError::InvalidResponseStatus(s)) => {
+            (s.as_u16(), serde_json::Value::Null)
+        }
+        Err(e) => panic!("upgrade failed: {e}"),
+    }
+}
+
+/// On a route with `auth`, a WebSocket upgrade may bring its credential as
+/// `?token=` (browsers cannot set headers on a WebSocket): without one 401,
+/// a bad one 401, a good one 101 and the upstream sees the subject and no
+/// token in its query (unless `forward_credentials`). A plain request's
+/// `?token=` is no credential.
+#[actix_rt::test]
+async fn websocket_upgrades_take_a_query_token() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polws");
+    let up = ws_seen_upstream();
+    let (key, _) = key_with(&node, &owner, "ws", &["deployments:read:*"]);
+    let (token, sub) = jwt_for(&node, &key);
+    let (s, v) = deploy_json(
+        &node,
+        &owner,
+        serde_json::json!({
+            "name": "sock", "hosts": ["polws.test"],
+            "upstream": {"instances": [up]},
+            "policy": {"auth": "jwt"},
+            "routes": [
+                {"path_prefix": "/"},
+                {"path_prefix": "/keyed", "policy": {"auth": "api_key"}},
+                {"path_prefix": "/fwd", "policy": {"auth": "any", "forward_credentials": true}}
+            ]
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let host = "polws.test";
+    assert_eq!(ws_through(&node, host, "/ws?a=1").await.0, 401);
+    assert_eq!(ws_through(&node, host, "/ws?token=garbage").await.0, 401);
+    assert_eq!(ws_through(&node, host, "/ws?token=").await.0, 401);
+    // An API key as ?token= on a jwt route is the wrong kind: 401.
+    assert_eq!(
+        ws_through(&node, host, &format!("/ws?token={key}")).await.0,
+        401
+    );
+    let (s, saw) = ws_through(&node, host, &format!("/ws?a=1&token={token}&b=2")).await;
+    assert_eq!(s, 101);
+    assert_eq!(saw["path"], "/ws?a=1&b=2", "{saw}");
+    assert_eq!(saw["subject"], sub.as_str(), "{saw}");
+    assert_eq!(saw["authorization"], serde_json::Value::Null, "{saw}");
+    let (s, saw) = ws_through(&node, host, &format!("/ws?token={token}")).await;
+    assert_eq!((s, saw["path"].as_str()), (101, Some("/ws")), "{saw}");
+    // An API key on an api_key route.
+    let (s, saw) = ws_through(&node, host, &format!("/keyed/ws?token={key}")).await;
+    assert_eq!((s, saw["path"].as_str()), (101, Some("/keyed/ws")), "{saw}");
+    // forward_credentials: the token stays in the query.
+    let (s, saw) = ws_through(&node, host, &format!("/fwd/ws?token={token}&a=1")).await;
+    assert_eq!(s, 101);
+    assert_eq!(
+        saw["path"].as_str(),
+        Some(format!("/fwd/ws?token={token}&a=1").as_str()),
+        "{saw}"
+    );
+    assert_eq!(saw["subject"], sub.as_str(), "{saw}");
+    // Not an upgrade: ?token= is no credential.
+    let (s, _, b) = via(&node, host, "GET", &format!("/x?token={token}"), &[], None);
+    assert_eq!((s, code(&b).as_str()), (401, "MISSING_CREDENTIAL"));
+}
+
+/// A route's bucket lives with the deployment's version in the index: it
+/// is not refilled when another deployment changes (the index is rebuilt),
+/// and a new version of its own deployment starts with a full one.
+#[test]
+fn route_buckets_survive_other_changes_and_refill_with_a_new_version() {
+    let node = proxy_node();
+    let owner = node.create_namespace("polbucket");
+    let up = HeaderEcho::start();
+    let limited = serde_json::json!({
+        "name": "svc", "hosts": ["polbucket.test"],
+        "upstream": {"instances": [up.url()]},
+        "policy": {"rate_limit": {"requests_per_second": 1, "burst": 30}}
+    });
+    let (s, v) = deploy_json(&node, &owner, limited.clone());
+    assert_eq!(s, 201, "{v}");
+    let host = "polbucket.test";
+    let get = || via(&node, host, "GET", "/x", &[], None).0;
+    for i in 0..20 {
+        assert_eq!(get(), 200, "request {i} within the burst");
+    }
+    // Another deployment: the index is rebuilt, this bucket kept (about 10
+    // tokens left, plus one a second since).
+    let (s, v) = deploy_json(
+        &node,
+        &owner,
+        serde_json::json!({"name": "other", "hosts": ["polother.test"],
+            "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let passed = (0..15).take_while(|_| get() == 200).count();
+    assert!(passed < 15, "the bucket was refilled by another deployment's change");
+    assert_eq!(get(), 429);
+    // A new version of this deployment: a full bucket.
+    let (s, v) = deploy_json(&node, &owner, limited);
+    assert_eq!(s, 201, "{v}");
+    for i in 0..25 {
+        assert_eq!(get(), 200, "request {i} of the new version");
+    }
+}

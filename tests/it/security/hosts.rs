@@ -214,6 +214,7 @@ fn hosts_cannot_shadow_a_cluster_even_from_an_old_record() {
             weights: vec![],
             balance: Default::default(),
             health: None,
+            compress: true,
         },
         created_at: 0,
     };

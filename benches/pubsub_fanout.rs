@@ -236,7 +236,9 @@ async fn fanout(
         let mut ev = NatsEvents::default();
         publisher
             .read_frames(|op, d| match t.server {
-                Server::Meshgate if op == 0x1 && d.starts_with(b"{\"id\"") && memchr_ok(d) => {
+                // An answer to a publish (a history topic's has `epoch` and
+                // `offset` too, and its keys come in name order).
+                Server::Meshgate if op == 0x1 && is_answer(d) && memchr_ok(d) => {
                     acks += 1;
                 }
                 Server::Nats => parser.feed(d, &mut ev),
@@ -275,6 +277,10 @@ async fn fanout(
 }
 
 /// Whether an ack frame says ok (a refused publish would be an error).
+fn is_answer(d: &[u8]) -> bool {
+    d.starts_with(b"{") && d.windows(5).any(|w| w == b"\"id\":")
+}
+
 fn memchr_ok(d: &[u8]) -> bool {
     let ok = d.windows(9).any(|w| w == b"\"ok\":true");
     if !ok {

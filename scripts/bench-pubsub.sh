@@ -15,14 +15,20 @@ if ! command -v nats-server >/dev/null 2>&1; then
 fi
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-cargo build --release --bin meshgate
-cargo bench --bench pubsub_fanout --no-run
+# BENCH_FEATURES (e.g. "--features cluster") must match the build whose
+# artefacts are reused; MESHGATE_BENCH_BIN: a node binary built elsewhere.
+# shellcheck disable=SC2086
+[ -n "${MESHGATE_BENCH_BIN:-}" ] || cargo build --release ${BENCH_FEATURES:-} --bin meshgate
+# shellcheck disable=SC2086
+cargo bench ${BENCH_FEATURES:-} --bench pubsub_fanout --no-run
 
 WORK="$(mktemp -d)"
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    # The node's log outlives the run when asked (KEEP_LOG=path).
+    [ -z "${KEEP_LOG:-}" ] || cp "$WORK/mg.log" "$KEEP_LOG" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -82,4 +88,4 @@ curl -sf -X PUT "http://127.0.0.1:$MG_PORT/v1/namespaces/bench/pubsub" \
 
 MG_ADDR="127.0.0.1:$MG_PORT" MG_KEY="$MG_KEY" MG_PID="$MG_PID" \
 NATS_ADDR="127.0.0.1:$NATS_WS_PORT" NATS_PID="$NATS_PID" \
-    timeout 240 cargo bench --bench pubsub_fanout
+    timeout 240 cargo bench ${BENCH_FEATURES:-} --bench pubsub_fanout

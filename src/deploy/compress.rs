@@ -325,7 +325,10 @@ mod tests {
             .to_http_request();
         let plain = TestRequest::get().to_http_request();
         assert_eq!(decide(&gz, &answer("text/plain", BIG)), Decision::Gzip);
-        assert_eq!(decide(&plain, &answer("text/plain", BIG)), Decision::VaryOnly);
+        assert_eq!(
+            decide(&plain, &answer("text/plain", BIG)),
+            Decision::VaryOnly
+        );
         assert_eq!(decide(&gz, &answer("text/plain", b"small")), Decision::Keep);
         assert_eq!(decide(&gz, &answer("image/png", BIG)), Decision::Keep);
         let head = TestRequest::default()

@@ -209,7 +209,8 @@ mod tests {
     /// trust, or a listener that does not speak TLS, fails it (no status).
     #[tokio::test]
     async fn https_instances_are_checked_over_tls() {
-        let spec: HealthSpec = serde_json::from_value(serde_json::json!({"path": "/healthz"})).unwrap();
+        let spec: HealthSpec =
+            serde_json::from_value(serde_json::json!({"path": "/healthz"})).unwrap();
         let (ok, trusting) = tls_answering("200 OK").await;
         let (bad, trusting_bad) = tls_answering("503 No").await;
         let plain = {
@@ -219,7 +220,9 @@ mod tests {
                 while let Ok((mut s, _)) = l.accept().await {
                     let mut b = [0u8; 1024];
                     let _ = s.read(&mut b).await;
-                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                        .await;
                 }
             });
             port
@@ -233,7 +236,10 @@ mod tests {
             1,
             Duration::ZERO,
         );
-        assert_eq!(check_with(&p, 0, &spec, trusting.clone()).await, (true, 200));
+        assert_eq!(
+            check_with(&p, 0, &spec, trusting.clone()).await,
+            (true, 200)
+        );
         assert_eq!(check_with(&p, 1, &spec, trusting_bad).await, (false, 503));
         // The proxy's own config (public roots): the self-signed one fails.
         assert_eq!(check(&p, 0, &spec).await, (false, 0));

@@ -290,42 +290,40 @@ impl Deployments {
             else {
                 continue;
             };
-            let serve =
-                match &ver.target {
-                    TargetSpec::Static { files, .. } => Serve::Static(Arc::new(files.clone())),
-                    TargetSpec::Upstream {
-                        instances,
-                        weights,
-                        balance,
-                        health,
-                        compress,
-                    } => {
-                        let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
-                        live.insert(key.clone());
-                        let pool =
-                            self.pools
-                                .lock()
-                                .entry(key)
-                                .or_insert_with(|| {
-                                    let p =
-                                        Arc::new(
-                                            UpstreamPool::new(
-                                                instances,
-                                                self.egress.clone(),
-                                                self.config.unhealthy_after_failures,
-                                                Duration::from_secs(self.config.unhealthy_seconds),
-                                            )
-                                            .with_balancing(weights, balance, health.clone())
-                                            .with_compress(*compress),
-                                        );
-                                    // One checker per pool: per deployment version and node.
-                                    health::start(&p);
-                                    p
-                                })
-                                .clone();
-                        Serve::Upstream(pool)
-                    }
-                };
+            let serve = match &ver.target {
+                TargetSpec::Static { files, .. } => Serve::Static(Arc::new(files.clone())),
+                TargetSpec::Upstream {
+                    instances,
+                    weights,
+                    balance,
+                    health,
+                    compress,
+                } => {
+                    let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
+                    live.insert(key.clone());
+                    let pool = self
+                        .pools
+                        .lock()
+                        .entry(key)
+                        .or_insert_with(|| {
+                            let p = Arc::new(
+                                UpstreamPool::new(
+                                    instances,
+                                    self.egress.clone(),
+                                    self.config.unhealthy_after_failures,
+                                    Duration::from_secs(self.config.unhealthy_seconds),
+                                )
+                                .with_balancing(weights, balance, health.clone())
+                                .with_compress(*compress),
+                            );
+                            // One checker per pool: per deployment version and node.
+                            health::start(&p);
+                            p
+                        })
+                        .clone();
+                    Serve::Upstream(pool)
+                }
+            };
             let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
             let buckets = self
                 .buckets
@@ -1003,7 +1001,7 @@ mod tests {
             weights: vec![],
             balance: Default::default(),
             health: None,
-                compress: true,
+            compress: true,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();

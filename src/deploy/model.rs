@@ -587,10 +587,9 @@ mod tests {
             panic!()
         };
         assert!(weights.is_empty() && balance == Balance::RoundRobin && health.is_none());
-        let TargetSpec::Upstream { compress, .. } = serde_json::from_str(
-            r#"{"kind":"upstream","instances":["http://a:1"]}"#,
-        )
-        .unwrap() else {
+        let TargetSpec::Upstream { compress, .. } =
+            serde_json::from_str(r#"{"kind":"upstream","instances":["http://a:1"]}"#).unwrap()
+        else {
             panic!()
         };
         assert!(compress, "a record of before compression compresses");
@@ -604,7 +603,13 @@ mod tests {
         let text = serde_json::to_string(&off).unwrap();
         assert!(text.contains(r#""compress":false"#), "{text}");
         let back: TargetSpec = serde_json::from_str(&text).unwrap();
-        assert!(matches!(back, TargetSpec::Upstream { compress: false, .. }));
+        assert!(matches!(
+            back,
+            TargetSpec::Upstream {
+                compress: false,
+                ..
+            }
+        ));
     }
 
     /// Only http(s) instances with a host and no path are accepted.

@@ -157,8 +157,7 @@ async fn check(
     if let Some(rl) = &policy.rate_limit
         && rl.key == RateKey::Subject
     {
-        limit(node, bound, &format!("sub:{}", id.subject))
-            .map_err(|e| e.error_response_owned())?;
+        limit(node, bound, &format!("sub:{}", id.subject)).map_err(|e| e.error_response_owned())?;
     }
     let mut headers = vec![
         (rp::H_NAMESPACE, bound.namespace.clone()),

@@ -32,6 +32,58 @@ use std::time::{Duration, Instant};
 /// Client frames whose answers may be pending at once; past it the session
 /// stops reading until the oldest answer is in.
 pub const MAX_IN_FLIGHT: usize = 256;
+
+/// Whether the session reads its client's frames: closed while more than
+/// [`MAX_IN_FLIGHT`] answers are pending, opened again once half of them
+/// are out. Pausing the *stream* (rather than the actor with `ctx.wait`)
+/// lets every pending answer go on meanwhile: a pipelined burst of history
+/// publishes (answered once stored) is stored in a few batches, not one
+/// store write per frame.
+#[derive(Clone, Default)]
+struct Gate(Rc<GateState>);
+
+#[derive(Default)]
+struct GateState {
+    closed: std::cell::Cell<bool>,
+    waker: std::cell::RefCell<Option<std::task::Waker>>,
+}
+
+impl Gate {
+    fn close(&self) {
+        self.0.closed.set(true);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.closed.get()
+    }
+
+    fn open(&self) {
+        self.0.closed.set(false);
+        if let Some(w) = self.0.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+/// The client's frames, read only while the [`Gate`] is open.
+struct Gated<S> {
+    inner: S,
+    gate: Gate,
+}
+
+impl<S: futures_util::Stream + Unpin> futures_util::Stream for Gated<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        if self.gate.is_closed() {
+            *self.gate.0.waker.borrow_mut() = Some(cx.waker().clone());
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_next(cx)
+    }
+}
 /// Topics one `/v1/ws` connection may subscribe to.
 pub const MAX_TOPICS_PER_CONNECTION: usize = 1000;
 
@@ -74,6 +126,8 @@ pub struct WsSession {
     /// This socket and its subscriptions, counted against the namespace's
     /// quotas; given back when the session is dropped.
     quota: crate::quota::LiveHold,
+    /// Closed while too many answers are pending: no frame is read.
+    gate: Gate,
 }
 
 impl WsSession {
@@ -98,6 +152,7 @@ impl WsSession {
             releases: Default::default(),
             base: 0,
             quota,
+            gate: Gate::default(),
         }
     }
 
@@ -108,6 +163,10 @@ impl WsSession {
             .max_frame_size(max)
             .aggregate_continuations()
             .max_continuation_size(max);
+        let stream = Gated {
+            inner: stream,
+            gate: self.gate.clone(),
+        };
         WsSession::create(move |ctx| {
             ctx.add_stream(stream);
             self
@@ -172,6 +231,9 @@ impl WsSession {
                 }
             }
         }
+        if self.gate.is_closed() && self.slots.len() <= MAX_IN_FLIGHT / 2 {
+            self.gate.open();
+        }
     }
 
     /// Runs a frame's answer future; the slot keeps its place in the order.
@@ -179,11 +241,10 @@ impl WsSession {
         let f = fut
             .into_actor(self)
             .map(move |frame, act, _| act.fill(seq, frame));
+        ctx.spawn(f);
         if self.slots.len() > MAX_IN_FLIGHT {
-            // Back-pressure: read no further frame until this one is answered.
-            ctx.wait(f);
-        } else {
-            ctx.spawn(f);
+            // Back-pressure: read no further frame until half are answered.
+            self.gate.close();
         }
     }
 

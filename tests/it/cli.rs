@@ -330,10 +330,7 @@ fn cli_deploy_static_with_a_policy() {
         serde_json::json!(["deployments:read:www"]),
         "{out:#}"
     );
-    assert_eq!(
-        policy["rate_limit"]["requests_per_second"], 1000,
-        "{out:#}"
-    );
+    assert_eq!(policy["rate_limit"]["requests_per_second"], 1000, "{out:#}");
     wait_until(Duration::from_secs(10), "the host asks for a key", || {
         routed(&node, host).0 == 401
     });

@@ -353,10 +353,7 @@ fn bad_compress_values_are_refused_and_store_nothing() {
         assert_eq!(s, 400, "{bad}: {v}");
         assert_eq!(v["error"]["code"], "INVALID_UPSTREAM", "{bad}: {v}");
         assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("compress"),
+            v["error"]["message"].as_str().unwrap().contains("compress"),
             "{v}"
         );
     }

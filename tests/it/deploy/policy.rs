@@ -526,10 +526,7 @@ fn a_static_site_takes_a_policy_part() {
 /// A WebSocket upstream: on each upgrade it sends one text frame, what it
 /// saw (path with query, the subject header, `Authorization`), then closes.
 fn ws_seen_upstream() -> String {
-    async fn seen_ws(
-        req: HttpRequest,
-        body: web::Payload,
-    ) -> actix_web::Result<HttpResponse> {
+    async fn seen_ws(req: HttpRequest, body: web::Payload) -> actix_web::Result<HttpResponse> {
         let h = |n: &str| {
             req.headers()
                 .get(n)
@@ -561,7 +558,10 @@ fn ws_seen_upstream() -> String {
             srv.run().await.unwrap();
         });
     });
-    format!("http://{}", rx.recv_timeout(Duration::from_secs(10)).unwrap())
+    format!(
+        "http://{}",
+        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    )
 }
 
 /// A WebSocket upgrade through `node` to `host` `path`: the status, and on
@@ -584,10 +584,7 @@ async fn ws_through(node: &TestNode, host: &str, path: &str) -> (u16, serde_json
             let awc::ws::Frame::Text(t) = f else {
                 panic!("unexpected frame {f:?}")
             };
-            (
-                res.status().as_u16(),
-                json(&String::from_utf8_lossy(&t)),
-            )
+            (res.status().as_u16(), json(&String::from_utf8_lossy(&t)))
         }
         Err(awc::error::WsClientError::InvalidResponseStatus(s)) => {
             (s.as_u16(), serde_json::Value::Null)
@@ -686,7 +683,10 @@ fn route_buckets_survive_other_changes_and_refill_with_a_new_version() {
     );
     assert_eq!(s, 201, "{v}");
     let passed = (0..15).take_while(|_| get() == 200).count();
-    assert!(passed < 15, "the bucket was refilled by another deployment's change");
+    assert!(
+        passed < 15,
+        "the bucket was refilled by another deployment's change"
+    );
     assert_eq!(get(), 429);
     // A new version of this deployment: a full bucket.
     let (s, v) = deploy_json(&node, &owner, limited);

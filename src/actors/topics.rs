@@ -268,8 +268,18 @@ impl NamespaceSupervisor {
                     return;
                 };
                 let adopted = match res {
-                    Ok(Stored::Tail(m, tail)) => match &rule {
-                        Some(rule) => h.extend(&topic, &m.epoch, tail, rule, &caps),
+                    Ok(Stored::Tail(m, mut tail)) => match &rule {
+                        Some(rule) => {
+                            // Judged against the copy as it is now.
+                            let top = h.meta(&topic).filter(|c| c.epoch == m.epoch).map(|c| c.top);
+                            if let Some(top) = top {
+                                if tail.iter().any(|e| e.offset <= top) {
+                                    tracing::debug!(namespace = %act.name, topic = %topic, top, "A catch-up read publications this node already holds.");
+                                }
+                                tail.retain(|e| e.offset > top);
+                            }
+                            h.extend(&topic, &m.epoch, tail, rule, &caps)
+                        }
                         None => crate::pubsub::history::Adopted {
                             new: tail,
                             broken: false,

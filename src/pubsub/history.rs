@@ -812,7 +812,7 @@ impl NsHistory {
         data: &Bytes,
         rule: &HistoryRule,
         caps: &HistoryCaps,
-    ) {
+    ) -> bool {
         let t = self
             .topics
             .entry(topic.to_string())
@@ -824,6 +824,13 @@ impl NsHistory {
                 entries: VecDeque::new(),
                 bytes: 0,
             });
+        // Held already: never kept (or delivered) twice.
+        if t.meta.epoch == epoch
+            && offset <= t.meta.top
+            && t.entries.back().is_some_and(|e| e.offset >= offset)
+        {
+            return false;
+        }
         t.meta = Meta {
             epoch: epoch.to_string(),
             top: offset,
@@ -841,6 +848,7 @@ impl NsHistory {
             timestamp.saturating_sub(rule.ttl_seconds * 1000),
         );
         self.trim_bytes(caps.max_bytes);
+        true
     }
 
     /// A publication of another node, received from the mesh with its
@@ -923,13 +931,11 @@ impl NsHistory {
         rule: &HistoryRule,
         caps: &HistoryCaps,
     ) -> Adopted {
-        for e in &entries {
-            self.append_at(topic, epoch, e.offset, e.timestamp, &e.data, rule, caps);
-        }
-        Adopted {
-            new: entries,
-            broken: false,
-        }
+        let new: Vec<Entry> = entries
+            .into_iter()
+            .filter(|e| self.append_at(topic, epoch, e.offset, e.timestamp, &e.data, rule, caps))
+            .collect();
+        Adopted { new, broken: false }
     }
 
     /// The topics given an epoch here by [`position_or_create`](Self::position_or_create)

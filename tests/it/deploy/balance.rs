@@ -258,9 +258,33 @@ fn active_checks_take_instances_out_and_back() {
     });
     b.healthy.store(false, Ordering::SeqCst);
     wait_for(&node, &key, "hc", "b out", check_healthy(1, false));
+    // Each node checks for itself (the whole cluster in cluster mode): b
+    // is out on every node, and no node sends it a request.
+    let bases = node.every_base();
+    for base in &bases {
+        wait_until(Duration::from_secs(20), &format!("b out on {base}"), || {
+            let (_, _, m) = http("GET", &format!("{base}/metrics"), &[OPERATOR_AUTH], None);
+            String::from_utf8_lossy(&m).lines().any(|l| {
+                l.starts_with("meshgate_upstream_healthy{")
+                    && l.contains("deployment=\"hc\"")
+                    && l.contains(&format!("instance=\"{}\"", b.url))
+                    && l.ends_with(" 0")
+            })
+        });
+    }
     let before = b.served();
     for _ in 0..30 {
         assert_eq!(who(&node, "hc.lb.test", &[]), "a");
+    }
+    for base in &bases {
+        for _ in 0..10 {
+            let (s, _, body) = http("GET", &format!("{base}/"), &[("host", "hc.lb.test")], None);
+            assert_eq!(
+                (s, String::from_utf8_lossy(&body).as_ref()),
+                (200, "a"),
+                "through {base}"
+            );
+        }
     }
     assert_eq!(b.served(), before, "a request reached the failing instance");
     let (_, body) = node.with_key(&key, "GET", "/v1/deployments/hc", None);
@@ -292,8 +316,12 @@ fn active_checks_take_instances_out_and_back() {
     assert!(b.checks.load(Ordering::SeqCst) >= 3);
     // No check reaches the instances once the checker is stopped (the
     // first wait lets a check already under way land).
+    // On a cluster the other nodes' checkers stop when their routing index
+    // follows the change (each node polls the deployments' generation every
+    // second).
+    let settle = if cluster_mode() { 1800 } else { 300 };
     let no_more_checks = |why: &str| {
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(settle));
         let n = b.checks.load(Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(600));
         assert_eq!(b.checks.load(Ordering::SeqCst), n, "checks after {why}");

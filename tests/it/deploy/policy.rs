@@ -196,6 +196,41 @@ fn policy_routes_authenticate_and_vouch_for_the_caller() {
     assert_eq!(u["x-meshgate-key-name"], serde_json::Value::Null);
     assert_eq!(u["authorization"], serde_json::Value::Null);
     assert_eq!(u["x-api-key"], serde_json::Value::Null);
+    // The policy holds on every node (the whole cluster in cluster mode).
+    for base in node.every_base() {
+        let url = format!("{base}/x");
+        // A deployment routes on every node within about a second.
+        wait_until(
+            Duration::from_secs(10),
+            &format!("the host routed by {base}"),
+            || http("GET", &url, &[("host", host)], None).0 != 404,
+        );
+        let (s, _, _) = http("GET", &url, &[("host", host)], None);
+        assert_eq!(s, 401, "no token through {base}");
+        let (s, _, b) = http(
+            "GET",
+            &url,
+            &[("host", host), ("authorization", &bearer(&weak_jwt))],
+            None,
+        );
+        assert_eq!(
+            (s, code(&b).as_str()),
+            (403, "MISSING_GRANT"),
+            "through {base}"
+        );
+        let (s, _, b) = http(
+            "GET",
+            &url,
+            &[("host", host), ("authorization", &bearer(&good_jwt))],
+            None,
+        );
+        assert_eq!(s, 200, "through {base}");
+        assert_eq!(
+            seen(&b)["x-meshgate-subject"],
+            good_sub.as_str(),
+            "through {base}"
+        );
+    }
     // The deployment's activity ring names the verified subject (the ring is
     // per node: in cluster mode the request and the read meet other nodes).
     if !crate::common::cluster_mode() {

@@ -1248,30 +1248,18 @@ mod tests {
         let mut h = NsHistory::load("ns", Vec::new());
         let r = rule(100);
         let d = Bytes::from_static(b"x");
-        assert_eq!(
-            h.apply_replica("chat.1", "e1", 2, 1, &d, &r, &CAPS),
-            ReplicaStep::Behind
-        );
-        assert_eq!(
-            h.apply_replica("chat.1", "e1", 1, 1, &d, &r, &CAPS),
-            ReplicaStep::Appended
-        );
-        assert_eq!(
-            h.apply_replica("chat.1", "e1", 2, 1, &d, &r, &CAPS),
-            ReplicaStep::Appended
-        );
-        assert_eq!(
-            h.apply_replica("chat.1", "e1", 2, 1, &d, &r, &CAPS),
-            ReplicaStep::Duplicate
-        );
-        assert_eq!(
-            h.apply_replica("chat.1", "e1", 4, 1, &d, &r, &CAPS),
-            ReplicaStep::Behind
-        );
-        assert_eq!(
-            h.apply_replica("chat.1", "e2", 3, 1, &d, &r, &CAPS),
-            ReplicaStep::Behind
-        );
+        use ReplicaStep::{Appended, Behind, Duplicate};
+        for (epoch, offset, step) in [
+            ("e1", 2, Behind),
+            ("e1", 1, Appended),
+            ("e1", 2, Appended),
+            ("e1", 2, Duplicate),
+            ("e1", 4, Behind),
+            ("e2", 3, Behind),
+        ] {
+            let got = h.apply_replica("chat.1", epoch, offset, 1, &d, &r, &CAPS);
+            assert_eq!(got, step, "{epoch} {offset}");
+        }
         let entry = |o| Entry {
             offset: o,
             timestamp: 1,

@@ -122,15 +122,6 @@ fn set_rules(node: &TestNode, ns: &str) {
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
 }
 
-fn metric(node: &TestNode, name: &str) -> f64 {
-    let (_, _, b) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
-    String::from_utf8_lossy(&b)
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Three nodes, history topics:
 /// - 90 publications racing through the three nodes get 2..=91, each once,
 ///   and reach a subscriber on every node in offset order;
@@ -159,7 +150,7 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !nodes
         .iter()
-        .all(|n| metric(n, "meshgate_mesh_peers") >= 2.0)
+        .all(|n| n.metric_sum("meshgate_mesh_peers") >= 2.0)
     {
         assert!(Instant::now() < deadline, "the mesh never formed");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -321,7 +312,7 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
         next(&mut on_c, Duration::from_secs(20)).await,
         Got::Closed(4011)
     );
-    assert!(metric(&nodes[2], "meshgate_history_insufficient_state_total") >= 1.0);
+    assert!(nodes[2].metric_sum("meshgate_history_insufficient_state_total") >= 1.0);
     let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((55, &epoch))).await;
     assert_eq!(
         (e.as_str(), recovered.as_deref()),

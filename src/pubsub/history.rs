@@ -592,8 +592,11 @@ impl NsHistory {
         Some((t.meta, t.entries.into()))
     }
 
-    /// Appends a publication to `topic` under `rule`; returns its position.
-    /// Trims the topic by size and age and the namespace by bytes.
+    /// Appends a publication to `topic` under `rule` as the only writer of
+    /// the store would (the next offset of this copy, its rows queued in
+    /// `pending`); returns its position. The node sequences through
+    /// [`plan_sequence`] instead; this is the unit tests' way to fill a copy.
+    #[cfg(test)]
     pub fn append(
         &mut self,
         topic: &str,
@@ -602,47 +605,25 @@ impl NsHistory {
         timestamp: u64,
         caps: &HistoryCaps,
     ) -> Position {
-        let ns = self.ns.clone();
-        let t = self
-            .topics
-            .entry(topic.to_string())
-            .or_insert_with(|| TopicHistory {
-                meta: Meta {
-                    epoch: new_epoch(),
-                    top: 0,
-                },
-                entries: VecDeque::new(),
-                bytes: 0,
-            });
-        t.meta.top += 1;
-        let offset = t.meta.top;
+        let mut meta = self.meta(topic).unwrap_or_else(|| Meta {
+            epoch: new_epoch(),
+            top: 0,
+        });
+        meta.top += 1;
         let mut value = Vec::with_capacity(8 + data.len());
         value.extend_from_slice(&timestamp.to_be_bytes());
         value.extend_from_slice(data);
         self.pending
-            .push(BatchOp::Put(pub_key(&ns, topic, offset), value));
-        t.entries.push_back(Entry {
-            offset,
-            timestamp,
-            data: data.clone(),
-        });
-        t.bytes += data.len() as u64;
-        self.bytes += data.len() as u64;
-        let position = Position {
-            offset,
-            epoch: t.meta.epoch.clone(),
-        };
+            .push(BatchOp::Put(pub_key(&self.ns, topic, meta.top), value));
         self.pending.push(BatchOp::Put(
-            meta_key(&ns, topic),
-            serde_json::to_vec(&t.meta).unwrap_or_default(),
+            meta_key(&self.ns, topic),
+            serde_json::to_vec(&meta).unwrap_or_default(),
         ));
-        self.trim_topic(
-            topic,
-            rule.size,
-            timestamp.saturating_sub(rule.ttl_seconds * 1000),
-        );
-        self.trim_bytes(caps.max_bytes);
-        position
+        self.append_at(topic, &meta.epoch, meta.top, timestamp, data, rule, caps);
+        Position {
+            offset: meta.top,
+            epoch: meta.epoch,
+        }
     }
 
     /// Drops the topic's publications beyond `size` or older than `oldest_ms`.

@@ -187,6 +187,17 @@ pub(crate) fn deploy_json(
     (s, json(&b))
 }
 
+/// Deploys `web` on `host` with the one upstream `url` (201 asserted): the
+/// proxied route the tracing and telemetry tests drive.
+pub(crate) fn deploy_web(node: &TestNode, key: &str, host: &str, url: &str) {
+    let (s, v) = deploy_json(
+        node,
+        key,
+        serde_json::json!({"name": "web", "hosts": [host], "upstream": {"instances": [url]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+}
+
 /// GET through the node with a Host header.
 pub(crate) fn via(
     node: &TestNode,

@@ -3,7 +3,7 @@
 //! trace context, through a real node and an upstream on 127.0.0.1.
 
 use crate::common::*;
-use crate::deploy::{Upstream, deploy_json, proxy_node, via};
+use crate::deploy::{Upstream, deploy_json, deploy_web, proxy_node, via};
 use std::collections::HashMap;
 
 /// The samples of a Prometheus text exposition, each by its name and
@@ -263,15 +263,7 @@ fn trace_context_reaches_the_upstream_and_the_logs() {
     });
     let key = node.create_namespace("trc");
     let up = Upstream::start("one");
-    let (s, v) = deploy_json(
-        &node,
-        &key,
-        serde_json::json!({
-            "name": "web", "hosts": ["trc.test"],
-            "upstream": {"instances": [up.url()]}
-        }),
-    );
-    assert_eq!(s, 201, "{v}");
+    deploy_web(&node, &key, "trc.test", &up.url());
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
     let sent = format!("00-{trace}-{parent}-01");

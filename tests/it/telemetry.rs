@@ -6,7 +6,7 @@
 //! costs no request; a bad endpoint is refused at start-up.
 
 use crate::common::*;
-use crate::deploy::{Upstream, deploy_json, loopback_config, via};
+use crate::deploy::{Upstream, deploy_json, deploy_web, loopback_config, via};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
@@ -172,15 +172,7 @@ fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
     });
     let key = node.create_namespace("otl");
     let up = Upstream::start("one");
-    let (s, v) = deploy_json(
-        &node,
-        &key,
-        serde_json::json!({
-            "name": "web", "hosts": ["otl.test"],
-            "upstream": {"instances": [up.url()]}
-        }),
-    );
-    assert_eq!(s, 201, "{v}");
+    deploy_web(&node, &key, "otl.test", &up.url());
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
     let sent = format!("00-{trace}-{parent}-01");
@@ -416,15 +408,7 @@ fn otlp_off_without_an_endpoint() {
     });
     let key = node.create_namespace("otn");
     let up = Upstream::start("one");
-    let (s, v) = deploy_json(
-        &node,
-        &key,
-        serde_json::json!({
-            "name": "web", "hosts": ["otn.test"],
-            "upstream": {"instances": [up.url()]}
-        }),
-    );
-    assert_eq!(s, 201, "{v}");
+    deploy_web(&node, &key, "otn.test", &up.url());
     let (s, _, b) = via(&node, "otn.test", "GET", "/", &[], None);
     assert_eq!(s, 200);
     let tp = upstream_traceparent(&b);
@@ -455,15 +439,7 @@ fn otlp_collector_down_costs_no_request() {
     });
     let key = node.create_namespace("otd");
     let up = Upstream::start("one");
-    let (s, v) = deploy_json(
-        &node,
-        &key,
-        serde_json::json!({
-            "name": "web", "hosts": ["otd.test"],
-            "upstream": {"instances": [up.url()]}
-        }),
-    );
-    assert_eq!(s, 201, "{v}");
+    deploy_web(&node, &key, "otd.test", &up.url());
     // More requests than the queue holds: the extra spans are dropped.
     for _ in 0..40 {
         let (s, _, _) = via(&node, "otd.test", "GET", "/", &[], None);

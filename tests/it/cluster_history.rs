@@ -79,6 +79,25 @@ async fn next(s: &mut Socket, wait: Duration) -> Got {
     }
 }
 
+/// A subscriber on `node` told `epoch`: a node that does not know the topic
+/// yet gives a subscriber its own fresh epoch and closes it with 4011 once it
+/// learns the stored one (docs/pubsub.md), so subscribe until it knows.
+async fn subscribed_under(node: &TestNode, key: &str, topic: &str, epoch: &str) -> Socket {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (e, _, s) = subscribe(node, key, topic, None).await;
+        if e == epoch {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never learnt the epoch of {topic}",
+            node.base
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The next `n` messages' offsets and data; panics on a close or a pause.
 async fn take(s: &mut Socket, n: usize, who: &str) -> Vec<(u64, String)> {
     let mut out = Vec::new();
@@ -122,15 +141,16 @@ fn set_rules(node: &TestNode, ns: &str) {
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
 }
 
-/// Three nodes, history topics:
+/// Three nodes, history topics (each topic made by a first publication, so
+/// the subscribers are told its stored epoch):
 /// - 90 publications racing through the three nodes get 2..=91, each once,
 ///   and reach a subscriber on every node in offset order;
-/// - 30 publications sent round robin through a, b and c get offsets 1..30
+/// - 30 publications sent round robin through a, b and c get offsets 2..=31
 ///   in one epoch, and a subscriber on c gets exactly those, in order;
 /// - away while 20 more are published through a and b, it reconnects to c
-///   with its position and gets 31..50 from c's copy (`recovered: true`),
+///   with its position and gets 32..=51 from c's copy (`recovered: true`),
 ///   then the live ones;
-/// - a killed (SIGKILL): publications through b continue at 51 in the same
+/// - a killed (SIGKILL): publications through b continue at 52 in the same
 ///   epoch (the store's meta is the sequence, nothing past it was ever
 ///   delivered), and a client of a recovers them on b;
 /// - the topic's stream replaced by an import through b (a new epoch): the
@@ -188,19 +208,7 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
     let (_, race_epoch) = publish(&nodes[0], &key, "room.race", "start");
     let mut racers = Vec::new();
     for n in &nodes {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (e, _, s) = subscribe(n, &key, "room.race", None).await;
-            if e == race_epoch {
-                racers.push(s);
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "a node never learnt the topic's epoch"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        racers.push(subscribed_under(n, &key, "room.race", &race_epoch).await);
     }
     let handles: Vec<_> = (0..3)
         .map(|i| {
@@ -243,26 +251,28 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
     }
     drop(racers);
 
-    let (epoch, _, mut on_c) = subscribe(&nodes[2], &key, "room.1", None).await;
+    // The topic created first, and c's subscriber under its epoch (as above).
+    let (_, epoch) = publish(&nodes[0], &key, "room.1", "m0");
+    let mut on_c = subscribed_under(&nodes[2], &key, "room.1", &epoch).await;
     let mut acks = Vec::new();
-    for i in 1..=30u64 {
+    for i in 2..=31u64 {
         let (o, e) = publish(&nodes[(i % 3) as usize], &key, "room.1", &format!("m{i}"));
         assert_eq!(e, epoch, "one epoch whichever node publishes");
         acks.push(o);
     }
-    assert_eq!(acks, (1..=30).collect::<Vec<_>>(), "one offset sequence");
+    assert_eq!(acks, (2..=31).collect::<Vec<_>>(), "one offset sequence");
     let got = take(&mut on_c, 30, "c").await;
     assert_eq!(
         got,
-        (1..=30).map(|i| (i, format!("m{i}"))).collect::<Vec<_>>()
+        (2..=31).map(|i| (i, format!("m{i}"))).collect::<Vec<_>>()
     );
 
     // Away from c while 20 more are published through a and b.
     drop(on_c);
-    for i in 31..=50u64 {
+    for i in 32..=51u64 {
         publish(&nodes[(i % 2) as usize], &key, "room.1", &format!("m{i}"));
     }
-    let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((30, &epoch))).await;
+    let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((31, &epoch))).await;
     assert_eq!(
         (e.as_str(), recovered.as_deref()),
         (epoch.as_str(), Some("true"))
@@ -270,7 +280,7 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
     let got = take(&mut on_c, 20, "c recovering").await;
     assert_eq!(
         got,
-        (31..=50).map(|i| (i, format!("m{i}"))).collect::<Vec<_>>()
+        (32..=51).map(|i| (i, format!("m{i}"))).collect::<Vec<_>>()
     );
     // A client of a that saw 50 before a dies.
     let (_, _, mut on_a) = subscribe(&nodes[0], &key, "room.1", None).await;
@@ -278,21 +288,21 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
     // a killed: b continues the stream.
     nodes[0].kill9();
     drop(on_a.close().await);
-    for i in 51..=55u64 {
+    for i in 52..=56u64 {
         let (o, e) = publish(&nodes[1], &key, "room.1", &format!("m{i}"));
         assert_eq!((o, e.as_str()), (i, epoch.as_str()), "the stream continues");
     }
     let got = take(&mut on_c, 5, "c after a died").await;
     assert_eq!(
         got.iter().map(|g| g.0).collect::<Vec<_>>(),
-        vec![51, 52, 53, 54, 55]
+        vec![52, 53, 54, 55, 56]
     );
-    let (_, recovered, mut on_b) = subscribe(&nodes[1], &key, "room.1", Some((50, &epoch))).await;
+    let (_, recovered, mut on_b) = subscribe(&nodes[1], &key, "room.1", Some((51, &epoch))).await;
     assert_eq!(recovered.as_deref(), Some("true"));
     let got = take(&mut on_b, 5, "a's client on b").await;
     assert_eq!(
         got.iter().map(|g| g.0).collect::<Vec<_>>(),
-        vec![51, 52, 53, 54, 55]
+        vec![52, 53, 54, 55, 56]
     );
     drop(on_b);
 
@@ -313,7 +323,7 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
         Got::Closed(4011)
     );
     assert!(nodes[2].metric_sum("meshgate_history_insufficient_state_total") >= 1.0);
-    let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((55, &epoch))).await;
+    let (e, recovered, mut on_c) = subscribe(&nodes[2], &key, "room.1", Some((56, &epoch))).await;
     assert_eq!(
         (e.as_str(), recovered.as_deref()),
         (new_epoch.as_str(), Some("false"))

@@ -98,6 +98,10 @@ test("a cluster failover: the node dies, the client moves to the next and recove
     pingIntervalMs: 500,
     pongTimeoutMs: 1500,
   });
+  // The topic made through a first, so a knows its epoch before the client
+  // subscribes there (a subscribe racing a topic's creation on another node
+  // is closed with 4011 to recover: docs/pubsub.md).
+  const first = await httpPublish(nodes[0].base, key, "h.fail", "p0");
   const sub = c.newSubscription("h.fail");
   const got = [];
   sub.on("publication", (p) => got.push({ text: p.text(), offset: p.offset, epoch: p.epoch }));
@@ -121,8 +125,8 @@ test("a cluster failover: the node dies, the client moves to the next and recove
   await httpPublish(nodes[2].base, key, "h.fail", "p8");
   await waitFor(() => got.length === 8, "8 publications");
   assert.deepEqual(got.map((g) => g.text), ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"]);
-  assert.deepEqual(got.map((g) => g.offset), [1, 2, 3, 4, 5, 6, 7, 8]);
-  assert.equal(new Set(got.map((g) => g.epoch)).size, 1, "one epoch across the failover");
+  assert.deepEqual(got.map((g) => g.offset), [2, 3, 4, 5, 6, 7, 8, 9]);
+  assert.deepEqual([...new Set(got.map((g) => g.epoch))], [first.epoch], "one epoch across the failover");
   await c.disconnect();
   await sleep(10);
 });

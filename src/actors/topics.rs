@@ -669,9 +669,24 @@ impl Held {
 }
 
 impl Handler<Subscribe> for NamespaceSupervisor {
-    type Result = NsResult<Subscribed>;
+    /// At once, but for a history topic this node does not know yet on a
+    /// shared store: its stored epoch is read (or created) first.
+    type Result = actix::Response<NsResult<Subscribed>>;
     fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
+        if self.unknown_shared_topic(&msg.topic) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.learn_topic(ctx, msg.topic.clone(), move |act, ctx| {
+                let _ = tx.send(act.subscribe_now(msg, ctx));
+            });
+            return actix::Response::fut(async move { rx.await.unwrap_or(Err(NsError::Panicked)) });
+        }
+        actix::Response::reply(self.subscribe_now(msg, ctx))
+    }
+}
+
+impl NamespaceSupervisor {
+    fn subscribe_now(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> NsResult<Subscribed> {
         let r = self.guarded(ctx, |act| {
             act.exists()?;
             // The missed publications go back with the answer; until the
@@ -698,6 +713,87 @@ impl Handler<Subscribe> for NamespaceSupervisor {
         });
         self.flush_history(ctx);
         r
+    }
+
+    /// A history topic this node holds no copy of, on a store the nodes
+    /// share: a subscriber must be told the topic's stored epoch, not one
+    /// made here that another node may have beaten.
+    fn unknown_shared_topic(&self, topic: &str) -> bool {
+        self.store.as_sled().is_none()
+            && self.record.is_some()
+            && self
+                .history
+                .as_ref()
+                .is_some_and(|h| h.meta(topic).is_none())
+            && self.history_rule(topic).is_some()
+    }
+
+    /// Reads `topic` from the store, creating its meta (a fresh epoch,
+    /// offset 0) when there is none, guarded like a sequencing transaction,
+    /// and makes this node's copy that; then runs `then`. Holds the mailbox
+    /// meanwhile, so what comes after is handled with the copy in place.
+    fn learn_topic(
+        &mut self,
+        ctx: &mut Context<Self>,
+        topic: String,
+        then: impl FnOnce(&mut Self, &mut Context<Self>) + 'static,
+    ) {
+        let store = self.store.clone();
+        let (prefix, meta_key) = crate::pubsub::history::topic_keys(&self.name, &topic);
+        let fresh = Meta {
+            epoch: crate::pubsub::history::new_epoch(),
+            top: 0,
+        };
+        ctx.wait(
+            async move {
+                let keys = [meta_key.clone()];
+                let stored = store
+                    .transact(&keys, None, |vals| {
+                        match vals[0].as_deref().and_then(|v| serde_json::from_slice::<Meta>(v).ok()) {
+                            Some(m) => Ok::<_, std::convert::Infallible>((Vec::new(), m)),
+                            None => Ok((
+                                vec![crate::storage::BatchOp::Put(
+                                    meta_key.clone(),
+                                    serde_json::to_vec(&fresh).unwrap_or_default(),
+                                )],
+                                fresh.clone(),
+                            )),
+                        }
+                    })
+                    .await;
+                let meta = match stored {
+                    Ok(Some(Ok(m))) => m,
+                    Ok(_) => return Err(StoreError::Unavailable("an import is in progress".into())),
+                    Err(e) => return Err(e),
+                };
+                let rows = if meta.top > 0 {
+                    store.scan_all(&prefix).await?
+                } else {
+                    Vec::new()
+                };
+                Ok((meta, rows))
+            }
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                match res {
+                    Ok((meta, rows)) => {
+                        let raw = serde_json::to_vec(&meta).ok();
+                        let stored = NsHistory::stored_topic(&act.name, &topic, raw, rows);
+                        if let Some(h) = act.history.as_mut()
+                            && h.meta(&topic).is_none()
+                        {
+                            h.adopt(&topic, stored);
+                        }
+                    }
+                    // The subscriber gets an epoch made here, as on one
+                    // node; a later catch-up corrects it (4011).
+                    Err(e) => {
+                        tracing::warn!(namespace = %act.name, topic = %topic, error = %e, "A history topic's stored epoch could not be read for a subscriber.")
+                    }
+                }
+                then(act, ctx);
+            }),
+        );
     }
 }
 

@@ -141,8 +141,9 @@ fn set_rules(node: &TestNode, ns: &str) {
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
 }
 
-/// Three nodes, history topics (each topic made by a first publication, so
-/// the subscribers are told its stored epoch):
+/// Three nodes, history topics:
+/// - a new topic subscribed on the three nodes at once: all told one epoch,
+///   the one its first publication gets;
 /// - 90 publications racing through the three nodes get 2..=91, each once,
 ///   and reach a subscriber on every node in offset order;
 /// - 30 publications sent round robin through a, b and c get offsets 2..=31
@@ -196,6 +197,23 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    // A topic nobody published to yet, subscribed on the three nodes at
+    // once: each node reads (or creates) its stored epoch before answering,
+    // so all three are told one epoch, the first publication's.
+    let fresh =
+        futures_util::future::join_all(nodes.iter().map(|n| subscribe(n, &key, "room.new", None)))
+            .await;
+    let (o, e) = publish(&nodes[1], &key, "room.new", "first");
+    assert_eq!(o, 1);
+    for (i, (told, _, mut s)) in fresh.into_iter().enumerate() {
+        assert_eq!(told, e, "node {i} told the stored epoch");
+        assert_eq!(
+            next(&mut s, Duration::from_secs(20)).await,
+            Got::Message(1, "first".into()),
+            "node {i}"
+        );
     }
 
     // Publications racing through the three nodes at once: every offset

@@ -16,6 +16,7 @@ mod route_policy;
 mod routes;
 pub mod state;
 pub mod tls;
+mod upgrade;
 mod ws_invoke;
 mod ws_session;
 
@@ -28,6 +29,8 @@ pub use ws_session::{MAX_IN_FLIGHT, Mode, WsSession};
 
 use crate::error::Code;
 use crate::http::policy::RouteTable;
+use actix_service::{IntoServiceFactory, ServiceFactoryExt};
+use actix_web::dev::AppConfig;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;
@@ -40,6 +43,11 @@ pub fn route_table() -> RouteTable {
 }
 
 /// Binds the listener and returns the (not yet awaited) server and its address.
+///
+/// The listener is what actix-web's `HttpServer` assembles (its defaults:
+/// backlog 1024, keep-alive 5 s, TLS handshake 3 s, graceful shutdown),
+/// built here so that WebSocket upgrades go to [`upgrade`] instead of
+/// staying on actix-http's HTTP/1 dispatcher.
 pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)> {
     // Fail start-up now if any route lacks a policy.
     route_table().build()?;
@@ -52,7 +60,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
     let data = web::Data::new(node.clone());
     let limiters = web::Data::new(chain::limits::Limiters::new(&cfg));
     let max_body = cfg.server.max_body_bytes;
-    let server = HttpServer::new(move || {
+    let app = move || {
         let (resources, policies) = route_table().build().expect("checked at start-up");
         let mut app = App::new()
             .app_data(data.clone())
@@ -82,14 +90,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             .wrap(from_fn(deploy_serve::routed_fast_path))
             // Outermost: an HTTP/2 refusal waits for the body it did not read.
             .wrap(from_fn(middleware::drain_h2_refusals))
-    })
-    .workers(workers)
-    // Small frames (acks, pub/sub messages) go out at once rather than
-    // waiting for the peer's delayed ACK (Nagle's algorithm).
-    .tcp_nodelay(true)
-    .on_connect(tls::on_connect)
-    .disable_signals()
-    .shutdown_timeout(cfg.server.drain_grace_seconds.max(1));
+    };
     let in_use = |e: std::io::Error| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             anyhow::anyhow!(
@@ -100,21 +101,63 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             anyhow::anyhow!("cannot listen on {}: {e}", cfg.server.listen)
         }
     };
+    let listener = listen(cfg.listen_addr()).map_err(in_use)?;
+    let addr = listener.local_addr()?;
+    let builder = actix_server::Server::build()
+        .workers(workers)
+        .disable_signals()
+        .shutdown_timeout(cfg.server.drain_grace_seconds.max(1));
+    let signal = builder.graceful_shutdown_signal();
+    // The service of one connection, as `HttpServer` configures it; small
+    // frames (acks, pub/sub messages) go out at once rather than waiting
+    // for the peer's delayed ACK (Nagle's algorithm).
+    macro_rules! http_service {
+        ($secure:expr) => {{
+            let signal = signal.clone();
+            let config = AppConfig::__priv_test_new($secure, addr.to_string(), addr);
+            let fac = app().into_factory().map_err(|e| e.error_response());
+            actix_http::HttpService::build()
+                .graceful_shutdown_signal(move || {
+                    let signal = signal.clone();
+                    async move { signal.notified().await }
+                })
+                .tcp_nodelay(true)
+                .local_addr(addr)
+                .on_connect_ext(|io: &_, ext: _| tls::on_connect(io as &dyn std::any::Any, ext))
+                .upgrade(upgrade::factory(app.clone(), config.clone()))
+                .finish(actix_service::map_config(fac, move |_| config.clone()))
+        }};
+    }
     // One port for HTTP/1.1 and HTTP/2: ALPN under TLS, prior knowledge (h2c) in clear.
-    let server = if cfg.tls.cert_file.is_empty() {
-        server.bind_auto_h2c(cfg.listen_addr()).map_err(in_use)?
+    let builder = if cfg.tls.cert_file.is_empty() {
+        builder.listen("meshgate", listener, move || {
+            http_service!(false).tcp_auto_h2c()
+        })
     } else {
         let tls = tls::server_config(
             cfg.tls.cert_file.clone().into(),
             cfg.tls.key_file.clone().into(),
             std::time::Duration::from_secs(cfg.tls.reload_check_seconds),
         )?;
-        server
-            .bind_rustls_0_23(cfg.listen_addr(), tls)
-            .map_err(in_use)?
-    };
-    let addr = server.addrs()[0];
-    Ok((server.run(), addr))
+        builder.listen("meshgate", listener, move || {
+            http_service!(true).rustls_0_23(tls.clone())
+        })
+    }?;
+    Ok((builder.run(), addr))
+}
+
+/// A TCP listener as `HttpServer` makes one: the address reused, a backlog
+/// of 1024.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 /// Binds `[metrics] listen`, when set: a second listener (plain HTTP, one

@@ -26,3 +26,4 @@ mod pubsub;
 mod quotas;
 mod security;
 mod telemetry;
+mod upgrade;

@@ -1,0 +1,227 @@
+//! WebSocket upgrades off actix-http's HTTP/1 dispatcher.
+//!
+//! actix-http's dispatcher keeps a read and a write buffer of 8 KiB for as
+//! long as it holds a connection (a constant there), so every idle socket
+//! cost at least two resident pages for them (BENCHMARKS.md, "Pub/sub
+//! against nats-server"). A request with `Upgrade: websocket` is handed to
+//! this service instead, with the connection: the request still goes
+//! through the node's whole app (the chain, the route, its handler) with the
+//! connection's bytes after the head as its payload; the answer's head is
+//! written with the dispatcher's own codec, and a `101` answer's body (the
+//! socket's frames) is then written as it comes. Nothing is buffered while
+//! the socket is idle: reads go through a buffer on the stack, and writes
+//! copy only when several frames are ready at once. Any other answer is
+//! written whole and the connection closed (docs/decisions.md "Sockets off
+//! the HTTP/1 dispatcher").
+
+use actix_codec::{AsyncRead, AsyncWrite, Encoder, Framed, ReadBuf};
+use actix_http::body::{BodySize, BoxBody, MessageBody};
+use actix_http::error::PayloadError;
+use actix_http::h1;
+use actix_http::{ConnectionType, Payload, Request, Response, StatusCode};
+use actix_service::{IntoServiceFactory, Service, ServiceFactory, fn_factory, fn_service};
+use actix_web::dev::{AppConfig, ServiceResponse};
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
+use std::convert::Infallible;
+use std::future::poll_fn;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
+
+/// Bytes read from a socket at a time (a buffer on the stack, copied out).
+const READ_CHUNK: usize = 8 * 1024;
+/// Ready frames gathered into one write, at most.
+const WRITE_BATCH: usize = 64 * 1024;
+
+/// The upgrade service of one worker: its own instance of the node's app
+/// (made by `app`, under `config`), called with each upgraded request.
+pub(super) fn factory<T, F, A, AF, B>(
+    app: F,
+    config: AppConfig,
+) -> impl ServiceFactory<
+    (Request, Framed<T, h1::Codec>),
+    Config = (),
+    Response = (),
+    Error = Infallible,
+    InitError = (),
+>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    F: Fn() -> A + 'static,
+    A: IntoServiceFactory<AF, Request>,
+    AF: ServiceFactory<
+            Request,
+            Config = AppConfig,
+            Response = ServiceResponse<B>,
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static,
+    B: MessageBody + 'static,
+{
+    fn_factory(move || {
+        let made = app().into_factory().new_service(config.clone());
+        async move {
+            let app = Rc::new(made.await?);
+            Ok(fn_service(move |(req, framed)| {
+                upgraded(Rc::clone(&app), req, framed)
+            }))
+        }
+    })
+}
+
+/// One upgraded connection, from its request to its close.
+async fn upgraded<T, S, B>(
+    app: Rc<S>,
+    req: Request,
+    framed: Framed<T, h1::Codec>,
+) -> Result<(), Infallible>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    S: Service<Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: MessageBody + 'static,
+{
+    let parts = framed.into_parts();
+    let mut codec = parts.codec;
+    // What the client sent after the head (often its first frames); the
+    // dispatcher's buffers go with `parts`.
+    let first = Bytes::copy_from_slice(&parts.read_buf);
+    let (rd, mut wr) = tokio::io::split(parts.io);
+    let payload: actix_http::BoxedPayloadStream = Box::pin(Reader {
+        first,
+        io: rd,
+        done: false,
+    });
+    let (req, _none) = req.replace_payload(Payload::from(payload));
+    let res: Response<BoxBody> = match app.call(req).await {
+        Ok(r) => Response::from(r).map_into_boxed_body(),
+        Err(e) => e.error_response().into(),
+    };
+    let switched = res.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let (mut head, body) = res.into_parts();
+    let written = if switched {
+        relay(&mut codec, head, body, &mut wr).await
+    } else {
+        head.head_mut().set_connection_type(ConnectionType::Close);
+        answer(&mut codec, head, body, &mut wr).await
+    };
+    if let Err(e) = written {
+        tracing::debug!(error = %e, "An upgraded connection ended with an error.");
+    }
+    let _ = wr.shutdown().await;
+    Ok(())
+}
+
+/// Writes a `101` head, then the body's chunks as they come (the socket's
+/// frames, already encoded), gathering those ready at once into one write.
+async fn relay<T: AsyncWrite>(
+    codec: &mut h1::Codec,
+    head: Response<()>,
+    body: BoxBody,
+    wr: &mut WriteHalf<T>,
+) -> std::io::Result<()> {
+    let mut out = BytesMut::new();
+    codec.encode(h1::Message::Item((head, BodySize::None)), &mut out)?;
+    wr.write_all(&out).await?;
+    wr.flush().await?;
+    let mut body = std::pin::pin!(body);
+    loop {
+        let Some(chunk) = poll_fn(|cx| body.as_mut().poll_next(cx)).await else {
+            return Ok(());
+        };
+        let chunk = chunk.map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut ended = false;
+        // Whatever else is ready now goes in the same write.
+        let mut more = BytesMut::new();
+        while more.len() + chunk.len() < WRITE_BATCH {
+            match poll_fn(|cx| Poll::Ready(body.as_mut().poll_next(cx))).await {
+                Poll::Ready(Some(Ok(b))) => {
+                    if more.is_empty() {
+                        more.reserve(chunk.len() + b.len());
+                        more.extend_from_slice(&chunk);
+                    }
+                    more.extend_from_slice(&b);
+                }
+                Poll::Ready(Some(Err(e))) => return Err(std::io::Error::other(e.to_string())),
+                Poll::Ready(None) => {
+                    ended = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if more.is_empty() {
+            wr.write_all(&chunk).await?;
+        } else {
+            wr.write_all(&more).await?;
+        }
+        wr.flush().await?;
+        if ended {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes any other answer whole (head and body through the codec, which
+/// frames the body by its size or in chunks); the connection then closes.
+async fn answer<T: AsyncWrite>(
+    codec: &mut h1::Codec,
+    head: Response<()>,
+    body: BoxBody,
+    wr: &mut WriteHalf<T>,
+) -> std::io::Result<()> {
+    let mut out = BytesMut::new();
+    let size = body.size();
+    codec.encode(h1::Message::Item((head, size)), &mut out)?;
+    if !matches!(size, BodySize::None) {
+        let mut body = std::pin::pin!(body);
+        while let Some(chunk) = poll_fn(|cx| body.as_mut().poll_next(cx)).await {
+            let chunk = chunk.map_err(|e| std::io::Error::other(e.to_string()))?;
+            codec.encode(h1::Message::Chunk(Some(chunk)), &mut out)?;
+            wr.write_all(&out).await?;
+            out.clear();
+        }
+        codec.encode(h1::Message::Chunk(None), &mut out)?;
+    }
+    wr.write_all(&out).await?;
+    wr.flush().await
+}
+
+/// The request's payload: the bytes already read with the head, then the
+/// connection's, read through a buffer on the stack so that an idle socket
+/// holds none.
+struct Reader<T> {
+    first: Bytes,
+    io: ReadHalf<T>,
+    done: bool,
+}
+
+impl<T: AsyncRead> Stream for Reader<T> {
+    type Item = Result<Bytes, PayloadError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if !this.first.is_empty() {
+            return Poll::Ready(Some(Ok(std::mem::take(&mut this.first))));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let mut buf = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut rb = ReadBuf::uninit(&mut buf);
+        match Pin::new(&mut this.io).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Ok(())) => Poll::Ready(Some(Ok(Bytes::copy_from_slice(rb.filled())))),
+            Poll::Ready(Err(e)) => {
+                this.done = true;
+                Poll::Ready(Some(Err(PayloadError::Io(e))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

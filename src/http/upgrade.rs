@@ -65,8 +65,10 @@ where
         let made = app().into_factory().new_service(config.clone());
         async move {
             let app = Rc::new(made.await?);
+            // Boxed: the connection's task is as large as its largest
+            // state, and most connections never upgrade.
             Ok(fn_service(move |(req, framed)| {
-                upgraded(Rc::clone(&app), req, framed)
+                Box::pin(upgraded(Rc::clone(&app), req, framed))
             }))
         }
     })
@@ -84,10 +86,12 @@ where
     B: MessageBody + 'static,
 {
     let parts = framed.into_parts();
-    let mut codec = parts.codec;
+    let codec = parts.codec;
     // What the client sent after the head (often its first frames); the
-    // dispatcher's buffers go with `parts`.
+    // dispatcher's buffers are let go here, not when this future ends.
     let first = Bytes::copy_from_slice(&parts.read_buf);
+    drop(parts.read_buf);
+    drop(parts.write_buf);
     let (rd, mut wr) = tokio::io::split(parts.io);
     let payload: actix_http::BoxedPayloadStream = Box::pin(Reader {
         first,
@@ -102,10 +106,10 @@ where
     let switched = res.status() == StatusCode::SWITCHING_PROTOCOLS;
     let (mut head, body) = res.into_parts();
     let written = if switched {
-        relay(&mut codec, head, body, &mut wr).await
+        relay(codec, head, body, &mut wr).await
     } else {
         head.head_mut().set_connection_type(ConnectionType::Close);
-        answer(&mut codec, head, body, &mut wr).await
+        answer(codec, head, body, &mut wr).await
     };
     if let Err(e) = written {
         tracing::debug!(error = %e, "An upgraded connection ended with an error.");
@@ -117,15 +121,18 @@ where
 /// Writes a `101` head, then the body's chunks as they come (the socket's
 /// frames, already encoded), gathering those ready at once into one write.
 async fn relay<T: AsyncWrite>(
-    codec: &mut h1::Codec,
+    mut codec: h1::Codec,
     head: Response<()>,
     body: BoxBody,
     wr: &mut WriteHalf<T>,
 ) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     codec.encode(h1::Message::Item((head, BodySize::None)), &mut out)?;
+    // Neither is needed again while the socket lives.
+    drop(codec);
     wr.write_all(&out).await?;
     wr.flush().await?;
+    drop(out);
     let mut body = std::pin::pin!(body);
     loop {
         let Some(chunk) = poll_fn(|cx| body.as_mut().poll_next(cx)).await else {
@@ -167,7 +174,7 @@ async fn relay<T: AsyncWrite>(
 /// Writes any other answer whole (head and body through the codec, which
 /// frames the body by its size or in chunks); the connection then closes.
 async fn answer<T: AsyncWrite>(
-    codec: &mut h1::Codec,
+    mut codec: h1::Codec,
     head: Response<()>,
     body: BoxBody,
     wr: &mut WriteHalf<T>,

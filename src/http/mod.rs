@@ -121,6 +121,11 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
                     let signal = signal.clone();
                     async move { signal.notified().await }
                 })
+                // `HttpServer`'s values (its disconnect timeout is not
+                // actix-http's default).
+                .keep_alive(actix_http::KeepAlive::default())
+                .client_request_timeout(std::time::Duration::from_secs(5))
+                .client_disconnect_timeout(std::time::Duration::from_secs(1))
                 .tcp_nodelay(true)
                 .local_addr(addr)
                 .on_connect_ext(|io: &_, ext: _| tls::on_connect(io as &dyn std::any::Any, ext))

@@ -202,7 +202,7 @@ impl Raw {
 }
 
 /// One unmasked server frame: (opcode, payload, bytes used).
-fn parse_frame(b: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
+pub(crate) fn parse_frame(b: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
     if b.len() < 2 {
         return None;
     }

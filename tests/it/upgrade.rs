@@ -5,6 +5,7 @@
 //! connection closed; the same over TLS.
 
 use crate::common::*;
+use crate::pubsub::parse_frame;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -27,22 +28,6 @@ fn text_frame(s: &str) -> Vec<u8> {
     f.extend_from_slice(&mask);
     f.extend(p.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     f
-}
-
-/// The first server frame in `b`: (opcode, payload, bytes used).
-fn server_frame(b: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
-    if b.len() < 2 {
-        return None;
-    }
-    let (len, at) = match b[1] & 0x7f {
-        126 => (u16::from_be_bytes([*b.get(2)?, *b.get(3)?]) as usize, 4),
-        127 => (
-            u64::from_be_bytes(b.get(2..10)?.try_into().ok()?) as usize,
-            10,
-        ),
-        n => (n as usize, 2),
-    };
-    Some((b[0] & 0x0f, b.get(at..at + len)?.to_vec(), at + len))
 }
 
 /// Splits `buf` at the end of an HTTP head: (head, the rest).
@@ -77,7 +62,7 @@ fn read_texts(s: &mut TcpStream, mut rest: Vec<u8>, n: usize) -> Vec<serde_json:
     let mut out = Vec::new();
     let mut chunk = [0u8; 4096];
     while out.len() < n {
-        while let Some((op, payload, used)) = server_frame(&rest) {
+        while let Some((op, payload, used)) = parse_frame(&rest) {
             rest.drain(..used);
             match op {
                 0x1 => out.push(json(&String::from_utf8_lossy(&payload))),
@@ -289,7 +274,7 @@ async fn an_upgrade_over_tls_carries_frames_both_ways() {
         if let Some((head, mut rest)) = split_head(&buf) {
             assert!(head.starts_with("HTTP/1.1 101"), "{head}");
             texts.clear();
-            while let Some((op, payload, used)) = server_frame(&rest) {
+            while let Some((op, payload, used)) = parse_frame(&rest) {
                 rest.drain(..used);
                 if op == 0x1 {
                     texts.push(json(&String::from_utf8_lossy(&payload)));

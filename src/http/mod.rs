@@ -108,6 +108,8 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
         .disable_signals()
         .shutdown_timeout(cfg.server.drain_grace_seconds.max(1));
     let signal = builder.graceful_shutdown_signal();
+    // A socket whose peer takes no byte of a write for two ping intervals is gone.
+    let stall = std::time::Duration::from_secs(cfg.pubsub.ping_interval_seconds.max(1) * 2);
     // The service of one connection, as `HttpServer` configures it; small
     // frames (acks, pub/sub messages) go out at once rather than waiting
     // for the peer's delayed ACK (Nagle's algorithm).
@@ -129,7 +131,7 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
                 .tcp_nodelay(true)
                 .local_addr(addr)
                 .on_connect_ext(|io: &_, ext: _| tls::on_connect(io as &dyn std::any::Any, ext))
-                .upgrade(upgrade::factory(app.clone(), config.clone()))
+                .upgrade(upgrade::factory(app.clone(), config.clone(), stall))
                 .finish(actix_service::map_config(fac, move |_| config.clone()))
         }};
     }

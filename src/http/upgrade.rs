@@ -29,6 +29,7 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
 /// Bytes read from a socket at a time (a buffer on the stack, copied out).
@@ -41,6 +42,7 @@ const WRITE_BATCH: usize = 64 * 1024;
 pub(super) fn factory<T, F, A, AF, B>(
     app: F,
     config: AppConfig,
+    stall: Duration,
 ) -> impl ServiceFactory<
     (Request, Framed<T, h1::Codec>),
     Config = (),
@@ -68,7 +70,7 @@ where
             // Boxed: the connection's task is as large as its largest
             // state, and most connections never upgrade.
             Ok(fn_service(move |(req, framed)| {
-                Box::pin(upgraded(Rc::clone(&app), req, framed))
+                Box::pin(upgraded(Rc::clone(&app), req, framed, stall))
             }))
         }
     })
@@ -79,6 +81,7 @@ async fn upgraded<T, S, B>(
     app: Rc<S>,
     req: Request,
     framed: Framed<T, h1::Codec>,
+    stall: Duration,
 ) -> Result<(), Infallible>
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
@@ -92,7 +95,7 @@ where
     let first = Bytes::copy_from_slice(&parts.read_buf);
     drop(parts.read_buf);
     drop(parts.write_buf);
-    let (rd, mut wr) = tokio::io::split(parts.io);
+    let (rd, wr) = tokio::io::split(parts.io);
     let payload: actix_http::BoxedPayloadStream = Box::pin(Reader {
         first,
         io: rd,
@@ -105,17 +108,45 @@ where
     };
     let switched = res.status() == StatusCode::SWITCHING_PROTOCOLS;
     let (mut head, body) = res.into_parts();
+    let mut out = Out { wr, stall };
     let written = if switched {
-        relay(codec, head, body, &mut wr).await
+        relay(codec, head, body, &mut out).await
     } else {
         head.head_mut().set_connection_type(ConnectionType::Close);
-        answer(codec, head, body, &mut wr).await
+        answer(codec, head, body, &mut out).await
     };
     if let Err(e) = written {
         tracing::debug!(error = %e, "An upgraded connection ended with an error.");
     }
-    let _ = wr.shutdown().await;
+    // As the dispatcher's disconnect timeout: a second, then the connection
+    // goes whatever the peer does.
+    let _ = tokio::time::timeout(Duration::from_secs(1), out.wr.shutdown()).await;
     Ok(())
+}
+
+/// The connection's writing half, each write bounded: a peer that takes no
+/// byte of one for `stall` (two ping intervals) is gone, and the connection
+/// is dropped instead of holding this task (and its socket) for as long as
+/// the peer keeps its receive window shut.
+struct Out<T> {
+    wr: WriteHalf<T>,
+    stall: Duration,
+}
+
+impl<T: AsyncWrite> Out<T> {
+    async fn send(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let write = async {
+            self.wr.write_all(buf).await?;
+            self.wr.flush().await
+        };
+        match tokio::time::timeout(self.stall, write).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the peer took no bytes",
+            )),
+        }
+    }
 }
 
 /// Writes a `101` head, then the body's chunks as they come (the socket's
@@ -124,15 +155,14 @@ async fn relay<T: AsyncWrite>(
     mut codec: h1::Codec,
     head: Response<()>,
     body: BoxBody,
-    wr: &mut WriteHalf<T>,
+    out: &mut Out<T>,
 ) -> std::io::Result<()> {
-    let mut out = BytesMut::new();
-    codec.encode(h1::Message::Item((head, BodySize::None)), &mut out)?;
+    let mut buf = BytesMut::new();
+    codec.encode(h1::Message::Item((head, BodySize::None)), &mut buf)?;
     // Neither is needed again while the socket lives.
     drop(codec);
-    wr.write_all(&out).await?;
-    wr.flush().await?;
-    drop(out);
+    out.send(&buf).await?;
+    drop(buf);
     let mut body = std::pin::pin!(body);
     loop {
         let Some(chunk) = poll_fn(|cx| body.as_mut().poll_next(cx)).await else {
@@ -160,11 +190,10 @@ async fn relay<T: AsyncWrite>(
             }
         }
         if more.is_empty() {
-            wr.write_all(&chunk).await?;
+            out.send(&chunk).await?;
         } else {
-            wr.write_all(&more).await?;
+            out.send(&more).await?;
         }
-        wr.flush().await?;
         if ended {
             return Ok(());
         }
@@ -177,23 +206,22 @@ async fn answer<T: AsyncWrite>(
     mut codec: h1::Codec,
     head: Response<()>,
     body: BoxBody,
-    wr: &mut WriteHalf<T>,
+    out: &mut Out<T>,
 ) -> std::io::Result<()> {
-    let mut out = BytesMut::new();
+    let mut buf = BytesMut::new();
     let size = body.size();
-    codec.encode(h1::Message::Item((head, size)), &mut out)?;
+    codec.encode(h1::Message::Item((head, size)), &mut buf)?;
     if !matches!(size, BodySize::None) {
         let mut body = std::pin::pin!(body);
         while let Some(chunk) = poll_fn(|cx| body.as_mut().poll_next(cx)).await {
             let chunk = chunk.map_err(|e| std::io::Error::other(e.to_string()))?;
-            codec.encode(h1::Message::Chunk(Some(chunk)), &mut out)?;
-            wr.write_all(&out).await?;
-            out.clear();
+            codec.encode(h1::Message::Chunk(Some(chunk)), &mut buf)?;
+            out.send(&buf).await?;
+            buf.clear();
         }
-        codec.encode(h1::Message::Chunk(None), &mut out)?;
+        codec.encode(h1::Message::Chunk(None), &mut buf)?;
     }
-    wr.write_all(&out).await?;
-    wr.flush().await
+    out.send(&buf).await
 }
 
 /// The request's payload: the bytes already read with the head, then the

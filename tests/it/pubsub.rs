@@ -81,7 +81,7 @@ fn config(extra: &str) -> NodeOpts {
     }
 }
 
-async fn http_publish(
+pub(crate) async fn http_publish(
     c: &awc::Client,
     node: &TestNode,
     key: &str,

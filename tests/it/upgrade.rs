@@ -294,3 +294,69 @@ async fn an_upgrade_over_tls_carries_frames_both_ways() {
         "{texts:?}"
     );
 }
+
+/// The node's open file descriptors.
+fn open_fds(node: &TestNode) -> usize {
+    let pid = node.child.as_ref().expect("a node process").id();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the node's fds")
+        .count()
+}
+
+/// Subscribers that never read again (their receive window shut) are let
+/// go: each is closed as a slow consumer or for its missed pongs, and the
+/// write stuck on its full socket gives up after two ping intervals, so the
+/// node closes the connections while the peers still hold them open.
+#[actix_rt::test]
+async fn peers_that_stop_reading_are_let_go() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[pubsub]\nping_interval_seconds = 1\noutbound_queue_messages = 64\noutbound_queue_bytes = 65536\n"
+        ),
+        ..Default::default()
+    });
+    let key = node.create_namespace("upstall");
+    let baseline = open_fds(&node);
+    let addr: std::net::SocketAddr = node.addr.parse().unwrap();
+    let mut peers = Vec::new();
+    for _ in 0..5 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let mut s = sock.connect(addr).await.unwrap();
+        let path = format!("/v1/pubsub/ws?topic=t&format=binary&token={key}");
+        s.write_all(handshake(&path, &node.addr, "").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while split_head(&buf).is_none() {
+            let k = s.read(&mut chunk).await.unwrap();
+            assert!(k > 0, "closed during the handshake");
+            buf.extend_from_slice(&chunk[..k]);
+        }
+        assert!(buf.starts_with(b"HTTP/1.1 101"));
+        peers.push(s);
+    }
+    assert!(open_fds(&node) >= baseline + 5, "the five sockets are open");
+    // More than the kernel's buffers hold for each peer.
+    let c = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish();
+    let payload = vec![b'x'; 32 * 1024];
+    for _ in 0..250 {
+        assert_eq!(
+            crate::pubsub::http_publish(&c, &node, &key, "t", &payload).await,
+            200
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while open_fds(&node) > baseline {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node still holds {} fds more than before the sockets (peers not reading)",
+            open_fds(&node) - baseline
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(peers);
+}

@@ -324,8 +324,9 @@ impl futures_util::Stream for OutBody {
 }
 
 impl Drop for OutBody {
-    /// The dispatcher dropped the body: the TCP connection is gone (reset, or
-    /// closed after our close frame). Make sure the session stops.
+    /// The socket's writer dropped the body: the TCP connection is gone
+    /// (reset, closed after our close frame, or a write stalled past its
+    /// bound). Make sure the session stops.
     fn drop(&mut self) {
         let session = {
             let mut o = self.0.out.borrow_mut();

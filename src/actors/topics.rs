@@ -447,7 +447,7 @@ impl NamespaceSupervisor {
                         .await;
                     Some(match r {
                         Ok(Some(Ok(s))) => Ok(s),
-                        Ok(_) => Err(StoreError::Unavailable("an import is in progress".into())),
+                        Ok(_) => Err(import_in_progress()),
                         Err(e) => Err(e),
                     })
                 };
@@ -499,6 +499,12 @@ impl NamespaceSupervisor {
         self.flush_history(ctx);
         rx
     }
+}
+
+/// A sequencing transaction the store refused: its guard (the namespace's
+/// import journal) was taken.
+fn import_in_progress() -> StoreError {
+    StoreError::Unavailable("an import is in progress".into())
 }
 
 /// Store writes per transaction when a history batch is too large for one
@@ -740,32 +746,27 @@ impl NamespaceSupervisor {
     ) {
         let store = self.store.clone();
         let (prefix, meta_key) = crate::pubsub::history::topic_keys(&self.name, &topic);
-        let fresh = Meta {
-            epoch: crate::pubsub::history::new_epoch(),
-            top: 0,
-        };
+        let ns = self.name.clone();
+        let (topics, fresh) = ([topic.clone()], [crate::pubsub::history::new_epoch()]);
         ctx.wait(
             async move {
-                let keys = [meta_key.clone()];
+                // The sequencing transaction with nothing staged: the
+                // stored meta, or a fresh one written unless another node
+                // wrote one first.
                 let stored = store
-                    .transact(&keys, None, |vals| {
-                        match vals[0].as_deref().and_then(|v| serde_json::from_slice::<Meta>(v).ok()) {
-                            Some(m) => Ok::<_, std::convert::Infallible>((Vec::new(), m)),
-                            None => Ok((
-                                vec![crate::storage::BatchOp::Put(
-                                    meta_key.clone(),
-                                    serde_json::to_vec(&fresh).unwrap_or_default(),
-                                )],
-                                fresh.clone(),
-                            )),
-                        }
+                    .transact(&[meta_key], None, |vals| {
+                        Ok::<_, std::convert::Infallible>(plan_sequence(
+                            &ns, &topics, vals, &fresh, &[],
+                        ))
                     })
                     .await;
+                // One topic planned, so one step: its meta after.
                 let meta = match stored {
-                    Ok(Some(Ok(m))) => m,
-                    Ok(_) => return Err(StoreError::Unavailable("an import is in progress".into())),
+                    Ok(Some(Ok(s))) => s.topics.into_iter().next().map(|st| st.after),
+                    Ok(_) => return Err(import_in_progress()),
                     Err(e) => return Err(e),
-                };
+                }
+                .ok_or_else(|| StoreError::Unavailable("the topic was not planned".into()))?;
                 let rows = if meta.top > 0 {
                     store.scan_all(&prefix).await?
                 } else {

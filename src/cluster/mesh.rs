@@ -25,8 +25,9 @@
 //! and hand messages to the `deliver_fn`. A batch holds whatever was already
 //! waiting when the swarm task came to publish (never waits to fill one), so
 //! a burst costs one frame per batch rather than per message. GossipSub
-//! message ids are the SHA-256 of the encoded batch, so a batch reaching a
-//! node by two paths is delivered once.
+//! message ids are the author and GossipSub's sequence number of that
+//! publish ([`message_id`]), so a batch reaching a node by two paths is
+//! delivered once.
 //!
 //! Messages are not signed ([`MessageAuthenticity::Author`]): every frame
 //! arrives on a Noise connection whose remote key is a registered peer's
@@ -178,7 +179,9 @@ struct WireBatch {
     /// The publishing node's peer id (bytes); must be the signed author.
     origin: Vec<u8>,
     /// The origin's count of publishes refused because every peer's queue
-    /// was full: a retried batch must not hash to an id GossipSub remembers.
+    /// was full. Kept in the wire format (a field removed would break the
+    /// encoding between versions); message ids no longer hash the batch
+    /// ([`message_id`]), so a retry is told apart by its new sequence number.
     attempt: u64,
     /// The messages, in the origin's publish order, each numbered in its own stream.
     entries: Vec<WireEntry>,
@@ -206,6 +209,29 @@ struct WireEntry {
     history: Option<(u64, String)>,
 }
 
+/// [`WireBatch`] as the origin encodes it: the same fields, borrowed from
+/// the messages waiting for the mesh (no copy of a payload, namespace or
+/// topic per message), so the same bytes on the wire.
+#[derive(Serialize)]
+struct WireBatchRef<'a> {
+    origin: &'a [u8],
+    attempt: u64,
+    entries: Vec<WireEntryRef<'a>>,
+}
+
+/// [`WireEntry`], borrowed (see [`WireBatchRef`]).
+#[derive(Serialize)]
+struct WireEntryRef<'a> {
+    namespace: &'a str,
+    topic: &'a str,
+    epoch: u64,
+    seq: u64,
+    timestamp: u64,
+    #[serde(serialize_with = "byte_string::serialize_ref")]
+    data: &'a [u8],
+    history: Option<(u64, &'a str)>,
+}
+
 /// `Vec<u8>` as a serde byte string: postcard writes and reads it with one
 /// copy instead of a call per byte.
 mod byte_string {
@@ -214,6 +240,11 @@ mod byte_string {
 
     pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_bytes(v)
+    }
+
+    /// The same for a borrowed payload ([`WireEntryRef`]).
+    pub fn serialize_ref<S: Serializer>(v: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+        serialize(v, s)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
@@ -540,9 +571,7 @@ fn build_swarm(keypair: Keypair, config: &MeshConfig) -> MeshResult<Swarm<Behavi
         // and the registry before GossipSub relays it.
         .validate_messages()
         .publish_queue_duration(SEND_TIMEOUT)
-        .message_id_fn(|m: &gossipsub::Message| {
-            gossipsub::MessageId::new(ring::digest::digest(&ring::digest::SHA256, &m.data).as_ref())
-        })
+        .message_id_fn(message_id)
         .max_transmit_size(MAX_TRANSMIT)
         .connection_handler_queue_len(config.send_queue)
         .build()
@@ -566,6 +595,26 @@ fn build_swarm(keypair: Keypair, config: &MeshConfig) -> MeshResult<Swarm<Behavi
         .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_CONNECTION_TIMEOUT))
         .build();
     Ok(swarm)
+}
+
+/// A GossipSub message's id: its author and the sequence number GossipSub
+/// drew for that publish (a random u64 per publish in author mode), so a copy
+/// arriving by a second path is dropped and a retried batch (a new publish)
+/// is not. Hashing the whole batch instead (SHA-256) was the largest single
+/// cost of the publishing node's swarm thread under a burst. A message
+/// without both (never sent by a member: GossipSub fills them in author
+/// mode) falls back to the hash of its data.
+fn message_id(m: &gossipsub::Message) -> gossipsub::MessageId {
+    match (&m.source, m.sequence_number) {
+        (Some(source), Some(seq)) => {
+            let mut id = source.to_bytes();
+            id.extend_from_slice(&seq.to_be_bytes());
+            gossipsub::MessageId::new(&id)
+        }
+        _ => {
+            gossipsub::MessageId::new(ring::digest::digest(&ring::digest::SHA256, &m.data).as_ref())
+        }
+    }
 }
 
 /// Registers this node every interval and keeps the swarm task's registry
@@ -930,40 +979,63 @@ impl SwarmTask {
     /// no gap behind, and a refused one is numbered again on its retry.
     fn publish(&mut self, n: usize) -> Published {
         let now = crate::util::mono_now();
-        let mut taken: HashMap<(String, String), u64> = HashMap::new();
+        // This batch's streams: (namespace, topic, epoch, first sequence,
+        // messages taken), looked up once per stream (a run of one topic,
+        // the usual burst, reuses the last one).
+        let mut runs: Vec<(&str, &str, u64, u64, u64)> = Vec::new();
+        let mut index: HashMap<(&str, &str), usize> = HashMap::new();
         let mut entries = Vec::with_capacity(n);
         for out in self.backlog.iter().take(n) {
-            let key = (out.namespace.clone(), out.topic.clone());
-            let stream = self.send.entry(key.clone()).or_insert_with(|| {
-                // Epochs grow across restarts (microseconds since the Unix
-                // epoch) and within a run (each new counter takes a larger one).
-                let epoch = now_micros().max(self.last_epoch + 1);
-                self.last_epoch = epoch;
-                SendStream {
-                    epoch,
-                    next: 1,
-                    last_used: now,
-                }
-            });
-            stream.last_used = now;
-            let k = taken.entry(key).or_insert(0);
-            entries.push(WireEntry {
-                namespace: out.namespace.clone(),
-                topic: out.topic.clone(),
-                epoch: stream.epoch,
-                seq: stream.next + *k,
+            let (ns, topic) = (out.namespace.as_str(), out.topic.as_str());
+            let i = match runs.last() {
+                Some(r) if r.0 == ns && r.1 == topic => runs.len() - 1,
+                _ => match index.get(&(ns, topic)) {
+                    Some(&i) => i,
+                    None => {
+                        let stream = self
+                            .send
+                            .entry((ns.to_string(), topic.to_string()))
+                            .or_insert_with(|| {
+                                // Epochs grow across restarts (microseconds
+                                // since the Unix epoch) and within a run (each
+                                // new counter takes a larger one).
+                                let epoch = now_micros().max(self.last_epoch + 1);
+                                self.last_epoch = epoch;
+                                SendStream {
+                                    epoch,
+                                    next: 1,
+                                    last_used: now,
+                                }
+                            });
+                        stream.last_used = now;
+                        runs.push((ns, topic, stream.epoch, stream.next, 0));
+                        index.insert((ns, topic), runs.len() - 1);
+                        runs.len() - 1
+                    }
+                },
+            };
+            let run = &mut runs[i];
+            entries.push(WireEntryRef {
+                namespace: ns,
+                topic,
+                epoch: run.2,
+                seq: run.3 + run.4,
                 timestamp: out.timestamp,
-                data: out.data.to_vec(),
-                history: out.history.clone(),
+                data: &out.data,
+                history: out.history.as_ref().map(|(o, e)| (*o, e.as_str())),
             });
-            *k += 1;
+            run.4 += 1;
         }
-        let batch = WireBatch {
-            origin: self.origin.clone(),
+        let batch = WireBatchRef {
+            origin: &self.origin,
             attempt: self.refused,
             entries,
         };
         let encoded = postcard::to_allocvec(&batch).expect("encodable");
+        let advance: Vec<((String, String), u64)> = runs
+            .iter()
+            .map(|r| ((r.0.to_string(), r.1.to_string()), r.4))
+            .collect();
         let drop_all = |me: &Self, reason: &str| {
             me.metrics
                 .mesh_dropped
@@ -978,9 +1050,9 @@ impl SwarmTask {
             .publish(self.topic.clone(), encoded)
         {
             Ok(_) => {
-                for (key, k) in taken {
+                for (key, taken) in advance {
                     if let Some(stream) = self.send.get_mut(&key) {
-                        stream.next += k;
+                        stream.next += taken;
                     }
                 }
                 self.metrics.mesh_sent.inc_by(n as u64);
@@ -1719,6 +1791,25 @@ mod tests {
         };
         let bytes = postcard::to_allocvec(&m).unwrap();
         assert_eq!(postcard::from_bytes::<WireBatch>(&bytes).unwrap(), m);
+        // What the origin sends (borrowed) is the same bytes.
+        let borrowed = WireBatchRef {
+            origin: &m.origin,
+            attempt: m.attempt,
+            entries: m
+                .entries
+                .iter()
+                .map(|e| WireEntryRef {
+                    namespace: &e.namespace,
+                    topic: &e.topic,
+                    epoch: e.epoch,
+                    seq: e.seq,
+                    timestamp: e.timestamp,
+                    data: &e.data,
+                    history: e.history.as_ref().map(|(o, h)| (*o, h.as_str())),
+                })
+                .collect(),
+        };
+        assert_eq!(postcard::to_allocvec(&borrowed).unwrap(), bytes);
         // `data` as a byte string is the same bytes as the sequence of u8
         // earlier versions wrote, both ways.
         #[derive(Serialize, Deserialize, PartialEq, Debug)]
@@ -1742,5 +1833,32 @@ mod tests {
         proptest::proptest!(|(junk: Vec<u8>)| {
             let _ = postcard::from_bytes::<WireBatch>(&junk);
         });
+    }
+
+    /// Message ids: one per publish (author and GossipSub's sequence number),
+    /// the same for every copy of that publish, different for the same bytes
+    /// published again (a retried batch) or by another author; a message
+    /// without author or number falls back to the hash of its data.
+    #[test]
+    fn message_ids_name_a_publish_not_its_bytes() {
+        let a = Keypair::generate_ed25519().public().to_peer_id();
+        let b = Keypair::generate_ed25519().public().to_peer_id();
+        let msg = |source: Option<PeerId>, seq: Option<u64>, data: &[u8]| gossipsub::Message {
+            source,
+            data: data.to_vec(),
+            sequence_number: seq,
+            topic: IdentTopic::new(MESH_TOPIC).hash(),
+        };
+        let first = message_id(&msg(Some(a), Some(7), b"batch"));
+        assert_eq!(first, message_id(&msg(Some(a), Some(7), b"batch")));
+        assert_ne!(first, message_id(&msg(Some(a), Some(8), b"batch")));
+        assert_ne!(first, message_id(&msg(Some(b), Some(7), b"batch")));
+        let mut expected = a.to_bytes();
+        expected.extend_from_slice(&7u64.to_be_bytes());
+        assert_eq!(first, gossipsub::MessageId::new(&expected));
+        let anonymous = message_id(&msg(None, None, b"batch"));
+        assert_eq!(anonymous, message_id(&msg(None, None, b"batch")));
+        assert_ne!(anonymous, message_id(&msg(None, None, b"other")));
+        assert_ne!(anonymous, first);
     }
 }

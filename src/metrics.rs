@@ -140,6 +140,9 @@ pub struct Inner {
     /// Times a history topic's local subscribers were closed with 4011
     /// (insufficient state) to recover.
     pub history_broken: IntCounter,
+    /// Flushes of the embedded store (sled): one per group of durable writes
+    /// waiting at once (0 on etcd, which has none).
+    pub store_flushes: IntCounter,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
@@ -471,6 +474,13 @@ impl Metrics {
                 IntCounter::new(
                     "meshgate_history_insufficient_state_total",
                     "History topics whose local subscribers were closed with 4011 to recover"
+                )
+                .unwrap()
+            ),
+            store_flushes: reg!(
+                IntCounter::new(
+                    "meshgate_store_flushes_total",
+                    "Flushes of the embedded store: one per group of durable writes waiting at once"
                 )
                 .unwrap()
             ),

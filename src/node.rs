@@ -161,6 +161,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     metrics
         .route_labels
         .set_limit(config.metrics.route_series_limit);
+    if let Some(s) = store.as_sled() {
+        s.count_flushes(metrics.store_flushes.clone());
+    }
     let directory = ActorDirectory::default();
     let namespaces = Namespaces::default();
     let threads = if config.server.actor_threads == 0 {

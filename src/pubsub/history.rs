@@ -372,6 +372,10 @@ pub struct Sequenced {
     pub topics: Vec<TopicStep>,
     /// One per staged publication, in staging order.
     pub positions: Vec<Position>,
+    /// The rows the transaction deleted (each publication past its topic's
+    /// `size` trims the one `size` below it): the copy's own trims of them
+    /// need no second write ([`NsHistory::stored_deletes`]).
+    pub deleted: Vec<Vec<u8>>,
 }
 
 /// The meta keys a sequencing transaction reads, one per distinct topic of
@@ -426,6 +430,7 @@ pub fn plan_sequence(
         .collect();
     let mut ops = Vec::with_capacity(staged.len() * 2 + topics.len());
     let mut positions = Vec::with_capacity(staged.len());
+    let mut deleted = Vec::new();
     for s in staged {
         let Some(step) = steps.iter_mut().find(|st| st.topic == s.topic) else {
             continue;
@@ -437,7 +442,9 @@ pub fn plan_sequence(
         value.extend_from_slice(&s.data);
         ops.push(BatchOp::Put(pub_key(ns, &s.topic, offset), value));
         if offset > s.size {
-            ops.push(BatchOp::Delete(pub_key(ns, &s.topic, offset - s.size)));
+            let key = pub_key(ns, &s.topic, offset - s.size);
+            deleted.push(key.clone());
+            ops.push(BatchOp::Delete(key));
         }
         positions.push(Position {
             offset,
@@ -457,6 +464,7 @@ pub fn plan_sequence(
         Sequenced {
             topics: steps,
             positions,
+            deleted,
         },
     )
 }
@@ -702,6 +710,24 @@ impl NsHistory {
             .collect();
         out.reverse();
         out
+    }
+
+    /// Drops the queued deletions of `keys`, rows a store write already
+    /// deleted (a sequencing transaction's trims, [`Sequenced::deleted`]), so
+    /// they are not written a second time in a round of their own.
+    pub fn stored_deletes(&mut self, keys: &[Vec<u8>]) {
+        if keys.is_empty() || self.pending.is_empty() {
+            return;
+        }
+        let mut done: std::collections::HashSet<Vec<u8>> = keys.iter().cloned().collect();
+        // A row queued to be written again stays as queued.
+        for op in &self.pending {
+            if let BatchOp::Put(k, _) = op {
+                done.remove(k);
+            }
+        }
+        self.pending
+            .retain(|op| !matches!(op, BatchOp::Delete(k) if done.contains(k)));
     }
 
     /// Payload bytes held over every topic (the `history_bytes` quota's use).
@@ -1205,6 +1231,11 @@ mod tests {
             deletes,
             vec![&pub_key("ns", "chat.a", 6), &pub_key("ns", "chat.a", 7)]
         );
+        assert_eq!(
+            s.deleted,
+            vec![pub_key("ns", "chat.a", 6), pub_key("ns", "chat.a", 7)],
+            "the rows it deleted, told to the copy"
+        );
         let metas = ops
             .iter()
             .filter(|o| matches!(o, BatchOp::Put(k, _) if k.starts_with(b"hist/ns/m/")))
@@ -1218,6 +1249,49 @@ mod tests {
                 offset: 1,
                 epoch: "fa".into()
             }
+        );
+    }
+
+    /// The copy's own trims of rows a sequencing transaction already
+    /// deleted are not queued again; other trims stay, and so does a
+    /// deletion of a row also queued to be written.
+    #[test]
+    fn trims_the_store_already_made_are_not_queued_again() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let r = rule(2);
+        let caps = HistoryCaps {
+            max_size: 100,
+            max_ttl: 3600,
+            max_bytes: 1 << 20,
+            max_recovered: 300,
+        };
+        for i in 1..=4u64 {
+            h.append_at(
+                "chat.a",
+                "e1",
+                i,
+                1000,
+                &Bytes::from_static(b"x"),
+                &r,
+                &caps,
+            );
+        }
+        // Offsets 1 and 2 trimmed by size in the copy.
+        h.pending
+            .push(BatchOp::Put(pub_key("ns", "chat.b", 9), b"v".to_vec()));
+        h.pending.push(BatchOp::Delete(pub_key("ns", "chat.b", 9)));
+        h.stored_deletes(&[pub_key("ns", "chat.a", 2), pub_key("ns", "chat.b", 9)]);
+        let deletes: Vec<Vec<u8>> = h
+            .take_pending()
+            .into_iter()
+            .filter_map(|op| match op {
+                BatchOp::Delete(k) => Some(k),
+                BatchOp::Put(..) => None,
+            })
+            .collect();
+        assert_eq!(
+            deletes,
+            vec![pub_key("ns", "chat.a", 1), pub_key("ns", "chat.b", 9)]
         );
     }
 

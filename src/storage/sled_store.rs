@@ -34,6 +34,9 @@ pub struct SledStore {
     /// The group-commit thread, joined by [`SledStore::close`] (it holds a
     /// handle on the database, so the folder stays locked while it runs).
     flusher_thread: Arc<parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>>,
+    /// Counts the flushes the group-commit thread made, once the node gave it
+    /// its metric ([`SledStore::count_flushes`]).
+    flushes: Arc<std::sync::OnceLock<prometheus::IntCounter>>,
 }
 
 /// Answered once the flush that covers the waiting write is done (or failed).
@@ -45,6 +48,7 @@ type FlushWaiter = tokio::sync::oneshot::Sender<Result<(), String>>;
 /// under concurrent writers.)
 fn spawn_flusher(
     db: sled::Db,
+    flushes: Arc<std::sync::OnceLock<prometheus::IntCounter>>,
 ) -> (
     std::sync::mpsc::Sender<FlushWaiter>,
     std::thread::JoinHandle<()>,
@@ -59,6 +63,9 @@ fn spawn_flusher(
                     waiters.push(w);
                 }
                 let result = db.flush().map(|_| ()).map_err(|e| e.to_string());
+                if let Some(c) = flushes.get() {
+                    c.inc();
+                }
                 for w in waiters {
                     let _ = w.send(result.clone());
                 }
@@ -169,13 +176,15 @@ impl SledStore {
                 .insert(EXPIRY_INDEXED, &[])
                 .map_err(|e| unusable(e.to_string()))?;
         }
-        let (flusher, thread) = spawn_flusher(db.clone());
+        let flushes = Arc::new(std::sync::OnceLock::new());
+        let (flusher, thread) = spawn_flusher(db.clone(), flushes.clone());
         Ok(SledStore {
             db,
             expiry,
             flusher,
             counters: Arc::default(),
             flusher_thread: Arc::new(parking_lot::Mutex::new(Some(thread))),
+            flushes,
         })
     }
 
@@ -234,6 +243,12 @@ impl SledStore {
             self.expiry.insert(x, &[]).map_err(unavailable)?;
         }
         Ok(())
+    }
+
+    /// Counts every flush from now on in `counter` (the node's
+    /// `meshgate_store_flushes_total`); the first counter given stays.
+    pub fn count_flushes(&self, counter: prometheus::IntCounter) {
+        let _ = self.flushes.set(counter);
     }
 
     /// A counter of the writes to keys under `prefix` (the same counter for

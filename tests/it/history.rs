@@ -353,6 +353,53 @@ async fn restart_keeps_offsets_and_epoch() {
     assert_eq!(page["publications"][0]["data_base64"], B64.encode("m1"));
 }
 
+/// Past a topic's `size` every publication trims the oldest one, in the
+/// publication's own store batch: one flush per publication (the copy's trim
+/// of the same row was written again in a round of its own, a second flush
+/// the next publication waited behind), and the trims are on disk: after a
+/// crash the topic holds its last `size`, no more.
+#[actix_rt::test]
+async fn a_publication_and_its_trim_take_one_flush_and_survive_a_crash() {
+    if single_node_only("counts the embedded store's flushes") {
+        return;
+    }
+    let mut node = TestNode::start_with(opts(""));
+    let key = node.create_namespace("hist");
+    assert_eq!(
+        set_rules(
+            &node,
+            "hist",
+            json!([{"topics": "chat.*", "size": 5, "ttl_seconds": 3600}])
+        )
+        .0,
+        200
+    );
+    for i in 1..=5 {
+        publish(&node, &key, "chat.1", &format!("m{i}"));
+    }
+    let before = node.metric_sum("meshgate_store_flushes_total");
+    assert!(before > 0.0, "the store's flushes are counted");
+    // One at a time: each answered once stored, so each its own round.
+    for i in 6..=25 {
+        publish(&node, &key, "chat.1", &format!("m{i}"));
+    }
+    let flushes = node.metric_sum("meshgate_store_flushes_total") - before;
+    assert!(
+        (20.0..=25.0).contains(&flushes),
+        "20 publications past the size, each with a trim: {flushes} flushes (two per publication before)"
+    );
+    let dir = node.dir.clone();
+    node.kill9();
+    let node = TestNode::start_with(NodeOpts {
+        data_dir: Some(dir),
+        ..opts("")
+    });
+    let (s, page) = history(&node, &key, "topic=chat.1&limit=100");
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(offsets(&page), (21..=25).collect::<Vec<u64>>());
+    assert_eq!(page["publications"][0]["data_base64"], B64.encode("m21"));
+}
+
 /// `GET /v1/pubsub/history` answers the same publications forwards and
 /// backwards, by offset, within `limit`; the simple socket recovers through
 /// its query and says so in the 101's headers, and binary frames carry the offset.

@@ -70,6 +70,32 @@ fn publish(node: &TestNode, key: &str, topic: &str, data: &str) -> Value {
     json(&b)
 }
 
+/// Creates namespace `hist` keeping `size` publications of its `chat.*`
+/// topics for an hour; returns its API key.
+fn keep_chat(node: &TestNode, size: u64) -> String {
+    let key = node.create_namespace("hist");
+    assert_eq!(
+        set_rules(
+            node,
+            "hist",
+            json!([{"topics": "chat.*", "size": size, "ttl_seconds": 3600}])
+        )
+        .0,
+        200
+    );
+    key
+}
+
+/// Kills the node (SIGKILL) and starts it again on the same data folder.
+fn crash_and_restart(mut node: TestNode) -> TestNode {
+    let dir = node.dir.clone();
+    node.kill9();
+    TestNode::start_with(NodeOpts {
+        data_dir: Some(dir),
+        ..opts("")
+    })
+}
+
 fn history(node: &TestNode, key: &str, query: &str) -> (u16, Value) {
     let (s, b) = node.with_key(key, "GET", &format!("/v1/pubsub/history?{query}"), None);
     (s, json(&b))
@@ -317,17 +343,8 @@ async fn restart_keeps_offsets_and_epoch() {
     if single_node_only("restarts one node's own store") {
         return;
     }
-    let mut node = TestNode::start_with(opts(""));
-    let key = node.create_namespace("hist");
-    assert_eq!(
-        set_rules(
-            &node,
-            "hist",
-            json!([{"topics": "chat.*", "size": 100, "ttl_seconds": 3600}])
-        )
-        .0,
-        200
-    );
+    let node = TestNode::start_with(opts(""));
+    let key = keep_chat(&node, 100);
     let mut epoch = String::new();
     for i in 1..=5 {
         epoch = publish(&node, &key, "chat.1", &format!("m{i}"))["epoch"]
@@ -335,12 +352,7 @@ async fn restart_keeps_offsets_and_epoch() {
             .unwrap()
             .into();
     }
-    let dir = node.dir.clone();
-    node.kill9();
-    let node = TestNode::start_with(NodeOpts {
-        data_dir: Some(dir),
-        ..opts("")
-    });
+    let node = crash_and_restart(node);
     let p = publish(&node, &key, "chat.1", "m6");
     assert_eq!(
         (p["offset"].as_u64(), p["epoch"].as_str()),
@@ -363,17 +375,8 @@ async fn a_publication_and_its_trim_take_one_flush_and_survive_a_crash() {
     if single_node_only("counts the embedded store's flushes") {
         return;
     }
-    let mut node = TestNode::start_with(opts(""));
-    let key = node.create_namespace("hist");
-    assert_eq!(
-        set_rules(
-            &node,
-            "hist",
-            json!([{"topics": "chat.*", "size": 5, "ttl_seconds": 3600}])
-        )
-        .0,
-        200
-    );
+    let node = TestNode::start_with(opts(""));
+    let key = keep_chat(&node, 5);
     for i in 1..=5 {
         publish(&node, &key, "chat.1", &format!("m{i}"));
     }
@@ -388,12 +391,7 @@ async fn a_publication_and_its_trim_take_one_flush_and_survive_a_crash() {
         (20.0..=25.0).contains(&flushes),
         "20 publications past the size, each with a trim: {flushes} flushes (two per publication before)"
     );
-    let dir = node.dir.clone();
-    node.kill9();
-    let node = TestNode::start_with(NodeOpts {
-        data_dir: Some(dir),
-        ..opts("")
-    });
+    let node = crash_and_restart(node);
     let (s, page) = history(&node, &key, "topic=chat.1&limit=100");
     assert_eq!(s, 200, "{page}");
     assert_eq!(offsets(&page), (21..=25).collect::<Vec<u64>>());
@@ -409,16 +407,7 @@ async fn history_reads_both_ways_and_the_simple_socket_recovers() {
         return;
     }
     let node = TestNode::start_with(opts(""));
-    let key = node.create_namespace("hist");
-    assert_eq!(
-        set_rules(
-            &node,
-            "hist",
-            json!([{"topics": "chat.*", "size": 100, "ttl_seconds": 3600}])
-        )
-        .0,
-        200
-    );
+    let key = keep_chat(&node, 100);
     let mut epoch = String::new();
     for i in 1..=10 {
         epoch = publish(&node, &key, "chat.1", &format!("m{i}"))["epoch"]

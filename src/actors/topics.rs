@@ -1017,7 +1017,7 @@ impl Handler<Replicated> for NamespaceSupervisor {
                 continue;
             };
             // The store holds every later publication of a topic behind here.
-            if behind.contains(&m.topic) {
+            if behind.iter().any(|t| **t == *m.topic) {
                 continue;
             }
             let pos = Position { offset, epoch };
@@ -1040,7 +1040,7 @@ impl Handler<Replicated> for NamespaceSupervisor {
                     self.deliver_sequenced(&m.topic, &pos, m.timestamp, &m.data, Origin::Mesh)
                 }
                 ReplicaStep::Duplicate => {}
-                ReplicaStep::Behind => behind.push(m.topic),
+                ReplicaStep::Behind => behind.push(m.topic.to_string()),
             }
         }
         for topic in behind {

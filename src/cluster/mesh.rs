@@ -36,7 +36,7 @@
 //! member could not already forge (see docs/cluster.md, "Why mesh messages
 //! are not signed").
 
-use super::reorder::{Pushed, Reorder};
+use super::reorder::Reorder;
 use super::{MeshError, MeshResult};
 use crate::metrics::Metrics;
 use crate::pubsub::MeshMessage;
@@ -173,27 +173,32 @@ struct Registration {
     addrs: Vec<String>,
 }
 
-/// What one GossipSub message carries (postcard-encoded).
+/// What one GossipSub message carries (postcard-encoded). Borrowed both
+/// ways: the origin encodes it from the messages waiting for the mesh, a
+/// receiver decodes it in place (no copy of a payload, namespace or topic
+/// per message on either side).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct WireBatch {
-    /// The publishing node's peer id (bytes); must be the signed author.
-    origin: Vec<u8>,
+struct WireBatch<'a> {
+    /// The publishing node's peer id (bytes); must be the GossipSub author.
+    #[serde(serialize_with = "byte_string")]
+    origin: &'a [u8],
     /// The origin's count of publishes refused because every peer's queue
     /// was full. Kept in the wire format (a field removed would break the
     /// encoding between versions); message ids no longer hash the batch
     /// ([`message_id`]), so a retry is told apart by its new sequence number.
     attempt: u64,
     /// The messages, in the origin's publish order, each numbered in its own stream.
-    entries: Vec<WireEntry>,
+    #[serde(borrow)]
+    entries: Vec<WireEntry<'a>>,
 }
 
 /// One pub/sub message in a batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct WireEntry {
+struct WireEntry<'a> {
     /// Tenant namespace the message was published in; delivery stays inside it.
-    namespace: String,
+    namespace: &'a str,
     /// Topic within the namespace; with origin and namespace it keys a reorder stream.
-    topic: String,
+    topic: &'a str,
     /// Names the origin's counter for (namespace, topic); a higher epoch
     /// restarts the stream.
     epoch: u64,
@@ -201,75 +206,31 @@ struct WireEntry {
     seq: u64,
     /// When the origin accepted the message (ms since the Unix epoch).
     timestamp: u64,
-    /// Encoded as one byte string (a length and a copy), the same bytes on
-    /// the wire as a sequence of u8 in postcard.
-    #[serde(with = "byte_string")]
-    data: Vec<u8>,
-    /// A history topic's publication: (offset, epoch) as the store gave them.
-    history: Option<(u64, String)>,
-}
-
-/// [`WireBatch`] as the origin encodes it: the same fields, borrowed from
-/// the messages waiting for the mesh (no copy of a payload, namespace or
-/// topic per message), so the same bytes on the wire.
-#[derive(Serialize)]
-struct WireBatchRef<'a> {
-    origin: &'a [u8],
-    attempt: u64,
-    entries: Vec<WireEntryRef<'a>>,
-}
-
-/// [`WireEntry`], borrowed (see [`WireBatchRef`]).
-#[derive(Serialize)]
-struct WireEntryRef<'a> {
-    namespace: &'a str,
-    topic: &'a str,
-    epoch: u64,
-    seq: u64,
-    timestamp: u64,
-    #[serde(serialize_with = "byte_string::serialize_ref")]
+    #[serde(serialize_with = "byte_string")]
     data: &'a [u8],
+    /// A history topic's publication: (offset, epoch) as the store gave them.
+    #[serde(borrow)]
     history: Option<(u64, &'a str)>,
 }
 
-/// `Vec<u8>` as a serde byte string: postcard writes and reads it with one
-/// copy instead of a call per byte.
-mod byte_string {
-    use serde::de::{Error, SeqAccess, Visitor};
-    use serde::{Deserializer, Serializer};
+/// Bytes written as one serde byte string (a length and a copy) rather than
+/// a sequence of u8 (a call per byte). In postcard the two are the same
+/// bytes on the wire, which is also what lets a receiver read them in place
+/// (serde reads `&[u8]` as a byte string) from a batch written either way.
+fn byte_string<S: serde::Serializer>(v: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(v)
+}
 
-    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(v)
-    }
-
-    /// The same for a borrowed payload ([`WireEntryRef`]).
-    pub fn serialize_ref<S: Serializer>(v: &&[u8], s: S) -> Result<S::Ok, S::Error> {
-        serialize(v, s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        struct Bytes;
-        impl<'de> Visitor<'de> for Bytes {
-            type Value = Vec<u8>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("bytes")
-            }
-            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
-                Ok(v.to_vec())
-            }
-            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-                Ok(v)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
-                while let Some(b) = seq.next_element()? {
-                    v.push(b);
-                }
-                Ok(v)
-            }
-        }
-        d.deserialize_byte_buf(Bytes)
-    }
+/// A message taken from a received batch, as the reorder buffer holds it
+/// until its turn: its namespace and topic shared by its run of the batch,
+/// its payload a slice of the batch.
+#[derive(Debug)]
+struct Received {
+    namespace: Arc<str>,
+    topic: Arc<str>,
+    timestamp: u64,
+    data: Bytes,
+    history: Option<(u64, String)>,
 }
 
 /// A snapshot of the mesh, for tests and the status page.
@@ -806,7 +767,7 @@ struct SwarmTask {
     /// The largest epoch handed out, so a new counter takes a larger one.
     last_epoch: u64,
     /// Received messages held per stream until the gap before them fills or times out.
-    reorder: Reorder<StreamKey, WireEntry>,
+    reorder: Reorder<StreamKey, Received>,
     /// Hands received messages to this node's subscribers, per namespace.
     deliver_fn: DeliverFn,
     /// Node metrics: sent, batches, deferred, drops, gaps skipped, peers.
@@ -1015,7 +976,7 @@ impl SwarmTask {
                 },
             };
             let run = &mut runs[i];
-            entries.push(WireEntryRef {
+            entries.push(WireEntry {
                 namespace: ns,
                 topic,
                 epoch: run.2,
@@ -1026,7 +987,7 @@ impl SwarmTask {
             });
             run.4 += 1;
         }
-        let batch = WireBatchRef {
+        let batch = WireBatch {
             origin: &self.origin,
             attempt: self.refused,
             entries,
@@ -1252,9 +1213,10 @@ impl SwarmTask {
         id: gossipsub::MessageId,
         message: gossipsub::Message,
     ) {
-        let checked = match postcard::from_bytes::<WireBatch>(&message.data) {
+        let buf = Bytes::from(message.data);
+        let checked = match postcard::from_bytes::<WireBatch>(&buf) {
             Err(_) => Err("decode"),
-            Ok(m) => match PeerId::from_bytes(&m.origin) {
+            Ok(m) => match PeerId::from_bytes(m.origin) {
                 Ok(origin)
                     if Some(origin) == message.source
                         && origin != self.peer_id
@@ -1285,26 +1247,50 @@ impl SwarmTask {
         self.metrics.mesh_received.inc_by(msg.entries.len() as u64);
         let now = crate::util::mono_now();
         let mut released = Vec::with_capacity(msg.entries.len());
-        let mut gaps = 0;
-        for entry in msg.entries {
-            let key = (origin, entry.namespace.clone(), entry.topic.clone());
-            let (epoch, seq) = (entry.epoch, entry.seq);
-            let weight = entry.data.len() + ENTRY_OVERHEAD;
-            let Pushed {
-                ready,
-                dropped,
-                gaps_skipped,
-            } = self
-                .reorder
-                .push_weighted(key, epoch, seq, entry, weight, now);
-            if let Some(d) = dropped {
-                self.drop_count(d.label());
+        let mut dropped = super::reorder::Run::default();
+        // A batch is runs of one (namespace, topic) (a burst of one topic is
+        // one run): each run goes into its stream with one lookup.
+        let mut entries = msg.entries.into_iter().peekable();
+        while let Some(first) = entries.next() {
+            let (ns, topic) = (first.namespace, first.topic);
+            let mut run = vec![first];
+            while let Some(e) = entries.next_if(|e| e.namespace == ns && e.topic == topic) {
+                run.push(e);
             }
-            gaps += gaps_skipped;
-            released.extend(ready);
+            let shared: (Arc<str>, Arc<str>) = (Arc::from(ns), Arc::from(topic));
+            let items = run.into_iter().map(|e| {
+                let item = Received {
+                    namespace: shared.0.clone(),
+                    topic: shared.1.clone(),
+                    timestamp: e.timestamp,
+                    data: buf.slice_ref(e.data),
+                    history: e.history.map(|(o, h)| (o, h.to_string())),
+                };
+                (e.epoch, e.seq, item, e.data.len() + ENTRY_OVERHEAD)
+            });
+            let r = self.reorder.push_run(
+                (origin, ns.to_string(), topic.to_string()),
+                items,
+                now,
+                &mut released,
+            );
+            dropped.duplicates += r.duplicates;
+            dropped.stale += r.stale;
+            dropped.gaps_skipped += r.gaps_skipped;
         }
-        if gaps > 0 {
-            self.metrics.mesh_gaps_skipped.inc_by(gaps);
+        for (reason, n) in [
+            (super::reorder::Dropped::Duplicate, dropped.duplicates),
+            (super::reorder::Dropped::Stale, dropped.stale),
+        ] {
+            if n > 0 {
+                self.metrics
+                    .mesh_dropped
+                    .with_label_values(&[reason.label()])
+                    .inc_by(n);
+            }
+        }
+        if dropped.gaps_skipped > 0 {
+            self.metrics.mesh_gaps_skipped.inc_by(dropped.gaps_skipped);
         }
         self.deliver(released);
     }
@@ -1312,17 +1298,17 @@ impl SwarmTask {
     /// Hands released messages to the node: one call per namespace, each
     /// with that namespace's messages in the order released (which keeps
     /// every stream's order).
-    fn deliver(&self, ready: Vec<WireEntry>) {
+    fn deliver(&self, ready: Vec<Received>) {
         if ready.is_empty() {
             return;
         }
         // Usually one namespace per batch; a short list, searched linearly.
-        let mut groups: Vec<(String, Vec<MeshMessage>)> = Vec::with_capacity(1);
+        let mut groups: Vec<(Arc<str>, Vec<MeshMessage>)> = Vec::with_capacity(1);
         let total = ready.len();
         for m in ready {
             let msg = MeshMessage {
                 topic: m.topic,
-                data: Bytes::from(m.data),
+                data: m.data,
                 timestamp: m.timestamp,
                 history: m.history,
             };
@@ -1336,7 +1322,7 @@ impl SwarmTask {
             }
         }
         for (ns, list) in groups {
-            (self.deliver_fn)(ns, list);
+            (self.deliver_fn)(ns.to_string(), list);
         }
     }
 }
@@ -1412,7 +1398,7 @@ mod tests {
             assert!(!messages.is_empty(), "an empty delivery");
             let mut got = sink.lock();
             for m in messages {
-                got.push((ns.clone(), m.topic, m.data, m.timestamp));
+                got.push((ns.clone(), m.topic.to_string(), m.data, m.timestamp));
             }
         });
         let mesh = Mesh::start_with(
@@ -1772,64 +1758,70 @@ mod tests {
         );
     }
 
-    /// The wire encoding round-trips, and arbitrary bytes never panic the decoder.
+    /// The wire encoding round-trips and is read in place (the payload a
+    /// slice of the received bytes); it is byte for byte what earlier
+    /// versions wrote with owned fields and sequences of u8; arbitrary bytes
+    /// never panic the decoder.
     #[test]
     fn wire_batch_round_trips() {
+        let origin = Keypair::generate_ed25519().public().to_peer_id().to_bytes();
+        let data = [0u8, 1, 2, 255];
         let entry = |seq| WireEntry {
-            namespace: "acme".into(),
-            topic: "room/1".into(),
+            namespace: "acme",
+            topic: "room/1",
             epoch: 1_700_000_000_000_000,
             seq,
             timestamp: 1_700_000_000_000,
-            data: vec![0, 1, 2, 255],
-            history: Some((seq, "e1".into())),
+            data: &data,
+            history: Some((seq, "e1")),
         };
         let m = WireBatch {
-            origin: Keypair::generate_ed25519().public().to_peer_id().to_bytes(),
+            origin: &origin,
             attempt: 3,
             entries: vec![entry(41), entry(42)],
         };
         let bytes = postcard::to_allocvec(&m).unwrap();
-        assert_eq!(postcard::from_bytes::<WireBatch>(&bytes).unwrap(), m);
-        // What the origin sends (borrowed) is the same bytes.
-        let borrowed = WireBatchRef {
-            origin: &m.origin,
-            attempt: m.attempt,
-            entries: m
-                .entries
-                .iter()
-                .map(|e| WireEntryRef {
-                    namespace: &e.namespace,
-                    topic: &e.topic,
-                    epoch: e.epoch,
-                    seq: e.seq,
-                    timestamp: e.timestamp,
-                    data: &e.data,
-                    history: e.history.as_ref().map(|(o, h)| (*o, h.as_str())),
-                })
-                .collect(),
-        };
-        assert_eq!(postcard::to_allocvec(&borrowed).unwrap(), bytes);
-        // `data` as a byte string is the same bytes as the sequence of u8
-        // earlier versions wrote, both ways.
-        #[derive(Serialize, Deserialize, PartialEq, Debug)]
-        struct Legacy {
-            /// The payload as earlier versions encoded it, a sequence of u8.
-            data: Vec<u8>,
-        }
-        #[derive(Serialize, Deserialize, PartialEq, Debug)]
-        struct Now {
-            /// The payload encoded as a byte string, as `WireEntry` now does.
-            #[serde(with = "byte_string")]
-            data: Vec<u8>,
-        }
-        let data: Vec<u8> = (0..=255).collect();
-        let legacy = postcard::to_allocvec(&Legacy { data: data.clone() }).unwrap();
-        assert_eq!(
-            postcard::to_allocvec(&Now { data: data.clone() }).unwrap(),
-            legacy
+        let back = postcard::from_bytes::<WireBatch>(&bytes).unwrap();
+        assert_eq!(back, m);
+        assert!(
+            bytes
+                .as_ptr_range()
+                .contains(&back.entries[1].data.as_ptr()),
+            "read in place"
         );
-        assert_eq!(postcard::from_bytes::<Now>(&legacy).unwrap(), Now { data });
+        // The owned encoding of earlier versions: the same bytes.
+        #[derive(Serialize)]
+        struct LegacyBatch {
+            origin: Vec<u8>,
+            attempt: u64,
+            entries: Vec<LegacyEntry>,
+        }
+        #[derive(Serialize)]
+        struct LegacyEntry {
+            namespace: String,
+            topic: String,
+            epoch: u64,
+            seq: u64,
+            timestamp: u64,
+            data: Vec<u8>,
+            history: Option<(u64, String)>,
+        }
+        let legacy = LegacyBatch {
+            origin: origin.clone(),
+            attempt: 3,
+            entries: [41, 42]
+                .map(|seq| LegacyEntry {
+                    namespace: "acme".into(),
+                    topic: "room/1".into(),
+                    epoch: 1_700_000_000_000_000,
+                    seq,
+                    timestamp: 1_700_000_000_000,
+                    data: data.to_vec(),
+                    history: Some((seq, "e1".into())),
+                })
+                .into(),
+        };
+        assert_eq!(postcard::to_allocvec(&legacy).unwrap(), bytes);
         proptest::proptest!(|(junk: Vec<u8>)| {
             let _ = postcard::from_bytes::<WireBatch>(&junk);
         });

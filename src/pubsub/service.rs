@@ -288,8 +288,9 @@ impl PubSubService {
 /// node's namespace supervisor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeshMessage {
-    /// The topic within the supervisor's namespace the origin published to.
-    pub topic: String,
+    /// The topic within the supervisor's namespace the origin published to
+    /// (shared by the messages of one topic in a received batch).
+    pub topic: std::sync::Arc<str>,
     /// The payload as published on the origin node.
     pub data: Bytes,
     /// When the origin node accepted the message (ms since the Unix epoch).

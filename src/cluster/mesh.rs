@@ -175,8 +175,9 @@ struct Registration {
 
 /// What one GossipSub message carries (postcard-encoded). Borrowed both
 /// ways: the origin encodes it from the messages waiting for the mesh, a
-/// receiver decodes it in place (no copy of a payload, namespace or topic
-/// per message on either side).
+/// receiver decodes it in place (no allocation per namespace, topic or
+/// payload while decoding; each payload is then copied once, into the
+/// message delivered).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct WireBatch<'a> {
     /// The publishing node's peer id (bytes); must be the GossipSub author.
@@ -221,9 +222,50 @@ fn byte_string<S: serde::Serializer>(v: &&[u8], s: S) -> Result<S::Ok, S::Error>
     s.serialize_bytes(v)
 }
 
+/// A received batch's entries as runs of one stream each, in batch order
+/// (a burst of one topic is one run), ready for [`Reorder::push_run`]: each
+/// (epoch, seq, message, weight), the message's payload its own copy and
+/// its namespace and topic shared with its run.
+#[allow(clippy::type_complexity)]
+fn runs(
+    origin: PeerId,
+    entries: Vec<WireEntry<'_>>,
+) -> Vec<(StreamKey, Vec<(u64, u64, Received, usize)>)> {
+    let mut out: Vec<(StreamKey, Vec<(u64, u64, Received, usize)>)> = Vec::new();
+    let mut shared: Option<(Arc<str>, Arc<str>)> = None;
+    for e in entries {
+        let same = out
+            .last()
+            .is_some_and(|((_, ns, topic), _)| ns == e.namespace && topic == e.topic);
+        if !same {
+            out.push((
+                (origin, e.namespace.to_string(), e.topic.to_string()),
+                Vec::new(),
+            ));
+            shared = Some((Arc::from(e.namespace), Arc::from(e.topic)));
+        }
+        let (namespace, topic) = shared.clone().expect("set with the run");
+        let item = Received {
+            namespace,
+            topic,
+            timestamp: e.timestamp,
+            // Its own copy: a slice of the batch would keep the whole batch
+            // alive as long as this message is held (a slow socket's queue,
+            // a history copy), far past what the limits count.
+            data: Bytes::copy_from_slice(e.data),
+            history: e.history.map(|(o, h)| (o, h.to_string())),
+        };
+        let weight = e.data.len() + ENTRY_OVERHEAD;
+        out.last_mut()
+            .expect("a run")
+            .1
+            .push((e.epoch, e.seq, item, weight));
+    }
+    out
+}
+
 /// A message taken from a received batch, as the reorder buffer holds it
-/// until its turn: its namespace and topic shared by its run of the batch,
-/// its payload a slice of the batch.
+/// until its turn: its namespace and topic shared by its run of the batch.
 #[derive(Debug)]
 struct Received {
     namespace: Arc<str>,
@@ -1213,8 +1255,7 @@ impl SwarmTask {
         id: gossipsub::MessageId,
         message: gossipsub::Message,
     ) {
-        let buf = Bytes::from(message.data);
-        let checked = match postcard::from_bytes::<WireBatch>(&buf) {
+        let checked = match postcard::from_bytes::<WireBatch>(&message.data) {
             Err(_) => Err("decode"),
             Ok(m) => match PeerId::from_bytes(m.origin) {
                 Ok(origin)
@@ -1248,32 +1289,8 @@ impl SwarmTask {
         let now = crate::util::mono_now();
         let mut released = Vec::with_capacity(msg.entries.len());
         let mut dropped = super::reorder::Run::default();
-        // A batch is runs of one (namespace, topic) (a burst of one topic is
-        // one run): each run goes into its stream with one lookup.
-        let mut entries = msg.entries.into_iter().peekable();
-        while let Some(first) = entries.next() {
-            let (ns, topic) = (first.namespace, first.topic);
-            let mut run = vec![first];
-            while let Some(e) = entries.next_if(|e| e.namespace == ns && e.topic == topic) {
-                run.push(e);
-            }
-            let shared: (Arc<str>, Arc<str>) = (Arc::from(ns), Arc::from(topic));
-            let items = run.into_iter().map(|e| {
-                let item = Received {
-                    namespace: shared.0.clone(),
-                    topic: shared.1.clone(),
-                    timestamp: e.timestamp,
-                    data: buf.slice_ref(e.data),
-                    history: e.history.map(|(o, h)| (o, h.to_string())),
-                };
-                (e.epoch, e.seq, item, e.data.len() + ENTRY_OVERHEAD)
-            });
-            let r = self.reorder.push_run(
-                (origin, ns.to_string(), topic.to_string()),
-                items,
-                now,
-                &mut released,
-            );
+        for (key, items) in runs(origin, msg.entries) {
+            let r = self.reorder.push_run(key, items, now, &mut released);
             dropped.duplicates += r.duplicates;
             dropped.stale += r.stale;
             dropped.gaps_skipped += r.gaps_skipped;
@@ -1825,6 +1842,45 @@ mod tests {
         proptest::proptest!(|(junk: Vec<u8>)| {
             let _ = postcard::from_bytes::<WireBatch>(&junk);
         });
+    }
+
+    /// A received batch splits into runs of one stream each, in order; a
+    /// run shares its namespace and topic, and every payload is its own copy
+    /// (nothing delivered keeps the batch alive).
+    #[test]
+    fn a_batch_splits_into_runs_of_one_stream() {
+        let origin = Keypair::generate_ed25519().public().to_peer_id();
+        let payload = b"abcdefgh".to_vec();
+        let entry = |topic, seq: u64| WireEntry {
+            namespace: "acme",
+            topic,
+            epoch: 7,
+            seq,
+            timestamp: 1,
+            data: &payload[seq as usize..seq as usize + 1],
+            history: None,
+        };
+        let got = runs(
+            origin,
+            vec![entry("a", 1), entry("a", 2), entry("b", 1), entry("a", 3)],
+        );
+        let shape: Vec<(&str, Vec<u64>)> = got
+            .iter()
+            .map(|((_, _, t), items)| (t.as_str(), items.iter().map(|i| i.1).collect()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![("a", vec![1, 2]), ("b", vec![1]), ("a", vec![3])]
+        );
+        let first = &got[0].1;
+        assert!(Arc::ptr_eq(&first[0].2.topic, &first[1].2.topic));
+        assert_eq!(&*first[1].2.data, b"c");
+        assert_eq!(first[1].3, 1 + ENTRY_OVERHEAD);
+        for (_, items) in &got {
+            for (_, _, m, _) in items {
+                assert!(!payload.as_ptr_range().contains(&m.data.as_ptr()), "a copy");
+            }
+        }
     }
 
     /// Message ids: one per publish (author and GossipSub's sequence number),

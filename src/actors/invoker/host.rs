@@ -95,7 +95,7 @@ impl HostApi for NsHost {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cluster"))]
 mod tests {
     use super::*;
     use crate::actors::namespace::import_journal_key;
@@ -106,7 +106,6 @@ mod tests {
     /// `IMPORT_TAKEOVER` it finishes it itself), then lands after it. Once
     /// any later finisher has run, the guest's value is still there (not
     /// lost under the import's) and the import's other keys are whole.
-    #[cfg(feature = "cluster")]
     #[actix_rt::test]
     async fn a_guests_kv_write_waits_for_a_journaled_import_on_etcd() {
         let etcd = crate::storage::etcd_process::EtcdProcess::start();

@@ -14,7 +14,9 @@
 
 use super::egress::{Canary, error_of, upstream_body};
 use crate::common::*;
-use crate::deploy::{ALLOW_LOOPBACK, Upstream, deploy_json, via};
+#[cfg(feature = "cluster")]
+use crate::deploy::Upstream;
+use crate::deploy::{ALLOW_LOOPBACK, deploy_json, via};
 
 /// `[server] base_domain` of these nodes, so the gateway's own hosts are
 /// names of their own (the default, `localhost`, is reserved anyway).

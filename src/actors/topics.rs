@@ -205,9 +205,6 @@ impl NamespaceSupervisor {
                 self.deliver_sequenced(&step.topic, &pos, ts, &data, Origin::Local);
             }
         }
-        if let Some(h) = self.history.as_mut() {
-            h.stored_deletes(&s.deleted);
-        }
         for (tx, pos) in replies {
             let _ = tx.send(Some(pos));
         }

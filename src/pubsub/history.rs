@@ -372,10 +372,6 @@ pub struct Sequenced {
     pub topics: Vec<TopicStep>,
     /// One per staged publication, in staging order.
     pub positions: Vec<Position>,
-    /// The rows the transaction deleted (each publication past its topic's
-    /// `size` trims the one `size` below it): the copy's own trims of them
-    /// need no second write ([`NsHistory::stored_deletes`]).
-    pub deleted: Vec<Vec<u8>>,
 }
 
 /// The meta keys a sequencing transaction reads, one per distinct topic of
@@ -430,7 +426,6 @@ pub fn plan_sequence(
         .collect();
     let mut ops = Vec::with_capacity(staged.len() * 2 + topics.len());
     let mut positions = Vec::with_capacity(staged.len());
-    let mut deleted = Vec::new();
     for s in staged {
         let Some(step) = steps.iter_mut().find(|st| st.topic == s.topic) else {
             continue;
@@ -441,10 +436,10 @@ pub fn plan_sequence(
         value.extend_from_slice(&s.timestamp.to_be_bytes());
         value.extend_from_slice(&s.data);
         ops.push(BatchOp::Put(pub_key(ns, &s.topic, offset), value));
+        // The row `size` back goes in the same write; every node's copy
+        // trims it without writing it again (`NsHistory::append_at`).
         if offset > s.size {
-            let key = pub_key(ns, &s.topic, offset - s.size);
-            deleted.push(key.clone());
-            ops.push(BatchOp::Delete(key));
+            ops.push(BatchOp::Delete(pub_key(ns, &s.topic, offset - s.size)));
         }
         positions.push(Position {
             offset,
@@ -464,7 +459,6 @@ pub fn plan_sequence(
         Sequenced {
             topics: steps,
             positions,
-            deleted,
         },
     )
 }
@@ -623,6 +617,13 @@ impl NsHistory {
         value.extend_from_slice(data);
         self.pending
             .push(BatchOp::Put(pub_key(&self.ns, topic, meta.top), value));
+        if meta.top > rule.size {
+            self.pending.push(BatchOp::Delete(pub_key(
+                &self.ns,
+                topic,
+                meta.top - rule.size,
+            )));
+        }
         self.pending.push(BatchOp::Put(
             meta_key(&self.ns, topic),
             serde_json::to_vec(&meta).unwrap_or_default(),
@@ -634,8 +635,11 @@ impl NsHistory {
         }
     }
 
-    /// Drops the topic's publications beyond `size` or older than `oldest_ms`.
-    fn trim_topic(&mut self, topic: &str, size: u64, oldest_ms: u64) {
+    /// Drops the topic's publications beyond `size` or older than
+    /// `oldest_ms`, queueing their rows' deletions, but for offset `stored`:
+    /// a row the store write that sequenced a publication already deleted
+    /// (its row `size` back, [`plan_sequence`]).
+    fn trim_topic(&mut self, topic: &str, size: u64, oldest_ms: u64, stored: Option<u64>) {
         let Some(t) = self.topics.get_mut(topic) else {
             return;
         };
@@ -646,8 +650,10 @@ impl NsHistory {
             let e = t.entries.pop_front().expect("a front entry");
             t.bytes -= e.data.len() as u64;
             self.bytes -= e.data.len() as u64;
-            self.pending
-                .push(BatchOp::Delete(pub_key(&self.ns, topic, e.offset)));
+            if stored != Some(e.offset) {
+                self.pending
+                    .push(BatchOp::Delete(pub_key(&self.ns, topic, e.offset)));
+            }
         }
     }
 
@@ -683,10 +689,13 @@ impl NsHistory {
             .collect();
         for topic in topics {
             match rule_for(rules, &topic) {
-                Some(r) => {
-                    self.trim_topic(&topic, r.size, now_ms.saturating_sub(r.ttl_seconds * 1000))
-                }
-                None => self.trim_topic(&topic, 0, u64::MAX),
+                Some(r) => self.trim_topic(
+                    &topic,
+                    r.size,
+                    now_ms.saturating_sub(r.ttl_seconds * 1000),
+                    None,
+                ),
+                None => self.trim_topic(&topic, 0, u64::MAX, None),
             }
         }
         self.trim_bytes(caps.max_bytes);
@@ -710,24 +719,6 @@ impl NsHistory {
             .collect();
         out.reverse();
         out
-    }
-
-    /// Drops the queued deletions of `keys`, rows a store write already
-    /// deleted (a sequencing transaction's trims, [`Sequenced::deleted`]), so
-    /// they are not written a second time in a round of their own.
-    pub fn stored_deletes(&mut self, keys: &[Vec<u8>]) {
-        if keys.is_empty() || self.pending.is_empty() {
-            return;
-        }
-        let mut done: std::collections::HashSet<Vec<u8>> = keys.iter().cloned().collect();
-        // A row queued to be written again stays as queued.
-        for op in &self.pending {
-            if let BatchOp::Put(k, _) = op {
-                done.remove(k);
-            }
-        }
-        self.pending
-            .retain(|op| !matches!(op, BatchOp::Delete(k) if done.contains(k)));
     }
 
     /// Payload bytes held over every topic (the `history_bytes` quota's use).
@@ -849,10 +840,13 @@ impl NsHistory {
         });
         t.bytes += data.len() as u64;
         self.bytes += data.len() as u64;
+        // The row `size` back went with the publication's own store write,
+        // on whichever node sequenced it: not written again from here.
         self.trim_topic(
             topic,
             rule.size,
             timestamp.saturating_sub(rule.ttl_seconds * 1000),
+            offset.checked_sub(rule.size).filter(|o| *o > 0),
         );
         self.trim_bytes(caps.max_bytes);
         true
@@ -1231,11 +1225,6 @@ mod tests {
             deletes,
             vec![&pub_key("ns", "chat.a", 6), &pub_key("ns", "chat.a", 7)]
         );
-        assert_eq!(
-            s.deleted,
-            vec![pub_key("ns", "chat.a", 6), pub_key("ns", "chat.a", 7)],
-            "the rows it deleted, told to the copy"
-        );
         let metas = ops
             .iter()
             .filter(|o| matches!(o, BatchOp::Put(k, _) if k.starts_with(b"hist/ns/m/")))
@@ -1252,35 +1241,32 @@ mod tests {
         );
     }
 
-    /// The copy's own trims of rows a sequencing transaction already
-    /// deleted are not queued again; other trims stay, and so does a
-    /// deletion of a row also queued to be written.
+    /// A copy (this node's or a replica's) does not queue the deletion of
+    /// the row `size` back, which the publication's own store write made;
+    /// other trims (age, a rule made smaller) are queued.
     #[test]
-    fn trims_the_store_already_made_are_not_queued_again() {
+    fn trims_the_store_write_made_are_not_queued_again() {
         let mut h = NsHistory::load("ns", Vec::new());
-        let r = rule(2);
         let caps = HistoryCaps {
             max_size: 100,
             max_ttl: 3600,
             max_bytes: 1 << 20,
             max_recovered: 300,
         };
+        let x = Bytes::from_static(b"x");
         for i in 1..=4u64 {
-            h.append_at(
-                "chat.a",
-                "e1",
-                i,
-                1000,
-                &Bytes::from_static(b"x"),
-                &r,
-                &caps,
-            );
+            h.append_at("chat.a", "e1", i, 1000, &x, &rule(2), &caps);
         }
-        // Offsets 1 and 2 trimmed by size in the copy.
-        h.pending
-            .push(BatchOp::Put(pub_key("ns", "chat.b", 9), b"v".to_vec()));
-        h.pending.push(BatchOp::Delete(pub_key("ns", "chat.b", 9)));
-        h.stored_deletes(&[pub_key("ns", "chat.a", 2), pub_key("ns", "chat.b", 9)]);
+        assert!(
+            h.take_pending().is_empty(),
+            "1 and 2 went with 3's and 4's writes"
+        );
+        // A replica's next publication, after the rule went down to 1: 4
+        // (5 - 1) is the store's trim, 3 this copy's own.
+        assert_eq!(
+            h.apply_replica("chat.a", "e1", 5, 1000, &x, &rule(1), &caps),
+            ReplicaStep::Appended
+        );
         let deletes: Vec<Vec<u8>> = h
             .take_pending()
             .into_iter()
@@ -1289,10 +1275,7 @@ mod tests {
                 BatchOp::Put(..) => None,
             })
             .collect();
-        assert_eq!(
-            deletes,
-            vec![pub_key("ns", "chat.a", 1), pub_key("ns", "chat.b", 9)]
-        );
+        assert_eq!(deletes, vec![pub_key("ns", "chat.a", 3)]);
     }
 
     /// A copy kept from the mesh takes the next offset, drops a duplicate,

@@ -97,6 +97,21 @@ impl TestNode {
         })
     }
 
+    /// A node serving TLS with the certificate and key `cert.pem` and
+    /// `key.pem` in `dir` (and `extra` lines in its `[tls]` section); not
+    /// waited for ready, which a plain-HTTP probe could not tell.
+    pub fn start_tls(dir: &std::path::Path, extra: &str) -> TestNode {
+        Self::start_with(NodeOpts {
+            config: format!(
+                "{TEST_CONFIG}[tls]\ncert_file = {:?}\nkey_file = {:?}\n{extra}",
+                dir.join("cert.pem"),
+                dir.join("key.pem")
+            ),
+            no_wait_ready: true,
+            ..Default::default()
+        })
+    }
+
     /// Starts the binary and waits for its "listening on" line (and, unless
     /// `no_wait_ready`, for `/readyz`). In cluster mode: the node the test
     /// talks to, with two more nodes and an etcd (see the module's comment);

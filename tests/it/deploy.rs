@@ -918,15 +918,7 @@ fn http2_refusals_before_the_body_reach_the_client() {
     curl_available();
     let dir = tempfile::tempdir().unwrap();
     make_cert(dir.path(), "a.test");
-    let node = TestNode::start_with(NodeOpts {
-        config: format!(
-            "{TEST_CONFIG}[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
-            dir.path().join("cert.pem"),
-            dir.path().join("key.pem")
-        ),
-        no_wait_ready: true,
-        ..Default::default()
-    });
+    let node = TestNode::start_tls(dir.path(), "");
     let deadline = Instant::now() + Duration::from_secs(30);
     while curl(&node.addr, "a.test", "a.test", &["--http1.1"]).0 != "200 1.1" {
         assert!(Instant::now() < deadline, "TLS node never answered");
@@ -983,15 +975,7 @@ fn tls_sni_mismatch_http2_and_certificate_reload() {
     curl_available();
     let dir = tempfile::tempdir().unwrap();
     make_cert(dir.path(), "first.test");
-    let node = TestNode::start_with(NodeOpts {
-        config: format!(
-            "{TEST_CONFIG}[tls]\ncert_file = {:?}\nkey_file = {:?}\nreload_check_seconds = 1\n",
-            dir.path().join("cert.pem"),
-            dir.path().join("key.pem")
-        ),
-        no_wait_ready: true,
-        ..Default::default()
-    });
+    let node = TestNode::start_tls(dir.path(), "reload_check_seconds = 1\n");
     assert!(node.base.starts_with("https://"), "{}", node.base);
     let deadline = Instant::now() + Duration::from_secs(30);
     while curl(&node.addr, "a.test", "a.test", &["--http1.1"]).0 != "200 1.1" {

@@ -193,15 +193,7 @@ async fn an_upgrade_over_tls_carries_frames_both_ways() {
     let cert = rcgen::generate_simple_self_signed(vec!["up.test".to_string()]).unwrap();
     std::fs::write(dir.path().join("cert.pem"), cert.cert.pem()).unwrap();
     std::fs::write(dir.path().join("key.pem"), cert.key_pair.serialize_pem()).unwrap();
-    let node = TestNode::start_with(NodeOpts {
-        config: format!(
-            "{TEST_CONFIG}[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
-            dir.path().join("cert.pem"),
-            dir.path().join("key.pem")
-        ),
-        no_wait_ready: true,
-        ..Default::default()
-    });
+    let node = TestNode::start_tls(dir.path(), "");
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.cert.der().clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());

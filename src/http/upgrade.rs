@@ -157,8 +157,7 @@ async fn relay<T: AsyncWrite>(
     body: BoxBody,
     out: &mut Out<T>,
 ) -> std::io::Result<()> {
-    let mut buf = BytesMut::new();
-    codec.encode(h1::Message::Item((head, BodySize::None)), &mut buf)?;
+    let buf = encode_head(&mut codec, head, BodySize::None)?;
     // Neither is needed again while the socket lives.
     drop(codec);
     out.send(&buf).await?;
@@ -168,7 +167,7 @@ async fn relay<T: AsyncWrite>(
         let Some(chunk) = poll_fn(|cx| body.as_mut().poll_next(cx)).await else {
             return Ok(());
         };
-        let chunk = chunk.map_err(|e| std::io::Error::other(e.to_string()))?;
+        let chunk = chunk.map_err(body_error)?;
         let mut ended = false;
         // Whatever else is ready now goes in the same write.
         let mut more = BytesMut::new();
@@ -181,7 +180,7 @@ async fn relay<T: AsyncWrite>(
                     }
                     more.extend_from_slice(&b);
                 }
-                Poll::Ready(Some(Err(e))) => return Err(std::io::Error::other(e.to_string())),
+                Poll::Ready(Some(Err(e))) => return Err(body_error(e)),
                 Poll::Ready(None) => {
                     ended = true;
                     break;
@@ -200,6 +199,22 @@ async fn relay<T: AsyncWrite>(
     }
 }
 
+/// An answer's head, encoded by the connection's codec for a body of `size`.
+fn encode_head(
+    codec: &mut h1::Codec,
+    head: Response<()>,
+    size: BodySize,
+) -> std::io::Result<BytesMut> {
+    let mut buf = BytesMut::new();
+    codec.encode(h1::Message::Item((head, size)), &mut buf)?;
+    Ok(buf)
+}
+
+/// A body that failed mid-answer, as the connection's write error.
+fn body_error(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
 /// Writes any other answer whole (head and body through the codec, which
 /// frames the body by its size or in chunks); the connection then closes.
 async fn answer<T: AsyncWrite>(
@@ -208,13 +223,12 @@ async fn answer<T: AsyncWrite>(
     body: BoxBody,
     out: &mut Out<T>,
 ) -> std::io::Result<()> {
-    let mut buf = BytesMut::new();
     let size = body.size();
-    codec.encode(h1::Message::Item((head, size)), &mut buf)?;
+    let mut buf = encode_head(&mut codec, head, size)?;
     if !matches!(size, BodySize::None) {
         let mut body = std::pin::pin!(body);
         while let Some(chunk) = poll_fn(|cx| body.as_mut().poll_next(cx)).await {
-            let chunk = chunk.map_err(|e| std::io::Error::other(e.to_string()))?;
+            let chunk = chunk.map_err(body_error)?;
             codec.encode(h1::Message::Chunk(Some(chunk)), &mut buf)?;
             out.send(&buf).await?;
             buf.clear();

@@ -213,6 +213,11 @@ pub struct QuotaConfig {
     /// it the oldest go (so does `[pubsub] max_history_bytes_per_namespace`,
     /// the node's ceiling: the lower of the two applies).
     pub history_bytes: u64,
+    /// Pub/sub history topics (each with its epoch and offsets) one
+    /// namespace keeps on one node; past it a new topic replaces the
+    /// longest-idle one holding no publication and no subscriber, or is
+    /// refused with 429.
+    pub history_topics: u64,
 }
 
 impl Default for QuotaConfig {
@@ -228,6 +233,7 @@ impl Default for QuotaConfig {
             sockets: 1_000,
             subscriptions: 10_000,
             history_bytes: 64 << 20,
+            history_topics: 10_000,
         }
     }
 }
@@ -686,8 +692,13 @@ pub struct PubSubConfig {
     /// Most publications one recovery (or one `GET /v1/pubsub/history`) returns;
     /// a larger gap is answered `recovered: false`.
     pub max_recovered_publications: u64,
-    /// Seconds between the node's history sweeps (one task for every namespace).
+    /// Seconds between history sweeps (each namespace supervisor sweeps its own).
     pub history_sweep_seconds: u64,
+    /// Seconds a history topic's stream (its epoch and top offset) is kept
+    /// once it holds no publication and nothing was published to it, like
+    /// Centrifugo's `history_meta_ttl`; then it is forgotten, and a client
+    /// recovering from it is told `recovered: false`.
+    pub history_meta_ttl_seconds: u64,
     /// Milliseconds `POST /v1/pubsub/publish[-batch]` waits for the
     /// namespace's supervisor (a history topic's ack waits for its store
     /// write); past it 504 `TIMEOUT`. Must be > 0.
@@ -707,6 +718,7 @@ impl Default for PubSubConfig {
             max_history_bytes_per_namespace: 64 << 20,
             max_recovered_publications: 300,
             history_sweep_seconds: 5,
+            history_meta_ttl_seconds: 30 * 86_400,
             publish_timeout_ms: 10_000,
         }
     }
@@ -880,10 +892,11 @@ impl Config {
             || p.max_history_bytes_per_namespace == 0
             || p.max_recovered_publications == 0
             || p.history_sweep_seconds == 0
+            || p.history_meta_ttl_seconds == 0
             || p.publish_timeout_ms == 0
         {
             errors.push(
-                "pubsub.max_history_size, max_history_ttl, max_history_bytes_per_namespace, max_recovered_publications, history_sweep_seconds and publish_timeout_ms: must be > 0"
+                "pubsub.max_history_size, max_history_ttl, max_history_bytes_per_namespace, max_recovered_publications, history_sweep_seconds, history_meta_ttl_seconds and publish_timeout_ms: must be > 0"
                     .into(),
             );
         }

@@ -48,11 +48,17 @@ pub enum Resource {
     /// `[pubsub] max_history_bytes_per_namespace` trims (the lower wins);
     /// an import carrying more is refused.
     HistoryBytes,
+    /// Pub/sub history topics with a stream (an epoch and offsets) kept
+    /// (per node, like `HistoryBytes`). A topic's stream outlives its
+    /// publications (`[pubsub] history_meta_ttl_seconds`); at the limit a
+    /// new topic takes the place of the longest-idle one that holds no
+    /// publication and no subscriber here, or is refused.
+    HistoryTopics,
 }
 
 impl Resource {
     /// Every resource, in the order they are shown.
-    pub const ALL: [Resource; 10] = [
+    pub const ALL: [Resource; 11] = [
         Resource::KvBytes,
         Resource::KvKeys,
         Resource::Functions,
@@ -63,6 +69,7 @@ impl Resource {
         Resource::Sockets,
         Resource::Subscriptions,
         Resource::HistoryBytes,
+        Resource::HistoryTopics,
     ];
 
     /// The name in `[quotas]`, the API and error messages.
@@ -78,6 +85,7 @@ impl Resource {
             Resource::Sockets => "sockets",
             Resource::Subscriptions => "subscriptions",
             Resource::HistoryBytes => "history_bytes",
+            Resource::HistoryTopics => "history_topics",
         }
     }
 
@@ -101,7 +109,10 @@ impl Resource {
     pub fn is_live(self) -> bool {
         matches!(
             self,
-            Resource::Sockets | Resource::Subscriptions | Resource::HistoryBytes
+            Resource::Sockets
+                | Resource::Subscriptions
+                | Resource::HistoryBytes
+                | Resource::HistoryTopics
         )
     }
 
@@ -113,7 +124,10 @@ impl Resource {
             Resource::Deployments | Resource::Hosts | Resource::SiteBytes => {
                 Some(Group::Deployments)
             }
-            Resource::Sockets | Resource::Subscriptions | Resource::HistoryBytes => None,
+            Resource::Sockets
+            | Resource::Subscriptions
+            | Resource::HistoryBytes
+            | Resource::HistoryTopics => None,
         }
     }
 
@@ -129,6 +143,7 @@ impl Resource {
             Resource::Sockets => cfg.sockets,
             Resource::Subscriptions => cfg.subscriptions,
             Resource::HistoryBytes => cfg.history_bytes,
+            Resource::HistoryTopics => cfg.history_topics,
         }
     }
 }
@@ -353,7 +368,7 @@ pub async fn report(
     ns: &str,
     limits: &Limits,
     live: &LiveCounts,
-    history_bytes: u64,
+    history: (u64, u64),
 ) -> StoreResult<serde_json::Value> {
     let mut stored = HashMap::new();
     for g in [Group::Kv, Group::Functions, Group::Deployments] {
@@ -364,7 +379,8 @@ pub async fn report(
     for r in Resource::ALL {
         let used = match r.group() {
             Some(g) => stored.get(g.suffix()).map_or(0, |u| u.get(r)),
-            None if r == Resource::HistoryBytes => history_bytes,
+            None if r == Resource::HistoryBytes => history.0,
+            None if r == Resource::HistoryTopics => history.1,
             None => live.get(ns, r),
         };
         out.insert(

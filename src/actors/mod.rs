@@ -36,7 +36,7 @@ pub use records::{RECORD_TTL, Records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};
 pub use topics::{
     HistoryOf, HistoryPage, HistoryState, MeshMessage, Presence, Publish, PublishBatch,
-    ReadHistory, Release, ReplaceHistory, Replicated, SetHistory, Subscribe, Subscribed,
-    SweepHistory, Topics, Unsubscribe, UnsubscribeAll,
+    ReadHistory, Release, ReplaceHistory, Replicated, SetHistory, Subscribe, Subscribed, Topics,
+    Unsubscribe, UnsubscribeAll,
 };
 pub use watch::follow as follow_records;

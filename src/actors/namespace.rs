@@ -139,6 +139,9 @@ pub struct NamespaceSupervisor {
         crate::pubsub::history::Staged,
         tokio::sync::oneshot::Sender<Option<crate::pubsub::Position>>,
     )>,
+    /// Topics of `history_staged` this node's history copy holds no stream
+    /// of yet: counted against the `history_topics` quota until sequenced.
+    pub history_new: std::collections::HashSet<String>,
     /// Recovering subscriptions whose missed publications are on their way
     /// to the socket; live publications wait here until it says
     /// [`Release`](super::Release) (`actors/topics.rs`).
@@ -176,6 +179,7 @@ impl NamespaceSupervisor {
             history_writing: false,
             history_waiters: Vec::new(),
             history_staged: Vec::new(),
+            history_new: std::collections::HashSet::new(),
             held: Vec::new(),
             cron: None,
             ended: false,
@@ -336,6 +340,10 @@ impl Actor for NamespaceSupervisor {
         // The admission counter in ActorStats is the bound; this is only a backstop.
         ctx.set_mailbox_capacity(self.mailbox_capacity.saturating_mul(2).max(16));
         self.reload(ctx);
+        let every = self.topics.service.config.history_sweep_seconds.max(1);
+        ctx.run_interval(std::time::Duration::from_secs(every), |act, ctx| {
+            act.sweep_history(ctx)
+        });
         // A change of the functions cut off by a restart answered its
         // sender with an error; the next ones go on.
         self.fn_changing = false;

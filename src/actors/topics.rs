@@ -61,9 +61,70 @@ impl NamespaceSupervisor {
     /// `history_bytes` quota when that is lower.
     fn history_caps(&self) -> HistoryCaps {
         let mut caps = HistoryCaps::from(&self.topics.service.config);
-        let quota = self.limits().get(crate::quota::Resource::HistoryBytes);
-        caps.max_bytes = caps.max_bytes.min(quota);
+        let limits = self.limits();
+        caps.max_bytes = caps
+            .max_bytes
+            .min(limits.get(crate::quota::Resource::HistoryBytes));
+        caps.max_topics = limits.get(crate::quota::Resource::HistoryTopics);
         caps
+    }
+
+    /// Whether `topic` is in use on this node, so its stream is never
+    /// forgotten for room or age: subscribed, held by a recovery, or staged.
+    fn history_in_use(&self) -> impl Fn(&str) -> bool + '_ {
+        let (table, held, staged) = (&self.topics, &self.held, &self.history_new);
+        move |t: &str| {
+            table.targets(t).is_some() || held.iter().any(|h| h.topic == t) || staged.contains(t)
+        }
+    }
+
+    /// Admits the history topics among `topics` whose stream this node
+    /// does not keep yet under the namespace's `history_topics` quota,
+    /// forgetting the longest-idle streams that hold no publication and
+    /// are not in use to make room; 429 `QUOTA_EXCEEDED` (nothing changed)
+    /// when they do not fit. `staged`: they are being published (counted
+    /// in `history_new` until sequenced); else a subscribe gives them a
+    /// stream at once.
+    fn admit_history_topics<'a>(
+        &mut self,
+        topics: impl IntoIterator<Item = &'a str>,
+        staged: bool,
+    ) -> NsResult<()> {
+        let Some(h) = self.history.as_ref() else {
+            return Ok(());
+        };
+        let mut new: Vec<&str> = Vec::new();
+        for t in topics {
+            if !h.has_topic(t)
+                && !self.history_new.contains(t)
+                && !new.contains(&t)
+                && self.history_rule(t).is_some()
+            {
+                new.push(t);
+            }
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
+        let max = self.limits().get(crate::quota::Resource::HistoryTopics);
+        let reserved = self.history_new.len() as u64;
+        let want = reserved + new.len() as u64;
+        let mut history = self.history.take().expect("checked above");
+        let fits = history.make_room(want, max, self.history_in_use());
+        let used = history.topic_count() + reserved;
+        self.history = Some(history);
+        if !fits {
+            return Err(NsError::Refused(crate::quota::exceeded(
+                crate::quota::Resource::HistoryTopics,
+                used,
+                new.len() as u64,
+                max,
+            )));
+        }
+        if staged {
+            self.history_new.extend(new.into_iter().map(str::to_string));
+        }
+        Ok(())
     }
 
     /// The history rule naming `topic`, if any (no rules: none, at once).
@@ -375,6 +436,7 @@ impl NamespaceSupervisor {
         };
         let touched = h.take_touched();
         let pending = h.take_pending();
+        let forgotten = h.take_forgotten();
         let (max_ops, max_bytes) = if self.store.as_sled().is_some() {
             (usize::MAX, usize::MAX)
         } else {
@@ -391,7 +453,7 @@ impl NamespaceSupervisor {
         }
         let batch: Vec<(Staged, AckTx)> = self.history_staged.drain(..n).collect();
         let waiters = std::mem::take(&mut self.history_waiters);
-        if batch.is_empty() && touched.is_empty() && pending.is_empty() {
+        if batch.is_empty() && touched.is_empty() && pending.is_empty() && forgotten.is_empty() {
             for w in waiters {
                 let _ = w.send(true);
             }
@@ -466,11 +528,22 @@ impl NamespaceSupervisor {
                     Ok(())
                 }
                 .await;
+                // Forgotten streams: each meta deleted only if the store
+                // still holds it as this node knew it (a publication
+                // sequenced since, here or elsewhere, keeps it).
+                for (key, known) in forgotten {
+                    if let Err(e) = store.compare_and_swap(&key, Some(&known), None, None).await {
+                        tracing::warn!(namespace = %ns, error = %e, "A forgotten pub/sub history topic's meta was not deleted; the next sweep of a node that holds it tries again.");
+                    }
+                }
                 (seq, trims)
             }
             .into_actor(self)
             .map(move |(seq, trims), act, ctx| {
                 act.history_writing = false;
+                for (st, _) in &batch {
+                    act.history_new.remove(&st.topic);
+                }
                 if let Err(e) = &trims {
                     tracing::error!(namespace = %act.name, error = %e, "A pub/sub history batch was not written.");
                 }
@@ -681,6 +754,9 @@ impl Handler<Subscribe> for NamespaceSupervisor {
     fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
         if self.unknown_shared_topic(&msg.topic) {
+            if let Err(e) = self.admit_history_topics([msg.topic.as_str()], false) {
+                return actix::Response::reply(Err(e));
+            }
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.learn_topic(ctx, msg.topic.clone(), move |act, ctx| {
                 let _ = tx.send(act.subscribe_now(msg, ctx));
@@ -695,6 +771,9 @@ impl NamespaceSupervisor {
     fn subscribe_now(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> NsResult<Subscribed> {
         let r = self.guarded(ctx, |act| {
             act.exists()?;
+            // A subscribe (recovering or not) gives a topic new here its
+            // stream at once: it counts.
+            act.admit_history_topics([msg.topic.as_str()], false)?;
             // The missed publications go back with the answer; until the
             // socket has queued them, live ones are held (each publication
             // is one step of this mailbox: none is both, none is lost).
@@ -928,6 +1007,7 @@ impl Handler<Publish> for NamespaceSupervisor {
         let _t = self.stats.begin();
         let ack = match self.guarded(ctx, |act| {
             act.exists()?;
+            act.admit_history_topics([msg.topic.as_str()], true)?;
             Ok(act.publish_one(&msg.topic, &msg.data))
         }) {
             Ok(a) => a,
@@ -961,6 +1041,7 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
         let _t = self.stats.begin();
         let acks = match self.guarded(ctx, |act| {
             act.exists()?;
+            act.admit_history_topics(msg.messages.iter().map(|(t, _)| t.as_str()), true)?;
             Ok(msg
                 .messages
                 .iter()
@@ -1126,16 +1207,16 @@ fn bad_offset(m: impl Into<String>) -> NsError {
     ))
 }
 
-/// Sent by the node's history sweep (one task for every namespace, `node.rs`)
-/// through admission: drops what is past its rule's age or size. No reply.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SweepHistory;
-
-impl Handler<SweepHistory> for NamespaceSupervisor {
-    type Result = ();
-    fn handle(&mut self, _: SweepHistory, ctx: &mut Context<Self>) {
-        let _t = self.stats.begin();
+impl NamespaceSupervisor {
+    /// The history sweep, every `[pubsub] history_sweep_seconds` on this
+    /// supervisor's own timer (`started`): drops what is past its rule's age
+    /// or size and forgets streams idle past `history_meta_ttl_seconds` or
+    /// over the `history_topics` quota, then writes the deletions. Not
+    /// counted as activity: an idle namespace still passivates.
+    pub(crate) fn sweep_history(&mut self, ctx: &mut Context<Self>) {
+        if self.history.as_ref().is_none_or(|h| h.topic_count() == 0) {
+            return;
+        }
         let caps = self.history_caps();
         let _ = self.guarded(ctx, |act| {
             let rules = act
@@ -1143,8 +1224,9 @@ impl Handler<SweepHistory> for NamespaceSupervisor {
                 .as_ref()
                 .map(|r| r.history.clone())
                 .unwrap_or_default();
-            if let Some(h) = act.history.as_mut() {
-                h.sweep(&rules, now_ms(), &caps);
+            if let Some(mut h) = act.history.take() {
+                h.sweep(&rules, now_ms(), &caps, act.history_in_use());
+                act.history = Some(h);
             }
             Ok(())
         });
@@ -1186,6 +1268,10 @@ pub struct HistoryState {
     pub bytes: u64,
     /// The most it may keep (the quota or the node's cap, the lower).
     pub max_bytes: u64,
+    /// Topics with a stream kept (the `history_topics` quota's use).
+    pub topics: u64,
+    /// The `history_topics` quota.
+    pub max_topics: u64,
     /// The streams, with `streams`; empty otherwise.
     pub streams: Vec<ExportedTopic>,
 }
@@ -1194,18 +1280,22 @@ impl Handler<HistoryOf> for NamespaceSupervisor {
     type Result = NsResult<HistoryState>;
     fn handle(&mut self, msg: HistoryOf, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
-        let max_bytes = self.history_caps().max_bytes;
+        let caps = self.history_caps();
+        let (max_bytes, max_topics) = (caps.max_bytes, caps.max_topics);
         self.guarded(ctx, |act| {
             act.exists()?;
             let Some(h) = act.history.as_ref() else {
                 return Ok(HistoryState {
                     max_bytes,
+                    max_topics,
                     ..Default::default()
                 });
             };
             Ok(HistoryState {
                 bytes: h.bytes(),
                 max_bytes,
+                topics: h.topic_count(),
+                max_topics,
                 streams: if msg.streams { h.export() } else { Vec::new() },
             })
         })

@@ -46,6 +46,11 @@ pub struct HistoryCaps {
     pub max_bytes: u64,
     /// Most publications one recovery returns; a larger gap is not recovered.
     pub max_recovered: u64,
+    /// Milliseconds a topic holding no publication keeps its stream after
+    /// its last activity (`[pubsub] history_meta_ttl_seconds`).
+    pub meta_ttl_ms: u64,
+    /// Topics with a stream the namespace may keep (its `history_topics` quota).
+    pub max_topics: u64,
 }
 
 impl From<&crate::config::PubSubConfig> for HistoryCaps {
@@ -55,6 +60,8 @@ impl From<&crate::config::PubSubConfig> for HistoryCaps {
             max_ttl: c.max_history_ttl,
             max_bytes: c.max_history_bytes_per_namespace,
             max_recovered: c.max_recovered_publications,
+            meta_ttl_ms: c.history_meta_ttl_seconds.saturating_mul(1000),
+            max_topics: u64::MAX,
         }
     }
 }
@@ -173,6 +180,25 @@ struct TopicHistory {
     entries: VecDeque<Entry>,
     /// Payload bytes of `entries`.
     bytes: u64,
+    /// Unix ms of its last activity: its newest publication, or when this
+    /// node gave it an epoch or read it (a load counts as activity: metas
+    /// do not store it). A topic holding no publication is forgotten
+    /// `meta_ttl_ms` after it, or sooner to make room ([`NsHistory::make_room`]).
+    last_ms: u64,
+}
+
+impl TopicHistory {
+    fn new(meta: Meta, entries: VecDeque<Entry>, bytes: u64) -> Self {
+        let last_ms = entries
+            .back()
+            .map_or_else(super::protocol::now_ms, |e| e.timestamp);
+        TopicHistory {
+            meta,
+            entries,
+            bytes,
+            last_ms,
+        }
+    }
 }
 
 /// A namespace's history: every topic with a [`Meta`], the kept
@@ -187,6 +213,10 @@ pub struct NsHistory {
     pending: Vec<BatchOp>,
     /// Topics given an epoch here whose metas the store may not hold yet.
     touched: Vec<String>,
+    /// Forgotten topics' stored metas to delete, each with the value this
+    /// node last knew: deleted only if the store still holds exactly that
+    /// (a publication sequenced meanwhile, here or on another node, keeps it).
+    forgotten: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// One topic's stream in a namespace export (`history` of
@@ -231,11 +261,19 @@ pub struct CheckedTopic {
 /// 64 letters, digits or `-`; offsets from 1, strictly increasing and at
 /// most `top`; base64 payloads; the payloads' total within `max_bytes` (the
 /// namespace's `history_bytes` quota and the node's cap, whichever is lower:
-/// 413 `QUOTA_EXCEEDED` past it). The error says which entry is wrong.
+/// 413 `QUOTA_EXCEEDED` past it); at most `max_topics` topics (its
+/// `history_topics` quota: 429 past it). The error says which entry is wrong.
 pub fn check_import(
     topics: &[ExportedTopic],
     max_bytes: u64,
+    max_topics: u64,
 ) -> Result<Vec<CheckedTopic>, ImportError> {
+    if topics.len() as u64 > max_topics {
+        return Err(ImportError::TooManyTopics {
+            topics: topics.len() as u64,
+            max_topics,
+        });
+    }
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
     let mut out = Vec::with_capacity(topics.len());
@@ -309,6 +347,13 @@ pub enum ImportError {
     TooLarge {
         /// The namespace's limit.
         max_bytes: u64,
+    },
+    /// More topics than the namespace may keep.
+    TooManyTopics {
+        /// Topics in the export.
+        topics: u64,
+        /// The namespace's `history_topics` quota.
+        max_topics: u64,
     },
 }
 
@@ -532,11 +577,7 @@ impl NsHistory {
                 };
                 h.topics.insert(
                     topic.to_string(),
-                    TopicHistory {
-                        meta,
-                        entries: VecDeque::new(),
-                        bytes: 0,
-                    },
+                    TopicHistory::new(meta, VecDeque::new(), 0),
                 );
             } else if let Some(p) = rest.strip_prefix(b"p/") {
                 if p.len() < 9 || p[p.len() - 9] != 0 || v.len() < 8 {
@@ -565,6 +606,7 @@ impl NsHistory {
                 Some(t) if e.offset <= t.meta.top => {
                     t.bytes += e.data.len() as u64;
                     h.bytes += e.data.len() as u64;
+                    t.last_ms = e.timestamp;
                     t.entries.push_back(e);
                 }
                 // A publication written without its meta (or past it): the
@@ -679,8 +721,18 @@ impl NsHistory {
     }
 
     /// The background sweep: drops what is past its rule's age or size (and
-    /// every publication of a topic no rule names any more). Metas stay.
-    pub fn sweep(&mut self, rules: &[HistoryRule], now_ms: u64, caps: &HistoryCaps) {
+    /// every publication of a topic no rule names any more), then forgets
+    /// the topics holding no publication that are idle past
+    /// `caps.meta_ttl_ms` or, past `caps.max_topics` (a quota made
+    /// smaller, copies from other nodes), the longest idle; never one
+    /// `in_use` names (subscribed here).
+    pub fn sweep(
+        &mut self,
+        rules: &[HistoryRule],
+        now_ms: u64,
+        caps: &HistoryCaps,
+        in_use: impl Fn(&str) -> bool,
+    ) {
         let topics: Vec<String> = self
             .topics
             .iter()
@@ -699,6 +751,86 @@ impl NsHistory {
             }
         }
         self.trim_bytes(caps.max_bytes);
+        let idle_since = now_ms.saturating_sub(caps.meta_ttl_ms);
+        let expired: Vec<String> = self
+            .topics
+            .iter()
+            .filter(|(k, t)| t.entries.is_empty() && t.last_ms < idle_since && !in_use(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for topic in expired {
+            self.forget(&topic);
+        }
+        while self.topics.len() as u64 > caps.max_topics && self.evict_idle(&in_use) {}
+    }
+
+    /// Topics with a stream kept here (the `history_topics` quota's use).
+    pub fn topic_count(&self) -> u64 {
+        self.topics.len() as u64
+    }
+
+    /// Room for `new` more topics under `max` (the `history_topics`
+    /// quota): forgets the longest-idle topics holding no publication that
+    /// `in_use` does not name until they fit. False (nothing forgotten) when
+    /// they cannot.
+    pub fn make_room(&mut self, new: u64, max: u64, in_use: impl Fn(&str) -> bool) -> bool {
+        let count = self.topics.len() as u64;
+        if count.saturating_add(new) <= max {
+            return true;
+        }
+        let need = count.saturating_add(new) - max;
+        let idle = self
+            .topics
+            .iter()
+            .filter(|(k, t)| t.entries.is_empty() && !in_use(k))
+            .count() as u64;
+        if idle < need {
+            return false;
+        }
+        for _ in 0..need {
+            self.evict_idle(&in_use);
+        }
+        true
+    }
+
+    /// Forgets the longest-idle topic holding no publication that `in_use`
+    /// does not name; false when there is none.
+    fn evict_idle(&mut self, in_use: &impl Fn(&str) -> bool) -> bool {
+        let Some(topic) = self
+            .topics
+            .iter()
+            .filter(|(k, t)| t.entries.is_empty() && !in_use(k))
+            .min_by_key(|(_, t)| t.last_ms)
+            .map(|(k, _)| k.clone())
+        else {
+            return false;
+        };
+        self.forget(&topic);
+        true
+    }
+
+    /// Drops a topic holding no publication from this copy and queues the
+    /// guarded deletion of its stored meta: its next publication starts a
+    /// new epoch, and a client recovering from the old one is told
+    /// `recovered: false`.
+    fn forget(&mut self, topic: &str) {
+        let Some(t) = self.topics.remove(topic) else {
+            return;
+        };
+        debug_assert!(t.entries.is_empty());
+        self.touched.retain(|x| x != topic);
+        // A meta never stored (given here, top 0, not yet written) has
+        // nothing to delete; one that is, only as this node knows it.
+        self.forgotten.push((
+            meta_key(&self.ns, topic),
+            serde_json::to_vec(&t.meta).unwrap_or_default(),
+        ));
+    }
+
+    /// The forgotten topics' metas to delete, each with the value it must
+    /// still have in the store ([`NsHistory::make_room`], the sweep).
+    pub fn take_forgotten(&mut self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        std::mem::take(&mut self.forgotten)
     }
 
     /// The store writes queued since the last call, to write as one batch:
@@ -759,6 +891,8 @@ impl NsHistory {
     /// history lands after the new.
     pub fn replace(&mut self, imported: Vec<CheckedTopic>) {
         let ns = self.ns.clone();
+        self.forgotten.clear();
+        self.touched.clear();
         for (topic, t) in std::mem::take(&mut self.topics) {
             for e in &t.entries {
                 self.pending
@@ -768,11 +902,7 @@ impl NsHistory {
         }
         self.bytes = 0;
         for c in imported {
-            let mut t = TopicHistory {
-                meta: c.meta,
-                entries: VecDeque::new(),
-                bytes: 0,
-            };
+            let mut t = TopicHistory::new(c.meta, VecDeque::new(), 0);
             self.pending.push(BatchOp::Put(
                 meta_key(&ns, &c.topic),
                 serde_json::to_vec(&t.meta).unwrap_or_default(),
@@ -784,11 +914,17 @@ impl NsHistory {
                 self.pending
                     .push(BatchOp::Put(pub_key(&ns, &c.topic, e.offset), value));
                 t.bytes += e.data.len() as u64;
+                t.last_ms = e.timestamp;
                 t.entries.push_back(e);
             }
             self.bytes += t.bytes;
             self.topics.insert(c.topic, t);
         }
+    }
+
+    /// Whether this node keeps a stream of `topic`.
+    pub fn has_topic(&self, topic: &str) -> bool {
+        self.topics.contains_key(topic)
     }
 
     /// The topic's meta as this node holds it; None when it has no history here.
@@ -821,6 +957,7 @@ impl NsHistory {
                 },
                 entries: VecDeque::new(),
                 bytes: 0,
+                last_ms: timestamp,
             });
         // Held already: never kept (or delivered) twice.
         if t.meta.epoch == epoch
@@ -838,6 +975,7 @@ impl NsHistory {
             timestamp,
             data: data.clone(),
         });
+        t.last_ms = t.last_ms.max(timestamp);
         t.bytes += data.len() as u64;
         self.bytes += data.len() as u64;
         // The row `size` back went with the publication's own store write,
@@ -912,11 +1050,7 @@ impl NsHistory {
         self.bytes += bytes;
         self.topics.insert(
             topic.to_string(),
-            TopicHistory {
-                meta,
-                entries: entries.into(),
-                bytes,
-            },
+            TopicHistory::new(meta, entries.into(), bytes),
         );
         Adopted { new, broken }
     }
@@ -953,7 +1087,7 @@ impl NsHistory {
 
     /// Whether store writes are queued.
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        !self.pending.is_empty() || !self.forgotten.is_empty()
     }
 
     /// The topic's epoch and top offset; None when it has no history yet.
@@ -977,11 +1111,7 @@ impl NsHistory {
         self.touched.push(topic.to_string());
         self.topics.insert(
             topic.to_string(),
-            TopicHistory {
-                meta,
-                entries: VecDeque::new(),
-                bytes: 0,
-            },
+            TopicHistory::new(meta, VecDeque::new(), 0),
         );
         self.position(topic).expect("just inserted")
     }
@@ -1065,6 +1195,8 @@ mod tests {
         max_ttl: 3600,
         max_bytes: 1 << 20,
         max_recovered: 300,
+        meta_ttl_ms: 86_400_000,
+        max_topics: 1000,
     };
 
     fn rule(size: u64) -> HistoryRule {
@@ -1155,11 +1287,11 @@ mod tests {
         for i in 0..3 {
             h.append("chat.1", &r, &d, 1000 + i, &CAPS);
         }
-        h.sweep(&[r.clone()], 1002 + 60_001, &CAPS);
+        h.sweep(&[r.clone()], 1002 + 60_001, &CAPS, |_| false);
         assert!(h.read("chat.1", None, 10, false, 0).is_empty());
         assert_eq!(h.append("chat.1", &r, &d, 100_000, &CAPS).offset, 4);
         // No rule names the topic any more: the sweep empties it.
-        h.sweep(&[], 100_001, &CAPS);
+        h.sweep(&[], 100_001, &CAPS, |_| false);
         assert!(h.read("chat.1", None, 10, false, 0).is_empty());
         let caps = HistoryCaps {
             max_bytes: 25,
@@ -1170,6 +1302,122 @@ mod tests {
         h.append("chat.b", &r, &d, 200_002, &caps);
         assert!(h.read("chat.a", None, 10, false, 0).is_empty());
         assert_eq!(h.read("chat.b", None, 10, false, 0).len(), 2);
+    }
+
+    /// A topic whose publications are all gone keeps its stream for the
+    /// meta TTL after its last publication, then is forgotten: its stored
+    /// meta queued for a deletion guarded by the value this node knew, its
+    /// next publication a new epoch. In use, or holding publications, it stays.
+    #[test]
+    fn idle_streams_are_forgotten_after_the_meta_ttl() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let r = rule(100);
+        let d = Bytes::from_static(b"x");
+        let caps = HistoryCaps {
+            meta_ttl_ms: 100_000,
+            ..CAPS
+        };
+        for t in ["chat.idle", "chat.used"] {
+            h.append(t, &r, &d, 1_000, &caps);
+        }
+        h.append("chat.kept", &r, &d, 1_000, &caps);
+        let old = h.meta("chat.idle").unwrap();
+        h.take_pending();
+        // Past the rule's 60 s every publication is gone; the streams stay.
+        h.sweep(&[r.clone()], 62_000, &caps, |_| false);
+        assert_eq!(h.topic_count(), 3);
+        assert!(h.take_forgotten().is_empty());
+        // A publication at 90 s keeps chat.kept busy; past 101 s the idle
+        // ones go, but for the one a subscriber uses.
+        h.append("chat.kept", &r, &d, 90_000, &caps);
+        h.sweep(&[r.clone()], 101_001, &caps, |t| t == "chat.used");
+        assert!(!h.has_topic("chat.idle"));
+        assert!(h.has_topic("chat.used") && h.has_topic("chat.kept"));
+        assert_eq!(
+            h.take_forgotten(),
+            vec![(
+                meta_key("ns", "chat.idle"),
+                serde_json::to_vec(&old).unwrap()
+            )]
+        );
+        let again = h.append("chat.idle", &r, &d, 101_002, &caps);
+        assert_eq!(again.offset, 1);
+        assert_ne!(
+            again.epoch, old.epoch,
+            "a forgotten stream starts a new epoch"
+        );
+        assert_eq!(
+            h.recover("chat.idle", 1, &old.epoch, 0, 300).recovered,
+            false,
+            "a client of the old stream is told it is gone"
+        );
+    }
+
+    /// The topic quota: room for new topics is made by forgetting the
+    /// longest-idle streams holding no publication and not in use, all or
+    /// nothing; a quota made smaller is reached by the sweep the same way.
+    #[test]
+    fn room_for_new_topics_is_made_from_idle_streams_only() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        let r = rule(100);
+        let d = Bytes::from_static(b"x");
+        for (i, t) in ["chat.1", "chat.2", "chat.3", "chat.4"].iter().enumerate() {
+            h.append(t, &r, &d, 1_000 + i as u64, &CAPS);
+        }
+        // chat.1 and chat.2 hold publications; chat.3 and chat.4 none.
+        h.sweep(&[r.clone()], 62_000, &CAPS, |_| false);
+        h.append("chat.1", &r, &d, 70_000, &CAPS);
+        h.append("chat.2", &r, &d, 70_000, &CAPS);
+        h.take_pending();
+        assert!(h.make_room(1, 5, |_| false), "fits without forgetting");
+        assert!(h.take_forgotten().is_empty());
+        // Four more under 5 needs three forgotten: only two streams are
+        // idle, so none is.
+        assert!(!h.make_room(4, 5, |_| false));
+        assert_eq!(h.topic_count(), 4);
+        assert!(h.take_forgotten().is_empty());
+        // Two more: the idle two go; one more when chat.3 is in use: chat.4.
+        assert!(!h.make_room(2, 4, |t| t == "chat.3"));
+        assert!(h.make_room(1, 4, |t| t == "chat.3"));
+        assert!(!h.has_topic("chat.4") && h.has_topic("chat.3"));
+        assert_eq!(h.take_forgotten().len(), 1);
+        assert!(h.make_room(1, 3, |_| false));
+        assert!(!h.has_topic("chat.3"));
+        assert_eq!(h.topic_count(), 2);
+        assert_eq!(h.take_forgotten().len(), 1);
+        // Streams with publications are never forgotten for room.
+        assert!(!h.make_room(1, 2, |_| false));
+        // A quota lowered under the count: the sweep forgets idle ones only.
+        h.append("chat.5", &r, &d, 70_001, &CAPS);
+        h.sweep(&[r.clone()], 130_002, &CAPS, |_| false);
+        let caps = HistoryCaps {
+            max_topics: 1,
+            ..CAPS
+        };
+        h.sweep(&[r.clone()], 130_002, &caps, |_| false);
+        assert_eq!(h.topic_count(), 1);
+        assert_eq!(h.take_forgotten().len(), 2);
+    }
+
+    /// An import with more topics than the `history_topics` quota is
+    /// refused whole, before anything else is checked.
+    #[test]
+    fn an_import_past_the_topic_quota_is_refused() {
+        let t = |name: &str| ExportedTopic {
+            topic: name.into(),
+            epoch: "e1".into(),
+            top: 0,
+            publications: Vec::new(),
+        };
+        let topics = vec![t("a"), t("b"), t("c")];
+        assert_eq!(
+            check_import(&topics, 1 << 20, 2).unwrap_err(),
+            ImportError::TooManyTopics {
+                topics: 3,
+                max_topics: 2
+            }
+        );
+        assert_eq!(check_import(&topics, 1 << 20, 3).unwrap().len(), 3);
     }
 
     fn staged(topic: &str, data: &str, size: u64) -> Staged {
@@ -1249,9 +1497,7 @@ mod tests {
         let mut h = NsHistory::load("ns", Vec::new());
         let caps = HistoryCaps {
             max_size: 100,
-            max_ttl: 3600,
-            max_bytes: 1 << 20,
-            max_recovered: 300,
+            ..CAPS
         };
         let x = Bytes::from_static(b"x");
         for i in 1..=4u64 {

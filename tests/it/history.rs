@@ -803,3 +803,215 @@ async fn a_bad_history_in_an_import_changes_nothing() {
     let (_, page) = history(&node, &key, "topic=t.y");
     assert_eq!(offsets(&page), Vec::<u64>::new());
 }
+
+/// Publishes over HTTP; returns the status and the answer, whatever it is.
+fn try_publish(node: &TestNode, key: &str, topic: &str) -> (u16, Value) {
+    let body = json!({"topic": topic, "data_base64": B64.encode("x")}).to_string();
+    let (s, b) = node.with_key(key, "POST", "/v1/pubsub/publish", Some(body.as_bytes()));
+    (s, json(&b))
+}
+
+/// The `history_topics` quota of `ns` as the operator reads it: (used, limit).
+fn topics_quota(node: &TestNode, ns: &str) -> (u64, u64) {
+    let (s, b) = node.op("GET", &format!("/v1/namespaces/{ns}/quotas"), None);
+    assert_eq!(s, 200, "{b}");
+    let q = &json(&b)["quotas"]["history_topics"];
+    (q["used"].as_u64().unwrap(), q["limit"].as_u64().unwrap())
+}
+
+fn assert_topics_refused(s: u16, answer: &Value) {
+    assert_eq!(s, 429, "{answer}");
+    assert_eq!(answer["error"]["code"], "QUOTA_EXCEEDED", "{answer}");
+    let msg = answer["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("history_topics"), "{msg}");
+}
+
+/// Waits (at most 20 s) until `f` holds.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never: {what}");
+}
+
+/// An attacker publishing (or subscribing) to ever new history topics: a
+/// topic's stream outlives its publications, so without a bound every new
+/// name cost the node memory and store for good (200,000 names grew a node
+/// by 190 MB). Now a namespace keeps at most its `history_topics` streams
+/// per node: past it a new topic is refused with 429 `QUOTA_EXCEEDED` (an
+/// HTTP publish, a whole batch, a socket's subscribe), nothing of it kept
+/// and other namespaces untouched; once streams hold no publication, a new
+/// topic takes the place of the longest-idle one no subscriber uses, which
+/// is forgotten in the store too (a crash does not bring it back) and tells
+/// a client recovering from it `recovered: false`.
+#[actix_rt::test]
+async fn a_namespace_keeps_at_most_its_history_topics() {
+    let node = TestNode::start_with(opts("[pubsub]\nhistory_sweep_seconds = 1\n"));
+    let key = node.create_namespace("ht");
+    let other = node.create_namespace("ho");
+    let rules = |ttl: u64| json!([{"topics": "t.*", "size": 10, "ttl_seconds": ttl}]);
+    assert_eq!(set_rules(&node, "ht", rules(3600)).0, 200);
+    assert_eq!(set_rules(&node, "ho", rules(3600)).0, 200);
+    let (s, b) = node.op(
+        "PUT",
+        "/v1/namespaces/ht/quotas",
+        Some(r#"{"history_topics": 3}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    let first = publish(&node, &key, "t.0", "x");
+    publish(&node, &key, "t.1", "x");
+    publish(&node, &key, "t.2", "x");
+    assert_eq!(topics_quota(&node, "ht"), (3, 3));
+
+    // A fourth topic, alone, in a batch, on a socket: refused, nothing kept.
+    let (s, a) = try_publish(&node, &key, "t.3");
+    assert_topics_refused(s, &a);
+    let batch = json!({"messages": [
+        {"topic": "t.1", "data_base64": B64.encode("y")},
+        {"topic": "t.3", "data_base64": B64.encode("y")},
+    ]})
+    .to_string();
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/pubsub/publish-batch",
+        Some(batch.as_bytes()),
+    );
+    assert_topics_refused(s, &json(&b));
+    let (_, page) = history(&node, &key, "topic=t.1");
+    assert_eq!(page["offset"], 1, "the batch is all or nothing: {page}");
+    let (_, mut sock) = connect(&node, "/v1/ws", &key).await;
+    send_json(
+        &mut sock,
+        json!({"id": 7, "type": "subscribe", "topic": "t.3"}),
+    )
+    .await;
+    let answer = next_json(&mut sock).await;
+    assert_eq!(
+        (answer["id"].as_u64(), answer["ok"].as_bool()),
+        (Some(7), Some(false)),
+        "{answer}"
+    );
+    assert_eq!(answer["error"]["code"], "QUOTA_EXCEEDED", "{answer}");
+    let (_, page) = history(&node, &key, "topic=t.3");
+    assert!(page["epoch"].is_null(), "no stream kept for t.3: {page}");
+    assert_eq!(topics_quota(&node, "ht"), (3, 3));
+    // Known topics go on; another namespace is not touched.
+    assert_eq!(publish(&node, &key, "t.2", "x")["offset"], 2);
+    for i in 0..5 {
+        publish(&node, &other, &format!("t.{i}"), "x");
+    }
+    assert_eq!(topics_quota(&node, "ho").0, 5);
+
+    // A subscriber holds t.1; then every publication expires (ttl 1 s).
+    send_json(
+        &mut sock,
+        json!({"id": 8, "type": "subscribe", "topic": "t.1"}),
+    )
+    .await;
+    assert_eq!(next_json(&mut sock).await["ok"], true);
+    assert_eq!(set_rules(&node, "ht", rules(1)).0, 200);
+    eventually("the sweep dropped every publication", || {
+        let (_, b) = node.op("GET", "/v1/namespaces/ht/quotas", None);
+        json(&b)["quotas"]["history_bytes"]["used"] == 0
+    })
+    .await;
+    // t.3 takes the place of t.0 (the longest idle), t.4 that of t.2 (t.1
+    // is subscribed); t.5 finds only streams in use or holding publications.
+    assert_eq!(publish(&node, &key, "t.3", "x")["offset"], 1);
+    assert_eq!(publish(&node, &key, "t.4", "x")["offset"], 1);
+    let (s, a) = try_publish(&node, &key, "t.5");
+    assert_topics_refused(s, &a);
+    assert_eq!(topics_quota(&node, "ht"), (3, 3));
+    let (_, page) = history(&node, &key, "topic=t.0");
+    assert!(page["epoch"].is_null(), "t.0 forgotten: {page}");
+    let (_, page) = history(&node, &key, "topic=t.1");
+    assert_eq!(page["offset"], 1, "t.1 kept: {page}");
+    // A client of t.0's old stream: a subscribe, recovering or not, would
+    // give t.0 a stream again, so it needs room too.
+    send_json(
+        &mut sock,
+        json!({"id": 9, "type": "subscribe", "topic": "t.0",
+               "recover": {"offset": 1, "epoch": first["epoch"]}}),
+    )
+    .await;
+    let answer = next_json(&mut sock).await;
+    assert_eq!(answer["error"]["code"], "QUOTA_EXCEEDED", "{answer}");
+    let (s, b) = node.op(
+        "PUT",
+        "/v1/namespaces/ht/quotas",
+        Some(r#"{"history_topics": 4}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    // With room it is told the truth: not recovered, a new epoch.
+    let (answer, _) = subscribe_recover(
+        &mut sock,
+        "t.0",
+        json!({"offset": 1, "epoch": first["epoch"]}),
+        0,
+    )
+    .await;
+    assert_eq!(answer["recovered"], false, "{answer}");
+    let fresh = answer["epoch"].clone();
+    assert!(fresh.is_string() && fresh != first["epoch"], "{answer}");
+    assert_eq!(topics_quota(&node, "ht"), (4, 4));
+    drop(sock);
+
+    // Forgotten in the store too: after a crash t.0 (its new stream), t.1,
+    // t.3 and t.4 come back, t.2 does not.
+    let node = crash_and_restart(node);
+    assert_eq!(topics_quota(&node, "ht"), (4, 4));
+    let (_, page) = history(&node, &key, "topic=t.2");
+    assert!(page["epoch"].is_null(), "t.2 forgotten: {page}");
+    let again = publish(&node, &key, "t.0", "x");
+    assert_eq!(
+        (again["offset"].as_u64(), &again["epoch"]),
+        (Some(1), &fresh),
+        "{again}"
+    );
+}
+
+/// A stream that holds no publication and sees none is forgotten
+/// `history_meta_ttl_seconds` after its last one (in the store too), unless
+/// a subscriber here uses it; its next publication starts a new epoch.
+#[actix_rt::test]
+async fn idle_history_streams_are_forgotten_after_the_meta_ttl() {
+    let node = TestNode::start_with(opts(
+        "[pubsub]\nhistory_sweep_seconds = 1\nhistory_meta_ttl_seconds = 2\n",
+    ));
+    let key = node.create_namespace("hm");
+    let rule = json!([{"topics": "t.*", "size": 10, "ttl_seconds": 1}]);
+    assert_eq!(set_rules(&node, "hm", rule).0, 200);
+    let a = publish(&node, &key, "t.a", "x");
+    publish(&node, &key, "t.b", "x");
+    let (_, mut sock) = connect(&node, "/v1/ws", &key).await;
+    send_json(
+        &mut sock,
+        json!({"id": 1, "type": "subscribe", "topic": "t.b"}),
+    )
+    .await;
+    assert_eq!(next_json(&mut sock).await["ok"], true);
+    eventually("t.a forgotten", || topics_quota(&node, "hm").0 == 1).await;
+    let (_, page) = history(&node, &key, "topic=t.b");
+    assert_eq!(page["offset"], 1, "the subscribed stream stays: {page}");
+    // Two more seconds: still there while subscribed.
+    actix_rt::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(topics_quota(&node, "hm").0, 1);
+    drop(sock);
+    eventually("t.b forgotten once unsubscribed", || {
+        topics_quota(&node, "hm").0 == 0
+    })
+    .await;
+    let node = crash_and_restart(node);
+    assert_eq!(
+        topics_quota(&node, "hm").0,
+        0,
+        "nothing comes back from the store"
+    );
+    let again = publish(&node, &key, "t.a", "x");
+    assert_eq!(again["offset"], 1);
+    assert_ne!(again["epoch"], a["epoch"]);
+}

@@ -374,14 +374,19 @@ fn kv_usage(
     Ok(BatchOp::Put(usage_key(ns, Group::Kv), u.encode()))
 }
 
-/// An export's history checked against the namespace's byte cap: 400
-/// `INVALID_EXPORT` naming the bad entry, 413 `QUOTA_EXCEEDED` past the cap.
+/// An export's history checked against the namespace's byte cap and topic
+/// quota: 400 `INVALID_EXPORT` naming the bad entry, 413 `QUOTA_EXCEEDED`
+/// past the byte cap, 429 past the topics.
 fn check_history(
     topics: &[ExportedTopic],
     max_bytes: u64,
+    max_topics: u64,
 ) -> ApiResult<Vec<crate::pubsub::history::CheckedTopic>> {
     use crate::pubsub::history::{ImportError, check_import};
-    check_import(topics, max_bytes).map_err(|e| match e {
+    check_import(topics, max_bytes, max_topics).map_err(|e| match e {
+        ImportError::TooManyTopics { topics, max_topics } => {
+            crate::quota::exceeded(Resource::HistoryTopics, 0, topics, max_topics)
+        }
         ImportError::Invalid(why) => invalid(why),
         ImportError::TooLarge { max_bytes } => ApiError::with_status(
             actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
@@ -577,12 +582,11 @@ async fn import_v2(
     let history = match e.history.take() {
         None => None,
         Some(topics) => {
-            let max_bytes = ctx
+            let state = ctx
                 .handle
                 .ask(crate::actors::HistoryOf { streams: false })
-                .await??
-                .max_bytes;
-            Some(check_history(&topics, max_bytes)?)
+                .await??;
+            Some(check_history(&topics, state.max_bytes, state.max_topics)?)
         }
     };
     let mut blobs = BTreeMap::new();

@@ -206,7 +206,14 @@ async fn quota_report(node: &Node, ns: &str) -> ApiResult<serde_json::Value> {
         .await?
         .ask(crate::actors::HistoryOf { streams: false })
         .await??;
-    Ok(crate::quota::report(&node.store, ns, &limits, &node.live, history.bytes).await?)
+    Ok(crate::quota::report(
+        &node.store,
+        ns,
+        &limits,
+        &node.live,
+        (history.bytes, history.topics),
+    )
+    .await?)
 }
 
 /// The quotas of a namespace, to the operator or the namespace's own

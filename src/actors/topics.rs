@@ -1225,7 +1225,8 @@ impl NamespaceSupervisor {
                 .map(|r| r.history.clone())
                 .unwrap_or_default();
             if let Some(mut h) = act.history.take() {
-                h.sweep(&rules, now_ms(), &caps, act.history_in_use());
+                let own_store = act.store.as_sled().is_some();
+                h.sweep(&rules, now_ms(), &caps, own_store, act.history_in_use());
                 act.history = Some(h);
             }
             Ok(())

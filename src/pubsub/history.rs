@@ -725,12 +725,15 @@ impl NsHistory {
     /// the topics holding no publication that are idle past
     /// `caps.meta_ttl_ms` or, past `caps.max_topics` (a quota made
     /// smaller, copies from other nodes), the longest idle; never one
-    /// `in_use` names (subscribed here).
+    /// `in_use` names (subscribed here). Past the quota a store this node
+    /// alone writes (`own_store`) loses those streams too; a shared one
+    /// keeps them for the nodes that use them.
     pub fn sweep(
         &mut self,
         rules: &[HistoryRule],
         now_ms: u64,
         caps: &HistoryCaps,
+        own_store: bool,
         in_use: impl Fn(&str) -> bool,
     ) {
         let topics: Vec<String> = self
@@ -759,9 +762,9 @@ impl NsHistory {
             .map(|(k, _)| k.clone())
             .collect();
         for topic in expired {
-            self.forget(&topic);
+            self.forget(&topic, true);
         }
-        while self.topics.len() as u64 > caps.max_topics && self.evict_idle(&in_use) {}
+        while self.topics.len() as u64 > caps.max_topics && self.evict_idle(&in_use, own_store) {}
     }
 
     /// Topics with a stream kept here (the `history_topics` quota's use).
@@ -788,14 +791,14 @@ impl NsHistory {
             return false;
         }
         for _ in 0..need {
-            self.evict_idle(&in_use);
+            self.evict_idle(&in_use, true);
         }
         true
     }
 
     /// Forgets the longest-idle topic holding no publication that `in_use`
-    /// does not name; false when there is none.
-    fn evict_idle(&mut self, in_use: &impl Fn(&str) -> bool) -> bool {
+    /// does not name (`stored`: its stored meta too); false when there is none.
+    fn evict_idle(&mut self, in_use: &impl Fn(&str) -> bool, stored: bool) -> bool {
         let Some(topic) = self
             .topics
             .iter()
@@ -805,20 +808,24 @@ impl NsHistory {
         else {
             return false;
         };
-        self.forget(&topic);
+        self.forget(&topic, stored);
         true
     }
 
-    /// Drops a topic holding no publication from this copy and queues the
-    /// guarded deletion of its stored meta: its next publication starts a
-    /// new epoch, and a client recovering from the old one is told
-    /// `recovered: false`.
-    fn forget(&mut self, topic: &str) {
+    /// Drops a topic holding no publication from this copy and, with
+    /// `stored`, queues the guarded deletion of its stored meta: its next
+    /// publication starts a new epoch, and a client recovering from the old
+    /// one is told `recovered: false`. Without, a later publication or
+    /// subscribe here reads the stored stream again.
+    fn forget(&mut self, topic: &str, stored: bool) {
         let Some(t) = self.topics.remove(topic) else {
             return;
         };
         debug_assert!(t.entries.is_empty());
         self.touched.retain(|x| x != topic);
+        if !stored {
+            return;
+        }
         // A meta never stored (given here, top 0, not yet written) has
         // nothing to delete; one that is, only as this node knows it.
         self.forgotten.push((
@@ -1287,11 +1294,11 @@ mod tests {
         for i in 0..3 {
             h.append("chat.1", &r, &d, 1000 + i, &CAPS);
         }
-        h.sweep(&[r.clone()], 1002 + 60_001, &CAPS, |_| false);
+        h.sweep(&[r.clone()], 1002 + 60_001, &CAPS, true, |_| false);
         assert!(h.read("chat.1", None, 10, false, 0).is_empty());
         assert_eq!(h.append("chat.1", &r, &d, 100_000, &CAPS).offset, 4);
         // No rule names the topic any more: the sweep empties it.
-        h.sweep(&[], 100_001, &CAPS, |_| false);
+        h.sweep(&[], 100_001, &CAPS, true, |_| false);
         assert!(h.read("chat.1", None, 10, false, 0).is_empty());
         let caps = HistoryCaps {
             max_bytes: 25,
@@ -1324,13 +1331,13 @@ mod tests {
         let old = h.meta("chat.idle").unwrap();
         h.take_pending();
         // Past the rule's 60 s every publication is gone; the streams stay.
-        h.sweep(&[r.clone()], 62_000, &caps, |_| false);
+        h.sweep(&[r.clone()], 62_000, &caps, true, |_| false);
         assert_eq!(h.topic_count(), 3);
         assert!(h.take_forgotten().is_empty());
         // A publication at 90 s keeps chat.kept busy; past 101 s the idle
         // ones go, but for the one a subscriber uses.
         h.append("chat.kept", &r, &d, 90_000, &caps);
-        h.sweep(&[r.clone()], 101_001, &caps, |t| t == "chat.used");
+        h.sweep(&[r.clone()], 101_001, &caps, true, |t| t == "chat.used");
         assert!(!h.has_topic("chat.idle"));
         assert!(h.has_topic("chat.used") && h.has_topic("chat.kept"));
         assert_eq!(
@@ -1365,7 +1372,7 @@ mod tests {
             h.append(t, &r, &d, 1_000 + i as u64, &CAPS);
         }
         // chat.1 and chat.2 hold publications; chat.3 and chat.4 none.
-        h.sweep(&[r.clone()], 62_000, &CAPS, |_| false);
+        h.sweep(&[r.clone()], 62_000, &CAPS, true, |_| false);
         h.append("chat.1", &r, &d, 70_000, &CAPS);
         h.append("chat.2", &r, &d, 70_000, &CAPS);
         h.take_pending();
@@ -1389,14 +1396,23 @@ mod tests {
         assert!(!h.make_room(1, 2, |_| false));
         // A quota lowered under the count: the sweep forgets idle ones only.
         h.append("chat.5", &r, &d, 70_001, &CAPS);
-        h.sweep(&[r.clone()], 130_002, &CAPS, |_| false);
+        h.sweep(&[r.clone()], 130_002, &CAPS, true, |_| false);
+        let caps = HistoryCaps {
+            max_topics: 2,
+            ..CAPS
+        };
+        // On a shared store the copy shrinks, the stored streams stay; on
+        // the node's own store they go.
+        h.sweep(&[r.clone()], 130_002, &caps, false, |_| false);
+        assert_eq!(h.topic_count(), 2);
+        assert!(h.take_forgotten().is_empty());
         let caps = HistoryCaps {
             max_topics: 1,
             ..CAPS
         };
-        h.sweep(&[r.clone()], 130_002, &caps, |_| false);
+        h.sweep(&[r.clone()], 130_002, &caps, true, |_| false);
         assert_eq!(h.topic_count(), 1);
-        assert_eq!(h.take_forgotten().len(), 2);
+        assert_eq!(h.take_forgotten().len(), 1);
     }
 
     /// An import with more topics than the `history_topics` quota is

@@ -128,6 +128,19 @@ pub struct WsSession {
     quota: crate::quota::LiveHold,
     /// Closed while too many answers are pending: no frame is read.
     gate: Gate,
+    /// The chain's rate limiters and the namespace's record as read when
+    /// the socket opened: each publish or invoke frame charges the
+    /// namespace's bucket, as a request does ([`WsSession::charge`]).
+    limits: SocketLimits,
+}
+
+/// What a socket's frames are rate-limited by.
+pub struct SocketLimits {
+    /// The chain's limiters (the node's namespace buckets).
+    pub limiters: std::sync::Arc<crate::http::chain::limits::Limiters>,
+    /// The namespace's record when the socket opened: its own rate limit
+    /// while this node holds no current copy (not the namespace's owner).
+    pub record: Option<std::sync::Arc<crate::namespace::NamespaceRecord>>,
 }
 
 impl WsSession {
@@ -139,6 +152,7 @@ impl WsSession {
         conn: Rc<Conn>,
         mode: Mode,
         quota: crate::quota::LiveHold,
+        limits: SocketLimits,
     ) -> Self {
         Self {
             node,
@@ -153,6 +167,7 @@ impl WsSession {
             base: 0,
             quota,
             gate: Gate::default(),
+            limits,
         }
     }
 
@@ -264,6 +279,26 @@ impl WsSession {
         }
     }
 
+    /// Charges the namespace's rate-limit bucket (chain step 11's) for one
+    /// publish or invoke frame: a socket is no way around the namespace's
+    /// rate limit. Refused: `NAMESPACE_RATE_LIMITED`, nothing published.
+    fn charge(&self) -> Result<(), FrameError> {
+        self.limits
+            .limiters
+            .check_namespace_now(&self.node, &self.ns.name, self.limits.record.as_deref())
+            .map_err(|after| {
+                self.node
+                    .metrics
+                    .rate_limited
+                    .with_label_values(&["namespace"])
+                    .inc();
+                FrameError::from(ApiError::rate_limited(
+                    crate::error::Code::NamespaceRateLimited,
+                    after,
+                ))
+            })
+    }
+
     fn allows(&self, action: &str, topic: &str) -> Result<(), FrameError> {
         match &self.identity {
             Some(i) if i.allows("pubsub", action, topic) => Ok(()),
@@ -365,6 +400,7 @@ impl WsSession {
                 self.allows("publish", &topic)?;
                 protocol::check_payload(&data, self.node.config.pubsub.max_frame_bytes)
                     .map_err(ApiError::from)?;
+                self.charge()?;
                 let reply = self.ns.ask_now(Publish {
                     topic,
                     data,
@@ -378,6 +414,7 @@ impl WsSession {
                 }))
             }
             ClientFrame::Invoke { function, input } => {
+                self.charge()?;
                 let fut = super::ws_invoke::ws_invoke(
                     self.ns.clone(),
                     self.identity.clone(),
@@ -407,6 +444,10 @@ impl WsSession {
                 "MISSING_GRANT",
                 format!("the credential lacks pubsub:publish:{topic}"),
             );
+            self.conn.push(error_frame(&Value::Null, &e));
+            return;
+        }
+        if let Err(e) = self.charge() {
             self.conn.push(error_frame(&Value::Null, &e));
             return;
         }

@@ -847,3 +847,82 @@ fn publish_not_answered_in_time_is_504_timeout() {
             == 200
     });
 }
+
+/// A socket is no way around the namespace's rate limit (it was: its
+/// publish and invoke frames were never charged, so a tenant held to 60
+/// requests a minute published 50,000 a second over one socket). Each
+/// publish or invoke frame charges the namespace's bucket as a request
+/// does: past the burst the frame is answered `NAMESPACE_RATE_LIMITED` and
+/// nothing is published (a subscriber gets exactly the accepted ones), on
+/// `/v1/ws` and on the simple socket, while another namespace goes on.
+#[actix_rt::test]
+async fn socket_frames_count_against_the_namespace_rate_limit() {
+    let node = TestNode::start();
+    let (s, b) = node.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"metered","rate_per_minute":1,"rate_burst":10}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let key = json(&b)["api_key"].as_str().unwrap().to_string();
+    let other = node.create_namespace("free");
+    // Two handshakes take two of the ten.
+    let mut sub = connect(&ws_url(&node, "/v1/pubsub/ws?topic=t", &key)).await;
+    let mut s = connect(&ws_url(&node, "/v1/ws", &key)).await;
+    for i in 0..12 {
+        send_json(
+            &mut s,
+            serde_json::json!({"id": i, "type": "publish", "topic": "t",
+                               "data_base64": B64.encode(format!("m{i}"))}),
+        )
+        .await;
+    }
+    send_json(
+        &mut s,
+        serde_json::json!({"id": 12, "type": "invoke", "function": "f"}),
+    )
+    .await;
+    send_json(&mut s, serde_json::json!({"id": 13, "type": "ping"})).await;
+    let mut refused = Vec::new();
+    for i in 0..14 {
+        let a = next_json(&mut s).await;
+        assert_eq!(a["id"], i, "answers in order: {a}");
+        if a["ok"] == false {
+            assert_eq!(a["error"]["code"], "NAMESPACE_RATE_LIMITED", "{a}");
+            refused.push(i);
+        }
+    }
+    assert_eq!(
+        refused,
+        (8..13).collect::<Vec<_>>(),
+        "eight publishes, then none; pings are free"
+    );
+    for i in 0..8 {
+        let frame = next_json(&mut sub).await;
+        assert_eq!(
+            B64.decode(frame["data_base64"].as_str().unwrap()).unwrap(),
+            format!("m{i}").as_bytes()
+        );
+    }
+    // The simple socket's frames are charged too: an error frame, nothing published.
+    sub.send(ws::Message::Text("more".into())).await.unwrap();
+    let e = next_json(&mut sub).await;
+    assert_eq!(e["error"]["code"], "NAMESPACE_RATE_LIMITED", "{e}");
+    let c = node.with_key(&key, "GET", "/v1/pubsub/topics", None);
+    assert_eq!(c.0, 429, "the HTTP API shares the bucket: {}", c.1);
+    // Another namespace is not held back.
+    let mut o = connect(&ws_url(&node, "/v1/ws", &other)).await;
+    for i in 0..20 {
+        send_json(
+            &mut o,
+            serde_json::json!({"id": i, "type": "publish", "topic": "t", "data_base64": ""}),
+        )
+        .await;
+    }
+    for i in 0..20 {
+        assert_eq!(
+            next_json(&mut o).await,
+            serde_json::json!({"id": i, "ok": true})
+        );
+    }
+}

@@ -123,8 +123,32 @@ impl Limiters {
     /// The record is the one its owner published (`actors/records.rs`); the
     /// bucket is made again only when the record's limits change.
     pub(crate) async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
-        let limits = match node.records.get(ns).await {
-            Ok(Some(r)) if r.rate_per_minute.is_some() || r.rate_burst.is_some() => {
+        let record = node.records.get(ns).await.ok().flatten();
+        self.charge_namespace_with(node, ns, record.as_deref())
+    }
+
+    /// [`check_namespace`](Self::check_namespace) without waiting (a
+    /// socket's frames, answered in order, charge the bucket as they are
+    /// read): the record as this node holds it now, else `known` (the one
+    /// read when the socket opened).
+    pub(crate) fn check_namespace_now(
+        &self,
+        node: &Node,
+        ns: &str,
+        known: Option<&crate::namespace::NamespaceRecord>,
+    ) -> Result<(), u64> {
+        let record = node.records.cached(ns);
+        self.charge_namespace_with(node, ns, record.as_deref().or(known))
+    }
+
+    fn charge_namespace_with(
+        &self,
+        node: &Node,
+        ns: &str,
+        record: Option<&crate::namespace::NamespaceRecord>,
+    ) -> Result<(), u64> {
+        let limits = match record {
+            Some(r) if r.rate_per_minute.is_some() || r.rate_burst.is_some() => {
                 Some((r.rate_per_minute, r.rate_burst))
             }
             // No override, no such namespace, or the store failed: the default bucket.

@@ -340,6 +340,7 @@ async fn simple_socket(
         conn.clone(),
         mode,
         quota,
+        socket_limits(&req, &node, &ctx.name).await,
     )
     .start_with(stream);
     let mut resp = upgraded(resp, conn);
@@ -504,6 +505,22 @@ async fn set_settings(
         .json(json!({"ok": true, "namespace": record.name, "history": record.history})))
 }
 
+/// What a socket's publish and invoke frames are rate-limited by: the
+/// chain's limiters and the namespace's record (its own rate limit).
+async fn socket_limits(
+    req: &HttpRequest,
+    node: &Node,
+    ns: &str,
+) -> crate::http::ws_session::SocketLimits {
+    crate::http::ws_session::SocketLimits {
+        limiters: req
+            .app_data::<web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>>()
+            .map(|d| d.get_ref().clone())
+            .expect("the app registers its limiters"),
+        record: node.records.get(ns).await.ok().flatten(),
+    }
+}
+
 /// `GET /v1/ws`: the full socket; subscriptions come as frames.
 async fn full_socket(
     req: HttpRequest,
@@ -525,6 +542,7 @@ async fn full_socket(
             topics: Default::default(),
         },
         quota,
+        socket_limits(&req, &node, &ctx.name).await,
     )
     .start_with(stream);
     Ok(upgraded(resp, conn))

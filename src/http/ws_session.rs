@@ -138,10 +138,18 @@ pub struct WsSession {
 pub struct SocketLimits {
     /// The chain's limiters (the node's namespace buckets).
     pub limiters: std::sync::Arc<crate::http::chain::limits::Limiters>,
-    /// The namespace's record when the socket opened: its own rate limit
-    /// while this node holds no current copy (not the namespace's owner).
+    /// The namespace's record (its own rate limit): read when the socket
+    /// opened, then taken again from the node's current copy at most once
+    /// a second ([`RECORD_RECHECK`]); kept while the node holds none.
     pub record: Option<std::sync::Arc<crate::namespace::NamespaceRecord>>,
+    /// The namespace's name as its bucket's key.
+    pub key: String,
+    /// When `record` was last taken.
+    pub since: Instant,
 }
+
+/// How often a socket takes its namespace's record again for its rate limit.
+const RECORD_RECHECK: Duration = Duration::from_secs(1);
 
 impl WsSession {
     pub fn new(
@@ -282,10 +290,16 @@ impl WsSession {
     /// Charges the namespace's rate-limit bucket (chain step 11's) for one
     /// publish or invoke frame: a socket is no way around the namespace's
     /// rate limit. Refused: `NAMESPACE_RATE_LIMITED`, nothing published.
-    fn charge(&self) -> Result<(), FrameError> {
-        self.limits
-            .limiters
-            .check_namespace_now(&self.node, &self.ns.name, self.limits.record.as_deref())
+    fn charge(&mut self) -> Result<(), FrameError> {
+        let l = &mut self.limits;
+        if l.since.elapsed() >= RECORD_RECHECK {
+            l.since = crate::util::mono_now();
+            if let Some(r) = self.node.records.cached(&l.key) {
+                l.record = Some(r);
+            }
+        }
+        l.limiters
+            .charge_namespace_with(&self.node, &l.key, l.record.as_deref())
             .map_err(|after| {
                 self.node
                     .metrics
@@ -447,12 +461,13 @@ impl WsSession {
             self.conn.push(error_frame(&Value::Null, &e));
             return;
         }
+        let topic = topic.clone();
         if let Err(e) = self.charge() {
             self.conn.push(error_frame(&Value::Null, &e));
             return;
         }
         let reply = self.ns.ask_now(Publish {
-            topic: topic.clone(),
+            topic,
             data,
             depth: 0,
         });

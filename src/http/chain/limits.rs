@@ -124,27 +124,16 @@ impl Limiters {
     /// bucket is made again only when the record's limits change.
     pub(crate) async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
         let record = node.records.get(ns).await.ok().flatten();
-        self.charge_namespace_with(node, ns, record.as_deref())
+        self.charge_namespace_with(node, &ns.to_string(), record.as_deref())
     }
 
-    /// [`check_namespace`](Self::check_namespace) without waiting (a
-    /// socket's frames, answered in order, charge the bucket as they are
-    /// read): the record as this node holds it now, else `known` (the one
-    /// read when the socket opened).
-    pub(crate) fn check_namespace_now(
+    /// [`check_namespace`](Self::check_namespace) without waiting, with the
+    /// namespace's record as the caller holds it (a socket's frames,
+    /// answered in order, charge the bucket as they are read).
+    pub(crate) fn charge_namespace_with(
         &self,
         node: &Node,
-        ns: &str,
-        known: Option<&crate::namespace::NamespaceRecord>,
-    ) -> Result<(), u64> {
-        let record = node.records.cached(ns);
-        self.charge_namespace_with(node, ns, record.as_deref().or(known))
-    }
-
-    fn charge_namespace_with(
-        &self,
-        node: &Node,
-        ns: &str,
+        ns: &String,
         record: Option<&crate::namespace::NamespaceRecord>,
     ) -> Result<(), u64> {
         let limits = match record {
@@ -155,12 +144,12 @@ impl Limiters {
             _ => None,
         };
         let Some(limits) = limits else {
-            return self.verdict(&self.namespace, &ns.to_string());
+            return self.verdict(&self.namespace, ns);
         };
         let known = self
             .overrides
             .read()
-            .get(ns)
+            .get(ns.as_str())
             .filter(|(set, _)| *set == limits)
             .map(|(_, lim)| lim.clone());
         let own = match known {
@@ -174,7 +163,7 @@ impl Limiters {
                 let lim = Arc::new(RateLimiter::direct(q));
                 self.overrides
                     .write()
-                    .insert(ns.to_string(), (limits, lim.clone()));
+                    .insert(ns.clone(), (limits, lim.clone()));
                 lim
             }
         };

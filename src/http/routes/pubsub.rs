@@ -518,6 +518,8 @@ async fn socket_limits(
             .map(|d| d.get_ref().clone())
             .expect("the app registers its limiters"),
         record: node.records.get(ns).await.ok().flatten(),
+        key: ns.to_string(),
+        since: crate::util::mono_now(),
     }
 }
 

@@ -73,7 +73,14 @@ pub const REORDER_BYTES: usize = 8 << 20;
 /// The weight of a message beyond its payload, in the reorder buffer.
 const ENTRY_OVERHEAD: usize = 64;
 /// A stream (sender counter or receiver state) idle this long is forgotten.
-pub const STREAM_IDLE: Duration = Duration::from_secs(600);
+/// Each distinct (namespace, topic) published keeps one on the sending node
+/// and on every other node until then, so it bounds what a burst of topic
+/// names costs the cluster (at a namespace's default 1,000 publishes a
+/// second: 60,000 streams a node, not the 600,000 of the first 10 minutes).
+/// A forgotten sender counter starts a new epoch; a receiver starts a stream
+/// it does not know at the first number it sees; a gap is skipped after 2 s
+/// anyway, so a minute of silence loses nothing.
+pub const STREAM_IDLE: Duration = Duration::from_secs(60);
 /// The GossipSub heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_millis(700);
 /// Locally published messages waiting for the swarm task before further

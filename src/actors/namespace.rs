@@ -139,6 +139,8 @@ pub struct NamespaceSupervisor {
         crate::pubsub::history::Staged,
         tokio::sync::oneshot::Sender<Option<crate::pubsub::Position>>,
     )>,
+    /// The history sweep's timer is set (`actors/topics.rs`, `arm_history_sweep`).
+    pub history_sweep_armed: bool,
     /// Topics of `history_staged` this node's history copy holds no stream
     /// of yet: counted against the `history_topics` quota until sequenced.
     pub history_new: std::collections::HashSet<String>,
@@ -180,6 +182,7 @@ impl NamespaceSupervisor {
             history_waiters: Vec::new(),
             history_staged: Vec::new(),
             history_new: std::collections::HashSet::new(),
+            history_sweep_armed: false,
             held: Vec::new(),
             cron: None,
             ended: false,
@@ -340,10 +343,10 @@ impl Actor for NamespaceSupervisor {
         // The admission counter in ActorStats is the bound; this is only a backstop.
         ctx.set_mailbox_capacity(self.mailbox_capacity.saturating_mul(2).max(16));
         self.reload(ctx);
-        let every = self.topics.service.config.history_sweep_seconds.max(1);
-        ctx.run_interval(std::time::Duration::from_secs(every), |act, ctx| {
-            act.sweep_history(ctx)
-        });
+        // A restart dropped the context's timers: the sweep is armed again
+        // if the history kept across it holds anything.
+        self.history_sweep_armed = false;
+        self.arm_history_sweep(ctx);
         // A change of the functions cut off by a restart answered its
         // sender with an error; the next ones go on.
         self.fn_changing = false;

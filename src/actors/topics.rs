@@ -428,6 +428,7 @@ impl NamespaceSupervisor {
     /// trims in one batch. The publications are delivered once it is
     /// written; the acks waiting on the trims are answered when they land.
     pub(crate) fn flush_history(&mut self, ctx: &mut Context<Self>) {
+        self.arm_history_sweep(ctx);
         if self.history_writing {
             return;
         }
@@ -1124,6 +1125,7 @@ impl Handler<Replicated> for NamespaceSupervisor {
         for topic in behind {
             self.catch_up(ctx, topic, Vec::new());
         }
+        self.arm_history_sweep(ctx);
     }
 }
 
@@ -1208,11 +1210,30 @@ fn bad_offset(m: impl Into<String>) -> NsError {
 }
 
 impl NamespaceSupervisor {
+    /// Sets the history sweep's timer (`[pubsub] history_sweep_seconds`)
+    /// while the history holds any stream: a namespace without history
+    /// has no timer (one per namespace is what issue #42 took away), and
+    /// the sweep sets it again only while there is something to sweep.
+    /// Called on every history write ([`flush_history`](Self::flush_history)),
+    /// on replicas from the mesh, and when the supervisor (re)starts.
+    pub(crate) fn arm_history_sweep(&mut self, ctx: &mut Context<Self>) {
+        if self.history_sweep_armed || self.history.as_ref().is_none_or(|h| h.topic_count() == 0) {
+            return;
+        }
+        self.history_sweep_armed = true;
+        let every = self.topics.service.config.history_sweep_seconds.max(1);
+        ctx.run_later(std::time::Duration::from_secs(every), |act, ctx| {
+            act.history_sweep_armed = false;
+            act.sweep_history(ctx);
+        });
+    }
+
     /// The history sweep, every `[pubsub] history_sweep_seconds` on this
-    /// supervisor's own timer (`started`): drops what is past its rule's age
-    /// or size and forgets streams idle past `history_meta_ttl_seconds` or
-    /// over the `history_topics` quota, then writes the deletions. Not
-    /// counted as activity: an idle namespace still passivates.
+    /// supervisor's own timer ([`arm_history_sweep`](Self::arm_history_sweep)):
+    /// drops what is past its rule's age or size and forgets streams idle
+    /// past `history_meta_ttl_seconds` or over the `history_topics` quota,
+    /// then writes the deletions. Not counted as activity: an idle
+    /// namespace still passivates.
     pub(crate) fn sweep_history(&mut self, ctx: &mut Context<Self>) {
         if self.history.as_ref().is_none_or(|h| h.topic_count() == 0) {
             return;

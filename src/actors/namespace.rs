@@ -347,6 +347,8 @@ impl Actor for NamespaceSupervisor {
         // if the history kept across it holds anything.
         self.history_sweep_armed = false;
         self.arm_history_sweep(ctx);
+        // After a restart, what was staged meanwhile is written now.
+        self.flush_history(ctx);
         // A change of the functions cut off by a restart answered its
         // sender with an error; the next ones go on.
         self.fn_changing = false;
@@ -376,6 +378,17 @@ impl Supervised for NamespaceSupervisor {
         self.stats.restarted();
         tracing::warn!(namespace = %self.name, restarts = self.stats.restarts(), "Namespace supervisor restarted.");
         self.record = None;
+        // A history write in flight went with the context (its publishers
+        // were answered when their senders dropped): the next may start, and
+        // only the publications still staged hold new topics.
+        self.history_writing = false;
+        let history = self.history.as_ref();
+        self.history_new = self
+            .history_staged
+            .iter()
+            .map(|(s, _)| s.topic.clone())
+            .filter(|t| !history.is_some_and(|h| h.has_topic(t)))
+            .collect();
         self.reload(ctx);
     }
 }

@@ -1028,3 +1028,53 @@ async fn idle_history_streams_are_forgotten_after_the_meta_ttl() {
     assert_eq!(again["offset"], 1);
     assert_ne!(again["epoch"], a["epoch"]);
 }
+
+/// A supervisor that panics while history writes are in flight restarts
+/// and goes on writing: the publications of the lost write are answered
+/// (an error, or their position if they were stored) and every later
+/// history publish is answered with its position (it stalled for good: the
+/// write in flight was dropped with the restart and still counted as in
+/// flight, so no history write ever started again).
+#[actix_rt::test]
+async fn history_writes_go_on_after_the_supervisor_restarts() {
+    let node = TestNode::start_with(opts(
+        "[debug]\nfault_injection = true\n[pubsub]\npublish_timeout_ms = 5000\n",
+    ));
+    let key = keep_chat(&node, 100);
+    let (_, mut s) = connect(&node, "/v1/ws", &key).await;
+    for round in 0..5u64 {
+        // History writes back to back, and a panic among them.
+        for i in 0..300u64 {
+            send_json(
+                &mut s,
+                json!({"id": round * 1000 + i, "type": "publish", "topic": "chat.a",
+                       "data_base64": B64.encode("x")}),
+            )
+            .await;
+        }
+        let (st, b) = node.op("POST", "/v1/namespaces/hist/debug/panic", None);
+        assert_eq!(
+            (st, json(&b)["panicked"].as_bool()),
+            (200, Some(true)),
+            "{b}"
+        );
+        for _ in 0..300 {
+            let a = next_json(&mut s).await;
+            assert!(a["ok"] == true || a["error"]["code"].is_string(), "{a}");
+        }
+        let (st, b) = node.with_key(
+            &key,
+            "POST",
+            "/v1/pubsub/publish",
+            Some(
+                json!({"topic": "chat.a", "data_base64": "eA=="})
+                    .to_string()
+                    .as_bytes(),
+            ),
+        );
+        assert_eq!(
+            st, 200,
+            "round {round}: a history publish after the restart: {b}"
+        );
+    }
+}

@@ -38,6 +38,17 @@ pub mod close {
     /// node (the topic's epoch changed, or publications between what it got
     /// and what the store keeps are gone): reconnect and recover.
     pub const INSUFFICIENT_STATE: u16 = 4011;
+
+    /// The reason sent with a close `code` the supervisor asks for.
+    pub fn reason(code: u16) -> &'static str {
+        match code {
+            NAMESPACE_GONE => "namespace deleted",
+            SLOW_CONSUMER => "slow consumer",
+            INSUFFICIENT_STATE => "insufficient state: reconnect and recover",
+            GOING_AWAY => "node draining",
+            _ => "closed by the server",
+        }
+    }
 }
 
 /// Why a topic name is refused.

@@ -145,7 +145,7 @@ async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
                             .collect()
                     };
                     for c in found {
-                        c.shutdown(code, "namespace deleted");
+                        c.shutdown(code, close::reason(code));
                     }
                 }
             }

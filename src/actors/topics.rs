@@ -13,7 +13,7 @@ use crate::pubsub::{
     HistoryCaps, HistoryRule, Member, NsHistory, Origin, Position, PresenceEvent, SubscriberRef,
     TopicInfo,
 };
-use crate::storage::{OrderedKv, StoreError};
+use crate::storage::{BatchOp, OrderedKv, StoreError};
 use actix::prelude::*;
 use bytes::Bytes;
 
@@ -436,8 +436,8 @@ impl NamespaceSupervisor {
             return;
         };
         let touched = h.take_touched();
-        let pending = h.take_pending();
-        let forgotten = h.take_forgotten();
+        let mut pending = h.take_pending();
+        let mut forgotten = h.take_forgotten();
         let (max_ops, max_bytes) = if self.store.as_sled().is_some() {
             (usize::MAX, usize::MAX)
         } else {
@@ -462,6 +462,15 @@ impl NamespaceSupervisor {
         }
         let staged: Vec<Staged> = batch.iter().map(|(s, _)| s.clone()).collect();
         let (keys, topics) = sequence_keys(&self.name, &staged, &touched);
+        if self.store.as_sled().is_some() {
+            // The one writer of this store: a forgotten meta this write does
+            // not sequence is deleted with the trims (one flush for all);
+            // one it sequences keeps its guard.
+            let (guarded, plain): (Vec<_>, Vec<_>) =
+                forgotten.into_iter().partition(|(k, _)| keys.contains(k));
+            forgotten = guarded;
+            pending.extend(plain.into_iter().map(|(k, _)| BatchOp::Delete(k)));
+        }
         // A topic given an epoch here but not yet stored keeps it; any
         // other topic new to the store starts a fresh one.
         let fresh: Vec<String> = topics

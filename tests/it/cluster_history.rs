@@ -352,3 +352,102 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
         Got::Message(3, "live".into())
     );
 }
+
+/// The `history_topics` quota on two nodes sharing etcd (each node counts
+/// its own copy): past it a new topic is refused; once
+/// the streams hold no publication, a new topic through `a` takes the place
+/// of the longest-idle one, whose meta `a` deletes from etcd (guarded), so
+/// the forgotten topic's next publication, through `b`, starts a new epoch
+/// at offset 1 although `b` still knew the old stream.
+#[actix_rt::test]
+async fn the_stream_quota_holds_on_each_node_and_forgets_in_the_shared_store() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes: Vec<TestNode> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            let mut o = member_opts(&etcd, id, free_port(), tmp.path());
+            o.config
+                .push_str("[quotas]\nhistory_topics = 2\n[pubsub]\nhistory_sweep_seconds = 1\n");
+            TestNode::start_with(o)
+        })
+        .collect();
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let key = a.create_namespace("hq");
+    set_rules(a, "hq");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !nodes
+        .iter()
+        .all(|n| n.metric_sum("meshgate_mesh_peers") >= 1.0)
+    {
+        assert!(Instant::now() < deadline, "the mesh never formed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let refused = |n: &TestNode, topic: &str| {
+        let body = json!({"topic": topic, "data_base64": ""}).to_string();
+        let (s, b) = n.with_key(&key, "POST", "/v1/pubsub/publish", Some(body.as_bytes()));
+        (s, json(&b)["error"]["code"].as_str().map(str::to_string))
+    };
+    // The rule reaches b through its record; a publication through b has an offset then.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (_, first) = loop {
+        let body = json!({"topic": "room.1", "data_base64": ""}).to_string();
+        let (s, r) = b.with_key(&key, "POST", "/v1/pubsub/publish", Some(body.as_bytes()));
+        assert_eq!(s, 200, "{r}");
+        let v = json(&r);
+        if let Some(o) = v["offset"].as_u64() {
+            break (o, v["epoch"].as_str().unwrap().to_string());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the history rule never reached b"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    publish(a, &key, "room.2", "x");
+    let quota = (429, Some("QUOTA_EXCEEDED".to_string()));
+    assert_eq!(refused(a, "room.3"), quota, "through a");
+    // Every publication expires (a rule of one second); then room.3 through
+    // a takes the place of room.1, the longest idle.
+    let (s, _, body) = http(
+        "PUT",
+        &a.url("/v1/namespaces/hq/pubsub"),
+        &[OPERATOR_AUTH, ("content-type", "application/json")],
+        Some(
+            json!({"history": [{"topics": "room.*", "size": 10, "ttl_seconds": 1}]})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (s, c) = refused(a, "room.3");
+        if s == 200 {
+            break;
+        }
+        assert_eq!((s, c), quota.clone());
+        assert!(Instant::now() < deadline, "room.3 never found room on a");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // room.1's stream is gone from etcd: through b its next publication
+    // starts a new epoch at 1 (b's own copy of room.1 goes with it).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body = json!({"topic": "room.1", "data_base64": ""}).to_string();
+        let (s, r) = b.with_key(&key, "POST", "/v1/pubsub/publish", Some(body.as_bytes()));
+        if s == 200 {
+            let v = json(&r);
+            assert_eq!(v["offset"], 1, "{v}");
+            assert_ne!(v["epoch"].as_str().unwrap(), first, "{v}");
+            break;
+        }
+        // b's copy is full until its sweep drops its idle streams.
+        assert_eq!(
+            (s, json(&r)["error"]["code"].as_str().map(str::to_string)),
+            quota.clone()
+        );
+        assert!(Instant::now() < deadline, "room.1 never found room on b");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

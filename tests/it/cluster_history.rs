@@ -127,13 +127,32 @@ fn publish(node: &TestNode, key: &str, topic: &str, data: &str) -> (u64, String)
     )
 }
 
+/// Waits (at most 30 s) until every node has all the others as mesh peers.
+async fn mesh_formed(nodes: &[TestNode]) {
+    let peers = (nodes.len() - 1) as f64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !nodes
+        .iter()
+        .all(|n| n.metric_sum("meshgate_mesh_peers") >= peers)
+    {
+        assert!(Instant::now() < deadline, "the mesh never formed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Keeps `room.*` of `ns`: 1,000 publications for an hour.
 fn set_rules(node: &TestNode, ns: &str) {
+    set_rule(node, ns, 1000, 3600);
+}
+
+/// Keeps `size` publications of `ns`'s `room.*` topics for `ttl` seconds.
+fn set_rule(node: &TestNode, ns: &str, size: u64, ttl: u64) {
     let (s, _, b) = http(
         "PUT",
         &node.url(&format!("/v1/namespaces/{ns}/pubsub")),
         &[OPERATOR_AUTH, ("content-type", "application/json")],
         Some(
-            json!({"history": [{"topics": "room.*", "size": 1000, "ttl_seconds": 3600}]})
+            json!({"history": [{"topics": "room.*", "size": size, "ttl_seconds": ttl}]})
                 .to_string()
                 .as_bytes(),
         ),
@@ -168,14 +187,7 @@ async fn history_is_one_sequence_across_the_cluster_and_recovers_anywhere() {
         .collect();
     let key = nodes[0].create_namespace("hist");
     set_rules(&nodes[0], "hist");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !nodes
-        .iter()
-        .all(|n| n.metric_sum("meshgate_mesh_peers") >= 2.0)
-    {
-        assert!(Instant::now() < deadline, "the mesh never formed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    mesh_formed(&nodes).await;
     // The rule has reached every node once a publication through each has an offset.
     for n in &nodes {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -375,14 +387,7 @@ async fn the_stream_quota_holds_on_each_node_and_forgets_in_the_shared_store() {
     let (a, b) = (&nodes[0], &nodes[1]);
     let key = a.create_namespace("hq");
     set_rules(a, "hq");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !nodes
-        .iter()
-        .all(|n| n.metric_sum("meshgate_mesh_peers") >= 1.0)
-    {
-        assert!(Instant::now() < deadline, "the mesh never formed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    mesh_formed(&nodes).await;
     let refused = |n: &TestNode, topic: &str| {
         let body = json!({"topic": topic, "data_base64": ""}).to_string();
         let (s, b) = n.with_key(&key, "POST", "/v1/pubsub/publish", Some(body.as_bytes()));
@@ -409,17 +414,7 @@ async fn the_stream_quota_holds_on_each_node_and_forgets_in_the_shared_store() {
     assert_eq!(refused(a, "room.3"), quota, "through a");
     // Every publication expires (a rule of one second); then room.3 through
     // a takes the place of room.1, the longest idle.
-    let (s, _, body) = http(
-        "PUT",
-        &a.url("/v1/namespaces/hq/pubsub"),
-        &[OPERATOR_AUTH, ("content-type", "application/json")],
-        Some(
-            json!({"history": [{"topics": "room.*", "size": 10, "ttl_seconds": 1}]})
-                .to_string()
-                .as_bytes(),
-        ),
-    );
-    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    set_rule(a, "hq", 10, 1);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (s, c) = refused(a, "room.3");

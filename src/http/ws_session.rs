@@ -298,19 +298,13 @@ impl WsSession {
                 l.record = Some(r);
             }
         }
-        l.limiters
-            .charge_namespace_with(&self.node, &l.key, l.record.as_deref())
-            .map_err(|after| {
-                self.node
-                    .metrics
-                    .rate_limited
-                    .with_label_values(&["namespace"])
-                    .inc();
-                FrameError::from(ApiError::rate_limited(
-                    crate::error::Code::NamespaceRateLimited,
-                    after,
-                ))
-            })
+        crate::http::chain::limits::charge_namespace_now(
+            &l.limiters,
+            &self.node,
+            &l.key,
+            l.record.as_deref(),
+        )
+        .map_err(FrameError::from)
     }
 
     fn allows(&self, action: &str, topic: &str) -> Result<(), FrameError> {

@@ -119,18 +119,10 @@ impl Limiters {
         self.verdict(&self.credential, &bucket_key(ip))
     }
 
-    /// Checks a namespace's bucket: its own when its record sets one, else the default.
-    /// The record is the one its owner published (`actors/records.rs`); the
+    /// Checks a namespace's bucket: its own when `record` (the one its
+    /// owner published, `actors/records.rs`) sets one, else the default; the
     /// bucket is made again only when the record's limits change.
-    pub(crate) async fn check_namespace(&self, node: &Node, ns: &str) -> Result<(), u64> {
-        let record = node.records.get(ns).await.ok().flatten();
-        self.charge_namespace_with(node, &ns.to_string(), record.as_deref())
-    }
-
-    /// [`check_namespace`](Self::check_namespace) without waiting, with the
-    /// namespace's record as the caller holds it (a socket's frames,
-    /// answered in order, charge the bucket as they are read).
-    pub(crate) fn charge_namespace_with(
+    fn charge_namespace_with(
         &self,
         node: &Node,
         ns: &String,
@@ -244,7 +236,20 @@ pub fn charge_client(
 
 /// Step 11's charge to a namespace's bucket.
 pub async fn charge_namespace(l: &Limiters, node: &Node, ns: &str) -> Result<(), ApiError> {
-    if let Err(after) = l.check_namespace(node, ns).await {
+    let record = node.records.get(ns).await.ok().flatten();
+    charge_namespace_now(l, node, &ns.to_string(), record.as_deref())
+}
+
+/// [`charge_namespace`] without waiting, with the namespace's record as the
+/// caller holds it (a socket's frames, answered in order, charge the bucket
+/// as they are read): 429 `NAMESPACE_RATE_LIMITED` past it, counted.
+pub fn charge_namespace_now(
+    l: &Limiters,
+    node: &Node,
+    ns: &String,
+    record: Option<&crate::namespace::NamespaceRecord>,
+) -> Result<(), ApiError> {
+    if let Err(after) = l.charge_namespace_with(node, ns, record) {
         node.metrics
             .rate_limited
             .with_label_values(&["namespace"])

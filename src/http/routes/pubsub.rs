@@ -7,6 +7,7 @@ use crate::actors::{
 };
 use crate::error::Code;
 use crate::error::{ApiError, ApiResult};
+use crate::http::chain::limits::Limiters;
 use crate::http::policy::{Policy, RouteTable};
 use crate::http::state::Node;
 use crate::http::ws_session::settle;
@@ -23,6 +24,7 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::sync::Arc;
 
 /// Adds the pub/sub routes and their policies to the node's route table.
 pub fn register(t: &mut RouteTable) {
@@ -255,6 +257,7 @@ async fn simple_socket(
     body: web::Payload,
     ctx: NsCtx,
     node: web::Data<Node>,
+    limiters: web::Data<Arc<Limiters>>,
     q: web::Query<SocketQuery>,
 ) -> ApiResult<HttpResponse> {
     let q = q.into_inner();
@@ -340,7 +343,7 @@ async fn simple_socket(
         conn.clone(),
         mode,
         quota,
-        socket_limits(&req, &node, &ctx.name).await,
+        socket_limits(&limiters, &node, &ctx.name).await,
     )
     .start_with(stream);
     let mut resp = upgraded(resp, conn);
@@ -508,15 +511,12 @@ async fn set_settings(
 /// What a socket's publish and invoke frames are rate-limited by: the
 /// chain's limiters and the namespace's record (its own rate limit).
 async fn socket_limits(
-    req: &HttpRequest,
+    limiters: &Arc<Limiters>,
     node: &Node,
     ns: &str,
 ) -> crate::http::ws_session::SocketLimits {
     crate::http::ws_session::SocketLimits {
-        limiters: req
-            .app_data::<web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>>()
-            .map(|d| d.get_ref().clone())
-            .expect("the app registers its limiters"),
+        limiters: limiters.clone(),
         record: node.records.get(ns).await.ok().flatten(),
         key: ns.to_string(),
         since: crate::util::mono_now(),
@@ -529,6 +529,7 @@ async fn full_socket(
     body: web::Payload,
     ctx: NsCtx,
     node: web::Data<Node>,
+    limiters: web::Data<Arc<Limiters>>,
 ) -> ApiResult<HttpResponse> {
     let quota = LiveHold::socket(&node.live, &ctx.name, node.limits(&ctx.name).await?)?;
     let (resp, stream) = handshake(&req, body)?;
@@ -544,7 +545,7 @@ async fn full_socket(
             topics: Default::default(),
         },
         quota,
-        socket_limits(&req, &node, &ctx.name).await,
+        socket_limits(&limiters, &node, &ctx.name).await,
     )
     .start_with(stream);
     Ok(upgraded(resp, conn))

@@ -69,15 +69,6 @@ impl NamespaceSupervisor {
         caps
     }
 
-    /// Whether `topic` is in use on this node, so its stream is never
-    /// forgotten for room or age: subscribed, held by a recovery, or staged.
-    fn history_in_use(&self) -> impl Fn(&str) -> bool + '_ {
-        let (table, held, staged) = (&self.topics, &self.held, &self.history_new);
-        move |t: &str| {
-            table.targets(t).is_some() || held.iter().any(|h| h.topic == t) || staged.contains(t)
-        }
-    }
-
     /// Admits the history topics among `topics` whose stream this node
     /// does not keep yet under the namespace's `history_topics` quota,
     /// forgetting the longest-idle streams that hold no publication and
@@ -109,10 +100,12 @@ impl NamespaceSupervisor {
         let max = self.limits().get(crate::quota::Resource::HistoryTopics);
         let reserved = self.history_new.len() as u64;
         let want = reserved + new.len() as u64;
-        let mut history = self.history.take().expect("checked above");
-        let fits = history.make_room(want, max, self.history_in_use());
+        let in_use = history_in_use(&self.topics, &self.held, &self.history_new);
+        let Some(history) = self.history.as_mut() else {
+            return Ok(());
+        };
+        let fits = history.make_room(want, max, in_use);
         let used = history.topic_count() + reserved;
-        self.history = Some(history);
         if !fits {
             return Err(NsError::Refused(crate::quota::exceeded(
                 crate::quota::Resource::HistoryTopics,
@@ -1211,6 +1204,20 @@ impl Handler<ReadHistory> for NamespaceSupervisor {
     }
 }
 
+/// Whether a history topic is in use on this node, so its stream is never
+/// forgotten for room or age: subscribed (`table`), held by a recovery
+/// (`held`), or staged for its first publication (`staged`). Takes the
+/// supervisor's fields, not the supervisor, so its history can change meanwhile.
+fn history_in_use<'a>(
+    table: &'a crate::pubsub::TopicTable,
+    held: &'a [Held],
+    staged: &'a std::collections::HashSet<String>,
+) -> impl Fn(&str) -> bool + 'a {
+    move |t: &str| {
+        table.targets(t).is_some() || held.iter().any(|h| h.topic == t) || staged.contains(t)
+    }
+}
+
 fn bad_offset(m: impl Into<String>) -> NsError {
     NsError::Refused(crate::error::ApiError::new(
         crate::error::Code::BadOffset,
@@ -1254,10 +1261,10 @@ impl NamespaceSupervisor {
                 .as_ref()
                 .map(|r| r.history.clone())
                 .unwrap_or_default();
-            if let Some(mut h) = act.history.take() {
-                let own_store = act.store.as_sled().is_some();
-                h.sweep(&rules, now_ms(), &caps, own_store, act.history_in_use());
-                act.history = Some(h);
+            let own_store = act.store.as_sled().is_some();
+            let in_use = history_in_use(&act.topics, &act.held, &act.history_new);
+            if let Some(h) = act.history.as_mut() {
+                h.sweep(&rules, now_ms(), &caps, own_store, in_use);
             }
             Ok(())
         });

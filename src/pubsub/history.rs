@@ -764,7 +764,8 @@ impl NsHistory {
         for topic in expired {
             self.forget(&topic, true);
         }
-        while self.topics.len() as u64 > caps.max_topics && self.evict_idle(&in_use, own_store) {}
+        let over = (self.topics.len() as u64).saturating_sub(caps.max_topics);
+        self.forget_idle(over, &in_use, own_store);
     }
 
     /// Topics with a stream kept here (the `history_topics` quota's use).
@@ -790,26 +791,32 @@ impl NsHistory {
         if idle < need {
             return false;
         }
-        for _ in 0..need {
-            self.evict_idle(&in_use, true);
-        }
+        self.forget_idle(need, &in_use, true);
         true
     }
 
-    /// Forgets the longest-idle topic holding no publication that `in_use`
-    /// does not name (`stored`: its stored meta too); false when there is none.
-    fn evict_idle(&mut self, in_use: &impl Fn(&str) -> bool, stored: bool) -> bool {
-        let Some(topic) = self
+    /// Forgets the `n` longest-idle topics holding no publication that
+    /// `in_use` does not name, or as many as there are (`stored`: their
+    /// stored metas too), in one pass over the topics.
+    fn forget_idle(&mut self, n: u64, in_use: &impl Fn(&str) -> bool, stored: bool) {
+        if n == 0 {
+            return;
+        }
+        let mut idle: Vec<(u64, &String)> = self
             .topics
             .iter()
             .filter(|(k, t)| t.entries.is_empty() && !in_use(k))
-            .min_by_key(|(_, t)| t.last_ms)
-            .map(|(k, _)| k.clone())
-        else {
-            return false;
-        };
-        self.forget(&topic, stored);
-        true
+            .map(|(k, t)| (t.last_ms, k))
+            .collect();
+        idle.sort_unstable();
+        let gone: Vec<String> = idle
+            .into_iter()
+            .take(n as usize)
+            .map(|(_, k)| k.clone())
+            .collect();
+        for topic in gone {
+            self.forget(&topic, stored);
+        }
     }
 
     /// Drops a topic holding no publication from this copy and, with
@@ -1085,16 +1092,6 @@ impl NsHistory {
     /// another node created them first) by the next sequencing transaction.
     pub fn take_touched(&mut self) -> Vec<String> {
         std::mem::take(&mut self.touched)
-    }
-
-    /// Whether topics wait for their metas to be created in the store.
-    pub fn has_touched(&self) -> bool {
-        !self.touched.is_empty()
-    }
-
-    /// Whether store writes are queued.
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty() || !self.forgotten.is_empty()
     }
 
     /// The topic's epoch and top offset; None when it has no history yet.

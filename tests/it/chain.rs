@@ -726,13 +726,7 @@ fn cors_preflight() {
 #[test]
 fn namespace_rate_limit_per_namespace() {
     let node = TestNode::start();
-    let (s, b) = node.op(
-        "POST",
-        "/v1/namespaces",
-        Some(r#"{"name":"slow","rate_per_minute":60,"rate_burst":5}"#),
-    );
-    assert_eq!(s, 201, "{b}");
-    let slow = json(&b)["api_key"].as_str().unwrap().to_string();
+    let slow = node.create_namespace_from(r#"{"name":"slow","rate_per_minute":60,"rate_burst":5}"#);
     let fast = node.create_namespace("fast");
     let codes: Vec<u16> = (0..7)
         .map(|_| node.with_key(&slow, "GET", "/v1/kv/x", None).0)

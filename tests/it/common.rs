@@ -273,6 +273,14 @@ impl TestNode {
         }
     }
 
+    /// Creates a namespace from the operator's request `body` as written
+    /// (placed as the node places it); returns its owner API key.
+    pub fn create_namespace_from(&self, body: &str) -> String {
+        let (s, b) = self.op("POST", "/v1/namespaces", Some(body));
+        assert_eq!(s, 201, "create namespace: {b}");
+        json(&b)["api_key"].as_str().unwrap().to_string()
+    }
+
     /// Creates a namespace; returns its owner API key. In cluster mode its
     /// only member is another node than the one the test talks to.
     pub fn create_namespace(&self, name: &str) -> String {

@@ -858,13 +858,8 @@ fn publish_not_answered_in_time_is_504_timeout() {
 #[actix_rt::test]
 async fn socket_frames_count_against_the_namespace_rate_limit() {
     let node = TestNode::start();
-    let (s, b) = node.op(
-        "POST",
-        "/v1/namespaces",
-        Some(r#"{"name":"metered","rate_per_minute":1,"rate_burst":10}"#),
-    );
-    assert_eq!(s, 201, "{b}");
-    let key = json(&b)["api_key"].as_str().unwrap().to_string();
+    let key =
+        node.create_namespace_from(r#"{"name":"metered","rate_per_minute":1,"rate_burst":10}"#);
     let other = node.create_namespace("free");
     // Two handshakes take two of the ten.
     let mut sub = connect(&ws_url(&node, "/v1/pubsub/ws?topic=t", &key)).await;

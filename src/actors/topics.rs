@@ -69,8 +69,8 @@ impl NamespaceSupervisor {
         caps
     }
 
-    /// Admits the history topics among `topics` whose stream this node
-    /// does not keep yet under the namespace's `history_topics` quota,
+    /// Admits the history topics (a rule names each) among `topics` whose
+    /// stream this node does not keep yet under the namespace's `history_topics` quota,
     /// forgetting the longest-idle streams that hold no publication and
     /// are not in use to make room; 429 `QUOTA_EXCEEDED` (nothing changed)
     /// when they do not fit. `staged`: they are being published (counted
@@ -86,11 +86,7 @@ impl NamespaceSupervisor {
         };
         let mut new: Vec<&str> = Vec::new();
         for t in topics {
-            if !h.has_topic(t)
-                && !self.history_new.contains(t)
-                && !new.contains(&t)
-                && self.history_rule(t).is_some()
-            {
+            if !h.has_topic(t) && !self.history_new.contains(t) && !new.contains(&t) {
                 new.push(t);
             }
         }
@@ -134,8 +130,9 @@ impl NamespaceSupervisor {
     /// sequencing transaction, which gives its offset in the store, and is
     /// delivered once that is written. The receiver then gets its position
     /// (None: the write failed, nothing was delivered).
-    fn publish_one(&mut self, topic: &str, data: &Bytes) -> Option<Ack> {
-        let Some(rule) = self.history_rule(topic) else {
+    /// `rule`: the history rule naming `topic` ([`history_rule`](Self::history_rule)).
+    fn publish_one(&mut self, topic: &str, data: &Bytes, rule: Option<HistoryRule>) -> Option<Ack> {
+        let Some(rule) = rule else {
             self.deliver(topic, data);
             return None;
         };
@@ -756,6 +753,7 @@ impl Handler<Subscribe> for NamespaceSupervisor {
     type Result = actix::Response<NsResult<Subscribed>>;
     fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
+        // A history topic (`unknown_shared_topic` asks for its rule).
         if self.unknown_shared_topic(&msg.topic) {
             if let Err(e) = self.admit_history_topics([msg.topic.as_str()], false) {
                 return actix::Response::reply(Err(e));
@@ -774,9 +772,11 @@ impl NamespaceSupervisor {
     fn subscribe_now(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> NsResult<Subscribed> {
         let r = self.guarded(ctx, |act| {
             act.exists()?;
-            // A subscribe (recovering or not) gives a topic new here its
-            // stream at once: it counts.
-            act.admit_history_topics([msg.topic.as_str()], false)?;
+            // A subscribe (recovering or not) gives a history topic new
+            // here its stream at once: it counts.
+            if act.history_rule(&msg.topic).is_some() {
+                act.admit_history_topics([msg.topic.as_str()], false)?;
+            }
             // The missed publications go back with the answer; until the
             // socket has queued them, live ones are held (each publication
             // is one step of this mailbox: none is both, none is lost).
@@ -1010,8 +1010,11 @@ impl Handler<Publish> for NamespaceSupervisor {
         let _t = self.stats.begin();
         let ack = match self.guarded(ctx, |act| {
             act.exists()?;
-            act.admit_history_topics([msg.topic.as_str()], true)?;
-            Ok(act.publish_one(&msg.topic, &msg.data))
+            let rule = act.history_rule(&msg.topic);
+            if rule.is_some() {
+                act.admit_history_topics([msg.topic.as_str()], true)?;
+            }
+            Ok(act.publish_one(&msg.topic, &msg.data, rule))
         }) {
             Ok(a) => a,
             Err(e) => return actix::Response::reply(Err(e)),
@@ -1044,11 +1047,26 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
         let _t = self.stats.begin();
         let acks = match self.guarded(ctx, |act| {
             act.exists()?;
-            act.admit_history_topics(msg.messages.iter().map(|(t, _)| t.as_str()), true)?;
+            // Each topic's rule looked up once; the history topics admitted
+            // all at once, before anything is published (all or none).
+            let rules: Vec<Option<HistoryRule>> = msg
+                .messages
+                .iter()
+                .map(|(topic, _)| act.history_rule(topic))
+                .collect();
+            act.admit_history_topics(
+                msg.messages
+                    .iter()
+                    .zip(&rules)
+                    .filter(|(_, r)| r.is_some())
+                    .map(|((topic, _), _)| topic.as_str()),
+                true,
+            )?;
             Ok(msg
                 .messages
                 .iter()
-                .filter_map(|(topic, data)| act.publish_one(topic, data))
+                .zip(rules)
+                .filter_map(|((topic, data), rule)| act.publish_one(topic, data, rule))
                 .collect::<Vec<_>>())
         }) {
             Ok(a) => a,

@@ -144,6 +144,9 @@ pub struct NamespaceSupervisor {
     /// Topics of `history_staged` this node's history copy holds no stream
     /// of yet: counted against the `history_topics` quota until sequenced.
     pub history_new: std::collections::HashSet<String>,
+    /// The distinct topics of the history write in flight: each has a
+    /// publication on its way, so its stream is not idle until it ends.
+    pub history_in_flight: Vec<String>,
     /// Recovering subscriptions whose missed publications are on their way
     /// to the socket; live publications wait here until it says
     /// [`Release`](super::Release) (`actors/topics.rs`).
@@ -182,6 +185,7 @@ impl NamespaceSupervisor {
             history_waiters: Vec::new(),
             history_staged: Vec::new(),
             history_new: std::collections::HashSet::new(),
+            history_in_flight: Vec::new(),
             history_sweep_armed: false,
             held: Vec::new(),
             cron: None,
@@ -382,6 +386,7 @@ impl Supervised for NamespaceSupervisor {
         // were answered when their senders dropped): the next may start, and
         // only the publications still staged hold new topics.
         self.history_writing = false;
+        self.history_in_flight.clear();
         let history = self.history.as_ref();
         self.history_new = self
             .history_staged

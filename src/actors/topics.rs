@@ -84,8 +84,9 @@ impl NamespaceSupervisor {
         let Some(h) = self.history.as_ref() else {
             return Ok(());
         };
+        let topics: Vec<&str> = topics.into_iter().collect();
         let mut new: Vec<&str> = Vec::new();
-        for t in topics {
+        for &t in &topics {
             if !h.has_topic(t) && !self.history_new.contains(t) && !new.contains(&t) {
                 new.push(t);
             }
@@ -96,7 +97,11 @@ impl NamespaceSupervisor {
         let max = self.limits().get(crate::quota::Resource::HistoryTopics);
         let reserved = self.history_new.len() as u64;
         let want = reserved + new.len() as u64;
-        let in_use = history_in_use(&self.topics, &self.held, &self.history_new);
+        // Room is made from streams nothing is on its way to: not those
+        // these publications (a batch's other topics) go to either.
+        let mut busy = history_busy(&self.history_staged, &self.history_in_flight);
+        busy.extend(topics.iter().copied());
+        let in_use = history_in_use(&self.topics, &self.held, &busy);
         let Some(history) = self.history.as_mut() else {
             return Ok(());
         };
@@ -471,6 +476,7 @@ impl NamespaceSupervisor {
             })
             .collect();
         self.history_writing = true;
+        self.history_in_flight = topics.clone();
         let store = self.store.clone();
         let ns = self.name.clone();
         ctx.spawn(
@@ -541,6 +547,7 @@ impl NamespaceSupervisor {
             .into_actor(self)
             .map(move |(seq, trims), act, ctx| {
                 act.history_writing = false;
+                act.history_in_flight.clear();
                 for (st, _) in &batch {
                     act.history_new.remove(&st.topic);
                 }
@@ -1224,16 +1231,32 @@ impl Handler<ReadHistory> for NamespaceSupervisor {
 
 /// Whether a history topic is in use on this node, so its stream is never
 /// forgotten for room or age: subscribed (`table`), held by a recovery
-/// (`held`), or staged for its first publication (`staged`). Takes the
-/// supervisor's fields, not the supervisor, so its history can change meanwhile.
+/// (`held`), or with a publication on its way (`busy`,
+/// [`history_busy`]). Takes the supervisor's fields, not the supervisor, so
+/// its history can change meanwhile.
 fn history_in_use<'a>(
     table: &'a crate::pubsub::TopicTable,
     held: &'a [Held],
-    staged: &'a std::collections::HashSet<String>,
+    busy: &'a std::collections::HashSet<&'a str>,
 ) -> impl Fn(&str) -> bool + 'a {
     move |t: &str| {
-        table.targets(t).is_some() || held.iter().any(|h| h.topic == t) || staged.contains(t)
+        table.targets(t).is_some() || held.iter().any(|h| h.topic == t) || busy.contains(t)
     }
+}
+
+/// The topics a publication is on its way to: staged for the next history
+/// write, or in the write in flight. (A stream forgotten meanwhile would be
+/// read back from the store once the publication is written, its meta kept
+/// by the guarded deletion, and would count against the quota twice over.)
+fn history_busy<'a>(
+    staged: &'a [(Staged, AckTx)],
+    in_flight: &'a [String],
+) -> std::collections::HashSet<&'a str> {
+    staged
+        .iter()
+        .map(|(s, _)| s.topic.as_str())
+        .chain(in_flight.iter().map(String::as_str))
+        .collect()
 }
 
 fn bad_offset(m: impl Into<String>) -> NsError {
@@ -1280,7 +1303,8 @@ impl NamespaceSupervisor {
                 .map(|r| r.history.clone())
                 .unwrap_or_default();
             let own_store = act.store.as_sled().is_some();
-            let in_use = history_in_use(&act.topics, &act.held, &act.history_new);
+            let busy = history_busy(&act.history_staged, &act.history_in_flight);
+            let in_use = history_in_use(&act.topics, &act.held, &busy);
             if let Some(h) = act.history.as_mut() {
                 h.sweep(&rules, now_ms(), &caps, own_store, in_use);
             }

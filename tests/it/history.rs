@@ -981,6 +981,97 @@ async fn a_namespace_keeps_at_most_its_history_topics() {
     );
 }
 
+/// A publish-batch makes room for its new topics from streams it does not
+/// publish to: with two idle streams and room for two, a batch to a new
+/// topic and the longest-idle stream forgets the other one, the stream it
+/// publishes to goes on under its epoch, and the quota holds at once and
+/// after a crash. (It forgot the stream it was publishing to: the copy
+/// read that stream back from the store after the write, and the namespace
+/// held three streams against its two until the next sweep.)
+#[actix_rt::test]
+async fn a_batch_makes_room_from_streams_it_does_not_publish_to() {
+    if single_node_only(
+        "history_topics counts one node's copy and the idle streams are made by a socket on \
+         that node (docs/pubsub.md)",
+    ) {
+        return;
+    }
+    let node = TestNode::start_with(opts("[pubsub]\nhistory_sweep_seconds = 3600\n"));
+    let key = node.create_namespace("hb");
+    let rule = json!([{"topics": "t.*", "size": 10, "ttl_seconds": 3600}]);
+    assert_eq!(set_rules(&node, "hb", rule).0, 200);
+    let (s, b) = node.op(
+        "PUT",
+        "/v1/namespaces/hb/quotas",
+        Some(r#"{"history_topics": 2}"#),
+    );
+    assert_eq!(s, 200, "{b}");
+    // Two streams without a publication (a subscribe gives a history topic
+    // its stream), left idle; t.a is the longer idle.
+    let (_, mut sock) = connect(&node, "/v1/ws", &key).await;
+    let mut epochs = Vec::new();
+    for (id, topic) in [(1, "t.a"), (2, "t.b")] {
+        send_json(
+            &mut sock,
+            json!({"id": id, "type": "subscribe", "topic": topic}),
+        )
+        .await;
+        let answer = next_json(&mut sock).await;
+        assert_eq!(answer["ok"], true, "{answer}");
+        epochs.push(answer["epoch"].clone());
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (id, topic) in [(3, "t.a"), (4, "t.b")] {
+        send_json(
+            &mut sock,
+            json!({"id": id, "type": "unsubscribe", "topic": topic}),
+        )
+        .await;
+        assert_eq!(next_json(&mut sock).await["ok"], true);
+    }
+    assert!(epochs[0].is_string(), "{epochs:?}");
+    assert_eq!(topics_quota(&node, "hb"), (2, 2));
+
+    let batch = json!({"messages": [
+        {"topic": "t.c", "data_base64": B64.encode("c")},
+        {"topic": "t.a", "data_base64": B64.encode("a")},
+    ]})
+    .to_string();
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/pubsub/publish-batch",
+        Some(batch.as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(topics_quota(&node, "hb"), (2, 2), "room made, not overrun");
+    let (_, page) = history(&node, &key, "topic=t.b");
+    assert!(
+        page["epoch"].is_null(),
+        "t.b, idle and not published to, went: {page}"
+    );
+    let (_, page) = history(&node, &key, "topic=t.a");
+    assert_eq!(
+        (&page["epoch"], offsets(&page)),
+        (&epochs[0], vec![1]),
+        "t.a goes on: {page}"
+    );
+    drop(sock);
+
+    let node = crash_and_restart(node);
+    assert_eq!(topics_quota(&node, "hb"), (2, 2));
+    let (_, page) = history(&node, &key, "topic=t.a");
+    assert_eq!(
+        (&page["epoch"], offsets(&page)),
+        (&epochs[0], vec![1]),
+        "{page}"
+    );
+    let (_, page) = history(&node, &key, "topic=t.c");
+    assert_eq!(offsets(&page), vec![1], "{page}");
+    let (_, page) = history(&node, &key, "topic=t.b");
+    assert!(page["epoch"].is_null(), "{page}");
+}
+
 /// A stream that holds no publication and sees none is forgotten
 /// `history_meta_ttl_seconds` after its last one (in the store too), unless
 /// a subscriber here uses it; its next publication starts a new epoch.

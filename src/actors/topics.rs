@@ -97,15 +97,17 @@ impl NamespaceSupervisor {
         let max = self.limits().get(crate::quota::Resource::HistoryTopics);
         let reserved = self.history_new.len() as u64;
         let want = reserved + new.len() as u64;
-        // Room is made from streams nothing is on its way to: not those
-        // these publications (a batch's other topics) go to either.
-        let mut busy = history_busy(&self.history_staged, &self.history_in_flight);
-        busy.extend(topics.iter().copied());
-        let in_use = history_in_use(&self.topics, &self.held, &busy);
         let Some(history) = self.history.as_mut() else {
             return Ok(());
         };
-        let fits = history.make_room(want, max, in_use);
+        // Room is made from streams nothing is on its way to: not those
+        // these publications (a batch's other topics) go to either. (The
+        // set is built only when room must be made.)
+        let fits = history.topic_count().saturating_add(want) <= max || {
+            let mut busy = history_busy(&self.history_staged, &self.history_in_flight);
+            busy.extend(topics.iter().copied());
+            history.make_room(want, max, history_in_use(&self.topics, &self.held, &busy))
+        };
         let used = history.topic_count() + reserved;
         if !fits {
             return Err(NsError::Refused(crate::quota::exceeded(

@@ -692,6 +692,10 @@ pub struct PubSubConfig {
     /// Most publications one recovery (or one `GET /v1/pubsub/history`) returns;
     /// a larger gap is answered `recovered: false`.
     pub max_recovered_publications: u64,
+    /// Payload bytes one `GET /v1/pubsub/history` page holds at most (it
+    /// always holds one publication when there is one): a page is built in
+    /// memory and held until the client has read it.
+    pub max_history_page_bytes: u64,
     /// Seconds between history sweeps (each namespace supervisor sweeps its own).
     pub history_sweep_seconds: u64,
     /// Seconds a history topic's stream (its epoch and top offset) is kept
@@ -717,6 +721,7 @@ impl Default for PubSubConfig {
             max_history_ttl: 86_400,
             max_history_bytes_per_namespace: 64 << 20,
             max_recovered_publications: 300,
+            max_history_page_bytes: 1 << 20,
             history_sweep_seconds: 5,
             history_meta_ttl_seconds: 30 * 86_400,
             publish_timeout_ms: 10_000,
@@ -891,12 +896,13 @@ impl Config {
             || p.max_history_ttl == 0
             || p.max_history_bytes_per_namespace == 0
             || p.max_recovered_publications == 0
+            || p.max_history_page_bytes == 0
             || p.history_sweep_seconds == 0
             || p.history_meta_ttl_seconds == 0
             || p.publish_timeout_ms == 0
         {
             errors.push(
-                "pubsub.max_history_size, max_history_ttl, max_history_bytes_per_namespace, max_recovered_publications, history_sweep_seconds, history_meta_ttl_seconds and publish_timeout_ms: must be > 0"
+                "pubsub.max_history_size, max_history_ttl, max_history_bytes_per_namespace, max_recovered_publications, max_history_page_bytes, history_sweep_seconds, history_meta_ttl_seconds and publish_timeout_ms: must be > 0"
                     .into(),
             );
         }
@@ -1151,6 +1157,26 @@ mod tests {
         assert_eq!(c.server.listen, "127.0.0.1:8080");
         assert_eq!(c.server.data_dir, PathBuf::from("./data"));
         assert_eq!(c.rate_limit.general_per_minute, 10_000);
+    }
+
+    /// Each history bound of `[pubsub]` set to 0 is refused with the keys
+    /// named; the page's byte bound is 1 MiB by default.
+    #[test]
+    fn pubsub_history_bounds_must_be_positive() {
+        let c = Config::load(None, &[], &Overrides::default()).unwrap();
+        assert_eq!(c.pubsub.max_history_page_bytes, 1 << 20);
+        for key in [
+            "max_history_size",
+            "max_recovered_publications",
+            "max_history_page_bytes",
+            "history_meta_ttl_seconds",
+        ] {
+            let err = load_str(&format!("[pubsub]\n{key} = 0\n"), &[]).unwrap_err();
+            let all = err.0.join("\n");
+            assert!(all.contains("max_history_page_bytes"), "{key}: {all}");
+        }
+        let ok = load_str("[pubsub]\nmax_history_page_bytes = 4096\n", &[]).unwrap();
+        assert_eq!(ok.pubsub.max_history_page_bytes, 4096);
     }
 
     /// A zero or negative `passivate_after_seconds` is refused, alongside

@@ -1180,6 +1180,9 @@ pub struct ReadHistory {
     pub epoch: Option<String>,
     /// At most this many (checked against `max_recovered_publications`).
     pub limit: usize,
+    /// At most this much payload (`max_history_page_bytes`), one
+    /// publication at least.
+    pub max_bytes: u64,
     /// Newest first.
     pub reverse: bool,
 }
@@ -1191,6 +1194,9 @@ pub struct HistoryPage {
     pub position: Option<Position>,
     /// In offset order, or reversed.
     pub entries: Vec<Entry>,
+    /// More kept publications follow in the page's direction (it was cut
+    /// by its `limit` or its bytes): read on from its last offset.
+    pub more: bool,
 }
 
 impl Handler<ReadHistory> for NamespaceSupervisor {
@@ -1222,10 +1228,18 @@ impl Handler<ReadHistory> for NamespaceSupervisor {
                 )));
             }
             let oldest = now_ms().saturating_sub(rule.ttl_seconds * 1000);
-            let entries = h.read(&msg.topic, msg.since, msg.limit, msg.reverse, oldest);
+            let (entries, more) = h.read(
+                &msg.topic,
+                msg.since,
+                msg.limit,
+                msg.max_bytes,
+                msg.reverse,
+                oldest,
+            );
             Ok(HistoryPage {
                 position: Some(position),
                 entries,
+                more,
             })
         })
     }

@@ -1122,39 +1122,41 @@ impl NsHistory {
 
     /// The kept publications of `topic` newer than `oldest_ms`: those with
     /// an offset above `since` (oldest first), or, with `reverse`, below
-    /// `since` (newest first; `since` None: from the top). At most `limit`.
+    /// `since` (newest first; `since` None: from the top). At most `limit`,
+    /// and no more payload than `max_bytes` unless one publication alone is
+    /// larger (then it alone). The flag: more publications follow the page
+    /// in its direction.
     pub fn read(
         &self,
         topic: &str,
         since: Option<u64>,
         limit: usize,
+        max_bytes: u64,
         reverse: bool,
         oldest_ms: u64,
-    ) -> Vec<Entry> {
+    ) -> (Vec<Entry>, bool) {
         let Some(t) = self.topics.get(topic) else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         let live = |e: &&Entry| e.timestamp >= oldest_ms;
-        if reverse {
+        let mut kept: Box<dyn Iterator<Item = &Entry>> = if reverse {
             let below = since.unwrap_or(u64::MAX);
-            t.entries
-                .iter()
-                .rev()
-                .filter(|e| e.offset < below)
-                .filter(live)
-                .take(limit)
-                .cloned()
-                .collect()
+            Box::new(t.entries.iter().rev().filter(move |e| e.offset < below))
         } else {
             let above = since.unwrap_or(0);
-            t.entries
-                .iter()
-                .filter(|e| e.offset > above)
-                .filter(live)
-                .take(limit)
-                .cloned()
-                .collect()
+            Box::new(t.entries.iter().filter(move |e| e.offset > above))
+        };
+        let mut page = Vec::new();
+        let mut bytes = 0u64;
+        for e in kept.by_ref().filter(live) {
+            let size = e.data.len() as u64;
+            if page.len() == limit || (!page.is_empty() && bytes + size > max_bytes) {
+                return (page, true);
+            }
+            bytes += size;
+            page.push(e.clone());
         }
+        (page, false)
     }
 
     /// What a subscriber that saw `offset` of `epoch` missed. Recovered only
@@ -1237,7 +1239,8 @@ mod tests {
             }
         }
         let offs: Vec<u64> = h
-            .read("chat.1", None, 10, false, 0)
+            .read("chat.1", None, 10, u64::MAX, false, 0)
+            .0
             .iter()
             .map(|e| e.offset)
             .collect();
@@ -1251,11 +1254,63 @@ mod tests {
             })
         );
         let offs: Vec<u64> = again
-            .read("chat.1", None, 10, true, 0)
+            .read("chat.1", None, 10, u64::MAX, true, 0)
+            .0
             .iter()
             .map(|e| e.offset)
             .collect();
         assert_eq!(offs, vec![5, 4, 3]);
+    }
+
+    /// A page stops at its `limit` or at its payload bytes, whichever comes
+    /// first, holds a publication larger than the byte cap alone, and says
+    /// whether more follow in its direction; read on from its last offset,
+    /// the pages cover every kept publication once, both ways.
+    #[test]
+    fn a_page_is_bounded_by_bytes_and_says_more_follow() {
+        let mut h = NsHistory::load("ns", Vec::new());
+        // Offsets 1..=6 of 100 bytes, then 7 of 1,000, then 8 of 100.
+        for i in 1..=8u64 {
+            let d = Bytes::from(vec![b'x'; if i == 7 { 1000 } else { 100 }]);
+            h.append("chat.1", &rule(100), &d, 1000 + i, &CAPS);
+        }
+        let page = |since, limit, reverse| {
+            let (es, more) = h.read("chat.1", since, limit, 250, reverse, 0);
+            (es.iter().map(|e| e.offset).collect::<Vec<_>>(), more)
+        };
+        assert_eq!(page(None, 10, false), (vec![1, 2], true), "250 bytes: two");
+        assert_eq!(page(Some(2), 1, false), (vec![3], true), "the limit first");
+        assert_eq!(page(Some(4), 10, false), (vec![5, 6], true));
+        assert_eq!(
+            page(Some(6), 10, false),
+            (vec![7], true),
+            "alone, over the cap"
+        );
+        assert_eq!(page(Some(7), 10, false), (vec![8], false));
+        assert_eq!(page(Some(8), 10, false), (vec![], false));
+        assert_eq!(
+            page(None, 10, true),
+            (vec![8], true),
+            "8 and then 7 would pass 250"
+        );
+        assert_eq!(page(Some(8), 10, true), (vec![7], true));
+        assert_eq!(page(Some(3), 10, true), (vec![2, 1], false));
+        // Paging on covers each kept publication once, in both directions.
+        for reverse in [false, true] {
+            let (mut seen, mut since) = (Vec::new(), None);
+            loop {
+                let (offs, more) = page(since, 300, reverse);
+                since = offs.last().copied().or(since);
+                seen.extend(offs);
+                if !more {
+                    break;
+                }
+            }
+            if reverse {
+                seen.reverse();
+            }
+            assert_eq!(seen, (1..=8).collect::<Vec<u64>>());
+        }
     }
 
     /// A recovery is refused for another epoch, a trimmed gap or one over the cap.
@@ -1292,11 +1347,11 @@ mod tests {
             h.append("chat.1", &r, &d, 1000 + i, &CAPS);
         }
         h.sweep(&[r.clone()], 1002 + 60_001, &CAPS, true, |_| false);
-        assert!(h.read("chat.1", None, 10, false, 0).is_empty());
+        assert!(h.read("chat.1", None, 10, u64::MAX, false, 0).0.is_empty());
         assert_eq!(h.append("chat.1", &r, &d, 100_000, &CAPS).offset, 4);
         // No rule names the topic any more: the sweep empties it.
         h.sweep(&[], 100_001, &CAPS, true, |_| false);
-        assert!(h.read("chat.1", None, 10, false, 0).is_empty());
+        assert!(h.read("chat.1", None, 10, u64::MAX, false, 0).0.is_empty());
         let caps = HistoryCaps {
             max_bytes: 25,
             ..CAPS
@@ -1304,8 +1359,8 @@ mod tests {
         h.append("chat.a", &r, &d, 200_000, &caps);
         h.append("chat.b", &r, &d, 200_001, &caps);
         h.append("chat.b", &r, &d, 200_002, &caps);
-        assert!(h.read("chat.a", None, 10, false, 0).is_empty());
-        assert_eq!(h.read("chat.b", None, 10, false, 0).len(), 2);
+        assert!(h.read("chat.a", None, 10, u64::MAX, false, 0).0.is_empty());
+        assert_eq!(h.read("chat.b", None, 10, u64::MAX, false, 0).0.len(), 2);
     }
 
     /// A topic whose publications are all gone keeps its stream for the

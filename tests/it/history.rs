@@ -1072,6 +1072,65 @@ async fn a_batch_makes_room_from_streams_it_does_not_publish_to() {
     assert!(page["epoch"].is_null(), "{page}");
 }
 
+/// A history page is held in memory until its client has read it: one
+/// page of a topic holding the namespace's 64 MiB could be 85 MB of JSON,
+/// and thirty slow readers held 3 GB of the node (BENCHMARKS.md). A page
+/// now holds at most `[pubsub] max_history_page_bytes` of payload (1 MiB;
+/// one publication alone when it is larger) and says `more`; the client
+/// reads on from its last offset, both ways, and gets every publication once.
+#[actix_rt::test]
+async fn a_history_page_is_bounded_by_bytes_and_read_on_from_its_last_offset() {
+    let node = TestNode::start();
+    let key = node.create_namespace("hp");
+    let rule = json!([{"topics": "big", "size": 100, "ttl_seconds": 3600}]);
+    assert_eq!(set_rules(&node, "hp", rule).0, 200);
+    let big = "x".repeat(600 << 10);
+    for _ in 0..6 {
+        publish(&node, &key, "big", &big);
+    }
+    for _ in 0..20 {
+        publish(&node, &key, "big", &"y".repeat(1024));
+    }
+    let page = |query: &str| {
+        let (s, b) = node.with_key(
+            &key,
+            "GET",
+            &format!("/v1/pubsub/history?topic=big&{query}"),
+            None,
+        );
+        assert_eq!(s, 200, "{query}");
+        assert!(
+            b.len() < (1 << 20) * 4 / 3 + 4096,
+            "{query}: a page of {} bytes",
+            b.len()
+        );
+        let v = json(&b);
+        (offsets(&v), v["more"].as_bool().expect("more"))
+    };
+    // The largest page asked for holds one 600 KiB publication.
+    assert_eq!(page("limit=300"), (vec![1], true));
+    // Read on: each page goes on from the last offset of the one before.
+    let mut seen: Vec<u64> = Vec::new();
+    let mut since = 0;
+    loop {
+        let (offs, more) = page(&format!("since_offset={since}&limit=300"));
+        seen.extend(&offs);
+        since = *offs.last().unwrap_or(&since);
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(seen, (1..=26).collect::<Vec<u64>>());
+    // Newest first: the twenty small ones and the last large one fit.
+    let (offs, more) = page("reverse=true");
+    assert_eq!(offs, (6..=26).rev().collect::<Vec<u64>>());
+    assert!(more);
+    assert_eq!(page("reverse=true&since_offset=6"), (vec![5], true));
+    assert_eq!(page("reverse=true&since_offset=2"), (vec![1], false));
+    // Cut by its limit too.
+    assert_eq!(page("since_offset=6&limit=5"), ((7..=11).collect(), true));
+}
+
 /// A stream that holds no publication and sees none is forgotten
 /// `history_meta_ttl_seconds` after its last one (in the store too), unless
 /// a subscriber here uses it; its next publication starts a new epoch.

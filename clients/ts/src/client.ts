@@ -131,6 +131,10 @@ export interface HistoryPage {
   epoch: string | null;
   offset: number;
   publications: Publication[];
+  /** More kept publications follow in the page's direction (cut by `limit`
+   *  or by the node's `max_history_page_bytes`): read on with
+   *  `sinceOffset` = the last publication's offset. */
+  more: boolean;
 }
 
 interface Pending {
@@ -312,6 +316,7 @@ export class Client extends Emitter<ClientEvents> {
       publications: (v.publications ?? []).map((p: any) =>
         publication(topic, b64decode(p.data_base64 ?? ""), p.timestamp, p.offset, v.epoch ?? undefined),
       ),
+      more: v.more === true,
     };
   }
 

@@ -306,6 +306,10 @@ describe("reconnect and recovery", () => {
     // What was missed can still be read, as far as it is kept.
     const page = await c.history("g.small", { sinceOffset: 8 });
     assert.deepEqual(page.publications.map((p) => p.text()), ["s9", "s10", "s11"]);
+    assert.equal(page.more, false);
+    const cut = await c.history("g.small", { sinceOffset: 8, limit: 2 });
+    assert.deepEqual(cut.publications.map((p) => p.offset), [9, 10]);
+    assert.equal(cut.more, true, "cut by its limit: more follow");
   });
 });
 

@@ -423,6 +423,7 @@ async fn history(
             since,
             epoch: q.epoch,
             limit: limit as usize,
+            max_bytes: node.config.pubsub.max_history_page_bytes,
             reverse,
         })
         .await??;
@@ -442,6 +443,7 @@ async fn history(
         "epoch": page.position.as_ref().map(|p| p.epoch.clone()),
         "offset": page.position.as_ref().map_or(0, |p| p.offset),
         "publications": publications,
+        "more": page.more,
     })))
 }
 

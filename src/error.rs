@@ -198,6 +198,8 @@ codes! {
     SecretsSealedElsewhere = "SECRETS_SEALED_ELSEWHERE", 409, Client, false;
     PayloadTooLarge = "PAYLOAD_TOO_LARGE", 413, Client, false;
     ImportTooLarge = "IMPORT_TOO_LARGE", 413, Client, false;
+    /// The namespace's export would be larger than an import takes.
+    ExportTooLarge = "EXPORT_TOO_LARGE", 413, Client, false;
     InputTooLarge = "INPUT_TOO_LARGE", 413, Client, false;
     ModuleTooLarge = "MODULE_TOO_LARGE", 413, Client, false;
     SiteTooLarge = "SITE_TOO_LARGE", 413, Client, false;
@@ -215,6 +217,8 @@ codes! {
     QuotaExceeded = "QUOTA_EXCEEDED", 429, Client, true;
     /// The namespace's previous compile is still waiting or running.
     CompileBusy = "COMPILE_BUSY", 429, Client, true;
+    /// The namespace's previous export is still being built or sent.
+    ExportBusy = "EXPORT_BUSY", 429, Client, true;
     // 500: something broke.
     Internal = "INTERNAL", 500, Node, true;
     FunctionTrapped = "FUNCTION_TRAPPED", 500, Guest, false;

@@ -241,6 +241,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         functions,
         deployments,
         live: Default::default(),
+        exports: Default::default(),
         cluster: std::sync::OnceLock::new(),
         #[cfg(feature = "cluster")]
         mesh: std::sync::OnceLock::new(),

@@ -66,6 +66,9 @@ pub struct NodeInner {
     pub deployments: Arc<crate::deploy::Deployments>,
     /// Each namespace's sockets and subscriptions on this node, against its quotas.
     pub live: crate::quota::LiveCounts,
+    /// The namespaces whose export is being built or sent from this node:
+    /// one at a time each (`GET /v1/db/export`, `http/routes/kv.rs`).
+    pub exports: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// This node's view of the cluster (set once the listener is bound, in
     /// cluster mode only: `[cluster] etcd` set).
     pub cluster: std::sync::OnceLock<Arc<crate::placement::Cluster>>,

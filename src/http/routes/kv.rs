@@ -234,8 +234,89 @@ fn too_large(message: impl Into<String>) -> ApiError {
     ApiError::new(Code::ImportTooLarge, message)
 }
 
+/// A namespace's export in progress on this node ([`NodeInner::exports`]):
+/// taken before anything is read, given back when its body has been sent
+/// (or the request dropped).
+///
+/// [`NodeInner::exports`]: crate::http::state::NodeInner::exports
+struct ExportSlot {
+    node: Node,
+    namespace: String,
+}
+
+impl ExportSlot {
+    /// The namespace's slot; 429 `EXPORT_BUSY` while its previous export is
+    /// still being built or sent.
+    fn take(node: &Node, namespace: &str) -> ApiResult<ExportSlot> {
+        if !node.exports.lock().insert(namespace.to_string()) {
+            return Err(ApiError::new(
+                Code::ExportBusy,
+                "this namespace's previous export is still being built or sent: one at a time",
+            )
+            .retry_after(1));
+        }
+        Ok(ExportSlot {
+            node: node.clone(),
+            namespace: namespace.to_string(),
+        })
+    }
+}
+
+impl Drop for ExportSlot {
+    fn drop(&mut self) {
+        self.node.exports.lock().remove(&self.namespace);
+    }
+}
+
+/// 413 `EXPORT_TOO_LARGE`: an export that no import could take.
+fn export_too_large(at_least: usize) -> ApiError {
+    ApiError::new(
+        Code::ExportTooLarge,
+        format!(
+            "this namespace's export is at least {at_least} bytes, over the {MAX_IMPORT_BYTES} an import takes; \
+             read its KV with GET /v1/kv (and its history with GET /v1/pubsub/history) instead"
+        ),
+    )
+}
+
+/// The bytes a value takes in the export's JSON, base64 and its field
+/// included (an estimate from above: the key's escapes aside).
+fn exported_bytes(key_len: usize, value_len: usize) -> usize {
+    value_len.div_ceil(3) * 4 + key_len + 48
+}
+
+/// Chunks of `body`, handed out as the client reads them, holding `slot`
+/// until the last one is out: a slow reader holds its namespace's one
+/// export, not a new one per request.
+fn sent_with(
+    body: bytes::Bytes,
+    slot: ExportSlot,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
+    futures_util::stream::unfold((body, slot), |(mut rest, slot)| async move {
+        if rest.is_empty() {
+            return None;
+        }
+        let chunk = rest.split_to(rest.len().min(64 << 10));
+        Some((Ok(chunk), (rest, slot)))
+    })
+}
+
+/// `GET /v1/db/export`. At most one export of a namespace is built or sent
+/// at a time on a node (429 `EXPORT_BUSY`), and one no import could take
+/// (over [`MAX_IMPORT_BYTES`]) is refused with 413 `EXPORT_TOO_LARGE` as
+/// soon as its size is known: an export is built in memory and held until
+/// its client has read it.
 async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
+    let slot = ExportSlot::take(&node, &ctx.name)?;
     let rows = ctx.handle.ask(Export).await??;
+    let mut size: usize = rows
+        .kv
+        .iter()
+        .map(|(k, v)| exported_bytes(k.len(), v.len()))
+        .sum();
+    if size > MAX_IMPORT_BYTES {
+        return Err(export_too_large(size));
+    }
     let store = &node.store;
     let kv = rows
         .kv
@@ -296,9 +377,13 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
             .get(&blob_key(&sha))
             .await?
             .ok_or_else(|| ApiError::internal(format!("blob {sha} is missing from the store")))?;
+        size += exported_bytes(sha.len(), bytes.len());
+        if size > MAX_IMPORT_BYTES {
+            return Err(export_too_large(size));
+        }
         blob_map.insert(sha, b64().encode(bytes));
     }
-    Ok(HttpResponse::Ok().json(ExportV2 {
+    let body = serde_json::to_vec(&ExportV2 {
         format: EXPORT_FORMAT.into(),
         version: EXPORT_VERSION,
         namespace: ctx.name.clone(),
@@ -312,7 +397,17 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
         deployments,
         blobs: blob_map,
         history: Some(history),
-    }))
+    })
+    .map_err(|e| ApiError::internal(format!("the export does not encode: {e}")))?;
+    if body.len() > MAX_IMPORT_BYTES {
+        return Err(export_too_large(body.len()));
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(actix_web::body::SizedStream::new(
+            body.len() as u64,
+            sent_with(body.into(), slot),
+        )))
 }
 
 #[derive(Deserialize)]

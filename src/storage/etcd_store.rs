@@ -1383,6 +1383,49 @@ impl EtcdStore {
         Ok(Some(out))
     }
 
+    /// The keys under `prefix` (at most `limit`), without their values, as
+    /// of one revision at which `journal` was absent; `None` while it is
+    /// present.
+    pub async fn scan_keys_unless(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+        journal: &[u8],
+    ) -> StoreResult<Option<Vec<Vec<u8>>>> {
+        let txn = Txn::new()
+            .when(vec![Self::journal_absent(journal)])
+            .and_then(vec![TxnOp::get(
+                data_key(journal),
+                Some(GetOptions::new().with_count_only()),
+            )]);
+        let mut kv = self.clients.kv.clone();
+        let r = rpc("scan", kv.txn(txn)).await?;
+        if !r.succeeded() {
+            return Ok(None);
+        }
+        let revision = r.header().map_or(0, |h| h.revision());
+        let start = data_key(prefix);
+        let end = prefix_end(&start);
+        let mut out = Vec::new();
+        let mut from = start;
+        while out.len() < limit {
+            let page = (limit - out.len()).min(SCAN_PAGE as usize) as i64;
+            let opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(page)
+                .with_revision(revision)
+                .with_keys_only();
+            let mut kv = self.clients.kv.clone();
+            let r = rpc("scan", kv.get(from, Some(opts))).await?;
+            out.extend(r.kvs().iter().map(|f| f.key()[DATA.len()..].to_vec()));
+            match r.kvs().last() {
+                Some(last) if r.more() => from = successor(last.key()),
+                _ => break,
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// Every key under `prefix` (at most `limit`) as of `revision`.
     async fn scan_at(
         &self,

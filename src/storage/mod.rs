@@ -381,6 +381,25 @@ impl Store {
         Ok(scans)
     }
 
+    /// The keys under `prefix` (at most `limit`), without reading their
+    /// values, unless `journal` is there (`None` then). For prefixes whose
+    /// records carry no MAC (a namespace's KV).
+    pub async fn scan_keys_unless(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+        journal: &[u8],
+    ) -> StoreResult<Option<Vec<Vec<u8>>>> {
+        match &self.backend {
+            Backend::Sled(s) => {
+                let _ = journal;
+                s.scan_keys(prefix, limit).map(Some)
+            }
+            #[cfg(feature = "cluster")]
+            Backend::Etcd(s) => Box::pin(s.scan_keys_unless(prefix, limit, journal)).await,
+        }
+    }
+
     /// Puts (`Some`) or deletes (`None`) `key` unless `journal` is there
     /// (`None` then); for a delete, whether the key existed.
     pub async fn write_unless(

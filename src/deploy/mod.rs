@@ -29,6 +29,7 @@ pub mod activity;
 pub mod awc_client;
 pub mod compress;
 pub mod egress;
+pub mod files;
 pub mod h1;
 pub mod headers;
 pub mod health;
@@ -107,6 +108,9 @@ pub struct Deployments {
     loaded: Mutex<Option<Vec<u8>>>,
     /// Site unpacks running at once, node-wide (`unpack_concurrency`).
     unpacks: Arc<tokio::sync::Semaphore>,
+    /// The site files being sent, one copy each however many answers send
+    /// it (`deploy/files.rs`).
+    pub files: files::SiteFiles,
 }
 
 /// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
@@ -170,6 +174,7 @@ impl Deployments {
             writes: tokio::sync::Mutex::new(()),
             loaded: Mutex::new(None),
             unpacks,
+            files: files::SiteFiles::default(),
         }
     }
 

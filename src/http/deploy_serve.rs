@@ -19,7 +19,6 @@ use crate::http::chain::routing::check_server_name;
 use crate::http::policy::Policy;
 use crate::http::request::{has_upgrade, is_websocket_upgrade};
 use crate::http::state::Node;
-use crate::storage::OrderedKv;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::Method;
@@ -482,9 +481,11 @@ async fn serve_static(
             .insert_header((header::CACHE_CONTROL, "no-cache"))
             .finish());
     }
+    // Shared with every other answer sending this file now.
     let bytes = node
-        .store
-        .get(&crate::functions::blob_key(&file.sha256))
+        .deployments
+        .files
+        .read(&node.store, &file.sha256)
         .await?
         .ok_or_else(|| {
             ApiError::new(
@@ -496,7 +497,7 @@ async fn serve_static(
         .insert_header((header::CONTENT_TYPE, file.content_type.as_str()))
         .insert_header((header::ETAG, etag))
         .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .body(bytes))
+        .body(crate::http::body::in_chunks(bytes, ())))
 }
 
 #[cfg(test)]

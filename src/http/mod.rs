@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub(crate) mod body;
 mod chain;
 pub mod dashboard;
 mod deploy_serve;

@@ -773,6 +773,68 @@ fn large_download_streams_with_bounded_memory() {
     );
 }
 
+/// A static file is read whole from the store and held until its client has
+/// read it: twelve clients of one 24 MiB file, reading slowly, held twelve
+/// copies (a site is public: anyone could). Now the answers sending one file
+/// share one copy: the node grows by about one file, and every client still
+/// gets the whole file, byte for byte.
+#[test]
+fn slow_clients_of_one_site_file_share_one_copy() {
+    let node = TestNode::start();
+    let key = node.create_namespace("bigsite");
+    // Bytes that gzip cannot shrink, so the upload is the file's size.
+    let mut file = vec![0u8; 24 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in file.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let tgz = tarball(&[("./index.html", 'f', b"home"), ("./big.bin", 'f', &file)]);
+    let (s, b) = deploy_static(&node, &key, "dl", "dl.site.test", &tgz);
+    assert_eq!(s, 201, "{b}");
+    let (s, _, small) = via(&node, "dl.site.test", "GET", "/index.html", &[], None);
+    assert_eq!((s, &small[..]), (200, &b"home"[..]));
+    let pid = node.child.as_ref().unwrap().id();
+    let before = rss_kib(pid, "VmRSS:");
+    // Twelve clients ask for the file and read only the answer's head.
+    let mut clients: Vec<std::net::TcpStream> = (0..12)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(&node.addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            write!(
+                c,
+                "GET /big.bin HTTP/1.1\r\nhost: dl.site.test\r\nconnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut status = [0u8; 12];
+            c.read_exact(&mut status).unwrap();
+            assert_eq!(&status, b"HTTP/1.1 200");
+            c
+        })
+        .collect();
+    let held = rss_kib(pid, "VmRSS:");
+    let grew_mib = held.saturating_sub(before) / 1024;
+    eprintln!("twelve clients of a 24 MiB file: node RSS {before} -> {held} KiB (+{grew_mib} MiB)");
+    assert!(
+        grew_mib < 72,
+        "the node grew by {grew_mib} MiB for twelve clients of one 24 MiB file"
+    );
+    // Each gets the whole file.
+    for c in &mut clients {
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        let at = rest.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&rest[..at]).to_ascii_lowercase();
+        assert!(
+            head.contains(&format!("content-length: {}", file.len())),
+            "{head}"
+        );
+        assert!(rest[at + 4..] == file[..], "the whole file, byte for byte");
+    }
+}
+
 /// A WebSocket upgrade through the proxy: 101, then frames both ways.
 #[actix_rt::test]
 async fn websocket_upgrade_is_relayed() {

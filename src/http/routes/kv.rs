@@ -285,22 +285,6 @@ fn exported_bytes(key_len: usize, value_len: usize) -> usize {
     value_len.div_ceil(3) * 4 + key_len + 48
 }
 
-/// Chunks of `body`, handed out as the client reads them, holding `slot`
-/// until the last one is out: a slow reader holds its namespace's one
-/// export, not a new one per request.
-fn sent_with(
-    body: bytes::Bytes,
-    slot: ExportSlot,
-) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
-    futures_util::stream::unfold((body, slot), |(mut rest, slot)| async move {
-        if rest.is_empty() {
-            return None;
-        }
-        let chunk = rest.split_to(rest.len().min(64 << 10));
-        Some((Ok(chunk), (rest, slot)))
-    })
-}
-
 /// `GET /v1/db/export`. At most one export of a namespace is built or sent
 /// at a time on a node (429 `EXPORT_BUSY`), and one no import could take
 /// (over [`MAX_IMPORT_BYTES`]) is refused with 413 `EXPORT_TOO_LARGE` as
@@ -404,10 +388,8 @@ async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
     }
     Ok(HttpResponse::Ok()
         .content_type("application/json")
-        .body(actix_web::body::SizedStream::new(
-            body.len() as u64,
-            sent_with(body.into(), slot),
-        )))
+        // The slot goes with the last chunk (or the client).
+        .body(crate::http::body::in_chunks(body.into(), slot)))
 }
 
 #[derive(Deserialize)]

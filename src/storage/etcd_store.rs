@@ -1364,6 +1364,18 @@ impl EtcdStore {
         limit: usize,
         journal: &[u8],
     ) -> StoreResult<Option<Vec<Vec<(Vec<u8>, Vec<u8>)>>>> {
+        let Some(revision) = self.revision_unless(journal).await? else {
+            return Ok(None);
+        };
+        let mut out = Vec::with_capacity(prefixes.len());
+        for prefix in prefixes {
+            out.push(self.scan_at(prefix, limit, revision, false).await?);
+        }
+        Ok(Some(out))
+    }
+
+    /// The store's revision now, unless `journal` is present (`None` then).
+    async fn revision_unless(&self, journal: &[u8]) -> StoreResult<Option<i64>> {
         let txn = Txn::new()
             .when(vec![Self::journal_absent(journal)])
             .and_then(vec![TxnOp::get(
@@ -1375,12 +1387,7 @@ impl EtcdStore {
         if !r.succeeded() {
             return Ok(None);
         }
-        let revision = r.header().map_or(0, |h| h.revision());
-        let mut out = Vec::with_capacity(prefixes.len());
-        for prefix in prefixes {
-            out.push(self.scan_at(prefix, limit, revision).await?);
-        }
-        Ok(Some(out))
+        Ok(Some(r.header().map_or(0, |h| h.revision())))
     }
 
     /// The keys under `prefix` (at most `limit`), without their values, as
@@ -1392,46 +1399,21 @@ impl EtcdStore {
         limit: usize,
         journal: &[u8],
     ) -> StoreResult<Option<Vec<Vec<u8>>>> {
-        let txn = Txn::new()
-            .when(vec![Self::journal_absent(journal)])
-            .and_then(vec![TxnOp::get(
-                data_key(journal),
-                Some(GetOptions::new().with_count_only()),
-            )]);
-        let mut kv = self.clients.kv.clone();
-        let r = rpc("scan", kv.txn(txn)).await?;
-        if !r.succeeded() {
+        let Some(revision) = self.revision_unless(journal).await? else {
             return Ok(None);
-        }
-        let revision = r.header().map_or(0, |h| h.revision());
-        let start = data_key(prefix);
-        let end = prefix_end(&start);
-        let mut out = Vec::new();
-        let mut from = start;
-        while out.len() < limit {
-            let page = (limit - out.len()).min(SCAN_PAGE as usize) as i64;
-            let opts = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(page)
-                .with_revision(revision)
-                .with_keys_only();
-            let mut kv = self.clients.kv.clone();
-            let r = rpc("scan", kv.get(from, Some(opts))).await?;
-            out.extend(r.kvs().iter().map(|f| f.key()[DATA.len()..].to_vec()));
-            match r.kvs().last() {
-                Some(last) if r.more() => from = successor(last.key()),
-                _ => break,
-            }
-        }
-        Ok(Some(out))
+        };
+        let rows = self.scan_at(prefix, limit, revision, true).await?;
+        Ok(Some(rows.into_iter().map(|(k, _)| k).collect()))
     }
 
-    /// Every key under `prefix` (at most `limit`) as of `revision`.
+    /// Every key under `prefix` (at most `limit`) as of `revision`, with its
+    /// value, or with `keys_only` an empty one (values not even sent).
     async fn scan_at(
         &self,
         prefix: &[u8],
         limit: usize,
         revision: i64,
+        keys_only: bool,
     ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
         let start = data_key(prefix);
         let end = prefix_end(&start);
@@ -1439,14 +1421,21 @@ impl EtcdStore {
         let mut from = start;
         while out.len() < limit {
             let page = (limit - out.len()).min(SCAN_PAGE as usize) as i64;
-            let opts = GetOptions::new()
+            let mut opts = GetOptions::new()
                 .with_range(end.clone())
                 .with_limit(page)
                 .with_revision(revision);
+            if keys_only {
+                opts = opts.with_keys_only();
+            }
             let mut kv = self.clients.kv.clone();
             let r = rpc("scan", kv.get(from, Some(opts))).await?;
             for found in r.kvs() {
-                let value = self.resolve(found.key(), found.value(), revision).await?;
+                let value = if keys_only {
+                    Vec::new()
+                } else {
+                    self.resolve(found.key(), found.value(), revision).await?
+                };
                 out.push((found.key()[DATA.len()..].to_vec(), value));
             }
             match r.kvs().last() {

@@ -373,18 +373,26 @@ impl SledStore {
     /// copying their values out (a listing must not cost what the values
     /// weigh).
     pub fn scan_keys(&self, prefix: &[u8], limit: usize) -> StoreResult<Vec<Vec<u8>>> {
-        let now = now_ms();
-        let mut out = Vec::new();
-        for item in self.db.scan_prefix(prefix) {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = item.map_err(unavailable)?;
-            if decode(&v, now).is_some() {
-                out.push(k.to_vec());
-            }
-        }
-        Ok(out)
+        self.live(prefix, now_ms())
+            .take(limit)
+            .map(|r| r.map(|(k, _)| k.to_vec()))
+            .collect()
+    }
+
+    /// The rows under `prefix` whose TTL has not passed at `now`, in key
+    /// order, as sled holds them (raw values: [`decode`] at `now` opens them).
+    fn live(
+        &self,
+        prefix: &[u8],
+        now: u64,
+    ) -> impl Iterator<Item = StoreResult<(sled::IVec, sled::IVec)>> + use<> {
+        self.db
+            .scan_prefix(prefix)
+            .map(|item| item.map_err(unavailable))
+            .filter(move |item| {
+                item.as_ref()
+                    .map_or(true, |(_, v)| decode(v, now).is_some())
+            })
     }
 
     /// Waits until every write made so far is on disk.
@@ -436,17 +444,15 @@ impl OrderedKv for SledStore {
         limit: usize,
     ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
         let now = now_ms();
-        let mut out = Vec::new();
-        for item in self.db.scan_prefix(prefix) {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = item.map_err(unavailable)?;
-            if let Some(v) = decode(&v, now) {
-                out.push((k.to_vec(), v.to_vec()));
-            }
-        }
-        Ok(out)
+        self.live(prefix, now)
+            .take(limit)
+            .map(|r| {
+                r.map(|(k, v)| {
+                    let v = decode(&v, now).unwrap_or_default().to_vec();
+                    (k.to_vec(), v)
+                })
+            })
+            .collect()
     }
 
     async fn compare_and_swap(

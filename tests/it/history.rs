@@ -804,6 +804,23 @@ async fn a_bad_history_in_an_import_changes_nothing() {
     assert_eq!(offsets(&page), Vec::<u64>::new());
 }
 
+/// Publishes `messages` (topic, text) in one `publish-batch`; returns the
+/// status and the answer.
+fn publish_batch(node: &TestNode, key: &str, messages: &[(&str, &str)]) -> (u16, Value) {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(t, d)| json!({"topic": t, "data_base64": B64.encode(d)}))
+        .collect();
+    let body = json!({ "messages": messages }).to_string();
+    let (s, b) = node.with_key(
+        key,
+        "POST",
+        "/v1/pubsub/publish-batch",
+        Some(body.as_bytes()),
+    );
+    (s, json(&b))
+}
+
 /// Publishes over HTTP; returns the status and the answer, whatever it is.
 fn try_publish(node: &TestNode, key: &str, topic: &str) -> (u16, Value) {
     let body = json!({"topic": topic, "data_base64": B64.encode("x")}).to_string();
@@ -876,18 +893,8 @@ async fn a_namespace_keeps_at_most_its_history_topics() {
     // A fourth topic, alone, in a batch, on a socket: refused, nothing kept.
     let (s, a) = try_publish(&node, &key, "t.3");
     assert_topics_refused(s, &a);
-    let batch = json!({"messages": [
-        {"topic": "t.1", "data_base64": B64.encode("y")},
-        {"topic": "t.3", "data_base64": B64.encode("y")},
-    ]})
-    .to_string();
-    let (s, b) = node.with_key(
-        &key,
-        "POST",
-        "/v1/pubsub/publish-batch",
-        Some(batch.as_bytes()),
-    );
-    assert_topics_refused(s, &json(&b));
+    let (s, a) = publish_batch(&node, &key, &[("t.1", "y"), ("t.3", "y")]);
+    assert_topics_refused(s, &a);
     let (_, page) = history(&node, &key, "topic=t.1");
     assert_eq!(page["offset"], 1, "the batch is all or nothing: {page}");
     let (_, mut sock) = connect(&node, "/v1/ws", &key).await;
@@ -1032,17 +1039,7 @@ async fn a_batch_makes_room_from_streams_it_does_not_publish_to() {
     assert!(epochs[0].is_string(), "{epochs:?}");
     assert_eq!(topics_quota(&node, "hb"), (2, 2));
 
-    let batch = json!({"messages": [
-        {"topic": "t.c", "data_base64": B64.encode("c")},
-        {"topic": "t.a", "data_base64": B64.encode("a")},
-    ]})
-    .to_string();
-    let (s, b) = node.with_key(
-        &key,
-        "POST",
-        "/v1/pubsub/publish-batch",
-        Some(batch.as_bytes()),
-    );
+    let (s, b) = publish_batch(&node, &key, &[("t.c", "c"), ("t.a", "a")]);
     assert_eq!(s, 200, "{b}");
     assert_eq!(topics_quota(&node, "hb"), (2, 2), "room made, not overrun");
     let (_, page) = history(&node, &key, "topic=t.b");

@@ -147,6 +147,9 @@ pub struct NamespaceSupervisor {
     /// The distinct topics of the history write in flight: each has a
     /// publication on its way, so its stream is not idle until it ends.
     pub history_in_flight: Vec<String>,
+    /// Recovered publications' frames shared by the sockets holding them
+    /// (`actors/topics.rs`).
+    pub recovered_frames: super::topics::RecoveredFrames,
     /// Recovering subscriptions whose missed publications are on their way
     /// to the socket; live publications wait here until it says
     /// [`Release`](super::Release) (`actors/topics.rs`).
@@ -186,6 +189,7 @@ impl NamespaceSupervisor {
             history_staged: Vec::new(),
             history_new: std::collections::HashSet::new(),
             history_in_flight: Vec::new(),
+            recovered_frames: Default::default(),
             history_sweep_armed: false,
             held: Vec::new(),
             cron: None,

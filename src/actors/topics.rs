@@ -658,10 +658,11 @@ pub struct Subscribed {
     pub position: Option<Position>,
     /// Asked to recover: whether every missed publication is in `missed`.
     pub recovered: Option<bool>,
-    /// The missed publications, framed for the socket, back to back: the
+    /// The missed publications, one frame each for the socket (shared with
+    /// every other socket recovering them now, [`RecoveredFrames`]): the
     /// socket queues them right after the answer, then sends [`Release`].
     /// Meanwhile the subscription is held: live publications wait.
-    pub missed: Option<Bytes>,
+    pub missed: Option<Vec<Bytes>>,
 }
 
 /// A recovering subscription whose socket has not yet queued its missed
@@ -916,8 +917,10 @@ impl NamespaceSupervisor {
         };
         let oldest = now_ms().saturating_sub(rule.ttl_seconds * 1000);
         let r = h.recover(topic, offset, &epoch, oldest, caps.max_recovered);
-        let missed =
-            (r.recovered && !r.missed.is_empty()).then(|| frames_of(sub.kind, topic, &r.missed));
+        let missed = (r.recovered && !r.missed.is_empty()).then(|| {
+            self.recovered_frames
+                .frames(sub.kind, topic, &r.position.epoch, &r.missed)
+        });
         Subscribed {
             position: Some(r.position),
             recovered: Some(r.recovered),
@@ -926,19 +929,79 @@ impl NamespaceSupervisor {
     }
 }
 
-/// The frames of `entries` for one socket, back to back in one buffer.
-fn frames_of(kind: crate::pubsub::FrameKind, topic: &str, entries: &[Entry]) -> Bytes {
-    let mut b = bytes::BytesMut::new();
-    for e in entries {
-        b.extend_from_slice(&message_frame(
-            kind,
-            topic,
-            &e.data,
-            e.timestamp,
-            Some(e.offset),
-        ));
+/// The frames of recovered publications that some socket's queue still
+/// holds, by topic and offset: sockets recovering the same publications
+/// share one copy of each frame (a recovery was framed per socket, so a
+/// thousand sockets each holding a few MiB of missed publications held a
+/// thousand copies). Weak: a frame goes with the last queue holding it.
+#[derive(Default)]
+pub struct RecoveredFrames {
+    /// By topic: the epoch the frames belong to, and each frame by
+    /// (offset, frame kind).
+    topics: std::collections::HashMap<String, (String, FrameMap)>,
+}
+
+/// One topic's shared frames by (offset, [`FrameKind::index`]).
+type FrameMap = std::collections::HashMap<(u64, usize), std::sync::Weak<Bytes>>;
+
+/// Frames past which a topic's dead entries are dropped.
+const FRAMES_PRUNE_AT: usize = 4096;
+
+/// A socket queue's hold on a shared frame.
+struct SharedFrame(std::sync::Arc<Bytes>);
+
+impl AsRef<[u8]> for SharedFrame {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
-    b.freeze()
+}
+
+impl RecoveredFrames {
+    /// The frames of `entries` (publications of `topic` under `epoch`) for a
+    /// socket of `kind`, each shared with the sockets holding it now.
+    fn frames(
+        &mut self,
+        kind: crate::pubsub::FrameKind,
+        topic: &str,
+        epoch: &str,
+        entries: &[Entry],
+    ) -> Vec<Bytes> {
+        let (held_epoch, frames) = self.topics.entry(topic.to_string()).or_default();
+        if held_epoch != epoch {
+            held_epoch.clear();
+            held_epoch.push_str(epoch);
+            frames.clear();
+        }
+        if frames.len() >= FRAMES_PRUNE_AT {
+            frames.retain(|_, w| w.strong_count() > 0);
+        }
+        let out = entries
+            .iter()
+            .map(|e| {
+                let key = (e.offset, kind.index());
+                let frame = frames
+                    .get(&key)
+                    .and_then(std::sync::Weak::upgrade)
+                    .unwrap_or_else(|| {
+                        let f = std::sync::Arc::new(message_frame(
+                            kind,
+                            topic,
+                            &e.data,
+                            e.timestamp,
+                            Some(e.offset),
+                        ));
+                        frames.insert(key, std::sync::Arc::downgrade(&f));
+                        f
+                    });
+                Bytes::from_owner(SharedFrame(frame))
+            })
+            .collect();
+        if self.topics.len() >= FRAMES_PRUNE_AT {
+            self.topics
+                .retain(|_, (_, f)| f.values().any(|w| w.strong_count() > 0));
+        }
+        out
+    }
 }
 
 /// Sent by a `WsSession` (`unsubscribe` frame); replies once it is gone.
@@ -1468,6 +1531,34 @@ mod tests {
     use crate::pubsub::history::{row_key, topic_keys};
     use crate::storage::Store;
     use std::time::Duration;
+
+    /// Recoveries of the same publications for the same kind of socket
+    /// share each frame while any holds it; another kind, or the same
+    /// offsets under a new epoch, get frames of their own.
+    #[test]
+    fn recovered_frames_are_shared_while_held() {
+        use crate::pubsub::FrameKind;
+        let entries: Vec<Entry> = (1..=3)
+            .map(|o| Entry {
+                offset: o,
+                timestamp: 1000 + o,
+                data: Bytes::from(vec![b'x'; 100]),
+            })
+            .collect();
+        let mut shared = RecoveredFrames::default();
+        let a = shared.frames(FrameKind::Full, "t", "e1", &entries);
+        let b = shared.frames(FrameKind::Full, "t", "e1", &entries[1..]);
+        assert_eq!(a.len(), 3);
+        assert_eq!(a[1].as_ptr(), b[0].as_ptr(), "one frame for both sockets");
+        assert_eq!(
+            a[1],
+            message_frame(FrameKind::Full, "t", &entries[1].data, 1002, Some(2))
+        );
+        let simple = shared.frames(FrameKind::Simple, "t", "e1", &entries);
+        assert_ne!(simple[0].as_ptr(), a[0].as_ptr());
+        let next_epoch = shared.frames(FrameKind::Full, "t", "e2", &entries);
+        assert_ne!(next_epoch[0].as_ptr(), a[0].as_ptr());
+    }
 
     /// A stream forgotten to make room while a history write is in flight,
     /// then published to before the next write starts, is both sequenced

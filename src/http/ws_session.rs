@@ -117,6 +117,9 @@ pub struct WsSession {
     last_heard: Instant,
     /// Answers in client order: `slots[0]` answers frame number `base`.
     slots: VecDeque<Option<Bytes>>,
+    /// The missed publications of recovering subscribes, by the sequence
+    /// number of their frame: queued right after its answer.
+    missed: Rc<std::cell::RefCell<std::collections::HashMap<u64, Vec<Bytes>>>>,
     /// Recovering subscribes by the sequence number of their frame: once the
     /// answer (with the missed publications) is in the socket's queue, the
     /// supervisor is told to release the live ones it holds ([`Release`]).
@@ -171,6 +174,7 @@ impl WsSession {
             mode,
             last_heard: crate::util::mono_now(),
             slots: VecDeque::new(),
+            missed: Default::default(),
             releases: Default::default(),
             base: 0,
             quota,
@@ -242,6 +246,13 @@ impl WsSession {
                 let done = self.base;
                 self.base += 1;
                 self.conn.push(f);
+                let missed = {
+                    let mut m = self.missed.borrow_mut();
+                    if m.is_empty() { None } else { m.remove(&done) }
+                };
+                for frame in missed.into_iter().flatten() {
+                    self.conn.push(frame);
+                }
                 if !self.releases.is_empty()
                     && let Some(topic) = self.releases.remove(&done)
                 {
@@ -373,19 +384,17 @@ impl WsSession {
                     presence,
                     recover,
                 });
+                let missed = self.missed.clone();
                 Ok(Box::pin(async move {
                     match settle(reply.await) {
-                        // The answer, then the missed publications, as one push.
-                        Ok(s) => match &s.missed {
-                            Some(m) => {
-                                let mut b = bytes::BytesMut::from(
-                                    &ack_fields(&id, subscribed_fields(&s))[..],
-                                );
-                                b.extend_from_slice(m);
-                                b.freeze()
+                        // The answer, then (queued right after it by `fill`)
+                        // the missed publications.
+                        Ok(mut s) => {
+                            if let Some(frames) = s.missed.take() {
+                                missed.borrow_mut().insert(seq, frames);
                             }
-                            None => ack_fields(&id, subscribed_fields(&s)),
-                        },
+                            ack_fields(&id, subscribed_fields(&s))
+                        }
                         Err(e) => error_frame(&id, &FrameError::from(e)),
                     }
                 }))

@@ -1128,6 +1128,55 @@ async fn a_history_page_is_bounded_by_bytes_and_read_on_from_its_last_offset() {
     assert_eq!(page("since_offset=6&limit=5"), ((7..=11).collect(), true));
 }
 
+/// Sockets recovering the same publications share their frames: each
+/// recovery was framed for its socket alone, so sixteen sockets recovering
+/// 30 MB of history and reading nothing held sixteen copies in their queues
+/// (a namespace may hold 1,000 sockets per node, each queue up to
+/// `outbound_queue_bytes`). Now the node holds about one copy.
+#[actix_rt::test]
+async fn sockets_recovering_the_same_publications_share_their_frames() {
+    use std::io::{Read, Write};
+    let node = TestNode::start_with(opts("[pubsub]\noutbound_queue_bytes = 134217728\n"));
+    let key = node.create_namespace("hr");
+    let rule = json!([{"topics": "big", "size": 100, "ttl_seconds": 3600}]);
+    assert_eq!(set_rules(&node, "hr", rule).0, 200);
+    let payload = "p".repeat(750_000);
+    let mut epoch = Value::Null;
+    for _ in 0..40 {
+        epoch = publish(&node, &key, "big", &payload)["epoch"].clone();
+    }
+    let epoch = epoch.as_str().unwrap().to_string();
+    let before = crate::pubsub::rss_kib(&node);
+    // Sixteen sockets recover everything and read only the 101.
+    let socks: Vec<std::net::TcpStream> = (0..16)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(&node.addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            write!(
+                c,
+                "GET /v1/pubsub/ws?topic=big&recover_offset=0&recover_epoch={epoch}&token={key} HTTP/1.1\r\n\
+                 host: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+                 sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+            )
+            .unwrap();
+            let mut status = [0u8; 12];
+            c.read_exact(&mut status).unwrap();
+            assert_eq!(&status, b"HTTP/1.1 101");
+            c
+        })
+        .collect();
+    // Each recovery is in its socket's queue once the 101 is out.
+    actix_rt::time::sleep(Duration::from_millis(500)).await;
+    let held = crate::pubsub::rss_kib(&node);
+    let grew_mib = held.saturating_sub(before) / 1024;
+    eprintln!("sixteen recoveries of 30 MB: node RSS {before} -> {held} KiB (+{grew_mib} MiB)");
+    assert!(
+        grew_mib < 200,
+        "the node grew by {grew_mib} MiB for sixteen recoveries of the same 30 MB"
+    );
+    drop(socks);
+}
+
 /// A stream that holds no publication and sees none is forgotten
 /// `history_meta_ttl_seconds` after its last one (in the store too), unless
 /// a subscriber here uses it; its next publication starts a new epoch.

@@ -113,7 +113,7 @@ fn key_with(node: &TestNode, owner: &str, grants: &[&str]) -> String {
     json(&b)["key"].as_str().unwrap().to_string()
 }
 
-fn rss_kib(node: &TestNode) -> u64 {
+pub(crate) fn rss_kib(node: &TestNode) -> u64 {
     let pid = node.child.as_ref().unwrap().id();
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()

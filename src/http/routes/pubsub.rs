@@ -321,8 +321,8 @@ async fn simple_socket(
     if recovering {
         // The missed publications first in the socket's queue, then the
         // live ones the supervisor held meanwhile (a no-op when none).
-        if let Some(m) = &subscribed.missed {
-            conn.push(m.clone());
+        for frame in subscribed.missed.iter().flatten() {
+            conn.push(frame.clone());
         }
         ctx.handle.stats.admit_always();
         ctx.handle.addr.do_send(crate::actors::Release {

@@ -117,13 +117,11 @@ pub struct WsSession {
     last_heard: Instant,
     /// Answers in client order: `slots[0]` answers frame number `base`.
     slots: VecDeque<Option<Bytes>>,
-    /// The missed publications of recovering subscribes, by the sequence
-    /// number of their frame: queued right after its answer.
-    missed: Rc<std::cell::RefCell<std::collections::HashMap<u64, Vec<Bytes>>>>,
     /// Recovering subscribes by the sequence number of their frame: once the
-    /// answer (with the missed publications) is in the socket's queue, the
-    /// supervisor is told to release the live ones it holds ([`Release`]).
-    releases: std::collections::HashMap<u64, String>,
+    /// answer is in the socket's queue, the missed publications (set by the
+    /// answer's future) go right after it, and the supervisor is told to
+    /// release the live ones it holds ([`Release`]).
+    recoveries: Rc<std::cell::RefCell<std::collections::HashMap<u64, Recovery>>>,
     /// Sequence number of the client frame `slots[0]` answers; grows as answers go out.
     base: u64,
     /// This socket and its subscriptions, counted against the namespace's
@@ -135,6 +133,12 @@ pub struct WsSession {
     /// the socket opened: each publish or invoke frame charges the
     /// namespace's bucket, as a request does ([`WsSession::charge`]).
     limits: SocketLimits,
+}
+
+/// A recovering subscribe's topic and, once answered, its missed publications.
+struct Recovery {
+    topic: String,
+    missed: Vec<Bytes>,
 }
 
 /// What a socket's frames are rate-limited by.
@@ -174,8 +178,7 @@ impl WsSession {
             mode,
             last_heard: crate::util::mono_now(),
             slots: VecDeque::new(),
-            missed: Default::default(),
-            releases: Default::default(),
+            recoveries: Default::default(),
             base: 0,
             quota,
             gate: Gate::default(),
@@ -246,16 +249,14 @@ impl WsSession {
                 let done = self.base;
                 self.base += 1;
                 self.conn.push(f);
-                let missed = {
-                    let mut m = self.missed.borrow_mut();
-                    if m.is_empty() { None } else { m.remove(&done) }
+                let recovery = {
+                    let mut r = self.recoveries.borrow_mut();
+                    if r.is_empty() { None } else { r.remove(&done) }
                 };
-                for frame in missed.into_iter().flatten() {
-                    self.conn.push(frame);
-                }
-                if !self.releases.is_empty()
-                    && let Some(topic) = self.releases.remove(&done)
-                {
+                if let Some(Recovery { topic, missed }) = recovery {
+                    for frame in missed {
+                        self.conn.push(frame);
+                    }
                     // Past admission, like the cleanup: it must not be refused.
                     self.ns.stats.admit_always();
                     self.ns.addr.do_send(Release {
@@ -376,7 +377,13 @@ impl WsSession {
                     kind: FrameKind::Full,
                 };
                 if recover.is_some() {
-                    self.releases.insert(seq, topic.clone());
+                    self.recoveries.borrow_mut().insert(
+                        seq,
+                        Recovery {
+                            topic: topic.clone(),
+                            missed: Vec::new(),
+                        },
+                    );
                 }
                 let reply = self.ns.ask_now(Subscribe {
                     topic,
@@ -384,14 +391,16 @@ impl WsSession {
                     presence,
                     recover,
                 });
-                let missed = self.missed.clone();
+                let recoveries = self.recoveries.clone();
                 Ok(Box::pin(async move {
                     match settle(reply.await) {
                         // The answer, then (queued right after it by `fill`)
                         // the missed publications.
                         Ok(mut s) => {
-                            if let Some(frames) = s.missed.take() {
-                                missed.borrow_mut().insert(seq, frames);
+                            if let (Some(frames), Some(r)) =
+                                (s.missed.take(), recoveries.borrow_mut().get_mut(&seq))
+                            {
+                                r.missed = frames;
                             }
                             ack_fields(&id, subscribed_fields(&s))
                         }

@@ -1139,7 +1139,7 @@ impl NsHistory {
             return (Vec::new(), false);
         };
         let live = |e: &&Entry| e.timestamp >= oldest_ms;
-        let mut kept: Box<dyn Iterator<Item = &Entry>> = if reverse {
+        let kept: Box<dyn Iterator<Item = &Entry>> = if reverse {
             let below = since.unwrap_or(u64::MAX);
             Box::new(t.entries.iter().rev().filter(move |e| e.offset < below))
         } else {
@@ -1148,7 +1148,7 @@ impl NsHistory {
         };
         let mut page = Vec::new();
         let mut bytes = 0u64;
-        for e in kept.by_ref().filter(live) {
+        for e in kept.filter(live) {
             let size = e.data.len() as u64;
             if page.len() == limit || (!page.is_empty() && bytes + size > max_bytes) {
                 return (page, true);

@@ -296,6 +296,14 @@ fn exported_bytes(key_len: usize, value_len: usize) -> usize {
 /// its client has read it.
 async fn export(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
     let slot = ExportSlot::take(&node, &ctx.name)?;
+    // Refused before anything is read when the KV alone is over: the export
+    // holds every key and value at least once, and the `kv_bytes` quota's
+    // usage counts exactly those (a missing record reads as 0: no shortcut).
+    let raw = node.store.get(&usage_key(&ctx.name, Group::Kv)).await?;
+    let kv_bytes = Usage::decode(raw.as_deref()).map_or(0, |u| u.get(Resource::KvBytes));
+    if kv_bytes > MAX_IMPORT_BYTES as u64 {
+        return Err(export_too_large(kv_bytes as usize));
+    }
     let rows = ctx.handle.ask(Export).await??;
     let mut size: usize = rows
         .kv

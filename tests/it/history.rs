@@ -45,6 +45,12 @@ async fn send_json(s: &mut Socket, v: Value) {
         .unwrap();
 }
 
+/// Sends a `subscribe` frame (no recovery) and returns its answer.
+async fn subscribe(s: &mut Socket, id: u64, topic: &str) -> Value {
+    send_json(s, json!({"id": id, "type": "subscribe", "topic": topic})).await;
+    next_json(s).await
+}
+
 /// Sets the namespace's history rules as the operator; returns the status and body.
 fn set_rules(node: &TestNode, ns: &str, rules: Value) -> (u16, String) {
     node.op(
@@ -153,12 +159,7 @@ async fn recovery_after_a_drop_fills_the_gap_then_goes_live() {
     );
     assert_eq!(s, 200, "{b}");
     let (_, mut a) = connect(&node, "/v1/ws", &key).await;
-    send_json(
-        &mut a,
-        json!({"id": 0, "type": "subscribe", "topic": "chat.1"}),
-    )
-    .await;
-    let ans = next_json(&mut a).await;
+    let ans = subscribe(&mut a, 0, "chat.1").await;
     assert_eq!(
         (ans["ok"].clone(), ans["offset"].clone()),
         (json!(true), json!(0)),
@@ -898,12 +899,7 @@ async fn a_namespace_keeps_at_most_its_history_topics() {
     let (_, page) = history(&node, &key, "topic=t.1");
     assert_eq!(page["offset"], 1, "the batch is all or nothing: {page}");
     let (_, mut sock) = connect(&node, "/v1/ws", &key).await;
-    send_json(
-        &mut sock,
-        json!({"id": 7, "type": "subscribe", "topic": "t.3"}),
-    )
-    .await;
-    let answer = next_json(&mut sock).await;
+    let answer = subscribe(&mut sock, 7, "t.3").await;
     assert_eq!(
         (answer["id"].as_u64(), answer["ok"].as_bool()),
         (Some(7), Some(false)),
@@ -921,12 +917,7 @@ async fn a_namespace_keeps_at_most_its_history_topics() {
     assert_eq!(topics_quota(&node, "ho").0, 5);
 
     // A subscriber holds t.1; then every publication expires (ttl 1 s).
-    send_json(
-        &mut sock,
-        json!({"id": 8, "type": "subscribe", "topic": "t.1"}),
-    )
-    .await;
-    assert_eq!(next_json(&mut sock).await["ok"], true);
+    assert_eq!(subscribe(&mut sock, 8, "t.1").await["ok"], true);
     assert_eq!(set_rules(&node, "ht", rules(1)).0, 200);
     eventually("the sweep dropped every publication", || {
         let (_, b) = node.op("GET", "/v1/namespaces/ht/quotas", None);
@@ -1018,12 +1009,7 @@ async fn a_batch_makes_room_from_streams_it_does_not_publish_to() {
     let (_, mut sock) = connect(&node, "/v1/ws", &key).await;
     let mut epochs = Vec::new();
     for (id, topic) in [(1, "t.a"), (2, "t.b")] {
-        send_json(
-            &mut sock,
-            json!({"id": id, "type": "subscribe", "topic": topic}),
-        )
-        .await;
-        let answer = next_json(&mut sock).await;
+        let answer = subscribe(&mut sock, id, topic).await;
         assert_eq!(answer["ok"], true, "{answer}");
         epochs.push(answer["epoch"].clone());
         actix_rt::time::sleep(Duration::from_millis(20)).await;
@@ -1197,12 +1183,7 @@ async fn idle_history_streams_are_forgotten_after_the_meta_ttl() {
     let a = publish(&node, &key, "t.a", "x");
     publish(&node, &key, "t.b", "x");
     let (_, mut sock) = connect(&node, "/v1/ws", &key).await;
-    send_json(
-        &mut sock,
-        json!({"id": 1, "type": "subscribe", "topic": "t.b"}),
-    )
-    .await;
-    assert_eq!(next_json(&mut sock).await["ok"], true);
+    assert_eq!(subscribe(&mut sock, 1, "t.b").await["ok"], true);
     eventually("t.a forgotten", || topics_quota(&node, "hm").0 == 1).await;
     let (_, page) = history(&node, &key, "topic=t.b");
     assert_eq!(page["offset"], 1, "the subscribed stream stays: {page}");

@@ -32,6 +32,16 @@ pub const DEFAULT_LIMIT: usize = 50;
 /// Deployments with a ring on one node; past it the least recently written
 /// ring is dropped for a new one.
 const MAX_RINGS: usize = 10_000;
+/// Bytes of a request's path an activity entry keeps; a longer path is cut
+/// at a character boundary and ends with [`CUT`]. A path is the one part of
+/// an entry a client sizes (up to the header limit, 60 KB and more): whole,
+/// 256 entries per ring held 15 MB per deployment. With the other fields
+/// bounded too (the request id to 128 bytes, the route and the instance as
+/// deployed, the subject a key name or token subject), an entry is at most a
+/// few hundred bytes, so a ring is bounded in bytes, not only in count.
+pub const MAX_ACTIVITY_PATH_BYTES: usize = 256;
+/// What ends a cut path.
+pub const CUT: &str = "…";
 
 /// The subject a request was authorized as, when a route policy put one in
 /// the request's extensions; the activity ring shows it.
@@ -64,6 +74,23 @@ pub struct ActivityEntry {
     pub trace_id: Option<String>,
 }
 
+/// Cuts `s` to at most `max` bytes, at a character boundary, ending with
+/// [`CUT`] when anything was cut.
+fn cut(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut end = max - CUT.len();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    // A new string: truncating in place would keep the whole capacity.
+    let mut kept = String::with_capacity(end + CUT.len());
+    kept.push_str(&s[..end]);
+    kept.push_str(CUT);
+    *s = kept;
+}
+
 /// Each ring by namespace, then deployment, with its last write's tick
 /// (nested: a request's lookup borrows its strings).
 type Rings = HashMap<String, HashMap<String, (u64, VecDeque<ActivityEntry>)>>;
@@ -78,7 +105,11 @@ pub struct Activity {
 
 impl Activity {
     /// Adds a request to its deployment's ring (the oldest leaves past [`RING_SIZE`]).
-    pub fn push(&self, namespace: &str, deployment: &str, entry: ActivityEntry) {
+    pub fn push(&self, namespace: &str, deployment: &str, mut entry: ActivityEntry) {
+        cut(&mut entry.path, MAX_ACTIVITY_PATH_BYTES);
+        if let Some(s) = entry.subject.as_mut() {
+            cut(s, MAX_ACTIVITY_PATH_BYTES);
+        }
         let tick = self.tick.fetch_add(1, Ordering::Relaxed) as u64;
         let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
         let present = rings
@@ -272,6 +303,34 @@ mod tests {
             subject: None,
             trace_id: None,
         }
+    }
+
+    /// A path of 60 KB (the attack: a ring of them held 15 MB) is kept cut
+    /// to [`MAX_ACTIVITY_PATH_BYTES`] at a character boundary, its capacity
+    /// too; a short path and a subject are kept as they came or cut alike.
+    #[test]
+    fn activity_entries_are_bounded_in_bytes() {
+        let a = Activity::default();
+        let mut long = entry(1);
+        // Two-byte characters around the cut: the cut falls inside one.
+        long.path = format!("/{}", "é".repeat(30_000));
+        long.subject = Some("k".repeat(1000));
+        a.push("ns", "web", long);
+        a.push("ns", "web", entry(2));
+        let got = a.latest("ns", "web", 10);
+        assert_eq!(got[0].path, "/p2");
+        let cut = &got[1].path;
+        assert!(cut.len() <= MAX_ACTIVITY_PATH_BYTES, "{}", cut.len());
+        assert!(cut.len() > MAX_ACTIVITY_PATH_BYTES - 8, "{}", cut.len());
+        assert!(cut.starts_with("/éé") && cut.ends_with(CUT), "{cut}");
+        assert!(got[1].subject.as_ref().unwrap().len() <= MAX_ACTIVITY_PATH_BYTES);
+        let rings = a.rings.lock().unwrap();
+        let held = &rings["ns"]["web"].1[0];
+        assert!(
+            held.path.capacity() <= MAX_ACTIVITY_PATH_BYTES,
+            "{}",
+            held.path.capacity()
+        );
     }
 
     /// A ring keeps the latest [`RING_SIZE`], newest first, per deployment.

@@ -125,8 +125,9 @@ pub struct NamespaceSupervisor {
     /// The node's default quotas (`[quotas]`); the record's overrides win.
     pub quotas: Arc<crate::config::QuotaConfig>,
     /// The history of the topics the record's `history` rules name
-    /// (`actors/topics.rs`); None until loaded with the record. Kept across
-    /// a restart, like the topic table.
+    /// (`actors/topics.rs`); None until a message first needs it
+    /// (`load_history_then`: not on wake). Kept across a restart, like the
+    /// topic table.
     pub history: Option<crate::pubsub::NsHistory>,
     /// A history batch is being written; appends meanwhile wait for the next
     /// one, with the acks that wait on them.
@@ -314,7 +315,8 @@ impl NamespaceSupervisor {
                 }
             }),
         );
-        self.load_history(ctx);
+        // The history is not loaded here: the first message that needs it
+        // loads it (`actors/topics.rs`, `load_history_then`).
     }
 
     /// Runs a handler body, turning a panic into a restart instead of a dead actor.

@@ -395,10 +395,21 @@ impl NamespaceSupervisor {
         );
     }
 
-    /// Loads the namespace's history from the store once (at the first
-    /// start; a restart keeps it), before any other message is handled.
-    pub(crate) fn load_history(&mut self, ctx: &mut Context<Self>) {
+    /// Loads the namespace's history from the store once, then runs `then`;
+    /// at once when it is in memory already (a restart keeps it). Not on
+    /// wake: a woken namespace loads its history when a subscriber, a
+    /// reader, a history publication, a replica, the quotas or an export
+    /// first needs it ([`after_history`](Self::after_history)), so waking
+    /// a sleeping namespace for a KV read, an invoke or a 404 costs no
+    /// history bytes. Holds the mailbox meanwhile: `then` runs before any
+    /// later message is handled, so order is kept.
+    pub(crate) fn load_history_then(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, &mut Context<Self>) + 'static,
+    ) {
         if self.history.is_some() {
+            then(self, ctx);
             return;
         }
         let store = self.store.clone();
@@ -411,10 +422,38 @@ impl NamespaceSupervisor {
                         tracing::error!(namespace = %act.name, error = %e, "Pub/sub history could not be loaded; it starts over with new epochs.");
                         Vec::new()
                     });
-                    act.history = Some(NsHistory::load(&act.name, rows));
+                    if act.history.is_none() {
+                        act.history = Some(NsHistory::load(&act.name, rows));
+                    }
                     act.flush_history(ctx);
+                    then(act, ctx);
                 }),
         );
+    }
+
+    /// Whether `topic`'s handling needs the history and it is not in memory yet.
+    fn history_unloaded_for(&self, topic: &str) -> bool {
+        self.history.is_none() && self.history_rule(topic).is_some()
+    }
+
+    /// Handles `msg` once the history is in memory ([`load_history_then`](Self::load_history_then)),
+    /// before any later message; the reply is the handler's.
+    fn after_history<M, T>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        msg: M,
+    ) -> actix::Response<NsResult<T>>
+    where
+        M: actix::Message<Result = NsResult<T>> + 'static,
+        T: 'static,
+        Self: Handler<M>,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.load_history_then(ctx, move |act, ctx| {
+            let answer = <Self as Handler<M>>::handle(act, msg, ctx);
+            actix::dev::MessageResponse::<Self, M>::handle(answer, ctx, Some(tx));
+        });
+        actix::Response::fut(async move { rx.await.unwrap_or(Err(NsError::Panicked)) })
     }
 
     /// Writes what waits, unless a write is in flight (the next one takes
@@ -762,6 +801,9 @@ impl Handler<Subscribe> for NamespaceSupervisor {
     /// shared store: its stored epoch is read (or created) first.
     type Result = actix::Response<NsResult<Subscribed>>;
     fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
+        if self.history_unloaded_for(&msg.topic) {
+            return self.after_history(ctx, msg);
+        }
         let _t = self.stats.begin();
         // A history topic (`unknown_shared_topic` asks for its rule).
         if self.unknown_shared_topic(&msg.topic) {
@@ -1079,6 +1121,9 @@ impl Handler<Publish> for NamespaceSupervisor {
     /// topic's position, once the publication is stored.
     type Result = actix::Response<NsResult<Option<Position>>>;
     fn handle(&mut self, msg: Publish, ctx: &mut Context<Self>) -> Self::Result {
+        if self.history_unloaded_for(&msg.topic) {
+            return self.after_history(ctx, msg);
+        }
         let _t = self.stats.begin();
         let ack = match self.guarded(ctx, |act| {
             act.exists()?;
@@ -1116,6 +1161,13 @@ impl Handler<PublishBatch> for NamespaceSupervisor {
     /// The number published; with history topics among them, once stored.
     type Result = actix::Response<NsResult<usize>>;
     fn handle(&mut self, msg: PublishBatch, ctx: &mut Context<Self>) -> Self::Result {
+        if msg
+            .messages
+            .iter()
+            .any(|(t, _)| self.history_unloaded_for(t))
+        {
+            return self.after_history(ctx, msg);
+        }
         let _t = self.stats.begin();
         let acks = match self.guarded(ctx, |act| {
             act.exists()?;
@@ -1177,6 +1229,14 @@ pub struct Replicated {
 impl Handler<Replicated> for NamespaceSupervisor {
     type Result = ();
     fn handle(&mut self, msg: Replicated, ctx: &mut Context<Self>) {
+        if msg
+            .messages
+            .iter()
+            .any(|m| m.history.is_some() && self.history_unloaded_for(&m.topic))
+        {
+            self.load_history_then(ctx, move |act, ctx| act.handle(msg, ctx));
+            return;
+        }
         let _t = self.stats.begin();
         if self.record.is_none() {
             return;
@@ -1263,10 +1323,13 @@ pub struct HistoryPage {
 }
 
 impl Handler<ReadHistory> for NamespaceSupervisor {
-    type Result = NsResult<HistoryPage>;
+    type Result = actix::Response<NsResult<HistoryPage>>;
     fn handle(&mut self, msg: ReadHistory, ctx: &mut Context<Self>) -> Self::Result {
+        if self.history_unloaded_for(&msg.topic) {
+            return self.after_history(ctx, msg);
+        }
         let _t = self.stats.begin();
-        self.guarded(ctx, |act| {
+        actix::Response::reply(self.guarded(ctx, |act| {
             act.exists()?;
             let rule = act.history_rule(&msg.topic);
             let (Some(rule), Some(h)) = (rule, act.history.as_ref()) else {
@@ -1304,7 +1367,7 @@ impl Handler<ReadHistory> for NamespaceSupervisor {
                 entries,
                 more,
             })
-        })
+        }))
     }
 }
 
@@ -1436,12 +1499,15 @@ pub struct HistoryState {
 }
 
 impl Handler<HistoryOf> for NamespaceSupervisor {
-    type Result = NsResult<HistoryState>;
+    type Result = actix::Response<NsResult<HistoryState>>;
     fn handle(&mut self, msg: HistoryOf, ctx: &mut Context<Self>) -> Self::Result {
+        if self.history.is_none() {
+            return self.after_history(ctx, msg);
+        }
         let _t = self.stats.begin();
         let caps = self.history_caps();
         let (max_bytes, max_topics) = (caps.max_bytes, caps.max_topics);
-        self.guarded(ctx, |act| {
+        actix::Response::reply(self.guarded(ctx, |act| {
             act.exists()?;
             let Some(h) = act.history.as_ref() else {
                 return Ok(HistoryState {
@@ -1457,7 +1523,7 @@ impl Handler<HistoryOf> for NamespaceSupervisor {
                 max_topics,
                 streams: if msg.streams { h.export() } else { Vec::new() },
             })
-        })
+        }))
     }
 }
 
@@ -1474,17 +1540,22 @@ pub struct ReplaceHistory {
 }
 
 impl Handler<ReplaceHistory> for NamespaceSupervisor {
-    type Result = NsResult<tokio::sync::oneshot::Receiver<bool>>;
+    /// After the history is loaded: the old streams' keys must be known to
+    /// be deleted.
+    type Result = actix::Response<NsResult<tokio::sync::oneshot::Receiver<bool>>>;
     fn handle(&mut self, msg: ReplaceHistory, ctx: &mut Context<Self>) -> Self::Result {
+        if self.history.is_none() {
+            return self.after_history(ctx, msg);
+        }
         let _t = self.stats.begin();
-        self.guarded(ctx, |act| {
+        let replaced = self.guarded(ctx, |act| {
             act.exists()?;
-            act.history
-                .get_or_insert_with(|| NsHistory::load(&act.name, Vec::new()))
-                .replace(msg.topics);
+            if let Some(h) = act.history.as_mut() {
+                h.replace(msg.topics);
+            }
             Ok(())
-        })?;
-        Ok(self.history_stored(ctx))
+        });
+        actix::Response::reply(replaced.map(|()| self.history_stored(ctx)))
     }
 }
 

@@ -273,6 +273,22 @@ impl TestNode {
         }
     }
 
+    /// Kills the node (SIGKILL) and starts one again on its data folder
+    /// with `opts`; the new node keeps the folder (dropping this one would
+    /// remove its temporary folder under the new node, whose lazily opened
+    /// files, such as sled's blobs of large values, would then be gone).
+    pub fn crash_and_restart_with(mut self, opts: NodeOpts) -> TestNode {
+        let tmp = self._tmp.take();
+        let dir = self.dir.clone();
+        self.kill9();
+        let mut node = TestNode::start_with(NodeOpts {
+            data_dir: Some(dir),
+            ..opts
+        });
+        node._tmp = tmp;
+        node
+    }
+
     /// Creates a namespace from the operator's request `body` as written
     /// (placed as the node places it); returns its owner API key.
     pub fn create_namespace_from(&self, body: &str) -> String {

@@ -247,6 +247,52 @@ fn activity_holds_the_latest_requests_without_secrets() {
     assert_eq!(s, 401);
 }
 
+/// A client sizes the path (60 KB here, under the header limit): a full
+/// ring of such requests held 15 MB per deployment and answered 15 MB.
+/// Each entry keeps at most 256 bytes of it, cut with `…`, so the full
+/// ring answers in well under 256 KB.
+#[test]
+fn activity_entries_keep_a_bounded_path() {
+    if single_node_only("the ring is per node") {
+        return;
+    }
+    let node = proxy_node();
+    let key = node.create_namespace("act");
+    let up = Upstream::start("one");
+    let (s, v) = deploy_json(
+        &node,
+        &key,
+        serde_json::json!({
+            "name": "web", "hosts": ["act.test"],
+            "upstream": {"instances": [up.url()]},
+            "routes": [{"path_prefix": "/api"}]
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let long = format!("/api/{}", "a".repeat(60_000));
+    for _ in 0..256 {
+        let (s, _, _) = via(&node, "act.test", "GET", &long, &[], None);
+        assert_eq!(s, 200);
+    }
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/web/activity?limit=256", None);
+    assert_eq!(s, 200);
+    assert!(
+        b.len() < 256 << 10,
+        "the activity answer is {} bytes",
+        b.len()
+    );
+    let v = json(&b);
+    let reqs = v["requests"].as_array().unwrap();
+    assert_eq!(reqs.len(), 256);
+    for r in reqs {
+        let p = r["path"].as_str().unwrap();
+        assert!(
+            p.len() <= 256 && p.starts_with("/api/aaa") && p.ends_with('…'),
+            "{p}"
+        );
+    }
+}
+
 /// A valid `traceparent` reaches the upstream with the same trace id and a
 /// new parent id (its `tracestate` kept); a malformed one is replaced, never
 /// forwarded; none starts a trace. The request log and the activity ring

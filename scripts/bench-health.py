@@ -6,7 +6,7 @@ docs/security.md, "Health checks on a budget"). Prints the node's CPU
 and the checks its upstreams received in that window.
 
     python3 scripts/bench-health.py [--bin target/debug/meshgate] [--seconds 10]
-                                    [--deploy-extra 'health_idle_seconds = 0']
+        [--deployments 100] [--deploy-extra 'health_min_interval_ms = 100\\nhealth_idle_seconds = 1']
 
 Bounded: one node, one nginx with 32 listeners on 127.0.0.1, a fixed window; everything is
 stopped at the end. A binary without the health settings (an older build)
@@ -115,6 +115,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/debug/meshgate")
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--deployments", type=int, default=100)
     ap.add_argument("--deploy-extra", default="health_min_interval_ms = 100\n")
     a = ap.parse_args()
     # The old checker opens thousands of connections at once.
@@ -127,7 +128,7 @@ def main():
             s, v = call(base, "POST", "/v1/namespaces", OPERATOR, {"name": "evil"})
             assert s == 201, v
             key = v["api_key"]
-            for d in range(100):
+            for d in range(a.deployments):
                 s, v = call(base, "POST", "/v1/deployments", key, {
                     "name": f"d{d}", "hosts": [f"d{d}.evil.test"],
                     "upstream": {"instances": urls,
@@ -139,9 +140,9 @@ def main():
             c1, t1, k1 = cpu_ticks(node.pid), time.monotonic(), checks()
             hz = os.sysconf("SC_CLK_TCK")
             cpu = (c1 - c0) / hz / (t1 - t0)
-            print("| binary | window | node CPU (cores) | checks received /s |")
-            print("|---|---|---|---|")
-            print(f"| {a.bin} | {t1 - t0:.1f} s, no traffic | {cpu:.3f} | {(k1 - k0) / (t1 - t0):.0f} |")
+            print("| binary | deployments x 32 | window | node CPU (cores) | checks received /s |")
+            print("|---|---|---|---|---|")
+            print(f"| {a.bin} | {a.deployments} | {t1 - t0:.1f} s, no traffic | {cpu:.3f} | {(k1 - k0) / (t1 - t0):.0f} |")
         finally:
             nginx.terminate()
             nginx.wait(10)

@@ -61,7 +61,7 @@ pub fn check_min_interval(cfg: &DeployConfig, spec: Option<&HealthSpec>) -> Resu
 }
 
 /// What makes two checks one: the same instance checked the same way, for one namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct CheckKey {
     namespace: Arc<str>,
     base: String,
@@ -82,6 +82,8 @@ struct Check {
     next_due: Instant,
     /// A check of it is in flight (never two at once).
     running: bool,
+    /// A pool it serves is in use (set at each tick).
+    in_use: bool,
 }
 
 /// The scheduler's state.
@@ -157,6 +159,7 @@ impl HealthChecks {
                     subs: Vec::new(),
                     next_due: now + Duration::from_millis(pool.random() % first),
                     running: false,
+                    in_use: true,
                 });
                 c.subs.push(Sub {
                     pool: Arc::downgrade(pool),
@@ -245,40 +248,63 @@ fn plan(st: &mut State, now: Instant, elapsed: Duration, b: Budget, now_ms: u64)
     let in_use = |p: &UpstreamPool| {
         !p.is_retired() && (b.idle_ms == 0 || now_ms.saturating_sub(p.last_used_ms()) <= b.idle_ms)
     };
-    st.checks.retain(|_, c| {
-        c.subs
-            .retain(|s| s.pool.upgrade().is_some_and(|p| !p.is_retired()));
+    // Retired and dropped pools leave; the namespaces' checks in use now.
+    let mut active: HashMap<Arc<str>, u64> = HashMap::new();
+    st.checks.retain(|k, c| {
+        let mut used = false;
+        c.subs.retain(|s| match s.pool.upgrade() {
+            Some(p) if !p.is_retired() => {
+                used |= in_use(&p);
+                true
+            }
+            _ => false,
+        });
+        c.in_use = used;
+        if used {
+            *active.entry(k.namespace.clone()).or_default() += 1;
+        }
         !c.subs.is_empty() || c.running
     });
-    // The namespaces' checks in use now, and those due.
-    let mut active: HashMap<Arc<str>, u64> = HashMap::new();
-    let mut due: HashMap<Arc<str>, Vec<(Instant, CheckKey)>> = HashMap::new();
-    for (k, c) in &st.checks {
-        let used = c
-            .subs
-            .iter()
-            .any(|s| s.pool.upgrade().is_some_and(|p| in_use(&p)));
-        if !used {
-            continue;
-        }
-        *active.entry(k.namespace.clone()).or_default() += 1;
-        if !c.running && c.next_due <= now {
-            due.entry(k.namespace.clone())
-                .or_default()
-                .push((c.next_due, k.clone()));
-        }
-    }
+    // Each namespace's credit, and so how many of its due checks start now.
     st.credit.retain(|ns, _| active.contains_key(ns));
     let refill = f64::from(b.per_second) * elapsed.as_secs_f64();
     let cap = (f64::from(b.per_second) * TICK.as_secs_f64()).max(1.0);
-    let mut out = Vec::new();
-    for (ns, n) in &active {
+    let room = MAX_RUNNING.saturating_sub(st.running);
+    let mut admit: HashMap<Arc<str>, usize> = HashMap::new();
+    for ns in active.keys() {
         let credit = st.credit.entry(ns.clone()).or_insert(0.0);
         *credit = (*credit + refill).min(cap);
-        let Some(mut list) = due.remove(ns) else {
+        admit.insert(ns.clone(), (*credit as usize).min(room));
+    }
+    // The longest overdue of each namespace, no more than it admits (a
+    // bounded heap: a namespace with thousands overdue costs no copies).
+    let mut due: HashMap<Arc<str>, std::collections::BinaryHeap<(Instant, CheckKey)>> =
+        HashMap::new();
+    for (k, c) in &st.checks {
+        if !c.in_use || c.running || c.next_due > now {
+            continue;
+        }
+        let limit = admit.get(&k.namespace).copied().unwrap_or(0);
+        if limit == 0 {
+            continue;
+        }
+        let heap = due.entry(k.namespace.clone()).or_default();
+        if heap.len() < limit {
+            heap.push((c.next_due, k.clone()));
+        } else if heap.peek().is_some_and(|(latest, _)| c.next_due < *latest) {
+            heap.pop();
+            heap.push((c.next_due, k.clone()));
+        }
+    }
+    let mut out = Vec::new();
+    for (ns, n) in &active {
+        let Some(heap) = due.remove(ns) else {
             continue;
         };
-        list.sort_by_key(|(at, _)| *at);
+        let Some(credit) = st.credit.get_mut(ns) else {
+            continue;
+        };
+        let list = heap.into_sorted_vec();
         // The namespace's checks spread over its budget.
         let spread_ms = n.saturating_mul(1000) / u64::from(b.per_second);
         for (_, key) in list {

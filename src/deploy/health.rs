@@ -186,11 +186,7 @@ impl HealthChecks {
             per_second: self.per_second,
             idle_ms: self.idle_ms,
         };
-        rt.spawn(run(
-            Arc::downgrade(&self.state),
-            cfg,
-            self.sent.clone(),
-        ));
+        rt.spawn(run(Arc::downgrade(&self.state), cfg, self.sent.clone()));
     }
 }
 
@@ -217,7 +213,9 @@ async fn run(state: Weak<Mutex<State>>, budget: Budget, sent: Arc<AtomicU64>) {
     let mut last = Instant::now();
     loop {
         tokio::time::sleep(TICK).await;
-        let Some(shared) = state.upgrade() else { return };
+        let Some(shared) = state.upgrade() else {
+            return;
+        };
         let now = Instant::now();
         let due = plan(&mut shared.lock(), now, now - last, budget, unix_ms());
         last = now;
@@ -558,7 +556,11 @@ mod tests {
 
     fn checked_pool(bases: &[String], spec: HealthSpec) -> Arc<UpstreamPool> {
         let refs: Vec<&str> = bases.iter().map(String::as_str).collect();
-        Arc::new(pool(&refs, 1, Duration::ZERO).with_balancing(&[], &Balance::RoundRobin, Some(spec)))
+        Arc::new(pool(&refs, 1, Duration::ZERO).with_balancing(
+            &[],
+            &Balance::RoundRobin,
+            Some(spec),
+        ))
     }
 
     /// Runs the scheduler's ticks over `secs` seconds of made-up time (each
@@ -595,7 +597,9 @@ mod tests {
         };
         let mut pools = Vec::new();
         for d in 0..100 {
-            let bases: Vec<String> = (0..32).map(|i| format!("http://127.0.0.1:{}", 20000 + i)).collect();
+            let bases: Vec<String> = (0..32)
+                .map(|i| format!("http://127.0.0.1:{}", 20000 + i))
+                .collect();
             let p = checked_pool(&bases, spec(&format!("/h/{d}"), 100));
             hc.watch("evil", &p);
             pools.push(p);
@@ -617,7 +621,10 @@ mod tests {
     fn shared_instances_are_checked_once() {
         let hc = HealthChecks::new(&budget(50, 0));
         let same = vec!["http://127.0.0.1:20000".to_string()];
-        let (a, b) = (checked_pool(&same, spec("/h", 100)), checked_pool(&same, spec("/h", 100)));
+        let (a, b) = (
+            checked_pool(&same, spec("/h", 100)),
+            checked_pool(&same, spec("/h", 100)),
+        );
         hc.watch("bank", &a);
         hc.watch("bank", &b);
         assert_eq!(hc.distinct(), 1);

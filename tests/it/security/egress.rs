@@ -606,7 +606,11 @@ fn every_listener_of_every_member_is_refused() {
     let (x, x_metrics) = start("x");
     // The listeners answer: they are what the attack reached.
     for m in [&x_metrics, &y_metrics, &z_metrics] {
-        assert_eq!(http("GET", &format!("{m}/metrics"), &[], None).0, 200, "{m}");
+        assert_eq!(
+            http("GET", &format!("{m}/metrics"), &[], None).0,
+            200,
+            "{m}"
+        );
     }
     let (s, body) = x.op(
         "POST",

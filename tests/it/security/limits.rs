@@ -156,8 +156,8 @@ fn forwarded_hops_are_not_charged_to_the_forwarding_node() {
 #[test]
 fn an_anonymous_flood_cannot_starve_the_owners_api() {
     use crate::deploy::{ALLOW_LOOPBACK, Upstream, deploy_json, deploy_static, tarball};
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::{Duration, Instant};
     let node = TestNode::start_with(NodeOpts {
         config: format!(
@@ -197,13 +197,23 @@ fn an_anonymous_flood_cannot_starve_the_owners_api() {
             let (ok, refused, other) = (ok.clone(), refused.clone(), other.clone());
             std::thread::spawn(move || {
                 let local = format!("127.0.0.{}", 10 + i);
-                let host = if i % 2 == 0 { "www.bank.test" } else { "site.bank.test" };
+                let host = if i % 2 == 0 {
+                    "www.bank.test"
+                } else {
+                    "site.bank.test"
+                };
                 // Bounded: until told to stop, at most 2,000 requests each.
                 for _ in 0..2_000 {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let (s, _, b) = http_from(Some(&local), "GET", &format!("{base}/"), &[("host", host)], None);
+                    let (s, _, b) = http_from(
+                        Some(&local),
+                        "GET",
+                        &format!("{base}/"),
+                        &[("host", host)],
+                        None,
+                    );
                     match s {
                         200 => ok.fetch_add(1, Ordering::Relaxed),
                         429 if code(&String::from_utf8_lossy(&b)) == "ANONYMOUS_RATE_LIMITED" => {
@@ -240,8 +250,14 @@ fn an_anonymous_flood_cannot_starve_the_owners_api() {
         "owner API: {answered}/30 answered ({:.0}%); anonymous flood over {took:.1} s: {ok} served, {refused} refused, {other} other",
         answered as f64 * 100.0 / 30.0
     );
-    assert!(answered * 100 >= 30 * 99, "owner's calls answered: {answered}/30");
-    assert_eq!(other, 0, "every flood request is served or refused by its bucket");
+    assert!(
+        answered * 100 >= 30 * 99,
+        "owner's calls answered: {answered}/30"
+    );
+    assert_eq!(
+        other, 0,
+        "every flood request is served or refused by its bucket"
+    );
     assert!(refused > 0, "the flood met its bucket");
     // The anonymous bucket's burst and refill (10 a second), and a second's slack.
     assert!(

@@ -144,7 +144,7 @@ impl HealthChecks {
             return;
         };
         let ns: Arc<str> = ns.into();
-        let now = Instant::now();
+        let now = crate::util::mono_now();
         {
             let mut st = self.state.lock();
             for (index, inst) in pool.instances.iter().enumerate() {
@@ -210,13 +210,13 @@ type Due = (CheckKey, HealthSpec, Vec<(Arc<UpstreamPool>, usize)>);
 
 /// The scheduler's loop: ends when the node's checker is gone.
 async fn run(state: Weak<Mutex<State>>, budget: Budget, sent: Arc<AtomicU64>) {
-    let mut last = Instant::now();
+    let mut last = crate::util::mono_now();
     loop {
         tokio::time::sleep(TICK).await;
         let Some(shared) = state.upgrade() else {
             return;
         };
-        let now = Instant::now();
+        let now = crate::util::mono_now();
         let due = plan(&mut shared.lock(), now, now - last, budget, unix_ms());
         last = now;
         for (key, spec, subs) in due {

@@ -86,7 +86,7 @@ fn start_node(dir: &Path, name: &str, extra_config: &str) -> NodeProc {
         format!(
             "[rate_limit]\ngeneral_per_minute = 100000000\ngeneral_burst = 10000000\n\
              credential_per_minute = 100000000\ncredential_burst = 10000000\n\
-             namespace_per_minute = 100000000\nnamespace_burst = 10000000\n{extra_config}"
+             namespace_per_minute = 100000000\nnamespace_burst = 10000000\nanonymous_per_minute = 100000000\nanonymous_burst = 10000000\n{extra_config}"
         ),
     )
     .unwrap();

@@ -301,6 +301,19 @@ pub struct DeployConfig {
     /// (false): those are refused whatever `upstream_allow` opens. For an
     /// operator who deploys an upstream on purpose at the node's own ports.
     pub upstream_allow_own: bool,
+    /// Shortest `health.interval_ms` a deployment may ask for, in ms: a
+    /// deployment asking for less is refused (400 `INVALID_UPSTREAM`). 100
+    /// to 3,600,000; default 1,000.
+    pub health_min_interval_ms: u64,
+    /// Active health checks one namespace may cost this node, per second,
+    /// over all its deployments: past it each of its checks is spread out
+    /// evenly (its interval lengthened) so the total stays within. 1 to
+    /// 100,000; default 50.
+    pub health_checks_per_second: u32,
+    /// Seconds a node keeps checking a deployment's instances after it last
+    /// proxied a request to it: only nodes that proxy for a deployment check
+    /// it. 0: always check. Default 300.
+    pub health_idle_seconds: u64,
 }
 
 impl Default for DeployConfig {
@@ -319,6 +332,9 @@ impl Default for DeployConfig {
             upstream_allow: Vec::new(),
             upstream_deny: Vec::new(),
             upstream_allow_own: false,
+            health_min_interval_ms: 1_000,
+            health_checks_per_second: 50,
+            health_idle_seconds: 300,
         }
     }
 }
@@ -531,6 +547,14 @@ pub struct RateLimitConfig {
     pub namespace_per_minute: u32,
     /// Default per-namespace bucket: burst size.
     pub namespace_burst: u32,
+    /// Anonymous traffic to a namespace, per minute: every request to its
+    /// deployment hosts (sites and proxied upstreams, whatever the route's
+    /// `auth`) and every request without a credential (public invokes). One
+    /// bucket per namespace, apart from its namespace bucket, so a flood of
+    /// its public site cannot starve its owner's API.
+    pub anonymous_per_minute: u32,
+    /// Anonymous traffic to a namespace: burst size.
+    pub anonymous_burst: u32,
     /// Peers whose `X-Forwarded-For` (last entry) is believed.
     pub trusted_proxies: Vec<String>,
 }
@@ -546,6 +570,8 @@ impl Default for RateLimitConfig {
             wallet_burst: 5,
             namespace_per_minute: 60_000,
             namespace_burst: 10_000,
+            anonymous_per_minute: 60_000,
+            anonymous_burst: 10_000,
             trusted_proxies: Vec::new(),
         }
     }
@@ -843,6 +869,8 @@ impl Config {
             ("wallet_burst", rl.wallet_burst),
             ("namespace_per_minute", rl.namespace_per_minute),
             ("namespace_burst", rl.namespace_burst),
+            ("anonymous_per_minute", rl.anonymous_per_minute),
+            ("anonymous_burst", rl.anonymous_burst),
         ] {
             if v == 0 {
                 errors.push(format!("rate_limit.{name}: must be > 0"));
@@ -936,6 +964,18 @@ impl Config {
                     ));
                 }
             }
+        }
+        if !(100..=3_600_000).contains(&d.health_min_interval_ms) {
+            errors.push(format!(
+                "deploy.health_min_interval_ms: {} is not within 100..=3600000",
+                d.health_min_interval_ms
+            ));
+        }
+        if !(1..=100_000).contains(&d.health_checks_per_second) {
+            errors.push(format!(
+                "deploy.health_checks_per_second: {} is not within 1..=100000",
+                d.health_checks_per_second
+            ));
         }
         self.cluster.validate_etcd(&mut errors);
         if let Some(m) = self.metrics_listen_addr() {

@@ -207,6 +207,8 @@ codes! {
     // 429: too much, for now.
     RateLimited = "RATE_LIMITED", 429, Client, true;
     NamespaceRateLimited = "NAMESPACE_RATE_LIMITED", 429, Client, true;
+    /// Anonymous traffic to a namespace (its hosts, requests without a credential) past its own bucket.
+    AnonymousRateLimited = "ANONYMOUS_RATE_LIMITED", 429, Client, true;
     /// A deployment route's own `rate_limit` (per client or per subject).
     RouteRateLimited = "ROUTE_RATE_LIMITED", 429, Client, true;
     WalletRateLimited = "WALLET_RATE_LIMITED", 429, Client, true;

@@ -260,10 +260,22 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         } else {
             c.advertise.trim_end_matches('/').to_string()
         };
+        // Every listener is announced, so every member refuses it as an upstream.
+        let mut listeners = vec![crate::placement::Listener {
+            kind: "api".into(),
+            addr,
+        }];
+        if let Some((_, m)) = &metrics {
+            listeners.push(crate::placement::Listener {
+                kind: "metrics".into(),
+                addr: *m,
+            });
+        }
         let cluster = crate::placement::Cluster::start(
             store.clone(),
             id,
             advertise,
+            listeners,
             Duration::from_secs(c.register_seconds.max(1)),
         )
         .await
@@ -825,13 +837,32 @@ async fn refresh_cluster_addresses(
     let mut own = Vec::new();
     let mut names = Vec::new();
     for n in cluster.live_now().await {
-        if let Some((h, p)) = host_port(&n.advertise) {
+        let advertised = host_port(&n.advertise);
+        if let Some((h, p)) = &advertised {
             own.push((
                 format!("the API address of cluster member {}", n.id),
                 h.clone(),
-                p,
+                *p,
             ));
-            names.push((h, format!("the advertise name of cluster member {}", n.id)));
+            names.push((
+                h.clone(),
+                format!("the advertise name of cluster member {}", n.id),
+            ));
+        }
+        // Every listener it announced (docs/cluster.md, "Every address of
+        // every member"); one bound to every address is reached at the
+        // advertised host.
+        for l in &n.listeners {
+            let what = format!("the {} listener of cluster member {}", l.kind, n.id);
+            let port = l.addr.port();
+            if !l.addr.ip().is_unspecified() {
+                own.push((what.clone(), l.addr.ip().to_string(), port));
+            }
+            if let Some((h, _)) = &advertised
+                && (l.addr.ip().is_unspecified() || l.kind != "api")
+            {
+                own.push((what, h.clone(), port));
+            }
         }
     }
     match store

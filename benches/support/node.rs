@@ -15,6 +15,8 @@ pub fn config(dir: &Path) -> Config {
     cfg.rate_limit.general_burst = u32::MAX / 2;
     cfg.rate_limit.namespace_per_minute = u32::MAX / 2;
     cfg.rate_limit.namespace_burst = u32::MAX / 2;
+    cfg.rate_limit.anonymous_per_minute = u32::MAX / 2;
+    cfg.rate_limit.anonymous_burst = u32::MAX / 2;
     cfg
 }
 

@@ -42,6 +42,7 @@ pub fn start_node(dir: &std::path::Path, operator_key: &str, extra_toml: &str) -
             "[rate_limit]\ngeneral_per_minute = 1000000000\ngeneral_burst = 100000000\n\
              credential_per_minute = 1000000000\ncredential_burst = 100000000\n\
              namespace_per_minute = 1000000000\nnamespace_burst = 100000000\n\
+             anonymous_per_minute = 1000000000\nanonymous_burst = 100000000\n\
              [deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n{extra_toml}"
         ),
     )

@@ -42,7 +42,7 @@ impl NodeProcess {
         std::fs::write(
             &cfg,
             format!(
-                "[server]\nlisten = \"127.0.0.1:0\"\n\n[rate_limit]\ngeneral_per_minute = {big}\ngeneral_burst = {big}\nnamespace_per_minute = {big}\nnamespace_burst = {big}\n\n{extra}\n"
+                "[server]\nlisten = \"127.0.0.1:0\"\n\n[rate_limit]\ngeneral_per_minute = {big}\ngeneral_burst = {big}\nnamespace_per_minute = {big}\nnamespace_burst = {big}\nanonymous_per_minute = {big}\nanonymous_burst = {big}\n\n{extra}\n"
             ),
         )
         .unwrap();

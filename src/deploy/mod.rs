@@ -10,7 +10,8 @@
 //! - `proxy`: the reverse proxy (streaming, WebSockets, one retry loop).
 //! - `compress`: gzip of proxied answers (streamed, for clients that accept it).
 //! - `pool`: instances, weights, the balancers, passive and active health state.
-//! - `health`: the active health checker (one task per upstream pool with `health`).
+//! - `health`: the node's active health checker (one check per distinct
+//!   instance, a minimum interval, a budget per namespace, only pools in use).
 //! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
 //!   instances (hyper for requests with a body, our own inline one for those
 //!   without) and their per-thread pool of idle connections.
@@ -111,6 +112,8 @@ pub struct Deployments {
     /// The site files being sent, one copy each however many answers send
     /// it (`deploy/files.rs`).
     pub files: files::SiteFiles,
+    /// The node's active health checker: every pool with a `health` spec is watched there.
+    pub health: health::HealthChecks,
 }
 
 /// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
@@ -166,6 +169,7 @@ impl Deployments {
         Deployments {
             store,
             egress: Arc::new(EgressPolicy::from_config(&config)),
+            health: health::HealthChecks::new(&config),
             config,
             own_names: hosts::OwnNames::new(&base_domain),
             index: RwLock::new(Arc::new(Index::default())),
@@ -321,8 +325,8 @@ impl Deployments {
                                 .with_balancing(weights, balance, health.clone())
                                 .with_compress(*compress),
                             );
-                            // One checker per pool: per deployment version and node.
-                            health::start(&p);
+                            // Its instances join the node's checks (shared ones once).
+                            self.health.watch(&rec.namespace, &p);
                             p
                         })
                         .clone();

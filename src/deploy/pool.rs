@@ -146,17 +146,16 @@ pub struct UpstreamPool {
     rng: AtomicU64,
     /// The active check, run by [`super::health`] while this pool serves.
     pub health: Option<HealthSpec>,
+    /// Unix ms of the last request this node picked an instance for (at
+    /// first, of the pool's creation): the checker checks only pools in use
+    /// (`health_idle_seconds`).
+    last_used_ms: AtomicU64,
     /// The deployment's `compress`: answers gzipped for clients that accept
     /// it (`super::compress`).
     pub compress: bool,
-    /// The running checker, aborted when the pool is retired or dropped.
-    pub(crate) checker: parking_lot::Mutex<Option<tokio::task::AbortHandle>>,
-}
-
-impl Drop for UpstreamPool {
-    fn drop(&mut self) {
-        self.stop_checker();
-    }
+    /// Set when the pool is retired (its deployment deleted or replaced):
+    /// the checker stops checking for it.
+    retired: AtomicBool,
 }
 
 /// Timeouts of the proxy.
@@ -252,8 +251,9 @@ impl UpstreamPool {
             balancer: Balancer::Cursor,
             rng: AtomicU64::new(now_ms() ^ 0x2545f4914f6cdd1d),
             health: None,
+            last_used_ms: AtomicU64::new(now_ms()),
             compress: true,
-            checker: parking_lot::Mutex::new(None),
+            retired: AtomicBool::new(false),
         }
     }
 
@@ -293,11 +293,26 @@ impl UpstreamPool {
         self
     }
 
-    /// Stops the active checker, if one runs.
+    /// Retires the pool: the active checker checks it no more.
     pub(crate) fn stop_checker(&self) {
-        if let Some(h) = self.checker.lock().take() {
-            h.abort();
-        }
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the pool is retired ([`UpstreamPool::stop_checker`]).
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Unix ms of the last request this node picked an instance for (or of
+    /// the pool's creation).
+    pub(crate) fn last_used_ms(&self) -> u64 {
+        self.last_used_ms.load(Ordering::Relaxed)
+    }
+
+    /// Test only: the pool as last used at `ms`.
+    #[cfg(test)]
+    pub(crate) fn set_last_used_ms(&self, ms: u64) {
+        self.last_used_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Whether instance `i` is in rotation at `now` (unix ms).
@@ -330,6 +345,10 @@ impl UpstreamPool {
     ) -> Vec<usize> {
         let n = self.instances.len();
         let now = now_ms();
+        // Read first: one shared-line write a second at most, not one a request.
+        if self.last_used_ms.load(Ordering::Relaxed) / 1000 != now / 1000 {
+            self.last_used_ms.store(now, Ordering::Relaxed);
+        }
         let mut order = Vec::with_capacity(n);
         match &self.balancer {
             Balancer::Cursor => {

@@ -13,7 +13,7 @@ use crate::http::chain::context::{
     ClientIp, INTERNAL_PREFIX, REQUEST_ID, RequestHost, RequestId, RoutedHost, Sni,
     X_FORWARDED_PROTO, policy_of, request_host,
 };
-use crate::http::chain::limits::{Limiters, charge_client, charge_namespace, client_ip_of};
+use crate::http::chain::limits::{Limiters, charge_anonymous, charge_client, client_ip_of};
 use crate::http::chain::logger::{request_id, request_span};
 use crate::http::chain::routing::check_server_name;
 use crate::http::policy::Policy;
@@ -397,8 +397,8 @@ async fn routed_steps(
     if let Err(e) = check_server_name(req.conn_data::<Sni>(), &route.host) {
         return e.error_response_owned();
     }
-    // The namespace rate limit.
-    if let Err(e) = charge_namespace(l, node, &route.bound.namespace).await {
+    // The namespace rate limit: a host's traffic is anonymous (its own bucket).
+    if let Err(e) = charge_anonymous(l, node, &route.bound.namespace) {
         return e.error_response_owned();
     }
     serve_observed(

@@ -41,6 +41,22 @@ pub struct NodeInfo {
     pub id: String,
     /// Base URL of its HTTP listener (`http://host:port`).
     pub advertise: String,
+    /// Every socket it listens on besides `advertise`: its API listener as
+    /// bound (HTTP, TLS and the dashboard share it) and its `[metrics]
+    /// listen` listener. Each member's egress policy refuses all of them
+    /// (docs/cluster.md, "Every address of every member").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<Listener>,
+}
+
+/// One listening socket of a node, as announced in the registry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Listener {
+    /// What it is: `api` or `metrics`.
+    pub kind: String,
+    /// The bound address (`ip:port`; an unspecified IP means every address
+    /// of the node, which its members read as the advertised host).
+    pub addr: std::net::SocketAddr,
 }
 
 /// `_nodes/<id>`: a node's registry entry.
@@ -54,6 +70,8 @@ pub struct Cluster {
     pub node_id: String,
     /// This node's HTTP base URL as other nodes reach it.
     pub advertise: String,
+    /// This node's listeners, announced with it ([`NodeInfo::listeners`]).
+    listeners: Vec<Listener>,
     /// The shared store holding the registry and namespace records.
     store: Store,
     /// The live nodes as last read from the registry, this one included.
@@ -110,11 +128,13 @@ impl Cluster {
         store: Store,
         node_id: String,
         advertise: String,
+        listeners: Vec<Listener>,
         every: Duration,
     ) -> Result<Arc<Cluster>, crate::storage::StoreError> {
         let c = Arc::new(Cluster {
             node_id,
             advertise,
+            listeners,
             store,
             live: RwLock::new(Vec::new()),
             every,
@@ -208,6 +228,7 @@ impl Cluster {
         let me = NodeInfo {
             id: self.node_id.clone(),
             advertise: self.advertise.clone(),
+            listeners: self.listeners.clone(),
         };
         self.store
             .put_ttl(

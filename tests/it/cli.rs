@@ -130,7 +130,7 @@ fn cli_keys_namespaces_and_deployments() {
             "--health-path",
             "/",
             "--health-interval-ms",
-            "200",
+            "2000",
             "--key",
             &owner,
         ],
@@ -169,7 +169,7 @@ fn cli_keys_namespaces_and_deployments() {
     assert_eq!(instances[0]["weight"], 3, "{out:#}");
     assert_eq!(out["target"]["balance"], "least_request", "{out:#}");
     assert_eq!(out["target"]["health"]["path"], "/", "{out:#}");
-    assert_eq!(out["target"]["health"]["interval_ms"], 200, "{out:#}");
+    assert_eq!(out["target"]["health"]["interval_ms"], 2000, "{out:#}");
     // Gzip of the upstream's answers: on unless --no-compress.
     assert_eq!(out["target"]["compress"], true, "{out:#}");
     // deploy activity: the latest requests this node served (per node).

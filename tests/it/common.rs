@@ -83,7 +83,7 @@ pub const OPERATOR_AUTH: (&str, &str) =
     ("authorization", "Bearer mgop_test_operator_key_0123456789");
 
 /// Generous limits so tests are not throttled unless they mean to be.
-pub const TEST_CONFIG: &str = "[rate_limit]\ngeneral_per_minute = 1000000\ngeneral_burst = 100000\ncredential_per_minute = 100000\ncredential_burst = 10000\nnamespace_per_minute = 1000000\nnamespace_burst = 100000\n";
+pub const TEST_CONFIG: &str = "[rate_limit]\ngeneral_per_minute = 1000000\ngeneral_burst = 100000\ncredential_per_minute = 100000\ncredential_burst = 10000\nnamespace_per_minute = 1000000\nnamespace_burst = 100000\nanonymous_per_minute = 1000000\nanonymous_burst = 100000\n";
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_meshgate")

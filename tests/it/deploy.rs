@@ -9,6 +9,7 @@ use crate::common::*;
 
 mod balance;
 mod compress;
+mod health;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use futures_util::{SinkExt as _, StreamExt as _};
 use std::io::{Read, Write};
@@ -152,9 +153,10 @@ impl Upstream {
 /// forbids them by default).
 pub(crate) const ALLOW_LOOPBACK: &str = "upstream_allow = [\"127.0.0.0/8\"]\n";
 
-/// The test config with loopback upstreams allowed.
+/// The test config with loopback upstreams allowed (and health checks as
+/// often as every 100 ms, so the check tests run quickly).
 pub(crate) fn loopback_config() -> String {
-    format!("{TEST_CONFIG}[deploy]\n{ALLOW_LOOPBACK}")
+    format!("{TEST_CONFIG}[deploy]\n{ALLOW_LOOPBACK}health_min_interval_ms = 100\n")
 }
 
 /// A node that may proxy to this process's upstreams on 127.0.0.1.
@@ -1176,13 +1178,15 @@ fn routed_requests_keep_the_client_rate_limit() {
     assert_eq!(s, 200, "another client has its own bucket");
 }
 
-/// The namespace bucket applies to routed upstream requests too.
+/// Routed upstream requests draw on the namespace's anonymous bucket (not
+/// its namespace bucket, which its API keeps): past its burst, 429
+/// `ANONYMOUS_RATE_LIMITED` with Retry-After.
 #[test]
-fn routed_requests_keep_the_namespace_rate_limit() {
+fn routed_requests_keep_the_anonymous_rate_limit() {
     let node = TestNode::start_with(NodeOpts {
         config: format!(
             "[rate_limit]\ngeneral_per_minute = 1000000\ngeneral_burst = 100000\n\
-             namespace_per_minute = 1\nnamespace_burst = 4\n[deploy]\n{ALLOW_LOOPBACK}"
+             anonymous_per_minute = 1\nanonymous_burst = 3\n[deploy]\n{ALLOW_LOOPBACK}"
         ),
         ..Default::default()
     });
@@ -1194,20 +1198,18 @@ fn routed_requests_keep_the_namespace_rate_limit() {
         serde_json::json!({"name": "app", "hosts": ["nsl.test"], "upstream": {"instances": [up.url()]}}),
     );
     assert_eq!(s, 201, "{v}");
-    // The deploy took one of the namespace's 4 (and, on a cluster, the
-    // helper's check that this node forwards took another); the proxied
-    // requests take the rest, then get 429.
+    // The deploy (the owner's API) took none of the anonymous bucket's 3;
+    // the proxied requests take them, then get 429.
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let (s, h, b) = via(&node, "nsl.test", "GET", "/x", &[], None);
         if s == 429 {
-            assert_eq!(code(&b), "NAMESPACE_RATE_LIMITED");
+            assert_eq!(code(&b), "ANONYMOUS_RATE_LIMITED");
             assert!(header(&h, "retry-after").is_some(), "{h:?}");
         }
         statuses.push(s);
     }
-    let left = if cluster_mode() { 2 } else { 3 };
-    let want: Vec<u16> = (0..5).map(|i| if i < left { 200 } else { 429 }).collect();
+    let want: Vec<u16> = (0..5).map(|i| if i < 3 { 200 } else { 429 }).collect();
     assert_eq!(statuses, want);
 }
 

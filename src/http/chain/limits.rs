@@ -1,7 +1,16 @@
 //! Steps 5 and 11: the client rate limit (per address, or per /64) and the
 //! namespace rate limit, and the buckets behind them.
+//!
+//! Step 11 has two buckets per namespace (docs/security.md, "Anonymous
+//! traffic and the owner's API"): anonymous traffic (a request to one of its
+//! deployment hosts, whatever the route's `auth`, or one without a
+//! credential) draws on its anonymous bucket, a credentialed request to its
+//! API on its namespace bucket, so a flood of its public site cannot starve
+//! its owner's API. A deployment route's credential is checked after step
+//! 11, so a host's traffic cannot be told owner from stranger there: all of
+//! it is anonymous.
 
-use super::context::{AnonymousHop, ClientIp, Target, X_FORWARDED_FOR, policy_of};
+use super::context::{AnonymousHop, ClientIp, RoutedHost, Target, X_FORWARDED_FOR, policy_of};
 use crate::config::Config;
 use crate::error::{ApiError, Code};
 use crate::http::policy::Policy;
@@ -27,6 +36,9 @@ pub struct Limiters {
     pub wallet: DefaultKeyedRateLimiter<String>,
     /// The default per-namespace bucket, for namespaces whose record sets no override.
     namespace: DefaultKeyedRateLimiter<String>,
+    /// The per-namespace bucket of anonymous traffic (its hosts, requests
+    /// without a credential): `anonymous_per_minute`/`anonymous_burst`.
+    anonymous: DefaultKeyedRateLimiter<String>,
     /// Namespaces with their own bucket (`rate_per_minute`/`rate_burst` in the
     /// namespace record), with the limits it was made for. Filled lazily.
     overrides: parking_lot::RwLock<std::collections::HashMap<String, OwnBucket>>,
@@ -60,6 +72,7 @@ impl Limiters {
             credential: RateLimiter::keyed(quota(rl.credential_per_minute, rl.credential_burst)),
             wallet: RateLimiter::keyed(quota(rl.wallet_per_minute, rl.wallet_burst)),
             namespace: RateLimiter::keyed(quota(rl.namespace_per_minute, rl.namespace_burst)),
+            anonymous: RateLimiter::keyed(quota(rl.anonymous_per_minute, rl.anonymous_burst)),
             overrides: Default::default(),
             trusted: rl
                 .trusted_proxies
@@ -92,8 +105,10 @@ impl Limiters {
         }
         self.wallet.retain_recent();
         self.wallet.shrink_to_fit();
-        self.namespace.retain_recent();
-        self.namespace.shrink_to_fit();
+        for lim in [&self.namespace, &self.anonymous] {
+            lim.retain_recent();
+            lim.shrink_to_fit();
+        }
     }
 
     fn verdict<K: Clone + std::hash::Hash + Eq>(
@@ -259,6 +274,20 @@ pub fn charge_namespace_now(
     Ok(())
 }
 
+/// Step 11's charge of anonymous traffic to namespace `ns` (a request to
+/// one of its hosts, or one without a credential): its anonymous bucket,
+/// never its namespace bucket. 429 `ANONYMOUS_RATE_LIMITED` past it, counted.
+pub fn charge_anonymous(l: &Limiters, node: &Node, ns: &str) -> Result<(), ApiError> {
+    if let Err(after) = l.verdict(&l.anonymous, &ns.to_string()) {
+        node.metrics
+            .rate_limited
+            .with_label_values(&["anonymous"])
+            .inc();
+        return Err(ApiError::rate_limited(Code::AnonymousRateLimited, after));
+    }
+    Ok(())
+}
+
 /// Step 5: the client rate limit, before authentication so the auth path is capped
 /// too. Cluster peers (a valid hop) are exempt.
 pub(crate) fn client_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
@@ -282,11 +311,23 @@ pub(crate) fn client_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Step 11: the per-namespace bucket.
+/// Step 11: the per-namespace bucket; anonymous traffic (a deployment host,
+/// or no credential) its anonymous bucket instead.
 pub(crate) async fn namespace_rate_limit(req: &ServiceRequest) -> Result<(), ApiError> {
-    let target = req.extensions().get::<Target>().map(|t| t.0.clone());
+    let (target, anonymous) = {
+        let ext = req.extensions();
+        (
+            ext.get::<Target>().map(|t| t.0.clone()),
+            ext.get::<RoutedHost>().is_some() || ext.get::<Identity>().is_none(),
+        )
+    };
     if let Some(ns) = target {
-        charge_namespace(limiters(req), Node::of(req.request()), &ns).await?;
+        let (l, node) = (limiters(req), Node::of(req.request()));
+        if anonymous {
+            charge_anonymous(l, node, &ns)?;
+        } else {
+            charge_namespace(l, node, &ns).await?;
+        }
     }
     Ok(())
 }

@@ -237,6 +237,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
         &up.balance,
         up.health.as_ref(),
     )?;
+    crate::deploy::health::check_min_interval(&node.deployments.config, up.health.as_ref())?;
     let compress = match up.compress {
         None => true,
         Some(serde_json::Value::Bool(b)) => b,

@@ -572,3 +572,91 @@ fn a_tenant_cannot_reach_etcds_peer_port_nor_another_member() {
         assert_eq!(s, 201, "upstream_allow_own opens {instance}: {v}");
     }
 }
+
+/// The attack: three nodes on etcd, loopback opened for development, a
+/// `[metrics] listen` listener on each; a tenant of node x points
+/// deployments at x's, y's and z's metrics listeners (every namespace's
+/// deployment names, upstream URLs and counters). Each is refused with 400
+/// `UPSTREAM_FORBIDDEN` naming the member's metrics listener, nothing is
+/// stored; so is y's API listener as bound, and the metrics listener of a
+/// member w that joins later, once x has read the registry again.
+#[cfg(feature = "cluster")]
+#[test]
+fn every_listener_of_every_member_is_refused() {
+    let etcd = crate::etcd_process::EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |id: &str| {
+        let metrics = free_port();
+        let node = TestNode::start_with(NodeOpts {
+            config: format!(
+                "{TEST_CONFIG}[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n[cluster]\n{}node_id = \"{id}\"\nregister_seconds = 1\n[deploy]\n{ALLOW_LOOPBACK}",
+                etcd.cluster_toml()
+            ),
+            env: vec![(
+                "MESHGATE_CLUSTER_SECRET".into(),
+                "egress-test-cluster-secret".into(),
+            )],
+            data_dir: Some(tmp.path().join(id)),
+            ..Default::default()
+        });
+        (node, format!("http://127.0.0.1:{metrics}"))
+    };
+    let (y, y_metrics) = start("y");
+    let (z, z_metrics) = start("z");
+    let (x, x_metrics) = start("x");
+    // The listeners answer: they are what the attack reached.
+    for m in [&x_metrics, &y_metrics, &z_metrics] {
+        assert_eq!(
+            http("GET", &format!("{m}/metrics"), &[], None).0,
+            200,
+            "{m}"
+        );
+    }
+    let (s, body) = x.op(
+        "POST",
+        "/v1/namespaces",
+        Some(r#"{"name":"evil","members":["x"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let key = json(&body)["api_key"].as_str().unwrap().to_string();
+    // A deployment made before x read a member's record is accepted: it is
+    // deleted again, and the wait goes on (docs/cluster.md, "Every address
+    // of every member": the registry is re-read as it changes).
+    let refused = |instance: &str, what: &str| {
+        let (s, v) = deploy_json(&x, &key, upstream_body("inside.example", &[instance]));
+        if s == 201 {
+            eprintln!("accepted before x read the registry: {instance}");
+            let (d, b) = x.with_key(&key, "DELETE", "/v1/deployments/app", None);
+            assert_eq!(d, 200, "{b}");
+            return false;
+        }
+        let (code, msg) = error_of(&v);
+        (s, code) == (400, "UPSTREAM_FORBIDDEN") && msg.contains(what)
+    };
+    // y and z registered before x started; x's own is noted at its start.
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "x refusing y's and z's metrics listeners",
+        || {
+            refused(&y_metrics, "the metrics listener of cluster member y")
+                && refused(&z_metrics, "the metrics listener of cluster member z")
+        },
+    );
+    let (s, v) = deploy_json(&x, &key, upstream_body("inside.example", &[&x_metrics]));
+    let (code, msg) = error_of(&v);
+    assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{v}");
+    assert!(msg.contains("metrics"), "{msg}");
+    // y's API listener as bound (the same socket as its advertised address).
+    let (s, v) = deploy_json(&x, &key, upstream_body("inside.example", &[&y.base]));
+    assert_eq!((s, error_of(&v).0), (400, "UPSTREAM_FORBIDDEN"), "{v}");
+    nothing_stored(&x, &key, "inside.example");
+    // A member that joins later is refused from then on.
+    let (_w, w_metrics) = start("w");
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "member w's metrics listener refused through x",
+        || refused(&w_metrics, "the metrics listener of cluster member w"),
+    );
+    nothing_stored(&x, &key, "inside.example");
+    drop(z);
+}

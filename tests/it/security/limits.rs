@@ -146,3 +146,122 @@ fn forwarded_hops_are_not_charged_to_the_forwarding_node() {
         "B's own limit holds for a client: {body}"
     );
 }
+
+/// The attack: 24 anonymous clients (each its own address) flood bank's
+/// public site (a proxied upstream host and a static site host) while bank's
+/// owner calls its API. With small buckets (namespace and anonymous 600 a
+/// minute, burst 20) at least 99% of the owner's calls (here every one) are
+/// answered, not 429; the flood is refused by its own bucket (429
+/// `ANONYMOUS_RATE_LIMITED`) and gets no more than that bucket lets through.
+#[test]
+fn an_anonymous_flood_cannot_starve_the_owners_api() {
+    use crate::deploy::{ALLOW_LOOPBACK, Upstream, deploy_json, deploy_static, tarball};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "[rate_limit]\ngeneral_per_minute = 1000000\ngeneral_burst = 100000\n\
+             credential_per_minute = 100000\ncredential_burst = 10000\n\
+             namespace_per_minute = 600\nnamespace_burst = 20\n\
+             anonymous_per_minute = 600\nanonymous_burst = 20\n[deploy]\n{ALLOW_LOOPBACK}"
+        ),
+        ..Default::default()
+    });
+    let bank = node.create_namespace("bank");
+    let up = Upstream::start("bank-api");
+    let (s, v) = deploy_json(
+        &node,
+        &bank,
+        serde_json::json!({"name": "www", "hosts": ["www.bank.test"], "upstream": {"instances": [up.url()]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, b) = deploy_static(
+        &node,
+        &bank,
+        "site",
+        "site.bank.test",
+        &tarball(&[("index.html", 'f', b"<h1>bank</h1>")]),
+    );
+    assert_eq!(s, 201, "{b}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, refused, other) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let start = Instant::now();
+    let flood: Vec<_> = (0..24)
+        .map(|i| {
+            let (base, stop) = (node.base.clone(), stop.clone());
+            let (ok, refused, other) = (ok.clone(), refused.clone(), other.clone());
+            std::thread::spawn(move || {
+                let local = format!("127.0.0.{}", 10 + i);
+                let host = if i % 2 == 0 {
+                    "www.bank.test"
+                } else {
+                    "site.bank.test"
+                };
+                // Bounded: until told to stop, at most 2,000 requests each.
+                for _ in 0..2_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let (s, _, b) = http_from(
+                        Some(&local),
+                        "GET",
+                        &format!("{base}/"),
+                        &[("host", host)],
+                        None,
+                    );
+                    match s {
+                        200 => ok.fetch_add(1, Ordering::Relaxed),
+                        429 if code(&String::from_utf8_lossy(&b)) == "ANONYMOUS_RATE_LIMITED" => {
+                            refused.fetch_add(1, Ordering::Relaxed)
+                        }
+                        _ => other.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect();
+    // The owner: 30 API calls, one every 150 ms (within its 10 a second).
+    let mut answered = 0;
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(150));
+        let (s, b) = node.with_key(&bank, "GET", "/v1/kv/balance", None);
+        if s == 404 {
+            answered += 1;
+        } else {
+            assert_eq!(s, 429, "{b}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in flood {
+        t.join().unwrap();
+    }
+    let took = start.elapsed().as_secs_f64();
+    let (ok, refused, other) = (
+        ok.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+        other.load(Ordering::Relaxed),
+    );
+    println!(
+        "owner API: {answered}/30 answered ({:.0}%); anonymous flood over {took:.1} s: {ok} served, {refused} refused, {other} other",
+        answered as f64 * 100.0 / 30.0
+    );
+    assert!(
+        answered * 100 >= 30 * 99,
+        "owner's calls answered: {answered}/30"
+    );
+    assert_eq!(
+        other, 0,
+        "every flood request is served or refused by its bucket"
+    );
+    assert!(refused > 0, "the flood met its bucket");
+    // The anonymous bucket's burst and refill (10 a second), and a second's slack.
+    assert!(
+        ok as f64 <= 20.0 + 10.0 * (took + 1.0),
+        "{ok} flood requests served in {took:.1} s"
+    );
+}

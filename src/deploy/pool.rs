@@ -149,6 +149,12 @@ pub struct UpstreamPool {
     /// The deployment's `compress`: answers gzipped for clients that accept
     /// it (`super::compress`).
     pub compress: bool,
+    /// The deployment's `pass_ambiguous_paths`: a path the node refuses as
+    /// ambiguous is passed unchanged (`super::canonical`).
+    pub pass_ambiguous_paths: bool,
+    /// The deployment's `allow_underscore_headers`: client header names with
+    /// `_` are passed (`super::canonical::judge_header`).
+    pub allow_underscore_headers: bool,
     /// The running checker, aborted when the pool is retired or dropped.
     pub(crate) checker: parking_lot::Mutex<Option<tokio::task::AbortHandle>>,
 }
@@ -253,6 +259,8 @@ impl UpstreamPool {
             rng: AtomicU64::new(now_ms() ^ 0x2545f4914f6cdd1d),
             health: None,
             compress: true,
+            pass_ambiguous_paths: false,
+            allow_underscore_headers: false,
             checker: parking_lot::Mutex::new(None),
         }
     }
@@ -261,6 +269,14 @@ impl UpstreamPool {
     /// (`super::compress`).
     pub fn with_compress(mut self, compress: bool) -> UpstreamPool {
         self.compress = compress;
+        self
+    }
+
+    /// The deployment's request rules: ambiguous paths passed, underscore
+    /// header names passed (`super::canonical`).
+    pub fn with_request_rules(mut self, paths: bool, underscores: bool) -> UpstreamPool {
+        self.pass_ambiguous_paths = paths;
+        self.allow_underscore_headers = underscores;
         self
     }
 

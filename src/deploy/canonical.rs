@@ -220,24 +220,30 @@ fn resolve(path: &str, spell: impl Fn(&str, &mut String)) -> String {
     out
 }
 
-/// How an upstream that decodes a path reads it (nginx, a WSGI server, most
-/// frameworks): every escape decoded, then dot segments resolved and `//`
+/// How a lenient upstream reads a path, the union of what servers do (nginx,
+/// WSGI servers, Tomcat, IIS): `;` parameters cut from each segment, every
+/// escape decoded, `\` read as `/`, then dot segments resolved and `//`
 /// merged. The node matches a deployment's routes on this reading of a path
 /// it passes through unchanged (`pass_ambiguous_paths`), so a route's policy
-/// is the one that upstream's own reading picks. `None` when the decoded
+/// is the one such an upstream's own reading picks. `None` when the decoded
 /// path holds NUL (never passed).
 pub fn upstream_reading(raw: &str) -> Option<String> {
     let b = raw.as_bytes();
     let mut bytes = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%'
+        if b[i] == b';' {
+            // A path parameter: up to the next separator.
+            while i < b.len() && b[i] != b'/' && b[i] != b'\\' {
+                i += 1;
+            }
+        } else if b[i] == b'%'
             && let Some(v) = escape_at(b, i)
         {
-            bytes.push(v);
+            bytes.push(if v == b'\\' { b'/' } else { v });
             i += 3;
         } else {
-            bytes.push(b[i]);
+            bytes.push(if b[i] == b'\\' { b'/' } else { b[i] });
             i += 1;
         }
     }
@@ -383,7 +389,8 @@ mod tests {
     fn paths_are_made_canonical() {
         for (raw, want) in [
             ("/health/../admin", "/admin"),
-            ("/health//../admin", "/health/admin"),
+            // `//` merged first, as nginx and posixpath.normpath read it.
+            ("/health//../admin", "/admin"),
             ("/./admin", "/admin"),
             ("/x/../admin", "/admin"),
             ("/%61dmin", "/admin"),
@@ -432,6 +439,12 @@ mod tests {
         );
         assert_eq!(upstream_reading("/a%2fb").as_deref(), Some("/a/b"));
         assert_eq!(upstream_reading("/a//b").as_deref(), Some("/a/b"));
+        assert_eq!(upstream_reading("/admin;x=1").as_deref(), Some("/admin"));
+        assert_eq!(
+            upstream_reading("/open;a/..\\admin").as_deref(),
+            Some("/admin")
+        );
+        assert_eq!(upstream_reading("/a%5cb%3bc").as_deref(), Some("/a/b;c"));
         assert_eq!(upstream_reading("/a%00"), None);
     }
 

@@ -362,10 +362,7 @@ mod tests {
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "app.example"),
             ("x-real-ip", "10.0.0.7"),
-            (
-                "forwarded",
-                "for=10.0.0.7;host=\"app.example\";proto=https",
-            ),
+            ("forwarded", "for=10.0.0.7;host=\"app.example\";proto=https"),
             ("x-request-id", "chain-id"),
         ]
         .iter()

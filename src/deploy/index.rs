@@ -217,10 +217,10 @@ mod tests {
     /// The canonical path against the routing index (`super::super::canonical`).
     mod canonical_prop {
         use crate::deploy::canonical::{canonical_path, upstream_reading};
-        use std::borrow::Cow;
         use crate::deploy::index::{Bound, Index, Serve};
         use crate::deploy::model::RouteSpec;
         use proptest::prelude::*;
+        use std::borrow::Cow;
         use std::sync::Arc;
 
         /// The routes of the test host: prefixes an attacker aims between.

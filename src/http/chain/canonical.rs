@@ -98,9 +98,7 @@ fn set_path(req: &mut ServiceRequest, path: &str) -> Result<(), ApiError> {
 fn upstream_of(req: &ServiceRequest, path: &str) -> Option<Arc<UpstreamPool>> {
     let node = Node::of(req.request());
     let host = request_host(req)?;
-    let bound = node
-        .deployments
-        .route(&host, req.method().as_str(), path)?;
+    let bound = node.deployments.route(&host, req.method().as_str(), path)?;
     match &bound.serve {
         Serve::Upstream(pool) => Some(pool.clone()),
         Serve::Static(_) => None,

@@ -254,8 +254,11 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     };
     let compress = flag("compress", up.compress, true)?;
     let pass_ambiguous_paths = flag("pass_ambiguous_paths", up.pass_ambiguous_paths, false)?;
-    let allow_underscore_headers =
-        flag("allow_underscore_headers", up.allow_underscore_headers, false)?;
+    let allow_underscore_headers = flag(
+        "allow_underscore_headers",
+        up.allow_underscore_headers,
+        false,
+    )?;
     let mut routes = validate_routes(c.routes)?;
     crate::deploy::route_policy::apply_default(&mut routes, c.policy)?;
     Ok(NewDeployment {

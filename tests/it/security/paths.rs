@@ -32,7 +32,9 @@ fn nginx_binary() -> &'static str {
             return p;
         }
     }
-    panic!("nginx not found: run scripts/test.sh (it installs nginx) or `apt-get install -y nginx`");
+    panic!(
+        "nginx not found: run scripts/test.sh (it installs nginx) or `apt-get install -y nginx`"
+    );
 }
 
 /// A process the test started; killed on drop.
@@ -318,7 +320,13 @@ fn path_spellings_cannot_skip_a_route_policy() {
     // An absolute-form target naming another host than Host is refused.
     let port = node.addr.rsplit(':').next().unwrap();
     let out = Command::new("curl")
-        .args(["-s", "--http1.1", "-w", "\n%{http_code}", "--request-target"])
+        .args([
+            "-s",
+            "--http1.1",
+            "-w",
+            "\n%{http_code}",
+            "--request-target",
+        ])
         .arg("http://adm-nginx.bank.test/admin")
         .arg("-H")
         .arg("Host: adm-wsgi.bank.test")
@@ -327,7 +335,11 @@ fn path_spellings_cannot_skip_a_route_policy() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, status) = text.rsplit_once('\n').unwrap();
-    assert_eq!((status, code(body).as_str()), ("400", "AMBIGUOUS_PATH"), "{text}");
+    assert_eq!(
+        (status, code(body).as_str()),
+        ("400", "AMBIGUOUS_PATH"),
+        "{text}"
+    );
 }
 
 /// The headers only the node sets: `X-Meshgate_Subject`/`_Grants` (read as
@@ -408,19 +420,51 @@ fn forged_headers_never_reach_the_upstream() {
         let what = format!("{host}{path}: {seen}");
         // The identity is the node's alone.
         if authed {
-            assert_eq!(get("HTTP_X_MESHGATE_SUBJECT"), Some(subject.clone()), "{what}");
-            assert_eq!(get("HTTP_X_MESHGATE_NAMESPACE").as_deref(), Some("bank"), "{what}");
-            assert_eq!(get("HTTP_X_MESHGATE_GRANTS"), Some(grants.clone()), "{what}");
+            assert_eq!(
+                get("HTTP_X_MESHGATE_SUBJECT"),
+                Some(subject.clone()),
+                "{what}"
+            );
+            assert_eq!(
+                get("HTTP_X_MESHGATE_NAMESPACE").as_deref(),
+                Some("bank"),
+                "{what}"
+            );
+            assert_eq!(
+                get("HTTP_X_MESHGATE_GRANTS"),
+                Some(grants.clone()),
+                "{what}"
+            );
         } else {
-            for k in ["HTTP_X_MESHGATE_SUBJECT", "HTTP_X_MESHGATE_GRANTS", "HTTP_X_MESHGATE_NAMESPACE"] {
+            for k in [
+                "HTTP_X_MESHGATE_SUBJECT",
+                "HTTP_X_MESHGATE_GRANTS",
+                "HTTP_X_MESHGATE_NAMESPACE",
+            ] {
                 assert_eq!(get(k), None, "{what}");
             }
         }
         // The forwarding headers are what the node saw.
-        assert_eq!(get("HTTP_X_FORWARDED_PROTO").as_deref(), Some("http"), "{what}");
-        assert_eq!(get("HTTP_X_FORWARDED_FOR").as_deref(), Some("127.0.0.1"), "{what}");
-        assert_eq!(get("HTTP_X_REAL_IP").as_deref(), Some("127.0.0.1"), "{what}");
-        assert_eq!(get("HTTP_X_FORWARDED_HOST").as_deref(), Some(host), "{what}");
+        assert_eq!(
+            get("HTTP_X_FORWARDED_PROTO").as_deref(),
+            Some("http"),
+            "{what}"
+        );
+        assert_eq!(
+            get("HTTP_X_FORWARDED_FOR").as_deref(),
+            Some("127.0.0.1"),
+            "{what}"
+        );
+        assert_eq!(
+            get("HTTP_X_REAL_IP").as_deref(),
+            Some("127.0.0.1"),
+            "{what}"
+        );
+        assert_eq!(
+            get("HTTP_X_FORWARDED_HOST").as_deref(),
+            Some(host),
+            "{what}"
+        );
         assert_eq!(
             get("HTTP_FORWARDED"),
             Some(format!("for=127.0.0.1;host=\"{host}\";proto=http")),
@@ -463,7 +507,12 @@ fn only_a_trusted_proxy_extends_the_forwarding_chain() {
         ("x-real-ip", "6.6.6.6"),
     ];
     for (from, xff, proto, real) in [
-        (Some("127.0.0.2"), "203.0.113.9, 127.0.0.2", "https", "203.0.113.9"),
+        (
+            Some("127.0.0.2"),
+            "203.0.113.9, 127.0.0.2",
+            "https",
+            "203.0.113.9",
+        ),
         (None, "127.0.0.1", "http", "127.0.0.1"),
     ] {
         let (s, _, b) = http_from(from, "GET", &node.url("/"), h, None);
@@ -471,7 +520,10 @@ fn only_a_trusted_proxy_extends_the_forwarding_chain() {
         assert_eq!(s, 200, "{b}");
         let seen = json(&b)["headers"].clone();
         assert_eq!(seen["HTTP_X_FORWARDED_FOR"], xff, "from {from:?}: {seen}");
-        assert_eq!(seen["HTTP_X_FORWARDED_PROTO"], proto, "from {from:?}: {seen}");
+        assert_eq!(
+            seen["HTTP_X_FORWARDED_PROTO"], proto,
+            "from {from:?}: {seen}"
+        );
         assert_eq!(seen["HTTP_X_REAL_IP"], real, "from {from:?}: {seen}");
     }
 }
@@ -495,9 +547,16 @@ fn pass_ambiguous_paths_passes_them_unchanged_under_the_same_policy() {
         serde_json::json!({"name": "bad", "hosts": ["bad.bank.test"],
                            "upstream": {"instances": [wsgi_url], "pass_ambiguous_paths": "yes"}}),
     );
-    assert_eq!((s, v["error"]["code"].as_str()), (400, Some("INVALID_UPSTREAM")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("INVALID_UPSTREAM")),
+        "{v}"
+    );
     let (s, b) = node.with_key(&bank, "GET", "/v1/deployments", None);
-    assert_eq!((s, json(&b)["deployments"].clone()), (200, serde_json::json!([])));
+    assert_eq!(
+        (s, json(&b)["deployments"].clone()),
+        (200, serde_json::json!([]))
+    );
     for (name, pass) in [("raw", true), ("plain", false)] {
         let (s, v) = deploy_json(
             &node,
@@ -518,12 +577,25 @@ fn pass_ambiguous_paths_passes_them_unchanged_under_the_same_policy() {
     let (s, b) = get("raw.bank.test", "/files/a%2Fb;v=1");
     assert_eq!(s, 200, "{b}");
     assert_eq!(json(&b)["raw"], "/files/a%2Fb;v=1", "{b}");
-    for path in ["/admin%2f", "/health/%2e%2e/admin", "/admin;x=1", "/x/..%2Fadmin"] {
+    for path in [
+        "/admin%2f",
+        "/health/%2e%2e/admin",
+        "/admin;x=1",
+        "/x/..%2Fadmin",
+    ] {
         let (s, b) = get("raw.bank.test", path);
-        assert_eq!((s, code(&b).as_str()), (401, "MISSING_CREDENTIAL"), "{path}: {b}");
+        assert_eq!(
+            (s, code(&b).as_str()),
+            (401, "MISSING_CREDENTIAL"),
+            "{path}: {b}"
+        );
     }
     let (s, b) = get("raw.bank.test", "/admin%00");
-    assert_eq!((s, code(&b).as_str()), (400, "AMBIGUOUS_PATH"), "NUL is never passed: {b}");
+    assert_eq!(
+        (s, code(&b).as_str()),
+        (400, "AMBIGUOUS_PATH"),
+        "NUL is never passed: {b}"
+    );
     let (s, b) = get("plain.bank.test", "/files/a%2Fb");
     assert_eq!((s, code(&b).as_str()), (400, "AMBIGUOUS_PATH"), "{b}");
 }

@@ -102,6 +102,22 @@ pub fn canonical_path(raw: &str) -> Result<Cow<'_, str>, Ambiguous> {
             Err(Ambiguous::NotAbsolute)
         };
     }
+    // The common path first, in one byte loop: no `%`, `\`, `;`, control
+    // byte or space, no `//` and no segment starting with `.`.
+    let mut prev = 0u8;
+    let plain = b.iter().all(|&c| {
+        let ok = c > 0x20
+            && c != 0x7f
+            && c != b'%'
+            && c != b'\\'
+            && c != b';'
+            && !(prev == b'/' && (c == b'/' || c == b'.'));
+        prev = c;
+        ok
+    });
+    if plain {
+        return Ok(Cow::Borrowed(raw));
+    }
     let mut rewrite = false;
     // One pass over the segments (after the leading `/`).
     let mut start = 1;

@@ -216,6 +216,8 @@ const SPELLINGS: &[&str] = &[
     "/admin;a=b",
     "/admin%00",
     "/admin%5c",
+    "/x\\..\\admin",
+    "/admin\\",
     "/%2e/admin",
     "/x/%2e%2e/admin",
     "/ad%6Din/",

@@ -83,6 +83,7 @@ codes! {
     BadFormat = "BAD_FORMAT", 400, Client, false;
     BadMember = "BAD_MEMBER", 400, Client, false;
     BadPath = "BAD_PATH", 400, Client, false;
+    AmbiguousPath = "AMBIGUOUS_PATH", 400, Client, false;
     BadQuery = "BAD_QUERY", 400, Client, false;
     BadTopic = "BAD_TOPIC", 400, Client, false;
     BadOffset = "BAD_OFFSET", 400, Client, false;

@@ -43,8 +43,12 @@ pub(crate) fn connection_listed(h: &HeaderMap) -> Vec<String> {
 
 /// What the proxy adds about the client.
 pub struct Forwarded {
-    /// The client's address (from a trusted hop or the peer), appended to X-Forwarded-For.
+    /// The client's address (from a trusted proxy's X-Forwarded-For, or the
+    /// peer): sent as X-Real-IP and `Forwarded: for=`, and as X-Forwarded-For
+    /// when no trusted proxy sent a chain.
     pub client_ip: Option<std::net::IpAddr>,
+    /// The connection's peer: appended to a trusted proxy's X-Forwarded-For chain.
+    pub peer: Option<std::net::IpAddr>,
     /// The scheme the client used (`http`/`https`), sent as X-Forwarded-Proto.
     pub proto: &'static str,
     /// The Host the client asked for, sent as X-Forwarded-Host (Host itself is not passed).
@@ -58,10 +62,14 @@ pub struct Forwarded {
 
 /// The request headers every client sends upstream, given to `emit` in
 /// order as name and value: the client's, minus hop-by-hop ones, `Host` and
-/// those the proxy sets; then `X-Forwarded-For` (the client's last one with
-/// the client's address appended), `X-Forwarded-Proto`, `X-Forwarded-Host`
-/// (the routed host) and `X-Request-ID` (the chain's; the client's passes
-/// only when the chain has none). Each client sets `Host` itself.
+/// those only the node sets (every name that reads as `x-forwarded-*`,
+/// `forwarded`, `x-real-ip` or `x-meshgate-*`, `_` read as `-`); then
+/// `X-Forwarded-For` (a trusted proxy's chain with the peer appended, else
+/// the client's address; the canonical step removed any other peer's),
+/// `X-Forwarded-Proto`, `X-Forwarded-Host` (the routed host), `X-Real-IP`
+/// and `Forwarded` (what the node saw) and `X-Request-ID` (the chain's; the
+/// client's passes only when the chain has none). Each client sets `Host`
+/// itself.
 pub(crate) fn upstream_header_lines(
     req: &HttpRequest,
     fwd: &Forwarded,
@@ -93,27 +101,66 @@ pub(crate) fn upstream_header_lines(
             "traceparent" | "tracestate" => continue,
             _ => {}
         }
-        if is_hop_by_hop(k, &listed) {
+        // Only the node sets these, in any spelling.
+        if super::canonical::judge_header(k.as_str(), true, false)
+            == super::canonical::HeaderName::Drop
+            || is_hop_by_hop(k, &listed)
+        {
             continue;
         }
         emit(k.as_str(), v.as_bytes());
     }
-    if prev_xff.is_some() || fwd.client_ip.is_some() {
-        let mut xff = Vec::with_capacity(64);
+    // A chain is extended only when a trusted proxy sent one (the canonical
+    // step removed any other peer's): by that proxy's own address.
+    let last = if prev_xff.is_some() {
+        fwd.peer.or(fwd.client_ip)
+    } else {
+        fwd.client_ip
+    };
+    // One buffer for the values the node writes.
+    let mut buf = Vec::with_capacity(128);
+    if prev_xff.is_some() || last.is_some() {
+        let xff = &mut buf;
         if let Some(prev) = prev_xff {
             xff.extend_from_slice(prev);
-            if fwd.client_ip.is_some() {
+            if last.is_some() {
                 xff.extend_from_slice(b", ");
             }
         }
-        if let Some(ip) = fwd.client_ip {
-            write_ip(&mut xff, ip);
+        if let Some(ip) = last {
+            write_ip(xff, ip);
         }
-        emit("x-forwarded-for", &xff);
+        emit("x-forwarded-for", xff);
     }
     emit("x-forwarded-proto", fwd.proto.as_bytes());
-    if value_ok(fwd.host.as_bytes()) {
+    let host_ok = value_ok(fwd.host.as_bytes());
+    if host_ok {
         emit("x-forwarded-host", fwd.host.as_bytes());
+    }
+    if let Some(ip) = fwd.client_ip {
+        buf.clear();
+        write_ip(&mut buf, ip);
+        emit("x-real-ip", &buf);
+        // RFC 7239: an IPv6 address in brackets and quotes, the host quoted.
+        let f = &mut buf;
+        let len = f.len();
+        f.extend_from_slice(b"for=");
+        if ip.is_ipv6() {
+            f.extend_from_slice(b"\"[");
+            f.extend_from_within(..len);
+            f.extend_from_slice(b"]\"");
+        } else {
+            f.extend_from_within(..len);
+        }
+        f.drain(..len);
+        if host_ok && !fwd.host.contains('"') && !fwd.host.is_empty() {
+            f.extend_from_slice(b";host=\"");
+            f.extend_from_slice(fwd.host.as_bytes());
+            f.push(b'"');
+        }
+        f.extend_from_slice(b";proto=");
+        f.extend_from_slice(fwd.proto.as_bytes());
+        emit("forwarded", f);
     }
     if let Some(id) = own_id {
         emit("x-request-id", id.as_bytes());
@@ -276,6 +323,7 @@ mod tests {
     fn fwd(ip: Option<&str>, id: Option<&str>) -> Forwarded {
         Forwarded {
             client_ip: ip.map(|s| s.parse().unwrap()),
+            peer: None,
             proto: "https",
             host: "app.example".into(),
             request_id: id.map(str::to_string),
@@ -313,6 +361,8 @@ mod tests {
             ("x-forwarded-for", "1.2.3.4, 10.0.0.7"),
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "app.example"),
+            ("x-real-ip", "10.0.0.7"),
+            ("forwarded", "for=10.0.0.7;host=\"app.example\";proto=https"),
             ("x-request-id", "chain-id"),
         ]
         .iter()

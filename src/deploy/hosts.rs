@@ -10,7 +10,9 @@
 //!   resolvers accept (`2130706433`, `0x7f.1`, `127.1`), IPv6 with or without
 //!   brackets (IPv4-mapped too), and any name whose last label is a number
 //!   (a browser reads it as an IPv4 address);
-//! - `localhost` and every name under it (RFC 6761);
+//! - `localhost` and every name under it (RFC 6761), and `localdomain` and
+//!   every name under it (`localhost.localdomain`: the loopback name many
+//!   systems' `/etc/hosts` give);
 //! - single-label names (a resolver completes them with its search domains);
 //! - the gateway's own hosts: `base_domain` and `ns-<name>.<base_domain>`;
 //! - the node's own names: its listen and advertise names and, in a cluster,
@@ -49,7 +51,10 @@ impl fmt::Display for Reserved {
             Reserved::NumericLabel => {
                 write!(f, "spelled as an IP address (its last label is a number)")
             }
-            Reserved::Localhost => write!(f, "a localhost name (loopback, RFC 6761)"),
+            Reserved::Localhost => write!(
+                f,
+                "a localhost name (loopback: localhost, localdomain and the names under them)"
+            ),
             Reserved::SingleLabel => write!(f, "a single-label name"),
             Reserved::Gateway => write!(f, "one of the gateway's own hosts"),
             Reserved::OwnName(what) => write!(f, "{what}"),
@@ -112,7 +117,11 @@ pub fn reserved_everywhere(host: &str) -> Option<Reserved> {
         return Some(r);
     }
     let h = canonical(host);
-    if h == "localhost" || h.ends_with(".localhost") {
+    if h == "localhost"
+        || h.ends_with(".localhost")
+        || h == "localdomain"
+        || h.ends_with(".localdomain")
+    {
         return Some(Reserved::Localhost);
     }
     (!h.contains('.')).then_some(Reserved::SingleLabel)
@@ -224,7 +233,15 @@ mod tests {
     /// on every node; ordinary names are not.
     #[test]
     fn localhost_and_single_labels_are_reserved() {
-        for host in ["localhost", "LOCALHOST.", "app.localhost", "a.b.LocalHost"] {
+        for host in [
+            "localhost",
+            "LOCALHOST.",
+            "app.localhost",
+            "a.b.LocalHost",
+            "localhost.localdomain",
+            "x.localdomain",
+            "LocalDomain",
+        ] {
             assert_eq!(
                 reserved_everywhere(host),
                 Some(Reserved::Localhost),

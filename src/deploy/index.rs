@@ -213,4 +213,95 @@ mod tests {
             "high"
         );
     }
+
+    /// The canonical path against the routing index (`super::super::canonical`).
+    mod canonical_prop {
+        use crate::deploy::canonical::{canonical_path, upstream_reading};
+        use crate::deploy::index::{Bound, Index, Serve};
+        use crate::deploy::model::RouteSpec;
+        use proptest::prelude::*;
+        use std::borrow::Cow;
+        use std::sync::Arc;
+
+        /// The routes of the test host: prefixes an attacker aims between.
+        const PREFIXES: &[&str] = &["/", "/admin", "/health", "/api/v1", "/a b", "/x~y"];
+
+        fn index() -> Index {
+            let mut ix = Index::default();
+            for (i, p) in PREFIXES.iter().enumerate() {
+                let mut route = RouteSpec::everything();
+                // Prefixes are stored as a deployment spells them: escaped.
+                route.path_prefix = p.replace(' ', "%20");
+                ix.insert(
+                    "h.test",
+                    Arc::new(Bound {
+                        namespace: "ns".into(),
+                        deployment: format!("d{i}"),
+                        version: 1,
+                        route,
+                        serve: Serve::Static(Arc::default()),
+                        bucket: None,
+                    }),
+                );
+            }
+            ix
+        }
+
+        /// The route an upstream picks by its own reading of a path: the
+        /// longest prefix (at a segment boundary) of its decoded, resolved form.
+        fn upstream_pick(path: &str) -> &'static str {
+            let read = upstream_reading(path).unwrap_or_default();
+            PREFIXES
+                .iter()
+                .filter(|p| {
+                    let p = p.trim_end_matches('/');
+                    p.is_empty()
+                        || read
+                            .strip_prefix(p)
+                            .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+                })
+                .max_by_key(|p| p.len())
+                .copied()
+                .unwrap_or("/")
+        }
+
+        fn piece() -> impl Strategy<Value = &'static str> {
+            prop::sample::select(vec![
+                "admin", "health", "api", "v1", "x~y", "a%20b", "a b", ".", "..", "%2e", "%2E",
+                ".%2e", "%2e.", "%2e%2e", "%61dmin", "%41dmin", "ad%6din", "%2f", "%2F", "%5c",
+                "\\", ";", ";a=b", "%00", "%0a", "%3b", "%25", "%252e", "%", "%4", "%zz", "%c3%a9",
+                "", "/", "//", "~", "-", "_",
+            ])
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4000))]
+
+            /// For every generated path: refused, or the route the node picks
+            /// for its canonical form is the route an upstream's own reading
+            /// of that forwarded form picks; and canonical is a fixed point.
+            #[test]
+            fn canonical_route_is_the_upstreams_route(
+                parts in prop::collection::vec((piece(), any::<bool>()), 0..8)
+            ) {
+                let mut raw = String::from("/");
+                for (p, slash) in &parts {
+                    raw.push_str(p);
+                    if *slash {
+                        raw.push('/');
+                    }
+                }
+                let ix = index();
+                if let Ok(c) = canonical_path(&raw) {
+                    let node = ix
+                        .lookup("h.test", "GET", &c)
+                        .map(|b| PREFIXES[b.deployment[1..].parse::<usize>().unwrap()])
+                        .unwrap_or("/");
+                    prop_assert_eq!(node, upstream_pick(&c), "raw {:?} canonical {:?}", raw, c);
+                    let again = canonical_path(&c).map(Cow::into_owned);
+                    prop_assert_eq!(again.as_deref(), Ok(&*c));
+                }
+            }
+        }
+    }
 }

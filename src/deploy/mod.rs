@@ -5,6 +5,7 @@
 //! - `model`: records, validation, store keys.
 //! - `egress`: which addresses an upstream may reach (at create and at connect).
 //! - `hosts`: which hosts no deployment may take (addresses, the node's own names).
+//! - `canonical`: the one spelling of a path and of a header name that routes and upstreams read.
 //! - `site`: tarball unpacking and its safety checks.
 //! - `index`: the host → path-trie → method/priority routing index.
 //! - `proxy`: the reverse proxy (streaming, WebSockets, one retry loop).
@@ -28,6 +29,7 @@
 
 pub mod activity;
 pub mod awc_client;
+pub mod canonical;
 pub mod compress;
 pub mod egress;
 pub mod files;
@@ -307,6 +309,8 @@ impl Deployments {
                     balance,
                     health,
                     compress,
+                    pass_ambiguous_paths,
+                    allow_underscore_headers,
                 } => {
                     let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
                     live.insert(key.clone());
@@ -323,7 +327,11 @@ impl Deployments {
                                     Duration::from_secs(self.config.unhealthy_seconds),
                                 )
                                 .with_balancing(weights, balance, health.clone())
-                                .with_compress(*compress),
+                                .with_compress(*compress)
+                                .with_request_rules(
+                                    *pass_ambiguous_paths,
+                                    *allow_underscore_headers,
+                                ),
                             );
                             // Its instances join the node's checks (shared ones once).
                             self.health.watch(&rec.namespace, &p);
@@ -846,6 +854,8 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
             balance,
             health,
             compress,
+            pass_ambiguous_paths,
+            allow_underscore_headers,
         } => {
             let states: Vec<Value> = match pool {
                 Some(p) => p
@@ -874,7 +884,8 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
                     .map(|(i, u)| json!({"url": u, "weight": weights.get(i).copied().unwrap_or(1)}))
                     .collect(),
             };
-            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress})
+            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress,
+                "pass_ambiguous_paths": pass_ambiguous_paths, "allow_underscore_headers": allow_underscore_headers})
         }
     };
     json!({
@@ -927,6 +938,8 @@ mod tests {
                 balance: Default::default(),
                 health: None,
                 compress: true,
+                pass_ambiguous_paths: false,
+                allow_underscore_headers: false,
             },
             blobs: Vec::new(),
         }
@@ -1011,6 +1024,8 @@ mod tests {
             balance: Default::default(),
             health: None,
             compress: true,
+            pass_ambiguous_paths: false,
+            allow_underscore_headers: false,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();
@@ -1083,6 +1098,8 @@ mod tests {
                 balance: Default::default(),
                 health: None,
                 compress: true,
+                pass_ambiguous_paths: false,
+                allow_underscore_headers: false,
             },
             created_at: 0,
         };

@@ -76,6 +76,16 @@ pub enum TargetSpec {
         /// before the field read so).
         #[serde(default = "yes", skip_serializing_if = "is_true")]
         compress: bool,
+        /// Pass a path the node refuses as ambiguous (`%2F`, `%5C`, `%2E`
+        /// segments, `;` parameters, backslashes) to the upstream unchanged,
+        /// its routes matched on how a decoding upstream reads it
+        /// (`super::canonical::upstream_reading`); false: 400 `AMBIGUOUS_PATH`.
+        #[serde(default, skip_serializing_if = "is_false")]
+        pass_ambiguous_paths: bool,
+        /// Pass client header names with `_` (those that read as a reserved
+        /// name with `_` as `-` are dropped still); false: every such header is dropped.
+        #[serde(default, skip_serializing_if = "is_false")]
+        allow_underscore_headers: bool,
     },
 }
 
@@ -85,6 +95,10 @@ fn yes() -> bool {
 
 fn is_true(b: &bool) -> bool {
     *b
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Highest weight of an instance.
@@ -443,6 +457,23 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
                         format!("{field} {v:?} must be an absolute path without . or .. segments"),
                     ));
                 }
+                // Requests are matched in their canonical spelling
+                // (`super::canonical`): a prefix in another spelling would
+                // never match, or match what the upstream reads otherwise.
+                if field != "add_prefix"
+                    && let Some(v) = v
+                    && !matches!(
+                        super::canonical::canonical_path(v),
+                        Ok(std::borrow::Cow::Borrowed(_))
+                    )
+                {
+                    return Err(ApiError::new(
+                        Code::InvalidRoute,
+                        format!(
+                            "{field} {v:?} must be a canonical path (no //, no escape of a letter, digit or -._~, no %2F, %5C, \\ or ;, escapes upper-case)"
+                        ),
+                    ));
+                }
             }
             for m in &mut r.methods {
                 *m = m.to_ascii_uppercase();
@@ -599,6 +630,8 @@ mod tests {
             balance: Balance::RoundRobin,
             health: None,
             compress: false,
+            pass_ambiguous_paths: false,
+            allow_underscore_headers: false,
         };
         let text = serde_json::to_string(&off).unwrap();
         assert!(text.contains(r#""compress":false"#), "{text}");

@@ -156,6 +156,12 @@ pub struct UpstreamPool {
     /// Set when the pool is retired (its deployment deleted or replaced):
     /// the checker stops checking for it.
     retired: AtomicBool,
+    /// The deployment's `pass_ambiguous_paths`: a path the node refuses as
+    /// ambiguous is passed unchanged (`super::canonical`).
+    pub pass_ambiguous_paths: bool,
+    /// The deployment's `allow_underscore_headers`: client header names with
+    /// `_` are passed (`super::canonical::judge_header`).
+    pub allow_underscore_headers: bool,
 }
 
 /// Timeouts of the proxy.
@@ -254,6 +260,8 @@ impl UpstreamPool {
             last_used_ms: AtomicU64::new(now_ms()),
             compress: true,
             retired: AtomicBool::new(false),
+            pass_ambiguous_paths: false,
+            allow_underscore_headers: false,
         }
     }
 
@@ -261,6 +269,14 @@ impl UpstreamPool {
     /// (`super::compress`).
     pub fn with_compress(mut self, compress: bool) -> UpstreamPool {
         self.compress = compress;
+        self
+    }
+
+    /// The deployment's request rules: ambiguous paths passed, underscore
+    /// header names passed (`super::canonical`).
+    pub fn with_request_rules(mut self, paths: bool, underscores: bool) -> UpstreamPool {
+        self.pass_ambiguous_paths = paths;
+        self.allow_underscore_headers = underscores;
         self
     }
 

@@ -429,6 +429,7 @@ mod tests {
         );
         let fwd = Forwarded {
             client_ip: Some("10.9.8.7".parse().unwrap()),
+            peer: None,
             proto: "http",
             host: "app.test".into(),
             request_id: None,

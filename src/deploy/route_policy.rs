@@ -351,11 +351,14 @@ pub const H_GRANTS: &str = "x-meshgate-grants";
 pub const H_KEY_NAME: &str = "x-meshgate-key-name";
 
 /// Whether a client's request header is removed before the upstream:
-/// every `x-meshgate-*` header always; the credential headers when the route
-/// authenticated (`strip_credentials`).
+/// every header that reads as `x-meshgate-*` (with `_` as `-`, as CGI-style
+/// servers read names) always; the credential headers when the route
+/// authenticated (`strip_credentials`). The edge's canonical step
+/// (`super::canonical::judge_header`) dropped these already; this is the
+/// proxy's own guard.
 pub fn strip_upstream_header(name: &str, strip_credentials: bool) -> bool {
     // Names arrive lower-case (actix and hyper header names).
-    name.starts_with(IDENTITY_HEADER_PREFIX)
+    super::canonical::reads_as_identity(name)
         || (strip_credentials && (name == "authorization" || name == "x-api-key"))
 }
 

@@ -9,9 +9,10 @@ use crate::deploy::proxy::{Forwarded, ProxyTimeouts, proxy_http, proxy_ws};
 use crate::error::{ApiError, Code};
 use crate::http::access_log;
 use crate::http::chain::admission::{self, InFlight, record_request};
+use crate::http::chain::canonical::canonicalize;
 use crate::http::chain::context::{
-    ClientIp, INTERNAL_PREFIX, REQUEST_ID, RequestHost, RequestId, RoutedHost, Sni,
-    X_FORWARDED_PROTO, policy_of, request_host,
+    ClientIp, INTERNAL_PREFIX, PathReading, REQUEST_ID, RequestHost, RequestId, RoutedHost, Sni,
+    X_FORWARDED_PROTO, policy_of, refuse, request_host,
 };
 use crate::http::chain::limits::{Limiters, charge_anonymous, charge_client, client_ip_of};
 use crate::http::chain::logger::{request_id, request_span};
@@ -56,10 +57,12 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
         return ApiError::new(Code::NoRoute, "no deployment serves this host")
             .error_response_owned();
     };
-    let Some(bound) = node
-        .deployments
-        .route(&routed.host, req.method().as_str(), req.path())
-    else {
+    let bound = node.deployments.route(
+        &routed.host,
+        req.method().as_str(),
+        PathReading::of(&req.extensions(), req.path()),
+    );
+    let Some(bound) = bound else {
         return ApiError::new(
             Code::NoRoute,
             format!(
@@ -86,15 +89,20 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
     .await
 }
 
-/// The scheme the client used: the listener's, unless a `Forwarded` or
-/// `X-Forwarded-Proto` header says otherwise (as `connection_info` reads it,
-/// which is only computed when such a header is there).
+/// The scheme the client used: the listener's, unless a trusted proxy said
+/// otherwise in `X-Forwarded-Proto` (the canonical step removed that header
+/// from any other peer, and `Forwarded` from every peer).
 fn client_scheme(req: &HttpRequest) -> &'static str {
-    let h = req.headers();
-    let forwarded = h.contains_key(header::FORWARDED) || h.contains_key(&X_FORWARDED_PROTO);
-    let https = if forwarded {
-        req.connection_info().scheme() == "https"
-    } else if let Some(s) = req.uri().scheme() {
+    if let Some(v) = req.headers().get(&X_FORWARDED_PROTO) {
+        let v = v.as_bytes().trim_ascii();
+        if v.eq_ignore_ascii_case(b"https") {
+            return "https";
+        }
+        if v.eq_ignore_ascii_case(b"http") {
+            return "http";
+        }
+    }
+    let https = if let Some(s) = req.uri().scheme() {
         *s == actix_web::http::uri::Scheme::HTTPS
     } else {
         req.app_config().secure()
@@ -217,8 +225,10 @@ async fn serve_bound(
                 pq.push('?');
                 pq.push_str(&query);
             }
+            let peer = req.peer_addr().map(|a| a.ip());
             let fwd = Forwarded {
-                client_ip: client_ip.or_else(|| req.peer_addr().map(|a| a.ip())),
+                client_ip: client_ip.or(peer),
+                peer,
                 proto: client_scheme(req),
                 host: host.to_string(),
                 request_id,
@@ -282,10 +292,12 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
     }
     let node = Node::of(req.request());
     let host = request_host(req)?;
-    let Some(bound) = node
-        .deployments
-        .route(&host, req.method().as_str(), req.path())
-    else {
+    let bound = node.deployments.route(
+        &host,
+        req.method().as_str(),
+        PathReading::of(&req.extensions(), req.path()),
+    );
+    let Some(bound) = bound else {
         // Not routed: the chain's route-policy step takes the host from here.
         req.extensions_mut().insert(RequestHost(host));
         return None;
@@ -321,9 +333,14 @@ fn fast_route(req: &ServiceRequest) -> Option<FastRoute> {
 /// `crate::deploy::compress`, as it streams). Every other
 /// request, static sites included, goes on through the whole chain.
 pub async fn routed_fast_path<B: MessageBody + 'static>(
-    req: ServiceRequest,
+    mut req: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, Error> {
+    // The canonical request, before any step and any route match
+    // (docs/design.md §2): this is the outermost layer but the HTTP/2 drain.
+    if let Err(e) = canonicalize(&mut req) {
+        return Ok(refuse(req, e));
+    }
     let Some(route) = fast_route(&req) else {
         return next
             .call(req)

@@ -53,7 +53,7 @@ pub fn request_host(req: &ServiceRequest) -> Option<String> {
 }
 
 /// The host part of an authority: no user info, no port, lower-cased.
-fn host_of(raw: &str) -> String {
+pub fn host_of(raw: &str) -> String {
     let raw = raw.rsplit('@').next().unwrap_or(raw);
     if raw.starts_with('[') {
         return match raw.find(']') {
@@ -79,6 +79,22 @@ impl RequestHost {
         let h = request_host(req)?;
         req.extensions_mut().insert(RequestHost(h.clone()));
         Some(h)
+    }
+}
+
+/// Put on a request whose path the canonical step refused as ambiguous but
+/// whose deployment passes such paths unchanged (`pass_ambiguous_paths`):
+/// the path as a decoding upstream reads it, on which the deployment's
+/// routes are matched (`crate::deploy::canonical::upstream_reading`). The
+/// request's own path stays as the client sent it, and goes upstream so.
+#[derive(Debug, Clone)]
+pub struct PathReading(pub String);
+
+impl PathReading {
+    /// The path a request's routes are matched on: the reading when the
+    /// path was passed unchanged, else the (canonical) path itself.
+    pub fn of<'r>(ext: &'r actix_web::dev::Extensions, path: &'r str) -> &'r str {
+        ext.get::<PathReading>().map_or(path, |r| r.0.as_str())
     }
 }
 

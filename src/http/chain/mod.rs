@@ -12,6 +12,9 @@
 //!   routed host, an anonymous hop), the header names, the route's policy
 //!   and how a step ends a request early; the route handlers read these too;
 //! - `credentials`: the credential caches the node holds (`state.rs`);
+//! - `canonical`: the canonical request, made once before every step (the
+//!   path's one spelling, the client's reserved headers removed), called
+//!   first by the outermost layer (`deploy_serve.rs`'s `routed_fast_path`);
 //! - `admission` (step 0) and `logger` (step 3's request id and span), which
 //!   the routed fast path (`deploy_serve.rs`) calls too;
 //! - `limits` (steps 5 and 11, and the buckets), `routing` (steps 6 and 7)
@@ -24,6 +27,7 @@
 
 pub(crate) mod access;
 pub(crate) mod admission;
+pub(crate) mod canonical;
 pub(crate) mod context;
 pub(crate) mod credentials;
 pub(crate) mod front;

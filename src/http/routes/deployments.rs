@@ -105,6 +105,13 @@ struct UpstreamJson {
     /// or `false`; any other value is 400 `INVALID_UPSTREAM`.
     #[serde(default)]
     compress: Option<serde_json::Value>,
+    /// Pass paths the node refuses as ambiguous to the upstream unchanged:
+    /// `true` or `false` (the default).
+    #[serde(default)]
+    pass_ambiguous_paths: Option<serde_json::Value>,
+    /// Pass header names with `_`: `true` or `false` (the default).
+    #[serde(default)]
+    allow_underscore_headers: Option<serde_json::Value>,
 }
 
 /// One of [`UpstreamJson`]'s instances.
@@ -238,16 +245,21 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
         up.health.as_ref(),
     )?;
     crate::deploy::health::check_min_interval(&node.deployments.config, up.health.as_ref())?;
-    let compress = match up.compress {
-        None => true,
-        Some(serde_json::Value::Bool(b)) => b,
-        Some(other) => {
-            return Err(bad(
-                Code::InvalidUpstream,
-                format!("upstream.compress is true or false, not {other}"),
-            ));
-        }
+    let flag = |field: &str, v: Option<serde_json::Value>, default: bool| match v {
+        None => Ok(default),
+        Some(serde_json::Value::Bool(b)) => Ok(b),
+        Some(other) => Err(bad(
+            Code::InvalidUpstream,
+            format!("upstream.{field} is true or false, not {other}"),
+        )),
     };
+    let compress = flag("compress", up.compress, true)?;
+    let pass_ambiguous_paths = flag("pass_ambiguous_paths", up.pass_ambiguous_paths, false)?;
+    let allow_underscore_headers = flag(
+        "allow_underscore_headers",
+        up.allow_underscore_headers,
+        false,
+    )?;
     let mut routes = validate_routes(c.routes)?;
     crate::deploy::route_policy::apply_default(&mut routes, c.policy)?;
     Ok(NewDeployment {
@@ -260,6 +272,8 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
             balance: up.balance,
             health: up.health,
             compress,
+            pass_ambiguous_paths,
+            allow_underscore_headers,
         },
         blobs: Vec::new(),
     })

@@ -11,6 +11,7 @@ mod hosts;
 mod input;
 mod limits;
 mod metrics;
+mod records;
 mod seals;
 mod secrets;
 mod wallet;

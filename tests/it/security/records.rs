@@ -13,6 +13,7 @@ use super::secrets::{DATA, SECRET, dump, raw_get, raw_put};
 use crate::common::*;
 use crate::etcd_process::EtcdProcess;
 use crate::functions::deploy;
+use meshgate::storage::{MAC_OVERHEAD, MAC_V1};
 use serde_json::{Value, json};
 
 /// The refusal counter.
@@ -107,11 +108,11 @@ fn swapped_function_version_is_refused_on_etcd() {
     let (_, evil_record) = record(&etcd, "fnver/evil/pay/");
     // bank's record with its module hash replaced by evil's, its MAC kept.
     let evil_sha = {
-        let at = evil_record.iter().position(|&b| b == b'{').unwrap();
-        let v: Value = serde_json::from_slice(&evil_record[at..]).unwrap();
+        assert_eq!(evil_record[0], MAC_V1, "the record carries a MAC");
+        let v: Value = serde_json::from_slice(&evil_record[MAC_OVERHEAD..]).unwrap();
         v["sha256"].as_str().unwrap().to_string()
     };
-    let at = bank_record.iter().position(|&b| b == b'{').unwrap();
+    let at = MAC_OVERHEAD;
     let mut meta: Value = serde_json::from_slice(&bank_record[at..]).unwrap();
     meta["sha256"] = json!(evil_sha);
     let mut edited = bank_record[..at].to_vec();

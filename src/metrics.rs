@@ -143,6 +143,9 @@ pub struct Inner {
     /// Flushes of the embedded store (sled): one per group of durable writes
     /// waiting at once (0 on etcd, which has none).
     pub store_flushes: IntCounter,
+    /// Store records refused on read: a MAC that fails (edited, moved or
+    /// swapped in the store), or a blob whose bytes do not match its hash.
+    pub store_records_refused: IntCounter,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
@@ -481,6 +484,13 @@ impl Metrics {
                 IntCounter::new(
                     "meshgate_store_flushes_total",
                     "Flushes of the embedded store: one per group of durable writes waiting at once"
+                )
+                .unwrap()
+            ),
+            store_records_refused: reg!(
+                IntCounter::new(
+                    "meshgate_store_records_refused_total",
+                    "Store records refused on read: a MAC or blob hash that does not verify"
                 )
                 .unwrap()
             ),

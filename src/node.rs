@@ -111,13 +111,19 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         // key from the shared store, so keys and tokens verify on any node.
         // Both are sealed there under the cluster secret.
         let seal = crate::storage::SealKey::derive(cluster_secret);
+        // A clear record is an older version's only in a store whose records
+        // never carried MACs; after that it is a store writer's key.
+        let older = !store
+            .records_macd(&crate::storage::RecordMac::derive(cluster_secret))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot check the store's record MACs: {e}"))?;
         let shared = adopt_sealed_secret(
             &store,
             &seal,
             SHARED_SERVER_SECRET,
             &secrets.server_secret,
             // An older version's clear record: the raw 32 bytes.
-            |r| r.len() == 32,
+            |r| older && r.len() == 32,
         )
         .await?;
         if shared != secrets.server_secret {
@@ -127,15 +133,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             .with_context(|| "cannot read the JWT signing key")?;
         // An older version's clear record: PKCS#8 DER, a SEQUENCE (0x30).
         let shared = adopt_sealed_secret(&store, &seal, SHARED_JWT_KEY, &local, |r| {
-            r.first() == Some(&0x30)
+            older && r.first() == Some(&0x30)
         })
         .await?;
         jwt = crate::auth::JwtKeys::from_pkcs8(&shared)
             .map_err(|e| anyhow::anyhow!("the cluster's JWT key is damaged: {e}"))?;
     }
-    // The records that confer authority (keys/, ns/, rt/) carry a MAC from
-    // here on: under the cluster secret in a cluster (whoever writes etcd
-    // does not hold it), under the server secret on a single node.
+    // Every record carries a MAC from here on (storage/record_mac.rs): under
+    // the cluster secret in a cluster (whoever writes etcd does not hold
+    // it), under the server secret on a single node.
     let mac_root = match (cluster_mode, hop_secret.as_deref()) {
         (true, Some(cluster_secret)) => cluster_secret,
         _ => secrets.server_secret.as_slice(),
@@ -164,6 +170,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     if let Some(s) = store.as_sled() {
         s.count_flushes(metrics.store_flushes.clone());
     }
+    store.count_refusals(metrics.store_records_refused.clone());
     let directory = ActorDirectory::default();
     let namespaces = Namespaces::default();
     let threads = if config.server.actor_threads == 0 {

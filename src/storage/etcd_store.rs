@@ -1150,6 +1150,38 @@ impl EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// Replaces the value under `key` with `new` only if it holds
+    /// `expected`, on the same lease (its time to live kept): the record
+    /// MAC's migration (`Store::adopt_record_macs`). Returns whether it did.
+    pub async fn replace_keeping_ttl(
+        &self,
+        key: &[u8],
+        expected: &[u8],
+        new: &[u8],
+    ) -> StoreResult<bool> {
+        let dkey = data_key(key);
+        let mut kv = self.clients.kv.clone();
+        let r = rpc("get", kv.get(dkey.clone(), None)).await?;
+        let revision = r.header().map_or(0, |h| h.revision());
+        let Some(found) = r.kvs().first() else {
+            return Ok(false);
+        };
+        if self.resolve(&dkey, found.value(), revision).await? != expected {
+            return Ok(false);
+        }
+        let guard = Compare::mod_revision(dkey, CompareOp::Equal, found.mod_revision());
+        let c = self
+            .commit(
+                vec![(key.to_vec(), Some(new.to_vec()))],
+                vec![guard],
+                found.lease(),
+            )
+            .await?;
+        Ok(c.succeeded)
+    }
+}
+
 /// An etcd watch on the records under a prefix (see [`EtcdStore::watch_prefix`]).
 pub struct EtcdWatch {
     /// etcd's event stream for the prefix (created, not yet cancelled).
@@ -1161,6 +1193,14 @@ impl EtcdWatch {
     /// keys without the store's layout prefix). An error (etcd gone, the
     /// stream closed, the watch cancelled or compacted away) ends the watch.
     pub async fn next(&mut self) -> StoreResult<Vec<super::Change>> {
+        let changes = self.next_with_values().await?;
+        Ok(changes.into_iter().map(|(c, _)| c).collect())
+    }
+
+    /// [`EtcdWatch::next`], each put with the value it wrote when that is
+    /// inline in its record (None for a large, chunked one: its reader reads
+    /// the key), so the store can check it before anyone hears of it.
+    pub async fn next_with_values(&mut self) -> StoreResult<Vec<(super::Change, Option<Vec<u8>>)>> {
         loop {
             let r = match self.stream.message().await {
                 Ok(Some(r)) => r,
@@ -1176,14 +1216,21 @@ impl EtcdWatch {
                     r.compact_revision()
                 )));
             }
-            let changes: Vec<super::Change> = r
+            let changes: Vec<_> = r
                 .events()
                 .iter()
                 .filter_map(|e| {
-                    let key = e.kv()?.key().strip_prefix(DATA)?.to_vec();
+                    let kv = e.kv()?;
+                    let key = kv.key().strip_prefix(DATA)?.to_vec();
                     Some(match e.event_type() {
-                        EventType::Put => super::Change::Put(key),
-                        EventType::Delete => super::Change::Delete(key),
+                        EventType::Put => {
+                            let inline = match kv.value().split_first() {
+                                Some((&INLINE, v)) => Some(v.to_vec()),
+                                _ => None,
+                            };
+                            (super::Change::Put(key), inline)
+                        }
+                        EventType::Delete => (super::Change::Delete(key), None),
                     })
                 })
                 .collect();
@@ -1470,11 +1517,16 @@ impl EtcdStore {
     /// transaction (`atomic_check`); readers that do not name the journal
     /// see `steps` land in several. Fails as unavailable while another
     /// journal is under the same key.
+    ///
+    /// The journal's own record is `seal` of its encoding, and `open` turns
+    /// it back ([`EtcdStore::roll_forward`]): the store's MAC, as every record.
     pub async fn apply_journaled(
         &self,
         journal: &[u8],
         steps: Vec<BatchOp>,
         last: Vec<BatchOp>,
+        seal: impl FnOnce(Vec<u8>) -> Vec<u8>,
+        open: impl Fn(Vec<u8>) -> StoreResult<Vec<u8>>,
     ) -> StoreResult<()> {
         let busy = || {
             StoreError::Unavailable(format!(
@@ -1497,7 +1549,7 @@ impl EtcdStore {
         })?;
         let c = self
             .commit(
-                vec![(journal.to_vec(), Some(encode_journal(&steps, &last)))],
+                vec![(journal.to_vec(), Some(seal(encode_journal(&steps, &last))))],
                 vec![Self::journal_absent(journal)],
                 0,
             )
@@ -1505,15 +1557,20 @@ impl EtcdStore {
         if !c.succeeded {
             return Err(busy());
         }
-        self.roll_forward(journal).await.map(|_| ())
+        self.roll_forward(journal, open).await.map(|_| ())
     }
 
     /// Finishes the journaled change under `journal`, if there is one:
     /// applies its steps, then its last part with the journal's deletion.
     /// Every step is guarded by the journal's revision, so of several
     /// finishers (the writer, and readers that waited too long) the work of
-    /// the first to end is not repeated after it. Returns whether there was one.
-    pub async fn roll_forward(&self, journal: &[u8]) -> StoreResult<bool> {
+    /// the first to end is not repeated after it. Returns whether there was
+    /// one. `open` gives the journal's encoding from its record (or refuses it).
+    pub async fn roll_forward(
+        &self,
+        journal: &[u8],
+        open: impl Fn(Vec<u8>) -> StoreResult<Vec<u8>>,
+    ) -> StoreResult<bool> {
         let dkey = data_key(journal);
         let mut kv = self.clients.kv.clone();
         let r = rpc("get", kv.get(dkey.clone(), None)).await?;
@@ -1522,7 +1579,7 @@ impl EtcdStore {
             return Ok(false);
         };
         let guard = Compare::mod_revision(dkey.clone(), CompareOp::Equal, found.mod_revision());
-        let raw = self.resolve(&dkey, found.value(), revision).await?;
+        let raw = open(self.resolve(&dkey, found.value(), revision).await?)?;
         let (steps, last) = decode_journal(&raw).ok_or_else(|| corrupt(&dkey))?;
         if !self.apply_guarded(writes_of(steps), &guard).await? {
             return Ok(true);
@@ -2484,6 +2541,8 @@ mod tests {
             journal,
             all(b"a"),
             vec![BatchOp::Put(b"meta".to_vec(), b"a".to_vec())],
+            std::convert::identity,
+            Ok,
         )
         .await
         .unwrap();
@@ -2513,8 +2572,8 @@ mod tests {
                 .unwrap(),
             None
         );
-        assert!(s.roll_forward(journal).await.unwrap());
-        assert!(!s.roll_forward(journal).await.unwrap());
+        assert!(s.roll_forward(journal, Ok).await.unwrap());
+        assert!(!s.roll_forward(journal, Ok).await.unwrap());
         assert_eq!(
             s.get_unless(b"j/k299", journal).await.unwrap(),
             Some(Some(b"b".to_vec()))
@@ -2552,6 +2611,8 @@ mod tests {
                 journal,
                 all(v),
                 vec![BatchOp::Put(b"meta".to_vec(), v.to_vec())],
+                std::convert::identity,
+                Ok,
             )
             .await
             .unwrap();
@@ -2562,7 +2623,7 @@ mod tests {
 
         // A last part of 200 writes cannot be one transaction: refused, nothing written.
         let e = s
-            .apply_journaled(journal, all(b"e"), all(b"e"))
+            .apply_journaled(journal, all(b"e"), all(b"e"), std::convert::identity, Ok)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("--max-txn-ops"), "{e}");

@@ -7,9 +7,12 @@
 //! [`Store::watch_prefix`] follows the changes under a prefix (etcd's watch;
 //! the embedded store, a single node, never reports one).
 //! [`SealKey`] and [`adopt_sealed`] keep the cluster's secrets in the shared
-//! store as ciphertext (`seal.rs`). [`RecordMac`] authenticates the records
-//! that confer authority (API keys, namespaces, refresh tokens): the store
-//! MACs them on write and refuses one whose MAC fails on read (`record_mac.rs`).
+//! store as ciphertext (`seal.rs`). [`RecordMac`] authenticates every other
+//! record: once start-up installed it ([`Store::adopt_record_macs`]), the
+//! store MACs each record it writes, whatever its key, and refuses (logs and
+//! counts) one whose MAC fails on any read: get, scan, compare-and-swap,
+//! guarded change, journal, watch (`record_mac.rs`; docs/decisions.md
+//! "Every store record authenticated").
 
 #![forbid(unsafe_code)]
 
@@ -31,13 +34,15 @@ pub use etcd_store::{
     REQUEST_TIMEOUT as ETCD_REQUEST_TIMEOUT,
 };
 pub use record_mac::{
-    MAC_MARKER, MAC_OVERHEAD, MAC_PREFIXES, MAC_V1, MacError, RECORD_MAC_INFO, RecordMac,
+    BLOB_PREFIX, MAC_MARKER, MAC_OVERHEAD, MAC_V1, MARKER_V1, MARKER_V2, MacError, RECORD_MAC_INFO,
+    RecordMac, SEALED_PREFIX, V1_PREFIXES, blob_matches,
 };
 pub use seal::{Adopted, Adoption, SEAL_INFO, SEAL_V1, SealError, SealKey, adopt_sealed};
 pub use sled_store::{SWEEP_INTERVAL, SledStore};
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -61,8 +66,9 @@ pub enum StoreError {
     /// A stored value does not decode.
     #[error("corrupt value under {0}")]
     Corrupt(String),
-    /// A record that must carry a MAC (`record_mac.rs`) does not verify:
-    /// refused, never trusted (and logged at WARN with its key).
+    /// A record whose MAC (`record_mac.rs`), or a blob whose hash, does not
+    /// verify: refused, never trusted (logged at WARN with its key, counted
+    /// in `meshgate_store_records_refused_total`).
     #[error("the record under {0} fails its MAC (edited in the store?); refused")]
     Tampered(String),
 }
@@ -126,7 +132,12 @@ pub enum Change {
 }
 
 /// The changes under a prefix, as they happen; dropping it ends the watch.
-pub struct PrefixWatch(WatchInner);
+/// A put whose record fails its MAC is left out (refused and counted as
+/// any read), so a forged record does not even make a watcher re-read.
+pub struct PrefixWatch(
+    WatchInner,
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))] Store,
+);
 
 enum WatchInner {
     /// The embedded store: one node, no other writer to hear from.
@@ -144,19 +155,46 @@ impl PrefixWatch {
         match &mut self.0 {
             WatchInner::Never => std::future::pending().await,
             #[cfg(feature = "cluster")]
-            WatchInner::Etcd(w) => w.next().await,
+            WatchInner::Etcd(w) => loop {
+                let changes = w.next_with_values().await?;
+                let changes: Vec<Change> = changes
+                    .into_iter()
+                    .filter(|(c, value)| match (c, value) {
+                        // A large value is not in the event: its reader reads
+                        // (and verifies) it.
+                        (Change::Put(k), Some(v)) => self.1.verified(k, v).is_ok(),
+                        _ => true,
+                    })
+                    .map(|(c, _)| c)
+                    .collect();
+                if !changes.is_empty() {
+                    return Ok(changes);
+                }
+            },
         }
     }
 }
 
-/// The node's store handle (cheap to clone): a backend, and the MAC the
-/// authority-bearing records carry once the node installed it
-/// ([`Store::adopt_record_macs`]; `record_mac.rs`).
+/// The node's store handle (cheap to clone): a backend, and the MAC every
+/// record carries once the node installed it ([`Store::adopt_record_macs`];
+/// `record_mac.rs`).
 #[derive(Clone)]
 pub struct Store {
     backend: Backend,
     /// Shared by every clone; empty until start-up installs the key.
     mac: Arc<OnceLock<RecordMac>>,
+    /// Records refused, shared by every clone.
+    refused: Arc<Refusals>,
+}
+
+/// The count of refused records: kept here until the node hands the store
+/// its metric ([`Store::count_refusals`]), then added to it.
+#[derive(Default)]
+struct Refusals {
+    /// Refused before the metric was handed over.
+    early: AtomicU64,
+    /// `meshgate_store_records_refused_total`.
+    counter: OnceLock<prometheus::IntCounter>,
 }
 
 /// Where the store's records live.
@@ -174,7 +212,47 @@ impl Store {
         Store {
             backend,
             mac: Arc::default(),
+            refused: Arc::default(),
         }
+    }
+
+    /// Counts refused records in `counter` from now on (and those refused
+    /// before, at start-up).
+    pub fn count_refusals(&self, counter: prometheus::IntCounter) {
+        let early = self.refused.early.swap(0, Ordering::Relaxed);
+        counter.inc_by(early);
+        let _ = self.refused.counter.set(counter);
+    }
+
+    /// Logs and counts a refused record; the error for the caller.
+    fn refuse(&self, key: &[u8], why: MacError) -> StoreError {
+        match self.refused.counter.get() {
+            Some(c) => c.inc(),
+            None => {
+                self.refused.early.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        tampered(key, why)
+    }
+
+    /// Where the value starts in the record read under `key`, once it is
+    /// verified: past the MAC of a covered record, 0 for a blob whose bytes
+    /// hash to its key and for the other exceptions (`record_mac.rs`) or
+    /// before the MAC is installed. A record that fails is refused.
+    fn verified(&self, key: &[u8], record: &[u8]) -> StoreResult<usize> {
+        let Some(m) = self.mac.get() else {
+            return Ok(0);
+        };
+        if RecordMac::covers(key) {
+            return match m.open(key, record) {
+                Ok(_) => Ok(MAC_OVERHEAD),
+                Err(e) => Err(self.refuse(key, e)),
+            };
+        }
+        if key.starts_with(BLOB_PREFIX) && !blob_matches(key, record) {
+            return Err(self.refuse(key, MacError::Content));
+        }
+        Ok(0)
     }
 
     /// What is written for `value` under `key`: MAC'd when `key` is covered
@@ -203,35 +281,22 @@ impl Store {
     /// The value of the record read under `key`: a covered record whose MAC
     /// fails is refused (`Tampered`) and logged.
     fn value_in(&self, key: &[u8], mut record: Vec<u8>) -> StoreResult<Vec<u8>> {
-        match self.mac.get() {
-            Some(m) if RecordMac::covers(key) => match m.open(key, &record) {
-                Ok(_) => {
-                    record.drain(..MAC_OVERHEAD);
-                    Ok(record)
-                }
-                Err(e) => Err(tampered(key, e)),
-            },
-            _ => Ok(record),
-        }
+        let at = self.verified(key, &record)?;
+        record.drain(..at);
+        Ok(record)
     }
 
     /// [`Store::value_in`] for the rows of a scan: a refused row is left out.
     fn rows_in(&self, rows: &mut Vec<(Vec<u8>, Vec<u8>)>) {
-        let Some(m) = self.mac.get() else { return };
-        rows.retain_mut(|(k, v)| {
-            if !RecordMac::covers(k) {
-                return true;
+        if self.mac.get().is_none() {
+            return;
+        }
+        rows.retain_mut(|(k, v)| match self.verified(k, v) {
+            Ok(at) => {
+                v.drain(..at);
+                true
             }
-            match m.open(k, v) {
-                Ok(_) => {
-                    v.drain(..MAC_OVERHEAD);
-                    true
-                }
-                Err(e) => {
-                    tampered(k, e);
-                    false
-                }
-            }
+            Err(_) => false,
         });
     }
 
@@ -288,12 +353,13 @@ impl Store {
         match &self.backend {
             Backend::Sled(_) => {
                 let _ = prefix;
-                Ok(PrefixWatch(WatchInner::Never))
+                Ok(PrefixWatch(WatchInner::Never, self.clone()))
             }
             #[cfg(feature = "cluster")]
-            Backend::Etcd(s) => Ok(PrefixWatch(WatchInner::Etcd(Box::new(
-                s.watch_prefix(prefix).await?,
-            )))),
+            Backend::Etcd(s) => Ok(PrefixWatch(
+                WatchInner::Etcd(Box::new(s.watch_prefix(prefix).await?)),
+                self.clone(),
+            )),
         }
     }
 
@@ -327,8 +393,9 @@ impl Store {
                 let _ = ops;
                 Ok(())
             }
+            // Measured as written: with their MACs.
             #[cfg(feature = "cluster")]
-            Backend::Etcd(_) => etcd_store::atomic_check(ops),
+            Backend::Etcd(_) => etcd_store::atomic_check(&self.ops_out(ops.to_vec())),
         }
     }
 
@@ -382,8 +449,11 @@ impl Store {
     }
 
     /// The keys under `prefix` (at most `limit`), without reading their
-    /// values, unless `journal` is there (`None` then). For prefixes whose
-    /// records carry no MAC (a namespace's KV).
+    /// values, unless `journal` is there (`None` then). Names only: with no
+    /// value read there is no record to verify (nor to use); whoever reads
+    /// a value under one of these keys gets it verified (a listing of large
+    /// values must not read them: docs/decisions.md "Every store record
+    /// authenticated").
     pub async fn scan_keys_unless(
         &self,
         prefix: &[u8],
@@ -445,15 +515,24 @@ impl Store {
         T: Send,
         E: Send,
     {
-        // The records that carry MACs are never read-modify-written here.
-        if keys.iter().any(|k| RecordMac::covers(k)) {
-            return Err(StoreError::Unavailable(
-                "a guarded change cannot read a MAC'd record".into(),
-            ));
-        }
-        let decide =
-            |vals: &[Option<Vec<u8>>]| decide(vals).map(|(ops, out)| (self.ops_out(ops), out));
-        match &self.backend {
+        // `decide` sees the values verified (a refused record ends the
+        // change: nothing written) and its writes are MAC'd.
+        let decide = |raw: &[Option<Vec<u8>>]| {
+            let mut vals = Vec::with_capacity(raw.len());
+            for (k, r) in keys.iter().zip(raw) {
+                match r {
+                    Some(r) => match self.verified(k, r) {
+                        Ok(at) => vals.push(Some(r[at..].to_vec())),
+                        Err(e) => return Err(Decided::Refused(e)),
+                    },
+                    None => vals.push(None),
+                }
+            }
+            decide(&vals)
+                .map(|(ops, out)| (self.ops_out(ops), out))
+                .map_err(Decided::No)
+        };
+        let r = match &self.backend {
             // One sled transaction: an import never leaves a journal here.
             Backend::Sled(s) => {
                 let _ = journal;
@@ -461,6 +540,12 @@ impl Store {
             }
             #[cfg(feature = "cluster")]
             Backend::Etcd(s) => Box::pin(s.transact(keys, journal, decide)).await,
+        }?;
+        match r {
+            None => Ok(None),
+            Some(Ok(out)) => Ok(Some(Ok(out))),
+            Some(Err(Decided::No(e))) => Ok(Some(Err(e))),
+            Some(Err(Decided::Refused(e))) => Err(e),
         }
     }
 
@@ -487,7 +572,11 @@ impl Store {
                 s.apply_batch(all).await
             }
             #[cfg(feature = "cluster")]
-            Backend::Etcd(s) => Box::pin(s.apply_journaled(journal, steps, last)).await,
+            Backend::Etcd(s) => {
+                let seal = |v: Vec<u8>| self.out(journal, &v).into_owned();
+                let open = |r: Vec<u8>| self.value_in(journal, r);
+                Box::pin(s.apply_journaled(journal, steps, last, seal, open)).await
+            }
         }
     }
 
@@ -501,7 +590,9 @@ impl Store {
                 Ok(false)
             }
             #[cfg(feature = "cluster")]
-            Backend::Etcd(s) => Box::pin(s.roll_forward(journal)).await,
+            Backend::Etcd(s) => {
+                Box::pin(s.roll_forward(journal, |r| self.value_in(journal, r))).await
+            }
         }
     }
 
@@ -594,6 +685,13 @@ impl OrderedKv for Store {
     }
 }
 
+/// What a guarded change's decision came to (`Store::transact`): the
+/// caller's refusal, or a record read that failed its MAC.
+enum Decided<E> {
+    No(E),
+    Refused(StoreError),
+}
+
 /// Logs a record refused for its MAC and names the error for the caller.
 fn tampered(key: &[u8], why: MacError) -> StoreError {
     let key = String::from_utf8_lossy(key).into_owned();
@@ -615,71 +713,132 @@ pub struct MacAdoption {
 
 impl Store {
     /// Installs the record MAC (start-up, once the secret it derives from is
-    /// settled): from now on the store MACs every record under
-    /// [`MAC_PREFIXES`] it writes and refuses one whose MAC fails on read.
+    /// settled): from now on the store MACs every record it writes (all but
+    /// the exceptions [`RecordMac::covers`] names) and refuses one whose MAC
+    /// fails on any read.
     ///
-    /// Records an older version wrote in the clear (JSON) are MAC'd in place,
-    /// by compare-and-swap from the clear value, only while the store has never
-    /// been migrated: no [`MAC_MARKER`] and no record with a valid MAC. Then
-    /// the marker is written. After that a clear record is somebody's edit and
-    /// stays refused. Two nodes starting at once agree: the MAC is
+    /// A store marked [`MARKER_V2`] is done: nothing is read (every read
+    /// verifies). Otherwise every record is looked at once (keys first, then
+    /// one value at a time). Records an older version wrote without a MAC are
+    /// MAC'd in place, by compare-and-swap from the value read (time to live
+    /// kept), only while the store was never migrated: no marker and no record
+    /// with a valid MAC (a deleted marker does not make a migrated store look
+    /// new); in a store marked [`MARKER_V1`] only the records outside
+    /// [`V1_PREFIXES`], which carried MACs already. Then the marker is written.
+    /// A record without a valid MAC that is not migrated is somebody's edit
+    /// and stays refused. Two nodes starting at once agree: the MAC is
     /// deterministic, so both would write the same bytes, and the loser's
     /// compare-and-swap simply finds them there.
     pub async fn adopt_record_macs(&self, mac: RecordMac) -> StoreResult<MacAdoption> {
-        let migrated_before = delegate!(self, s => s.get(MAC_MARKER).await)?.is_some();
+        let marker = delegate!(self, s => s.get(MAC_MARKER).await)?;
         let mut report = MacAdoption::default();
-        let mut clear = Vec::new();
-        for prefix in MAC_PREFIXES {
-            for (k, v) in delegate!(self, s => s.scan_prefix(prefix, usize::MAX).await)? {
-                match mac.open(&k, &v) {
-                    Ok(_) => report.verified += 1,
-                    Err(MacError::Missing) if record_mac::is_clear_record(&v) => clear.push((k, v)),
-                    Err(e) => report.refused.push(tampered(&k, e).to_string()),
+        if marker.as_deref() == Some(MARKER_V2) {
+            let _ = self.mac.set(mac);
+            return Ok(report);
+        }
+        let v1 = marker.as_deref() == Some(MARKER_V1);
+        let keys = match &self.backend {
+            Backend::Sled(s) => s.scan_keys(b"", usize::MAX)?,
+            #[cfg(feature = "cluster")]
+            Backend::Etcd(s) => Box::pin(s.scan_keys_unless(b"", usize::MAX, NO_JOURNAL))
+                .await?
+                .unwrap_or_default(),
+        };
+        // Keys whose record carries no valid MAC, and whether they may be
+        // MAC'd in place (an older version's record).
+        let mut unmacd = Vec::new();
+        for k in keys.into_iter().filter(|k| RecordMac::covers(k)) {
+            let Some(v) = delegate!(self, s => s.get(&k).await)? else {
+                continue;
+            };
+            match mac.open(&k, &v) {
+                Ok(_) => report.verified += 1,
+                Err(e) => {
+                    let older = !(v1 && V1_PREFIXES.iter().any(|p| k.starts_with(p)));
+                    unmacd.push((k, e, older));
                 }
             }
         }
-        if !migrated_before && report.verified == 0 {
-            for (k, v) in clear {
-                let Some(ttl) = migration_ttl(&k, &v) else {
-                    continue;
-                };
-                let new = mac.wrap(&k, &v);
-                let swapped =
-                    delegate!(self, s => s.compare_and_swap(&k, Some(&v), Some(&new), ttl).await)?;
-                // A lost swap: another node migrated it (the same bytes) or it changed.
-                report.migrated += usize::from(swapped);
+        // A record of the first marker's prefixes with a MAC does not show a
+        // migration to v2 ran; any other does.
+        let migrated_before = match marker.as_deref() {
+            None => report.verified > 0,
+            Some(m) => m != MARKER_V1,
+        };
+        for (k, e, older) in unmacd {
+            if migrated_before || !older {
+                report.refused.push(self.refuse(&k, e).to_string());
+                continue;
             }
-        } else {
-            for (k, _) in clear {
-                report
-                    .refused
-                    .push(tampered(&k, MacError::Missing).to_string());
+            let Some(v) = delegate!(self, s => s.get(&k).await)? else {
+                continue;
+            };
+            // MAC'd meanwhile by another node migrating too, or lapsed.
+            if mac.open(&k, &v).is_ok() || lapsed(&k, &v) {
+                continue;
             }
+            let new = mac.wrap(&k, &v);
+            let swapped = match &self.backend {
+                Backend::Sled(s) => s.replace_keeping_ttl(&k, &v, &new).await?,
+                #[cfg(feature = "cluster")]
+                Backend::Etcd(s) => Box::pin(s.replace_keeping_ttl(&k, &v, &new)).await?,
+            };
+            // A lost swap: another node migrated it (the same bytes) or it changed.
+            report.migrated += usize::from(swapped);
         }
-        if !migrated_before {
-            delegate!(self, s => s.compare_and_swap(MAC_MARKER, None, Some(b"v1"), None).await)?;
-        }
+        let _ = delegate!(self, s => s.compare_and_swap(MAC_MARKER, marker.as_deref(), Some(MARKER_V2), None).await)?;
         // A second install (a test reusing a store) keeps the first key.
         let _ = self.mac.set(mac);
         Ok(report)
     }
 }
 
-/// The time to live a clear record keeps when it is MAC'd: a refresh token's
-/// (`rt/`) runs to its `expires_at`; `None` (outer) for one already expired,
-/// left to lapse; the others have none.
-fn migration_ttl(key: &[u8], value: &[u8]) -> Option<Option<Duration>> {
+impl Store {
+    /// Whether the store's records carry MACs already (under `mac`): the
+    /// marker is there, or a record verifies (a deleted marker does not make
+    /// a migrated store look like an older version's). Start-up asks before
+    /// it adopts the sealed `_cluster/` records: a clear one is an older
+    /// version's only in a store never migrated (`seal.rs`), else somebody's
+    /// edit (a signing key of their own).
+    pub async fn records_macd(&self, mac: &RecordMac) -> StoreResult<bool> {
+        if delegate!(self, s => s.get(MAC_MARKER).await)?.is_some() {
+            return Ok(true);
+        }
+        let keys = match &self.backend {
+            Backend::Sled(s) => s.scan_keys(b"", usize::MAX)?,
+            #[cfg(feature = "cluster")]
+            Backend::Etcd(s) => Box::pin(s.scan_keys_unless(b"", usize::MAX, NO_JOURNAL))
+                .await?
+                .unwrap_or_default(),
+        };
+        for k in keys.into_iter().filter(|k| RecordMac::covers(k)) {
+            if let Some(v) = delegate!(self, s => s.get(&k).await)?
+                && mac.open(&k, &v).is_ok()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// A journal key no change ever uses: a scan that names it is never held up.
+#[cfg(feature = "cluster")]
+const NO_JOURNAL: &[u8] = b"_store/no_journal";
+
+/// Whether the clear record `value` under `key` is a refresh token (`rt/`)
+/// past its `expires_at` (or without one): not MAC'd, left to lapse.
+fn lapsed(key: &[u8], value: &[u8]) -> bool {
     if !key.starts_with(b"rt/") {
-        return Some(None);
+        return false;
     }
     let expires_at = serde_json::from_slice::<serde_json::Value>(value)
-        .ok()?
-        .get("expires_at")?
-        .as_u64()?;
+        .ok()
+        .and_then(|v| v.get("expires_at")?.as_u64());
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    (expires_at > now).then(|| Some(Duration::from_secs(expires_at - now)))
+    expires_at.is_none_or(|at| at <= now)
 }
 
 /// `blob/<sha256>`: content-addressed bytes (function modules, site files),

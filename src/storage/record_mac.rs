@@ -1,9 +1,11 @@
-//! Records that confer authority carry a MAC: an API key record (`keys/`:
-//! its namespace, role and grants), a namespace record (`ns/`) and a refresh
-//! token record (`rt/`: its namespace and grants). Whoever can write the
-//! store (etcd reached by a tenant, a restored snapshot) cannot move a key
-//! into another namespace or widen its grants: the node refuses a record
-//! whose MAC fails and logs it, it never trusts it.
+//! Every record the store keeps is authenticated: whoever can write the
+//! store (etcd reached by a tenant, a restored snapshot) can neither edit a
+//! record, nor move it under another key, nor swap two records: the node
+//! refuses a record whose MAC fails, logs it and counts it
+//! (`meshgate_store_records_refused_total`), it never uses it. A function
+//! version pointed at another namespace's module, a key moved into another
+//! namespace, a dashboard session copied under a token of the writer's
+//! choosing: each is a record that fails its MAC.
 //!
 //! A record is `version (1) || HMAC-SHA256 (32) || value`. The HMAC key is
 //! derived with HKDF-SHA256 (info [`RECORD_MAC_INFO`]) from the cluster
@@ -12,6 +14,18 @@
 //! fails. The MAC is deterministic (no nonce), so a compare-and-swap on the
 //! value a reader got compares equal bytes: [`Store`](super::Store) wraps and
 //! verifies at its boundary and nothing above it knows.
+//!
+//! Every key is covered unless [`RecordMac::covers`] names it as one of the
+//! few exceptions, each authenticated another way (there is no list of
+//! covered prefixes to keep current: a new kind of record is covered without
+//! being named):
+//! - `_cluster/`: sealed with AES-256-GCM under a key of the cluster secret,
+//!   the store key as associated data (`seal.rs`), adopted before the record
+//!   MAC is installed;
+//! - `blob/<sha256>`: content-addressed bytes, checked against the hash in
+//!   their key when read ([`blob_matches`]);
+//! - [`MAC_MARKER`]: the note that the records carry MACs (no secret, and a
+//!   forged or deleted one gains nothing: see [`Store::adopt_record_macs`](super::Store::adopt_record_macs)).
 //!
 //! Records written before this version are MAC'd once, on start
 //! ([`Store::adopt_record_macs`](super::Store::adopt_record_macs)).
@@ -27,12 +41,22 @@ const RECORD_MAC_SALT: &[u8] = b"meshgate";
 pub const MAC_V1: u8 = 0xb1;
 /// Bytes a MAC'd record has on top of its value.
 pub const MAC_OVERHEAD: usize = 1 + 32;
-/// The store prefixes whose records carry a MAC.
-pub const MAC_PREFIXES: [&[u8]; 3] = [b"keys/", b"ns/", b"rt/"];
+/// The prefixes whose records carried a MAC under the first marker
+/// ([`MARKER_V1`]): in a store marked so, a record under them without a MAC
+/// is an edit, never adopted; every other record is MAC'd on start.
+pub const V1_PREFIXES: [&[u8]; 3] = [b"keys/", b"ns/", b"rt/"];
 /// Where the store notes that its records carry MACs (written once the
 /// migration is done; from then on a record without a MAC is never adopted).
 /// Not under `_cluster/`, where every record is sealed: the marker is no secret.
 pub const MAC_MARKER: &[u8] = b"_store/record_macs";
+/// The marker's value once only [`V1_PREFIXES`] carried MACs.
+pub const MARKER_V1: &[u8] = b"v1";
+/// The marker's value once every record carries a MAC.
+pub const MARKER_V2: &[u8] = b"v2";
+/// Content-addressed records: `blob/<hex sha256 of the value>`.
+pub const BLOB_PREFIX: &[u8] = b"blob/";
+/// Records sealed under the cluster secret (`seal.rs`).
+pub const SEALED_PREFIX: &[u8] = b"_cluster/";
 
 /// Why a record is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +68,9 @@ pub enum MacError {
     /// key, or one MAC'd under another secret.
     #[error("the record's MAC does not verify")]
     Bad,
+    /// A blob whose bytes do not hash to the key they are stored under.
+    #[error("the blob's bytes do not match the hash in its key")]
+    Content,
 }
 
 /// The key records are MAC'd with.
@@ -69,9 +96,10 @@ impl RecordMac {
         }
     }
 
-    /// Whether records under `key` carry a MAC.
+    /// Whether the record under `key` carries a MAC: every key but the
+    /// three exceptions the module doc names, each authenticated otherwise.
     pub fn covers(key: &[u8]) -> bool {
-        MAC_PREFIXES.iter().any(|p| key.starts_with(p))
+        !(key.starts_with(SEALED_PREFIX) || key.starts_with(BLOB_PREFIX) || key == MAC_MARKER)
     }
 
     fn tag(&self, key: &[u8], value: &[u8]) -> hmac::Tag {
@@ -117,10 +145,17 @@ impl RecordMac {
     }
 }
 
-/// Whether `record` is one an older version wrote before records carried
-/// MACs: JSON, an object.
-pub fn is_clear_record(record: &[u8]) -> bool {
-    record.first() == Some(&b'{')
+/// Whether `value`, read under the blob key `key` (`blob/<hex sha256>`), is
+/// the content its key names. Any other key under `blob/` names no content:
+/// false.
+pub fn blob_matches(key: &[u8], value: &[u8]) -> bool {
+    let Some(hex_sha) = key.strip_prefix(BLOB_PREFIX) else {
+        return false;
+    };
+    let digest = ring::digest::digest(&ring::digest::SHA256, value);
+    let mut want = [0u8; 64];
+    // Lower-case hex, as `blob_key` is called with (`hex::encode`).
+    hex::encode_to_slice(digest.as_ref(), &mut want).is_ok() && want[..] == *hex_sha
 }
 
 #[cfg(test)]
@@ -175,11 +210,9 @@ mod tests {
             Err(MacError::Bad)
         );
         assert_eq!(m.open(KEY, b"{}"), Err(MacError::Missing));
-        assert!(is_clear_record(b"{}"));
-        assert!(!is_clear_record(&rec));
     }
 
-    use crate::storage::{BatchOp, OrderedKv, Store, StoreError};
+    use crate::storage::{BatchOp, OrderedKv, Store, StoreError, blob_key};
 
     fn sled() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
@@ -192,102 +225,317 @@ mod tests {
         store.as_sled().unwrap().get(key).await.unwrap()
     }
 
-    /// Once installed, the store MACs what it writes under the covered
-    /// prefixes (put, batch, compare-and-swap) and hands back the value;
-    /// other keys are stored as given; a covered record edited in the store
-    /// is refused on get and left out of a scan.
-    #[tokio::test]
-    async fn store_macs_covered_records_and_refuses_edits() {
-        let (_d, store) = sled();
+    /// Writes `value` under `key` straight into the backend, as a store writer.
+    async fn forge(store: &Store, key: &[u8], value: &[u8]) {
+        store.as_sled().unwrap().put(key, value).await.unwrap();
+    }
+
+    /// A store with the MAC installed and its refusals counted.
+    async fn macd() -> (tempfile::TempDir, Store, prometheus::IntCounter) {
+        let (d, store) = sled();
         store
             .adopt_record_macs(RecordMac::derive(b"s"))
             .await
             .unwrap();
-        let m = RecordMac::derive(b"s");
-        store.put(b"keys/a", b"{\"ns\":\"a\"}").await.unwrap();
-        store
-            .apply_batch(vec![BatchOp::Put(b"ns/a".to_vec(), b"{}".to_vec())])
-            .await
-            .unwrap();
-        store.put(b"kv/a/x", b"plain").await.unwrap();
-        assert_eq!(
-            raw(&store, b"keys/a").await.unwrap(),
-            m.wrap(b"keys/a", b"{\"ns\":\"a\"}")
-        );
-        assert_eq!(raw(&store, b"ns/a").await.unwrap(), m.wrap(b"ns/a", b"{}"));
-        assert_eq!(raw(&store, b"kv/a/x").await.unwrap(), b"plain");
-        assert_eq!(
-            store.get(b"keys/a").await.unwrap().unwrap(),
-            b"{\"ns\":\"a\"}"
-        );
-        // A compare-and-swap on the value read finds the MAC'd record.
-        assert!(
-            store
-                .compare_and_swap(b"keys/a", Some(b"{\"ns\":\"a\"}"), Some(b"{}"), None)
-                .await
-                .unwrap()
-        );
-        assert_eq!(store.get(b"keys/a").await.unwrap().unwrap(), b"{}");
-        // Edited behind the store's back: MAC kept, value changed; or in the clear.
-        let mut edited = raw(&store, b"keys/a").await.unwrap();
-        edited.extend_from_slice(b" ");
-        for forged in [edited, b"{\"ns\":\"b\"}".to_vec()] {
-            store
-                .as_sled()
-                .unwrap()
-                .put(b"keys/a", &forged)
-                .await
-                .unwrap();
-            assert!(matches!(
-                store.get(b"keys/a").await,
-                Err(StoreError::Tampered(k)) if k == "keys/a"
-            ));
-        }
-        store.put(b"keys/b", b"{}").await.unwrap();
-        let rows = store.scan_all(b"keys/").await.unwrap();
-        assert_eq!(rows, vec![(b"keys/b".to_vec(), b"{}".to_vec())]);
+        let refused = prometheus::IntCounter::new("refused", "refused").unwrap();
+        store.count_refusals(refused.clone());
+        (d, store, refused)
     }
 
-    /// A store written before record MACs: its clear records are MAC'd in
-    /// place on start (values kept) and the marker written; a clear record
-    /// that appears after that is refused, at the next start too.
+    fn sha_hex(v: &[u8]) -> String {
+        hex::encode(ring::digest::digest(&ring::digest::SHA256, v))
+    }
+
+    /// Every record the store writes carries a MAC bound to its key, whatever
+    /// its prefix (the known ones, and one no code names), through put, put
+    /// with a time to live, batch, buffered batch, compare-and-swap and
+    /// guarded change; it reads back as the value. The exceptions are stored
+    /// as given: sealed `_cluster/` records, the marker, content-addressed blobs.
+    #[tokio::test]
+    async fn every_prefix_wrapped() {
+        let (_d, store, refused) = macd().await;
+        let m = RecordMac::derive(b"s");
+        let keys: [&[u8]; 12] = [
+            b"keys/a",
+            b"ns/a",
+            b"rt/a",
+            b"fnver/bank/f/0000000001",
+            b"dep/bank/site",
+            b"depv/bank/site/1",
+            b"host/bank.example",
+            b"secret/bank/TOKEN",
+            b"_admin/session/00ff",
+            b"kv/bank/x",
+            b"_nodes/n1",
+            b"a-kind-no-code-names-yet/x",
+        ];
+        for (i, k) in keys.iter().enumerate() {
+            let v = format!("value {i}").into_bytes();
+            match i % 4 {
+                0 => store.put(k, &v).await.unwrap(),
+                1 => store
+                    .put_ttl(k, &v, std::time::Duration::from_secs(60))
+                    .await
+                    .unwrap(),
+                2 => store
+                    .apply_batch(vec![BatchOp::Put(k.to_vec(), v.clone())])
+                    .await
+                    .unwrap(),
+                _ => store
+                    .apply_buffered(vec![BatchOp::Put(k.to_vec(), v.clone())])
+                    .await
+                    .unwrap(),
+            }
+            assert_eq!(raw(&store, k).await.unwrap(), m.wrap(k, &v));
+            assert_eq!(store.get(k).await.unwrap().unwrap(), v);
+        }
+        assert!(
+            store
+                .compare_and_swap(b"kv/bank/x", Some(b"value 9"), Some(b"cas"), None)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            raw(&store, b"kv/bank/x").await.unwrap(),
+            m.wrap(b"kv/bank/x", b"cas")
+        );
+        let r = store
+            .transact(&[b"kv/bank/x".to_vec()], None, |vals| {
+                assert_eq!(vals[0].as_deref(), Some(&b"cas"[..]));
+                Ok::<_, ()>((
+                    vec![BatchOp::Put(b"usage/bank/kv".to_vec(), b"1".to_vec())],
+                    7,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(r, Some(Ok(7)));
+        assert_eq!(
+            raw(&store, b"usage/bank/kv").await.unwrap(),
+            m.wrap(b"usage/bank/kv", b"1")
+        );
+        // The exceptions, stored as given.
+        let blob = b"module bytes".to_vec();
+        let bkey = blob_key(&sha_hex(&blob));
+        store.put(&bkey, &blob).await.unwrap();
+        store
+            .put(b"_cluster/jwt_key", b"sealed elsewhere")
+            .await
+            .unwrap();
+        assert_eq!(raw(&store, &bkey).await.unwrap(), blob);
+        assert_eq!(
+            raw(&store, b"_cluster/jwt_key").await.unwrap(),
+            b"sealed elsewhere"
+        );
+        assert_eq!(raw(&store, MAC_MARKER).await.unwrap(), MARKER_V2);
+        assert_eq!(store.get(&bkey).await.unwrap().unwrap(), blob);
+        assert_eq!(refused.get(), 0);
+    }
+
+    /// A store writer's records, each refused on every read path (get, scan,
+    /// guarded change) and counted: bank's function version swapped for the
+    /// one copied from evil's key, a record moved under another key, a value
+    /// edited behind its kept MAC, one in the clear, one of a prefix no code
+    /// names; a blob whose bytes were replaced. The genuine records around
+    /// them read as before.
+    #[tokio::test]
+    async fn moved_swapped_edited_records_refused() {
+        let (_d, store, refused) = macd().await;
+        let bank = b"fnver/bank/pay/0000000001";
+        let evil = b"fnver/evil/pay/0000000001";
+        store.put(bank, br#"{"sha256":"bank"}"#).await.unwrap();
+        store.put(evil, br#"{"sha256":"evil"}"#).await.unwrap();
+        store
+            .put(b"fnver/bank/pay/0000000002", b"{}")
+            .await
+            .unwrap();
+        // Swapped: evil's record, MAC and all, under bank's key.
+        forge(&store, bank, &raw(&store, evil).await.unwrap()).await;
+        assert!(matches!(
+            store.get(bank).await,
+            Err(StoreError::Tampered(k)) if k == "fnver/bank/pay/0000000001"
+        ));
+        assert_eq!(refused.get(), 1);
+        let rows = store.scan_all(b"fnver/bank/").await.unwrap();
+        assert_eq!(
+            rows,
+            vec![(b"fnver/bank/pay/0000000002".to_vec(), b"{}".to_vec())]
+        );
+        assert_eq!(refused.get(), 2);
+        let r = store
+            .transact(&[bank.to_vec()], None, |_| Ok::<_, ()>((vec![], ())))
+            .await;
+        assert!(matches!(r, Err(StoreError::Tampered(_))), "{r:?}");
+        assert_eq!(refused.get(), 3);
+        // Moved (a session under a token of the writer's choosing), edited,
+        // clear, and under a prefix no code names.
+        store
+            .put(b"_admin/session/aa", b"{\"exp\":1}")
+            .await
+            .unwrap();
+        let session = raw(&store, b"_admin/session/aa").await.unwrap();
+        forge(&store, b"_admin/session/bb", &session).await;
+        store
+            .put(b"dep/bank/x", b"{\"upstream\":\"bank\"}")
+            .await
+            .unwrap();
+        let mut edited = raw(&store, b"dep/bank/x").await.unwrap();
+        let at = edited.len() - 6;
+        edited[at..].copy_from_slice(b"evil\"}");
+        forge(&store, b"dep/bank/x", &edited).await;
+        forge(&store, b"host/bank.example", b"{\"namespace\":\"evil\"}").await;
+        store.put(b"brand-new/x", b"v").await.unwrap();
+        forge(
+            &store,
+            b"brand-new/y",
+            &raw(&store, b"brand-new/x").await.unwrap(),
+        )
+        .await;
+        for k in [
+            &b"_admin/session/bb"[..],
+            b"dep/bank/x",
+            b"host/bank.example",
+            b"brand-new/y",
+        ] {
+            assert!(
+                matches!(store.get(k).await, Err(StoreError::Tampered(_))),
+                "{}",
+                String::from_utf8_lossy(k)
+            );
+        }
+        assert_eq!(refused.get(), 7);
+        assert_eq!(
+            store.get(b"_admin/session/aa").await.unwrap().unwrap(),
+            b"{\"exp\":1}"
+        );
+        // A blob whose bytes were replaced: refused on load; the genuine one reads.
+        let module = b"bank's module".to_vec();
+        let bkey = blob_key(&sha_hex(&module));
+        store.put(&bkey, &module).await.unwrap();
+        assert_eq!(store.get(&bkey).await.unwrap().unwrap(), module);
+        forge(&store, &bkey, b"evil's module").await;
+        assert!(matches!(
+            store.get(&bkey).await,
+            Err(StoreError::Tampered(_))
+        ));
+        assert!(store.scan_all(b"blob/").await.unwrap().is_empty());
+        assert_eq!(refused.get(), 9);
+    }
+
+    /// A store written before record MACs: its records, of every prefix, are
+    /// MAC'd in place on start (values and times to live kept; an expired
+    /// refresh token left out) and the marker written; a clear record that
+    /// appears after that is refused, at the next start too, and also when
+    /// the marker was deleted (the MAC'd records show the migration ran).
     #[tokio::test]
     async fn clear_records_migrated_once() {
         let (_d, store) = sled();
         let backend = store.as_sled().unwrap();
         backend.put(b"keys/a", b"{\"k\":1}").await.unwrap();
-        backend.put(b"ns/a", b"{\"n\":1}").await.unwrap();
+        backend
+            .put(b"fnver/bank/f/1", b"{\"sha256\":\"x\"}")
+            .await
+            .unwrap();
+        backend.put(b"kv/bank/v", &[MAC_V1; 40]).await.unwrap();
+        backend
+            .put_ttl(
+                b"_admin/session/aa",
+                b"{}",
+                std::time::Duration::from_secs(600),
+            )
+            .await
+            .unwrap();
+        backend.put(b"rt/old", b"{\"expires_at\":1}").await.unwrap();
+        let blob = b"bytes".to_vec();
+        backend
+            .put(&blob_key(&sha_hex(&blob)), &blob)
+            .await
+            .unwrap();
         let report = store
             .adopt_record_macs(RecordMac::derive(b"s"))
             .await
             .unwrap();
-        assert_eq!((report.verified, report.migrated), (0, 2));
+        assert_eq!((report.verified, report.migrated), (0, 4));
         assert!(report.refused.is_empty());
         assert_eq!(store.get(b"keys/a").await.unwrap().unwrap(), b"{\"k\":1}");
-        assert_eq!(raw(&store, b"ns/a").await.unwrap()[0], MAC_V1);
-        assert!(raw(&store, MAC_MARKER).await.is_some());
-        // An edit in the clear after the migration: not adopted by a later start.
-        backend.put(b"keys/b", b"{\"k\":2}").await.unwrap();
+        assert_eq!(
+            store.get(b"kv/bank/v").await.unwrap().unwrap(),
+            [MAC_V1; 40]
+        );
+        assert_eq!(raw(&store, b"fnver/bank/f/1").await.unwrap()[0], MAC_V1);
+        assert_eq!(
+            store
+                .get(&blob_key(&sha_hex(&blob)))
+                .await
+                .unwrap()
+                .unwrap(),
+            blob
+        );
+        assert_eq!(raw(&store, MAC_MARKER).await.unwrap(), MARKER_V2);
+        // The session kept its time to live: the sweep would remove it.
+        let sled_raw = backend.raw_record(b"_admin/session/aa").unwrap().unwrap();
+        assert_eq!(sled_raw[0], 1, "no longer an expiring record");
+        // An edit in the clear after the migration: refused on read, and not
+        // adopted by a later start, with or without the marker.
+        backend.put(b"dep/bank/x", b"{\"k\":2}").await.unwrap();
+        assert!(matches!(
+            store.get(b"dep/bank/x").await,
+            Err(StoreError::Tampered(_))
+        ));
         let again = Store::on(super::super::Backend::Sled(backend.clone()));
         let report = again
             .adopt_record_macs(RecordMac::derive(b"s"))
             .await
             .unwrap();
-        assert_eq!((report.verified, report.migrated), (2, 0));
-        assert_eq!(report.refused.len(), 1);
-        assert!(matches!(
-            again.get(b"keys/b").await,
-            Err(StoreError::Tampered(_))
-        ));
-        // Nor when the marker was deleted: MAC'd records show the migration ran.
+        assert_eq!(
+            report,
+            super::super::MacAdoption::default(),
+            "v2: nothing read"
+        );
         backend.delete(MAC_MARKER).await.unwrap();
         let third = Store::on(super::super::Backend::Sled(backend.clone()));
         let report = third
             .adopt_record_macs(RecordMac::derive(b"s"))
             .await
             .unwrap();
-        assert_eq!((report.migrated, report.refused.len()), (0, 1));
-        assert_eq!(raw(&store, b"keys/b").await.unwrap(), b"{\"k\":2}");
+        assert_eq!(
+            (report.verified, report.migrated, report.refused.len()),
+            (4, 0, 2)
+        );
+        assert_eq!(raw(&store, b"dep/bank/x").await.unwrap(), b"{\"k\":2}");
+        assert!(matches!(
+            third.get(b"dep/bank/x").await,
+            Err(StoreError::Tampered(_))
+        ));
+    }
+
+    /// A store of the version that MAC'd `keys/`, `ns/` and `rt/` only
+    /// (marker v1): its other records are MAC'd on start; a clear record
+    /// under those three prefixes is an edit, refused, not adopted.
+    #[tokio::test]
+    async fn v1_store_migrated_but_its_clear_key_records_refused() {
+        let (_d, store) = sled();
+        let backend = store.as_sled().unwrap();
+        let m = RecordMac::derive(b"s");
+        backend
+            .put(b"keys/good", &m.wrap(b"keys/good", b"{}"))
+            .await
+            .unwrap();
+        backend
+            .put(b"keys/forged", b"{\"namespace\":\"bank\"}")
+            .await
+            .unwrap();
+        backend.put(b"fnver/bank/f/1", b"{}").await.unwrap();
+        backend.put(MAC_MARKER, MARKER_V1).await.unwrap();
+        let report = store.adopt_record_macs(m).await.unwrap();
+        assert_eq!((report.verified, report.migrated), (1, 1));
+        assert_eq!(report.refused.len(), 1);
+        assert_eq!(store.get(b"fnver/bank/f/1").await.unwrap().unwrap(), b"{}");
+        assert!(matches!(
+            store.get(b"keys/forged").await,
+            Err(StoreError::Tampered(_))
+        ));
+        assert_eq!(raw(&store, MAC_MARKER).await.unwrap(), MARKER_V2);
     }
 
     /// Two nodes migrate the same clear store at once (separate handles, a
@@ -323,19 +571,36 @@ mod tests {
         }
     }
 
-    /// Exactly the authority-bearing prefixes are covered.
+    /// Every key is covered but the three exceptions, whatever its prefix.
     #[test]
-    fn covered_prefixes() {
-        for k in [&b"keys/ab"[..], b"ns/acme", b"rt/cd"] {
-            assert!(RecordMac::covers(k));
-        }
+    fn covered_keys() {
         for k in [
-            &b"nskeys/acme/id"[..],
-            b"kv/acme/x",
-            b"rtfam/f/x",
-            b"_cluster/jwt_key",
+            &b"keys/ab"[..],
+            b"ns/acme",
+            b"rt/cd",
+            b"fnver/a/b/1",
+            b"dep/a/b",
+            b"depv/a/b/1",
+            b"host/x",
+            b"secret/a/B",
+            b"_admin/session/x",
+            b"_import/a",
+            b"_store/other",
+            b"blobs/x",
+            b"_clusterx/y",
+            b"",
+            b"z",
         ] {
+            assert!(RecordMac::covers(k), "{}", String::from_utf8_lossy(k));
+        }
+        for k in [&b"_cluster/jwt_key"[..], b"blob/00", MAC_MARKER] {
             assert!(!RecordMac::covers(k));
         }
+        let h = ring::digest::digest(&ring::digest::SHA256, b"x");
+        let key = [BLOB_PREFIX, hex::encode(h).as_bytes()].concat();
+        assert!(blob_matches(&key, b"x"));
+        assert!(!blob_matches(&key, b"y"));
+        assert!(!blob_matches(&key.to_ascii_uppercase(), b"x"));
+        assert!(!blob_matches(b"blob/short", b"x"));
     }
 }

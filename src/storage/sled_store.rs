@@ -245,6 +245,47 @@ impl SledStore {
         Ok(())
     }
 
+    /// Replaces the value under `key` with `new` only if it holds
+    /// `expected`, keeping its time to live (the record MAC's migration,
+    /// `Store::adopt_record_macs`). Returns whether it did.
+    pub async fn replace_keeping_ttl(
+        &self,
+        key: &[u8],
+        expected: &[u8],
+        new: &[u8],
+    ) -> StoreResult<bool> {
+        loop {
+            let Some(raw) = self.db.get(key).map_err(unavailable)? else {
+                return Ok(false);
+            };
+            if decode(&raw, now_ms()) != Some(expected) {
+                return Ok(false);
+            }
+            // The header (plain, or expiring with its deadline) stays: so
+            // does the expiry index's entry, keyed by that deadline.
+            let mut new_raw = raw[..raw.len() - expected.len()].to_vec();
+            new_raw.extend_from_slice(new);
+            match self
+                .db
+                .compare_and_swap(key, Some(&raw), Some(new_raw))
+                .map_err(unavailable)?
+            {
+                Ok(()) => {
+                    self.wrote([key]);
+                    self.durable().await?;
+                    return Ok(true);
+                }
+                Err(_) => continue,
+            }
+        }
+    }
+
+    /// The record sled holds under `key`, its time-to-live header included.
+    #[cfg(test)]
+    pub(crate) fn raw_record(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        Ok(self.db.get(key).map_err(unavailable)?.map(|r| r.to_vec()))
+    }
+
     /// Counts every flush from now on in `counter` (the node's
     /// `meshgate_store_flushes_total`); the first counter given stays.
     pub fn count_flushes(&self, counter: prometheus::IntCounter) {

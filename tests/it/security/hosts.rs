@@ -251,6 +251,14 @@ fn hosts_cannot_shadow_a_cluster_even_from_an_old_record() {
             .iter()
             .map(|h| BatchOp::Put(host_key(h), claim.clone())),
     );
+    // MAC'd as a node writes every record (`storage/record_mac.rs`): an
+    // old record's contents, not a store writer's forgery.
+    let mac = meshgate::storage::RecordMac::derive(b"hosts-test-cluster-secret");
+    for op in &mut ops {
+        if let BatchOp::Put(k, v) = op {
+            *v = mac.wrap(k, v);
+        }
+    }
     actix_web::rt::System::new().block_on(async {
         let store = EtcdStore::connect(&[etcd.url()]).await.unwrap();
         store.apply_batch(ops).await.unwrap();

@@ -12,6 +12,7 @@ mod input;
 mod limits;
 mod metrics;
 mod paths;
+mod records;
 mod seals;
 mod secrets;
 mod wallet;

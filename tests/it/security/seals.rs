@@ -193,7 +193,9 @@ fn edited_namespace_record_is_refused() {
 
 #[cfg(feature = "cluster")]
 mod on_etcd {
-    use super::super::secrets::{DATA, SECRET, dump, node_on, raw_get, raw_put, with_etcd};
+    use super::super::secrets::{
+        DATA, SECRET, as_before_record_macs, dump, node_on, raw_delete, raw_get, raw_put,
+    };
     use crate::common::*;
     use crate::etcd_process::EtcdProcess;
     use meshgate::storage::{MAC_MARKER, MAC_OVERHEAD, MAC_V1, RecordMac};
@@ -218,13 +220,6 @@ mod on_etcd {
                     .is_ok_and(|r| r["namespace"] == namespace)
             })
             .expect("the key record")
-    }
-
-    fn raw_delete(etcd: &EtcdProcess, key: &[u8]) {
-        let k = [DATA, key].concat();
-        with_etcd(etcd.url(), move |mut c| async move {
-            c.delete(k, None).await.unwrap();
-        });
     }
 
     /// On etcd: mallory's key record edited straight in etcd to act in bank
@@ -293,17 +288,16 @@ mod on_etcd {
         old.kill9();
         // Put the store back the way an older version kept it.
         let mac = RecordMac::derive(SECRET.as_bytes());
-        let mut clear = Vec::new();
-        for (k, v) in dump(&etcd) {
-            let k = k[DATA.len()..].to_vec();
-            if k.starts_with(b"keys/") || k.starts_with(b"ns/") {
-                let plain = mac.open(&k, &v[1..]).unwrap().to_vec();
-                raw_put(&etcd, &k, &plain);
-                clear.push((k, plain));
-            }
-        }
-        assert!(clear.len() >= 4, "{} records", clear.len());
-        raw_delete(&etcd, MAC_MARKER);
+        let clear = as_before_record_macs(&etcd);
+        assert!(
+            clear
+                .iter()
+                .filter(|(k, _)| k.starts_with(b"keys/") || k.starts_with(b"ns/"))
+                .count()
+                >= 4,
+            "{} records",
+            clear.len()
+        );
 
         let (b, c) = std::thread::scope(|s| {
             let b = s.spawn(|| node_on(&etcd, SECRET));

@@ -96,6 +96,37 @@ pub(super) fn raw_put(etcd: &EtcdProcess, key: &[u8], value: &[u8]) {
     });
 }
 
+/// Deletes `key`'s record straight from etcd.
+pub(super) fn raw_delete(etcd: &EtcdProcess, key: &[u8]) {
+    let k = [DATA, key].concat();
+    with_etcd(etcd.url(), move |mut c| async move {
+        c.delete(k, None).await.unwrap();
+    });
+}
+
+/// Puts the store of stopped nodes back the way a version before record
+/// MACs kept it: every record's MAC stripped, the marker gone, the nodes'
+/// registrations (leased; an older node's would have lapsed too) deleted.
+/// The records it stripped, by store key, with their values.
+pub(super) fn as_before_record_macs(etcd: &EtcdProcess) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mac = RecordMac::derive(SECRET.as_bytes());
+    let mut clear = Vec::new();
+    for (k, v) in dump(etcd) {
+        let Some(k) = k.strip_prefix(DATA).map(<[u8]>::to_vec) else {
+            continue;
+        };
+        if k.starts_with(b"_nodes/") || k.starts_with(b"_pubsub_mesh_peers/") {
+            raw_delete(etcd, &k);
+        } else if RecordMac::covers(&k) {
+            let plain = mac.open(&k, &v[1..]).unwrap().to_vec();
+            raw_put(etcd, &k, &plain);
+            clear.push((k, plain));
+        }
+    }
+    raw_delete(etcd, meshgate::storage::MAC_MARKER);
+    clear
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -335,6 +366,7 @@ fn clear_records_are_sealed_on_start() {
     let token = json(&b)["access_token"].as_str().unwrap().to_string();
     old.kill9();
     // Put the records back the way the older version stored them: in the clear.
+    as_before_record_macs(&etcd);
     let seal = SealKey::derive(SECRET.as_bytes());
     let mut clear = Vec::new();
     for key in [&b"_cluster/server_secret"[..], b"_cluster/jwt_key"] {
@@ -372,6 +404,35 @@ fn clear_records_are_sealed_on_start() {
             (200, "hello".to_string())
         );
     }
+}
+
+/// In a store whose records carry MACs, the store writer replaces
+/// `_cluster/jwt_key` with a signing key of its own in the clear (as an
+/// older version kept it): the next node refuses to start rather than
+/// adopt it (it would sign and accept the writer's tokens), and the record
+/// is left as it is; the sealed key put back, nodes start again.
+#[test]
+fn clear_signing_key_refused_after_migration() {
+    let etcd = EtcdProcess::start_plain();
+    let first = node_on(&etcd, SECRET);
+    first.create_namespace("victim");
+    drop(first);
+    let sealed = raw_get(&etcd, b"_cluster/jwt_key").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    JwtKeys::load_or_generate(&dir.path().join("jwt.key")).unwrap();
+    let pkcs8 = std::fs::read(dir.path().join("jwt.key")).unwrap();
+    assert_eq!(pkcs8[0], 0x30, "PKCS#8 DER, as an older version stored it");
+    raw_put(&etcd, b"_cluster/jwt_key", &pkcs8);
+    let config = format!("{TEST_CONFIG}[cluster]\n{}", etcd.cluster_toml());
+    let err = start_fails(&config, &[("MESHGATE_CLUSTER_SECRET", SECRET)]);
+    assert!(
+        err.contains("cannot open _cluster/jwt_key: it is neither sealed nor a clear value"),
+        "{err}"
+    );
+    assert_eq!(raw_get(&etcd, b"_cluster/jwt_key").unwrap(), pkcs8);
+    raw_put(&etcd, b"_cluster/jwt_key", &sealed);
+    let again = node_on(&etcd, SECRET);
+    again.create_namespace("after");
 }
 
 /// (d) A node with another cluster secret refuses to start, saying why,

@@ -329,6 +329,7 @@ fn start_functions(
         namespace_concurrency: f.namespace_concurrency,
         queue_wait: std::time::Duration::from_millis(f.queue_wait_ms),
         max_module_bytes: f.max_module_bytes,
+        max_wat_bytes: f.max_wat_bytes,
         worker_nice: f.worker_nice,
         module_limits: crate::wasm::ModuleLimits {
             max_functions: f.max_functions,
@@ -343,6 +344,7 @@ fn start_functions(
             max_memories: f.max_memories,
             max_types: f.max_types,
             max_imports: f.max_imports,
+            max_nesting_depth: f.max_nesting_depth,
         },
         compile_concurrency: f.compile_concurrency,
         compile_timeout: std::time::Duration::from_millis(f.compile_timeout_ms),

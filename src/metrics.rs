@@ -143,6 +143,11 @@ pub struct Inner {
     /// Flushes of the embedded store (sled): one per group of durable writes
     /// waiting at once (0 on etcd, which has none).
     pub store_flushes: IntCounter,
+    /// Content-addressed blobs (modules, site files) stored after the last
+    /// blob sweep.
+    pub blobs_stored: IntGauge,
+    /// Blobs deleted by blob sweeps: named by no record any more.
+    pub blobs_deleted: IntCounter,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
@@ -481,6 +486,20 @@ impl Metrics {
                 IntCounter::new(
                     "meshgate_store_flushes_total",
                     "Flushes of the embedded store: one per group of durable writes waiting at once"
+                )
+                .unwrap()
+            ),
+            blobs_stored: reg!(
+                IntGauge::new(
+                    "meshgate_blobs",
+                    "Content-addressed blobs (modules, site files) stored after the last blob sweep"
+                )
+                .unwrap()
+            ),
+            blobs_deleted: reg!(
+                IntCounter::new(
+                    "meshgate_blobs_deleted_total",
+                    "Blobs deleted by blob sweeps: named by no record any more"
                 )
                 .unwrap()
             ),

@@ -876,6 +876,9 @@ async fn import_v2(
         .collect();
     store.check_atomic(&early).map_err(|why| not_atomic(&why))?;
     drop(early);
+    // Pinned until the records naming them are written: a blob sweep in
+    // between would delete them (`storage/blob_ledger.rs`).
+    let pins = crate::storage::blob_ledger::pin(store, needed.iter().map(String::as_str)).await?;
     for (sha, bytes) in &blobs {
         if needed.contains(sha) {
             let key = blob_key(sha);
@@ -923,6 +926,9 @@ async fn import_v2(
         drop(lock);
         return Err(e);
     }
+    pins.release().await;
+    // The namespace's former functions and sites may have left blobs unused.
+    node.blob_sweeps.request();
     let reloaded = node.deployments.reload().await;
     drop(lock);
     reloaded?;

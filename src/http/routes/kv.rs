@@ -820,7 +820,6 @@ async fn import_v2(
     for d in &e.deployments {
         needed.extend(d.blobs().map(str::to_string));
     }
-    check_declared(&e.functions, &e.deployments, &blobs)?;
     // Function modules pass the checks of a deploy: size, then compile
     // (which also warms the compiled-artifact cache).
     let modules: BTreeSet<&str> = e
@@ -843,6 +842,8 @@ async fn import_v2(
             node.functions.compile(&ns, bytes.clone()).await?;
         }
     }
+    // The declared sizes and counters, once each module is known to be one.
+    check_declared(&e.functions, &e.deployments, &blobs)?;
     // Every referenced blob must travel in the export, even one the store
     // already holds: a blob of another namespace is never reachable by
     // naming its hash.

@@ -606,8 +606,8 @@ pub struct FunctionsConfig {
     pub max_module_bytes: usize,
     /// Largest module accepted as WAT text, in bytes; over it 413
     /// MODULE_TOO_LARGE before the text is parsed (parsing text costs far
-    /// more memory than its size, and runs inside the compile gate). At
-    /// most `max_module_bytes`.
+    /// more memory than its size, and runs inside the compile gate).
+    /// `max_module_bytes` applies too: the lower of the two.
     pub max_wat_bytes: usize,
     /// The WASM workers' nice value, 0 to 19: above 0 the threads serving
     /// requests run first when guests keep every core busy; 0 runs guests
@@ -881,9 +881,6 @@ impl Config {
         }
         if self.functions.compile_concurrency == 0 {
             errors.push("functions.compile_concurrency: must be > 0".into());
-        }
-        if self.functions.max_wat_bytes > self.functions.max_module_bytes {
-            errors.push("functions.max_wat_bytes: must be <= functions.max_module_bytes".into());
         }
         if self.functions.max_nesting_depth == 0 {
             errors.push("functions.max_nesting_depth: must be > 0".into());

@@ -630,6 +630,11 @@ pub struct FunctionsConfig {
     pub queue_wait_ms: u64,
     /// Largest module accepted by a deploy, in bytes.
     pub max_module_bytes: usize,
+    /// Largest module accepted as WAT text, in bytes; over it 413
+    /// MODULE_TOO_LARGE before the text is parsed (parsing text costs far
+    /// more memory than its size, and runs inside the compile gate).
+    /// `max_module_bytes` applies too: the lower of the two.
+    pub max_wat_bytes: usize,
     /// The WASM workers' nice value, 0 to 19: above 0 the threads serving
     /// requests run first when guests keep every core busy; 0 runs guests
     /// at the same priority.
@@ -666,6 +671,8 @@ pub struct FunctionsConfig {
     pub max_types: u32,
     /// Most imports.
     pub max_imports: u32,
+    /// Deepest nesting of blocks (`block`, `loop`, `if`) in one function.
+    pub max_nesting_depth: u32,
 }
 
 impl Default for FunctionsConfig {
@@ -676,6 +683,7 @@ impl Default for FunctionsConfig {
             namespace_concurrency: 64,
             queue_wait_ms: 3_000,
             max_module_bytes: 16 << 20,
+            max_wat_bytes: 4 << 20,
             worker_nice: 10,
             compile_concurrency: 2,
             compile_timeout_ms: 10_000,
@@ -691,6 +699,7 @@ impl Default for FunctionsConfig {
             max_memories: 1,
             max_types: 10_000,
             max_imports: 10_000,
+            max_nesting_depth: 4_096,
         }
     }
 }
@@ -900,6 +909,9 @@ impl Config {
         }
         if self.functions.compile_concurrency == 0 {
             errors.push("functions.compile_concurrency: must be > 0".into());
+        }
+        if self.functions.max_nesting_depth == 0 {
+            errors.push("functions.max_nesting_depth: must be > 0".into());
         }
         if !(1..=600_000).contains(&self.functions.compile_timeout_ms) {
             errors.push("functions.compile_timeout_ms: must be 1..=600000".into());

@@ -92,6 +92,7 @@ codes! {
     HostReserved = "HOST_RESERVED", 400, Client, false;
     InvalidCron = "INVALID_CRON", 400, Client, false;
     InvalidExport = "INVALID_EXPORT", 400, Client, false;
+    ImportSizeMismatch = "IMPORT_SIZE_MISMATCH", 400, Client, false;
     InvalidField = "INVALID_FIELD", 400, Client, false;
     InvalidGrant = "INVALID_GRANT", 400, Client, false;
     InvalidHost = "INVALID_HOST", 400, Client, false;

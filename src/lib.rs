@@ -21,7 +21,8 @@
 //!   families, wallet nonces).
 //! - `storage/`: the ordered-KV trait and its backends (sled; etcd with `cluster`,
 //!   over TLS and with users), the seal of the secrets kept in the shared store,
-//!   and the MAC on the records that confer authority (keys, namespaces, refresh tokens).
+//!   the MAC on the records that confer authority (keys, namespaces, refresh tokens),
+//!   and the blob ledger (pins, and the sweep of blobs no record names).
 //! - `cluster/` (cargo feature `cluster`): the pub/sub mesh between nodes
 //!   (gated libp2p GossipSub, registry in the shared store, per-publisher
 //!   ordering) and the node's mesh identity.

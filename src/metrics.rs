@@ -146,6 +146,11 @@ pub struct Inner {
     /// Store records refused on read: a MAC that fails (edited, moved or
     /// swapped in the store), or a blob whose bytes do not match its hash.
     pub store_records_refused: IntCounter,
+    /// Content-addressed blobs (modules, site files) stored after the last
+    /// blob sweep.
+    pub blobs_stored: IntGauge,
+    /// Blobs deleted by blob sweeps: named by no record any more.
+    pub blobs_deleted: IntCounter,
     /// Sequence numbers given up on after a gap timed out or a buffer filled.
     pub mesh_gaps_skipped: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
@@ -491,6 +496,20 @@ impl Metrics {
                 IntCounter::new(
                     "meshgate_store_records_refused_total",
                     "Store records refused on read: a MAC or blob hash that does not verify"
+                )
+                .unwrap()
+            ),
+            blobs_stored: reg!(
+                IntGauge::new(
+                    "meshgate_blobs",
+                    "Content-addressed blobs (modules, site files) stored after the last blob sweep"
+                )
+                .unwrap()
+            ),
+            blobs_deleted: reg!(
+                IntCounter::new(
+                    "meshgate_blobs_deleted_total",
+                    "Blobs deleted by blob sweeps: named by no record any more"
                 )
                 .unwrap()
             ),

@@ -227,6 +227,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
                 .unwrap_or_default()
         });
     }
+    let blob_sweeps = crate::storage::blob_ledger::SweepRequests::default();
     let node = Node(Arc::new(NodeInner {
         config,
         store: store.clone(),
@@ -247,6 +248,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         dashboard: Default::default(),
         functions,
         deployments,
+        blob_sweeps: blob_sweeps.clone(),
         live: Default::default(),
         exports: Default::default(),
         cluster: std::sync::OnceLock::new(),
@@ -297,6 +299,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     if let Some(sled) = store.as_sled() {
         spawn_sweeper(sled.clone());
     }
+    spawn_blob_sweeper(store.clone(), blob_sweeps, node.metrics.clone());
     crate::http::dashboard::spawn_sampler(&node);
     // Sessions opened with an operator key that is no longer the key end now.
     let sweeping = node.clone();
@@ -348,6 +351,7 @@ fn start_functions(
         namespace_concurrency: f.namespace_concurrency,
         queue_wait: std::time::Duration::from_millis(f.queue_wait_ms),
         max_module_bytes: f.max_module_bytes,
+        max_wat_bytes: f.max_wat_bytes,
         worker_nice: f.worker_nice,
         module_limits: crate::wasm::ModuleLimits {
             max_functions: f.max_functions,
@@ -362,6 +366,7 @@ fn start_functions(
             max_memories: f.max_memories,
             max_types: f.max_types,
             max_imports: f.max_imports,
+            max_nesting_depth: f.max_nesting_depth,
         },
         compile_concurrency: f.compile_concurrency,
         compile_timeout: std::time::Duration::from_millis(f.compile_timeout_ms),
@@ -618,6 +623,50 @@ async fn open_store(config: &Config) -> anyhow::Result<Store> {
         other => anyhow::anyhow!(other),
     })
 }
+
+/// Sweeps the blobs no record names (`storage/blob_ledger.rs`) at start,
+/// when a change asks for it, and every [`BLOB_SWEEP_INTERVAL`] (changes made
+/// through other members of a cluster, pins whose writer died). Requests
+/// made during a sweep are answered by one more sweep.
+fn spawn_blob_sweeper(
+    store: Store,
+    requests: crate::storage::blob_ledger::SweepRequests,
+    metrics: Metrics,
+) {
+    actix_web::rt::spawn(async move {
+        // Once at start (blobs left by a node that stopped, or by a version
+        // without the sweep), then when asked or every interval.
+        let mut first = true;
+        loop {
+            if !std::mem::take(&mut first) {
+                tokio::select! {
+                    () = requests.wanted() => {}
+                    () = tokio::time::sleep(BLOB_SWEEP_INTERVAL) => {}
+                }
+            }
+            match crate::storage::blob_ledger::sweep(&store).await {
+                Ok(s) => {
+                    if s.deleted > 0 {
+                        // Durable now: on sled the freed space is given
+                        // back once the deletions reach the disk.
+                        let _ = crate::storage::OrderedKv::flush(&store).await;
+                        tracing::info!(
+                            blobs = s.blobs,
+                            deleted = s.deleted,
+                            "Unused blobs deleted."
+                        );
+                    }
+                    metrics.blobs_deleted.inc_by(s.deleted as u64);
+                    metrics.blobs_stored.set((s.blobs - s.deleted) as i64);
+                }
+                Err(e) => tracing::warn!(error = %e, "Blob sweep failed; retried at the next one."),
+            }
+        }
+    });
+}
+
+/// How often the blob sweeper runs without being asked.
+const BLOB_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 
 fn spawn_sweeper(store: crate::storage::SledStore) {
     actix_web::rt::spawn(async move {

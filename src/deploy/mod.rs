@@ -437,6 +437,14 @@ impl Deployments {
         // not hold it near its time to live): a failure after this leaves
         // only unreferenced blobs, never a record pointing at missing bytes.
         // One file in memory at a time (at most `max_site_file_bytes`).
+        // Each pinned until the version naming it is written: a blob sweep
+        // in between would delete it (`storage/blob_ledger.rs`); dropped on
+        // a failure, the pins go and so do the blobs, at the next sweep.
+        let pins = crate::storage::blob_ledger::pin(
+            &self.store,
+            new.blobs.iter().map(|(sha, _)| sha.as_str()),
+        )
+        .await?;
         for (sha, path) in &new.blobs {
             let key = crate::storage::blob_key(sha);
             if self.store.get(&key).await?.is_none() {
@@ -496,6 +504,7 @@ impl Deployments {
         )?;
         ops.push(BatchOp::Put(usage_key(ns, Group::Deployments), u.encode()));
         self.commit(ops).await?;
+        pins.release().await;
         tracing::info!(namespace = ns, deployment = %new.name, version, "Deployment created.");
         Ok(view(&rec, &ver, None))
     }

@@ -64,6 +64,9 @@ pub struct NodeInner {
     pub functions: crate::actors::FunctionsService,
     /// Host-routed deployments: records and the routing index.
     pub deployments: Arc<crate::deploy::Deployments>,
+    /// Asks the node's blob sweeper for a sweep: after a change that may
+    /// leave module or site-file blobs named by no record.
+    pub blob_sweeps: crate::storage::blob_ledger::SweepRequests,
     /// Each namespace's sockets and subscriptions on this node, against its quotas.
     pub live: crate::quota::LiveCounts,
     /// The namespaces whose export is being built or sent from this node:

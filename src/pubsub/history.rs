@@ -249,6 +249,15 @@ pub struct ExportedPublication {
     pub data_base64: String,
 }
 
+/// The largest offset (a topic's `top`) an import may carry: 2^53, the
+/// largest integer every JSON client reads exactly, so the topic's next
+/// offsets can never wrap.
+pub const MAX_IMPORTED_OFFSET: u64 = 1 << 53;
+
+/// How far ahead of this node's clock an imported publication's timestamp
+/// may be (another node's clock may run ahead): one day, in milliseconds.
+const IMPORT_CLOCK_SLACK_MS: u64 = 86_400_000;
+
 /// An imported topic that passed [`check_import`].
 #[derive(Debug)]
 pub struct CheckedTopic {
@@ -258,8 +267,9 @@ pub struct CheckedTopic {
 }
 
 /// Checks an export's `history`: valid topics, each once; an epoch of 1 to
-/// 64 letters, digits or `-`; offsets from 1, strictly increasing and at
-/// most `top`; base64 payloads; the payloads' total within `max_bytes` (the
+/// 64 letters, digits or `-`; a `top` at most [`MAX_IMPORTED_OFFSET`];
+/// offsets from 1, strictly increasing and at most `top`; timestamps at
+/// most a day ahead of the node's clock; base64 payloads; the payloads' total within `max_bytes` (the
 /// namespace's `history_bytes` quota and the node's cap, whichever is lower:
 /// 413 `QUOTA_EXCEEDED` past it); at most `max_topics` topics (its
 /// `history_topics` quota: 429 past it). The error says which entry is wrong.
@@ -277,6 +287,8 @@ pub fn check_import(
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
     let mut out = Vec::with_capacity(topics.len());
+    // A publication stamped in the future would outlive its rule's ttl.
+    let latest_timestamp = super::protocol::now_ms().saturating_add(IMPORT_CLOCK_SLACK_MS);
     for t in topics {
         super::protocol::check_topic(&t.topic)
             .map_err(|e| ImportError::Invalid(format!("history topic {:?}: {e}", t.topic)))?;
@@ -298,6 +310,15 @@ pub fn check_import(
                 t.topic
             )));
         }
+        // Counters continue from what is imported: a top near u64::MAX
+        // would wrap the next offset to 0 (clients take 0 as "from the
+        // start").
+        if t.top > MAX_IMPORTED_OFFSET {
+            return Err(ImportError::Invalid(format!(
+                "history topic {:?}: top {} is above {MAX_IMPORTED_OFFSET}",
+                t.topic, t.top
+            )));
+        }
         let mut last = 0u64;
         let mut entries = Vec::with_capacity(t.publications.len());
         for p in &t.publications {
@@ -308,6 +329,13 @@ pub fn check_import(
                 )));
             }
             last = p.offset;
+            if p.timestamp > latest_timestamp {
+                return Err(ImportError::Invalid(format!(
+                    "history topic {:?}: the publication at offset {} is timestamped {} ms, \
+                     more than a day ahead of this node's clock",
+                    t.topic, p.offset, p.timestamp
+                )));
+            }
             let data =
                 base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &p.data_base64)
                     .map_err(|_| {

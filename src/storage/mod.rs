@@ -16,6 +16,8 @@
 
 #![forbid(unsafe_code)]
 
+mod blob_files;
+pub mod blob_ledger;
 #[cfg(all(test, feature = "cluster"))]
 pub(crate) mod etcd_process;
 #[cfg(feature = "cluster")]

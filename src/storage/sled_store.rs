@@ -37,6 +37,14 @@ pub struct SledStore {
     /// Counts the flushes the group-commit thread made, once the node gave it
     /// its metric ([`SledStore::count_flushes`]).
     flushes: Arc<std::sync::OnceLock<prometheus::IntCounter>>,
+    /// Content-addressed blobs, one file each (`blob_files.rs`).
+    blobs: Arc<BlobFiles>,
+}
+
+use super::blob_files::BlobFiles;
+
+fn blob_io(e: std::io::Error) -> StoreError {
+    StoreError::Unavailable(format!("a blob file: {e}"))
 }
 
 /// Answered once the flush that covers the waiting write is done (or failed).
@@ -176,9 +184,11 @@ impl SledStore {
                 .insert(EXPIRY_INDEXED, &[])
                 .map_err(|e| unusable(e.to_string()))?;
         }
+        let blobs = Arc::new(BlobFiles::open(data_dir).map_err(|e| unusable(e.to_string()))?);
         let flushes = Arc::new(std::sync::OnceLock::new());
         let (flusher, thread) = spawn_flusher(db.clone(), flushes.clone());
         Ok(SledStore {
+            blobs,
             db,
             expiry,
             flusher,
@@ -325,8 +335,21 @@ impl SledStore {
     fn apply_batch_buffered(&self, ops: Vec<BatchOp>) -> StoreResult<()> {
         let mut batch = sled::Batch::default();
         let mut keys = Vec::with_capacity(ops.len());
+        // Blob files are written before the batch (a record written with it
+        // may name them) and deleted after it.
+        let mut blob_deletes = Vec::new();
         for op in ops {
             match op {
+                BatchOp::Put(k, v) if BlobFiles::name(&k).is_some() => {
+                    let name = BlobFiles::name(&k).unwrap_or_default();
+                    self.blobs.put(name, &v).map_err(blob_io)?;
+                }
+                BatchOp::Delete(k) if BlobFiles::name(&k).is_some() => {
+                    // A blob an older version kept in the tree goes too.
+                    batch.remove(&k[..]);
+                    blob_deletes.push(k.clone());
+                    keys.push(k);
+                }
                 BatchOp::Put(k, v) => {
                     batch.insert(&k[..], encode(&v, None));
                     keys.push(k);
@@ -338,6 +361,10 @@ impl SledStore {
             }
         }
         self.db.apply_batch(batch).map_err(unavailable)?;
+        for k in &blob_deletes {
+            let name = BlobFiles::name(k).unwrap_or_default();
+            self.blobs.delete(name).map_err(blob_io)?;
+        }
         self.wrote(keys.iter().map(Vec::as_slice));
         Ok(())
     }
@@ -376,31 +403,61 @@ impl SledStore {
         F: Fn(&[Option<Vec<u8>>]) -> Result<(Vec<BatchOp>, T), E>,
     {
         use sled::transaction::{ConflictableTransactionError, TransactionError};
-        let r = self.db.transaction(|tx| {
-            let now = now_ms();
-            let mut values = Vec::with_capacity(keys.len());
-            for k in keys {
-                let raw = tx.get(k)?;
-                values.push(raw.and_then(|r| decode(&r, now).map(<[u8]>::to_vec)));
-            }
-            let (ops, out) = decide(&values).map_err(ConflictableTransactionError::Abort)?;
-            let mut keys_written = Vec::with_capacity(ops.len());
-            for op in ops {
-                match op {
-                    BatchOp::Put(k, v) => {
-                        tx.insert(&k[..], encode(&v, None))?;
-                        keys_written.push(k);
+        // Blob files change after the tree's transaction, under the blob
+        // lock held from before it: the next guarded change sees both.
+        let r = {
+            let _guard = self.blobs.lock.lock();
+            let r = self.db.transaction(|tx| {
+                let now = now_ms();
+                let mut values = Vec::with_capacity(keys.len());
+                for k in keys {
+                    let raw = tx.get(k)?;
+                    values.push(raw.and_then(|r| decode(&r, now).map(<[u8]>::to_vec)));
+                }
+                let (ops, out) = decide(&values).map_err(ConflictableTransactionError::Abort)?;
+                let mut keys_written = Vec::with_capacity(ops.len());
+                let mut blob_ops = Vec::new();
+                for op in ops {
+                    match op {
+                        BatchOp::Put(k, v) if BlobFiles::name(&k).is_some() => {
+                            blob_ops.push(BatchOp::Put(k, v));
+                        }
+                        BatchOp::Delete(k) if BlobFiles::name(&k).is_some() => {
+                            tx.remove(&k[..])?;
+                            blob_ops.push(BatchOp::Delete(k.clone()));
+                            keys_written.push(k);
+                        }
+                        BatchOp::Put(k, v) => {
+                            tx.insert(&k[..], encode(&v, None))?;
+                            keys_written.push(k);
+                        }
+                        BatchOp::Delete(k) => {
+                            tx.remove(&k[..])?;
+                            keys_written.push(k);
+                        }
                     }
-                    BatchOp::Delete(k) => {
-                        tx.remove(&k[..])?;
-                        keys_written.push(k);
+                }
+                Ok((out, keys_written, blob_ops))
+            });
+            if let Ok((_, _, blob_ops)) = &r {
+                for op in blob_ops {
+                    match op {
+                        BatchOp::Put(k, v) => self
+                            .blobs
+                            .put(BlobFiles::name(k).unwrap_or_default(), v)
+                            .map_err(blob_io)?,
+                        BatchOp::Delete(k) => {
+                            self.blobs
+                                .delete(BlobFiles::name(k).unwrap_or_default())
+                                .map_err(blob_io)?;
+                        }
                     }
                 }
             }
-            Ok((out, keys_written))
-        });
+            r
+        };
         match r {
-            Ok((out, keys_written)) => {
+            Ok((out, keys_written, _)) => {
                 self.wrote(keys_written.iter().map(Vec::as_slice));
                 self.durable().await?;
                 Ok(Ok(out))
@@ -414,6 +471,16 @@ impl SledStore {
     /// copying their values out (a listing must not cost what the values
     /// weigh).
     pub fn scan_keys(&self, prefix: &[u8], limit: usize) -> StoreResult<Vec<Vec<u8>>> {
+        if BlobFiles::covers(prefix) {
+            let mut keys = self.blobs.keys(prefix).map_err(blob_io)?;
+            for r in self.live(prefix, now_ms()) {
+                keys.push(r?.0.to_vec());
+            }
+            keys.sort();
+            keys.dedup();
+            keys.truncate(limit);
+            return Ok(keys);
+        }
         self.live(prefix, now_ms())
             .take(limit)
             .map(|r| r.map(|(k, _)| k.to_vec()))
@@ -452,11 +519,19 @@ impl SledStore {
 
 impl OrderedKv for SledStore {
     async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        if let Some(name) = BlobFiles::name(key)
+            && let Some(bytes) = self.blobs.get(name).map_err(blob_io)?
+        {
+            return Ok(Some(bytes));
+        }
         let raw = self.db.get(key).map_err(unavailable)?;
         Ok(raw.and_then(|r| decode(&r, now_ms()).map(<[u8]>::to_vec)))
     }
 
     async fn put(&self, key: &[u8], value: &[u8]) -> StoreResult<()> {
+        if let Some(name) = BlobFiles::name(key) {
+            return self.blobs.put(name, value).map_err(blob_io);
+        }
         self.db
             .insert(key, encode(value, None))
             .map_err(unavailable)?;
@@ -473,10 +548,14 @@ impl OrderedKv for SledStore {
     }
 
     async fn delete(&self, key: &[u8]) -> StoreResult<bool> {
+        let file = match BlobFiles::name(key) {
+            Some(name) => self.blobs.delete(name).map_err(blob_io)?,
+            None => false,
+        };
         let old = self.db.remove(key).map_err(unavailable)?;
         self.wrote([key]);
         self.durable().await?;
-        Ok(old.is_some_and(|r| decode(&r, now_ms()).is_some()))
+        Ok(file || old.is_some_and(|r| decode(&r, now_ms()).is_some()))
     }
 
     async fn scan_prefix(
@@ -485,6 +564,15 @@ impl OrderedKv for SledStore {
         limit: usize,
     ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
         let now = now_ms();
+        if BlobFiles::covers(prefix) {
+            let mut rows = Vec::new();
+            for k in self.scan_keys(prefix, limit)? {
+                if let Some(v) = self.get(&k).await? {
+                    rows.push((k, v));
+                }
+            }
+            return Ok(rows);
+        }
         self.live(prefix, now)
             .take(limit)
             .map(|r| {

@@ -70,6 +70,10 @@ pub struct WasmConfig {
     pub queue_wait: Duration,
     /// Largest module accepted, in bytes; default 16 MiB.
     pub max_module_bytes: usize,
+    /// Largest module accepted as WAT text, in bytes; default 4 MiB. Text
+    /// costs far more to parse than its size (a 16 MiB text of empty
+    /// functions took +1 GiB), and it is parsed inside the compile gate.
+    pub max_wat_bytes: usize,
     /// Epoch tick, in milliseconds: the granularity of deadlines; default 5.
     pub epoch_tick_ms: u64,
     /// The workers' nice value (0 to 19; 0 leaves them at the request
@@ -103,6 +107,7 @@ impl Default for WasmConfig {
             namespace_concurrency: 64,
             queue_wait: Duration::from_secs(3),
             max_module_bytes: 16 << 20,
+            max_wat_bytes: 4 << 20,
             worker_nice: super::priority::WORKER_NICE,
             epoch_tick_ms: 5,
             module_limits: ModuleLimits::default(),
@@ -349,6 +354,8 @@ struct Inner {
     pool: Pool,
     /// [`WasmConfig::max_module_bytes`].
     max_module_bytes: usize,
+    /// [`WasmConfig::max_wat_bytes`].
+    max_wat_bytes: usize,
     /// [`WasmConfig::module_limits`].
     module_limits: ModuleLimits,
     /// Bounds the compiles of [`WasmEngine::compile_bounded`].
@@ -487,6 +494,7 @@ impl WasmEngine {
                 cache,
                 pool,
                 max_module_bytes: cfg.max_module_bytes,
+                max_wat_bytes: cfg.max_wat_bytes,
                 module_limits: cfg.module_limits,
                 gate: CompileGate::new(cfg.compile_concurrency),
                 compile_timeout: cfg.compile_timeout,
@@ -497,6 +505,7 @@ impl WasmEngine {
     /// Validates, compiles (or loads from the artifact cache) and links a
     /// module, with the size and count limits checked first, outside the
     /// compile gate (the paths that load what a deploy already checked).
+    /// WAT text is refused over `max_wat_bytes` before it is parsed.
     ///
     /// Compiling is CPU-bound (milliseconds to seconds): call it from a
     /// blocking context (`spawn_blocking`, `web::block`), not on an event loop.
@@ -546,20 +555,40 @@ impl WasmEngine {
             return Err(WasmError::ModuleTooLarge {
                 size: wasm.len(),
                 max: inner.max_module_bytes,
+                key: "max_module_bytes",
             });
         }
         check_module_shape(wasm)?;
-        // WAT text becomes a binary here, so the counts see what is compiled.
-        let binary: std::borrow::Cow<'_, [u8]> = if wasm.starts_with(WASM_MAGIC) {
-            std::borrow::Cow::Borrowed(wasm)
-        } else {
-            std::borrow::Cow::Owned(
-                wat::parse_bytes(wasm)
-                    .map_err(|e| WasmError::InvalidModule(format!("not valid WAT text: {e}")))?
-                    .into_owned(),
-            )
+        let is_text = !wasm.starts_with(WASM_MAGIC);
+        if is_text && wasm.len() > inner.max_wat_bytes {
+            return Err(WasmError::ModuleTooLarge {
+                size: wasm.len(),
+                max: inner.max_wat_bytes,
+                key: "max_wat_bytes",
+            });
+        }
+        // A binary's counts are checked before it takes a compile slot (a
+        // cheap read of its headers); WAT text is parsed only inside the
+        // slot, since parsing it costs memory far out of proportion to its
+        // size (see gate.rs), and its counts after.
+        if !is_text {
+            check_shape(wasm, &inner.module_limits)?;
+        }
+        let take_slot = || match bounded {
+            Some((ns, deadline, queue)) => inner.gate.enter(ns, deadline, queue).map(Some),
+            None => Ok(None),
         };
-        check_shape(&binary, &inner.module_limits)?;
+        let mut slot = None;
+        let binary: std::borrow::Cow<'_, [u8]> = if is_text {
+            slot = take_slot()?;
+            let binary = wat::parse_bytes(wasm)
+                .map_err(|e| WasmError::InvalidModule(format!("not valid WAT text: {e}")))?
+                .into_owned();
+            check_shape(&binary, &inner.module_limits)?;
+            std::borrow::Cow::Owned(binary)
+        } else {
+            std::borrow::Cow::Borrowed(wasm)
+        };
         let engine = &inner.runtime.engine;
         let digest = ring::digest::digest(&ring::digest::SHA256, wasm);
         let mut sha256 = [0u8; 32];
@@ -568,10 +597,9 @@ impl WasmEngine {
         let (module, cached) = match inner.cache.load(engine, &sha256) {
             Some(module) => (module, true),
             None => {
-                let _slot = match bounded {
-                    Some((ns, deadline, queue)) => Some(inner.gate.enter(ns, deadline, queue)?),
-                    None => None,
-                };
+                if slot.is_none() {
+                    slot = take_slot()?;
+                }
                 let module = Module::new(engine, &binary).map_err(|e| {
                     WasmError::InvalidModule(format!("not a valid WebAssembly binary: {e:#}"))
                 })?;
@@ -586,6 +614,8 @@ impl WasmEngine {
                 (module, false)
             }
         };
+        drop(binary);
+        drop(slot);
         for import in module.imports() {
             let key = format!("{}::{}", import.module(), import.name());
             if !inner.known_imports.contains(&key) {

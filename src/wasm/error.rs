@@ -19,13 +19,16 @@ pub enum WasmError {
     /// The module imports something the host does not provide, as `module::name`.
     #[error("unknown import: {0}")]
     UnknownImport(String),
-    /// The module is bigger than `WasmConfig::max_module_bytes`.
-    #[error("module too large: {size} bytes, the limit is {max}")]
+    /// The module is bigger than `WasmConfig::max_module_bytes` (or, as
+    /// WAT text, than `max_wat_bytes`).
+    #[error("module too large: {size} bytes, the limit is {max} ([functions] {key})")]
     ModuleTooLarge {
         /// Size of the module, in bytes.
         size: usize,
         /// The limit, in bytes.
         max: usize,
+        /// The limit's config key.
+        key: &'static str,
     },
     /// The module declares more than a `[functions]` limit allows (functions,
     /// locals, globals, data...): refused before it is compiled. The message

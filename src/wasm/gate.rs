@@ -9,7 +9,10 @@
 //! namespaces wait for a free slot until their deadline (`CompileTimeout`,
 //! 503 `COMPILE_TIMEOUT`). An invocation's compile of a stored module (a
 //! cache miss: a new member of a cluster, a wiped cache) takes a slot too,
-//! but waits behind its namespace's compile instead of being refused. A compile that is running cannot be stopped:
+//! but waits behind its namespace's compile instead of being refused. A
+//! module sent as WAT text is parsed inside its slot too: parsing text
+//! costs more memory than compiling what it describes (a 16 MiB text of
+//! empty functions took +1 GiB), so it must not run beside the gate. A compile that is running cannot be stopped:
 //! past its deadline its caller is answered and its result is dropped, and
 //! it keeps its slot until it ends, so the bound holds for what really runs.
 

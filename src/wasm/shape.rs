@@ -1,7 +1,8 @@
 //! Limits checked before a module is compiled: what it declares (functions,
 //! locals, globals, data, element segments, tables, memories, types, the
-//! largest function body) is counted with wasmtime's own parser and refused
-//! over the node's `[functions]` limits.
+//! largest function body, the deepest nesting of blocks in one body) is
+//! counted with wasmtime's own parser and refused over the node's
+//! `[functions]` limits.
 //!
 //! Why: compiling costs time and memory in proportion to what a module
 //! declares, not to its size on the wire. A 2 MiB module of 100,000 empty
@@ -9,9 +10,10 @@
 //! stopped once it runs (the deadline of `gate.rs` only stops waiting for
 //! it). wasmtime 48 has no setting for these counts; its validator's fixed
 //! caps (1,000,000 functions, 50,000 locals per function, 1,000,000 globals)
-//! are far above what a node can afford to compile. Counting reads the
-//! section headers and each body's locals, never the instructions: a few
-//! milliseconds for the largest module accepted.
+//! are far above what a node can afford to compile; nesting depth is
+//! counted here too. Counting reads the section headers, each body's locals
+//! and its operators once (for the nesting): milliseconds for the largest
+//! module accepted, without the validator's or the compiler's state.
 
 #![forbid(unsafe_code)]
 
@@ -51,6 +53,10 @@ pub struct ModuleLimits {
     pub max_types: u32,
     /// Imports; default 10,000 (each must also be one the host provides).
     pub max_imports: u32,
+    /// Deepest nesting of `block`/`loop`/`if`/`try` in one function body;
+    /// default 4,096 (a compiler's translation holds a frame per level: a
+    /// 1 MiB body of nested blocks took +330 MB to compile).
+    pub max_nesting_depth: u32,
 }
 
 impl Default for ModuleLimits {
@@ -68,6 +74,7 @@ impl Default for ModuleLimits {
             max_memories: 1,
             max_types: 10_000,
             max_imports: 10_000,
+            max_nesting_depth: 4_096,
         }
     }
 }
@@ -88,6 +95,44 @@ fn check(what: &str, value: u64, limit: u64, key: &str) -> Result<()> {
 
 fn invalid(e: wasmparser::BinaryReaderError) -> WasmError {
     WasmError::InvalidModule(format!("not a valid WebAssembly binary: {e}"))
+}
+
+/// Refuses a function body whose control frames (`block`, `loop`, `if`,
+/// `try`, `try_table`) nest deeper than `limit`, reading its operators
+/// once, before the validator or the compiler sees it. A body that does not
+/// parse is left to the compiler's validation.
+fn check_nesting(body: &wasmparser::FunctionBody<'_>, limit: u32) -> Result<()> {
+    use wasmparser::Operator;
+    let Ok(mut ops) = body.get_operators_reader() else {
+        return Ok(());
+    };
+    let (mut depth, mut deepest) = (0u64, 0u64);
+    while !ops.eof() {
+        let Ok(op) = ops.read() else {
+            return Ok(());
+        };
+        match op {
+            Operator::Block { .. }
+            | Operator::Loop { .. }
+            | Operator::If { .. }
+            | Operator::Try { .. }
+            | Operator::TryTable { .. } => {
+                depth += 1;
+                if depth > deepest {
+                    deepest = depth;
+                    check(
+                        "levels of nested blocks in one function",
+                        deepest,
+                        limit.into(),
+                        "max_nesting_depth",
+                    )?;
+                }
+            }
+            Operator::End => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Counts what the binary module `wasm` declares and refuses it with
@@ -192,6 +237,7 @@ pub(crate) fn check_shape(wasm: &[u8], limits: &ModuleLimits) -> Result<()> {
                         "max_locals_per_function",
                     )?;
                 }
+                check_nesting(&body, l.max_nesting_depth)?;
                 locals_total += locals;
                 check(
                     "locals in all functions",

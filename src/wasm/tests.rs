@@ -520,7 +520,8 @@ fn module_too_large() {
         err,
         WasmError::ModuleTooLarge {
             size: ECHO.len(),
-            max: 1024
+            max: 1024,
+            key: "max_module_bytes",
         }
     );
 }

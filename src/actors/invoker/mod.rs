@@ -569,6 +569,10 @@ impl Invoker {
             u.apply(&limits, &planned.deltas)
                 .map_err(FnError::Refused)?;
         }
+        // Pinned before it is looked for, until the record naming it is
+        // written: a blob sweep between the two would delete it
+        // (`storage/blob_ledger.rs`).
+        let pins = crate::storage::blob_ledger::pin(store, [sha.as_str()]).await?;
         let blob = blob_key(&sha);
         if store.get(&blob).await?.is_none() {
             store.put(&blob, &req.wasm).await?;
@@ -604,6 +608,7 @@ impl Invoker {
                 Some(Err(None)) | None => continue,
             }
         };
+        pins.release().await;
         tracing::info!(namespace = %self.ns, function = %req.name, version, "Function deployed.");
         let deployed = Deployed {
             name: req.name.clone(),
@@ -769,8 +774,9 @@ impl Invoker {
         Ok(out)
     }
 
-    /// Deletes a function with its versions and records (blobs are shared,
-    /// kept), giving back its `functions` and `module_bytes` quota in the
+    /// Deletes a function with its versions and records (its module blobs
+    /// are shared: the blob sweep deletes those no record names any more,
+    /// `storage/blob_ledger.rs`), giving back its `functions` and `module_bytes` quota in the
     /// same guarded change.
     /// As [`Invoker::deploy`], through the supervisor only.
     pub async fn delete(&self, name: &str) -> FnResult<Change> {

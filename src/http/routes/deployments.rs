@@ -186,7 +186,12 @@ async fn create(
     };
     ctx.require("deployments", "deploy", &new.name)?;
     let limits = node.limits(&ctx.name).await?;
-    let d = node.deployments.create(&ctx.name, new, &limits).await?;
+    let d = node.deployments.create(&ctx.name, new, &limits).await;
+    if d.is_err() && _site.is_some() {
+        // Site files stored before the refusal are named by no record.
+        node.blob_sweeps.request();
+    }
+    let d = d?;
     Ok(HttpResponse::Created().json(json!({"ok": true, "deployment": d})))
 }
 
@@ -481,6 +486,8 @@ async fn delete(
 ) -> ApiResult<HttpResponse> {
     ctx.require("deployments", "deploy", &name)?;
     node.deployments.delete(&ctx.name, &name).await?;
+    // Its site files go once no other record names them.
+    node.blob_sweeps.request();
     node.metrics.route_activity.forget(&ctx.name, &name);
     Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name.into_inner()})))
 }

@@ -249,7 +249,11 @@ async fn deploy(node: web::Data<Node>, ctx: NsCtx, mp: Multipart) -> ApiResult<H
     ctx.require("functions", "deploy", &req.name)?;
     // Validate and compile before anything is written.
     let module = node.functions.compile(&ctx.name, req.wasm.clone()).await?;
-    let deployed = ctx.handle.ask(DeployFunction { req, module }).await??;
+    let deployed = ctx.handle.ask(DeployFunction { req, module }).await?;
+    // An evicted version's module, or the module of a refused deploy, may
+    // be named by no record now.
+    node.blob_sweeps.request();
+    let deployed = deployed?;
     Ok(HttpResponse::Created().json(json!({"ok": true, "function": deployed})))
 }
 
@@ -280,13 +284,19 @@ async fn versions(ctx: NsCtx, name: web::Path<String>) -> ApiResult<HttpResponse
     Ok(HttpResponse::Ok().json(json!({"versions": v})))
 }
 
-async fn delete(ctx: NsCtx, name: web::Path<String>) -> ApiResult<HttpResponse> {
+async fn delete(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     ctx.require("functions", "deploy", &name)?;
     ctx.handle
         .ask(DeleteFunction {
             name: name.into_inner(),
         })
         .await??;
+    // Its modules go once no other record names them.
+    node.blob_sweeps.request();
     Ok(HttpResponse::Ok().json(json!({"ok": true})))
 }
 

@@ -654,6 +654,90 @@ fn open_export_secret(
     }
 }
 
+/// The largest version number, and the largest byte count, an import may
+/// declare: 2^53, the largest integer every JSON client reads exactly; the
+/// next version (one more) can never wrap, and a size never turns negative
+/// where usage is counted.
+pub const MAX_IMPORTED_COUNT: u64 = 1 << 53;
+
+/// The counters an import declares (version numbers, a deployment's
+/// `latest` and `active`) within [`MAX_IMPORTED_COUNT`] (400
+/// `INVALID_EXPORT`), and the sizes it declares against the bytes it
+/// carries (400 `IMPORT_SIZE_MISMATCH`): a function version's `size_bytes` is its
+/// module's length, a site file's `size` its blob's length, and a site's
+/// `total_bytes` at least the sum of its files (a tarball's overwritten
+/// entries count too) and at most [`MAX_IMPORTED_COUNT`]. Quotas are
+/// counted from these, so a lie would store bytes the namespace is never
+/// charged for. Every referenced blob is carried (checked by the caller).
+fn check_declared(
+    functions: &[ExportedFunction],
+    deployments: &[ExportedDeployment],
+    blobs: &BTreeMap<String, Vec<u8>>,
+) -> ApiResult<()> {
+    let mismatch = |m: String| ApiError::new(Code::ImportSizeMismatch, m);
+    let counter = |what: String, n: u64| {
+        if n > MAX_IMPORTED_COUNT {
+            return Err(invalid(format!(
+                "{what} is {n}; an import takes at most {MAX_IMPORTED_COUNT}"
+            )));
+        }
+        Ok(())
+    };
+    for f in functions {
+        let name = &f.record.name;
+        counter(
+            format!("function {name}: current_version"),
+            f.record.current_version,
+        )?;
+        for v in &f.versions {
+            counter(format!("function {name}: a version"), v.version)?;
+            let carried = blobs.get(&v.sha256).map(Vec::len);
+            if carried.is_some_and(|n| n != v.size_bytes) {
+                return Err(mismatch(format!(
+                    "function {} version {}: size_bytes is {}, its module is {} bytes",
+                    f.record.name,
+                    v.version,
+                    v.size_bytes,
+                    carried.unwrap_or(0)
+                )));
+            }
+        }
+    }
+    for d in deployments {
+        let name = &d.record.name;
+        counter(format!("deployment {name}: latest"), d.record.latest)?;
+        counter(format!("deployment {name}: active"), d.record.active)?;
+        for v in &d.versions {
+            counter(format!("deployment {name}: a version"), v.version)?;
+            let crate::deploy::model::TargetSpec::Static { files, total_bytes } = &v.target else {
+                continue;
+            };
+            let mut sum = 0u64;
+            for (path, f) in files {
+                let carried = blobs.get(&f.sha256).map(|b| b.len() as u64);
+                if carried.is_some_and(|n| n != f.size) {
+                    return Err(mismatch(format!(
+                        "deployment {} version {}: file {path:?} declares {} bytes, its blob is {}",
+                        d.record.name,
+                        v.version,
+                        f.size,
+                        carried.unwrap_or(0)
+                    )));
+                }
+                sum = sum.saturating_add(f.size);
+            }
+            if *total_bytes < sum || *total_bytes > MAX_IMPORTED_COUNT {
+                return Err(mismatch(format!(
+                    "deployment {} version {}: total_bytes is {total_bytes}, its files hold \
+                     {sum} (at most {MAX_IMPORTED_COUNT})",
+                    d.record.name, v.version
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A whole-namespace import: everything is checked, then the blobs are
 /// stored (content-addressed, so unreferenced ones harm nothing), then the
 /// records, secrets, deployments and host claims are written in one atomic
@@ -758,6 +842,8 @@ async fn import_v2(
             node.functions.compile(&ns, bytes.clone()).await?;
         }
     }
+    // The declared sizes and counters, once each module is known to be one.
+    check_declared(&e.functions, &e.deployments, &blobs)?;
     // Every referenced blob must travel in the export, even one the store
     // already holds: a blob of another namespace is never reachable by
     // naming its hash.
@@ -791,6 +877,9 @@ async fn import_v2(
         .collect();
     store.check_atomic(&early).map_err(|why| not_atomic(&why))?;
     drop(early);
+    // Pinned until the records naming them are written: a blob sweep in
+    // between would delete them (`storage/blob_ledger.rs`).
+    let pins = crate::storage::blob_ledger::pin(store, needed.iter().map(String::as_str)).await?;
     for (sha, bytes) in &blobs {
         if needed.contains(sha) {
             let key = blob_key(sha);
@@ -838,6 +927,9 @@ async fn import_v2(
         drop(lock);
         return Err(e);
     }
+    pins.release().await;
+    // The namespace's former functions and sites may have left blobs unused.
+    node.blob_sweeps.request();
     let reloaded = node.deployments.reload().await;
     drop(lock);
     reloaded?;

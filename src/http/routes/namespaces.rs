@@ -276,6 +276,8 @@ async fn delete(
     )
     .await??;
     node.key_cache.clear();
+    // Its modules and site files go once no other record names them.
+    node.blob_sweeps.request();
     limiters.forget_namespace(&name);
     tracing::info!(namespace = %name, "Namespace deleted.");
     Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name})))

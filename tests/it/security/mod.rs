@@ -9,6 +9,7 @@ mod egress;
 mod hop;
 mod hosts;
 mod input;
+mod ledger;
 mod limits;
 mod metrics;
 mod paths;

@@ -295,10 +295,9 @@ fn starts_norm(name: &str, prefix: &str) -> bool {
 const RESERVED_PREFIXES: &[&str] = &["x-meshgate-", "x-forwarded-"];
 /// Whole names only the node sets.
 const RESERVED_NAMES: &[&str] = &["forwarded", "x-real-ip"];
-/// Names the node reads itself in their exact spelling (hop-by-hop headers,
-/// the framing, the host, credentials): another spelling of one of them
-/// (with `_`) is a second copy an upstream could read instead.
-const NODE_READS: &[&str] = &[
+/// Headers that belong to one hop and are never forwarded (the proxy's
+/// header writer drops them, `super::headers`).
+pub(crate) const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -309,11 +308,12 @@ const NODE_READS: &[&str] = &[
     "transfer-encoding",
     "upgrade",
     "http2-settings",
-    "host",
-    "content-length",
-    "authorization",
-    "x-api-key",
 ];
+/// Names the node reads itself in their exact spelling besides the
+/// hop-by-hop ones (the framing, the host, credentials): another spelling
+/// of one of these or of [`HOP_BY_HOP`] (with `_`) is a second copy an
+/// upstream could read instead.
+const NODE_READS: &[&str] = &["host", "content-length", "authorization", "x-api-key"];
 
 /// What the edge does with one header name of a client's request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,7 +348,11 @@ pub fn judge_header(name: &str, underscores: bool, trusted_peer: bool) -> Header
         return HeaderName::Drop;
     }
     if has_underscore
-        && (starts_norm(name, "x-internal-auth-") || NODE_READS.iter().any(|n| eq_norm(name, n)))
+        && (starts_norm(name, "x-internal-auth-")
+            || HOP_BY_HOP
+                .iter()
+                .chain(NODE_READS)
+                .any(|n| eq_norm(name, n)))
     {
         return HeaderName::Drop;
     }

@@ -13,19 +13,7 @@ use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// Headers that belong to one hop and are never forwarded.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "http2-settings",
-];
+use super::canonical::HOP_BY_HOP;
 
 pub(crate) fn is_hop_by_hop(name: &HeaderName, listed: &[String]) -> bool {
     HOP_BY_HOP.contains(&name.as_str()) || listed.iter().any(|l| l == name.as_str())

@@ -168,7 +168,8 @@ pub const NAMING_PREFIXES: [&[u8]; 2] = [b"fnver/", b"depv/"];
 
 /// Every blob a record under [`NAMING_PREFIXES`] names: each `"sha256"`
 /// string anywhere in its JSON, so a field added to a record later is
-/// still seen. A record that is not JSON fails the mark (`Corrupt`): a
+/// still seen. A record that is not JSON fails the mark (`Corrupt`), and so
+/// does one the store refuses (its MAC fails: [`Store::scan_all_strict`]): a
 /// sweep that cannot read every record deletes nothing.
 pub async fn mark(store: &Store) -> StoreResult<BTreeSet<String>> {
     fn walk(v: &serde_json::Value, out: &mut BTreeSet<String>) {
@@ -189,7 +190,7 @@ pub async fn mark(store: &Store) -> StoreResult<BTreeSet<String>> {
     }
     let mut live = BTreeSet::new();
     for prefix in NAMING_PREFIXES {
-        for (k, v) in store.scan_all(prefix).await? {
+        for (k, v) in store.scan_all_strict(prefix).await? {
             let json: serde_json::Value = serde_json::from_slice(&v)
                 .map_err(|_| super::StoreError::Corrupt(String::from_utf8_lossy(&k).into()))?;
             walk(&json, &mut live);
@@ -370,6 +371,38 @@ mod tests {
         assert!(store.get(&blob_key("cc")).await.unwrap().is_none());
         assert!(store.get(&stamp_key("cc")).await.unwrap().is_none());
         assert!(store.scan_all(PIN_PREFIX).await.unwrap().is_empty());
+    }
+
+    /// A record the store refuses (a store writer's edit: no valid MAC)
+    /// fails the mark, so the sweep deletes nothing: the blob the genuine
+    /// record named stays. (A scan that left the record out would have
+    /// deleted it.)
+    #[tokio::test]
+    async fn a_refused_record_stops_the_sweep() {
+        use crate::storage::{OrderedKv, RecordMac};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        store
+            .adopt_record_macs(RecordMac::derive(b"secret"))
+            .await
+            .unwrap();
+        let bytes = b"bank's module";
+        let sha = hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes));
+        let key = b"fnver/bank/pay/0000000001";
+        let record = format!(r#"{{"version":1,"sha256":"{sha}"}}"#);
+        store.put(key, record.as_bytes()).await.unwrap();
+        store.put(&blob_key(&sha), bytes).await.unwrap();
+        assert_eq!(sweep(&store).await.unwrap().deleted, 0);
+        // The writer's edit, without the MAC it cannot make.
+        let sled = store.as_sled().unwrap();
+        sled.put(key, br#"{"version":1,"sha256":"ee"}"#)
+            .await
+            .unwrap();
+        assert!(sweep(&store).await.is_err());
+        assert_eq!(
+            store.get(&blob_key(&sha)).await.unwrap().as_deref(),
+            Some(&bytes[..])
+        );
     }
 
     /// The mark reads every `sha256` a function or deployment version

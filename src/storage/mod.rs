@@ -695,6 +695,23 @@ enum Decided<E> {
 }
 
 /// Logs a record refused for its MAC and names the error for the caller.
+impl Store {
+    /// Scans every key under a prefix like [`scan_all`](Self::scan_all),
+    /// but a refused record (logged and counted as always) fails the whole
+    /// scan instead of being left out: for a reader that must see every
+    /// record or act on none. The blob sweep marks with it: a record a
+    /// store writer spoiled would otherwise leave its blob unnamed, and the
+    /// sweep would delete what the genuine record names.
+    pub async fn scan_all_strict(&self, prefix: &[u8]) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut rows = delegate!(self, s => s.scan_prefix(prefix, usize::MAX).await)?;
+        for (k, v) in rows.iter_mut() {
+            let at = self.verified(k, v)?;
+            v.drain(..at);
+        }
+        Ok(rows)
+    }
+}
+
 fn tampered(key: &[u8], why: MacError) -> StoreError {
     let key = String::from_utf8_lossy(key).into_owned();
     tracing::warn!(key = %key, reason = %why, "Store record refused: its MAC does not verify.");

@@ -171,14 +171,9 @@ fn route_metrics_count_the_requests_made() {
     assert_eq!(total, 5.0, "the scrapes were not counted: {again}");
 }
 
-/// The activity ring holds the latest requests of a deployment, newest
-/// first, capped by `limit`; never a query string or a credential; a bad
-/// limit is 400, another namespace's key 404/403.
-#[test]
-fn activity_holds_the_latest_requests_without_secrets() {
-    if single_node_only("the ring is per node") {
-        return;
-    }
+/// A proxy node with namespace `act` (its key returned) and its deployment
+/// `web` on host `act.test`, route `/api`, proxying to one upstream.
+fn web_on_act_test() -> (TestNode, String, Upstream) {
     let node = proxy_node();
     let key = node.create_namespace("act");
     let up = Upstream::start("one");
@@ -192,6 +187,18 @@ fn activity_holds_the_latest_requests_without_secrets() {
         }),
     );
     assert_eq!(s, 201, "{v}");
+    (node, key, up)
+}
+
+/// The activity ring holds the latest requests of a deployment, newest
+/// first, capped by `limit`; never a query string or a credential; a bad
+/// limit is 400, another namespace's key 404/403.
+#[test]
+fn activity_holds_the_latest_requests_without_secrets() {
+    if single_node_only("the ring is per node") {
+        return;
+    }
+    let (node, key, up) = web_on_act_test();
     for i in 0..5 {
         let (s, _, _) = via(
             &node,
@@ -256,19 +263,7 @@ fn activity_entries_keep_a_bounded_path() {
     if single_node_only("the ring is per node") {
         return;
     }
-    let node = proxy_node();
-    let key = node.create_namespace("act");
-    let up = Upstream::start("one");
-    let (s, v) = deploy_json(
-        &node,
-        &key,
-        serde_json::json!({
-            "name": "web", "hosts": ["act.test"],
-            "upstream": {"instances": [up.url()]},
-            "routes": [{"path_prefix": "/api"}]
-        }),
-    );
-    assert_eq!(s, 201, "{v}");
+    let (node, key, _up) = web_on_act_test();
     let long = format!("/api/{}", "a".repeat(60_000));
     for _ in 0..256 {
         let (s, _, _) = via(&node, "act.test", "GET", &long, &[], None);

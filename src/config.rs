@@ -507,6 +507,13 @@ pub struct ServerConfig {
     /// no running or queued invocation) before it passivates: it stops and
     /// starts again on the next message for its namespace. Must be > 0.
     pub passivate_after_seconds: i64,
+    /// Whether this start may MAC in place the store's records that carry
+    /// none (a store an older version wrote). Off: a store with such
+    /// records that is not marked migrated stops the start, since the same
+    /// store is what a store writer leaves after stripping every MAC and
+    /// deleting the marker (docs/security.md, "Node → etcd"). Set it for
+    /// one start after an upgrade (`MESHGATE_SERVER_ADOPT_STORE_RECORDS=true`).
+    pub adopt_store_records: bool,
 }
 
 impl Default for ServerConfig {
@@ -523,6 +530,7 @@ impl Default for ServerConfig {
             log_format: "pretty".into(),
             public_url: "meshgate".into(),
             passivate_after_seconds: 300,
+            adopt_store_records: false,
         }
     }
 }

@@ -112,11 +112,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         // Both are sealed there under the cluster secret.
         let seal = crate::storage::SealKey::derive(cluster_secret);
         // A clear record is an older version's only in a store whose records
-        // never carried MACs; after that it is a store writer's key.
-        let older = !store
-            .records_macd(&crate::storage::RecordMac::derive(cluster_secret))
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot check the store's record MACs: {e}"))?;
+        // never carried MACs, and only with the operator's consent: a store
+        // writer can strip every MAC and delete the marker, and its own
+        // clear key would be adopted; after that it is a store writer's key.
+        let older = config.server.adopt_store_records
+            && !store
+                .records_macd(&crate::storage::RecordMac::derive(cluster_secret))
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot check the store's record MACs: {e}"))?;
         let shared = adopt_sealed_secret(
             &store,
             &seal,
@@ -147,7 +150,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         _ => secrets.server_secret.as_slice(),
     };
     let macs = store
-        .adopt_record_macs(crate::storage::RecordMac::derive(mac_root))
+        .adopt_record_macs(
+            crate::storage::RecordMac::derive(mac_root),
+            config.server.adopt_store_records,
+        )
         .await
         .map_err(|e| anyhow::anyhow!("cannot check the store's record MACs: {e}"))?;
     if macs.migrated > 0 {
@@ -544,7 +550,7 @@ async fn adopt_sealed_secret(
             "cannot open {name}: sealed under a different cluster secret; every node needs the same MESHGATE_CLUSTER_SECRET / cluster.secret_file"
         )),
         Err(SealError::NotSealed) => Err(anyhow::anyhow!(
-            "cannot open {name}: it is neither sealed nor a clear value an older meshgate wrote (damaged?)"
+            "cannot open {name}: it is neither sealed nor a clear value an older meshgate wrote (damaged?; a clear value is adopted only by a start with [server] adopt_store_records = true on a store never migrated)"
         )),
         Err(SealError::Store(e)) => Err(anyhow::anyhow!(
             "cannot share the node secrets through the store: {e}"

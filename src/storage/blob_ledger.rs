@@ -383,7 +383,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_sled(dir.path()).unwrap();
         store
-            .adopt_record_macs(RecordMac::derive(b"secret"))
+            .adopt_record_macs(RecordMac::derive(b"secret"), true)
             .await
             .unwrap();
         let bytes = b"bank's module";

@@ -73,6 +73,12 @@ pub enum StoreError {
     /// in `meshgate_store_records_refused_total`).
     #[error("the record under {0} fails its MAC (edited in the store?); refused")]
     Tampered(String),
+    /// Records without a MAC in a store not marked migrated, and no consent
+    /// to MAC them ([`Store::adopt_record_macs`]).
+    #[error(
+        "{0} store records carry no MAC and the store is not marked migrated: if an older meshgate wrote this store, start once with [server] adopt_store_records = true (MESHGATE_SERVER_ADOPT_STORE_RECORDS=true); otherwise someone who can write the store stripped them, and nothing is adopted"
+    )]
+    Unmigrated(usize),
 }
 
 /// The result of every store operation.
@@ -748,7 +754,17 @@ impl Store {
     /// and stays refused. Two nodes starting at once agree: the MAC is
     /// deterministic, so both would write the same bytes, and the loser's
     /// compare-and-swap simply finds them there.
-    pub async fn adopt_record_macs(&self, mac: RecordMac) -> StoreResult<MacAdoption> {
+    ///
+    /// `migrate`: the operator's consent (`[server] adopt_store_records`).
+    /// Without it, records that would be MAC'd in place stop the start
+    /// instead ([`StoreError::Unmigrated`]): a store whose every MAC a
+    /// writer stripped, its marker deleted, looks just like an older
+    /// version's, and adopting it would MAC the writer's forgeries.
+    pub async fn adopt_record_macs(
+        &self,
+        mac: RecordMac,
+        migrate: bool,
+    ) -> StoreResult<MacAdoption> {
         let marker = delegate!(self, s => s.get(MAC_MARKER).await)?;
         let mut report = MacAdoption::default();
         if marker.as_deref() == Some(MARKER_V2) {
@@ -784,6 +800,13 @@ impl Store {
             None => report.verified > 0,
             Some(m) => m != MARKER_V1,
         };
+        let to_migrate = unmacd
+            .iter()
+            .filter(|(_, _, older)| !migrated_before && *older)
+            .count();
+        if to_migrate > 0 && !migrate {
+            return Err(StoreError::Unmigrated(to_migrate));
+        }
         for (k, e, older) in unmacd {
             if migrated_before || !older {
                 report.refused.push(self.refuse(&k, e).to_string());

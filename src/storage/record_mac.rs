@@ -234,7 +234,7 @@ mod tests {
     async fn macd() -> (tempfile::TempDir, Store, prometheus::IntCounter) {
         let (d, store) = sled();
         store
-            .adopt_record_macs(RecordMac::derive(b"s"))
+            .adopt_record_macs(RecordMac::derive(b"s"), true)
             .await
             .unwrap();
         let refused = prometheus::IntCounter::new("refused", "refused").unwrap();
@@ -422,6 +422,42 @@ mod tests {
         assert_eq!(refused.get(), 9);
     }
 
+    /// A store writer strips every record's MAC, forges a key record into
+    /// another namespace and deletes the marker: the store looks like an
+    /// older version's. Without the operator's consent the node adopts
+    /// nothing (`Unmigrated`, the start stops) and the forged record stays
+    /// refused; with it (an upgrade) the records are MAC'd.
+    #[tokio::test]
+    async fn a_stripped_store_is_not_adopted_without_consent() {
+        let (_d, store) = sled();
+        let backend = store.as_sled().unwrap();
+        backend
+            .put(b"keys/evil", b"{\"namespace\":\"bank\"}")
+            .await
+            .unwrap();
+        backend
+            .put(b"fnver/bank/f/1", b"{\"sha256\":\"x\"}")
+            .await
+            .unwrap();
+        let err = store
+            .adopt_record_macs(RecordMac::derive(b"s"), false)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unmigrated(2)), "{err}");
+        assert!(err.to_string().contains("adopt_store_records"), "{err}");
+        assert_eq!(
+            raw(&store, b"keys/evil").await.unwrap()[0],
+            b'{',
+            "nothing MAC'd"
+        );
+        assert!(raw(&store, MAC_MARKER).await.is_none(), "no marker written");
+        let report = store
+            .adopt_record_macs(RecordMac::derive(b"s"), true)
+            .await
+            .unwrap();
+        assert_eq!(report.migrated, 2);
+    }
+
     /// A store written before record MACs: its records, of every prefix, are
     /// MAC'd in place on start (values and times to live kept; an expired
     /// refresh token left out) and the marker written; a clear record that
@@ -452,7 +488,7 @@ mod tests {
             .await
             .unwrap();
         let report = store
-            .adopt_record_macs(RecordMac::derive(b"s"))
+            .adopt_record_macs(RecordMac::derive(b"s"), true)
             .await
             .unwrap();
         assert_eq!((report.verified, report.migrated), (0, 4));
@@ -484,7 +520,7 @@ mod tests {
         ));
         let again = Store::on(super::super::Backend::Sled(backend.clone()));
         let report = again
-            .adopt_record_macs(RecordMac::derive(b"s"))
+            .adopt_record_macs(RecordMac::derive(b"s"), true)
             .await
             .unwrap();
         assert_eq!(
@@ -495,7 +531,7 @@ mod tests {
         backend.delete(MAC_MARKER).await.unwrap();
         let third = Store::on(super::super::Backend::Sled(backend.clone()));
         let report = third
-            .adopt_record_macs(RecordMac::derive(b"s"))
+            .adopt_record_macs(RecordMac::derive(b"s"), true)
             .await
             .unwrap();
         assert_eq!(
@@ -527,7 +563,7 @@ mod tests {
             .unwrap();
         backend.put(b"fnver/bank/f/1", b"{}").await.unwrap();
         backend.put(MAC_MARKER, MARKER_V1).await.unwrap();
-        let report = store.adopt_record_macs(m).await.unwrap();
+        let report = store.adopt_record_macs(m, true).await.unwrap();
         assert_eq!((report.verified, report.migrated), (1, 1));
         assert_eq!(report.refused.len(), 1);
         assert_eq!(store.get(b"fnver/bank/f/1").await.unwrap().unwrap(), b"{}");
@@ -555,7 +591,9 @@ mod tests {
             .map(|_| {
                 let s = Store::on(super::super::Backend::Sled(backend.clone()));
                 tokio::spawn(async move {
-                    s.adopt_record_macs(RecordMac::derive(b"s")).await.unwrap();
+                    s.adopt_record_macs(RecordMac::derive(b"s"), true)
+                        .await
+                        .unwrap();
                     s
                 })
             })

@@ -432,7 +432,7 @@ fn bad_api_keys_are_refused() {
             let secret = std::fs::read(dir.join("server.secret")).unwrap();
             // A single node MACs its key records under the server secret.
             store
-                .adopt_record_macs(meshgate::storage::RecordMac::derive(&secret))
+                .adopt_record_macs(meshgate::storage::RecordMac::derive(&secret), true)
                 .await
                 .unwrap();
             let (k, _) = meshgate::identity::create_key(

@@ -194,7 +194,8 @@ fn edited_namespace_record_is_refused() {
 #[cfg(feature = "cluster")]
 mod on_etcd {
     use super::super::secrets::{
-        DATA, SECRET, as_before_record_macs, dump, node_on, raw_delete, raw_get, raw_put,
+        DATA, SECRET, as_before_record_macs, dump, node_adopting, node_on, raw_delete, raw_get,
+        raw_put, start_on_fails,
     };
     use crate::common::*;
     use crate::etcd_process::EtcdProcess;
@@ -299,9 +300,14 @@ mod on_etcd {
             clear.len()
         );
 
+        // Without the operator's consent nothing is adopted: the start stops.
+        let err = start_on_fails(&etcd, SECRET);
+        assert!(err.contains("adopt_store_records"), "{err}");
+        let (k0, plain0) = &clear[0];
+        assert_eq!(&raw_get(&etcd, k0).unwrap(), plain0, "nothing MAC'd");
         let (b, c) = std::thread::scope(|s| {
-            let b = s.spawn(|| node_on(&etcd, SECRET));
-            let c = s.spawn(|| node_on(&etcd, SECRET));
+            let b = s.spawn(|| node_adopting(&etcd, SECRET));
+            let c = s.spawn(|| node_adopting(&etcd, SECRET));
             (b.join().unwrap(), c.join().unwrap())
         });
         for (k, plain) in &clear {

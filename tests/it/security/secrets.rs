@@ -23,6 +23,21 @@ pub(super) fn node_on(etcd: &EtcdProcess, secret: &str) -> TestNode {
     TestNode::start_with(opts_on(etcd, secret))
 }
 
+/// A node on `etcd` started with the operator's consent to MAC and seal an
+/// older version's clear records (`[server] adopt_store_records`).
+pub(super) fn node_adopting(etcd: &EtcdProcess, secret: &str) -> TestNode {
+    let mut opts = opts_on(etcd, secret);
+    opts.env
+        .push(("MESHGATE_SERVER_ADOPT_STORE_RECORDS".into(), "true".into()));
+    TestNode::start_with(opts)
+}
+
+/// Starts a node on `etcd` expecting it to refuse to start; its stderr.
+pub(super) fn start_on_fails(etcd: &EtcdProcess, secret: &str) -> String {
+    let config = format!("{TEST_CONFIG}[cluster]\n{}", etcd.cluster_toml());
+    start_fails(&config, &[("MESHGATE_CLUSTER_SECRET", secret)])
+}
+
 fn opts_on(etcd: &EtcdProcess, secret: &str) -> NodeOpts {
     NodeOpts {
         config: format!("{TEST_CONFIG}[cluster]\n{}", etcd.cluster_toml()),
@@ -379,8 +394,8 @@ fn clear_records_are_sealed_on_start() {
     assert_eq!(clear[1].1[0], 0x30, "PKCS#8 DER");
 
     let (b, c) = std::thread::scope(|s| {
-        let b = s.spawn(|| node_on(&etcd, SECRET));
-        let c = s.spawn(|| node_on(&etcd, SECRET));
+        let b = s.spawn(|| node_adopting(&etcd, SECRET));
+        let c = s.spawn(|| node_adopting(&etcd, SECRET));
         (b.join().unwrap(), c.join().unwrap())
     });
     for (key, plain) in &clear {
@@ -404,6 +419,46 @@ fn clear_records_are_sealed_on_start() {
             (200, "hello".to_string())
         );
     }
+}
+
+/// The store writer strips every record's MAC, deletes the marker (the
+/// store now looks like an older version's), moves evil's key record into
+/// bank and puts a signing key of its own under `_cluster/jwt_key` in the
+/// clear. A node started without the operator's consent
+/// (`[server] adopt_store_records`) refuses to start, naming the setting,
+/// and adopts nothing: evil's record stays in the clear, the writer's key
+/// unsealed. (Adopting would have MAC'd the forgery: evil's key then read
+/// bank's KV on every node.)
+#[test]
+fn a_stripped_store_is_not_adopted_without_consent() {
+    let etcd = EtcdProcess::start_plain();
+    let mut first = node_on(&etcd, SECRET);
+    let bank = first.create_namespace("bank");
+    let evil = first.create_namespace("evil");
+    let (s, b) = first.with_key(&bank, "PUT", "/v1/kv/vault", Some(b"bank-secret"));
+    assert_eq!(s, 200, "{b}");
+    first.kill9();
+    as_before_record_macs(&etcd);
+    let (evil_key, record) = dump(&etcd)
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(DATA)?.to_vec(), v[1..].to_vec())))
+        .find(|(k, v)| k.starts_with(b"keys/") && contains(v, b"\"namespace\":\"evil\""))
+        .expect("evil's key record");
+    let mut forged: serde_json::Value = serde_json::from_slice(&record).unwrap();
+    forged["namespace"] = "bank".into();
+    let forged = serde_json::to_vec(&forged).unwrap();
+    raw_put(&etcd, &evil_key, &forged);
+    let dir = tempfile::tempdir().unwrap();
+    JwtKeys::load_or_generate(&dir.path().join("jwt.key")).unwrap();
+    let writers_key = std::fs::read(dir.path().join("jwt.key")).unwrap();
+    raw_put(&etcd, b"_cluster/jwt_key", &writers_key);
+
+    let err = start_on_fails(&etcd, SECRET);
+    assert!(err.contains("adopt_store_records"), "{err}");
+    assert_eq!(raw_get(&etcd, &evil_key).unwrap(), forged, "nothing MAC'd");
+    assert_eq!(raw_get(&etcd, b"_cluster/jwt_key").unwrap(), writers_key);
+    assert!(raw_get(&etcd, meshgate::storage::MAC_MARKER).is_none());
+    let _ = evil;
 }
 
 /// In a store whose records carry MACs, the store writer replaces

@@ -15,8 +15,8 @@
 //!
 //! `[deploy] upstream_allow` opens ranges (CIDR), `upstream_deny` closes more
 //! and wins. The node's own addresses (its listeners, etcd's client and peer
-//! URLs, every cluster member's API and gossip addresses, kept current by the
-//! node: [`EgressPolicy::set_own`]) stay closed whatever `upstream_allow`
+//! URLs, every cluster member's API and gossip addresses, learned by the
+//! node and never forgotten: [`EgressPolicy::set_own`]) stay closed whatever `upstream_allow`
 //! says, unless `[deploy] upstream_allow_own = true`.
 
 use crate::config::DeployConfig;
@@ -279,9 +279,6 @@ struct Own {
     /// Which of the node's addresses this is ("this node's own listen
     /// address", "the etcd peer URL of member m1", ...), named in the refusal.
     what: Arc<str>,
-    /// The set it was noted in by [`EgressPolicy::set_own`], replaced whole
-    /// at each update; `None` for an address noted once at start.
-    source: Option<&'static str>,
     /// The address, or the name as configured (names are also noted resolved).
     host: OwnHost,
     /// The port it listens on: only this port of the host counts as the node itself.
@@ -350,11 +347,14 @@ impl EgressPolicy {
         }
     }
 
-    /// Replaces the own addresses of `source` ("etcd members", "cluster
-    /// members", ...) with `entries` (what each is, host, port), names
+    /// Adds to the own addresses of `source` ("etcd members", "cluster
+    /// members", ...) the `entries` (what each is, host, port), names
     /// resolved first: the node calls it whenever the etcd member list or the
     /// cluster registry may have changed, so a member that joins is refused
-    /// from then on and one that left is no longer.
+    /// from then on. The set only grows: a member missing from a later update
+    /// (it left, or a store writer deleted its registry record) stays refused
+    /// for the life of the process, as does an address a name resolved to
+    /// once; a departed member's port is nobody a tenant should reach either.
     pub async fn set_own(&self, source: &'static str, entries: &[(String, String, u16)]) {
         let mut fresh = Vec::new();
         for (what, host, port) in entries {
@@ -362,8 +362,11 @@ impl EgressPolicy {
             fresh.extend(self.own_entries(&what, Some(source), host, *port).await);
         }
         let mut own = self.own.write();
-        own.retain(|o| o.source != Some(source));
-        own.extend(fresh);
+        for e in fresh {
+            if !own.iter().any(|o| o.host == e.host && o.port == e.port) {
+                own.push(e);
+            }
+        }
     }
 
     /// One own address as entries: the address, or the name and each address
@@ -397,7 +400,6 @@ impl EgressPolicy {
             .into_iter()
             .map(|host| Own {
                 what: what.clone(),
-                source,
                 host,
                 port,
             })
@@ -946,11 +948,11 @@ mod tests {
     }
 
     /// The addresses the node refreshes (etcd's members, the cluster's
-    /// members) are replaced whole per source: a member that joins is refused
-    /// on its port, one that left no longer, and another source's and the
-    /// start-up addresses stay.
+    /// members) only grow: a member that joins is refused on its port, one
+    /// that left (its registry record deleted) is still refused, by name and
+    /// by address, and another source's and the start-up addresses stay.
     #[tokio::test]
-    async fn refreshed_own_addresses_replace_their_source() {
+    async fn refreshed_own_addresses_only_grow() {
         let dir = tempfile::tempdir().unwrap();
         write_hosts(&dir, "127.0.0.7 node-b.test\n");
         let p = policy(&dir, &["127.0.0.0/8"], &[]);
@@ -995,9 +997,19 @@ mod tests {
             )],
         )
         .await;
-        assert_eq!(kind_of(&p, "127.0.0.7", 9002).await, None);
-        assert_eq!(kind_of(&p, "node-b.test", 9002).await, None);
-        assert_eq!(kind_of(&p, "127.0.0.1", 4002).await, None);
+        assert_eq!(kind_of(&p, "127.0.0.7", 9002).await, Some("own"));
+        assert_eq!(kind_of(&p, "node-b.test", 9002).await, Some("own"));
+        assert_eq!(kind_of(&p, "127.0.0.1", 4002).await, Some("own"));
+        let r = p
+            .check_addr("127.0.0.7".parse().unwrap(), 9002)
+            .unwrap_err();
+        assert_eq!(
+            r.to_string(),
+            "127.0.0.7:9002 is the API address of cluster member b"
+        );
+        // An empty update (every record deleted) takes nothing away.
+        p.set_own("cluster members", &[]).await;
+        assert_eq!(kind_of(&p, "127.0.0.7", 9002).await, Some("own"));
         assert_eq!(kind_of(&p, "127.0.0.1", 9003).await, Some("own"));
         assert_eq!(kind_of(&p, "127.0.0.1", 2380).await, Some("own"));
         assert_eq!(kind_of(&p, "127.0.0.1", 8080).await, Some("own"));

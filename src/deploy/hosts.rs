@@ -160,15 +160,18 @@ impl OwnNames {
             .or_insert_with(|| what.into());
     }
 
-    /// Replaces the cluster members' names: (name, what) pairs, as the
-    /// registry holds them now.
+    /// Adds the cluster members' names: (name, what) pairs, as the registry
+    /// holds them now. A name once noted stays reserved for the life of the
+    /// process (a member whose record is gone keeps it; docs/cluster.md).
     pub fn set_members(&self, names: impl IntoIterator<Item = (String, String)>) {
-        let names = names
+        let names: Vec<(String, String)> = names
             .into_iter()
             .map(|(n, w)| (canonical(&n), w))
             .filter(|(n, _)| !n.is_empty() && address_spelled(n).is_none())
             .collect();
-        *self.members.write() = names;
+        // Only grows, like the egress policy's member addresses: a member
+        // whose registry record is gone keeps its name reserved.
+        self.members.write().extend(names);
     }
 
     /// Why `host` is reserved on this node, if it is.
@@ -303,8 +306,14 @@ mod tests {
                 "cluster member b's advertise name".into()
             ))
         );
+        // A later update without b (its record deleted) keeps its name.
         own.set_members([]);
-        assert_eq!(own.classify("node-b.internal"), None);
+        assert_eq!(
+            own.classify("node-b.internal"),
+            Some(Reserved::OwnName(
+                "cluster member b's advertise name".into()
+            ))
+        );
         let e = refusal("node-a.internal", &own.classify("node-a.internal").unwrap());
         assert_eq!((e.status.as_u16(), e.code.as_str()), (400, "HOST_RESERVED"));
         assert!(e.message.contains("advertise name"), "{}", e.message);

@@ -89,9 +89,11 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
     .await
 }
 
-/// The scheme the client used: the listener's, unless a trusted proxy said
-/// otherwise in `X-Forwarded-Proto` (the canonical step removed that header
-/// from any other peer, and `Forwarded` from every peer).
+/// The scheme the client used: the listener's (TLS or not), unless a trusted
+/// proxy said otherwise in `X-Forwarded-Proto` (the canonical step removed
+/// that header from any other peer, and `Forwarded` from every peer). Never
+/// the request's own scheme: an absolute-form target `https://...` or an h2
+/// `:scheme: https` on the plain listener is the client's word, not TLS.
 fn client_scheme(req: &HttpRequest) -> &'static str {
     if let Some(v) = req.headers().get(&X_FORWARDED_PROTO) {
         let v = v.as_bytes().trim_ascii();
@@ -102,12 +104,11 @@ fn client_scheme(req: &HttpRequest) -> &'static str {
             return "http";
         }
     }
-    let https = if let Some(s) = req.uri().scheme() {
-        *s == actix_web::http::uri::Scheme::HTTPS
+    if req.app_config().secure() {
+        "https"
     } else {
-        req.app_config().secure()
-    };
-    if https { "https" } else { "http" }
+        "http"
+    }
 }
 
 /// [`serve_bound`], counted: the route's series in `/metrics` and the

@@ -579,7 +579,10 @@ fn a_tenant_cannot_reach_etcds_peer_port_nor_another_member() {
 /// deployment names, upstream URLs and counters). Each is refused with 400
 /// `UPSTREAM_FORBIDDEN` naming the member's metrics listener, nothing is
 /// stored; so is y's API listener as bound, and the metrics listener of a
-/// member w that joins later, once x has read the registry again.
+/// member w that joins later, once x has read the registry again. Then y
+/// stops and a store writer deletes its registry records (`_nodes/y` and
+/// the mesh's): once x has re-read the registry (a member v joining after
+/// the deletion is refused), y's metrics and API listeners are still refused.
 #[cfg(feature = "cluster")]
 #[test]
 fn every_listener_of_every_member_is_refused() {
@@ -657,6 +660,35 @@ fn every_listener_of_every_member_is_refused() {
         "member w's metrics listener refused through x",
         || refused(&w_metrics, "the metrics listener of cluster member w"),
     );
+    nothing_stored(&x, &key, "inside.example");
+    // y stops; the store writer deletes its record and every mesh record
+    // (the live ones come back at their next registration).
+    let y_api = y.base.clone();
+    drop(y);
+    for (k, _) in super::secrets::dump(&etcd) {
+        if let Some(k) = k.strip_prefix(super::secrets::DATA)
+            && (k == b"_nodes/y" || k.starts_with(b"_pubsub_mesh_peers/"))
+        {
+            super::secrets::raw_delete(&etcd, k);
+        }
+    }
+    // v's record is written after the deletion: once x refuses v, x has read
+    // a registry without y.
+    let (_v, v_metrics) = start("v");
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "member v's metrics listener refused through x",
+        || refused(&v_metrics, "the metrics listener of cluster member v"),
+    );
+    for (instance, what) in [
+        (&y_metrics, "the metrics listener of cluster member y"),
+        (&y_api, "cluster member y"),
+    ] {
+        let (s, v) = deploy_json(&x, &key, upstream_body("inside.example", &[instance]));
+        let (code, msg) = error_of(&v);
+        assert_eq!((s, code), (400, "UPSTREAM_FORBIDDEN"), "{instance}: {v}");
+        assert!(msg.contains(what), "{msg}");
+    }
     nothing_stored(&x, &key, "inside.example");
     drop(z);
 }

@@ -484,6 +484,129 @@ fn forged_headers_never_reach_the_upstream() {
     }
 }
 
+/// The upstream's view of one request written raw to the node: the JSON
+/// body the echoing upstream answered (between its first `{` and last `}`).
+fn echoed(raw: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(raw);
+    let (Some(a), Some(b)) = (text.find('{'), text.rfind('}')) else {
+        panic!("no JSON in the answer: {text}");
+    };
+    serde_json::from_str(&text[a..=b]).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Sends `request` as written over a fresh connection to the node and reads
+/// until the node closes it.
+fn raw_http1(node: &TestNode, request: &str) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(&node.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    out
+}
+
+/// One h2c (prior knowledge) GET with these pseudo-headers and headers,
+/// each an HPACK literal without indexing; the DATA of stream 1 until it ends.
+fn raw_h2c(node: &TestNode, headers: &[(&str, &str)]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut block = Vec::new();
+    for (k, v) in headers {
+        assert!(k.len() < 127 && v.len() < 127);
+        block.push(0);
+        block.push(k.len() as u8);
+        block.extend(k.as_bytes());
+        block.push(v.len() as u8);
+        block.extend(v.as_bytes());
+    }
+    let mut c = std::net::TcpStream::connect(&node.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(4, 0, 0, &[]));
+    // END_STREAM | END_HEADERS on stream 1.
+    out.extend(frame(1, 0x5, 1, &block));
+    c.write_all(&out).unwrap();
+    let mut data = Vec::new();
+    loop {
+        let mut head = [0u8; 9];
+        if c.read_exact(&mut head).is_err() {
+            panic!(
+                "the node closed the h2 connection early: {:?}",
+                String::from_utf8_lossy(&data)
+            );
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let (kind, flags) = (head[3], head[4]);
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        c.read_exact(&mut payload).unwrap();
+        match kind {
+            // SETTINGS from the node: acknowledged.
+            4 if flags & 1 == 0 => c.write_all(&frame(4, 1, 0, &[])).unwrap(),
+            0 if stream == 1 => {
+                data.extend_from_slice(&payload);
+                if flags & 1 != 0 {
+                    return data;
+                }
+            }
+            1 if stream == 1 && flags & 1 != 0 => return data,
+            // GOAWAY or RST_STREAM.
+            7 | 3 => panic!("the node ended the h2 stream: frame {kind} {payload:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// The attack: on the plain-HTTP listener, an HTTP/1.1 absolute-form target
+/// `GET https://host/open` and an h2c request with `:scheme: https` claim
+/// the client came over TLS. The upstream still sees `X-Forwarded-Proto:
+/// http` and `Forwarded: ...;proto=http`: the proto is the listener's (or a
+/// trusted proxy's), never the request's own scheme.
+#[test]
+fn the_request_scheme_never_sets_the_forwarded_proto() {
+    need("python3", &["--version"], "apt-get install -y python3");
+    let tmp = tempfile::tempdir().unwrap();
+    let (_wsgi, wsgi_url) = start_wsgi(tmp.path());
+    let node = node_with("");
+    let bank = node.create_namespace("bank");
+    let (s, v) = deploy_json(
+        &node,
+        &bank,
+        serde_json::json!({"name": "wsgi", "hosts": ["wsgi.bank.test"],
+                           "upstream": {"instances": [wsgi_url]}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let absolute = raw_http1(
+        &node,
+        "GET https://wsgi.bank.test/health HTTP/1.1\r\nHost: wsgi.bank.test\r\nConnection: close\r\n\r\n",
+    );
+    let h2 = raw_h2c(
+        &node,
+        &[
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":authority", "wsgi.bank.test"),
+            (":path", "/health"),
+        ],
+    );
+    let mut forged = Vec::new();
+    for (what, raw) in [("absolute-form", absolute), ("h2c", h2)] {
+        let seen = echoed(&raw)["headers"].clone();
+        let fwd = seen["HTTP_FORWARDED"].as_str().unwrap_or_default();
+        if seen["HTTP_X_FORWARDED_PROTO"] != "http" || !fwd.ends_with(";proto=http") {
+            forged.push(format!("{what}: {seen}"));
+        }
+    }
+    assert!(forged.is_empty(), "{forged:#?}");
+}
+
 /// A trusted proxy (`[rate_limit] trusted_proxies`) extends the chain: its
 /// `X-Forwarded-For` gets its own address appended, its `X-Forwarded-Proto`
 /// is believed, and the client it names is `X-Real-IP`; the same headers

@@ -32,7 +32,7 @@ fn bench(c: &mut Criterion) {
             let dir = tempfile::tempdir().expect("temp dir");
             let store = Store::open_sled(dir.path()).expect("sled");
             if with_mac {
-                rt.block_on(store.adopt_record_macs(RecordMac::derive(b"bench secret")))
+                rt.block_on(store.adopt_record_macs(RecordMac::derive(b"bench secret"), true))
                     .expect("install the MAC");
             }
             rt.block_on(async {

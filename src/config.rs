@@ -322,6 +322,10 @@ pub struct DeployConfig {
     pub health_idle_seconds: u64,
 }
 
+/// Active health checks in flight at once on a node, over every namespace
+/// (`src/deploy/health.rs`): the most `health_in_flight_per_namespace` may be.
+pub const HEALTH_MAX_IN_FLIGHT: usize = 256;
+
 impl Default for DeployConfig {
     fn default() -> Self {
         Self {
@@ -996,11 +1000,10 @@ impl Config {
                 d.health_checks_per_second
             ));
         }
-        if !(1..=crate::deploy::health::MAX_RUNNING).contains(&d.health_in_flight_per_namespace) {
+        if !(1..=HEALTH_MAX_IN_FLIGHT).contains(&d.health_in_flight_per_namespace) {
             errors.push(format!(
                 "deploy.health_in_flight_per_namespace: {} is not within 1..={}",
-                d.health_in_flight_per_namespace,
-                crate::deploy::health::MAX_RUNNING
+                d.health_in_flight_per_namespace, HEALTH_MAX_IN_FLIGHT
             ));
         }
         self.cluster.validate_etcd(&mut errors);

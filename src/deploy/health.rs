@@ -48,7 +48,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// How often the scheduler looks for due checks.
 const TICK: Duration = Duration::from_millis(100);
 /// Checks in flight at once on a node, over every namespace.
-pub const MAX_RUNNING: usize = 256;
+const MAX_RUNNING: usize = crate::config::HEALTH_MAX_IN_FLIGHT;
 
 /// 400 `INVALID_UPSTREAM` for a health check asking for a shorter interval
 /// than `[deploy] health_min_interval_ms` (at create).

@@ -310,11 +310,21 @@ pub struct DeployConfig {
     /// evenly (its interval lengthened) so the total stays within. 1 to
     /// 100,000; default 50.
     pub health_checks_per_second: u32,
+    /// Active health checks of one namespace in flight at once on this
+    /// node: past it the namespace's due checks wait for its own to finish,
+    /// so checks that hang (an instance that accepts and never answers,
+    /// with a long `timeout_ms`) cannot take the node's 256 check slots
+    /// from other namespaces. 1 to 256; default 16.
+    pub health_in_flight_per_namespace: usize,
     /// Seconds a node keeps checking a deployment's instances after it last
     /// proxied a request to it: only nodes that proxy for a deployment check
     /// it. 0: always check. Default 300.
     pub health_idle_seconds: u64,
 }
+
+/// Active health checks in flight at once on a node, over every namespace
+/// (`src/deploy/health.rs`): the most `health_in_flight_per_namespace` may be.
+pub const HEALTH_MAX_IN_FLIGHT: usize = 256;
 
 impl Default for DeployConfig {
     fn default() -> Self {
@@ -334,6 +344,7 @@ impl Default for DeployConfig {
             upstream_allow_own: false,
             health_min_interval_ms: 1_000,
             health_checks_per_second: 50,
+            health_in_flight_per_namespace: 16,
             health_idle_seconds: 300,
         }
     }
@@ -995,6 +1006,12 @@ impl Config {
             errors.push(format!(
                 "deploy.health_checks_per_second: {} is not within 1..=100000",
                 d.health_checks_per_second
+            ));
+        }
+        if !(1..=HEALTH_MAX_IN_FLIGHT).contains(&d.health_in_flight_per_namespace) {
+            errors.push(format!(
+                "deploy.health_in_flight_per_namespace: {} is not within 1..={}",
+                d.health_in_flight_per_namespace, HEALTH_MAX_IN_FLIGHT
             ));
         }
         self.cluster.validate_etcd(&mut errors);

@@ -305,7 +305,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     if let Some(sled) = store.as_sled() {
         spawn_sweeper(sled.clone());
     }
-    spawn_blob_sweeper(store.clone(), blob_sweeps, node.metrics.clone());
+    spawn_blob_sweeper(
+        store.clone(),
+        blob_sweeps,
+        node.metrics.clone(),
+        node.functions.clone(),
+    );
     crate::http::dashboard::spawn_sampler(&node);
     // Sessions opened with an operator key that is no longer the key end now.
     let sweeping = node.clone();
@@ -633,11 +638,15 @@ async fn open_store(config: &Config) -> anyhow::Result<Store> {
 /// Sweeps the blobs no record names (`storage/blob_ledger.rs`) at start,
 /// when a change asks for it, and every [`BLOB_SWEEP_INTERVAL`] (changes made
 /// through other members of a cluster, pins whose writer died). Requests
-/// made during a sweep are answered by one more sweep.
+/// made during a sweep are answered by one more sweep. After each sweep the
+/// compiled artifacts of modules no longer stored are removed from
+/// `<data_dir>/wasm-cache` (storage does not know the wasm cache: the
+/// sweep returns what it kept, docs/architecture.md).
 fn spawn_blob_sweeper(
     store: Store,
     requests: crate::storage::blob_ledger::SweepRequests,
     metrics: Metrics,
+    functions: crate::actors::FunctionsService,
 ) {
     actix_web::rt::spawn(async move {
         // Once at start (blobs left by a node that stopped, or by a version
@@ -650,8 +659,20 @@ fn spawn_blob_sweeper(
                     () = tokio::time::sleep(BLOB_SWEEP_INTERVAL) => {}
                 }
             }
+            // Artifacts written from here on may be of modules stored after
+            // the sweep listed the blobs: they stay until the next sweep.
+            let began = std::time::SystemTime::now();
             match crate::storage::blob_ledger::sweep(&store).await {
                 Ok(s) => {
+                    let engine = functions.engine().clone();
+                    let kept = s.kept.clone();
+                    let removed =
+                        tokio::task::spawn_blocking(move || engine.retain_artifacts(&kept, began))
+                            .await
+                            .unwrap_or(0);
+                    if removed > 0 {
+                        tracing::info!(removed, "Unused compiled artifacts removed.");
+                    }
                     if s.deleted > 0 {
                         // Durable now: on sled the freed space is given
                         // back once the deletions reach the disk.

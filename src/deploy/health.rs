@@ -14,6 +14,11 @@
 //!   lengthened to (the namespace's active checks / budget) so they spread
 //!   evenly, and a per-namespace credit admits due checks only within the
 //!   budget (so a burst of due checks waits instead of running at once).
+//! - **A share of the slots per namespace.** At most
+//!   `health_in_flight_per_namespace` of a namespace's checks are in flight
+//!   at once (of [`MAX_RUNNING`] node-wide): checks that hang until a long
+//!   `timeout_ms` make their own namespace's wait, never another's
+//!   (docs/security.md, "Health checks on a budget").
 //! - **Only where it matters.** A node checks a pool only while it proxies
 //!   for it: from the pool's creation (a deploy, a restart) and each request
 //!   it picks an instance for, until `health_idle_seconds` without one (0:
@@ -43,7 +48,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// How often the scheduler looks for due checks.
 const TICK: Duration = Duration::from_millis(100);
 /// Checks in flight at once on a node, over every namespace.
-const MAX_RUNNING: usize = 256;
+const MAX_RUNNING: usize = crate::config::HEALTH_MAX_IN_FLIGHT;
 
 /// 400 `INVALID_UPSTREAM` for a health check asking for a shorter interval
 /// than `[deploy] health_min_interval_ms` (at create).
@@ -94,6 +99,24 @@ struct State {
     credit: HashMap<Arc<str>, f64>,
     /// Checks in flight, node-wide.
     running: usize,
+    /// Checks in flight, by namespace (none: 0).
+    running_ns: HashMap<Arc<str>, usize>,
+}
+
+impl State {
+    /// A check of `key` is done: its slots are free again.
+    fn finished(&mut self, key: &CheckKey) {
+        self.running = self.running.saturating_sub(1);
+        if let Some(n) = self.running_ns.get_mut(&key.namespace) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.running_ns.remove(&key.namespace);
+            }
+        }
+        if let Some(c) = self.checks.get_mut(key) {
+            c.running = false;
+        }
+    }
 }
 
 /// The node's health checker: every pool with a `health` spec is watched
@@ -106,6 +129,8 @@ pub struct HealthChecks {
     per_second: u32,
     /// `health_idle_seconds` in ms (0: always check).
     idle_ms: u64,
+    /// `health_in_flight_per_namespace`.
+    in_flight_per_namespace: usize,
     /// Whether the task runs.
     started: AtomicBool,
     /// Checks sent since start (each distinct check once).
@@ -121,6 +146,7 @@ impl HealthChecks {
             min_interval_ms: cfg.health_min_interval_ms.max(1),
             per_second: cfg.health_checks_per_second.max(1),
             idle_ms: cfg.health_idle_seconds.saturating_mul(1000),
+            in_flight_per_namespace: cfg.health_in_flight_per_namespace.clamp(1, MAX_RUNNING),
             started: AtomicBool::new(false),
             sent: Default::default(),
         }
@@ -185,6 +211,7 @@ impl HealthChecks {
             min_interval_ms: self.min_interval_ms,
             per_second: self.per_second,
             idle_ms: self.idle_ms,
+            in_flight_per_namespace: self.in_flight_per_namespace,
         };
         rt.spawn(run(Arc::downgrade(&self.state), cfg, self.sent.clone()));
     }
@@ -203,6 +230,8 @@ struct Budget {
     min_interval_ms: u64,
     per_second: u32,
     idle_ms: u64,
+    /// Checks of one namespace in flight at once.
+    in_flight_per_namespace: usize,
 }
 
 /// A check to run now: its key, the spec and the instances it serves.
@@ -229,11 +258,7 @@ async fn run(state: Weak<Mutex<State>>, budget: Budget, sent: Arc<AtomicU64>) {
                     let passes = status != 0 && p.health.as_ref().is_some_and(|h| h.passes(status));
                     p.checked(*i, passes, status);
                 }
-                let mut st = state.lock();
-                st.running = st.running.saturating_sub(1);
-                if let Some(c) = st.checks.get_mut(&key) {
-                    c.running = false;
-                }
+                state.lock().finished(&key);
             });
         }
     }
@@ -272,7 +297,10 @@ fn plan(st: &mut State, now: Instant, elapsed: Duration, b: Budget, now_ms: u64)
     for ns in active.keys() {
         let credit = st.credit.entry(ns.clone()).or_insert(0.0);
         *credit = (*credit + refill).min(cap);
-        admit.insert(ns.clone(), (*credit as usize).min(room));
+        let own_room = b
+            .in_flight_per_namespace
+            .saturating_sub(st.running_ns.get(ns).copied().unwrap_or(0));
+        admit.insert(ns.clone(), (*credit as usize).min(room).min(own_room));
     }
     // The longest overdue of each namespace, no more than it admits (a
     // bounded heap: a namespace with thousands overdue costs no copies).
@@ -306,7 +334,9 @@ fn plan(st: &mut State, now: Instant, elapsed: Duration, b: Budget, now_ms: u64)
         // The namespace's checks spread over its budget.
         let spread_ms = n.saturating_mul(1000) / u64::from(b.per_second);
         for (_, key) in list {
-            if *credit < 1.0 || st.running >= MAX_RUNNING {
+            let ns_running = st.running_ns.get(ns).copied().unwrap_or(0);
+            if *credit < 1.0 || st.running >= MAX_RUNNING || ns_running >= b.in_flight_per_namespace
+            {
                 break;
             }
             let Some(c) = st.checks.get_mut(&key) else {
@@ -331,6 +361,7 @@ fn plan(st: &mut State, now: Instant, elapsed: Duration, b: Budget, now_ms: u64)
             c.next_due = now + Duration::from_millis(interval - interval / 10 + jitter);
             c.running = true;
             st.running += 1;
+            *st.running_ns.entry(ns.clone()).or_default() += 1;
             *credit -= 1.0;
             out.push((key, spec, subs));
         }
@@ -574,10 +605,7 @@ mod tests {
             let now = t0 + TICK * tick as u32;
             for (key, _, _) in plan(&mut st, now, TICK, b, ms0) {
                 *started.entry(key.namespace.to_string()).or_default() += 1;
-                st.running -= 1;
-                if let Some(c) = st.checks.get_mut(&key) {
-                    c.running = false;
-                }
+                st.finished(&key);
             }
         }
         started
@@ -594,6 +622,7 @@ mod tests {
             min_interval_ms: 100,
             per_second: 50,
             idle_ms: 0,
+            in_flight_per_namespace: 16,
         };
         let mut pools = Vec::new();
         for d in 0..100 {
@@ -615,6 +644,51 @@ mod tests {
         assert!((8..=11).contains(&started["bank"]), "{started:?}");
     }
 
+    /// The attack: 10 deployments × 32 instances of evil that accept and
+    /// never answer (each check hangs until its 60 s timeout) must not take
+    /// the node's check slots: evil holds at most its share in flight, and
+    /// bank's one check still runs about once a second. (Before, evil's
+    /// hanging checks filled all 256 slots within seconds and bank's
+    /// stopped.)
+    #[test]
+    fn hanging_checks_of_one_namespace_leave_the_others_slots() {
+        let hc = HealthChecks::new(&budget(50, 0));
+        let b = Budget {
+            min_interval_ms: 100,
+            per_second: 50,
+            idle_ms: 0,
+            in_flight_per_namespace: 16,
+        };
+        let mut pools = Vec::new();
+        for d in 0..10 {
+            let bases: Vec<String> = (0..32)
+                .map(|i| format!("http://127.0.0.1:{}", 20000 + i))
+                .collect();
+            let p = checked_pool(&bases, spec(&format!("/h/{d}"), 1000));
+            hc.watch("evil", &p);
+            pools.push(p);
+        }
+        let bank = checked_pool(&["http://127.0.0.1:30000".to_string()], spec("/h", 1000));
+        hc.watch("bank", &bank);
+        let t0 = Instant::now();
+        let ms0 = unix_ms();
+        let mut st = hc.state.lock();
+        let mut bank_started = 0;
+        for tick in 1..=(30_000 / TICK.as_millis() as u32) {
+            for (key, _, _) in plan(&mut st, t0 + TICK * tick, TICK, b, ms0) {
+                if &*key.namespace == "bank" {
+                    bank_started += 1;
+                    st.finished(&key);
+                }
+                // evil's checks never finish (within these 30 s).
+            }
+            let evil = st.running_ns.get("evil").copied().unwrap_or(0);
+            assert!(evil <= 16, "evil holds {evil} check slots");
+        }
+        // bank: about once a second over 30 s.
+        assert!(bank_started >= 25, "bank's checks started: {bank_started}");
+    }
+
     /// Two deployments of a namespace naming the same instance with the same
     /// check share one check; another namespace's, another path's are their own.
     #[test]
@@ -632,6 +706,7 @@ mod tests {
             min_interval_ms: 100,
             per_second: 50,
             idle_ms: 0,
+            in_flight_per_namespace: 16,
         };
         // At most one check a tick (100 ms) for the one shared check, never two.
         let started = simulate(&hc, b_, 5);
@@ -656,6 +731,7 @@ mod tests {
             min_interval_ms: 100,
             per_second: 50,
             idle_ms: 60_000,
+            in_flight_per_namespace: 16,
         };
         let p = checked_pool(&["http://127.0.0.1:20000".to_string()], spec("/h", 100));
         hc.watch("bank", &p);

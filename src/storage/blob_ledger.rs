@@ -207,12 +207,16 @@ pub async fn sweep(store: &Store) -> StoreResult<Swept> {
 }
 
 /// What one sweep did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Swept {
     /// Blobs stored when the sweep began.
     pub blobs: usize,
     /// Blobs deleted.
     pub deleted: usize,
+    /// The SHA-256 (hex) of each blob stored when the sweep began that it
+    /// did not delete: what the caller keeps derived data of (the compiled
+    /// modules' cache, `src/node.rs`); storage never reaches into it.
+    pub kept: BTreeSet<String>,
 }
 
 /// The first half of a sweep, before the caller marks: reads the stamps,
@@ -278,6 +282,7 @@ pub async fn collect(store: &Store, snap: Snapshot, live: &BTreeSet<String>) -> 
     let mut swept = Swept {
         blobs: snap.blobs.len(),
         deleted: 0,
+        kept: snap.blobs.clone(),
     };
     let candidates: BTreeSet<&String> = snap.blobs.iter().chain(snap.stamps.keys()).collect();
     for sha in candidates {
@@ -304,6 +309,7 @@ pub async fn collect(store: &Store, snap: Snapshot, live: &BTreeSet<String>) -> 
             .await?;
         if matches!(deleted, Some(Ok(true))) && snap.blobs.contains(sha) {
             swept.deleted += 1;
+            swept.kept.remove(sha);
         }
     }
     Ok(swept)
@@ -355,13 +361,8 @@ mod tests {
         let pins = pin(&store, ["cc"]).await.unwrap();
         put_blob(&store, "cc").await;
         let s = sweep_with(&store, &["aa"]).await;
-        assert_eq!(
-            s,
-            Swept {
-                blobs: 3,
-                deleted: 1
-            }
-        );
+        assert_eq!((s.blobs, s.deleted), (3, 1));
+        assert_eq!(s.kept, ["aa", "cc"].into_iter().map(String::from).collect());
         assert!(store.get(&blob_key("aa")).await.unwrap().is_some());
         assert!(store.get(&blob_key("bb")).await.unwrap().is_none());
         assert!(store.get(&blob_key("cc")).await.unwrap().is_some());

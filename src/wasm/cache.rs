@@ -78,6 +78,47 @@ impl ArtifactCache {
         }
     }
 
+    /// Removes every artifact (of any engine fingerprint) whose module is
+    /// not in `kept` (SHA-256 hex), except files written at or after
+    /// `since` (a module stored after the caller listed `kept`). Called
+    /// after each blob sweep: a deleted module's artifacts would otherwise
+    /// stay on disk for ever, counted against no quota
+    /// (docs/security.md, "Compiled modules are swept with their blobs").
+    /// Returns how many files were removed; a removed file only costs a
+    /// recompile if its module comes back.
+    pub(crate) fn retain(
+        &self,
+        kept: &std::collections::BTreeSet<String>,
+        since: std::time::SystemTime,
+    ) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            // `<sha>-<fingerprint>.cwasm` or a temporary `<sha>-<fingerprint>.tmp…`.
+            let Some((sha, _)) = name.split_once('-') else {
+                continue;
+            };
+            if kept.contains(sha) {
+                continue;
+            }
+            let written = entry.metadata().and_then(|m| m.modified());
+            if !matches!(written, Ok(t) if t < since) {
+                continue;
+            }
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(file = %name, error = %e, "Cannot remove an unused compiled artifact.");
+                }
+            }
+        }
+        removed
+    }
+
     /// Modules loaded from disk since start.
     pub(crate) fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)

@@ -748,6 +748,17 @@ impl WasmEngine {
         self.inner.pool.stats()
     }
 
+    /// Removes the cached artifacts of modules not in `kept` (SHA-256 hex)
+    /// written before `since`; returns how many files went. The node calls
+    /// it after each blob sweep with the blobs the sweep kept.
+    pub fn retain_artifacts(
+        &self,
+        kept: &std::collections::BTreeSet<String>,
+        since: std::time::SystemTime,
+    ) -> usize {
+        self.inner.cache.retain(kept, since)
+    }
+
     /// Modules loaded from the artifact cache since start.
     pub fn cache_hits(&self) -> u64 {
         self.inner.cache.hits()

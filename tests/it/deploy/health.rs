@@ -163,3 +163,77 @@ fn shared_instances_are_checked_once() {
         assert!((3..=7).contains(&n), "{shared:?}");
     }
 }
+
+/// `n` listeners on 127.0.0.1 that accept every connection and never
+/// answer (the attack's instances): each check of them hangs until its
+/// `timeout_ms`. Returns their URLs and the connections accepted so far.
+fn blackholes(n: usize) -> (Vec<String>, Arc<Mutex<u64>>) {
+    let accepted: Arc<Mutex<u64>> = Default::default();
+    let mut urls = Vec::new();
+    for _ in 0..n {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        urls.push(format!("http://{}", l.local_addr().unwrap()));
+        let accepted = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming() {
+                let Ok(s) = s else { return };
+                held.push(s);
+                *accepted.lock().unwrap() += 1;
+            }
+        });
+    }
+    (urls, accepted)
+}
+
+/// The attack: evil's 10 deployments × 32 instances that accept and never
+/// answer, checked with `timeout_ms: 60000`, hold a check slot each for a
+/// minute. With `health_in_flight_per_namespace` they hold at most their
+/// share, so bank's check, deployed after evil's took what they could,
+/// keeps reaching its instance (before, the node's 256 slots filled within
+/// seconds and bank's checks stopped until evil's timed out).
+#[test]
+fn hanging_checks_do_not_stop_another_namespaces() {
+    if single_node_only("the check slots are one node's") {
+        return;
+    }
+    let node = node_with_budget(50);
+    let (holes, accepted) = blackholes(32);
+    let evil = node.create_namespace("evil");
+    for d in 0..10 {
+        let (s, v) = deploy_json(
+            &node,
+            &evil,
+            serde_json::json!({
+                "name": format!("d{d}"), "hosts": [format!("d{d}.evil.test")],
+                "upstream": {"instances": holes,
+                             "health": {"path": format!("/evil/{d}"), "interval_ms": 1000,
+                                        "timeout_ms": 60000}}
+            }),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    wait_until(Duration::from_secs(20), "evil's checks hanging", || {
+        *accepted.lock().unwrap() >= 16
+    });
+    // Let evil's checks take every slot they can (at 50 a second, all 256
+    // within about 6 s without the per-namespace share).
+    std::thread::sleep(Duration::from_secs(8));
+    let ups = Counting::start(1);
+    let bank = node.create_namespace("bank");
+    let (s, v) = deploy_json(
+        &node,
+        &bank,
+        serde_json::json!({
+            "name": "app", "hosts": ["app.bank.test"],
+            "upstream": {"instances": ups.urls,
+                         "health": {"path": "/bank", "interval_ms": 1000}}
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    wait_until(Duration::from_secs(20), "bank's checks running", || {
+        ups.count("/bank") >= 3
+    });
+    let held = *accepted.lock().unwrap();
+    assert!(held < 256, "evil held {held} check connections");
+}

@@ -300,7 +300,8 @@ fn bad_passivate_after_is_refused_at_start() {
 }
 
 /// A port already in use, an unwritable data folder and a second node on the
-/// same data folder each fail start-up with a clear message.
+/// same data folder each fail start-up with a clear message (and no panic
+/// after it).
 #[test]
 fn start_up_failures_are_clear() {
     let node = TestNode::start();
@@ -317,6 +318,7 @@ fn start_up_failures_are_clear() {
     );
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("already in use"), "{err}");
+    assert!(!err.contains("panicked"), "a clear message, then no panic: {err}");
 
     let file = other.path().join("plainfile");
     std::fs::write(&file, "x").unwrap();

@@ -318,7 +318,10 @@ fn start_up_failures_are_clear() {
     );
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("already in use"), "{err}");
-    assert!(!err.contains("panicked"), "a clear message, then no panic: {err}");
+    assert!(
+        !err.contains("panicked"),
+        "a clear message, then no panic: {err}"
+    );
 
     let file = other.path().join("plainfile");
     std::fs::write(&file, "x").unwrap();

@@ -611,30 +611,41 @@ mod tests {
         started
     }
 
+    /// evil's `deployments` × 32 instances checked every `interval_ms`, and
+    /// bank's one instance checked every second, watched by `hc`; the pools
+    /// are returned so they stay in use.
+    fn evil_and_bank(
+        hc: &HealthChecks,
+        deployments: usize,
+        interval_ms: u64,
+    ) -> (Vec<Arc<UpstreamPool>>, Arc<UpstreamPool>) {
+        let mut pools = Vec::new();
+        for d in 0..deployments {
+            let bases: Vec<String> = (0..32)
+                .map(|i| format!("http://127.0.0.1:{}", 20000 + i))
+                .collect();
+            let p = checked_pool(&bases, spec(&format!("/h/{d}"), interval_ms));
+            hc.watch("evil", &p);
+            pools.push(p);
+        }
+        let bank = checked_pool(&["http://127.0.0.1:30000".to_string()], spec("/h", 1000));
+        hc.watch("bank", &bank);
+        (pools, bank)
+    }
+
     /// 100 deployments × 32 instances asking for 100 ms checks cost their
     /// namespace its budget (50 checks a second) and no more, while another
     /// namespace's one check still runs at its own interval.
     #[test]
     fn a_namespace_stays_within_its_check_budget() {
-        let cfg = budget(50, 0);
-        let hc = HealthChecks::new(&cfg);
+        let hc = HealthChecks::new(&budget(50, 0));
         let b = Budget {
             min_interval_ms: 100,
             per_second: 50,
             idle_ms: 0,
             in_flight_per_namespace: 16,
         };
-        let mut pools = Vec::new();
-        for d in 0..100 {
-            let bases: Vec<String> = (0..32)
-                .map(|i| format!("http://127.0.0.1:{}", 20000 + i))
-                .collect();
-            let p = checked_pool(&bases, spec(&format!("/h/{d}"), 100));
-            hc.watch("evil", &p);
-            pools.push(p);
-        }
-        let bank = checked_pool(&["http://127.0.0.1:30000".to_string()], spec("/h", 1000));
-        hc.watch("bank", &bank);
+        let (_pools, _bank) = evil_and_bank(&hc, 100, 100);
         assert_eq!(hc.distinct(), 3201);
         let started = simulate(&hc, b, 10);
         let evil = started["evil"];
@@ -659,17 +670,7 @@ mod tests {
             idle_ms: 0,
             in_flight_per_namespace: 16,
         };
-        let mut pools = Vec::new();
-        for d in 0..10 {
-            let bases: Vec<String> = (0..32)
-                .map(|i| format!("http://127.0.0.1:{}", 20000 + i))
-                .collect();
-            let p = checked_pool(&bases, spec(&format!("/h/{d}"), 1000));
-            hc.watch("evil", &p);
-            pools.push(p);
-        }
-        let bank = checked_pool(&["http://127.0.0.1:30000".to_string()], spec("/h", 1000));
-        hc.watch("bank", &bank);
+        let (_pools, _bank) = evil_and_bank(&hc, 10, 1000);
         let t0 = Instant::now();
         let ms0 = unix_ms();
         let mut st = hc.state.lock();

@@ -852,21 +852,106 @@ impl Metrics {
         seconds: f64,
         attempts: &[crate::observe::Attempt],
     ) {
-        let (dep, rt) = self.route_labels.route(namespace, deployment, route);
-        let class = crate::observe::status_class(status);
-        self.route_requests
-            .with_label_values(&[namespace, dep, rt, class])
+        self.observe_route_series(
+            &RouteSeries::default(),
+            namespace,
+            deployment,
+            route,
+            status,
+            seconds,
+            attempts,
+        );
+    }
+
+    /// [`Metrics::observe_route`] through a route's [`RouteSeries`]: the
+    /// label admission and the series lookups are done on the route's first
+    /// request and kept with it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe_route_series(
+        &self,
+        series: &RouteSeries,
+        namespace: &str,
+        deployment: &str,
+        route: &str,
+        status: u16,
+        seconds: f64,
+        attempts: &[crate::observe::Attempt],
+    ) {
+        let r = series.0.get_or_init(|| {
+            let (dep, rt) = self.route_labels.route(namespace, deployment, route);
+            ResolvedRoute {
+                duration: self
+                    .route_duration_seconds
+                    .with_label_values(&[namespace, dep, rt]),
+                requests: Default::default(),
+                dep: dep.to_string(),
+                rt: rt.to_string(),
+                attempts: Default::default(),
+            }
+        });
+        // The index of `status_class`'s value.
+        let class = match status / 100 {
+            1 => 0,
+            2 => 1,
+            3 => 2,
+            4 => 3,
+            _ => 4,
+        };
+        r.requests[class]
+            .get_or_init(|| {
+                self.route_requests.with_label_values(&[
+                    namespace,
+                    &r.dep,
+                    &r.rt,
+                    crate::observe::status_class(status),
+                ])
+            })
             .inc();
-        self.route_duration_seconds
-            .with_label_values(&[namespace, dep, rt])
-            .observe(seconds);
+        r.duration.observe(seconds);
         for (instance, outcome) in attempts {
+            let known = r.attempts.load();
+            if let Some((_, _, c)) = known.iter().find(|(i, o, _)| o == outcome && i == instance) {
+                c.inc();
+                continue;
+            }
             let inst = self.route_labels.instance(namespace, deployment, instance);
-            self.upstream_requests
-                .with_label_values(&[namespace, dep, rt, inst, outcome])
-                .inc();
+            let c = self
+                .upstream_requests
+                .with_label_values(&[namespace, &r.dep, &r.rt, inst, outcome]);
+            c.inc();
+            // Kept for the next requests, up to a few instances and outcomes
+            // (an instance list is at most 64 long; past this, looked up).
+            if known.len() < MAX_KEPT_ATTEMPT_SERIES {
+                r.attempts.rcu(|v| {
+                    let mut v = Vec::clone(v);
+                    if !v.iter().any(|(i, o, _)| o == outcome && i == instance) {
+                        v.push((instance.clone(), *outcome, c.clone()));
+                    }
+                    v
+                });
+            }
         }
     }
+}
+
+/// Upstream-attempt series a route keeps resolved (instance, outcome).
+const MAX_KEPT_ATTEMPT_SERIES: usize = 64;
+
+/// A bound route's series (`crate::deploy::index::Bound`): resolved on its
+/// first request, then counted without the label admission's lock or the
+/// vectors' label hashing.
+#[derive(Default)]
+pub struct RouteSeries(std::sync::OnceLock<ResolvedRoute>);
+
+struct ResolvedRoute {
+    /// `route_requests` by status class (1xx to 5xx), each made on its first use.
+    requests: [std::sync::OnceLock<IntCounter>; 5],
+    duration: Histogram,
+    /// The `deployment` and `route` label values (`_other` past the cap).
+    dep: String,
+    rt: String,
+    /// `upstream_requests` by (instance, outcome), copied on write.
+    attempts: arc_swap::ArcSwap<Vec<(String, &'static str, IntCounter)>>,
 }
 
 impl std::ops::Deref for Metrics {

@@ -14,10 +14,11 @@
 //! The `namespace` label then follows the exposition's top-N scheme
 //! (`crate::metrics`).
 
+use arc_swap::ArcSwapOption;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The label value of a deployment, route or instance past the series cap.
 pub const OTHER: &str = "_other";
@@ -91,65 +92,116 @@ fn cut(s: &mut String, max: usize) {
     *s = kept;
 }
 
-/// Each ring by namespace, then deployment, with its last write's tick
-/// (nested: a request's lookup borrows its strings).
-type Rings = HashMap<String, HashMap<String, (u64, VecDeque<ActivityEntry>)>>;
+/// One deployment's ring: [`RING_SIZE`] slots written round robin without a
+/// lock (a request's write is one counter increment and one pointer swap);
+/// a reader takes the slots newest first.
+pub struct Ring {
+    slots: Box<[ArcSwapOption<ActivityEntry>]>,
+    /// Entries ever written; the next one goes to `writes % RING_SIZE`.
+    writes: AtomicU64,
+    /// The node's write tick of its last write: the least recently written
+    /// ring is the one dropped past [`MAX_RINGS`].
+    last: AtomicU64,
+    /// Cleared when the ring leaves the node's map (dropped past
+    /// [`MAX_RINGS`], or its deployment deleted): a holder then asks
+    /// [`Activity::ring`] again.
+    live: AtomicBool,
+}
 
-/// Every deployment's ring on this node, by (namespace, deployment).
+impl Ring {
+    fn new() -> Ring {
+        Ring {
+            slots: (0..RING_SIZE).map(|_| ArcSwapOption::empty()).collect(),
+            writes: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            live: AtomicBool::new(true),
+        }
+    }
+
+    /// Whether the node's map still holds this ring.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    fn latest(&self, limit: usize) -> Vec<ActivityEntry> {
+        let n = self.writes.load(Ordering::Acquire);
+        let take = n.min(RING_SIZE as u64).min(limit as u64);
+        (0..take)
+            .filter_map(|k| self.slots[((n - 1 - k) % RING_SIZE as u64) as usize].load_full())
+            .map(|e| (*e).clone())
+            .collect()
+    }
+}
+
+/// Each ring by namespace, then deployment (nested: a lookup borrows its strings).
+type Rings = HashMap<String, HashMap<String, Arc<Ring>>>;
+
+/// Every deployment's ring on this node, by (namespace, deployment). The
+/// map is locked only to find or make a ring; a routed request holds its
+/// route's ring (`crate::deploy::index::Bound`) and writes it without the lock.
 #[derive(Default)]
 pub struct Activity {
     rings: Mutex<Rings>,
     /// Counts writes: a ring's last write, to pick the one dropped past [`MAX_RINGS`].
-    tick: AtomicUsize,
+    tick: AtomicU64,
 }
 
 impl Activity {
+    /// The ring of a deployment, made when it has none (dropping the least
+    /// recently written one past [`MAX_RINGS`]).
+    pub fn ring(&self, namespace: &str, deployment: &str) -> Arc<Ring> {
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = rings.get(namespace).and_then(|m| m.get(deployment)) {
+            return r.clone();
+        }
+        let count: usize = rings.values().map(HashMap::len).sum();
+        if count >= MAX_RINGS
+            && let Some((ns, dep)) = rings
+                .iter()
+                .flat_map(|(ns, m)| {
+                    m.iter()
+                        .map(move |(d, r)| (r.last.load(Ordering::Relaxed), ns, d))
+                })
+                .min()
+                .map(|(_, ns, d)| (ns.clone(), d.clone()))
+        {
+            Self::remove(&mut rings, &ns, &dep);
+        }
+        let ring = Arc::new(Ring::new());
+        rings
+            .entry(namespace.to_string())
+            .or_default()
+            .insert(deployment.to_string(), ring.clone());
+        ring
+    }
+
     /// Adds a request to its deployment's ring (the oldest leaves past [`RING_SIZE`]).
-    pub fn push(&self, namespace: &str, deployment: &str, mut entry: ActivityEntry) {
+    pub fn push(&self, namespace: &str, deployment: &str, entry: ActivityEntry) {
+        self.push_to(&self.ring(namespace, deployment), entry);
+    }
+
+    /// Adds a request to a ring [`Activity::ring`] gave, without the map's lock.
+    pub fn push_to(&self, ring: &Ring, mut entry: ActivityEntry) {
         cut(&mut entry.path, MAX_ACTIVITY_PATH_BYTES);
         if let Some(s) = entry.subject.as_mut() {
             cut(s, MAX_ACTIVITY_PATH_BYTES);
         }
-        let tick = self.tick.fetch_add(1, Ordering::Relaxed) as u64;
-        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-        let present = rings
-            .get(namespace)
-            .is_some_and(|m| m.contains_key(deployment));
-        if !present {
-            let count: usize = rings.values().map(HashMap::len).sum();
-            if count >= MAX_RINGS
-                && let Some((ns, dep)) = rings
-                    .iter()
-                    .flat_map(|(ns, m)| m.iter().map(move |(d, (t, _))| (*t, ns, d)))
-                    .min()
-                    .map(|(_, ns, d)| (ns.clone(), d.clone()))
-            {
-                Self::remove(&mut rings, &ns, &dep);
-            }
-        }
-        let ring = match rings.get_mut(namespace).and_then(|m| m.get_mut(deployment)) {
-            Some(r) => r,
-            None => rings
-                .entry(namespace.to_string())
-                .or_default()
-                .entry(deployment.to_string())
-                .or_default(),
-        };
-        ring.0 = tick;
-        if ring.1.len() >= RING_SIZE {
-            ring.1.pop_front();
-        }
-        ring.1.push_back(entry);
+        let tick = self.tick.fetch_add(1, Ordering::Relaxed);
+        ring.last.store(tick, Ordering::Relaxed);
+        let i = ring.writes.fetch_add(1, Ordering::AcqRel);
+        ring.slots[(i % RING_SIZE as u64) as usize].store(Some(Arc::new(entry)));
     }
 
     /// The latest `limit` requests of a deployment, newest first.
     pub fn latest(&self, namespace: &str, deployment: &str, limit: usize) -> Vec<ActivityEntry> {
-        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-        rings
-            .get(namespace)
-            .and_then(|m| m.get(deployment))
-            .map(|(_, r)| r.iter().rev().take(limit).cloned().collect())
-            .unwrap_or_default()
+        let ring = {
+            let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+            rings
+                .get(namespace)
+                .and_then(|m| m.get(deployment))
+                .cloned()
+        };
+        ring.map(|r| r.latest(limit)).unwrap_or_default()
     }
 
     /// Forgets a deployment's ring (it was deleted).
@@ -160,7 +212,9 @@ impl Activity {
 
     fn remove(rings: &mut Rings, namespace: &str, deployment: &str) {
         if let Some(m) = rings.get_mut(namespace) {
-            m.remove(deployment);
+            if let Some(r) = m.remove(deployment) {
+                r.live.store(false, Ordering::Relaxed);
+            }
             if m.is_empty() {
                 rings.remove(namespace);
             }
@@ -324,8 +378,8 @@ mod tests {
         assert!(cut.len() > MAX_ACTIVITY_PATH_BYTES - 8, "{}", cut.len());
         assert!(cut.starts_with("/éé") && cut.ends_with(CUT), "{cut}");
         assert!(got[1].subject.as_ref().unwrap().len() <= MAX_ACTIVITY_PATH_BYTES);
-        let rings = a.rings.lock().unwrap();
-        let held = &rings["ns"]["web"].1[0];
+        let ring = a.ring("ns", "web");
+        let held = ring.slots[0].load_full().unwrap();
         assert!(
             held.path.capacity() <= MAX_ACTIVITY_PATH_BYTES,
             "{}",

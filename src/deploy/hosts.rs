@@ -26,6 +26,7 @@ use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a host is reserved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,6 +137,10 @@ pub struct OwnNames {
     fixed: RwLock<BTreeMap<String, String>>,
     /// The cluster members' advertise names as last read from the registry.
     members: RwLock<BTreeMap<String, String>>,
+    /// Moves each time a name is added: a routing index built at one
+    /// generation left out every host reserved then, so a request needs the
+    /// check only when the generation moved since (`super::Deployments::route`).
+    generation: AtomicU64,
 }
 
 impl OwnNames {
@@ -144,7 +149,13 @@ impl OwnNames {
             base_domain: canonical(base_domain),
             fixed: RwLock::new(BTreeMap::new()),
             members: RwLock::new(BTreeMap::new()),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// How many times a name was added (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Notes one of the node's own names (`what`: "this node's advertise
@@ -154,10 +165,11 @@ impl OwnNames {
         if name.is_empty() || address_spelled(&name).is_some() {
             return;
         }
-        self.fixed
-            .write()
-            .entry(name)
-            .or_insert_with(|| what.into());
+        let mut fixed = self.fixed.write();
+        if !fixed.contains_key(&name) {
+            fixed.insert(name, what.into());
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Adds the cluster members' names: (name, what) pairs, as the registry
@@ -171,7 +183,12 @@ impl OwnNames {
             .collect();
         // Only grows, like the egress policy's member addresses: a member
         // whose registry record is gone keeps its name reserved.
-        self.members.write().extend(names);
+        let mut members = self.members.write();
+        let before = members.len();
+        members.extend(names);
+        if members.len() != before {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Why `host` is reserved on this node, if it is.

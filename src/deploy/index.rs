@@ -37,6 +37,41 @@ pub struct Bound {
     /// `rate_limit`: a routed request charges it without any lock of the
     /// node's (`http/route_policy.rs`).
     pub bucket: Option<Arc<RouteBucket>>,
+    /// Where the route's requests are counted, found on its first request
+    /// and kept with the route.
+    pub observed: Observed,
+}
+
+/// A bound route's records: its metric series and its deployment's activity
+/// ring, each looked up once (by label values, by name) and then written
+/// without the node's locks.
+#[derive(Default)]
+pub struct Observed {
+    /// The route's series in `/metrics`.
+    pub series: crate::metrics::RouteSeries,
+    /// The deployment's activity ring, while the node's map holds it.
+    pub ring: arc_swap::ArcSwapOption<crate::observe::Ring>,
+}
+
+impl Observed {
+    /// Adds a request to the deployment's activity ring.
+    pub fn push_activity(
+        &self,
+        activity: &crate::observe::Activity,
+        namespace: &str,
+        deployment: &str,
+        entry: crate::observe::ActivityEntry,
+    ) {
+        let held = self.ring.load();
+        match held.as_deref() {
+            Some(ring) if ring.is_live() => activity.push_to(ring, entry),
+            _ => {
+                let ring = activity.ring(namespace, deployment);
+                activity.push_to(&ring, entry);
+                self.ring.store(Some(ring));
+            }
+        }
+    }
 }
 
 /// One route's rate-limit bucket (its policy's `rate_limit`), one key per
@@ -92,6 +127,9 @@ struct TrieNode {
 pub struct Index {
     /// Per host: the namespace owning it and the root of its route trie.
     hosts: HashMap<String, (String, TrieNode)>,
+    /// The node's own names' generation (`super::hosts::OwnNames`) when the
+    /// index was built: every host reserved then was left out.
+    pub names_generation: u64,
 }
 
 fn segments(path: &str) -> impl Iterator<Item = &str> {
@@ -177,6 +215,7 @@ mod tests {
             },
             serve: Serve::Static(Arc::new(BTreeMap::new())),
             bucket: None,
+            observed: Default::default(),
         })
     }
 
@@ -241,6 +280,7 @@ mod tests {
                         route,
                         serve: Serve::Static(Arc::default()),
                         bucket: None,
+                        observed: Default::default(),
                     }),
                 );
             }

@@ -59,7 +59,7 @@ use model::{
     DeploymentRecord, DeploymentVersion, HostClaim, RouteSpec, TargetSpec, dep_key, dep_prefix,
     host_key, ver_key, ver_prefix,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use pool::UpstreamPool;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
@@ -98,7 +98,7 @@ pub struct Deployments {
     /// node's and the cluster members' own names.
     pub own_names: hosts::OwnNames,
     /// The routing index by host, swapped whole on rebuild; readers clone the Arc.
-    index: RwLock<Arc<Index>>,
+    index: arc_swap::ArcSwap<Index>,
     /// Upstream pools by (namespace, deployment, version), kept across index
     /// rebuilds so passive health survives other deployments' changes.
     pools: Mutex<HashMap<(String, String, u64), Arc<UpstreamPool>>>,
@@ -174,7 +174,7 @@ impl Deployments {
             health: health::HealthChecks::new(&config),
             config,
             own_names: hosts::OwnNames::new(&base_domain),
-            index: RwLock::new(Arc::new(Index::default())),
+            index: arc_swap::ArcSwap::from_pointee(Index::default()),
             pools: Mutex::new(HashMap::new()),
             buckets: Mutex::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
@@ -205,7 +205,7 @@ impl Deployments {
 
     /// The current routing index.
     pub fn index(&self) -> Arc<Index> {
-        self.index.read().clone()
+        self.index.load_full()
     }
 
     /// Takes the node's write mutex, then the store-wide lock; 503
@@ -287,7 +287,10 @@ impl Deployments {
         // the old generation noted, so the next check rebuilds again.
         let generation = self.store.get(GENERATION_KEY).await?;
         let heads = self.store.scan_prefix(b"dep/", usize::MAX).await?;
+        // Read before any host is classified: a name noted while this runs
+        // leaves the index a generation behind, and `route` checks again.
         let mut ix = Index::default();
+        ix.names_generation = self.own_names.generation();
         let mut live = BTreeSet::new();
         let mut live_buckets = BTreeSet::new();
         for (_, v) in heads {
@@ -357,6 +360,7 @@ impl Deployments {
                     route: route.clone(),
                     serve: serve.clone(),
                     bucket: buckets.get(i).cloned().flatten(),
+                    observed: Default::default(),
                 });
                 for h in &ver.hosts {
                     if let Some(why) = self.reserved_host(h) {
@@ -380,7 +384,7 @@ impl Deployments {
         });
         // A deleted or replaced version's buckets go with it.
         self.buckets.lock().retain(|k, _| live_buckets.contains(k));
-        *self.index.write() = Arc::new(ix);
+        self.index.store(Arc::new(ix));
         *self.loaded.lock() = generation;
         Ok(())
     }
@@ -394,8 +398,12 @@ impl Deployments {
     /// one of the node's own names) never routes, even when a record stored
     /// before it was reserved claims it: its requests go to the node's API.
     pub fn route(&self, host: &str, method: &str, path: &str) -> Option<Arc<Bound>> {
-        let bound = self.index().lookup(host, method, path)?;
-        self.reserved_host(host).is_none().then_some(bound)
+        let ix = self.index.load();
+        let bound = ix.lookup(host, method, path)?;
+        // The index left out every host reserved when it was built; only a
+        // name noted since needs the check.
+        (ix.names_generation == self.own_names.generation() || self.reserved_host(host).is_none())
+            .then_some(bound)
     }
 
     /// The namespace whose deployment `host` routes to (never a reserved host).

@@ -150,7 +150,8 @@ async fn serve_observed(
         s.upstream_status(status);
     }
     let route = bound.route.path_prefix.as_str();
-    node.metrics.observe_route(
+    node.metrics.observe_route_series(
+        &bound.observed.series,
         &bound.namespace,
         &bound.deployment,
         route,
@@ -166,7 +167,8 @@ async fn serve_observed(
                 .map(|t| t.trace_id_hex()),
         )
     };
-    node.metrics.route_activity.push(
+    bound.observed.push_activity(
+        &node.metrics.route_activity,
         &bound.namespace,
         &bound.deployment,
         ActivityEntry {

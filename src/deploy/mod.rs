@@ -623,10 +623,24 @@ impl Deployments {
             })
     }
 
-    /// The namespace's deployments with their active versions.
-    pub async fn list(&self, ns: &str) -> DeployResult<Vec<Value>> {
+    /// One page of the namespace's deployments with their active versions,
+    /// by name: those named strictly after `after` (None: from the first),
+    /// at most `limit`, and the name the next page resumes after (None on
+    /// the last page).
+    pub async fn list(
+        &self,
+        ns: &str,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> DeployResult<(Vec<Value>, Option<Vec<u8>>)> {
+        let prefix = dep_prefix(ns);
+        let after = after.map(|a| [prefix.as_slice(), a].concat());
+        let (rows, last) = self
+            .store
+            .scan_page(&prefix, after.as_deref(), limit)
+            .await?;
         let mut out = Vec::new();
-        for (_, v) in self.store.scan_prefix(&dep_prefix(ns), usize::MAX).await? {
+        for (_, v) in rows {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
             };
@@ -634,7 +648,7 @@ impl Deployments {
                 out.push(view(&rec, &ver, None));
             }
         }
-        Ok(out)
+        Ok((out, last.map(|k| k[prefix.len()..].to_vec())))
     }
 
     /// Every live upstream instance's state, for `/metrics`.

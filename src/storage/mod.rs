@@ -864,6 +864,84 @@ impl Store {
     }
 }
 
+/// One page of a scan ([`Store::scan_page`]): its rows, and the key to
+/// resume strictly after when more follow (the last key read, even when its
+/// record was refused and left out; None on the last page).
+pub type ScanPage<T> = (Vec<T>, Option<Vec<u8>>);
+
+/// The first key a scan that resumes strictly after `after` reads from.
+fn start_after(prefix: &[u8], after: Option<&[u8]>) -> Vec<u8> {
+    match after {
+        Some(a) => {
+            let mut start = a.to_vec();
+            start.push(0);
+            start
+        }
+        None => prefix.to_vec(),
+    }
+}
+
+impl Store {
+    /// One page of the rows under `prefix`, in key order: those strictly
+    /// after `after` (None: from the first), at most `limit`, and where the
+    /// next page resumes. A range read from `after` of `limit + 1` rows:
+    /// neither the rows before it nor the ones past the page are read
+    /// (a listing at a million namespaces reads one page, not a million).
+    /// Resuming after a key, not at an offset, keeps rows written or deleted
+    /// between pages from making a reader see another row twice or miss it.
+    pub async fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<ScanPage<(Vec<u8>, Vec<u8>)>> {
+        let start = start_after(prefix, after);
+        let want = limit.saturating_add(1);
+        let mut rows = delegate!(self, s => s.scan_from(prefix, &start, want).await)?;
+        let next = more_after(&mut rows, limit, |(k, _)| k);
+        self.rows_in(&mut rows);
+        Ok((rows, next))
+    }
+
+    /// [`Store::scan_page`] of the keys alone (values neither read nor
+    /// verified, as [`Store::scan_keys_unless`]), unless `journal` is there
+    /// (`None` then).
+    pub async fn scan_keys_page_unless(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        journal: &[u8],
+    ) -> StoreResult<Option<ScanPage<Vec<u8>>>> {
+        let start = start_after(prefix, after);
+        let want = limit.saturating_add(1);
+        let keys = match &self.backend {
+            Backend::Sled(s) => {
+                let _ = journal;
+                Some(s.scan_keys_from(prefix, &start, want)?)
+            }
+            #[cfg(feature = "cluster")]
+            Backend::Etcd(s) => {
+                Box::pin(s.scan_keys_from_unless(prefix, &start, want, journal)).await?
+            }
+        };
+        Ok(keys.map(|mut keys| {
+            let next = more_after(&mut keys, limit, |k| k);
+            (keys, next)
+        }))
+    }
+}
+
+/// Cuts `rows` (read `limit + 1` at most) to `limit`; when there were more,
+/// the key of the last one kept, where the next page resumes.
+fn more_after<T>(rows: &mut Vec<T>, limit: usize, key: impl Fn(&T) -> &Vec<u8>) -> Option<Vec<u8>> {
+    if rows.len() <= limit {
+        return None;
+    }
+    rows.truncate(limit);
+    rows.last().map(|r| key(r).clone())
+}
+
 /// A journal key no change ever uses: a scan that names it is never held up.
 #[cfg(feature = "cluster")]
 const NO_JOURNAL: &[u8] = b"_store/no_journal";

@@ -1061,7 +1061,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code, "UPSTREAM_FORBIDDEN", "{e}");
-        assert!(strict.list("m").await.unwrap().is_empty());
+        assert!(strict.list("m", None, 10).await.unwrap().0.is_empty());
         assert!(
             strict
                 .store
@@ -1099,7 +1099,7 @@ mod tests {
             assert_eq!(e.code, "HOST_RESERVED", "{h}: {e}");
             assert!(a.store.get(&host_key(h)).await.unwrap().is_none(), "{h}");
         }
-        assert!(a.list("mallory").await.unwrap().is_empty());
+        assert!(a.list("mallory", None, 10).await.unwrap().0.is_empty());
         // An old record claiming reserved hosts beside an ordinary one.
         let hosts: Vec<String> = [
             "legacy.test",

@@ -2077,6 +2077,39 @@ mod tests {
         assert_eq!(s.scan_prefix(b"", usize::MAX).await.unwrap().len(), n + 7);
     }
 
+    /// A scan from a key inside the prefix (a listing's next page) starts
+    /// there, stops at the prefix's end and the limit, across more keys
+    /// than one request reads; keys-only the same.
+    #[tokio::test]
+    async fn scan_from_resumes_inside_the_prefix() {
+        let (_e, s) = store().await;
+        let n = SCAN_PAGE as usize * 2 + 7;
+        let mut batch: Vec<BatchOp> = (0..n)
+            .map(|i| BatchOp::Put(format!("p/{i:04}").into_bytes(), vec![1]))
+            .collect();
+        batch.push(BatchOp::Put(b"p".to_vec(), vec![1]));
+        batch.push(BatchOp::Put(b"q/0".to_vec(), vec![1]));
+        s.apply_batch(batch).await.unwrap();
+        let keys = |rows: Vec<(Vec<u8>, Vec<u8>)>| -> Vec<Vec<u8>> {
+            rows.into_iter().map(|(k, _)| k).collect()
+        };
+        let from = s.scan_from(b"p/", b"p/0005\0", 3).await.unwrap();
+        assert_eq!(keys(from), [b"p/0006".to_vec(), b"p/0007".to_vec(), b"p/0008".to_vec()]);
+        let rest = s.scan_from(b"p/", b"p/0010", usize::MAX).await.unwrap();
+        assert_eq!(rest.len(), n - 10);
+        assert_eq!(rest.last().unwrap().0, format!("p/{:04}", n - 1).into_bytes());
+        // A start below the prefix reads from the prefix; past it, nothing.
+        assert_eq!(s.scan_from(b"p/", b"a", 1).await.unwrap()[0].0, b"p/0000");
+        assert!(s.scan_from(b"p/", b"q", 5).await.unwrap().is_empty());
+        let k = s
+            .scan_keys_from_unless(b"p/", b"p/0100", 500, b"_j")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(k.len(), n - 100);
+        assert_eq!(k[0], b"p/0100");
+    }
+
     /// Guarded changes that each write a key and count it on a shared
     /// counter, many at once: the counter ends exact, and a refused
     /// decision writes nothing.

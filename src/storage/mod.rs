@@ -992,3 +992,46 @@ mod future_size_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    /// Pages of three, each resuming strictly after the last key of the
+    /// page before, reach every key under the prefix once and none outside
+    /// it; the last page says no more follow; keys-only pages the same.
+    #[tokio::test]
+    async fn scan_pages_reach_every_key_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        for k in ["p", "p/0", "p/1", "p/10", "p/2", "p/3", "p/4", "p/5", "q/0"] {
+            store.put(k.as_bytes(), b"v").await.unwrap();
+        }
+        let mut seen = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let (rows, next) = store.scan_page(b"p/", after.as_deref(), 3).await.unwrap();
+            assert!(rows.len() <= 3);
+            seen.extend(rows.into_iter().map(|(k, _)| k));
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        let want: Vec<Vec<u8>> = ["p/0", "p/1", "p/10", "p/2", "p/3", "p/4", "p/5"]
+            .map(|k| k.as_bytes().to_vec())
+            .to_vec();
+        assert_eq!(seen, want);
+        let (keys, next) = store
+            .scan_keys_page_unless(b"p/", Some(b"p/10"), 10, b"_j")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(keys, want[3..].to_vec());
+        assert_eq!(next, None);
+        // Exactly `limit` left: the page is full and the last.
+        let (rows, next) = store.scan_page(b"p/", Some(b"p/2"), 3).await.unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(next, None);
+    }
+}

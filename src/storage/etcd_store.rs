@@ -2094,10 +2094,16 @@ mod tests {
             rows.into_iter().map(|(k, _)| k).collect()
         };
         let from = s.scan_from(b"p/", b"p/0005\0", 3).await.unwrap();
-        assert_eq!(keys(from), [b"p/0006".to_vec(), b"p/0007".to_vec(), b"p/0008".to_vec()]);
+        assert_eq!(
+            keys(from),
+            [b"p/0006".to_vec(), b"p/0007".to_vec(), b"p/0008".to_vec()]
+        );
         let rest = s.scan_from(b"p/", b"p/0010", usize::MAX).await.unwrap();
         assert_eq!(rest.len(), n - 10);
-        assert_eq!(rest.last().unwrap().0, format!("p/{:04}", n - 1).into_bytes());
+        assert_eq!(
+            rest.last().unwrap().0,
+            format!("p/{:04}", n - 1).into_bytes()
+        );
         // A start below the prefix reads from the prefix; past it, nothing.
         assert_eq!(s.scan_from(b"p/", b"a", 1).await.unwrap()[0].0, b"p/0000");
         assert!(s.scan_from(b"p/", b"q", 5).await.unwrap().is_empty());

@@ -35,6 +35,9 @@ pub enum Command {
     /// Attach hosts to a static site or to upstream instances.
     #[command(subcommand)]
     Deploy(DeployCommand),
+    /// Read the namespace's key-value store.
+    #[command(subcommand)]
+    Kv(KvCommand),
     /// Publish one message to a topic (DATA, or standard input when absent).
     Pub {
         topic: String,
@@ -84,6 +87,35 @@ pub struct ClientArgs {
     pub namespace: Option<String>,
 }
 
+/// How a list command pages (`GET` listings answer pages with `next_cursor`).
+#[derive(Args, Clone, Default)]
+pub struct PageArgs {
+    /// Print one page of at most this many items (1 to 1000), with its
+    /// `next_cursor`; without it, every page is followed and all items printed.
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Start after this `next_cursor` of an earlier page.
+    #[arg(long)]
+    pub cursor: Option<String>,
+    /// Items asked for per request while following every page (default: the node's page size).
+    #[arg(long)]
+    pub page_size: Option<u32>,
+}
+
+#[derive(Subcommand)]
+pub enum KvCommand {
+    /// List the namespace's keys, in order.
+    List {
+        /// Only keys starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        #[command(flatten)]
+        page: PageArgs,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
 #[derive(Subcommand)]
 pub enum NsCommand {
     /// Create a namespace; prints its first owner API key.
@@ -94,6 +126,8 @@ pub enum NsCommand {
     },
     /// List namespaces.
     List {
+        #[command(flatten)]
+        page: PageArgs,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -126,6 +160,8 @@ pub enum KeysCommand {
     },
     /// List the namespace's keys (never the secrets).
     List {
+        #[command(flatten)]
+        page: PageArgs,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -313,6 +349,8 @@ pub enum DeployCommand {
     /// List the namespace's deployments.
     List {
         #[command(flatten)]
+        page: PageArgs,
+        #[command(flatten)]
         client: ClientArgs,
     },
     /// Show a deployment with its instances' health.
@@ -372,6 +410,8 @@ pub enum FnCommand {
     },
     /// List the namespace's functions.
     List {
+        #[command(flatten)]
+        page: PageArgs,
         #[command(flatten)]
         client: ClientArgs,
     },

@@ -3,7 +3,8 @@
 #![forbid(unsafe_code)]
 
 use crate::cli::{
-    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, NsCommand, PolicyArgs,
+    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NsCommand, PageArgs,
+    PolicyArgs,
 };
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -160,7 +161,9 @@ async fn functions(cmd: FnCommand) -> Result<(), String> {
             let v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
             print(&v);
         }
-        FnCommand::List { client } => print(&call(&client, "GET", "/v1/functions", None).await?),
+        FnCommand::List { page, client } => {
+            print(&list(&client, "/v1/functions", "", "functions", &page).await?)
+        }
         FnCommand::Invoke { name, data, client } => {
             let input = match data {
                 Some(d) => d.into_bytes(),
@@ -322,8 +325,8 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             }
             print(&call(&client, "POST", "/v1/deployments", Some(body)).await?);
         }
-        DeployCommand::List { client } => {
-            print(&call(&client, "GET", "/v1/deployments", None).await?)
+        DeployCommand::List { page, client } => {
+            print(&list(&client, "/v1/deployments", "", "deployments", &page).await?)
         }
         DeployCommand::Show { name, client } => {
             print(&call(&client, "GET", &format!("/v1/deployments/{name}"), None).await?)
@@ -409,6 +412,72 @@ fn upstream_json(
     Ok(up)
 }
 
+/// A paged listing (`path`, answering `field` and `next_cursor`): with
+/// `--limit` the one page as answered; otherwise every page, the cursor
+/// followed until the last, as one `{field: [...]}`.
+async fn list(
+    client: &ClientArgs,
+    path: &str,
+    query: &str,
+    field: &str,
+    page: &PageArgs,
+) -> Result<Value, String> {
+    let url = |limit: Option<u32>, cursor: Option<&str>| {
+        let mut q: Vec<String> = Vec::new();
+        if !query.is_empty() {
+            q.push(query.to_string());
+        }
+        if let Some(l) = limit {
+            q.push(format!("limit={l}"));
+        }
+        if let Some(c) = cursor {
+            q.push(format!("cursor={}", percent_encode(c)));
+        }
+        match q.is_empty() {
+            true => path.to_string(),
+            false => format!("{path}?{}", q.join("&")),
+        }
+    };
+    if page.limit.is_some() {
+        return call(
+            client,
+            "GET",
+            &url(page.limit, page.cursor.as_deref()),
+            None,
+        )
+        .await;
+    }
+    let mut all = Vec::new();
+    let mut cursor = page.cursor.clone();
+    loop {
+        let mut v = call(client, "GET", &url(page.page_size, cursor.as_deref()), None).await?;
+        match v.get_mut(field).map(Value::take) {
+            Some(Value::Array(items)) => all.extend(items),
+            _ => return Err(format!("{path} answered no {field} list")),
+        }
+        match v.get("next_cursor").and_then(Value::as_str) {
+            // A cursor that does not move would loop for ever.
+            Some(c) if cursor.as_deref() != Some(c) => cursor = Some(c.to_string()),
+            Some(_) => return Err(format!("{path} answered the same cursor twice")),
+            None => break,
+        }
+    }
+    Ok(json!({ field: all }))
+}
+
+/// `s` for a query string: unreserved ASCII kept, every other byte as `%XX`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn print(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -427,8 +496,8 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
             eprintln!("namespace {name} created; its owner API key (shown once):");
             println!("{}", v["api_key"].as_str().unwrap_or_default());
         }
-        Command::Ns(NsCommand::List { client }) => {
-            print(&call(&client, "GET", "/v1/namespaces", None).await?)
+        Command::Ns(NsCommand::List { page, client }) => {
+            print(&list(&client, "/v1/namespaces", "", "namespaces", &page).await?)
         }
         Command::Ns(NsCommand::Delete { name, client }) => {
             print(&call(&client, "DELETE", &format!("/v1/namespaces/{name}"), None).await?)
@@ -454,8 +523,16 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
             );
             println!("{}", v["key"].as_str().unwrap_or_default());
         }
-        Command::Keys(KeysCommand::List { client }) => {
-            print(&call(&client, "GET", "/v1/auth/api-keys", None).await?)
+        Command::Keys(KeysCommand::List { page, client }) => {
+            print(&list(&client, "/v1/auth/api-keys", "", "keys", &page).await?)
+        }
+        Command::Kv(KvCommand::List {
+            prefix,
+            page,
+            client,
+        }) => {
+            let query = format!("prefix={}", percent_encode(&prefix));
+            print(&list(&client, "/v1/kv", &query, "keys", &page).await?)
         }
         Command::Keys(KeysCommand::Revoke { id, client }) => {
             print(&call(&client, "DELETE", &format!("/v1/auth/api-keys/{id}"), None).await?)

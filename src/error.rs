@@ -91,6 +91,8 @@ codes! {
     BadUpgrade = "BAD_UPGRADE", 400, Client, false;
     HostReserved = "HOST_RESERVED", 400, Client, false;
     InvalidCron = "INVALID_CRON", 400, Client, false;
+    /// A listing's `cursor` that does not decode, or was made for another listing or namespace.
+    InvalidCursor = "INVALID_CURSOR", 400, Client, false;
     InvalidExport = "INVALID_EXPORT", 400, Client, false;
     ImportSizeMismatch = "IMPORT_SIZE_MISMATCH", 400, Client, false;
     InvalidField = "INVALID_FIELD", 400, Client, false;

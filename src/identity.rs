@@ -194,11 +194,23 @@ fn refused_as(as_auth: AuthError) -> impl FnOnce(StoreError) -> IdentityError {
     }
 }
 
-/// A namespace's keys (never the secrets). A record refused for its MAC, or
-/// one of another namespace the index was edited to name, is left out.
-pub async fn list_keys(store: &Store, ns: &str) -> IdResult<Vec<ApiKeyRecord>> {
+/// One page of a namespace's keys (never the secrets), by id: those whose id sorts strictly
+/// after `after` (None: from the first), at most `limit`, and the id the
+/// next page resumes after (None on the last page). Reads the index from
+/// `after` on, `limit + 1` entries at most (`Store::scan_page`). A record
+/// refused for its MAC, or one of another namespace the index was edited to
+/// name, is left out.
+pub async fn list_keys_page(
+    store: &Store,
+    ns: &str,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> IdResult<(Vec<ApiKeyRecord>, Option<Vec<u8>>)> {
+    let prefix = format!("nskeys/{ns}/").into_bytes();
+    let after = after.map(|a| [prefix.as_slice(), a].concat());
+    let (rows, last) = store.scan_page(&prefix, after.as_deref(), limit).await?;
     let mut out = Vec::new();
-    for (_, hash) in store.scan_all(format!("nskeys/{ns}/").as_bytes()).await? {
+    for (_, hash) in rows {
         let hash = String::from_utf8_lossy(&hash).into_owned();
         match store.get_json::<ApiKeyRecord>(&key_record_key(&hash)).await {
             Ok(Some(r)) if r.namespace == ns => out.push(r),
@@ -206,7 +218,7 @@ pub async fn list_keys(store: &Store, ns: &str) -> IdResult<Vec<ApiKeyRecord>> {
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(out)
+    Ok((out, last.map(|k| k[prefix.len()..].to_vec())))
 }
 
 /// Revokes a key of a namespace by id; effective on the next request.

@@ -206,19 +206,26 @@ impl Handler<DeployFunction> for NamespaceSupervisor {
     }
 }
 
-/// Sent by `GET /v1/functions`; replies with every function record.
+/// Sent by `GET /v1/functions`; replies with one page of the function
+/// records, by name, and the name the next page resumes after (None on the
+/// last page).
 #[derive(Message)]
-#[rtype(result = "FnResult<Vec<FunctionRecord>>")]
-pub struct ListFunctions;
+#[rtype(result = "FnResult<(Vec<FunctionRecord>, Option<Vec<u8>>)>")]
+pub struct ListFunctions {
+    /// The page starts strictly after this name (None: from the first).
+    pub after: Option<Vec<u8>>,
+    /// Most records on the page.
+    pub limit: usize,
+}
 
 impl Handler<ListFunctions> for NamespaceSupervisor {
-    type Result = ResponseFuture<FnResult<Vec<FunctionRecord>>>;
-    fn handle(&mut self, _: ListFunctions, _: &mut Context<Self>) -> Self::Result {
+    type Result = ResponseFuture<FnResult<(Vec<FunctionRecord>, Option<Vec<u8>>)>>;
+    fn handle(&mut self, msg: ListFunctions, _: &mut Context<Self>) -> Self::Result {
         let timer = self.stats.begin();
         let inv = self.invoker();
         Box::pin(async move {
             let _timer = timer;
-            inv?.list().await
+            inv?.list(msg.after.as_deref(), msg.limit).await
         })
     }
 }

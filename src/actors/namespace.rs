@@ -672,18 +672,22 @@ impl Handler<KvDelete> for NamespaceSupervisor {
     }
 }
 
-/// Sent by `GET /v1/kv?prefix=`; replies with the matching keys in order.
+/// Sent by `GET /v1/kv?prefix=`; replies with one page of the matching keys
+/// in order, and the key (relative to the namespace) the next page resumes
+/// after (None on the last page).
 #[derive(Message)]
-#[rtype(result = "NsResult<Vec<String>>")]
+#[rtype(result = "NsResult<(Vec<String>, Option<Vec<u8>>)>")]
 pub struct KvList {
     /// Only keys starting with this are listed (empty: all).
     pub prefix: String,
+    /// The page starts strictly after this key (None: from the first).
+    pub after: Option<Vec<u8>>,
     /// Most keys to return; capped at `MAX_KV_LIST` by the handler.
     pub limit: usize,
 }
 
 impl Handler<KvList> for NamespaceSupervisor {
-    type Result = ResponseFuture<NsResult<Vec<String>>>;
+    type Result = ResponseFuture<NsResult<(Vec<String>, Option<Vec<u8>>)>>;
     fn handle(&mut self, msg: KvList, _: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
         let store = self.store.clone();
@@ -692,16 +696,20 @@ impl Handler<KvList> for NamespaceSupervisor {
             let base = kv_prefix(&ns);
             let mut p = base.clone();
             p.extend_from_slice(msg.prefix.as_bytes());
+            let after = msg.after.map(|a| [base.as_slice(), &a].concat());
             let j = import_journal_key(&ns);
             let limit = msg.limit.min(MAX_KV_LIST);
             // Keys only: a listing of large values must not read them
             // (it cost 41 ms of CPU a call over 250 values of 1 MB).
-            let keys =
-                unless_importing(&store, &ns, &j, || store.scan_keys_unless(&p, limit, &j)).await?;
-            Ok(keys
+            let (keys, last) = unless_importing(&store, &ns, &j, || {
+                store.scan_keys_page_unless(&p, after.as_deref(), limit, &j)
+            })
+            .await?;
+            let keys = keys
                 .into_iter()
                 .map(|k| String::from_utf8_lossy(&k[base.len()..]).into_owned())
-                .collect())
+                .collect();
+            Ok((keys, last.map(|k| k[base.len()..].to_vec())))
         })
     }
 }

@@ -631,10 +631,24 @@ impl Deployments {
             })
     }
 
-    /// The namespace's deployments with their active versions.
-    pub async fn list(&self, ns: &str) -> DeployResult<Vec<Value>> {
+    /// One page of the namespace's deployments with their active versions,
+    /// by name: those named strictly after `after` (None: from the first),
+    /// at most `limit`, and the name the next page resumes after (None on
+    /// the last page).
+    pub async fn list(
+        &self,
+        ns: &str,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> DeployResult<(Vec<Value>, Option<Vec<u8>>)> {
+        let prefix = dep_prefix(ns);
+        let after = after.map(|a| [prefix.as_slice(), a].concat());
+        let (rows, last) = self
+            .store
+            .scan_page(&prefix, after.as_deref(), limit)
+            .await?;
         let mut out = Vec::new();
-        for (_, v) in self.store.scan_prefix(&dep_prefix(ns), usize::MAX).await? {
+        for (_, v) in rows {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
             };
@@ -642,7 +656,7 @@ impl Deployments {
                 out.push(view(&rec, &ver, None));
             }
         }
-        Ok(out)
+        Ok((out, last.map(|k| k[prefix.len()..].to_vec())))
     }
 
     /// Every live upstream instance's state, for `/metrics`.
@@ -1055,7 +1069,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code, "UPSTREAM_FORBIDDEN", "{e}");
-        assert!(strict.list("m").await.unwrap().is_empty());
+        assert!(strict.list("m", None, 10).await.unwrap().0.is_empty());
         assert!(
             strict
                 .store
@@ -1093,7 +1107,7 @@ mod tests {
             assert_eq!(e.code, "HOST_RESERVED", "{h}: {e}");
             assert!(a.store.get(&host_key(h)).await.unwrap().is_none(), "{h}");
         }
-        assert!(a.list("mallory").await.unwrap().is_empty());
+        assert!(a.list("mallory", None, 10).await.unwrap().0.is_empty());
         // An old record claiming reserved hosts beside an ordinary one.
         let hosts: Vec<String> = [
             "legacy.test",

@@ -1416,7 +1416,7 @@ impl EtcdStore {
         };
         let mut out = Vec::with_capacity(prefixes.len());
         for prefix in prefixes {
-            out.push(self.scan_at(prefix, limit, revision, false).await?);
+            out.push(self.scan_at(prefix, prefix, limit, revision, false).await?);
         }
         Ok(Some(out))
     }
@@ -1446,26 +1446,40 @@ impl EtcdStore {
         limit: usize,
         journal: &[u8],
     ) -> StoreResult<Option<Vec<Vec<u8>>>> {
+        self.scan_keys_from_unless(prefix, prefix, limit, journal)
+            .await
+    }
+
+    /// [`EtcdStore::scan_keys_unless`] from `start` on (a key at or past
+    /// `prefix`): the keys under `prefix` not below `start`.
+    pub async fn scan_keys_from_unless(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: usize,
+        journal: &[u8],
+    ) -> StoreResult<Option<Vec<Vec<u8>>>> {
         let Some(revision) = self.revision_unless(journal).await? else {
             return Ok(None);
         };
-        let rows = self.scan_at(prefix, limit, revision, true).await?;
+        let rows = self.scan_at(prefix, start, limit, revision, true).await?;
         Ok(Some(rows.into_iter().map(|(k, _)| k).collect()))
     }
 
-    /// Every key under `prefix` (at most `limit`) as of `revision`, with its
-    /// value, or with `keys_only` an empty one (values not even sent).
+    /// Every key under `prefix` not below `start` (at most `limit`) as of
+    /// `revision`, with its value, or with `keys_only` an empty one (values
+    /// not even sent).
     async fn scan_at(
         &self,
         prefix: &[u8],
+        start: &[u8],
         limit: usize,
         revision: i64,
         keys_only: bool,
     ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        let start = data_key(prefix);
-        let end = prefix_end(&start);
+        let end = prefix_end(&data_key(prefix));
         let mut out = Vec::new();
-        let mut from = start;
+        let mut from = data_key(start.max(prefix));
         while out.len() < limit {
             let page = (limit - out.len()).min(SCAN_PAGE as usize) as i64;
             let mut opts = GetOptions::new()
@@ -1703,6 +1717,45 @@ fn decode_journal(mut raw: &[u8]) -> Option<(Vec<BatchOp>, Vec<BatchOp>)> {
     Some((steps, last))
 }
 
+impl EtcdStore {
+    /// The rows under `prefix` not below `start` (a key at or past `prefix`),
+    /// in key order, at most `limit`: a page of a listing resumes here
+    /// without reading the keys before it.
+    pub async fn scan_from(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: usize,
+    ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let end = prefix_end(&data_key(prefix));
+        let mut out = Vec::new();
+        let mut from = data_key(start.max(prefix));
+        // Every page is read as of the first one's revision: one consistent snapshot.
+        let mut revision = 0;
+        while out.len() < limit {
+            let page = (limit - out.len()).min(SCAN_PAGE as usize) as i64;
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(page);
+            if revision != 0 {
+                opts = opts.with_revision(revision);
+            }
+            let mut kv = self.clients.kv.clone();
+            let r = rpc("scan", kv.get(from, Some(opts))).await?;
+            if revision == 0 {
+                revision = r.header().map_or(0, |h| h.revision());
+            }
+            for found in r.kvs() {
+                let value = self.resolve(found.key(), found.value(), revision).await?;
+                out.push((found.key()[DATA.len()..].to_vec(), value));
+            }
+            match r.kvs().last() {
+                Some(last) if r.more() => from = successor(last.key()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl OrderedKv for EtcdStore {
     async fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         let dkey = data_key(key);
@@ -1746,33 +1799,7 @@ impl OrderedKv for EtcdStore {
         prefix: &[u8],
         limit: usize,
     ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        let start = data_key(prefix);
-        let end = prefix_end(&start);
-        let mut out = Vec::new();
-        let mut from = start;
-        // Every page is read as of the first one's revision: one consistent snapshot.
-        let mut revision = 0;
-        while out.len() < limit {
-            let page = (limit - out.len()).min(SCAN_PAGE as usize) as i64;
-            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(page);
-            if revision != 0 {
-                opts = opts.with_revision(revision);
-            }
-            let mut kv = self.clients.kv.clone();
-            let r = rpc("scan", kv.get(from, Some(opts))).await?;
-            if revision == 0 {
-                revision = r.header().map_or(0, |h| h.revision());
-            }
-            for found in r.kvs() {
-                let value = self.resolve(found.key(), found.value(), revision).await?;
-                out.push((found.key()[DATA.len()..].to_vec(), value));
-            }
-            match r.kvs().last() {
-                Some(last) if r.more() => from = successor(last.key()),
-                _ => break,
-            }
-        }
-        Ok(out)
+        self.scan_from(prefix, prefix, limit).await
     }
 
     async fn compare_and_swap(
@@ -2048,6 +2075,45 @@ mod tests {
         assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
         assert_eq!(s.scan_prefix(b"p/", n - 3).await.unwrap().len(), n - 3);
         assert_eq!(s.scan_prefix(b"", usize::MAX).await.unwrap().len(), n + 7);
+    }
+
+    /// A scan from a key inside the prefix (a listing's next page) starts
+    /// there, stops at the prefix's end and the limit, across more keys
+    /// than one request reads; keys-only the same.
+    #[tokio::test]
+    async fn scan_from_resumes_inside_the_prefix() {
+        let (_e, s) = store().await;
+        let n = SCAN_PAGE as usize * 2 + 7;
+        let mut batch: Vec<BatchOp> = (0..n)
+            .map(|i| BatchOp::Put(format!("p/{i:04}").into_bytes(), vec![1]))
+            .collect();
+        batch.push(BatchOp::Put(b"p".to_vec(), vec![1]));
+        batch.push(BatchOp::Put(b"q/0".to_vec(), vec![1]));
+        s.apply_batch(batch).await.unwrap();
+        let keys = |rows: Vec<(Vec<u8>, Vec<u8>)>| -> Vec<Vec<u8>> {
+            rows.into_iter().map(|(k, _)| k).collect()
+        };
+        let from = s.scan_from(b"p/", b"p/0005\0", 3).await.unwrap();
+        assert_eq!(
+            keys(from),
+            [b"p/0006".to_vec(), b"p/0007".to_vec(), b"p/0008".to_vec()]
+        );
+        let rest = s.scan_from(b"p/", b"p/0010", usize::MAX).await.unwrap();
+        assert_eq!(rest.len(), n - 10);
+        assert_eq!(
+            rest.last().unwrap().0,
+            format!("p/{:04}", n - 1).into_bytes()
+        );
+        // A start below the prefix reads from the prefix; past it, nothing.
+        assert_eq!(s.scan_from(b"p/", b"a", 1).await.unwrap()[0].0, b"p/0000");
+        assert!(s.scan_from(b"p/", b"q", 5).await.unwrap().is_empty());
+        let k = s
+            .scan_keys_from_unless(b"p/", b"p/0100", 500, b"_j")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(k.len(), n - 100);
+        assert_eq!(k[0], b"p/0100");
     }
 
     /// Guarded changes that each write a key and count it on a shared

@@ -864,6 +864,84 @@ impl Store {
     }
 }
 
+/// One page of a scan ([`Store::scan_page`]): its rows, and the key to
+/// resume strictly after when more follow (the last key read, even when its
+/// record was refused and left out; None on the last page).
+pub type ScanPage<T> = (Vec<T>, Option<Vec<u8>>);
+
+/// The first key a scan that resumes strictly after `after` reads from.
+fn start_after(prefix: &[u8], after: Option<&[u8]>) -> Vec<u8> {
+    match after {
+        Some(a) => {
+            let mut start = a.to_vec();
+            start.push(0);
+            start
+        }
+        None => prefix.to_vec(),
+    }
+}
+
+impl Store {
+    /// One page of the rows under `prefix`, in key order: those strictly
+    /// after `after` (None: from the first), at most `limit`, and where the
+    /// next page resumes. A range read from `after` of `limit + 1` rows:
+    /// neither the rows before it nor the ones past the page are read
+    /// (a listing at a million namespaces reads one page, not a million).
+    /// Resuming after a key, not at an offset, keeps rows written or deleted
+    /// between pages from making a reader see another row twice or miss it.
+    pub async fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<ScanPage<(Vec<u8>, Vec<u8>)>> {
+        let start = start_after(prefix, after);
+        let want = limit.saturating_add(1);
+        let mut rows = delegate!(self, s => s.scan_from(prefix, &start, want).await)?;
+        let next = more_after(&mut rows, limit, |(k, _)| k);
+        self.rows_in(&mut rows);
+        Ok((rows, next))
+    }
+
+    /// [`Store::scan_page`] of the keys alone (values neither read nor
+    /// verified, as [`Store::scan_keys_unless`]), unless `journal` is there
+    /// (`None` then).
+    pub async fn scan_keys_page_unless(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        journal: &[u8],
+    ) -> StoreResult<Option<ScanPage<Vec<u8>>>> {
+        let start = start_after(prefix, after);
+        let want = limit.saturating_add(1);
+        let keys = match &self.backend {
+            Backend::Sled(s) => {
+                let _ = journal;
+                Some(s.scan_keys_from(prefix, &start, want)?)
+            }
+            #[cfg(feature = "cluster")]
+            Backend::Etcd(s) => {
+                Box::pin(s.scan_keys_from_unless(prefix, &start, want, journal)).await?
+            }
+        };
+        Ok(keys.map(|mut keys| {
+            let next = more_after(&mut keys, limit, |k| k);
+            (keys, next)
+        }))
+    }
+}
+
+/// Cuts `rows` (read `limit + 1` at most) to `limit`; when there were more,
+/// the key of the last one kept, where the next page resumes.
+fn more_after<T>(rows: &mut Vec<T>, limit: usize, key: impl Fn(&T) -> &Vec<u8>) -> Option<Vec<u8>> {
+    if rows.len() <= limit {
+        return None;
+    }
+    rows.truncate(limit);
+    rows.last().map(|r| key(r).clone())
+}
+
 /// A journal key no change ever uses: a scan that names it is never held up.
 #[cfg(feature = "cluster")]
 const NO_JOURNAL: &[u8] = b"_store/no_journal";
@@ -912,5 +990,48 @@ mod future_size_tests {
         for (what, size) in sizes {
             assert!(size < 512, "Store::{what}'s future is {size} bytes");
         }
+    }
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    /// Pages of three, each resuming strictly after the last key of the
+    /// page before, reach every key under the prefix once and none outside
+    /// it; the last page says no more follow; keys-only pages the same.
+    #[tokio::test]
+    async fn scan_pages_reach_every_key_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        for k in ["p", "p/0", "p/1", "p/10", "p/2", "p/3", "p/4", "p/5", "q/0"] {
+            store.put(k.as_bytes(), b"v").await.unwrap();
+        }
+        let mut seen = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let (rows, next) = store.scan_page(b"p/", after.as_deref(), 3).await.unwrap();
+            assert!(rows.len() <= 3);
+            seen.extend(rows.into_iter().map(|(k, _)| k));
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        let want: Vec<Vec<u8>> = ["p/0", "p/1", "p/10", "p/2", "p/3", "p/4", "p/5"]
+            .map(|k| k.as_bytes().to_vec())
+            .to_vec();
+        assert_eq!(seen, want);
+        let (keys, next) = store
+            .scan_keys_page_unless(b"p/", Some(b"p/10"), 10, b"_j")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(keys, want[3..].to_vec());
+        assert_eq!(next, None);
+        // Exactly `limit` left: the page is full and the last.
+        let (rows, next) = store.scan_page(b"p/", Some(b"p/2"), 3).await.unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(next, None);
     }
 }

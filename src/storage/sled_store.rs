@@ -471,17 +471,30 @@ impl SledStore {
     /// copying their values out (a listing must not cost what the values
     /// weigh).
     pub fn scan_keys(&self, prefix: &[u8], limit: usize) -> StoreResult<Vec<Vec<u8>>> {
+        self.scan_keys_from(prefix, prefix, limit)
+    }
+
+    /// [`SledStore::scan_keys`] from `start` on (a key at or past `prefix`):
+    /// the live keys under `prefix` not below `start`, the ones before it
+    /// not even visited.
+    pub fn scan_keys_from(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: usize,
+    ) -> StoreResult<Vec<Vec<u8>>> {
         if BlobFiles::covers(prefix) {
             let mut keys = self.blobs.keys(prefix).map_err(blob_io)?;
             for r in self.live(prefix, now_ms()) {
                 keys.push(r?.0.to_vec());
             }
+            keys.retain(|k| k.as_slice() >= start);
             keys.sort();
             keys.dedup();
             keys.truncate(limit);
             return Ok(keys);
         }
-        self.live(prefix, now_ms())
+        self.live_from(prefix, start, now_ms())
             .take(limit)
             .map(|r| r.map(|(k, _)| k.to_vec()))
             .collect()
@@ -494,8 +507,22 @@ impl SledStore {
         prefix: &[u8],
         now: u64,
     ) -> impl Iterator<Item = StoreResult<(sled::IVec, sled::IVec)>> + use<> {
+        self.live_from(prefix, prefix, now)
+    }
+
+    /// [`SledStore::live`] from `start` on (a key at or past `prefix`): a
+    /// range read that begins at `start`, so a page of a listing does not
+    /// walk the keys before it.
+    fn live_from(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        now: u64,
+    ) -> impl Iterator<Item = StoreResult<(sled::IVec, sled::IVec)>> + use<> {
+        let prefix = prefix.to_vec();
         self.db
-            .scan_prefix(prefix)
+            .range(start.max(prefix.as_slice()).to_vec()..)
+            .take_while(move |item| item.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix)))
             .map(|item| item.map_err(unavailable))
             .filter(move |item| {
                 item.as_ref()
@@ -514,6 +541,38 @@ impl SledStore {
             Ok(Err(e)) => Err(StoreError::Unavailable(e)),
             Err(_) => Err(StoreError::Unavailable("the store flusher stopped".into())),
         }
+    }
+}
+
+impl SledStore {
+    /// The live rows under `prefix` not below `start` (a key at or past
+    /// `prefix`), in key order, at most `limit`: a page of a listing
+    /// resumes here without reading the keys before it.
+    pub async fn scan_from(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: usize,
+    ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let now = now_ms();
+        if BlobFiles::covers(prefix) {
+            let mut rows = Vec::new();
+            for k in self.scan_keys_from(prefix, start, limit)? {
+                if let Some(v) = self.get(&k).await? {
+                    rows.push((k, v));
+                }
+            }
+            return Ok(rows);
+        }
+        self.live_from(prefix, start, now)
+            .take(limit)
+            .map(|r| {
+                r.map(|(k, v)| {
+                    let v = decode(&v, now).unwrap_or_default().to_vec();
+                    (k.to_vec(), v)
+                })
+            })
+            .collect()
     }
 }
 
@@ -563,25 +622,7 @@ impl OrderedKv for SledStore {
         prefix: &[u8],
         limit: usize,
     ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        let now = now_ms();
-        if BlobFiles::covers(prefix) {
-            let mut rows = Vec::new();
-            for k in self.scan_keys(prefix, limit)? {
-                if let Some(v) = self.get(&k).await? {
-                    rows.push((k, v));
-                }
-            }
-            return Ok(rows);
-        }
-        self.live(prefix, now)
-            .take(limit)
-            .map(|r| {
-                r.map(|(k, v)| {
-                    let v = decode(&v, now).unwrap_or_default().to_vec();
-                    (k.to_vec(), v)
-                })
-            })
-            .collect()
+        self.scan_from(prefix, prefix, limit).await
     }
 
     async fn compare_and_swap(

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 /// Runs `meshgate ARGS --url BASE`; panics on a non-zero exit; returns stdout.
-fn cli(base: &str, args: &[&str]) -> String {
+pub(crate) fn cli(base: &str, args: &[&str]) -> String {
     let out = std::process::Command::new(bin())
         .args(args)
         .args(["--url", base])
@@ -25,7 +25,7 @@ fn cli(base: &str, args: &[&str]) -> String {
 }
 
 /// What the CLI printed, as JSON.
-fn printed(out: &str) -> Value {
+pub(crate) fn printed(out: &str) -> Value {
     json(out.trim())
 }
 

@@ -21,6 +21,7 @@ mod functions;
 mod history;
 mod node;
 mod observe;
+mod paging;
 mod passivate;
 mod pubsub;
 mod quotas;

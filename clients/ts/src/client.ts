@@ -137,6 +137,39 @@ export interface HistoryPage {
   more: boolean;
 }
 
+/**
+ * The node's paged listings (README, "Listings are paged"): each answers at
+ * most `limit` items (1 to 1000, default 100) and a `next_cursor`.
+ * `namespaces` needs the operator key.
+ */
+export type Listing = "namespaces" | "apiKeys" | "functions" | "deployments" | "kv" | "topics";
+
+/** Where each listing lives and the field its items are in. */
+const LISTINGS: Record<Listing, { path: string; field: string }> = {
+  namespaces: { path: "/v1/namespaces", field: "namespaces" },
+  apiKeys: { path: "/v1/auth/api-keys", field: "keys" },
+  functions: { path: "/v1/functions", field: "functions" },
+  deployments: { path: "/v1/deployments", field: "deployments" },
+  kv: { path: "/v1/kv", field: "keys" },
+  topics: { path: "/v1/pubsub/topics", field: "topics" },
+};
+
+export interface PageOptions {
+  /** Items on a page, 1 to 1000 (default: the node's, 100). */
+  limit?: number;
+  /** Start after this `nextCursor` of an earlier page (default: the first page). */
+  cursor?: string;
+  /** `kv` only: list the keys starting with this. */
+  prefix?: string;
+}
+
+/** One page of a listing, in key order. */
+export interface Page<T> {
+  items: T[];
+  /** Pass as `cursor` for the next page; null on the last page. */
+  nextCursor: string | null;
+}
+
 interface Pending {
   resolve: (v: any) => void;
   reject: (e: MeshgateError) => void;
@@ -318,6 +351,47 @@ export class Client extends Emitter<ClientEvents> {
       ),
       more: v.more === true,
     };
+  }
+
+  /**
+   * One page of a listing (HTTP `GET`, e.g. `/v1/kv?limit=&cursor=`). The
+   * items are as the node answers them: names for `kv`, records for the
+   * others.
+   */
+  async page<T = any>(listing: Listing, opts: PageOptions = {}): Promise<Page<T>> {
+    const l = LISTINGS[listing];
+    if (!l) throw new TypeError(`unknown listing ${String(listing)}`);
+    const q = new URLSearchParams();
+    if (opts.prefix !== undefined) q.set("prefix", opts.prefix);
+    if (opts.limit !== undefined) q.set("limit", String(opts.limit));
+    if (opts.cursor !== undefined) q.set("cursor", opts.cursor);
+    const qs = q.toString();
+    const v = await this.http("GET", qs ? `${l.path}?${qs}` : l.path);
+    return { items: v[l.field] ?? [], nextCursor: v.next_cursor ?? null };
+  }
+
+  /**
+   * Every item of a listing, page after page (`opts.limit` per request),
+   * following `nextCursor` until the last page: `for await (const f of
+   * client.items("functions")) ...`.
+   */
+  async *items<T = any>(listing: Listing, opts: PageOptions = {}): AsyncGenerator<T, void, undefined> {
+    let cursor = opts.cursor;
+    for (;;) {
+      const p: Page<T> = await this.page<T>(listing, { ...opts, cursor });
+      yield* p.items;
+      if (p.nextCursor === null) return;
+      // A cursor that does not move would loop for ever.
+      if (p.nextCursor === cursor) throw new ServerError("BAD_CURSOR", `${listing}: the same cursor twice`);
+      cursor = p.nextCursor;
+    }
+  }
+
+  /** Every item of a listing in one array ([`items`] collected). */
+  async all<T = any>(listing: Listing, opts: PageOptions = {}): Promise<T[]> {
+    const out: T[] = [];
+    for await (const item of this.items<T>(listing, opts)) out.push(item);
+    return out;
   }
 
   // ---- connection -------------------------------------------------------

@@ -11,6 +11,9 @@ export type {
   PresenceMember,
   HistoryOptions,
   HistoryPage,
+  Listing,
+  Page,
+  PageOptions,
 } from "./client.js";
 export { Subscription } from "./subscription.js";
 export type {

@@ -726,13 +726,25 @@ impl Invoker {
         (ops, version, meta, evicted)
     }
 
-    /// Every function of the namespace, by name.
-    pub async fn list(&self) -> FnResult<Vec<FunctionRecord>> {
-        let rows = self.store().scan_all(&fn_prefix(&self.ns)).await?;
-        Ok(rows
+    /// One page of the namespace's functions, by name: those named strictly
+    /// after `after` (None: from the first), at most `limit`, and the name
+    /// the next page resumes after (None on the last page).
+    pub async fn list(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> FnResult<(Vec<FunctionRecord>, Option<Vec<u8>>)> {
+        let prefix = fn_prefix(&self.ns);
+        let after = after.map(|a| [prefix.as_slice(), a].concat());
+        let (rows, last) = self
+            .store()
+            .scan_page(&prefix, after.as_deref(), limit)
+            .await?;
+        let list = rows
             .into_iter()
             .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
-            .collect())
+            .collect();
+        Ok((list, last.map(|k| k[prefix.len()..].to_vec())))
     }
 
     async fn record_of(&self, name: &str) -> FnResult<FunctionRecord> {

@@ -24,7 +24,7 @@ impl Invoker {
     /// kept resolution: the functions may all have changed.
     pub async fn load_triggers(&self) -> FnResult<Change> {
         let mut all = Vec::new();
-        for rec in self.list().await? {
+        for rec in self.list(None, usize::MAX).await?.0 {
             let meta: Option<VersionMeta> = self
                 .store()
                 .get_json(&ver_key(&self.ns, &rec.name, rec.current_version))

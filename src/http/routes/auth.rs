@@ -3,6 +3,7 @@
 //! the chain's (`chain/access.rs`).
 
 use super::ctx::NsCtx;
+use super::page::{Page, PageQuery};
 use crate::auth::{self, Claims, Grant, KeyKind, Role, WalletAllow, WalletSignIn};
 use crate::error::Code;
 use crate::error::{ApiError, ApiResult};
@@ -498,9 +499,17 @@ async fn create_key(
     Ok(HttpResponse::Created().json(json!({"key": key, "api_key": key, "record": record})))
 }
 
-async fn list_keys(node: web::Data<Node>, ctx: NsCtx) -> ApiResult<HttpResponse> {
-    let keys = identity::list_keys(&node.store, &ctx.name).await?;
-    Ok(HttpResponse::Ok().json(json!({"keys": keys})))
+/// `GET /v1/keys[?limit=&cursor=]`: one page of the namespace's API keys, by id.
+async fn list_keys(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    q: web::Query<PageQuery>,
+) -> ApiResult<HttpResponse> {
+    let page = Page::parse(&q, "keys", &ctx.name)?;
+    let (keys, last) =
+        identity::list_keys_page(&node.store, &ctx.name, page.after.as_deref(), page.limit).await?;
+    let next = page.next_cursor(last.as_deref());
+    Ok(HttpResponse::Ok().json(json!({"keys": keys, "next_cursor": next})))
 }
 
 async fn revoke_key(

@@ -3,6 +3,7 @@
 
 use super::ctx::NsCtx;
 use super::functions::{field_text, read_field};
+use super::page::{Page, PageQuery};
 use crate::deploy::NewDeployment;
 use crate::deploy::model::{
     Balance, HealthSpec, MAX_HOSTS, MAX_INSTANCES, MAX_WEIGHT, RouteSpec, TargetSpec,
@@ -408,9 +409,19 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
     ))
 }
 
-async fn list(node: web::Data<Node>, ctx: NsCtx) -> ApiResult<HttpResponse> {
-    let d = node.deployments.list(&ctx.name).await?;
-    Ok(HttpResponse::Ok().json(json!({"deployments": d})))
+/// `GET /v1/deployments[?limit=&cursor=]`: one page of the deployments, by name.
+async fn list(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    q: web::Query<PageQuery>,
+) -> ApiResult<HttpResponse> {
+    let page = Page::parse(&q, "deployments", &ctx.name)?;
+    let (d, last) = node
+        .deployments
+        .list(&ctx.name, page.after.as_deref(), page.limit)
+        .await?;
+    let next = page.next_cursor(last.as_deref());
+    Ok(HttpResponse::Ok().json(json!({"deployments": d, "next_cursor": next})))
 }
 
 async fn show(

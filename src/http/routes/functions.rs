@@ -4,6 +4,7 @@
 //! namespace's supervisor, which owns the namespace's invoker.
 
 use super::ctx::NsCtx;
+use super::page::{Page, PageQuery};
 use crate::actors::{CallerInfo, DeployRequest, MAX_LOGS, Reply, Trigger};
 use crate::actors::{
     DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
@@ -257,9 +258,18 @@ async fn deploy(node: web::Data<Node>, ctx: NsCtx, mp: Multipart) -> ApiResult<H
     Ok(HttpResponse::Created().json(json!({"ok": true, "function": deployed})))
 }
 
-async fn list(ctx: NsCtx) -> ApiResult<HttpResponse> {
-    let functions = ctx.handle.ask(ListFunctions).await??;
-    Ok(HttpResponse::Ok().json(json!({"functions": functions})))
+/// `GET /v1/functions[?limit=&cursor=]`: one page of the functions, by name.
+async fn list(ctx: NsCtx, q: web::Query<PageQuery>) -> ApiResult<HttpResponse> {
+    let page = Page::parse(&q, "functions", &ctx.name)?;
+    let (functions, last) = ctx
+        .handle
+        .ask(ListFunctions {
+            after: page.after.clone(),
+            limit: page.limit,
+        })
+        .await??;
+    let next = page.next_cursor(last.as_deref());
+    Ok(HttpResponse::Ok().json(json!({"functions": functions, "next_cursor": next})))
 }
 
 async fn show(ctx: NsCtx, name: web::Path<String>) -> ApiResult<HttpResponse> {

@@ -2,6 +2,7 @@
 //! (`/v1/db/*`), handled by the namespace's supervisor.
 
 use super::ctx::NsCtx;
+use super::page::{Page, PageQuery};
 use crate::actors::{
     Export, ExportEntry, Import, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY, MAX_KV_LIST,
     NamespaceExport,
@@ -125,26 +126,48 @@ struct ListQuery {
     /// List only keys starting with this (default empty: all); also the authorized scope.
     #[serde(default)]
     prefix: String,
-    /// Most keys wanted; absent or larger means `MAX_KV_LIST`.
+    /// Keys on the page: 1 to `MAX_PAGE`, default `DEFAULT_PAGE` (`page.rs`).
     #[serde(default)]
-    limit: Option<usize>,
+    limit: Option<String>,
+    /// The `next_cursor` of the page before (`page.rs`).
+    #[serde(default)]
+    cursor: Option<String>,
     /// Consumed by the authorization step (operators naming a namespace).
     #[serde(default, rename = "namespace")]
     _namespace: Option<String>,
 }
 
+/// `GET /v1/kv[?prefix=&limit=&cursor=]`: one page of the keys, in order.
 async fn list(ctx: NsCtx, q: web::Query<ListQuery>) -> ApiResult<HttpResponse> {
     let q = q.into_inner();
     ctx.require("kv", "read", &format!("{}*", q.prefix))?;
-    let limit = q.limit.unwrap_or(MAX_KV_LIST).min(MAX_KV_LIST);
-    let keys = ctx
+    let page = Page::parse(
+        &PageQuery {
+            limit: q.limit,
+            cursor: q.cursor,
+        },
+        "kv",
+        &ctx.name,
+    )?;
+    // A cursor resumes inside the prefix it was made for.
+    if let Some(a) = &page.after
+        && !a.starts_with(q.prefix.as_bytes())
+    {
+        return Err(ApiError::new(
+            Code::InvalidCursor,
+            "the cursor belongs to a listing of another prefix: pass the same prefix as for the page before",
+        ));
+    }
+    let (keys, last) = ctx
         .handle
         .ask(KvList {
             prefix: q.prefix,
-            limit,
+            after: page.after.clone(),
+            limit: page.limit.min(MAX_KV_LIST),
         })
         .await??;
-    Ok(HttpResponse::Ok().json(json!({"keys": keys})))
+    let next = page.next_cursor(last.as_deref());
+    Ok(HttpResponse::Ok().json(json!({"keys": keys, "next_cursor": next})))
 }
 
 /// `format` of a whole-namespace export.

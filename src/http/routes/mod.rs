@@ -8,6 +8,7 @@ mod deployments;
 mod functions;
 mod kv;
 mod namespaces;
+mod page;
 mod pubsub;
 mod stats;
 mod system;

@@ -1,6 +1,7 @@
 //! `/v1/namespaces`: created, listed, shown and deleted by the operator.
 
 use super::ctx::NsCtx;
+use super::page::{Page, PageQuery};
 use crate::actors::{
     CreateNamespace, DeleteNamespace, GetInfo, InjectPanic, NamespaceRecord, ns_key,
 };
@@ -174,13 +175,20 @@ async fn create(
     })))
 }
 
-async fn list(node: web::Data<Node>) -> ApiResult<HttpResponse> {
-    let rows = node.store.scan_all(b"ns/").await?;
+/// `GET /v1/namespaces[?limit=&cursor=]`: one page of the namespaces, by name.
+async fn list(node: web::Data<Node>, q: web::Query<PageQuery>) -> ApiResult<HttpResponse> {
+    let page = Page::parse(&q, "namespaces", "")?;
+    const PREFIX: &[u8] = b"ns/";
+    let (rows, last) = node
+        .store
+        .scan_page(PREFIX, page.after_key(PREFIX).as_deref(), page.limit)
+        .await?;
     let list: Vec<NamespaceRecord> = rows
         .iter()
         .filter_map(|(_, v)| serde_json::from_slice(v).ok())
         .collect();
-    Ok(HttpResponse::Ok().json(json!({"namespaces": list})))
+    let next = page.next_cursor(last.as_deref().map(|k| &k[PREFIX.len()..]));
+    Ok(HttpResponse::Ok().json(json!({"namespaces": list, "next_cursor": next})))
 }
 
 async fn show(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {

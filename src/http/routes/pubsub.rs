@@ -2,6 +2,7 @@
 //! and the topic list. The sockets' protocol is in docs/pubsub.md.
 
 use super::ctx::NsCtx;
+use super::page::{Page, PageQuery, page_sorted};
 use crate::actors::{
     Presence, Publish, PublishBatch, ReadHistory, SetHistory, Subscribe, Topics, UnsubscribeAll,
 };
@@ -802,10 +803,23 @@ async fn presence(
     })))
 }
 
+/// A topic's key in its listing: its name.
+fn topic_key(t: &TopicCount) -> &[u8] {
+    t.topic.as_bytes()
+}
+
 /// `GET /v1/pubsub/topics`: the live topics the caller may read. In a
 /// cluster those of every live node, counts summed, with
 /// `partial`/`nodes_missing` as for presence.
-async fn topics(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
+/// Paged by topic name (`?limit=&cursor=`, `page.rs`): live topics are
+/// held in memory, not in the store, so the page is cut from the sorted,
+/// merged list.
+async fn topics(
+    ctx: NsCtx,
+    node: web::Data<Node>,
+    q: web::Query<PageQuery>,
+) -> ApiResult<HttpResponse> {
+    let page = Page::parse(&q, "topics", &ctx.name)?;
     let here = local_of(&ctx.handle, None).await?;
     let readable = |t: &TopicCount| {
         ctx.identity
@@ -813,13 +827,22 @@ async fn topics(ctx: NsCtx, node: web::Data<Node>) -> ApiResult<HttpResponse> {
             .is_some_and(|i| i.allows("pubsub", "read", &t.topic))
     };
     let Some((mut views, missing)) = others_views(&node, &ctx.name, None).await else {
-        let list: Vec<_> = here.topics.into_iter().filter(readable).collect();
-        return Ok(HttpResponse::Ok().json(json!({"topics": list})));
+        let (list, next) = page_sorted(
+            merge_topics([here]).into_iter().filter(readable),
+            &page,
+            topic_key,
+        );
+        return Ok(HttpResponse::Ok().json(json!({"topics": list, "next_cursor": next})));
     };
     views.push(here);
-    let list: Vec<_> = merge_topics(views).into_iter().filter(readable).collect();
+    let (list, next) = page_sorted(
+        merge_topics(views).into_iter().filter(readable),
+        &page,
+        topic_key,
+    );
     Ok(HttpResponse::Ok().json(json!({
         "topics": list,
+        "next_cursor": next,
         "partial": !missing.is_empty(),
         "nodes_missing": missing,
     })))

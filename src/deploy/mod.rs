@@ -408,8 +408,10 @@ impl Deployments {
 
     /// The namespace whose deployment `host` routes to (never a reserved host).
     pub fn host_namespace(&self, host: &str) -> Option<String> {
-        let ns = self.index().host_namespace(host)?.to_string();
-        self.reserved_host(host).is_none().then_some(ns)
+        let ix = self.index.load();
+        let ns = ix.host_namespace(host)?;
+        (ix.names_generation == self.own_names.generation() || self.reserved_host(host).is_none())
+            .then(|| ns.to_string())
     }
 
     /// Creates a deployment, or a new version of it, and makes it serve.

@@ -25,7 +25,8 @@ With PROFILE_DIR set, each path is then profiled on its own: `perf record -F
 
 Usage: scripts/bench-request-path.py <meshgate binary>
 Environment: ROUNDS (3), DURATION (4), CONNECTIONS (32), PROFILE_DIR,
-PROFILE_SECONDS (5). Needs wrk and nginx (scripts/bench-request-path.sh
+PROFILE_SECONDS (5); HOLD=1 sets everything up, prints each path's wrk
+command and the node's pid, and waits for Enter (for a profiler). Needs wrk and nginx (scripts/bench-request-path.sh
 installs them).
 """
 
@@ -296,6 +297,13 @@ def main():
         px_keyed = Wrk("proxy_api_key", f"{base}/hello", ["Host: keyed.bench.test", f"X-API-Key: {key}"])
         ngx = Wrk("nginx", f"http://127.0.0.1:{px_port}/hello", ["Host: open.bench.test"])
 
+        if os.environ.get("HOLD"):
+            # The servers stay up for an outside generator or profiler.
+            for load in (livez, kv_jwt, kv_key, invoke, px_open, px_keyed, ngx):
+                print(load.name, " ".join(f"'{a}'" for a in load.args(DURATION)))
+            print(f"node pid {node.pid}; press Enter to stop", flush=True)
+            sys.stdin.readline()
+            return
         rev = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
         print(f"meshgate {BIN} (commit {rev.stdout.strip() or '?'}), {CORES} cores; wrk -t1 -c{CONNECTIONS}, "
               f"{DURATION} s runs alternated A B B A, {ROUNDS} rounds; every part its own process")

@@ -32,7 +32,8 @@ fi
 # One build, no edits between: incremental caches would only double the
 # target folder's size on disk (about 5 GB more for this stack).
 export CARGO_INCREMENTAL=0
-cargo build --bins --features cluster
+# `cargo test` builds the binary too, with the tests' features (the
+# dev-dependencies turn on more of wasmtime): one build of each crate.
 cargo test --all-targets --features cluster "$@"
 # The TypeScript client (clients/ts, issue #41) against the binary just
 # built: node --test against real nodes, then once in headless Chromium.

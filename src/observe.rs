@@ -528,28 +528,36 @@ pub mod trace {
 
         /// The `traceparent` for the next hop: `00-<trace id>-<span id>-<flags>`.
         pub fn traceparent(&self) -> String {
-            format!(
-                "00-{}-{}-{:02x}",
-                hex::encode(self.trace_id),
-                hex::encode(self.span_id),
-                self.flags
-            )
+            self.traceparent_from(self.span_id)
         }
 
         /// The `traceparent` naming `parent` (a CLIENT span of this node's)
-        /// as the next hop's parent.
+        /// as the next hop's parent. Written into one buffer of its fixed
+        /// 55 bytes (every proxied request sends one).
         pub fn traceparent_from(&self, parent: [u8; 8]) -> String {
-            format!(
-                "00-{}-{}-{:02x}",
-                hex::encode(self.trace_id),
-                hex::encode(parent),
-                self.flags
-            )
+            let mut out = [0u8; 55];
+            out[..3].copy_from_slice(b"00-");
+            hex_into(&self.trace_id, &mut out[3..35]);
+            out[35] = b'-';
+            hex_into(&parent, &mut out[36..52]);
+            out[52] = b'-';
+            hex_into(&[self.flags], &mut out[53..55]);
+            // Only ASCII hex digits and '-' were written.
+            String::from_utf8_lossy(&out).into_owned()
         }
 
         /// The trace id in hex (logs and records).
         pub fn trace_id_hex(&self) -> String {
             hex::encode(self.trace_id)
+        }
+    }
+
+    /// Lower-case hex of `bytes` into `out` (twice as long).
+    fn hex_into(bytes: &[u8], out: &mut [u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
         }
     }
 
@@ -624,6 +632,32 @@ pub mod trace {
         }
 
         const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+        /// The `traceparent` written by hand is the one `format!` writes, for
+        /// ids and flags of every nibble.
+        #[test]
+        fn traceparent_is_written_as_the_spec_spells_it() {
+            for seed in 0u8..=255 {
+                let t = TraceContext {
+                    trace_id: std::array::from_fn(|i| {
+                        seed.wrapping_mul(31).wrapping_add(i as u8 * 17)
+                    }),
+                    span_id: std::array::from_fn(|i| seed.wrapping_add(i as u8 * 29)),
+                    flags: seed,
+                    tracestate: None,
+                    parent_id: None,
+                };
+                let want = format!(
+                    "00-{}-{}-{:02x}",
+                    hex::encode(t.trace_id),
+                    hex::encode(t.span_id),
+                    t.flags
+                );
+                assert_eq!(t.traceparent(), want);
+                assert_eq!(t.traceparent_from([0xab; 8]).len(), 55);
+                assert!(parse_traceparent(&want).is_some() || t.trace_id == [0; 16]);
+            }
+        }
 
         /// A valid traceparent is continued: same trace id and flags, a new span id.
         #[test]

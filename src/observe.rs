@@ -71,8 +71,19 @@ pub struct ActivityEntry {
     pub request_id: Option<String>,
     /// The authorized subject, when a route policy established one.
     pub subject: Option<String>,
-    /// The W3C trace id of the request.
-    pub trace_id: Option<String>,
+    /// The W3C trace id of the request (hex in JSON; kept as bytes, so a
+    /// request that nobody reads the activity of formats nothing).
+    pub trace_id: Option<TraceId>,
+}
+
+/// A W3C trace id, written as its 32 lower-case hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceId(pub [u8; 16]);
+
+impl Serialize for TraceId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(self.0))
+    }
 }
 
 /// Cuts `s` to at most `max` bytes, at a character boundary, ending with

@@ -164,7 +164,7 @@ async fn serve_observed(
         (
             ext.get::<Subject>().map(|s| s.0.clone()),
             ext.get::<crate::observe::trace::TraceContext>()
-                .map(|t| t.trace_id_hex()),
+                .map(|t| crate::observe::TraceId(t.trace_id)),
         )
     };
     bound.observed.push_activity(

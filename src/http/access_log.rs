@@ -46,10 +46,12 @@ pub struct Entry {
 impl Entry {
     /// `start` is when the request came in (the caller has read the clock
     /// already, for the request metrics).
-    pub fn begin(method: &Method, path: &str, start: Instant) -> Entry {
+    /// The path is given to [`Entry::finish`] (the request still holds it):
+    /// a line the filter drops copies nothing.
+    pub fn begin(method: &Method, start: Instant) -> Entry {
         Entry {
             method: method.clone(),
-            path: path.to_string(),
+            path: String::new(),
             start,
             trace_id: None,
         }
@@ -71,8 +73,9 @@ impl Entry {
             .unwrap_or("")
     }
 
-    /// Writes the request's line if the filter lets it through.
-    pub fn finish(self, status: u16, request_id: &str) {
+    /// Writes the request's line (for `path`, the request's) if the filter
+    /// lets it through.
+    pub fn finish(mut self, status: u16, request_id: &str, path: &str) {
         let failed = status >= 500;
         let enabled = if failed {
             tracing::enabled!(target: "meshgate::access", tracing::Level::WARN)
@@ -83,6 +86,7 @@ impl Entry {
             return;
         }
         let micros = self.start.elapsed().as_micros() as u64;
+        path.clone_into(&mut self.path);
         let Some(w) = WRITER.get() else {
             let ms = micros as f64 / 1000.0;
             let (m, p, id) = (self.method.as_str(), self.path.as_str(), request_id);

@@ -362,7 +362,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     let mut trace = crate::observe::trace::TraceContext::from_headers(req.headers());
     let server =
         crate::telemetry::ServerSpan::begin(&mut trace, req.method().as_str(), req.path(), &id);
-    let entry = access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
+    let entry = access_log::Entry::begin(req.method(), start).trace(&trace);
     if let Some(s) = &server {
         req.extensions_mut().insert(s.clone());
     }
@@ -381,7 +381,7 @@ pub async fn routed_fast_path<B: MessageBody + 'static>(
     if let Some(s) = server {
         s.finish(resp.status().as_u16(), None);
     }
-    entry.finish(resp.status().as_u16(), &id);
+    entry.finish(resp.status().as_u16(), &id, http.path());
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&id) {
         h.insert(REQUEST_ID, v);

@@ -138,8 +138,7 @@ async fn logged<B: MessageBody + 'static>(
     // The request's SERVER span, when spans are exported (else nothing is built).
     let server =
         crate::telemetry::ServerSpan::begin(&mut trace, req.method().as_str(), req.path(), &id);
-    let entry =
-        crate::http::access_log::Entry::begin(req.method(), req.path(), start).trace(&trace);
+    let entry = crate::http::access_log::Entry::begin(req.method(), start).trace(&trace);
     if let Some(s) = &server {
         req.extensions_mut().insert(s.clone());
     }
@@ -154,7 +153,7 @@ async fn logged<B: MessageBody + 'static>(
     }
     match res {
         Ok(mut r) => {
-            entry.finish(r.status().as_u16(), &id);
+            entry.finish(r.status().as_u16(), &id, r.request().path());
             if let Ok(v) = HeaderValue::from_str(&id) {
                 r.headers_mut().insert(REQUEST_ID, v);
             }

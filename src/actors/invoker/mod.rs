@@ -28,8 +28,8 @@ use crate::functions::{FnError, FnResult};
 use crate::storage::{BatchOp, OrderedKv, Store};
 use crate::wasm::{CompiledModule, HostApi, HostError, Invocation, ResolvedFunction};
 use arc_swap::ArcSwap;
+use crate::metrics::NsCounter;
 use bytes::Bytes;
-use prometheus::IntCounter;
 use serde::Serialize;
 #[cfg(test)]
 use tokio::sync::mpsc;
@@ -194,7 +194,7 @@ struct NsState {
     /// while any is, the supervisor does not passivate ([`Busy`]).
     busy: std::sync::atomic::AtomicUsize,
     /// This namespace's invocation and error counters, looked up by label once.
-    counters: std::sync::OnceLock<(IntCounter, IntCounter)>,
+    counters: std::sync::OnceLock<(NsCounter, NsCounter)>,
     /// This namespace's records queued for the writer and written by it.
     records: Arc<RecordProgress>,
 }

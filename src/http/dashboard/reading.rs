@@ -75,9 +75,9 @@ impl Previous {
 
 /// Values of a one-label (`namespace`) counter or gauge vector, read without
 /// creating series (reading through `with_label_values` would add empty ones).
-fn by_namespace(c: &impl Collector) -> HashMap<String, f64> {
+fn by_namespace(families: Vec<prometheus::proto::MetricFamily>) -> HashMap<String, f64> {
     let mut out = HashMap::new();
-    for fam in c.collect() {
+    for fam in families {
         for m in fam.get_metric() {
             let ns = m
                 .get_label()
@@ -386,11 +386,11 @@ pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usi
     for name in node.namespaces.names() {
         namespaces.entry(name).or_default().running = true;
     }
-    let subscribers = by_namespace(&m.ws_subscribers);
-    let topics = by_namespace(&m.pubsub_topics);
-    let publishes = by_namespace(&m.publishes);
-    let invocations = by_namespace(&m.invocations);
-    let errors = by_namespace(&m.invocation_errors);
+    let subscribers = by_namespace(m.ws_subscribers.collect());
+    let topics = by_namespace(m.pubsub_topics.collect());
+    let publishes = by_namespace(m.publishes.collect());
+    let invocations = by_namespace(m.invocations.collect());
+    let errors = by_namespace(m.invocation_errors.collect());
     for map in [&subscribers, &topics, &publishes, &invocations, &errors] {
         for ns in map.keys().filter(|k| !k.is_empty()) {
             namespaces.entry(ns.clone()).or_default();

@@ -207,16 +207,32 @@ impl Metrics {
         let ns = NsIndex::new();
         let inner = Inner {
             started: crate::util::mono_now(),
-            actor_mailbox_depth: ns.gauge("meshgate_actor_mailbox_depth", "Messages waiting in actor mailboxes", ACTOR_LABELS),
-            actor_handled: ns.counter("meshgate_actor_messages_handled_total", "Messages handled by actors", ACTOR_LABELS),
+            actor_mailbox_depth: ns.gauge(
+                "meshgate_actor_mailbox_depth",
+                "Messages waiting in actor mailboxes",
+                ACTOR_LABELS,
+            ),
+            actor_handled: ns.counter(
+                "meshgate_actor_messages_handled_total",
+                "Messages handled by actors",
+                ACTOR_LABELS,
+            ),
             actor_handling_seconds: ns.histogram(
                 "meshgate_actor_handling_seconds",
                 "Time an actor spends handling one message",
                 ACTOR_LABELS,
                 latency.clone(),
             ),
-            actor_restarts: ns.counter("meshgate_actor_restarts_total", "Actor restarts after a panic", ACTOR_LABELS),
-            actor_overloaded: ns.counter("meshgate_actor_overloaded_total", "Messages refused because a mailbox was full", ACTOR_LABELS),
+            actor_restarts: ns.counter(
+                "meshgate_actor_restarts_total",
+                "Actor restarts after a panic",
+                ACTOR_LABELS,
+            ),
+            actor_overloaded: ns.counter(
+                "meshgate_actor_overloaded_total",
+                "Messages refused because a mailbox was full",
+                ACTOR_LABELS,
+            ),
             http_requests: reg!(
                 IntCounterVec::new(
                     Opts::new(
@@ -251,14 +267,34 @@ impl Metrics {
                 )
                 .unwrap()
             ),
-            publishes: ns.counter("meshgate_pubsub_published_total", "Messages published", &["namespace"]),
-            invocations: ns.counter("meshgate_function_invocations_total", "Function invocations", &["namespace"]),
-            invocation_errors: ns.counter("meshgate_function_errors_total", "Function invocations that failed", &["namespace"]),
+            publishes: ns.counter(
+                "meshgate_pubsub_published_total",
+                "Messages published",
+                &["namespace"],
+            ),
+            invocations: ns.counter(
+                "meshgate_function_invocations_total",
+                "Function invocations",
+                &["namespace"],
+            ),
+            invocation_errors: ns.counter(
+                "meshgate_function_errors_total",
+                "Function invocations that failed",
+                &["namespace"],
+            ),
             ws_connections: reg!(
                 IntGauge::new("meshgate_ws_connections", "Open WebSocket connections").unwrap()
             ),
-            ws_subscribers: ns.gauge("meshgate_ws_subscribers", "Live topic subscriptions", &["namespace"]),
-            pubsub_topics: ns.gauge("meshgate_pubsub_topics", "Topics with local subscribers", &["namespace"]),
+            ws_subscribers: ns.gauge(
+                "meshgate_ws_subscribers",
+                "Live topic subscriptions",
+                &["namespace"],
+            ),
+            pubsub_topics: ns.gauge(
+                "meshgate_pubsub_topics",
+                "Topics with local subscribers",
+                &["namespace"],
+            ),
             pubsub_delivered: reg!(
                 IntCounter::new(
                     "meshgate_pubsub_delivered_total",
@@ -315,7 +351,11 @@ impl Metrics {
                 )
                 .unwrap()
             ),
-            breaker_state: ns.gauge("meshgate_breaker_state", "Breaker state per member (0 closed, 1 half-open, 2 open)", &["namespace", "member"]),
+            breaker_state: ns.gauge(
+                "meshgate_breaker_state",
+                "Breaker state per member (0 closed, 1 half-open, 2 open)",
+                &["namespace", "member"],
+            ),
             forwards: reg!(
                 IntCounterVec::new(
                     Opts::new(
@@ -450,17 +490,25 @@ impl Metrics {
                 )
                 .unwrap()
             ),
-            route_requests: ns.counter("meshgate_route_requests_total", "Routed requests answered by a deployment's route, by status class", &["namespace", "deployment", "route", "status_class"]),
+            route_requests: ns.counter(
+                "meshgate_route_requests_total",
+                "Routed requests answered by a deployment's route, by status class",
+                &["namespace", "deployment", "route", "status_class"],
+            ),
             route_duration_seconds: ns.histogram(
                 "meshgate_route_duration_seconds",
                 "Time a deployment's route took to answer (response headers)",
                 &["namespace", "deployment", "route"],
                 vec![
-                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                        5.0, 10.0, 30.0
-                    ],
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0,
+                ],
             ),
-            upstream_requests: ns.counter("meshgate_upstream_requests_total", "Attempts to reach a deployment's upstream instance, by outcome", &["namespace", "deployment", "route", "instance", "outcome"]),
+            upstream_requests: ns.counter(
+                "meshgate_upstream_requests_total",
+                "Attempts to reach a deployment's upstream instance, by outcome",
+                &["namespace", "deployment", "route", "instance", "outcome"],
+            ),
             route_labels: Default::default(),
             route_activity: Default::default(),
             http_classes: Default::default(),
@@ -853,6 +901,98 @@ mod public_tests {
             public.contains("meshgate_upstream_requests_total{outcome=\"answered\"} 2\n"),
             "{public}"
         );
+    }
+
+    /// Every sample of an exposition: `name{labels}` with the `namespace`
+    /// label dropped, summed over it.
+    fn summed(text: &str) -> std::collections::BTreeMap<String, f64> {
+        let mut out = std::collections::BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+            let labels: Vec<&str> = labels
+                .trim_end_matches('}')
+                .split(',')
+                .filter(|l| !l.is_empty() && !l.starts_with("namespace="))
+                .collect();
+            let key = if labels.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name}{{{}}}", labels.join(","))
+            };
+            *out.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap();
+        }
+        out
+    }
+
+    /// After a mix of counters, gauges (moved and set) and histograms in
+    /// several namespaces and the node's own series, the public exposition
+    /// (the node totals kept as they move) equals the operator's summed over
+    /// `namespace`, whatever the series limit (`_other` holds the rest), and
+    /// a namespace's series still counts after its actors are gone.
+    #[test]
+    fn totals_equal_the_sum_over_namespaces() {
+        let m = Metrics::new();
+        for i in 0..12u64 {
+            let ns = format!("ns{i}");
+            let kind = ["namespace", "ns"];
+            let stats = [kind[0], ns.as_str()];
+            m.actor_handled.with_label_values(&stats).inc_by(i * 3 + 1);
+            m.actor_handling_seconds
+                .with_label_values(&stats)
+                .observe(0.0001 * i as f64);
+            m.actor_mailbox_depth
+                .with_label_values(&stats)
+                .add(i as i64);
+            m.actor_mailbox_depth.with_label_values(&stats).dec();
+            if i % 2 == 0 {
+                m.publishes.with_label_values(&[&ns]).inc_by(i);
+                m.ws_subscribers.with_label_values(&[&ns]).add(3);
+                m.ws_subscribers.with_label_values(&[&ns]).add(-1);
+            }
+            if i % 3 == 0 {
+                m.invocations.with_label_values(&[&ns]).inc();
+                m.invocation_errors.with_label_values(&[&ns]).inc();
+                m.breaker_state.with_label_values(&[&ns, "b"]).set(2);
+                m.breaker_state
+                    .with_label_values(&[&ns, "b"])
+                    .set(i as i64 % 2);
+            }
+        }
+        m.actor_handled.with_label_values(&["node", ""]).inc_by(5);
+        m.observe_route("ns1", "web", "/", 200, 0.01, &[]);
+        m.observe_route("ns2", "web", "/", 500, 0.02, &[]);
+        let public = summed(&m.render_public());
+        for limit in [100, 4, 1] {
+            let text = m.render(limit);
+            let mut operator = summed(&text);
+            // The public view sums deployment and route away too.
+            for k in [
+                "meshgate_route_requests_total",
+                "meshgate_route_duration_seconds",
+            ] {
+                operator.retain(|name, _| !name.starts_with(k));
+            }
+            let mut public = public.clone();
+            public.retain(|name, _| !name.starts_with("meshgate_route_"));
+            assert_eq!(operator, public, "limit {limit}:\n{text}");
+        }
+        assert!(public["meshgate_actor_messages_handled_total{kind=\"namespace\"}"] > 0.0);
+        assert_eq!(public["meshgate_breaker_state{member=\"b\"}"], 2.0);
+        assert_eq!(
+            public["meshgate_route_requests_total{status_class=\"5xx\"}"],
+            1.0
+        );
+        // Every namespace's series, summed by hand, is the total.
+        let handled: u64 = (0..12u64).map(|i| i * 3 + 1).sum();
+        assert_eq!(
+            public["meshgate_actor_messages_handled_total{kind=\"namespace\"}"],
+            handled as f64
+        );
+        let stats: u64 = (0..12)
+            .map(|i| m.namespace_stats(&format!("ns{i}")).messages_handled)
+            .sum();
+        assert_eq!(stats, handled);
     }
 
     /// A namespace's stats read its own series only, and create none.

@@ -26,7 +26,7 @@ use prometheus::{
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Shards of the namespace map: a series lookup locks one.
 const SHARDS: usize = 64;
@@ -194,6 +194,8 @@ pub struct NsIndex {
     /// Namespaces whose activity moved (or that appeared) since the last ranking.
     dirty: Mutex<Vec<Arc<NsEntry>>>,
     ranking: Mutex<Ranking>,
+    /// How many namespaces the last ranking read.
+    last_ranked: AtomicUsize,
 }
 
 impl NsIndex {
@@ -204,6 +206,7 @@ impl NsIndex {
             families: Mutex::default(),
             dirty: Mutex::default(),
             ranking: Mutex::default(),
+            last_ranked: AtomicUsize::new(0),
         })
     }
 
@@ -386,6 +389,7 @@ impl NsIndex {
             c
         };
         candidates.retain(|e| !e.name.is_empty());
+        self.last_ranked.store(candidates.len(), Ordering::Relaxed);
         let mut ranked: Vec<(u64, Arc<NsEntry>)> =
             candidates.into_iter().map(|e| (e.activity(), e)).collect();
         let keep = ranking.limit;
@@ -401,6 +405,12 @@ impl NsIndex {
         ranking.top.iter().take(limit).cloned().collect()
     }
 
+    /// How many namespaces the last [`NsIndex::top`] read (the last top N
+    /// and the namespaces that moved since).
+    pub fn last_ranked(&self) -> usize {
+        self.last_ranked.load(Ordering::Relaxed)
+    }
+
     /// The operator's families: for each family, the series of `kept`
     /// namespaces (and of the node's own, the empty name) as they are, and
     /// per value of the other labels one `namespace="_other"` series holding
@@ -408,10 +418,7 @@ impl NsIndex {
     pub fn render(&self, kept: &[Arc<NsEntry>]) -> Vec<MetricFamily> {
         let node = self.get("");
         let kept: Vec<&Arc<NsEntry>> = node.iter().chain(kept).collect();
-        let cells: Vec<Arc<Cell>> = kept
-            .iter()
-            .flat_map(|e| e.series.lock().clone())
-            .collect();
+        let cells: Vec<Arc<Cell>> = kept.iter().flat_map(|e| e.series.lock().clone()).collect();
         let families = self.families.lock().clone();
         let mut out = Vec::new();
         for f in families {
@@ -481,7 +488,11 @@ impl NsIndex {
 
     /// Calls `each` with every series of one namespace: (family name, the
     /// series' label lookup, counter or gauge value).
-    pub fn each_of(&self, namespace: &str, mut each: impl FnMut(&str, &dyn Fn(&str) -> String, f64)) {
+    pub fn each_of(
+        &self,
+        namespace: &str,
+        mut each: impl FnMut(&str, &dyn Fn(&str) -> String, f64),
+    ) {
         let Some(e) = self.get(namespace) else {
             return;
         };
@@ -707,5 +718,91 @@ impl NsHistogram {
     /// This namespace's own histogram (its quantiles).
     pub fn histogram(&self) -> &Histogram {
         histogram(&self.0.series).expect("a histogram family's series")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index() -> (Arc<NsIndex>, NsCounterVec, NsGaugeVec) {
+        let ix = NsIndex::new();
+        let handled = ix.counter(
+            "meshgate_actor_messages_handled_total",
+            "handled",
+            &["kind", "namespace"],
+        );
+        let subs = ix.gauge("meshgate_ws_subscribers", "subs", &["namespace"]);
+        (ix, handled, subs)
+    }
+
+    /// Every namespace ranked from scratch: activity down, name up.
+    fn full_ranking(ix: &NsIndex, limit: usize) -> Vec<String> {
+        let mut all: Vec<(u64, String)> = ix
+            .all()
+            .iter()
+            .filter(|e| !e.name.is_empty())
+            .map(|e| (e.activity(), e.name.to_string()))
+            .collect();
+        all.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        all.into_iter().take(limit).map(|(_, n)| n).collect()
+    }
+
+    /// Scrape after scrape, with namespaces overtaking each other, appearing
+    /// with a gauge only (no activity) and the node's own series moving,
+    /// the ranking from the last top N and the moved namespaces equals a
+    /// ranking of every namespace.
+    #[test]
+    fn incremental_top_matches_a_full_ranking() {
+        let (ix, handled, subs) = index();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..60 {
+            for _ in 0..next(40) {
+                let ns = format!("ns{}", next(200));
+                handled
+                    .with_label_values(&["namespace", &ns])
+                    .inc_by(next(5) + 1);
+            }
+            if round % 7 == 0 {
+                subs.with_label_values(&[&format!("quiet{round}")]).inc();
+            }
+            handled.with_label_values(&["node", ""]).inc_by(1000);
+            for limit in [5, 3] {
+                let got: Vec<String> = ix.top(limit).iter().map(|e| e.name().to_string()).collect();
+                assert_eq!(got, full_ranking(&ix, limit), "round {round}");
+            }
+        }
+    }
+
+    /// Once ranked, a scrape reads the last top N and the namespaces whose
+    /// activity moved since, not every namespace.
+    #[test]
+    fn a_scrape_ranks_the_last_top_and_the_moved_only() {
+        let (ix, handled, _) = index();
+        for i in 0..1000 {
+            handled
+                .with_label_values(&["namespace", &format!("ns{i}")])
+                .inc_by(i + 1);
+        }
+        ix.top(10);
+        assert_eq!(ix.last_ranked(), 1000);
+        ix.top(10);
+        assert_eq!(ix.last_ranked(), 10, "nothing moved: the last top only");
+        for i in [3, 500, 998] {
+            handled
+                .with_label_values(&["namespace", &format!("ns{i}")])
+                .inc_by(5000);
+        }
+        let top: Vec<String> = ix.top(10).iter().map(|e| e.name().to_string()).collect();
+        // ns998 was in the top already; ns3 and ns500 joined it.
+        assert_eq!(ix.last_ranked(), 12);
+        assert_eq!(&top[..3], ["ns998", "ns500", "ns3"]);
+        assert_eq!(top, full_ranking(&ix, 10));
     }
 }

@@ -25,10 +25,10 @@ use crate::functions::model::{
     secret_prefix, topic_matches, valid_function_name, valid_secret_name, ver_key,
 };
 use crate::functions::{FnError, FnResult};
+use crate::metrics::NsCounter;
 use crate::storage::{BatchOp, OrderedKv, Store};
 use crate::wasm::{CompiledModule, HostApi, HostError, Invocation, ResolvedFunction};
 use arc_swap::ArcSwap;
-use crate::metrics::NsCounter;
 use bytes::Bytes;
 use serde::Serialize;
 #[cfg(test)]

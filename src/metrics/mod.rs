@@ -1,12 +1,15 @@
 //! Every metric the node exports, defined in one place (`/metrics`, and read by
 //! the dashboard: one source of truth).
 //!
-//! Namespaces are recorded under their own label value in the registry (the
-//! dashboard and `GET /v1/namespaces/{namespace}/stats` read them), but the
-//! exposition is bounded: [`Metrics::render`] keeps the series of the top
+//! Namespaces are recorded under their own label value (the dashboard and
+//! `GET /v1/namespaces/{namespace}/stats` read them), but the exposition is
+//! bounded: [`Metrics::render`] keeps the series of the top
 //! `[metrics] namespace_series_limit` namespaces by activity and sums every
 //! other namespace into the label value [`OTHER_NAMESPACE`] (a namespace
-//! name can never start with `_`, so it cannot collide with one).
+//! name can never start with `_`, so it cannot collide with one). The
+//! families with a `namespace` label live in [`namespaced`], which keeps
+//! their node totals as they move, so a scrape reads the top N and the
+//! totals, never every namespace's series.
 
 #![forbid(unsafe_code)]
 // Registering the node's fixed metric set at start-up fails only on a
@@ -25,22 +28,13 @@ use std::sync::Arc;
 pub mod namespaced;
 pub use namespaced::{
     NsCounter, NsCounterVec, NsGauge, NsGaugeVec, NsHistogram, NsHistogramVec, NsIndex,
+    OTHER_NAMESPACE,
 };
 
-/// The `namespace` label value every namespace outside the exported top N
-/// is summed into.
-pub const OTHER_NAMESPACE: &str = "_other";
 /// Default of `[metrics] namespace_series_limit`.
 pub const DEFAULT_NAMESPACE_SERIES_LIMIT: usize = 100;
 /// Largest `[metrics] namespace_series_limit` the configuration accepts.
 pub const MAX_NAMESPACE_SERIES_LIMIT: usize = 10_000;
-/// Counters whose per-namespace sum is a namespace's activity, the rank that
-/// picks the exported top N.
-const ACTIVITY_FAMILIES: &[&str] = &[
-    "meshgate_actor_messages_handled_total",
-    "meshgate_pubsub_published_total",
-    "meshgate_function_invocations_total",
-];
 
 /// The node's metrics. Cheap to clone.
 #[derive(Clone)]

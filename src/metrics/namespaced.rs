@@ -31,6 +31,18 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// Shards of the namespace map: a series lookup locks one.
 const SHARDS: usize = 64;
 
+/// The `namespace` label value every namespace outside the exported top N
+/// is summed into.
+pub const OTHER_NAMESPACE: &str = "_other";
+
+/// Counters whose per-namespace sum is a namespace's activity, the rank that
+/// picks the exported top N.
+const ACTIVITY_FAMILIES: &[&str] = &[
+    "meshgate_actor_messages_handled_total",
+    "meshgate_pubsub_published_total",
+    "meshgate_function_invocations_total",
+];
+
 /// One metric value of either kind, series or total.
 #[derive(Clone)]
 enum Handle {
@@ -293,7 +305,7 @@ impl NsIndex {
             kind,
             labels: labels.to_vec(),
             ns_pos,
-            activity: super::ACTIVITY_FAMILIES.contains(&name),
+            activity: ACTIVITY_FAMILIES.contains(&name),
             buckets,
             totals,
             holders: Mutex::default(),
@@ -338,6 +350,8 @@ impl NsIndex {
             .zip(values)
             .map(|(l, v)| (l.to_string(), v.to_string()))
             .collect();
+        // The names and help are the family's, checked when it was made:
+        // a series' options cannot fail (label values are not checked).
         let opts = Opts::new(family.name, family.help).const_labels(labels.clone());
         let handle = match family.kind {
             MetricType::COUNTER => Handle::Counter(IntCounter::with_opts(opts).unwrap()),
@@ -441,7 +455,7 @@ impl NsIndex {
                 let mut labels = m.take_label();
                 let mut l = LabelPair::default();
                 l.set_name("namespace".to_string());
-                l.set_value(super::OTHER_NAMESPACE.to_string());
+                l.set_value(OTHER_NAMESPACE.to_string());
                 labels.push(l);
                 labels.sort_by(|a, b| a.name().cmp(b.name()));
                 m.set_label(labels);
@@ -546,7 +560,7 @@ fn subtract(into: &mut proto::Metric, m: &proto::Metric) {
 }
 
 macro_rules! ns_vec {
-    ($vec:ident, $one:ident, $kind:expr, $doc:literal) => {
+    ($vec:ident, $one:ident, $doc:literal) => {
         #[doc = $doc]
         #[derive(Clone)]
         pub struct $vec {
@@ -577,19 +591,16 @@ macro_rules! ns_vec {
 ns_vec!(
     NsCounterVec,
     NsCounter,
-    MetricType::COUNTER,
     "A counter family with a `namespace` label."
 );
 ns_vec!(
     NsGaugeVec,
     NsGauge,
-    MetricType::GAUGE,
     "A gauge family with a `namespace` label."
 );
 ns_vec!(
     NsHistogramVec,
     NsHistogram,
-    MetricType::HISTOGRAM,
     "A histogram family with a `namespace` label."
 );
 

@@ -17,6 +17,8 @@
 //! activity moved since (each queued once, by its first move after a
 //! ranking) instead of every namespace, and the result is the same.
 
+#![deny(clippy::unwrap_used)]
+
 use parking_lot::{Mutex, RwLock};
 use prometheus::core::Metric as _;
 use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
@@ -76,6 +78,9 @@ struct Family {
     activity: bool,
     /// Histogram buckets.
     buckets: Vec<f64>,
+    /// A series never exported, counted into should a series fail to be
+    /// made (it cannot: the family's names were checked when it was made).
+    spare: Handle,
     /// The node totals, labelled by every label but `namespace`.
     totals: Totals,
     /// How many namespaces hold a series for each value of the other labels:
@@ -265,6 +270,9 @@ impl NsIndex {
         out
     }
 
+    // Families are made at start-up, from names written in `metrics/mod.rs`:
+    // a bad one is a programming error, found before any request.
+    #[allow(clippy::unwrap_used)]
     fn family(
         self: &Arc<Self>,
         name: &'static str,
@@ -298,7 +306,7 @@ impl NsIndex {
             ),
         };
         let mut families = self.families.lock();
-        let f = Arc::new(Family {
+        let mut f = Family {
             id: families.len(),
             name,
             help,
@@ -307,9 +315,14 @@ impl NsIndex {
             ns_pos,
             activity: ACTIVITY_FAMILIES.contains(&name),
             buckets,
+            spare: Handle::Gauge(IntGauge::new("meshgate_spare", "spare").unwrap()),
             totals,
             holders: Mutex::default(),
-        });
+        };
+        // Made once at start-up: its names are the family's, so every
+        // series of the family can be made too.
+        f.spare = new_series(&f, HashMap::new()).unwrap();
+        let f = Arc::new(f);
         families.push(f.clone());
         f
     }
@@ -350,21 +363,13 @@ impl NsIndex {
             .zip(values)
             .map(|(l, v)| (l.to_string(), v.to_string()))
             .collect();
-        // The names and help are the family's, checked when it was made:
-        // a series' options cannot fail (label values are not checked).
-        let opts = Opts::new(family.name, family.help).const_labels(labels.clone());
-        let handle = match family.kind {
-            MetricType::COUNTER => Handle::Counter(IntCounter::with_opts(opts).unwrap()),
-            MetricType::GAUGE => Handle::Gauge(IntGauge::with_opts(opts).unwrap()),
-            _ => Handle::Histogram(
-                Histogram::with_opts(
-                    HistogramOpts::new(family.name, family.help)
-                        .const_labels(labels)
-                        .buckets(family.buckets.clone()),
-                )
-                .unwrap(),
-            ),
-        };
+        // The names and help are the family's, checked when it was made
+        // (label values are not checked): this cannot fail, and would count
+        // into the family's spare series rather than panic.
+        let handle = new_series(family, labels).unwrap_or_else(|e| {
+            tracing::warn!(family = family.name, error = %e, "Series not made.");
+            family.spare.clone()
+        });
         let total = family.totals.get(&combo);
         *family.holders.lock().entry(combo.clone()).or_insert(0) += 1;
         let cell = Arc::new(Cell {
@@ -521,6 +526,23 @@ impl NsIndex {
             each(c.family.name, &label, v);
         }
     }
+}
+
+/// A new series of `family` with these label values.
+fn new_series(family: &Family, labels: HashMap<String, String>) -> prometheus::Result<Handle> {
+    Ok(match family.kind {
+        MetricType::COUNTER => Handle::Counter(IntCounter::with_opts(
+            Opts::new(family.name, family.help).const_labels(labels),
+        )?),
+        MetricType::GAUGE => Handle::Gauge(IntGauge::with_opts(
+            Opts::new(family.name, family.help).const_labels(labels),
+        )?),
+        _ => Handle::Histogram(Histogram::with_opts(
+            HistogramOpts::new(family.name, family.help)
+                .const_labels(labels)
+                .buckets(family.buckets.clone()),
+        )?),
+    })
 }
 
 fn family_proto(f: &Family, metrics: Vec<proto::Metric>) -> MetricFamily {

@@ -151,6 +151,10 @@ impl ActorStats {
     pub fn restarts(&self) -> u64 {
         self.restarts_local.load(Ordering::Relaxed)
     }
+    /// This actor's handling-time histogram (its labels' series).
+    pub fn handling_histogram(&self) -> &Histogram {
+        self.handling.histogram()
+    }
     /// Handling time quantile estimated from this actor's histogram (seconds).
     pub fn handling_quantile(&self, q: f64) -> f64 {
         histogram_quantile(self.handling.histogram(), q)

@@ -512,19 +512,32 @@ impl NsIndex {
         namespace: &str,
         mut each: impl FnMut(&str, &dyn Fn(&str) -> String, f64),
     ) {
-        let Some(e) = self.get(namespace) else {
-            return;
-        };
-        let series = e.series.lock().clone();
-        for c in series {
-            let v = match &c.series {
-                Handle::Counter(x) => x.get() as f64,
-                Handle::Gauge(x) => x.get() as f64,
-                Handle::Histogram(x) => x.get_sample_count() as f64,
-            };
-            let label = |n: &str| c.label(n).unwrap_or_default().to_string();
-            each(c.family.name, &label, v);
+        if let Some(e) = self.get(namespace) {
+            each_series(&e, &mut |_, family, label, v| each(family, label, v));
         }
+    }
+
+    /// Calls `each` with every series of every namespace: (namespace, family
+    /// name, label lookup, value). O(namespaces), reading the values without
+    /// building the exposition's records: the dashboard's reading.
+    pub fn each_series(&self, mut each: impl FnMut(&str, &str, &dyn Fn(&str) -> String, f64)) {
+        for e in self.all() {
+            each_series(&e, &mut each);
+        }
+    }
+}
+
+/// `each` over one entry's series (histograms give their count).
+fn each_series(e: &NsEntry, each: &mut dyn FnMut(&str, &str, &dyn Fn(&str) -> String, f64)) {
+    let series = e.series.lock().clone();
+    for c in series {
+        let v = match &c.series {
+            Handle::Counter(x) => x.get() as f64,
+            Handle::Gauge(x) => x.get() as f64,
+            Handle::Histogram(x) => x.get_sample_count() as f64,
+        };
+        let label = |n: &str| c.label(n).unwrap_or_default().to_string();
+        each(&e.name, c.family.name, &label, v);
     }
 }
 

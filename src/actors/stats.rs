@@ -1,6 +1,6 @@
 //! Per-actor instrumentation: bounded admission (the explicit overload answer),
 //! mailbox depth, messages handled and handling time, all kept in the node's
-//! Prometheus registry, and a directory of live actors for the dashboard.
+//! metrics (`crate::metrics`), and a directory of live actors for the dashboard.
 
 use crate::metrics::{Metrics, NsCounter, NsGauge, NsHistogram};
 use actix::dev::ToEnvelope;

@@ -1,12 +1,12 @@
 //! Per-actor instrumentation: bounded admission (the explicit overload answer),
 //! mailbox depth, messages handled and handling time, all kept in the node's
-//! Prometheus registry, and a directory of live actors for the dashboard.
+//! metrics (`crate::metrics`), and a directory of live actors for the dashboard.
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, NsCounter, NsGauge, NsHistogram};
 use actix::dev::ToEnvelope;
 use actix::{Actor, Addr, Handler, Message};
 use parking_lot::Mutex;
-use prometheus::{Histogram, IntCounter, IntGauge};
+use prometheus::Histogram;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -38,16 +38,16 @@ pub struct ActorStats {
     /// Messages admitted and not yet taken out of the mailbox.
     depth: AtomicI64,
     /// `depth` mirrored into `meshgate_actor_mailbox_depth` (summed per label).
-    depth_gauge: IntGauge,
+    depth_gauge: NsGauge,
     /// Messages handled: the `meshgate_actor_messages_handled_total` series of
     /// this actor's labels (shared with actors whose labels match).
-    handled: IntCounter,
+    handled: NsCounter,
     /// Handling time in seconds (`meshgate_actor_handling_seconds` for its labels).
-    handling: Histogram,
+    handling: NsHistogram,
     /// `meshgate_actor_restarts_total`, shared by actors with the same labels.
-    restarts: IntCounter,
+    restarts: NsCounter,
     /// Messages refused because the mailbox was full (`meshgate_actor_overloaded_total`).
-    overloaded: IntCounter,
+    overloaded: NsCounter,
     /// This actor's own restarts: the labelled counter is shared (capped
     /// namespaces fold into `_other`), so the dashboard reads this one.
     restarts_local: AtomicU64,
@@ -151,9 +151,13 @@ impl ActorStats {
     pub fn restarts(&self) -> u64 {
         self.restarts_local.load(Ordering::Relaxed)
     }
+    /// This actor's handling-time histogram (its labels' series).
+    pub fn handling_histogram(&self) -> &Histogram {
+        self.handling.histogram()
+    }
     /// Handling time quantile estimated from this actor's histogram (seconds).
     pub fn handling_quantile(&self, q: f64) -> f64 {
-        histogram_quantile(&self.handling, q)
+        histogram_quantile(self.handling.histogram(), q)
     }
 }
 

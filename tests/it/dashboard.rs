@@ -2,7 +2,7 @@
 //! `/metrics`, the event stream, and the browser test.
 
 use crate::common::{
-    NodeOpts, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http, json, wait_until,
+    NodeOpts, OPERATOR_AUTH, OPERATOR_KEY, TEST_CONFIG, TestNode, header, http, json, wait_until,
 };
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -756,6 +756,122 @@ fn metrics_keep_the_top_namespaces_and_sum_the_rest() {
         },
     );
     assert!(!last.is_empty());
+}
+
+/// The samples of the namespaced families in `/metrics` text, keyed
+/// `name{labels}` without the `namespace` label, summed over it.
+fn namespaced_sums(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let families = [
+        "meshgate_actor_",
+        "meshgate_pubsub_published_total",
+        "meshgate_pubsub_topics",
+        "meshgate_function_",
+        "meshgate_ws_subscribers",
+    ];
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if !families.iter().any(|f| line.starts_with(f)) {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+        let labels: Vec<&str> = labels
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|l| !l.is_empty() && !l.starts_with("namespace="))
+            .collect();
+        let key = format!("{name}{{{}}}", labels.join(","));
+        *out.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap();
+    }
+    out
+}
+
+/// The node totals `/metrics` keeps as counters move equal the sum over
+/// namespaces: after KV writes and publishes in five namespaces, one of them
+/// deleted and every one passivated, the public view (no namespace names,
+/// read from the totals) equals the operator's view (the top 2 and
+/// `_other`) summed over `namespace`, the publishes add up to the ones made
+/// (the deleted namespace's included), and a passivated namespace's stats
+/// still count its publishes.
+#[test]
+fn metrics_totals_equal_the_sum_over_namespaces_after_passivation_and_delete() {
+    let n = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[server]\npassivate_after_seconds = 1\n[metrics]\nnamespace_series_limit = 2\npublic = true\n"
+        ),
+        ..Default::default()
+    });
+    let names = ["t-a", "t-b", "t-c", "t-d", "t-e"];
+    let mut published = 0;
+    for (i, ns) in names.iter().enumerate() {
+        let key = n.create_namespace(ns);
+        for k in 0..=i {
+            let path = format!("/v1/kv/k{k}");
+            assert_eq!(n.with_key(&key, "PUT", &path, Some(b"v")).0, 200);
+        }
+        for _ in 0..(names.len() - i) {
+            let body = br#"{"topic":"t","data_base64":"aGk="}"#;
+            let (s, b) = n.with_key(&key, "POST", "/v1/pubsub/publish", Some(body));
+            assert_eq!(s, 200, "{b}");
+            published += 1;
+        }
+    }
+    assert_eq!(n.op("DELETE", "/v1/namespaces/t-d", None).0, 200);
+    let asleep = || {
+        n.every_base().iter().all(|base| {
+            let (_, _, b) = http("GET", &format!("{base}/v1/status"), &[OPERATOR_AUTH], None);
+            json(&String::from_utf8_lossy(&b))["actors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|a| !names.iter().any(|ns| a["namespace"] == *ns))
+        })
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "namespaces never passivated",
+        asleep,
+    );
+    let mut last = String::new();
+    wait_until(
+        Duration::from_secs(15),
+        "public totals never equalled the operator's sums",
+        || {
+            let mut ok = true;
+            let mut public_published = 0.0;
+            let mut operator_published = 0.0;
+            for base in n.every_base() {
+                let (s, _, public) = http("GET", &format!("{base}/metrics"), &[], None);
+                assert_eq!(s, 200);
+                let public = String::from_utf8_lossy(&public).into_owned();
+                assert!(
+                    names
+                        .iter()
+                        .all(|ns| !public.contains(&format!("\"{ns}\""))),
+                    "{public}"
+                );
+                let (_, _, operator) =
+                    http("GET", &format!("{base}/metrics"), &[OPERATOR_AUTH], None);
+                let operator = String::from_utf8_lossy(&operator).into_owned();
+                let (p, o) = (namespaced_sums(&public), namespaced_sums(&operator));
+                let key = "meshgate_pubsub_published_total{}";
+                public_published += p.get(key).copied().unwrap_or(0.0);
+                operator_published += o.get(key).copied().unwrap_or(0.0);
+                last = format!("public {p:?}\noperator {o:?}\n{operator}");
+                // Histogram sums are floats added in another order: equal to
+                // rounding.
+                ok &= p.len() == o.len()
+                    && p.iter().zip(&o).all(|((kp, vp), (ko, vo))| {
+                        kp == ko && (vp - vo).abs() <= 1e-9 * vp.abs().max(1.0)
+                    });
+            }
+            ok && public_published == published as f64 && operator_published == published as f64
+        },
+    );
+    assert!(!last.is_empty());
+    let (s, _, body) = admin(&n, "/v1/namespaces/t-c/stats");
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(json(&body)["stats"]["published"], 3, "{body}");
 }
 
 /// `GET /v1/namespaces/{namespace}/stats` answers the namespace's own key

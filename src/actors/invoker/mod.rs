@@ -25,11 +25,11 @@ use crate::functions::model::{
     secret_prefix, topic_matches, valid_function_name, valid_secret_name, ver_key,
 };
 use crate::functions::{FnError, FnResult};
+use crate::metrics::NsCounter;
 use crate::storage::{BatchOp, OrderedKv, Store};
 use crate::wasm::{CompiledModule, HostApi, HostError, Invocation, ResolvedFunction};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use prometheus::IntCounter;
 use serde::Serialize;
 #[cfg(test)]
 use tokio::sync::mpsc;
@@ -194,7 +194,7 @@ struct NsState {
     /// while any is, the supervisor does not passivate ([`Busy`]).
     busy: std::sync::atomic::AtomicUsize,
     /// This namespace's invocation and error counters, looked up by label once.
-    counters: std::sync::OnceLock<(IntCounter, IntCounter)>,
+    counters: std::sync::OnceLock<(NsCounter, NsCounter)>,
     /// This namespace's records queued for the writer and written by it.
     records: Arc<RecordProgress>,
 }

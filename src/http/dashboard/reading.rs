@@ -7,6 +7,7 @@ use super::snapshot::{
     ActorRow, BreakerRow, DeploymentRow, NamespaceRow, NodeRow, QUANTILE_WINDOW_TICKS, RouteRow,
     Snapshot, TOP_DEPLOYMENTS, TOP_ROUTES, activity,
 };
+use crate::actors::ActorStats;
 use crate::http::state::Node;
 use crate::metrics::Metrics;
 use prometheus::core::Collector;
@@ -73,29 +74,6 @@ impl Previous {
     }
 }
 
-/// Values of a one-label (`namespace`) counter or gauge vector, read without
-/// creating series (reading through `with_label_values` would add empty ones).
-fn by_namespace(c: &impl Collector) -> HashMap<String, f64> {
-    let mut out = HashMap::new();
-    for fam in c.collect() {
-        for m in fam.get_metric() {
-            let ns = m
-                .get_label()
-                .iter()
-                .find(|l| l.name() == "namespace")
-                .map(|l| l.value().to_string())
-                .unwrap_or_default();
-            let v = if fam.get_field_type() == prometheus::proto::MetricType::COUNTER {
-                m.get_counter().get_value()
-            } else {
-                m.get_gauge().get_value()
-            };
-            *out.entry(ns).or_insert(0.0) += v;
-        }
-    }
-    out
-}
-
 /// The value of label `name` on one metric, empty when absent.
 fn label<'a>(m: &'a prometheus::proto::Metric, name: &str) -> &'a str {
     m.get_label()
@@ -105,28 +83,25 @@ fn label<'a>(m: &'a prometheus::proto::Metric, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
-/// The current buckets of every actor handling-time series.
-fn handling_buckets(metrics: &Metrics) -> HashMap<SeriesKey, Buckets> {
+/// The current buckets of the live actors' handling-time series (the rows
+/// that show percentiles; a passivated namespace's series are not read).
+fn handling_buckets(actors: &[Arc<ActorStats>]) -> HashMap<SeriesKey, Buckets> {
+    use prometheus::core::Metric as _;
     let mut out = HashMap::new();
-    for fam in metrics.actor_handling_seconds.collect() {
-        for m in fam.get_metric() {
-            let h = m.get_histogram();
-            let key = (
-                label(m, "kind").to_string(),
-                label(m, "namespace").to_string(),
-            );
-            out.insert(
-                key,
-                Buckets {
-                    bounds: h.get_bucket().iter().map(|b| b.upper_bound()).collect(),
-                    counts: h
-                        .get_bucket()
-                        .iter()
-                        .map(|b| b.cumulative_count())
-                        .collect(),
-                },
-            );
-        }
+    for a in actors {
+        let m = a.handling_histogram().metric();
+        let h = m.get_histogram();
+        out.insert(
+            (a.kind.to_string(), a.namespace.clone()),
+            Buckets {
+                bounds: h.get_bucket().iter().map(|b| b.upper_bound()).collect(),
+                counts: h
+                    .get_bucket()
+                    .iter()
+                    .map(|b| b.cumulative_count())
+                    .collect(),
+            },
+        );
     }
     out
 }
@@ -328,8 +303,9 @@ pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usi
     prev.at = Some(now);
     prev.tick += 1;
 
+    let live = node.directory.snapshot();
     // Handling-time percentiles: this tick's buckets against the oldest kept.
-    let buckets = handling_buckets(m);
+    let buckets = handling_buckets(&live);
     let oldest = prev.handling.front().cloned().unwrap_or_default();
     let mut quantiles: HashMap<SeriesKey, (Option<f64>, Option<f64>)> = HashMap::new();
     for (key, b) in &buckets {
@@ -345,9 +321,7 @@ pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usi
 
     let mut namespaces: BTreeMap<String, NamespaceRow> = BTreeMap::new();
     let mut actor_handled = HashMap::new();
-    let mut actors: Vec<ActorRow> = node
-        .directory
-        .snapshot()
+    let mut actors: Vec<ActorRow> = live
         .iter()
         .map(|a| {
             let handled = a.handled();
@@ -386,26 +360,42 @@ pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usi
     for name in node.namespaces.names() {
         namespaces.entry(name).or_default().running = true;
     }
-    let subscribers = by_namespace(&m.ws_subscribers);
-    let topics = by_namespace(&m.pubsub_topics);
-    let publishes = by_namespace(&m.publishes);
-    let invocations = by_namespace(&m.invocations);
-    let errors = by_namespace(&m.invocation_errors);
+    // One pass over every namespace's series (the values, no exposition
+    // records).
+    let mut subscribers: HashMap<String, f64> = HashMap::new();
+    let mut topics = HashMap::new();
+    let mut publishes = HashMap::new();
+    let mut invocations = HashMap::new();
+    let mut errors = HashMap::new();
+    let mut breakers: HashMap<String, Vec<BreakerRow>> = HashMap::new();
+    m.namespaced.each_series(|ns, family, label, v| {
+        let map = match family {
+            "meshgate_ws_subscribers" => &mut subscribers,
+            "meshgate_pubsub_topics" => &mut topics,
+            "meshgate_pubsub_published_total" => &mut publishes,
+            "meshgate_function_invocations_total" => &mut invocations,
+            "meshgate_function_errors_total" => &mut errors,
+            "meshgate_breaker_state" => {
+                breakers
+                    .entry(ns.to_string())
+                    .or_default()
+                    .push(BreakerRow {
+                        member: label("member"),
+                        state: breaker_name(v),
+                    });
+                return;
+            }
+            _ => return,
+        };
+        *map.entry(ns.to_string()).or_insert(0.0) += v;
+    });
     for map in [&subscribers, &topics, &publishes, &invocations, &errors] {
         for ns in map.keys().filter(|k| !k.is_empty()) {
             namespaces.entry(ns.clone()).or_default();
         }
     }
-    let mut breakers: HashMap<String, Vec<BreakerRow>> = HashMap::new();
-    for fam in m.breaker_state.collect() {
-        for mm in fam.get_metric() {
-            let ns = label(mm, "namespace").to_string();
-            namespaces.entry(ns.clone()).or_default();
-            breakers.entry(ns).or_default().push(BreakerRow {
-                member: label(mm, "member").to_string(),
-                state: breaker_name(mm.get_gauge().get_value()),
-            });
-        }
+    for ns in breakers.keys() {
+        namespaces.entry(ns.clone()).or_default();
     }
 
     let mut ns_totals = HashMap::new();

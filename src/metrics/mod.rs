@@ -1,12 +1,15 @@
 //! Every metric the node exports, defined in one place (`/metrics`, and read by
 //! the dashboard: one source of truth).
 //!
-//! Namespaces are recorded under their own label value in the registry (the
-//! dashboard and `GET /v1/namespaces/{namespace}/stats` read them), but the
-//! exposition is bounded: [`Metrics::render`] keeps the series of the top
+//! Namespaces are recorded under their own label value (the dashboard and
+//! `GET /v1/namespaces/{namespace}/stats` read them), but the exposition is
+//! bounded: [`Metrics::render`] keeps the series of the top
 //! `[metrics] namespace_series_limit` namespaces by activity and sums every
 //! other namespace into the label value [`OTHER_NAMESPACE`] (a namespace
-//! name can never start with `_`, so it cannot collide with one).
+//! name can never start with `_`, so it cannot collide with one). The
+//! families with a `namespace` label live in [`namespaced`], which keeps
+//! their node totals as they move, so a scrape reads the top N and the
+//! totals, never every namespace's series.
 
 #![forbid(unsafe_code)]
 // Registering the node's fixed metric set at start-up fails only on a
@@ -22,20 +25,16 @@ use prometheus::{
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// The `namespace` label value every namespace outside the exported top N
-/// is summed into.
-pub const OTHER_NAMESPACE: &str = "_other";
+pub mod namespaced;
+pub use namespaced::{
+    NsCounter, NsCounterVec, NsGauge, NsGaugeVec, NsHistogram, NsHistogramVec, NsIndex,
+    OTHER_NAMESPACE,
+};
+
 /// Default of `[metrics] namespace_series_limit`.
 pub const DEFAULT_NAMESPACE_SERIES_LIMIT: usize = 100;
 /// Largest `[metrics] namespace_series_limit` the configuration accepts.
 pub const MAX_NAMESPACE_SERIES_LIMIT: usize = 10_000;
-/// Counters whose per-namespace sum is a namespace's activity, the rank that
-/// picks the exported top N.
-const ACTIVITY_FAMILIES: &[&str] = &[
-    "meshgate_actor_messages_handled_total",
-    "meshgate_pubsub_published_total",
-    "meshgate_function_invocations_total",
-];
 
 /// The node's metrics. Cheap to clone.
 #[derive(Clone)]
@@ -50,16 +49,16 @@ pub struct Inner {
     pub started: std::time::Instant,
     // Actors.
     /// Messages waiting in actor mailboxes, by `kind` and (capped) `namespace`.
-    pub actor_mailbox_depth: IntGaugeVec,
+    pub actor_mailbox_depth: NsGaugeVec,
     /// Messages handled, by actor `kind` and `namespace`.
-    pub actor_handled: IntCounterVec,
+    pub actor_handled: NsCounterVec,
     /// Seconds spent handling one message, by `kind` and `namespace`; the
     /// dashboard's p50/p99 come from its buckets.
-    pub actor_handling_seconds: HistogramVec,
+    pub actor_handling_seconds: NsHistogramVec,
     /// Actor restarts after a panic, by `kind` and `namespace`.
-    pub actor_restarts: IntCounterVec,
+    pub actor_restarts: NsCounterVec,
     /// Messages refused because the actor's mailbox was full.
-    pub actor_overloaded: IntCounterVec,
+    pub actor_overloaded: NsCounterVec,
     // HTTP.
     /// Finished HTTP requests by status `class` (`2xx` … `5xx`).
     pub http_requests: IntCounterVec,
@@ -75,17 +74,17 @@ pub struct Inner {
     pub rate_limited: IntCounterVec,
     // Namespaces.
     /// Messages published, per namespace.
-    pub publishes: IntCounterVec,
+    pub publishes: NsCounterVec,
     /// Function invocations, per namespace.
-    pub invocations: IntCounterVec,
+    pub invocations: NsCounterVec,
     /// Function invocations that failed, per namespace.
-    pub invocation_errors: IntCounterVec,
+    pub invocation_errors: NsCounterVec,
     /// WebSocket connections open now.
     pub ws_connections: IntGauge,
     /// Live topic subscriptions, per namespace.
-    pub ws_subscribers: IntGaugeVec,
+    pub ws_subscribers: NsGaugeVec,
     /// Topics with at least one local subscriber, per namespace (set by pub/sub).
-    pub pubsub_topics: IntGaugeVec,
+    pub pubsub_topics: NsGaugeVec,
     /// Frames handed to subscriber queues by the relays.
     pub pubsub_delivered: IntCounter,
     /// Frames not delivered, by `reason` (`gone`, `closing`, `slow_consumer`,
@@ -107,7 +106,7 @@ pub struct Inner {
     /// WASM worker threads in the pool.
     pub wasm_pool_workers: IntGauge,
     /// Breaker state per `namespace` and `member`: 0 closed, 1 half-open, 2 open.
-    pub breaker_state: IntGaugeVec,
+    pub breaker_state: NsGaugeVec,
     /// Requests forwarded to a member, by outcome.
     pub forwards: IntCounterVec,
     /// Cron slots this node tried to claim: claimed, lost (another node had
@@ -158,17 +157,20 @@ pub struct Inner {
     // Deployments (per route; labels bounded by `crate::deploy::activity`).
     /// Routed requests a deployment's route answered, by `namespace`,
     /// `deployment`, `route` (its declared `path_prefix`) and `status_class`.
-    pub route_requests: IntCounterVec,
+    pub route_requests: NsCounterVec,
     /// Seconds a route took to answer (until the response headers), by
     /// `namespace`, `deployment` and `route`.
-    pub route_duration_seconds: HistogramVec,
+    pub route_duration_seconds: NsHistogramVec,
     /// Upstream attempts by `namespace`, `deployment`, `route`, `instance`
     /// and `outcome` (`answered`, `connect_failed`, `refused`, `timeout`, `failed`).
-    pub upstream_requests: IntCounterVec,
+    pub upstream_requests: NsCounterVec,
     /// The series cap of the three above (`[metrics] route_series_limit`).
     pub route_labels: crate::observe::RouteLabels,
     /// Each deployment's latest requests on this node.
     pub route_activity: crate::observe::Activity,
+    /// Every namespace's series and the node totals of their families
+    /// ([`namespaced`]): what a scrape reads instead of every series.
+    pub namespaced: Arc<NsIndex>,
 }
 
 const ACTOR_LABELS: &[&str] = &["kind", "namespace"];
@@ -196,58 +198,34 @@ impl Metrics {
             0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5,
             1.0, 5.0,
         ];
+        let ns = NsIndex::new();
         let inner = Inner {
             started: crate::util::mono_now(),
-            actor_mailbox_depth: reg!(
-                IntGaugeVec::new(
-                    Opts::new(
-                        "meshgate_actor_mailbox_depth",
-                        "Messages waiting in actor mailboxes"
-                    ),
-                    ACTOR_LABELS
-                )
-                .unwrap()
+            actor_mailbox_depth: ns.gauge(
+                "meshgate_actor_mailbox_depth",
+                "Messages waiting in actor mailboxes",
+                ACTOR_LABELS,
             ),
-            actor_handled: reg!(
-                IntCounterVec::new(
-                    Opts::new(
-                        "meshgate_actor_messages_handled_total",
-                        "Messages handled by actors"
-                    ),
-                    ACTOR_LABELS
-                )
-                .unwrap()
+            actor_handled: ns.counter(
+                "meshgate_actor_messages_handled_total",
+                "Messages handled by actors",
+                ACTOR_LABELS,
             ),
-            actor_handling_seconds: reg!(
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "meshgate_actor_handling_seconds",
-                        "Time an actor spends handling one message"
-                    )
-                    .buckets(latency.clone()),
-                    ACTOR_LABELS
-                )
-                .unwrap()
+            actor_handling_seconds: ns.histogram(
+                "meshgate_actor_handling_seconds",
+                "Time an actor spends handling one message",
+                ACTOR_LABELS,
+                latency.clone(),
             ),
-            actor_restarts: reg!(
-                IntCounterVec::new(
-                    Opts::new(
-                        "meshgate_actor_restarts_total",
-                        "Actor restarts after a panic"
-                    ),
-                    ACTOR_LABELS
-                )
-                .unwrap()
+            actor_restarts: ns.counter(
+                "meshgate_actor_restarts_total",
+                "Actor restarts after a panic",
+                ACTOR_LABELS,
             ),
-            actor_overloaded: reg!(
-                IntCounterVec::new(
-                    Opts::new(
-                        "meshgate_actor_overloaded_total",
-                        "Messages refused because a mailbox was full"
-                    ),
-                    ACTOR_LABELS
-                )
-                .unwrap()
+            actor_overloaded: ns.counter(
+                "meshgate_actor_overloaded_total",
+                "Messages refused because a mailbox was full",
+                ACTOR_LABELS,
             ),
             http_requests: reg!(
                 IntCounterVec::new(
@@ -283,49 +261,33 @@ impl Metrics {
                 )
                 .unwrap()
             ),
-            publishes: reg!(
-                IntCounterVec::new(
-                    Opts::new("meshgate_pubsub_published_total", "Messages published"),
-                    &["namespace"]
-                )
-                .unwrap()
+            publishes: ns.counter(
+                "meshgate_pubsub_published_total",
+                "Messages published",
+                &["namespace"],
             ),
-            invocations: reg!(
-                IntCounterVec::new(
-                    Opts::new(
-                        "meshgate_function_invocations_total",
-                        "Function invocations"
-                    ),
-                    &["namespace"]
-                )
-                .unwrap()
+            invocations: ns.counter(
+                "meshgate_function_invocations_total",
+                "Function invocations",
+                &["namespace"],
             ),
-            invocation_errors: reg!(
-                IntCounterVec::new(
-                    Opts::new(
-                        "meshgate_function_errors_total",
-                        "Function invocations that failed"
-                    ),
-                    &["namespace"]
-                )
-                .unwrap()
+            invocation_errors: ns.counter(
+                "meshgate_function_errors_total",
+                "Function invocations that failed",
+                &["namespace"],
             ),
             ws_connections: reg!(
                 IntGauge::new("meshgate_ws_connections", "Open WebSocket connections").unwrap()
             ),
-            ws_subscribers: reg!(
-                IntGaugeVec::new(
-                    Opts::new("meshgate_ws_subscribers", "Live topic subscriptions"),
-                    &["namespace"]
-                )
-                .unwrap()
+            ws_subscribers: ns.gauge(
+                "meshgate_ws_subscribers",
+                "Live topic subscriptions",
+                &["namespace"],
             ),
-            pubsub_topics: reg!(
-                IntGaugeVec::new(
-                    Opts::new("meshgate_pubsub_topics", "Topics with local subscribers"),
-                    &["namespace"]
-                )
-                .unwrap()
+            pubsub_topics: ns.gauge(
+                "meshgate_pubsub_topics",
+                "Topics with local subscribers",
+                &["namespace"],
             ),
             pubsub_delivered: reg!(
                 IntCounter::new(
@@ -383,15 +345,10 @@ impl Metrics {
                 )
                 .unwrap()
             ),
-            breaker_state: reg!(
-                IntGaugeVec::new(
-                    Opts::new(
-                        "meshgate_breaker_state",
-                        "Breaker state per member (0 closed, 1 half-open, 2 open)"
-                    ),
-                    &["namespace", "member"]
-                )
-                .unwrap()
+            breaker_state: ns.gauge(
+                "meshgate_breaker_state",
+                "Breaker state per member (0 closed, 1 half-open, 2 open)",
+                &["namespace", "member"],
             ),
             forwards: reg!(
                 IntCounterVec::new(
@@ -527,43 +484,29 @@ impl Metrics {
                 )
                 .unwrap()
             ),
-            route_requests: reg!(
-                IntCounterVec::new(
-                    Opts::new(
-                        "meshgate_route_requests_total",
-                        "Routed requests answered by a deployment's route, by status class"
-                    ),
-                    &["namespace", "deployment", "route", "status_class"]
-                )
-                .unwrap()
+            route_requests: ns.counter(
+                "meshgate_route_requests_total",
+                "Routed requests answered by a deployment's route, by status class",
+                &["namespace", "deployment", "route", "status_class"],
             ),
-            route_duration_seconds: reg!(
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "meshgate_route_duration_seconds",
-                        "Time a deployment's route took to answer (response headers)"
-                    )
-                    .buckets(vec![
-                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                        5.0, 10.0, 30.0
-                    ]),
-                    &["namespace", "deployment", "route"]
-                )
-                .unwrap()
+            route_duration_seconds: ns.histogram(
+                "meshgate_route_duration_seconds",
+                "Time a deployment's route took to answer (response headers)",
+                &["namespace", "deployment", "route"],
+                vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0,
+                ],
             ),
-            upstream_requests: reg!(
-                IntCounterVec::new(
-                    Opts::new(
-                        "meshgate_upstream_requests_total",
-                        "Attempts to reach a deployment's upstream instance, by outcome"
-                    ),
-                    &["namespace", "deployment", "route", "instance", "outcome"]
-                )
-                .unwrap()
+            upstream_requests: ns.counter(
+                "meshgate_upstream_requests_total",
+                "Attempts to reach a deployment's upstream instance, by outcome",
+                &["namespace", "deployment", "route", "instance", "outcome"],
             ),
             route_labels: Default::default(),
             route_activity: Default::default(),
             http_classes: Default::default(),
+            namespaced: ns,
             registry,
         };
         Metrics(Arc::new(inner))
@@ -597,35 +540,43 @@ impl Metrics {
     /// bounded to the `limit` most active namespaces plus [`OTHER_NAMESPACE`]
     /// (see [`top_namespaces`]).
     pub fn render(&self, limit: usize) -> String {
-        let families = self.0.registry.gather();
-        let top = top_namespaces(&families, limit);
-        let families: Vec<_> = families
+        let top = self.namespaced.top(limit);
+        let names: HashSet<&str> = top.iter().map(|e| e.name()).collect();
+        let keep = |ns: &str| ns.is_empty() || names.contains(ns);
+        // The registry holds the series without a namespace label and the
+        // upstream instances (read from the live pools, bounded by quota).
+        let mut families: Vec<_> = self
+            .0
+            .registry
+            .gather()
             .into_iter()
-            .map(|f| {
-                let keep = |ns: &str| ns.is_empty() || top.contains(ns);
-                merge_label(f, "namespace", Some(&keep))
-            })
+            .map(|f| merge_label(f, "namespace", Some(&keep)))
             .collect();
+        families.extend(self.namespaced.render(&top));
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         encode(&families)
     }
 
     /// The text exposition without namespace names, for `[metrics] public =
     /// true`: every series with a `namespace` label is summed over it
     /// (counters, gauges, histogram buckets), the other labels kept but
-    /// `deployment`, `route` and `instance`, summed away likewise.
+    /// `deployment`, `route` and `instance`, summed away likewise. The
+    /// namespaced families are read from their node totals, kept as they move.
     pub fn render_public(&self) -> String {
-        let families: Vec<_> = self
+        let mut families: Vec<_> = self
             .0
             .registry
             .gather()
             .into_iter()
             .map(|f| merge_label(f, "namespace", None))
+            .chain(self.namespaced.totals())
             // A deployment's name, route and instance addresses are its
             // namespace's business too: summed away the same way.
             .map(|f| merge_label(f, "deployment", None))
             .map(|f| merge_label(f, "route", None))
             .map(|f| merge_label(f, "instance", None))
             .collect();
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         encode(&families)
     }
 
@@ -633,49 +584,24 @@ impl Metrics {
     /// created by reading); zeros for a namespace with none on this node.
     pub fn namespace_stats(&self, namespace: &str) -> NamespaceStats {
         let mut out = NamespaceStats::default();
-        let families = [
-            self.actor_mailbox_depth.collect(),
-            self.actor_handled.collect(),
-            self.actor_restarts.collect(),
-            self.actor_overloaded.collect(),
-            self.publishes.collect(),
-            self.invocations.collect(),
-            self.invocation_errors.collect(),
-            self.ws_subscribers.collect(),
-            self.pubsub_topics.collect(),
-            self.breaker_state.collect(),
-        ];
-        for fam in families.iter().flatten() {
-            for m in fam.get_metric() {
-                let ns = m.get_label().iter().find(|l| l.name() == "namespace");
-                if ns.map(|l| l.value()) != Some(namespace) {
-                    continue;
+        self.namespaced.each_of(namespace, |family, label, v| {
+            let (c, g) = (v as u64, v as i64);
+            match family {
+                "meshgate_actor_mailbox_depth" => out.mailbox_depth += g,
+                "meshgate_actor_messages_handled_total" => out.messages_handled += c,
+                "meshgate_actor_restarts_total" => out.restarts += c,
+                "meshgate_actor_overloaded_total" => out.overloaded += c,
+                "meshgate_pubsub_published_total" => out.published += c,
+                "meshgate_function_invocations_total" => out.invocations += c,
+                "meshgate_function_errors_total" => out.invocation_errors += c,
+                "meshgate_ws_subscribers" => out.subscribers += g,
+                "meshgate_pubsub_topics" => out.topics += g,
+                "meshgate_breaker_state" => {
+                    out.breakers.insert(label("member"), g);
                 }
-                let c = m.get_counter().get_value() as u64;
-                let g = m.get_gauge().get_value() as i64;
-                match fam.name() {
-                    "meshgate_actor_mailbox_depth" => out.mailbox_depth += g,
-                    "meshgate_actor_messages_handled_total" => out.messages_handled += c,
-                    "meshgate_actor_restarts_total" => out.restarts += c,
-                    "meshgate_actor_overloaded_total" => out.overloaded += c,
-                    "meshgate_pubsub_published_total" => out.published += c,
-                    "meshgate_function_invocations_total" => out.invocations += c,
-                    "meshgate_function_errors_total" => out.invocation_errors += c,
-                    "meshgate_ws_subscribers" => out.subscribers += g,
-                    "meshgate_pubsub_topics" => out.topics += g,
-                    "meshgate_breaker_state" => {
-                        let member = m
-                            .get_label()
-                            .iter()
-                            .find(|l| l.name() == "member")
-                            .map(|l| l.value().to_string())
-                            .unwrap_or_default();
-                        out.breakers.insert(member, g);
-                    }
-                    _ => {}
-                }
+                _ => {}
             }
-        }
+        });
         out
     }
 }
@@ -713,48 +639,6 @@ fn encode(families: &[prometheus::proto::MetricFamily]) -> String {
         .encode(families, &mut buf)
         .expect("text encoding");
     String::from_utf8(buf).expect("utf-8")
-}
-
-/// The `limit` namespaces with the most activity: the sum of their
-/// [`ACTIVITY_FAMILIES`] counters since the node started (ties by name, so
-/// the set is stable between scrapes). A cumulative rank, so a namespace
-/// enters the top N by overtaking another's total, and a burst does not
-/// reshuffle the exported series.
-pub fn top_namespaces(
-    families: &[prometheus::proto::MetricFamily],
-    limit: usize,
-) -> HashSet<String> {
-    let mut activity: HashMap<&str, f64> = HashMap::new();
-    for fam in families
-        .iter()
-        .filter(|f| ACTIVITY_FAMILIES.contains(&f.name()))
-    {
-        for m in fam.get_metric() {
-            if let Some(l) = m.get_label().iter().find(|l| l.name() == "namespace")
-                && !l.value().is_empty()
-            {
-                *activity.entry(l.value()).or_insert(0.0) += m.get_counter().get_value();
-            }
-        }
-    }
-    // Namespaces with series but no counted activity (a live subscription
-    // only) rank last, still before nothing.
-    for fam in families {
-        for m in fam.get_metric() {
-            if let Some(l) = m.get_label().iter().find(|l| l.name() == "namespace")
-                && !l.value().is_empty()
-            {
-                activity.entry(l.value()).or_insert(0.0);
-            }
-        }
-    }
-    let mut ranked: Vec<(&str, f64)> = activity.into_iter().collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-    ranked
-        .into_iter()
-        .take(limit)
-        .map(|(ns, _)| ns.to_string())
-        .collect()
 }
 
 /// `family` with the label `label` rewritten: with `keep`, a series whose
@@ -1096,6 +980,98 @@ mod public_tests {
             public.contains("meshgate_upstream_requests_total{outcome=\"answered\"} 2\n"),
             "{public}"
         );
+    }
+
+    /// Every sample of an exposition: `name{labels}` with the `namespace`
+    /// label dropped, summed over it.
+    fn summed(text: &str) -> std::collections::BTreeMap<String, f64> {
+        let mut out = std::collections::BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+            let labels: Vec<&str> = labels
+                .trim_end_matches('}')
+                .split(',')
+                .filter(|l| !l.is_empty() && !l.starts_with("namespace="))
+                .collect();
+            let key = if labels.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name}{{{}}}", labels.join(","))
+            };
+            *out.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap();
+        }
+        out
+    }
+
+    /// After a mix of counters, gauges (moved and set) and histograms in
+    /// several namespaces and the node's own series, the public exposition
+    /// (the node totals kept as they move) equals the operator's summed over
+    /// `namespace`, whatever the series limit (`_other` holds the rest), and
+    /// a namespace's series still counts after its actors are gone.
+    #[test]
+    fn totals_equal_the_sum_over_namespaces() {
+        let m = Metrics::new();
+        for i in 0..12u64 {
+            let ns = format!("ns{i}");
+            let kind = ["namespace", "ns"];
+            let stats = [kind[0], ns.as_str()];
+            m.actor_handled.with_label_values(&stats).inc_by(i * 3 + 1);
+            m.actor_handling_seconds
+                .with_label_values(&stats)
+                .observe(0.0001 * i as f64);
+            m.actor_mailbox_depth
+                .with_label_values(&stats)
+                .add(i as i64);
+            m.actor_mailbox_depth.with_label_values(&stats).dec();
+            if i % 2 == 0 {
+                m.publishes.with_label_values(&[&ns]).inc_by(i);
+                m.ws_subscribers.with_label_values(&[&ns]).add(3);
+                m.ws_subscribers.with_label_values(&[&ns]).add(-1);
+            }
+            if i % 3 == 0 {
+                m.invocations.with_label_values(&[&ns]).inc();
+                m.invocation_errors.with_label_values(&[&ns]).inc();
+                m.breaker_state.with_label_values(&[&ns, "b"]).set(2);
+                m.breaker_state
+                    .with_label_values(&[&ns, "b"])
+                    .set(i as i64 % 2);
+            }
+        }
+        m.actor_handled.with_label_values(&["node", ""]).inc_by(5);
+        m.observe_route("ns1", "web", "/", 200, 0.01, &[]);
+        m.observe_route("ns2", "web", "/", 500, 0.02, &[]);
+        let public = summed(&m.render_public());
+        for limit in [100, 4, 1] {
+            let text = m.render(limit);
+            let mut operator = summed(&text);
+            // The public view sums deployment and route away too.
+            for k in [
+                "meshgate_route_requests_total",
+                "meshgate_route_duration_seconds",
+            ] {
+                operator.retain(|name, _| !name.starts_with(k));
+            }
+            let mut public = public.clone();
+            public.retain(|name, _| !name.starts_with("meshgate_route_"));
+            assert_eq!(operator, public, "limit {limit}:\n{text}");
+        }
+        assert!(public["meshgate_actor_messages_handled_total{kind=\"namespace\"}"] > 0.0);
+        assert_eq!(public["meshgate_breaker_state{member=\"b\"}"], 2.0);
+        assert_eq!(
+            public["meshgate_route_requests_total{status_class=\"5xx\"}"],
+            1.0
+        );
+        // Every namespace's series, summed by hand, is the total.
+        let handled: u64 = (0..12u64).map(|i| i * 3 + 1).sum();
+        assert_eq!(
+            public["meshgate_actor_messages_handled_total{kind=\"namespace\"}"],
+            handled as f64
+        );
+        let stats: u64 = (0..12)
+            .map(|i| m.namespace_stats(&format!("ns{i}")).messages_handled)
+            .sum();
+        assert_eq!(stats, handled);
     }
 
     /// A namespace's stats read its own series only, and create none.

@@ -20,8 +20,9 @@ round's two runs of each path and the ratio; the table's last row the mean of
 the rounds' ratios.
 
 With PROFILE_DIR set, each path is then profiled on its own: `perf record -F
-999 -g -p <node>` for PROFILE_SECONDS under the same load, and the top of
-`perf report --no-children` is written to PROFILE_DIR/<path>.txt.
+299 --call-graph dwarf -p <node>` for PROFILE_SECONDS under the same load;
+the node's CPU per request and each part's inclusive share of it are printed
+as a table, the whole report written to PROFILE_DIR/<path>.txt.
 
 Usage: scripts/bench-request-path.py <meshgate binary>
 Environment: ROUNDS (3), DURATION (4), CONNECTIONS (32), PROFILE_DIR,
@@ -188,24 +189,84 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# What each row of a profile's summary counts: the largest inclusive share
+# of any symbol containing one of the patterns (the node's own steps, the
+# libraries they call, the kernel's socket calls).
+FEATURES = [
+    ("HTTP/1 read and parse (actix-http)", ["h1::codec::Codec as tokio_util::codec::decoder::Decoder"]),
+    ("canonical request", ["chain::canonical::canonicalize"]),
+    ("routed-host lookup (every request)", ["deploy_serve::fast_route"]),
+    ("route policy step (host, API policy)", ["chain::front::route_policy"]),
+    ("trace context", ["TraceContext::from_headers"]),
+    ("request id", ["logger::request_id"]),
+    ("client + namespace rate limits", ["limits::client_rate_limit", "limits::charge_client"]),
+    ("namespace rate limit", ["limits::namespace_rate_limit", "limits::charge_anonymous"]),
+    ("authentication (key or JWT)", ["access::authenticate"]),
+    ("authorization + scopes", ["access::authorization"]),
+    ("router (actix-router)", ["actix_router::router::Router"]),
+    ("KV read: store get + record MAC", ["SledStore as meshgate::storage::OrderedKv>::get"]),
+    ("record MAC check", ["Store::verified"]),
+    ("route policy (deployment)", ["route_policy::admit"]),
+    ("proxy exchange (ours)", ["deploy::proxy::proxy_h1"]),
+    ("upstream request head", ["deploy::wire::request_head"]),
+    ("upstream answer parse", ["deploy::wire::parse_head"]),
+    ("route metrics", ["Metrics::observe_route_series"]),
+    ("route activity", ["Observed::push_activity"]),
+    ("request metrics", ["admission::record_request"]),
+    ("access log", ["access_log::Entry::finish"]),
+    ("guest call (wasmtime + ours)", ["WasmEngine::try_here", "wasm::pool"]),
+    ("invocation record", ["invoker::run::record", "InvocationRecord"]),
+    ("send (kernel, wakes the client)", ["__libc_send"]),
+    ("recv (kernel)", ["__libc_recv"]),
+    ("allocator (self)", ["_mi_page_malloc", "mi_free", "mi_theap_malloc"]),
+]
+
+
+def node_cpu(pid):
+    return cpu_seconds(pid)
+
+
 def profile(load, pid, out_dir):
-    """perf record of the node under `load`; the report's top lines kept."""
+    """perf record (call graphs) of the node under `load`: the node's CPU
+    per request and each feature's inclusive share of it, as a table."""
     data = os.path.join(out_dir, f"{load.name}.data")
-    gen = subprocess.Popen(load.args(PROFILE_SECONDS + 2), stdout=subprocess.DEVNULL)
+    gen = subprocess.Popen(load.args(PROFILE_SECONDS + 2), stdout=subprocess.PIPE, text=True)
     time.sleep(1)
+    c0 = node_cpu(pid)
     subprocess.run(
-        ["perf", "record", "-F", "999", "-g", "-o", data, "-p", str(pid), "--", "sleep", str(PROFILE_SECONDS)],
+        ["perf", "record", "-F", "299", "--call-graph", "dwarf,16384", "-o", data, "-p", str(pid),
+         "--", "sleep", str(PROFILE_SECONDS)],
         capture_output=True,
     )
-    gen.wait()
+    c1 = node_cpu(pid)
+    out, _ = gen.communicate()
+    rps = next((float(l.split(":")[1]) for l in out.splitlines() if l.startswith("Requests/sec:")), 0.0)
+    us_per_req = (c1 - c0) / max(rps * PROFILE_SECONDS, 1) * 1e6
     rep = subprocess.run(
-        ["perf", "report", "-i", data, "--no-children", "--stdio", "-g", "none",
-         "--percent-limit", "0.7", "--sort", "dso,symbol"],
+        ["perf", "report", "-i", data, "--children", "--stdio", "-g", "none",
+         "--percent-limit", "0.2", "--sort", "symbol"],
         capture_output=True, text=True,
     )
+    rows = []
+    for line in rep.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0].endswith("%") and parts[1].endswith("%"):
+            rows.append((float(parts[0][:-1]), float(parts[1][:-1]), " ".join(parts[3:])))
     with open(os.path.join(out_dir, f"{load.name}.txt"), "w") as f:
-        f.write(rep.stdout)
+        f.write(f"# {load.name}: {rps:,.0f} req/s under perf, node CPU {us_per_req:.1f} us per request\n")
+        f.write("# children% self% symbol\n")
+        for c, sf, sym in rows:
+            f.write(f"{c:6.2f} {sf:6.2f} {sym[:160]}\n")
+    summary = []
+    for label, pats in FEATURES:
+        if label.startswith("allocator"):
+            share = sum(sf for _, sf, sym in rows if any(p in sym for p in pats))
+        else:
+            share = max((c for c, _, sym in rows if any(p in sym for p in pats)), default=0.0)
+        if share >= 0.5:
+            summary.append((label, share, share / 100 * us_per_req))
     os.remove(data)
+    return us_per_req, summary
 
 
 def main():
@@ -326,9 +387,15 @@ def main():
             print(f"| {label} | {goal} | {ra:,.0f} | {rb:,.0f} | {each} | **{mean:.2f}** |", flush=True)
         if PROFILE_DIR:
             os.makedirs(PROFILE_DIR, exist_ok=True)
+            print(f"\nWhere the node's CPU goes per request (perf record -F 299 --call-graph dwarf, "
+                  f"{PROFILE_SECONDS} s under the same load; inclusive shares, so nested rows overlap; "
+                  f"full reports in {PROFILE_DIR})")
             for load in (livez, kv_jwt, kv_key, invoke, px_open, px_keyed):
-                profile(load, node.pid, PROFILE_DIR)
-            print(f"\nprofiles (perf report --no-children, self time) in {PROFILE_DIR}")
+                us, summary = profile(load, node.pid, PROFILE_DIR)
+                print(f"\n`{load.name}`: {us:.1f} µs of node CPU per request")
+                print("\n| part | share | µs |\n|---|---:|---:|")
+                for label, share, part in summary:
+                    print(f"| {label} | {share:.1f}% | {part:.2f} |")
     finally:
         for p in reversed(procs):
             if p.poll() is None:

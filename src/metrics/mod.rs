@@ -829,13 +829,13 @@ pub struct RouteSeries(std::sync::OnceLock<ResolvedRoute>);
 
 struct ResolvedRoute {
     /// `route_requests` by status class (1xx to 5xx), each made on its first use.
-    requests: [std::sync::OnceLock<IntCounter>; 5],
-    duration: Histogram,
+    requests: [std::sync::OnceLock<NsCounter>; 5],
+    duration: NsHistogram,
     /// The `deployment` and `route` label values (`_other` past the cap).
     dep: String,
     rt: String,
     /// `upstream_requests` by (instance, outcome), copied on write.
-    attempts: arc_swap::ArcSwap<Vec<(String, &'static str, IntCounter)>>,
+    attempts: arc_swap::ArcSwap<Vec<(String, &'static str, NsCounter)>>,
 }
 
 impl std::ops::Deref for Metrics {

@@ -512,7 +512,8 @@ pub struct ServerConfig {
     pub base_domain: String,
     /// Log format: `pretty` or `json`.
     pub log_format: String,
-    /// JWT issuer and audience.
+    /// JWT issuer and audience. The host of a URL here is one of the node's
+    /// own names (`deploy::hosts`): no deployment may take it.
     pub public_url: String,
     /// Seconds a namespace supervisor may sit idle (no message, no socket,
     /// no running or queued invocation) before it passivates: it stops and

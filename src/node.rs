@@ -220,6 +220,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         config.deploy.clone(),
         config.server.base_domain.clone(),
     ));
+    // Noted before the index is first built: the dashboard's sign-in and
+    // API calls reach the node by this name.
+    if let Some(h) = crate::deploy::hosts::url_host(&config.server.public_url) {
+        deployments
+            .own_names
+            .note(&h, "the host of this node's public_url");
+    }
     deployments
         .reload()
         .await

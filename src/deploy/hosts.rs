@@ -10,13 +10,20 @@
 //!   resolvers accept (`2130706433`, `0x7f.1`, `127.1`), IPv6 with or without
 //!   brackets (IPv4-mapped too), and any name whose last label is a number
 //!   (a browser reads it as an IPv4 address);
-//! - `localhost` and every name under it (RFC 6761), and `localdomain` and
-//!   every name under it (`localhost.localdomain`: the loopback name many
-//!   systems' `/etc/hosts` give);
+//! - `localhost` and every name under it (RFC 6761), and `localdomain`,
+//!   `localdomain4`, `localdomain6` and every name under them
+//!   (`localhost.localdomain`, `localhost4.localdomain4`,
+//!   `localhost6.localdomain6`: the loopback names many systems'
+//!   `/etc/hosts` give);
 //! - single-label names (a resolver completes them with its search domains);
-//! - the gateway's own hosts: `base_domain` and `ns-<name>.<base_domain>`;
-//! - the node's own names: its listen and advertise names and, in a cluster,
-//!   every member's advertise name (kept current from the node registry).
+//! - the gateway's own hosts: `base_domain` and every name under it
+//!   (`ns-<name>.<base_domain>` and its subdomains, which a cookie set for a
+//!   namespace's host reaches);
+//! - the node's own names: its listen and advertise names, the host of
+//!   `[server] public_url`, the DNS names on its TLS certificate (a wildcard
+//!   name `*.example.com` reserves every name under `example.com`) and, in a
+//!   cluster, every member's advertise name (kept current from the node
+//!   registry).
 //!
 //! Names are compared lower-cased and without a trailing dot.
 
@@ -39,7 +46,7 @@ pub enum Reserved {
     Localhost,
     /// A name of one label.
     SingleLabel,
-    /// `base_domain` or `ns-<name>.<base_domain>`.
+    /// `base_domain` or a name under it (`ns-<name>.<base_domain>`, ...).
     Gateway,
     /// One of the node's (or a cluster member's) own names; says which.
     OwnName(String),
@@ -54,7 +61,7 @@ impl fmt::Display for Reserved {
             }
             Reserved::Localhost => write!(
                 f,
-                "a localhost name (loopback: localhost, localdomain and the names under them)"
+                "a localhost name (loopback: localhost, localdomain, localdomain4, localdomain6 and the names under them)"
             ),
             Reserved::SingleLabel => write!(f, "a single-label name"),
             Reserved::Gateway => write!(f, "one of the gateway's own hosts"),
@@ -118,23 +125,48 @@ pub fn reserved_everywhere(host: &str) -> Option<Reserved> {
         return Some(r);
     }
     let h = canonical(host);
-    if h == "localhost"
-        || h.ends_with(".localhost")
-        || h == "localdomain"
-        || h.ends_with(".localdomain")
-    {
+    let loopback = ["localhost", "localdomain", "localdomain4", "localdomain6"]
+        .iter()
+        .any(|d| h == *d || h.strip_suffix(d).is_some_and(|l| l.ends_with('.')));
+    if loopback {
         return Some(Reserved::Localhost);
     }
     (!h.contains('.')).then_some(Reserved::SingleLabel)
 }
 
+/// Whether `h` is `domain` or a name under it (both canonical).
+fn is_under(h: &str, domain: &str) -> bool {
+    h == domain
+        || h.strip_suffix(domain)
+            .is_some_and(|l| l.ends_with('.') && l.len() > 1)
+}
+
+/// The host of a URL such as `[server] public_url`
+/// (`https://gw.example.com:8443/base`), without its port; `None` when it
+/// has no `scheme://host`.
+pub fn url_host(url: &str) -> Option<String> {
+    let (_, rest) = url.trim().split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => host_port.split(':').next()?,
+    };
+    (!host.is_empty()).then(|| canonical(host))
+}
+
 /// The node's own names: the gateway's hosts, its listen and advertise names,
-/// and (in a cluster) every member's advertise name.
+/// the host of its public URL, its TLS certificate's names, and (in a
+/// cluster) every member's advertise name.
 pub struct OwnNames {
     /// `[server] base_domain`, canonical.
     base_domain: String,
-    /// Names noted at start (listen, advertise), with what each is.
+    /// Names noted (listen, advertise, public URL, certificate), with what
+    /// each is.
     fixed: RwLock<BTreeMap<String, String>>,
+    /// Domains every name under which is the node's (a certificate's
+    /// wildcard name `*.d` noted as `d`), with what each is.
+    under: RwLock<BTreeMap<String, String>>,
     /// The cluster members' advertise names as last read from the registry.
     members: RwLock<BTreeMap<String, String>>,
     /// Moves each time a name is added: a routing index built at one
@@ -148,6 +180,7 @@ impl OwnNames {
         OwnNames {
             base_domain: canonical(base_domain),
             fixed: RwLock::new(BTreeMap::new()),
+            under: RwLock::new(BTreeMap::new()),
             members: RwLock::new(BTreeMap::new()),
             generation: AtomicU64::new(0),
         }
@@ -159,9 +192,21 @@ impl OwnNames {
     }
 
     /// Notes one of the node's own names (`what`: "this node's advertise
-    /// name", ...); an address is reserved anyway and not noted.
+    /// name", ...); an address is reserved anyway and not noted. A wildcard
+    /// name `*.example.com` notes every name under `example.com`.
     pub fn note(&self, name: &str, what: &str) {
         let name = canonical(name);
+        if let Some(domain) = name.strip_prefix("*.") {
+            if domain.is_empty() || address_spelled(domain).is_some() {
+                return;
+            }
+            let mut under = self.under.write();
+            if !under.contains_key(domain) {
+                under.insert(domain.to_string(), what.into());
+                self.generation.fetch_add(1, Ordering::AcqRel);
+            }
+            return;
+        }
         if name.is_empty() || address_spelled(&name).is_some() {
             return;
         }
@@ -197,16 +242,20 @@ impl OwnNames {
             return Some(r);
         }
         let h = canonical(host);
-        let gateway = h == self.base_domain
-            || h.strip_suffix(&self.base_domain)
-                .and_then(|l| l.strip_suffix('.'))
-                .is_some_and(|l| l.starts_with("ns-") && !l.contains('.'));
-        if gateway {
+        if is_under(&h, &self.base_domain) {
             return Some(Reserved::Gateway);
         }
         let own = |m: &RwLock<BTreeMap<String, String>>| m.read().get(&h).cloned();
+        let under = || {
+            let under = self.under.read();
+            under
+                .iter()
+                .find(|(d, _)| h.len() > d.len() && is_under(&h, d))
+                .map(|(_, what)| what.clone())
+        };
         own(&self.fixed)
             .or_else(|| own(&self.members))
+            .or_else(under)
             .map(Reserved::OwnName)
     }
 }
@@ -261,6 +310,11 @@ mod tests {
             "localhost.localdomain",
             "x.localdomain",
             "LocalDomain",
+            "localhost4.localdomain4",
+            "localhost6.localdomain6.",
+            "a.b.LocalDomain4",
+            "x.localdomain6",
+            "localdomain4",
         ] {
             assert_eq!(
                 reserved_everywhere(host),
@@ -283,6 +337,8 @@ mod tests {
             "1.example",
             "localhost.example",
             "ns-acme.example.com",
+            "localdomain4.example",
+            "xlocaldomain4.test",
         ] {
             assert_eq!(reserved_everywhere(host), None, "{host}");
         }
@@ -304,8 +360,10 @@ mod tests {
                 Some(Reserved::OwnName("this node's advertise name".into())),
             ),
             ("node-b.internal", None),
-            ("www.gateway.test", None),
-            ("x.ns-acme.gateway.test", None),
+            ("www.gateway.test", Some(Reserved::Gateway)),
+            ("x.ns-acme.gateway.test", Some(Reserved::Gateway)),
+            ("xgateway.test", None),
+            ("gateway.test.example", None),
             (
                 "127.0.0.1",
                 Some(Reserved::Address("127.0.0.1".parse().unwrap())),
@@ -331,8 +389,57 @@ mod tests {
                 "cluster member b's advertise name".into()
             ))
         );
+        // A wildcard certificate name: every name under its domain, not the
+        // domain itself (unless noted too).
+        own.note(
+            "*.Wild.Example",
+            "a DNS name on this node's TLS certificate",
+        );
+        for host in ["a.wild.example", "b.c.wild.example."] {
+            assert_eq!(
+                own.classify(host),
+                Some(Reserved::OwnName(
+                    "a DNS name on this node's TLS certificate".into()
+                )),
+                "{host}"
+            );
+        }
+        for host in ["wild.example", "awild.example", "a.example"] {
+            assert_eq!(own.classify(host), None, "{host}");
+        }
         let e = refusal("node-a.internal", &own.classify("node-a.internal").unwrap());
         assert_eq!((e.status.as_u16(), e.code.as_str()), (400, "HOST_RESERVED"));
         assert!(e.message.contains("advertise name"), "{}", e.message);
+    }
+
+    /// The host of a public URL: without scheme, port, path or user; none
+    /// for a value that is not a URL.
+    #[test]
+    fn a_urls_host() {
+        for (url, want) in [
+            (
+                "https://GW.example.com:8443/base?x#y",
+                Some("gw.example.com"),
+            ),
+            ("http://gw.example.com.", Some("gw.example.com")),
+            ("https://user:pw@gw.example.com/", Some("gw.example.com")),
+            ("https://[::1]:8443/", Some("::1")),
+            ("meshgate", None),
+            ("https://", None),
+        ] {
+            assert_eq!(url_host(url).as_deref(), want, "{url}");
+        }
+    }
+
+    /// Noting a name moves the generation; noting it again does not.
+    #[test]
+    fn noting_moves_the_generation_once() {
+        let own = OwnNames::new("gateway.test");
+        let g = own.generation();
+        own.note("*.w.example", "cert");
+        own.note("*.W.example.", "cert");
+        own.note("pub.example", "public url");
+        own.note("pub.example", "public url");
+        assert_eq!(own.generation(), g + 2);
     }
 }

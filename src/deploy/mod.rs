@@ -1100,6 +1100,9 @@ mod tests {
             "intranet",
             "gateway.test",
             "ns-bank.gateway.test",
+            "x.ns-bank.gateway.test",
+            "www.gateway.test",
+            "localhost6.localdomain6",
             "node-a.internal",
         ] {
             let e = a
@@ -1118,6 +1121,10 @@ mod tests {
             "localhost",
             "node-a.internal",
             "node-b.internal",
+            "x.ns-bank.gateway.test",
+            "localhost4.localdomain4",
+            "cert.example",
+            "a.wild.example",
         ]
         .map(String::from)
         .to_vec();
@@ -1168,7 +1175,26 @@ mod tests {
             a.host_namespace("node-b.internal").as_deref(),
             Some("mallory")
         );
-        for h in ["127.0.0.1", "[::1]", "localhost", "node-a.internal"] {
+        for h in [
+            "127.0.0.1",
+            "[::1]",
+            "localhost",
+            "node-a.internal",
+            "x.ns-bank.gateway.test",
+            "localhost4.localdomain4",
+        ] {
+            assert_eq!(a.host_namespace(h), None, "{h}");
+            assert!(a.route(h, "GET", "/").is_none(), "{h}");
+        }
+        // A reloaded TLS certificate's names (one a wildcard): from then on
+        // they never route.
+        assert!(a.route("cert.example", "GET", "/").is_some());
+        assert!(a.route("a.wild.example", "GET", "/").is_some());
+        for n in ["cert.example", "*.wild.example"] {
+            a.own_names
+                .note(n, "a DNS name on this node's TLS certificate");
+        }
+        for h in ["cert.example", "a.wild.example"] {
             assert_eq!(a.host_namespace(h), None, "{h}");
             assert!(a.route(h, "GET", "/").is_none(), "{h}");
         }

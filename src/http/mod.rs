@@ -142,10 +142,20 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             http_service!(false).tcp_auto_h2c()
         })
     } else {
+        // A request by a name on the certificate is the node's: no
+        // deployment may take one (`deploy::hosts`).
+        let deployments = node.deployments.clone();
         let tls = tls::server_config(
             cfg.tls.cert_file.clone().into(),
             cfg.tls.key_file.clone().into(),
             std::time::Duration::from_secs(cfg.tls.reload_check_seconds),
+            move |names: &[String]| {
+                for n in names {
+                    deployments
+                        .own_names
+                        .note(n, "a DNS name on this node's TLS certificate");
+                }
+            },
         )?;
         builder.listen("meshgate", listener, move || {
             http_service!(true).rustls_0_23(tls.clone())

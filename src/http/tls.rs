@@ -33,6 +33,22 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> anyhow::Result<CertifiedKe
     Ok(ck)
 }
 
+/// The DNS names on the certificate's end-entity certificate (its subject
+/// alternative names, wildcards such as `*.example.com` included): requests
+/// by these names are the node's (`crate::deploy::hosts`).
+pub fn dns_names(ck: &CertifiedKey) -> Vec<String> {
+    let Ok(der) = ck.end_entity_cert() else {
+        return Vec::new();
+    };
+    match webpki::EndEntityCert::try_from(der) {
+        Ok(cert) => cert.valid_dns_names().map(str::to_string).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "The TLS certificate's names could not be read.");
+            Vec::new()
+        }
+    }
+}
+
 /// The certificate in use, swapped when its files change.
 #[derive(Debug)]
 pub struct ReloadingResolver {
@@ -52,12 +68,16 @@ fn mtimes(a: &Path, b: &Path) -> Option<(SystemTime, SystemTime)> {
 
 /// The server config for `cert`/`key`, and a thread that reloads them when their
 /// modification times change. A broken new pair is logged and the old one kept.
+/// `on_names` gets each certificate's DNS names ([`dns_names`]) before it is
+/// served: the first one's, then each reloaded one's.
 pub fn server_config(
     cert: PathBuf,
     key: PathBuf,
     check_every: Duration,
+    on_names: impl Fn(&[String]) + Send + 'static,
 ) -> anyhow::Result<rustls::ServerConfig> {
     let first = load_certified_key(&cert, &key)?;
+    on_names(&dns_names(&first));
     let resolver = Arc::new(ReloadingResolver {
         current: RwLock::new(Arc::new(first)),
     });
@@ -77,6 +97,7 @@ pub fn server_config(
                 }
                 match load_certified_key(&cert, &key) {
                     Ok(ck) => {
+                        on_names(&dns_names(&ck));
                         *r.current.write() = Arc::new(ck);
                         seen = now;
                         tracing::info!(cert = %cert.display(), "TLS certificate reloaded.");

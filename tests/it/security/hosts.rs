@@ -302,3 +302,301 @@ fn hosts_cannot_shadow_a_cluster_even_from_an_old_record() {
         }
     }
 }
+
+/// Names near the reserved ones: the loopback names of `/etc/hosts` under
+/// `localdomain4` and `localdomain6`, and names under the gateway's base
+/// domain (a namespace host's subdomain, which a cookie with
+/// `Domain=ns-bank.<base_domain>` reaches).
+const NEAR: &[&str] = &[
+    "localhost4.localdomain4",
+    "localhost6.localdomain6",
+    "LOCALHOST6.LOCALDOMAIN6.",
+    "x.localdomain4",
+    "a.b.localdomain6",
+    "localdomain4",
+    "localdomain6.",
+    "x.ns-bank.gw.test",
+    "www.gw.test",
+    "a.b.gw.test",
+];
+
+/// Mallory's deployment claiming a loopback name under `localdomain4`/
+/// `localdomain6` or any name under the base domain (`x.ns-bank.gw.test`,
+/// `www.gw.test`) is refused with 400 `HOST_RESERVED`; nothing is stored
+/// and mallory's upstream is never connected.
+#[test]
+fn near_reserved_hosts_are_refused() {
+    let node = TestNode::start_with(NodeOpts {
+        config: config(),
+        ..Default::default()
+    });
+    let canary = Canary::start();
+    let mallory = node.create_namespace("mallory");
+    let upstream = format!("http://127.0.0.1:{}", canary.port);
+    for host in NEAR {
+        let (s, v) = deploy_json(&node, &mallory, upstream_body(host, &[&upstream]));
+        let (code, msg) = error_of(&v);
+        assert_eq!((s, code), (400, "HOST_RESERVED"), "{host}: {v}");
+        assert!(msg.contains("node itself"), "{host}: {msg}");
+    }
+    let (s, b) = node.with_key(&mallory, "GET", "/v1/deployments", None);
+    assert_eq!(
+        (s, json(&b)["deployments"].clone()),
+        (200, serde_json::json!([])),
+        "{b}"
+    );
+    assert_eq!(canary.connections(), 0, "mallory's upstream was connected");
+}
+
+/// The host of `[server] public_url` is the node's: mallory's deployment
+/// claiming it (any case, trailing dot) is refused with 400
+/// `HOST_RESERVED` and nothing stored; bank's API call and the operator's
+/// dashboard with that Host are answered by the node, and mallory's
+/// upstream is never connected.
+#[test]
+fn the_public_url_host_is_the_nodes() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[server]\nbase_domain = \"{BASE}\"\npublic_url = \"https://Gate.Example.test:8443/base\"\n[deploy]\n{ALLOW_LOOPBACK}"
+        ),
+        ..Default::default()
+    });
+    let canary = Canary::start();
+    let bank = node.create_namespace("bank");
+    let mallory = node.create_namespace("mallory");
+    let (s, b) = node.with_key(&bank, "PUT", "/v1/kv/balance", Some(b"100"));
+    assert_eq!(s, 200, "{b}");
+    let upstream = format!("http://127.0.0.1:{}", canary.port);
+    for host in ["gate.example.test", "GATE.Example.test."] {
+        let (s, v) = deploy_json(&node, &mallory, upstream_body(host, &[&upstream]));
+        let (code, msg) = error_of(&v);
+        assert_eq!((s, code), (400, "HOST_RESERVED"), "{host}: {v}");
+        assert!(msg.contains("public_url"), "{host}: {msg}");
+    }
+    let (s, b) = node.with_key(&mallory, "GET", "/v1/deployments", None);
+    assert_eq!(
+        (s, json(&b)["deployments"].clone()),
+        (200, serde_json::json!([])),
+        "{b}"
+    );
+    let bank_auth = format!("Bearer {bank}");
+    let op_auth = format!("Bearer {}", node.operator_key);
+    for host in ["gate.example.test", "gate.example.test:8443"] {
+        let (s, _, b) = via(
+            &node,
+            host,
+            "GET",
+            "/v1/kv/balance",
+            &[("authorization", &bank_auth)],
+            None,
+        );
+        assert_eq!(
+            (s, String::from_utf8_lossy(&b).as_ref()),
+            (200, "100"),
+            "bank's call with Host {host} is the node's"
+        );
+        let (s, _, b) = via(
+            &node,
+            host,
+            "GET",
+            "/__admin/api/snapshot",
+            &[("authorization", &op_auth)],
+            None,
+        );
+        let b = String::from_utf8_lossy(&b);
+        assert_eq!(s, 200, "the operator's dashboard with Host {host}: {b}");
+        assert!(json(&b).is_object(), "{b}");
+    }
+    assert_eq!(canary.connections(), 0, "mallory's upstream was connected");
+}
+
+/// A self-signed certificate for `names` (and its key) into `dir`.
+fn write_cert(dir: &std::path::Path, names: &[&str]) -> String {
+    let cert =
+        rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    std::fs::write(dir.join("key.pem"), cert.key_pair.serialize_pem()).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.cert.pem()).unwrap();
+    cert.cert.pem()
+}
+
+/// One HTTPS request to `node` by the name `host` (curl, `--resolve` to its
+/// address; `ca`: the certificate to trust, else any): status and body.
+fn https(
+    node: &TestNode,
+    host: &str,
+    ca: Option<&std::path::Path>,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: Option<&str>,
+) -> (u16, String) {
+    let port = node.addr.rsplit_once(':').unwrap().1;
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "--http1.1", "-m", "20", "-X", method, "--resolve"])
+        .arg(format!("{host}:{port}:127.0.0.1"))
+        .args(["-w", "\n%{http_code}"]);
+    if !key.is_empty() {
+        cmd.args(["-H", &format!("authorization: Bearer {key}")]);
+    }
+    match ca {
+        Some(ca) => cmd.arg("--cacert").arg(ca),
+        None => cmd.arg("-k"),
+    };
+    if let Some(b) = body {
+        cmd.args(["-H", "content-type: application/json", "--data-binary", b]);
+    }
+    let out = cmd
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = stdout.rsplit_once('\n').unwrap_or(("", &stdout));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// A TLS node without an advertise name: mallory's deployment claiming a
+/// DNS name on the node's certificate (exact, or under its wildcard name
+/// `*.wild.example.test`) is refused with 400 `HOST_RESERVED` and nothing
+/// stored; bank's and the operator's calls by those names are the node's;
+/// after the certificate files are replaced, the new certificate's name is
+/// refused as soon as it is served; mallory's upstream is never connected.
+#[test]
+fn a_tls_nodes_certificate_names_are_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cert(dir.path(), &["tls.example.test", "*.wild.example.test"]);
+    let node = TestNode::start_tls(
+        dir.path(),
+        &format!(
+            "reload_check_seconds = 1\n[server]\nbase_domain = \"{BASE}\"\n[deploy]\n{ALLOW_LOOPBACK}"
+        ),
+    );
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "the TLS node answers",
+        || {
+            https(
+                &node,
+                "tls.example.test",
+                None,
+                "GET",
+                "/v1/health",
+                "",
+                None,
+            )
+            .0 == 200
+        },
+    );
+    let op = node.operator_key.clone();
+    let create = |name: &str| {
+        let (s, b) = https(
+            &node,
+            "tls.example.test",
+            None,
+            "POST",
+            "/v1/namespaces",
+            &op,
+            Some(&format!(r#"{{"name":"{name}"}}"#)),
+        );
+        assert_eq!(s, 201, "{b}");
+        json(&b)["api_key"].as_str().unwrap().to_string()
+    };
+    let bank = create("bank");
+    let mallory = create("mallory");
+    let (s, b) = https(
+        &node,
+        "tls.example.test",
+        None,
+        "PUT",
+        "/v1/kv/balance",
+        &bank,
+        Some("100"),
+    );
+    assert_eq!(s, 200, "{b}");
+    let canary = Canary::start();
+    let upstream = format!("http://127.0.0.1:{}", canary.port);
+    let refused = |host: &str| {
+        let body = upstream_body(host, &[&upstream]).to_string();
+        let (s, b) = https(
+            &node,
+            "tls.example.test",
+            None,
+            "POST",
+            "/v1/deployments",
+            &mallory,
+            Some(&body),
+        );
+        let v = json(&b);
+        let (code, msg) = error_of(&v);
+        assert_eq!((s, code), (400, "HOST_RESERVED"), "{host}: {b}");
+        assert!(msg.contains("TLS certificate"), "{host}: {msg}");
+    };
+    for host in [
+        "tls.example.test",
+        "TLS.Example.Test.",
+        "a.wild.example.test",
+        "b.c.wild.example.test",
+    ] {
+        refused(host);
+    }
+    let (s, b) = https(
+        &node,
+        "tls.example.test",
+        None,
+        "GET",
+        "/v1/deployments",
+        &mallory,
+        None,
+    );
+    assert_eq!(
+        (s, json(&b)["deployments"].clone()),
+        (200, serde_json::json!([])),
+        "{b}"
+    );
+    for host in ["tls.example.test", "a.wild.example.test"] {
+        let (s, b) = https(&node, host, None, "GET", "/v1/kv/balance", &bank, None);
+        assert_eq!((s, b.as_str()), (200, "100"), "bank's call by {host}");
+        let (s, b) = https(&node, host, None, "GET", "/__admin/api/snapshot", &op, None);
+        assert_eq!(s, 200, "the operator's dashboard by {host}: {b}");
+        assert!(json(&b).is_object(), "{b}");
+    }
+
+    // New files, 2 s newer (whatever the file system's time granularity):
+    // once a client trusting only the new certificate connects, its name
+    // is the node's.
+    let mtime = |f: &str| {
+        std::fs::metadata(dir.path().join(f))
+            .and_then(|m| m.modified())
+            .unwrap()
+    };
+    let newer = mtime("cert.pem").max(mtime("key.pem")) + std::time::Duration::from_secs(2);
+    let pem = write_cert(dir.path(), &["second.example.test"]);
+    let ca = dir.path().join("second-ca.pem");
+    std::fs::write(&ca, pem).unwrap();
+    for f in ["key.pem", "cert.pem"] {
+        std::fs::File::options()
+            .write(true)
+            .open(dir.path().join(f))
+            .and_then(|file| file.set_modified(newer))
+            .unwrap();
+    }
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "the new certificate is served",
+        || {
+            https(
+                &node,
+                "second.example.test",
+                Some(&ca),
+                "GET",
+                "/v1/health",
+                "",
+                None,
+            )
+            .0 == 200
+        },
+    );
+    refused("second.example.test");
+    refused("tls.example.test");
+    assert_eq!(canary.connections(), 0, "mallory's upstream was connected");
+}

@@ -41,6 +41,9 @@ const MAX_RINGS: usize = 10_000;
 /// deployed, the subject a key name or token subject), an entry is at most a
 /// few hundred bytes, so a ring is bounded in bytes, not only in count.
 pub const MAX_ACTIVITY_PATH_BYTES: usize = 256;
+/// The most bytes of a request's method an activity entry keeps: HTTP lets
+/// a method be any token, of any length; the registered ones fit in 7.
+pub const MAX_ACTIVITY_METHOD_BYTES: usize = 32;
 /// What ends a cut path.
 pub const CUT: &str = "…";
 
@@ -194,6 +197,7 @@ impl Activity {
     /// Adds a request to a ring [`Activity::ring`] gave, without the map's lock.
     pub fn push_to(&self, ring: &Ring, mut entry: ActivityEntry) {
         cut(&mut entry.path, MAX_ACTIVITY_PATH_BYTES);
+        cut(&mut entry.method, MAX_ACTIVITY_METHOD_BYTES);
         if let Some(s) = entry.subject.as_mut() {
             cut(s, MAX_ACTIVITY_PATH_BYTES);
         }
@@ -380,6 +384,8 @@ mod tests {
         // Two-byte characters around the cut: the cut falls inside one.
         long.path = format!("/{}", "é".repeat(30_000));
         long.subject = Some("k".repeat(1000));
+        // A method is any token: one of 60 KB is cut like the path.
+        long.method = "M".repeat(60_000);
         a.push("ns", "web", long);
         a.push("ns", "web", entry(2));
         let got = a.latest("ns", "web", 10);
@@ -389,6 +395,9 @@ mod tests {
         assert!(cut.len() > MAX_ACTIVITY_PATH_BYTES - 8, "{}", cut.len());
         assert!(cut.starts_with("/éé") && cut.ends_with(CUT), "{cut}");
         assert!(got[1].subject.as_ref().unwrap().len() <= MAX_ACTIVITY_PATH_BYTES);
+        assert!(got[1].method.len() <= MAX_ACTIVITY_METHOD_BYTES);
+        assert!(got[1].method.starts_with("MMM") && got[1].method.ends_with(CUT));
+        assert_eq!(got[0].method, "GET");
         let ring = a.ring("ns", "web");
         let held = ring.slots[0].load_full().unwrap();
         assert!(

@@ -22,6 +22,14 @@ pub struct NsCtx {
 }
 
 impl NsCtx {
+    /// Whether the caller holds a grant on one resource: what a listing
+    /// checks per item, so a credential scoped to some names lists only those.
+    pub fn may(&self, domain: &str, action: &str, resource: &str) -> bool {
+        self.identity
+            .as_ref()
+            .is_some_and(|i| i.allows(domain, action, resource))
+    }
+
     /// Checks the caller's grant on one resource (the scope gate checked the domain and action).
     pub fn require(&self, domain: &str, action: &str, resource: &str) -> Result<(), ApiError> {
         match &self.identity {

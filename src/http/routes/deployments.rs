@@ -409,17 +409,25 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
     ))
 }
 
-/// `GET /v1/deployments[?limit=&cursor=]`: one page of the deployments, by name.
+/// `GET /v1/deployments[?limit=&cursor=]`: one page of the deployments, by
+/// name, those the caller may read.
 async fn list(
     node: web::Data<Node>,
     ctx: NsCtx,
     q: web::Query<PageQuery>,
 ) -> ApiResult<HttpResponse> {
     let page = Page::parse(&q, "deployments", &ctx.name)?;
-    let (d, last) = node
+    let (mut d, last) = node
         .deployments
         .list(&ctx.name, page.after.as_deref(), page.limit)
         .await?;
+    // A credential scoped to some deployments lists only those; the cursor
+    // still moves past every record read, so a page may hold fewer.
+    d.retain(|v| {
+        v.get("name")
+            .and_then(|n| n.as_str())
+            .is_some_and(|n| ctx.may("deployments", "read", n))
+    });
     let next = page.next_cursor(last.as_deref());
     Ok(HttpResponse::Ok().json(json!({"deployments": d, "next_cursor": next})))
 }

@@ -258,16 +258,20 @@ async fn deploy(node: web::Data<Node>, ctx: NsCtx, mp: Multipart) -> ApiResult<H
     Ok(HttpResponse::Created().json(json!({"ok": true, "function": deployed})))
 }
 
-/// `GET /v1/functions[?limit=&cursor=]`: one page of the functions, by name.
+/// `GET /v1/functions[?limit=&cursor=]`: one page of the functions, by
+/// name, those the caller may read.
 async fn list(ctx: NsCtx, q: web::Query<PageQuery>) -> ApiResult<HttpResponse> {
     let page = Page::parse(&q, "functions", &ctx.name)?;
-    let (functions, last) = ctx
+    let (mut functions, last) = ctx
         .handle
         .ask(ListFunctions {
             after: page.after.clone(),
             limit: page.limit,
         })
         .await??;
+    // A credential scoped to some functions lists only those; the cursor
+    // still moves past every record read, so a page may hold fewer.
+    functions.retain(|f| ctx.may("functions", "read", &f.name));
     let next = page.next_cursor(last.as_deref());
     Ok(HttpResponse::Ok().json(json!({"functions": functions, "next_cursor": next})))
 }

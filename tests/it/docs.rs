@@ -203,3 +203,79 @@ fn cluster_step_by_step_runs_as_written() {
         "answered by a member, not a: {member}"
     );
 }
+
+/// The rows of docs/errors.md's table: code, the status it is listed
+/// with (the first number of its status cell) and whether it is retryable.
+fn documented_errors(markdown: &str) -> Vec<(String, u16, bool)> {
+    markdown
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let code = cells[1].trim_matches('`').to_string();
+            let status = cells[2]
+                .split(|c: char| !c.is_ascii_digit())
+                .find(|d| d.len() == 3)
+                .and_then(|d| d.parse().ok())
+                .unwrap_or_else(|| panic!("{code}: no status in {:?}", cells[2]));
+            let retryable = match cells[3] {
+                "yes" => true,
+                "no" => false,
+                other => panic!("{code}: retryable is yes or no, not {other:?}"),
+            };
+            (code, status, retryable)
+        })
+        .collect()
+}
+
+/// docs/errors.md lists every wire code of `src/error.rs`, once, with the
+/// table's status and retryable: a new code cannot ship undocumented.
+#[test]
+fn errors_doc_lists_every_code() {
+    use meshgate::error::Code;
+    let doc = std::fs::read_to_string(repo().join("docs/errors.md")).unwrap();
+    let rows = documented_errors(&doc);
+    let mut problems = Vec::new();
+    for &code in Code::ALL {
+        let wire = code.as_str();
+        match rows.iter().filter(|(c, _, _)| c == wire).collect::<Vec<_>>()[..] {
+            [] => problems.push(format!("{wire} is missing")),
+            [(_, status, retryable)] => {
+                if *status != code.status().as_u16() {
+                    problems.push(format!(
+                        "{wire}: documented {status}, the table says {}",
+                        code.status().as_u16()
+                    ));
+                }
+                if *retryable != code.retryable() {
+                    problems.push(format!(
+                        "{wire}: documented retryable {retryable}, the table says {}",
+                        code.retryable()
+                    ));
+                }
+            }
+            _ => problems.push(format!("{wire} is listed twice")),
+        }
+    }
+    for (c, _, _) in &rows {
+        if !Code::ALL.iter().any(|k| k.as_str() == c) {
+            problems.push(format!("{c} is documented but not a code"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/errors.md disagrees with src/error.rs:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The errors table parser reads a row's code, first status and retryable.
+#[test]
+fn documented_errors_are_parsed() {
+    let md = "| code | status | retryable |\n|---|---|---|\n\
+              | `QUOTA_EXCEEDED` | 429 (413 for a byte quota) | no | m | d |\n";
+    assert_eq!(
+        documented_errors(md),
+        vec![("QUOTA_EXCEEDED".to_string(), 429, false)]
+    );
+}

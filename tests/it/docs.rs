@@ -69,19 +69,32 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The README's tour and CLI blocks, in order, in one shell as a reader
+/// The README's marked blocks (the quick tour, the CLI, pub/sub,
+/// functions and the gateway tour), in order, in one shell as a reader
 /// would type them, twice on the same node (fresh names each time): every
-/// step succeeds and the answers the README promises come back.
+/// step succeeds and the answers the README promises come back. The node
+/// allows loopback upstreams, as the README tells the reader to start it.
 #[test]
 fn readme_runs_as_written() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(
+        readme.contains("MESHGATE_DEPLOY_UPSTREAM_ALLOW=127.0.0.0/8 cargo run --release -- serve"),
+        "the README starts the tour's node with loopback upstreams allowed"
+    );
     let blocks = marked_blocks(&readme);
     assert!(
-        blocks.len() >= 4,
-        "the tour, CLI, pub/sub and functions blocks are marked"
+        blocks.len() >= 8,
+        "the tour, CLI, pub/sub, functions and the four gateway blocks are marked"
+    );
+    assert!(
+        blocks[0].starts_with("set -euo pipefail"),
+        "the tour's first line makes every step stop on an error"
     );
     let mut script = format!("set -euo pipefail\n{}\n", blocks.join("\n"));
-    let n = TestNode::start();
+    let n = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n"),
+        ..Default::default()
+    });
     // Cluster mode: the tour's namespace is placed on the member the suite
     // uses ("b"), so every step of it is forwarded by the node the reader
     // talks to ("a"); the README's own request names no members.
@@ -111,6 +124,17 @@ fn readme_runs_as_written() {
             "subscribed to chat.1",
             r#"{"hi":1}"#,
             "hello\nhello\n",
+            // the gateway tour: the policy's refusal, the 3:1 weights,
+            // what a reconnecting client missed, the wallet's token and
+            // its grants, the quota
+            "401\n",
+            "3 one\n",
+            "1 two\n",
+            "offset 3 epoch ",
+            "2 second\n3 third\n",
+            "hello wallet\n",
+            "MISSING_GRANT\n",
+            "QUOTA_EXCEEDED\n",
         ] {
             assert!(
                 out.contains(promised),

@@ -1,4 +1,4 @@
-//! What the node tells about the requests it serves (issue #40), the pure
+//! What the node tells about the requests it serves, the pure
 //! parts (layer 0, below every user): the bounded label values of the route
 //! series (`[metrics] route_series_limit`), each deployment's activity ring
 //! (`GET /v1/deployments/{name}/activity`) and W3C trace context

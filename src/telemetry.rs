@@ -1,4 +1,4 @@
-//! OTLP export of spans (issue #40, `[telemetry] otlp_endpoint`), layer 0.
+//! OTLP export of spans (`[telemetry] otlp_endpoint`), layer 0.
 //!
 //! Off by default, and then free: nothing is installed, [`ServerSpan::begin`]
 //! answers `None` after one load and no span is ever built. On, every request

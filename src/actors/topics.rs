@@ -1411,7 +1411,7 @@ fn bad_offset(m: impl Into<String>) -> NsError {
 impl NamespaceSupervisor {
     /// Sets the history sweep's timer (`[pubsub] history_sweep_seconds`)
     /// while the history holds any stream: a namespace without history
-    /// has no timer (one per namespace is what issue #42 took away), and
+    /// has no timer (a timer per namespace would wake an idle node), and
     /// the sweep sets it again only while there is something to sweep.
     /// Called on every history write ([`flush_history`](Self::flush_history)),
     /// on replicas from the mesh, and when the supervisor (re)starts.

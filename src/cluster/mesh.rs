@@ -102,7 +102,7 @@ pub const BATCH_BYTES: usize = 64 << 10;
 /// fill (or until it is full) instead of going at once with the few there
 /// are: under a burst, batches of a handful of messages made the mesh's cost
 /// per batch (GossipSub, Noise, the receiver's decoding) the limit of
-/// cross-node throughput (issue #41). A lone message still goes at once.
+/// cross-node throughput. A lone message still goes at once.
 const LINGER: Duration = Duration::from_millis(1);
 /// How long a batch may wait in a peer's GossipSub send queue before it is
 /// abandoned (`reason="send_timeout"`). Long: a full queue already holds

@@ -1,6 +1,6 @@
-//! The proxy's side of per-route observability (issue #40): the upstream
-//! attempts of the request being served, noted by the proxy's one retry
-//! loop through a task-local and counted by `http::deploy_serve`, and, when
+//! The proxy's side of per-route observability (docs/deployments.md
+//! "Observability"): the upstream attempts of the request being served,
+//! noted by the proxy's one retry loop through a task-local and counted by `http::deploy_serve`, and, when
 //! spans are exported, each attempt's CLIENT span (`crate::telemetry`) and
 //! the `traceparent` it sends. The label caps, the activity ring and trace
 //! context are `crate::observe`.

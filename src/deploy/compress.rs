@@ -1,4 +1,4 @@
-//! Gzip of proxied answers (issue #40, docs/deployments.md "Compression"):
+//! Gzip of proxied answers (docs/deployments.md "Compression"):
 //! an upstream's answer that it did not encode itself, of a compressible
 //! type and not too small, is gzipped as it streams for a client that
 //! accepts gzip. The decision ([`decide`]) reads a few headers the answer

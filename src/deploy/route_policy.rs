@@ -1,4 +1,4 @@
-//! A deployment route's policy (issue #40, docs/deployments.md "Route
+//! A deployment route's policy (docs/deployments.md "Route
 //! policy"): who may call the route (`auth`, `require_grants`), whether the
 //! credential goes on to the upstream, the route's own CORS answers and its
 //! own rate limit. Pure: the types, their JSON form and their checks. The

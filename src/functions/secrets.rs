@@ -12,7 +12,7 @@ const KEY_INFO: &[u8] = b"meshgate function secrets v1";
 const KEY_SALT: &[u8] = b"meshgate";
 /// HKDF info of the key that seals secrets inside a namespace export.
 const EXPORT_KEY_INFO: &[u8] = b"meshgate export secrets v1";
-/// An export's secrets sealed bound to the secret's name only (before issue #39).
+/// An export's secrets sealed bound to the secret's name only (older versions' exports).
 pub const EXPORT_SEAL_V1: u32 = 1;
 /// An export's secrets sealed bound to the exporting namespace and the name.
 pub const EXPORT_SEAL_V2: u32 = 2;
@@ -92,7 +92,7 @@ impl SecretBox {
 /// node with the same server secret (every node of a cluster) and only for
 /// the namespace they came from; re-sealing them for another one is the
 /// operator's call (`PUT /v1/db/import?secrets=reseal`). Exports written
-/// before issue #39 ([`EXPORT_SEAL_V1`]) are bound to the name only.
+/// by older versions ([`EXPORT_SEAL_V1`]) are bound to the name only.
 pub struct ExportBox {
     /// The sealing key for exports, derived under its own HKDF info (not the store's key).
     inner: SecretBox,

@@ -143,7 +143,7 @@ impl futures_util::Stream for SharedPayload {
 /// then ends with `RST_STREAM(NO_ERROR)`, as h2 sends it), but clients such
 /// as curl 7.88 with nghttp2 report the reset that arrives while they still
 /// upload as "Stream error in the HTTP/2 framing layer" and drop the answer
-/// (issue #43; docs/decisions.md). HTTP/1.1 and requests without a body
+/// (docs/decisions.md). HTTP/1.1 and requests without a body
 /// are untouched.
 pub async fn drain_h2_refusals(
     mut req: ServiceRequest,

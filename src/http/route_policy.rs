@@ -1,4 +1,4 @@
-//! A deployment route's policy applied to a request (issue #40; the types and
+//! A deployment route's policy applied to a request (the types and
 //! their checks: `deploy/route_policy.rs`). [`admit`] runs before the route
 //! is served: the route's CORS preflight, its rate limit, and the
 //! credential, checked by the chain's own `authenticate` against the

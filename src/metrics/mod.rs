@@ -1095,7 +1095,7 @@ mod public_tests {
     }
 }
 
-// Upstream instances (issue #40): read from the live upstream pools at each
+// Upstream instances: read from the live upstream pools at each
 // scrape, so a deleted or replaced deployment's series go with it. Bounded:
 // at most `MAX_INSTANCES` instances per deployment, deployments by quota,
 // and the `namespace` label by `render`'s top N like every other series.

@@ -1,4 +1,4 @@
-//! Per-topic history (issue #41, docs/pubsub.md "History and recovery"): the
+//! Per-topic history (docs/pubsub.md "History and recovery"): the
 //! publications of topics a namespace's `history` rules name, kept so a
 //! subscriber that lost its socket can get what it missed.
 //!

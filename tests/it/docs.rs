@@ -69,19 +69,32 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The README's tour and CLI blocks, in order, in one shell as a reader
+/// The README's marked blocks (the quick tour, the CLI, pub/sub,
+/// functions and the gateway tour), in order, in one shell as a reader
 /// would type them, twice on the same node (fresh names each time): every
-/// step succeeds and the answers the README promises come back.
+/// step succeeds and the answers the README promises come back. The node
+/// allows loopback upstreams, as the README tells the reader to start it.
 #[test]
 fn readme_runs_as_written() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(
+        readme.contains("MESHGATE_DEPLOY_UPSTREAM_ALLOW=127.0.0.0/8 cargo run --release -- serve"),
+        "the README starts the tour's node with loopback upstreams allowed"
+    );
     let blocks = marked_blocks(&readme);
     assert!(
-        blocks.len() >= 4,
-        "the tour, CLI, pub/sub and functions blocks are marked"
+        blocks.len() >= 8,
+        "the tour, CLI, pub/sub, functions and the four gateway blocks are marked"
+    );
+    assert!(
+        blocks[0].starts_with("set -euo pipefail"),
+        "the tour's first line makes every step stop on an error"
     );
     let mut script = format!("set -euo pipefail\n{}\n", blocks.join("\n"));
-    let n = TestNode::start();
+    let n = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n"),
+        ..Default::default()
+    });
     // Cluster mode: the tour's namespace is placed on the member the suite
     // uses ("b"), so every step of it is forwarded by the node the reader
     // talks to ("a"); the README's own request names no members.
@@ -111,6 +124,17 @@ fn readme_runs_as_written() {
             "subscribed to chat.1",
             r#"{"hi":1}"#,
             "hello\nhello\n",
+            // the gateway tour: the policy's refusal, the 3:1 weights,
+            // what a reconnecting client missed, the wallet's token and
+            // its grants, the quota
+            "401\n",
+            "3 one\n",
+            "1 two\n",
+            "offset 3 epoch ",
+            "2 second\n3 third\n",
+            "hello wallet\n",
+            "MISSING_GRANT\n",
+            "QUOTA_EXCEEDED\n",
         ] {
             assert!(
                 out.contains(promised),
@@ -201,5 +225,81 @@ fn cluster_step_by_step_runs_as_written() {
     assert!(
         member.contains(" b") || member.contains(" c"),
         "answered by a member, not a: {member}"
+    );
+}
+
+/// The rows of docs/errors.md's table: code, the status it is listed
+/// with (the first number of its status cell) and whether it is retryable.
+fn documented_errors(markdown: &str) -> Vec<(String, u16, bool)> {
+    markdown
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let code = cells[1].trim_matches('`').to_string();
+            let status = cells[2]
+                .split(|c: char| !c.is_ascii_digit())
+                .find(|d| d.len() == 3)
+                .and_then(|d| d.parse().ok())
+                .unwrap_or_else(|| panic!("{code}: no status in {:?}", cells[2]));
+            let retryable = match cells[3] {
+                "yes" => true,
+                "no" => false,
+                other => panic!("{code}: retryable is yes or no, not {other:?}"),
+            };
+            (code, status, retryable)
+        })
+        .collect()
+}
+
+/// docs/errors.md lists every wire code of `src/error.rs`, once, with the
+/// table's status and retryable: a new code cannot ship undocumented.
+#[test]
+fn errors_doc_lists_every_code() {
+    use meshgate::error::Code;
+    let doc = std::fs::read_to_string(repo().join("docs/errors.md")).unwrap();
+    let rows = documented_errors(&doc);
+    let mut problems = Vec::new();
+    for &code in Code::ALL {
+        let wire = code.as_str();
+        match rows.iter().filter(|(c, _, _)| c == wire).collect::<Vec<_>>()[..] {
+            [] => problems.push(format!("{wire} is missing")),
+            [(_, status, retryable)] => {
+                if *status != code.status().as_u16() {
+                    problems.push(format!(
+                        "{wire}: documented {status}, the table says {}",
+                        code.status().as_u16()
+                    ));
+                }
+                if *retryable != code.retryable() {
+                    problems.push(format!(
+                        "{wire}: documented retryable {retryable}, the table says {}",
+                        code.retryable()
+                    ));
+                }
+            }
+            _ => problems.push(format!("{wire} is listed twice")),
+        }
+    }
+    for (c, _, _) in &rows {
+        if !Code::ALL.iter().any(|k| k.as_str() == c) {
+            problems.push(format!("{c} is documented but not a code"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/errors.md disagrees with src/error.rs:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The errors table parser reads a row's code, first status and retryable.
+#[test]
+fn documented_errors_are_parsed() {
+    let md = "| code | status | retryable |\n|---|---|---|\n\
+              | `QUOTA_EXCEEDED` | 429 (413 for a byte quota) | no | m | d |\n";
+    assert_eq!(
+        documented_errors(md),
+        vec![("QUOTA_EXCEEDED".to_string(), 429, false)]
     );
 }

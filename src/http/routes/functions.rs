@@ -513,7 +513,7 @@ async fn invoke_by_namespace(
     };
     // Refused from the function record before anything is resolved: an
     // outside caller must not make the node read or compile a private
-    // module (issue #43).
+    // module.
     if !member && !handle.is_public(&name).await? {
         return Err(refusal());
     }

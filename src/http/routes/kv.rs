@@ -223,8 +223,8 @@ struct SealedSecrets {
     #[serde(default)]
     key_id: String,
     /// What the seals are bound to: `EXPORT_SEAL_V2`, the exporting
-    /// namespace and the name; absent (`EXPORT_SEAL_V1`, exports from before
-    /// issue #39), the name only.
+    /// namespace and the name; absent (`EXPORT_SEAL_V1`, exports of older
+    /// versions), the name only.
     #[serde(default = "seal_v1")]
     seal: u32,
     /// One sealed value per secret.

@@ -1,4 +1,4 @@
-//! Paged listings (README, "Listings are paged"): every listing
+//! Paged listings (docs/api.md, "Listings"): every listing
 //! route takes `?limit=` (1 to [`MAX_PAGE`], default [`DEFAULT_PAGE`]) and
 //! `?cursor=`, and answers its usual document plus `next_cursor`, null on
 //! the last page.

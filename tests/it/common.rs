@@ -433,10 +433,18 @@ pub fn cluster_mode() -> bool {
 }
 
 /// The explicit scoping of a test that means one node (a single process's
-/// drain or data folder, sled, node-level limits): in cluster mode it says why
-/// on stderr and returns true (the test returns); in single mode false.
-/// `if single_node_only("...") { return; }`
-pub fn single_node_only(reason: &str) -> bool {
+/// drain or data folder, sled, node-level limits): in cluster mode it says
+/// why on stderr and returns true (the test returns); in single mode false.
+/// `if single_node_only() { return; }`. The reason is the test's entry in
+/// [`crate::single_node::SINGLE_NODE_ONLY`], found by the test's name (the
+/// name of the thread libtest runs it on): an unlisted caller panics in
+/// either mode.
+pub fn single_node_only() -> bool {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("");
+    let reason = crate::single_node::reason(test).unwrap_or_else(|| {
+        panic!("single_node_only() called by {test:?}, which tests/it/single_node.rs does not list")
+    });
     if cluster_mode() {
         eprintln!("single-node only, not run on the cluster: {reason}");
         return true;

@@ -610,7 +610,7 @@ fn functions_public_route() {
 /// restart nothing is in memory), while a public one is loaded and runs.
 #[test]
 fn functions_public_route_refuses_private_before_compiling() {
-    if single_node_only("counts the compilations of the one restarted node") {
+    if single_node_only() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

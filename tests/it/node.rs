@@ -596,7 +596,7 @@ fn node_actor_handled(node: &TestNode) -> f64 {
 /// delete also its supervisor's stop), and the namespace is there, then gone.
 #[test]
 fn namespace_create_and_delete_are_the_node_supervisors() {
-    if single_node_only("counts one node's supervisor messages") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start();

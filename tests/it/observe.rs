@@ -70,7 +70,7 @@ fn scrape(node: &TestNode, host: Option<&str>, path: &str) -> (u16, String) {
 /// (never the raw path), status class and instance.
 #[test]
 fn route_metrics_count_the_requests_made() {
-    if single_node_only("counts the series of one node") {
+    if single_node_only() {
         return;
     }
     let node = proxy_node();
@@ -195,7 +195,7 @@ fn web_on_act_test() -> (TestNode, String, Upstream) {
 /// limit is 400, another namespace's key 404/403.
 #[test]
 fn activity_holds_the_latest_requests_without_secrets() {
-    if single_node_only("the ring is per node") {
+    if single_node_only() {
         return;
     }
     let (node, key, up) = web_on_act_test();
@@ -260,7 +260,7 @@ fn activity_holds_the_latest_requests_without_secrets() {
 /// ring answers in well under 256 KB.
 #[test]
 fn activity_entries_keep_a_bounded_path() {
-    if single_node_only("the ring is per node") {
+    if single_node_only() {
         return;
     }
     let (node, key, _up) = web_on_act_test();
@@ -294,7 +294,7 @@ fn activity_entries_keep_a_bounded_path() {
 /// carry the trace id.
 #[test]
 fn trace_context_reaches_the_upstream_and_the_logs() {
-    if single_node_only("reads the one node's log") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start_with(NodeOpts {
@@ -520,7 +520,7 @@ fn trace_context_reaches_the_member_on_a_forwarded_hop() {
 /// upstream attempt), and its activity names no instance.
 #[test]
 fn static_routes_are_counted_without_instances() {
-    if single_node_only("counts the series of one node") {
+    if single_node_only() {
         return;
     }
     let node = proxy_node();
@@ -556,7 +556,7 @@ fn static_routes_are_counted_without_instances() {
 /// its own instance label; the request itself is counted once.
 #[test]
 fn upstream_attempts_are_counted_per_instance_and_outcome() {
-    if single_node_only("counts the series of one node") {
+    if single_node_only() {
         return;
     }
     let node = proxy_node();

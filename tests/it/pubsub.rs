@@ -499,7 +499,7 @@ async fn slow_consumer_closed_4008_others_unaffected() {
     // On a cluster every message also crosses the mesh, whose message cache
     // keeps the last heartbeats' messages (bounded by time, not by a
     // subscriber), so this single-process measure means nothing there.
-    if single_node_only("the RSS bound measures one process; the mesh caches recent messages") {
+    if single_node_only() {
         return;
     }
     assert!(

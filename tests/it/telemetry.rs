@@ -162,7 +162,7 @@ fn upstream_traceparent(b: &[u8]) -> String {
 /// sampled) are linked the same way.
 #[test]
 fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
-    if single_node_only("one node's spans to one collector") {
+    if single_node_only() {
         return;
     }
     let col = Collector::start();
@@ -337,7 +337,7 @@ fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
 /// pattern.
 #[test]
 fn otlp_span_of_a_function_invocation() {
-    if single_node_only("one node's spans to one collector") {
+    if single_node_only() {
         return;
     }
     let col = Collector::start();
@@ -422,7 +422,7 @@ fn otlp_off_without_an_endpoint() {
 /// exports are logged (once a minute at most).
 #[test]
 fn otlp_collector_down_costs_no_request() {
-    if single_node_only("reads the one node's log") {
+    if single_node_only() {
         return;
     }
     // A port nothing listens on.
@@ -506,7 +506,7 @@ fn otlp_bad_endpoint_is_refused_at_start() {
 /// still reaches the collector when the node stops on SIGTERM.
 #[test]
 fn otlp_drain_flushes_the_queued_spans() {
-    if single_node_only("stops one node") {
+    if single_node_only() {
         return;
     }
     let col = Collector::start();

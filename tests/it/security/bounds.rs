@@ -376,7 +376,7 @@ fn site_tmp_dirs(node: &TestNode) -> usize {
 /// within both, is deployed and serves every byte.
 #[test]
 fn tarball_bombs_refused_and_normal_site_deployed() {
-    if crate::common::single_node_only("reads the node's own data folder") {
+    if crate::common::single_node_only() {
         return;
     }
     let node = TestNode::start_with(NodeOpts {

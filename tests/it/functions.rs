@@ -1085,3 +1085,158 @@ fn a_slow_pure_function_answers_once_with_one_set_of_logs() {
         .collect();
     assert_eq!(lines, ["started"]);
 }
+
+/// Prints what a WASI program learns of its environment, as the
+/// wasi-testsuite's environ cases check it: `environ_sizes_get`'s errno,
+/// count and buffer size, `environ_get`'s errno, each variable's offset in
+/// the buffer (u32 little-endian), then the buffer itself.
+const ENVIRON_PROBE: &str = r#"(module
+  (import "wasi_snapshot_preview1" "environ_sizes_get" (func $sizes (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "environ_get" (func $env (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (local $i i32) (local $o i32)
+    (i32.store (i32.const 8192) (call $sizes (i32.const 0) (i32.const 4)))
+    (i32.store (i32.const 8196) (i32.load (i32.const 0)))
+    (i32.store (i32.const 8200) (i32.load (i32.const 4)))
+    (i32.store (i32.const 8204) (call $env (i32.const 1024) (i32.const 4096)))
+    (local.set $o (i32.const 8208))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $i) (i32.load (i32.const 0))))
+      (i32.store (local.get $o)
+        (i32.sub (i32.load (i32.add (i32.const 1024) (i32.mul (local.get $i) (i32.const 4))))
+                 (i32.const 4096)))
+      (local.set $o (i32.add (local.get $o) (i32.const 4)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next)))
+    (i32.store (i32.const 16) (i32.const 8192))
+    (i32.store (i32.const 20) (i32.sub (local.get $o) (i32.const 8192)))
+    (i32.store (i32.const 24) (i32.const 4096))
+    (i32.store (i32.const 28) (i32.load (i32.const 4)))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 2) (i32.const 32)))))"#;
+
+/// What `ENVIRON_PROBE` prints under wasmtime-wasi's preview 1 given `env`.
+fn environ_under_wasmtime_wasi(env: &[(&str, &str)]) -> Vec<u8> {
+    use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+    let engine = wasmtime::Engine::default();
+    let module = wasmtime::Module::new(&engine, ENVIRON_PROBE).unwrap();
+    let mut linker = wasmtime::Linker::new(&engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |t| t).unwrap();
+    let out = MemoryOutputPipe::new(1 << 16);
+    let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+        .args(&["probe"])
+        .envs(env)
+        .stdout(out.clone())
+        .build_p1();
+    let mut store = wasmtime::Store::new(&engine, wasi);
+    let instance = linker.instantiate(&mut store, &module).unwrap();
+    instance
+        .get_typed_func::<(), ()>(&mut store, "_start")
+        .unwrap()
+        .call(&mut store, ())
+        .unwrap();
+    out.contents().to_vec()
+}
+
+/// The probe's output, read back: (count, buffer size, the variables).
+fn environ_of(out: &[u8]) -> (u32, u32, Vec<String>) {
+    let word = |i: usize| u32::from_le_bytes(out[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!((word(0), word(3)), (0, 0), "both calls succeed: {out:?}");
+    let (count, size) = (word(1), word(2));
+    let buffer = &out[16 + 4 * count as usize..];
+    assert_eq!(buffer.len(), size as usize, "{out:?}");
+    let vars = (0..count as usize)
+        .map(|i| {
+            let at = word(4 + i) as usize;
+            let end = at + buffer[at..].iter().position(|&b| b == 0).unwrap();
+            String::from_utf8(buffer[at..end].to_vec()).unwrap()
+        })
+        .collect();
+    (count, size, vars)
+}
+
+/// A guest's environment is exactly what its deployer set: deployed with no
+/// variables it sees none (a `traceparent` on the request adds nothing),
+/// with two it sees exactly those two.
+#[test]
+fn a_guest_sees_exactly_the_environment_its_deployer_set() {
+    let node = start("");
+    let key = node.create_namespace("envs");
+    deploy(&node, &key, "none", ENVIRON_PROBE.as_bytes(), &[]);
+    deploy(
+        &node,
+        &key,
+        "two",
+        ENVIRON_PROBE.as_bytes(),
+        &[("metadata", r#"{"env_vars":{"A":"1","B":"two words"}}"#)],
+    );
+    let auth = format!("Bearer {key}");
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let run = |name: &str| {
+        let (s, _, b) = http(
+            "POST",
+            &node.url(&format!("/v1/functions/{name}/invoke")),
+            &[("authorization", &auth), ("traceparent", tp)],
+            Some(b""),
+        );
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        environ_of(&b)
+    };
+    assert_eq!(run("none"), (0, 0, vec![]));
+    assert_eq!(
+        run("two"),
+        (2, 16, vec!["A=1".to_string(), "B=two words".to_string()])
+    );
+}
+
+/// The environ cases of the public wasi-testsuite that need no filesystem
+/// (`environ_sizes_get-no-variables`, `environ_sizes_get-multiple-variables`,
+/// `environ_get-multiple-variables`, with that suite's variables: a quote
+/// and a newline in values), run by the node and by wasmtime-wasi with the
+/// same variables: the answers agree byte for byte and are what the cases
+/// expect.
+#[test]
+fn wasi_testsuite_environ_cases_answer_as_wasmtime_wasi() {
+    let node = start("");
+    let key = node.create_namespace("wasienv");
+    let vars = [("a", "text"), ("b", "escap \" ing"), ("c", "new\nline")];
+    let env_json = serde_json::json!({
+        "env_vars": vars.iter().map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<serde_json::Map<String, serde_json::Value>>()
+    })
+    .to_string();
+    deploy(&node, &key, "none", ENVIRON_PROBE.as_bytes(), &[]);
+    deploy(
+        &node,
+        &key,
+        "many",
+        ENVIRON_PROBE.as_bytes(),
+        &[("metadata", env_json.as_str())],
+    );
+    for (case, name, env, expect) in [
+        ("environ_sizes_get-no-variables", "none", &[][..], vec![]),
+        (
+            "environ_*-multiple-variables",
+            "many",
+            &vars[..],
+            vec!["a=text", "b=escap \" ing", "c=new\nline"],
+        ),
+    ] {
+        let (s, _, ours) = crate::functions::invoke(&node, &key, name, b"");
+        assert_eq!(s, 200, "{case}: {}", String::from_utf8_lossy(&ours));
+        let theirs = environ_under_wasmtime_wasi(env);
+        assert_eq!(ours, theirs, "{case}: meshgate and wasmtime-wasi differ");
+        let (count, size, got) = environ_of(&ours);
+        let size_expected: usize = expect.iter().map(|v| v.len() + 1).sum();
+        assert_eq!(
+            (count as usize, size as usize, got),
+            (
+                expect.len(),
+                size_expected,
+                expect.iter().map(|v| v.to_string()).collect::<Vec<_>>()
+            ),
+            "{case}"
+        );
+    }
+}

@@ -626,3 +626,51 @@ fn namespace_create_and_delete_are_the_node_supervisors() {
     assert_eq!(node.op("GET", "/v1/namespaces/owned", None).0, 404);
     assert_eq!(node.op("DELETE", "/v1/namespaces/owned", None).0, 404);
 }
+
+/// Step 4's headers, exact, on every answer the chain gives: a public
+/// route, a namespace route's answer and its 404, a refusal of the chain
+/// itself (401), an unknown route, a route outside `/v1/` (no
+/// `Cache-Control` forced there), and the dashboard.
+#[test]
+fn security_headers_on_every_answer_of_the_chain() {
+    let node = TestNode::start();
+    let key = node.create_namespace("headers");
+    let auth = format!("Bearer {key}");
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/k", Some(b"v")).0, 200);
+    for (what, path, headers, status, no_store) in [
+        ("public", "/v1/health", vec![], 200, true),
+        (
+            "namespace",
+            "/v1/kv/k",
+            vec![("authorization", auth.as_str())],
+            200,
+            true,
+        ),
+        (
+            "handler's 404",
+            "/v1/kv/none",
+            vec![("authorization", auth.as_str())],
+            404,
+            true,
+        ),
+        ("chain's 401", "/v1/kv/k", vec![], 401, true),
+        ("unknown route", "/v1/nope", vec![], 404, true),
+        ("outside /v1", "/.well-known/jwks.json", vec![], 200, false),
+        ("dashboard", "/__admin", vec![], 401, false),
+    ] {
+        let (s, h, _) = http("GET", &node.url(path), &headers, None);
+        assert_eq!(s, status, "{what}");
+        assert_eq!(
+            (
+                header(&h, "x-content-type-options"),
+                header(&h, "x-frame-options"),
+                header(&h, "referrer-policy"),
+            ),
+            (Some("nosniff"), Some("DENY"), Some("no-referrer")),
+            "{what}: {h:?}"
+        );
+        if no_store {
+            assert_eq!(header(&h, "cache-control"), Some("no-store"), "{what}");
+        }
+    }
+}

@@ -336,6 +336,18 @@ impl TestNode {
         None
     }
 
+    /// The base URL of the node that runs the namespaces `create_namespace`
+    /// makes: this one, or in cluster mode their member (for what acts on
+    /// one node's own actors, e.g. the operator's fault injection, which
+    /// is not forwarded).
+    pub fn member_base(&self) -> String {
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &self.cluster {
+            return c.base_of(on_cluster::MEMBER);
+        }
+        self.base.clone()
+    }
+
     /// The base URL of every node: this one first, then (cluster mode) the others.
     pub fn every_base(&self) -> Vec<String> {
         #[allow(unused_mut)]
@@ -567,6 +579,16 @@ mod on_cluster {
                     n.kill9();
                 }
             }
+        }
+
+        pub fn base_of(&self, id: &str) -> String {
+            self.peers
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|p| p.id == id)
+                .and_then(|p| Some(p.node.as_ref()?.base.clone()))
+                .unwrap_or_else(|| panic!("node {id} is not running"))
         }
 
         pub fn bases(&self) -> Vec<String> {

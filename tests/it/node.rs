@@ -674,3 +674,63 @@ fn security_headers_on_every_answer_of_the_chain() {
         }
     }
 }
+
+/// A namespace supervisor whose mailbox is full answers 503 `OVERLOADED`
+/// (retryable, `Retry-After: 1`) at once, not after a wait, and nothing is
+/// written; another namespace is served meanwhile. The mailbox is one
+/// message (`[server] mailbox_capacity = 1`), held by the fault-injection
+/// route `debug/hold`; every node has the configuration.
+#[test]
+fn a_full_mailbox_answers_503_overloaded() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[server]\nmailbox_capacity = 1\n[debug]\nfault_injection = true\n"
+        ),
+        ..Default::default()
+    });
+    let busy = node.create_namespace("busy");
+    let calm = node.create_namespace("calm");
+    // Obeyed: one message at a time goes through.
+    assert_eq!(node.with_key(&busy, "PUT", "/v1/kv/k", Some(b"1")).0, 200);
+    // On the node that runs the namespace (cluster mode: its member, which
+    // answers the forwarded requests below).
+    let (s, _, b) = http(
+        "POST",
+        &format!(
+            "{}/v1/namespaces/busy/debug/hold?ms=60000",
+            node.member_base()
+        ),
+        &[OPERATOR_AUTH],
+        None,
+    );
+    assert_eq!(s, 202, "{}", String::from_utf8_lossy(&b));
+    // Violated: the hold fills the mailbox until it ends (a minute).
+    let auth = format!("Bearer {busy}");
+    let (s, h, b) = http(
+        "PUT",
+        &node.url("/v1/kv/k"),
+        &[("authorization", &auth)],
+        Some(b"2"),
+    );
+    let v = json(&String::from_utf8_lossy(&b));
+    assert_eq!(
+        (
+            s,
+            v["error"]["code"].as_str(),
+            v["error"]["retryable"].as_bool()
+        ),
+        (503, Some("OVERLOADED"), Some(true)),
+        "{v}"
+    );
+    assert_eq!(header(&h, "retry-after"), Some("1"));
+    assert!(
+        node.metric_sum("meshgate_actor_overloaded_total") >= 1.0,
+        "the refusal is counted"
+    );
+    assert_eq!(node.with_key(&calm, "PUT", "/v1/kv/k", Some(b"x")).0, 200);
+    // Nothing was written (a read does not go through the mailbox).
+    assert_eq!(
+        node.with_key(&busy, "GET", "/v1/kv/k", None),
+        (200, "1".into())
+    );
+}

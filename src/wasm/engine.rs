@@ -578,6 +578,18 @@ impl WasmEngine {
             .map_err(|_| WasmError::Internal("the hold ended early".into()))?
     }
 
+    /// Instance slots of the pooling allocator that held an instance before
+    /// and are free now: the next instance of a module reuses one (its
+    /// memory's copy-on-write image still mapped when it is the same
+    /// module). None when the engine does not pool.
+    pub fn warm_instance_slots(&self) -> Option<u32> {
+        self.inner
+            .runtime
+            .engine
+            .pooling_allocator_metrics()
+            .map(|m| m.unused_warm_memories())
+    }
+
     fn compile_inner(
         &self,
         wasm: &[u8],

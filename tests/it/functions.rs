@@ -1240,3 +1240,28 @@ fn wasi_testsuite_environ_cases_answer_as_wasmtime_wasi() {
         );
     }
 }
+
+/// wasmtime's pooling allocator reuses its instance slots: after twenty
+/// calls one after another, the slots that held an instance and are free
+/// again are at least one (the engine pools) and a handful at most (each
+/// call took a slot used before, not a new one).
+#[test]
+fn calls_reuse_the_pooled_instance_slots() {
+    let node = start("");
+    let key = node.create_namespace("pooled");
+    deploy(&node, &key, "echo", &echo_wasm(), &[]);
+    for i in 0..20 {
+        let (s, _, b) = invoke(&node, &key, "echo", format!("{i}").as_bytes());
+        assert_eq!((s, b), (200, format!("{i}").into_bytes()));
+    }
+    let mut warm = 0.0;
+    wait_until(
+        Duration::from_secs(10),
+        "the pool gauges sampled with a warm slot",
+        || {
+            warm = node.metric_sum("meshgate_wasm_instance_slots_warm");
+            warm >= 1.0
+        },
+    );
+    assert!(warm <= 4.0, "{warm} slots used for 20 calls in a row");
+}

@@ -1265,3 +1265,102 @@ fn calls_reuse_the_pooled_instance_slots() {
     );
     assert!(warm <= 4.0, "{warm} slots used for 20 calls in a row");
 }
+
+/// A guest with 8 MiB of data in a 10 MiB memory, which reads (input `r`)
+/// or writes (`w`) one byte of each 4 KiB page of that data, then puts KV
+/// key `ready` and waits (polling) for key `go`.
+fn cow_guest() -> Vec<u8> {
+    let wat = format!(
+        r#"(module
+  (import "meshgate" "kv_put" (func $kv_put (param i32 i32 i32 i32) (result i32)))
+  (import "meshgate" "kv_get" (func $kv_get (param i32 i32 i32 i32) (result i64)))
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 160)
+  (data (i32.const 0) "{data}")
+  (data (i32.const 9437184) "ready")
+  (data (i32.const 9437200) "go")
+  (func (export "_start")
+    (local $p i32) (local $sum i32)
+    (i32.store (i32.const 9437400) (i32.const 9437300))
+    (i32.store (i32.const 9437404) (i32.const 1))
+    (drop (call $read (i32.const 0) (i32.const 9437400) (i32.const 1) (i32.const 9437408)))
+    (block $done (loop $page
+      (br_if $done (i32.ge_u (local.get $p) (i32.const 8388608)))
+      (if (i32.eq (i32.load8_u (i32.const 9437300)) (i32.const 119))
+        (then (i32.store8 (local.get $p) (i32.const 98)))
+        (else (local.set $sum (i32.add (local.get $sum) (i32.load8_u (local.get $p))))))
+      (local.set $p (i32.add (local.get $p) (i32.const 4096)))
+      (br $page)))
+    (i32.store (i32.const 9437600) (local.get $sum))
+    (drop (call $kv_put (i32.const 9437184) (i32.const 5) (i32.const 9437184) (i32.const 5)))
+    (loop $wait
+      (br_if $wait (i64.lt_s
+        (call $kv_get (i32.const 9437200) (i32.const 2) (i32.const 9437500) (i32.const 16))
+        (i64.const 0))))))"#,
+        data = "a".repeat(8 << 20)
+    );
+    wat::parse_str(&wat).unwrap()
+}
+
+/// The node's anonymous (private, written) resident memory, in KiB.
+fn rss_anon_kib(node: &TestNode) -> u64 {
+    let pid = node.child.as_ref().unwrap().id();
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A guest's memory starts from the module's copy-on-write image: while a
+/// guest that only read its 8 MiB of data runs, the node's private memory
+/// has not grown by that data (the pages are the image's, shared); a guest
+/// that wrote one byte of each of those pages, measured the same way, has
+/// grown it by about 8 MiB (so the measure sees a copy when there is one:
+/// without the image, the data is copied into every instance).
+#[test]
+fn guest_memory_starts_from_a_copy_on_write_image() {
+    if single_node_only() {
+        return;
+    }
+    let node = start("");
+    let key = node.create_namespace("cow");
+    deploy(
+        &node,
+        &key,
+        "big",
+        &cow_guest(),
+        &[("timeout_seconds", "30"), ("memory_limit_mb", "16")],
+    );
+    // Once with `go` already set: the module's image is made, the slot used.
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/go", Some(b"1")).0, 200);
+    assert_eq!(invoke(&node, &key, "big", b"r").0, 200);
+    let grown_kib = |mode: &'static [u8]| -> u64 {
+        assert_eq!(node.with_key(&key, "DELETE", "/v1/kv/go", None).0, 200);
+        let _ = node.with_key(&key, "DELETE", "/v1/kv/ready", None);
+        let before = rss_anon_kib(&node);
+        std::thread::scope(|s| {
+            let url = node.url("/v1/functions/big/invoke");
+            let auth = format!("Bearer {key}");
+            let call = s.spawn(move || http("POST", &url, &[("authorization", &auth)], Some(mode)));
+            wait_until(
+                Duration::from_secs(30),
+                "the guest went over its data",
+                || node.with_key(&key, "GET", "/v1/kv/ready", None).0 == 200,
+            );
+            let during = rss_anon_kib(&node);
+            assert_eq!(node.with_key(&key, "PUT", "/v1/kv/go", Some(b"1")).0, 200);
+            let (s, _, b) = call.join().unwrap();
+            assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+            during.saturating_sub(before)
+        })
+    };
+    let read = grown_kib(b"r");
+    let written = grown_kib(b"w");
+    eprintln!("private memory grown while running: read {read} KiB, written {written} KiB");
+    assert!(read < 3 << 10, "reading the data grew it by {read} KiB");
+    assert!(
+        written >= 6 << 10,
+        "writing the data grew it by {written} KiB only"
+    );
+}

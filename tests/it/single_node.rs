@@ -46,6 +46,10 @@ pub const SINGLE_NODE_ONLY: &[(&str, &str)] = &[
         "counts the compilations of the one restarted node",
     ),
     (
+        "functions::guest_memory_starts_from_a_copy_on_write_image",
+        "reads the private memory of the one node that runs the guest",
+    ),
+    (
         "history::a_publication_and_its_trim_take_one_flush_and_survive_a_crash",
         "counts the embedded store's (sled) flushes; a cluster's history is written to etcd",
     ),

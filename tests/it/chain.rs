@@ -799,6 +799,9 @@ fn near_miss_operator_keys_are_refused() {
     node.create_namespace("nearmiss-ok");
 }
 
+/// A request's headers, owned.
+type Headers = Vec<(&'static str, String)>;
+
 /// The whole order of the chain's refusing steps (docs/design.md §2):
 /// client rate limit (5), CORS (6), domain routing (7), authentication (8),
 /// authorization (9), scope gate (10), namespace rate limit (11), handler
@@ -866,7 +869,7 @@ fn the_first_failing_step_in_the_chain_answers() {
         node.addr.rsplit(':').next().unwrap()
     );
     // (what fails, from, method, path, headers, status, code)
-    let rows: Vec<(&str, &str, &str, &str, Vec<(&str, String)>, u16, &str)> = vec![
+    let rows: Vec<(&str, &str, &str, &str, Headers, u16, &str)> = vec![
         (
             "client rate limit (5), authentication (8), namespace rate limit (11)",
             flooded,
@@ -964,7 +967,7 @@ fn the_first_failing_step_in_the_chain_answers() {
     }
     // Each later step does refuse on its own: the rows' expectations are
     // not the only answer these requests could get.
-    let alone: [(&str, &str, &str, Vec<(&str, String)>, u16, &str); 3] = [
+    let alone: [(&str, &str, &str, Headers, u16, &str); 3] = [
         (
             "127.0.0.17",
             "GET",

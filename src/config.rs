@@ -788,7 +788,10 @@ impl Default for PubSubConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct DebugConfig {
-    /// Enables `POST /v1/namespaces/{name}/debug/panic` (operator only) to test supervision.
+    /// Enables the operator's `POST /v1/namespaces/{name}/debug/panic`,
+    /// `debug/hold?ms=` and `debug/hold-compile?ms=`: a supervisor panic, a
+    /// supervisor that holds its mailbox (the overload answer) and a compile
+    /// slot held for the namespace (the compile gate's answers).
     pub fault_injection: bool,
     /// Milliseconds `GET /v1/debug/sleep` may wait at most (0 disables the route).
     pub max_sleep_ms: u64,

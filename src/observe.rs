@@ -472,7 +472,7 @@ pub mod trace {
     //! `00` with a 32-hex trace id and a 16-hex parent id (neither all zero) and
     //! 2-hex flags is continued: the trace id and flags are kept and the node
     //! takes a new span id, the parent id of the next hop (an upstream, a member
-    //! of the cluster, a function's guest as `TRACEPARENT`). A malformed one (or
+    //! of the cluster, a function's guest in its caller record). A malformed one (or
     //! several) is replaced by a new trace, its `tracestate` dropped; never is
     //! it forwarded as it came. Trace context is not identity: nothing
     //! authorizes by it, and the hop MAC does not cover it.

@@ -23,8 +23,8 @@ pub use invoker::{
     Prepared, Reply, Trigger,
 };
 pub use namespace::{
-    Export, ExportEntry, GetInfo, Import, InjectPanic, KvDelete, KvGet, KvList, KvPut, MAX_KV_KEY,
-    MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
+    Export, ExportEntry, GetInfo, Import, InjectHold, InjectPanic, KvDelete, KvGet, KvList, KvPut,
+    MAX_KV_KEY, MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
     NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetQuotas,
     SetWalletSignIn, kv_write, ns_key,
 };

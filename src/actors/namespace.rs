@@ -516,6 +516,32 @@ impl Handler<InjectPanic> for NamespaceSupervisor {
     }
 }
 
+/// Sent (without awaiting a reply) by the operator's fault-injection route
+/// `debug/hold` (`[debug] fault_injection`): the supervisor handles nothing
+/// else for `ms` milliseconds and keeps this message's mailbox slot until
+/// then, so with `[server] mailbox_capacity = 1` every client request to
+/// the namespace meanwhile finds the mailbox full (503 `OVERLOADED`). The
+/// wait is a timer, not a blocked thread.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct InjectHold {
+    /// How long the supervisor holds, in milliseconds.
+    pub ms: u64,
+}
+
+impl Handler<InjectHold> for NamespaceSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: InjectHold, ctx: &mut Context<Self>) {
+        let t = self.stats.timer();
+        let hold = actix::clock::sleep(std::time::Duration::from_millis(msg.ms));
+        ctx.wait(hold.into_actor(self).map(move |_, act, _| {
+            // The slot `tell` took, given back only now.
+            act.stats.cancel();
+            drop(t);
+        }));
+    }
+}
+
 /// The store key of a namespace KV key, after checking its length.
 fn kv_key(ns: &str, key: &str) -> NsResult<Vec<u8>> {
     check_key(key)?;

@@ -105,6 +105,11 @@ pub struct Inner {
     pub wasm_pool_queued: IntGauge,
     /// WASM worker threads in the pool.
     pub wasm_pool_workers: IntGauge,
+    /// Instance slots of wasmtime's pooling allocator that held an instance
+    /// and are free for the next (sampled with the pool gauges; 0 when the
+    /// engine does not pool). Calls one after another reuse one slot, so it
+    /// stays far below the calls made.
+    pub wasm_instance_slots_warm: IntGauge,
     /// Breaker state per `namespace` and `member`: 0 closed, 1 half-open, 2 open.
     pub breaker_state: NsGaugeVec,
     /// Requests forwarded to a member, by outcome.
@@ -342,6 +347,13 @@ impl Metrics {
                 IntGauge::new(
                     "meshgate_wasm_pool_workers",
                     "WASM worker threads, the spare one included"
+                )
+                .unwrap()
+            ),
+            wasm_instance_slots_warm: reg!(
+                IntGauge::new(
+                    "meshgate_wasm_instance_slots_warm",
+                    "Pooling allocator instance slots used before and free for the next instance"
                 )
                 .unwrap()
             ),

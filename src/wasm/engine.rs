@@ -545,6 +545,51 @@ impl WasmEngine {
         self.inner.gate.running()
     }
 
+    /// Fault injection (`[debug] fault_injection`, the route
+    /// `debug/hold-compile`): takes a compile slot for `namespace` on a
+    /// thread of its own and keeps it for `hold`, as a long compile would.
+    /// Returns once the slot is taken, or the gate's refusal. Blocks: call
+    /// it from a blocking thread.
+    #[doc(hidden)]
+    pub fn hold_compile_slot(&self, namespace: &str, hold: Duration) -> Result<()> {
+        let inner = self.inner.clone();
+        let ns = namespace.to_string();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("compile-hold".into())
+            .spawn(move || {
+                let deadline = crate::util::mono_now() + inner.compile_timeout;
+                match inner.gate.enter(&ns, deadline, false) {
+                    Ok(slot) => {
+                        let _ = tx.send(Ok(()));
+                        // Audited: a debug thread of its own that stands for
+                        // a compile running on its blocking thread.
+                        #[allow(clippy::disallowed_methods)]
+                        std::thread::sleep(hold);
+                        drop(slot);
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| WasmError::Internal(format!("cannot start the hold: {e}")))?;
+        rx.recv()
+            .map_err(|_| WasmError::Internal("the hold ended early".into()))?
+    }
+
+    /// Instance slots of the pooling allocator that held an instance before
+    /// and are free now: the next instance of a module reuses one (its
+    /// memory's copy-on-write image still mapped when it is the same
+    /// module). None when the engine does not pool.
+    pub fn warm_instance_slots(&self) -> Option<u32> {
+        self.inner
+            .runtime
+            .engine
+            .pooling_allocator_metrics()
+            .map(|m| m.unused_warm_memories())
+    }
+
     fn compile_inner(
         &self,
         wasm: &[u8],

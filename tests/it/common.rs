@@ -336,6 +336,18 @@ impl TestNode {
         None
     }
 
+    /// The base URL of the node that runs the namespaces `create_namespace`
+    /// makes: this one, or in cluster mode their member (for what acts on
+    /// one node's own actors, e.g. the operator's fault injection, which
+    /// is not forwarded).
+    pub fn member_base(&self) -> String {
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &self.cluster {
+            return c.base_of(on_cluster::MEMBER);
+        }
+        self.base.clone()
+    }
+
     /// The base URL of every node: this one first, then (cluster mode) the others.
     pub fn every_base(&self) -> Vec<String> {
         #[allow(unused_mut)]
@@ -433,10 +445,18 @@ pub fn cluster_mode() -> bool {
 }
 
 /// The explicit scoping of a test that means one node (a single process's
-/// drain or data folder, sled, node-level limits): in cluster mode it says why
-/// on stderr and returns true (the test returns); in single mode false.
-/// `if single_node_only("...") { return; }`
-pub fn single_node_only(reason: &str) -> bool {
+/// drain or data folder, sled, node-level limits): in cluster mode it says
+/// why on stderr and returns true (the test returns); in single mode false.
+/// `if single_node_only() { return; }`. The reason is the test's entry in
+/// [`crate::single_node::SINGLE_NODE_ONLY`], found by the test's name (the
+/// name of the thread libtest runs it on): an unlisted caller panics in
+/// either mode.
+pub fn single_node_only() -> bool {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("");
+    let reason = crate::single_node::reason(test).unwrap_or_else(|| {
+        panic!("single_node_only() called by {test:?}, which tests/it/single_node.rs does not list")
+    });
     if cluster_mode() {
         eprintln!("single-node only, not run on the cluster: {reason}");
         return true;
@@ -559,6 +579,16 @@ mod on_cluster {
                     n.kill9();
                 }
             }
+        }
+
+        pub fn base_of(&self, id: &str) -> String {
+            self.peers
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|p| p.id == id)
+                .and_then(|p| Some(p.node.as_ref()?.base.clone()))
+                .unwrap_or_else(|| panic!("node {id} is not running"))
         }
 
         pub fn bases(&self) -> Vec<String> {

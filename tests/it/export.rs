@@ -276,7 +276,7 @@ fn whole_namespace_moves_to_another_node_of_the_cluster() {
 /// `?secrets=skip` everything but the secret.
 #[test]
 fn whole_namespace_moves_on_sled_and_secrets_stay_in_their_cluster() {
-    if single_node_only("sled, and two nodes with their own server secrets") {
+    if single_node_only() {
         return;
     }
     let node = sled_node();
@@ -316,7 +316,7 @@ fn whole_namespace_moves_on_sled_and_secrets_stay_in_their_cluster() {
 /// the envelope; the KV-only format 1 still imports.
 #[test]
 fn failed_imports_change_nothing_and_bad_inputs_are_4xx() {
-    if single_node_only("sled: the limits and refusals of one node") {
+    if single_node_only() {
         return;
     }
     let node = sled_node();

@@ -610,7 +610,7 @@ fn functions_public_route() {
 /// restart nothing is in memory), while a public one is loaded and runs.
 #[test]
 fn functions_public_route_refuses_private_before_compiling() {
-    if single_node_only("counts the compilations of the one restarted node") {
+    if single_node_only() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -1084,4 +1084,285 @@ fn a_slow_pure_function_answers_once_with_one_set_of_logs() {
         .map(|l| l["message"].as_str().unwrap())
         .collect();
     assert_eq!(lines, ["started"]);
+}
+
+/// Prints what a WASI program learns of its environment, as the
+/// wasi-testsuite's environ cases check it: `environ_sizes_get`'s errno,
+/// count and buffer size, `environ_get`'s errno, each variable's offset in
+/// the buffer (u32 little-endian), then the buffer itself (one iovec per
+/// `fd_write`: wasmtime-wasi writes only the first of several).
+const ENVIRON_PROBE: &str = r#"(module
+  (import "wasi_snapshot_preview1" "environ_sizes_get" (func $sizes (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "environ_get" (func $env (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (local $i i32) (local $o i32)
+    (i32.store (i32.const 8192) (call $sizes (i32.const 0) (i32.const 4)))
+    (i32.store (i32.const 8196) (i32.load (i32.const 0)))
+    (i32.store (i32.const 8200) (i32.load (i32.const 4)))
+    (i32.store (i32.const 8204) (call $env (i32.const 1024) (i32.const 4096)))
+    (local.set $o (i32.const 8208))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $i) (i32.load (i32.const 0))))
+      (i32.store (local.get $o)
+        (i32.sub (i32.load (i32.add (i32.const 1024) (i32.mul (local.get $i) (i32.const 4))))
+                 (i32.const 4096)))
+      (local.set $o (i32.add (local.get $o) (i32.const 4)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next)))
+    (i32.store (i32.const 16) (i32.const 8192))
+    (i32.store (i32.const 20) (i32.sub (local.get $o) (i32.const 8192)))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 32)))
+    (i32.store (i32.const 16) (i32.const 4096))
+    (i32.store (i32.const 20) (i32.load (i32.const 4)))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 32)))))"#;
+
+/// What `ENVIRON_PROBE` prints under wasmtime-wasi's preview 1 given `env`.
+fn environ_under_wasmtime_wasi(env: &[(&str, &str)]) -> Vec<u8> {
+    use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+    let engine = wasmtime::Engine::default();
+    let module = wasmtime::Module::new(&engine, ENVIRON_PROBE).unwrap();
+    let mut linker = wasmtime::Linker::new(&engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |t| t).unwrap();
+    let out = MemoryOutputPipe::new(1 << 16);
+    let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+        .args(&["probe"])
+        .envs(env)
+        .stdout(out.clone())
+        .build_p1();
+    let mut store = wasmtime::Store::new(&engine, wasi);
+    let instance = linker.instantiate(&mut store, &module).unwrap();
+    instance
+        .get_typed_func::<(), ()>(&mut store, "_start")
+        .unwrap()
+        .call(&mut store, ())
+        .unwrap();
+    out.contents().to_vec()
+}
+
+/// The probe's output, read back: (count, buffer size, the variables).
+fn environ_of(out: &[u8]) -> (u32, u32, Vec<String>) {
+    let word = |i: usize| u32::from_le_bytes(out[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!((word(0), word(3)), (0, 0), "both calls succeed: {out:?}");
+    let (count, size) = (word(1), word(2));
+    let buffer = &out[16 + 4 * count as usize..];
+    assert_eq!(buffer.len(), size as usize, "{out:?}");
+    let vars = (0..count as usize)
+        .map(|i| {
+            let at = word(4 + i) as usize;
+            let end = at + buffer[at..].iter().position(|&b| b == 0).unwrap();
+            String::from_utf8(buffer[at..end].to_vec()).unwrap()
+        })
+        .collect();
+    (count, size, vars)
+}
+
+/// A guest's environment is exactly what its deployer set: deployed with no
+/// variables it sees none (a `traceparent` on the request adds nothing),
+/// with two it sees exactly those two.
+#[test]
+fn a_guest_sees_exactly_the_environment_its_deployer_set() {
+    let node = start("");
+    let key = node.create_namespace("envs");
+    deploy(&node, &key, "none", ENVIRON_PROBE.as_bytes(), &[]);
+    deploy(
+        &node,
+        &key,
+        "two",
+        ENVIRON_PROBE.as_bytes(),
+        &[("metadata", r#"{"env_vars":{"A":"1","B":"two words"}}"#)],
+    );
+    let auth = format!("Bearer {key}");
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let run = |name: &str| {
+        let (s, _, b) = http(
+            "POST",
+            &node.url(&format!("/v1/functions/{name}/invoke")),
+            &[("authorization", &auth), ("traceparent", tp)],
+            Some(b""),
+        );
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        environ_of(&b)
+    };
+    assert_eq!(run("none"), (0, 0, vec![]));
+    assert_eq!(
+        run("two"),
+        (2, 16, vec!["A=1".to_string(), "B=two words".to_string()])
+    );
+}
+
+/// The environ cases of the public wasi-testsuite that need no filesystem
+/// (`environ_sizes_get-no-variables`, `environ_sizes_get-multiple-variables`,
+/// `environ_get-multiple-variables`, with that suite's variables: a quote
+/// and a newline in values), run by the node and by wasmtime-wasi with the
+/// same variables: the answers agree byte for byte and are what the cases
+/// expect.
+#[test]
+fn wasi_testsuite_environ_cases_answer_as_wasmtime_wasi() {
+    let node = start("");
+    let key = node.create_namespace("wasienv");
+    let vars = [("a", "text"), ("b", "escap \" ing"), ("c", "new\nline")];
+    let env_json = serde_json::json!({
+        "env_vars": vars.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect::<serde_json::Map<String, serde_json::Value>>()
+    })
+    .to_string();
+    deploy(&node, &key, "none", ENVIRON_PROBE.as_bytes(), &[]);
+    deploy(
+        &node,
+        &key,
+        "many",
+        ENVIRON_PROBE.as_bytes(),
+        &[("metadata", env_json.as_str())],
+    );
+    for (case, name, env, expect) in [
+        ("environ_sizes_get-no-variables", "none", &[][..], vec![]),
+        (
+            "environ_*-multiple-variables",
+            "many",
+            &vars[..],
+            vec!["a=text", "b=escap \" ing", "c=new\nline"],
+        ),
+    ] {
+        let (s, _, ours) = crate::functions::invoke(&node, &key, name, b"");
+        assert_eq!(s, 200, "{case}: {}", String::from_utf8_lossy(&ours));
+        let theirs = environ_under_wasmtime_wasi(env);
+        assert_eq!(ours, theirs, "{case}: meshgate and wasmtime-wasi differ");
+        let (count, size, got) = environ_of(&ours);
+        let size_expected: usize = expect.iter().map(|v| v.len() + 1).sum();
+        assert_eq!(
+            (count as usize, size as usize, got),
+            (
+                expect.len(),
+                size_expected,
+                expect.iter().map(|v| v.to_string()).collect::<Vec<_>>()
+            ),
+            "{case}"
+        );
+    }
+}
+
+/// wasmtime's pooling allocator reuses its instance slots: after twenty
+/// calls one after another, the slots that held an instance and are free
+/// again are at least one (the engine pools) and a handful at most (each
+/// call took a slot used before, not a new one).
+#[test]
+fn calls_reuse_the_pooled_instance_slots() {
+    let node = start("");
+    let key = node.create_namespace("pooled");
+    deploy(&node, &key, "echo", &echo_wasm(), &[]);
+    for i in 0..20 {
+        let (s, _, b) = invoke(&node, &key, "echo", format!("{i}").as_bytes());
+        assert_eq!((s, b), (200, format!("{i}").into_bytes()));
+    }
+    let mut warm = 0.0;
+    wait_until(
+        Duration::from_secs(10),
+        "the pool gauges sampled with a warm slot",
+        || {
+            warm = node.metric_sum("meshgate_wasm_instance_slots_warm");
+            warm >= 1.0
+        },
+    );
+    assert!(warm <= 4.0, "{warm} slots used for 20 calls in a row");
+}
+
+/// A guest with 8 MiB of data in a 10 MiB memory, which reads (input `r`)
+/// or writes (`w`) one byte of each 4 KiB page of that data, then puts KV
+/// key `ready` and waits (polling) for key `go`.
+fn cow_guest() -> Vec<u8> {
+    let wat = format!(
+        r#"(module
+  (import "meshgate" "kv_put" (func $kv_put (param i32 i32 i32 i32) (result i32)))
+  (import "meshgate" "kv_get" (func $kv_get (param i32 i32 i32 i32) (result i64)))
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 160)
+  (data (i32.const 0) "{data}")
+  (data (i32.const 9437184) "ready")
+  (data (i32.const 9437200) "go")
+  (func (export "_start")
+    (local $p i32) (local $sum i32)
+    (i32.store (i32.const 9437400) (i32.const 9437300))
+    (i32.store (i32.const 9437404) (i32.const 1))
+    (drop (call $read (i32.const 0) (i32.const 9437400) (i32.const 1) (i32.const 9437408)))
+    (block $done (loop $page
+      (br_if $done (i32.ge_u (local.get $p) (i32.const 8388608)))
+      (if (i32.eq (i32.load8_u (i32.const 9437300)) (i32.const 119))
+        (then (i32.store8 (local.get $p) (i32.const 98)))
+        (else (local.set $sum (i32.add (local.get $sum) (i32.load8_u (local.get $p))))))
+      (local.set $p (i32.add (local.get $p) (i32.const 4096)))
+      (br $page)))
+    (i32.store (i32.const 9437600) (local.get $sum))
+    (drop (call $kv_put (i32.const 9437184) (i32.const 5) (i32.const 9437184) (i32.const 5)))
+    (loop $wait
+      (br_if $wait (i64.lt_s
+        (call $kv_get (i32.const 9437200) (i32.const 2) (i32.const 9437500) (i32.const 16))
+        (i64.const 0))))))"#,
+        data = "a".repeat(8 << 20)
+    );
+    wat::parse_str(&wat).unwrap()
+}
+
+/// The node's anonymous (private, written) resident memory, in KiB.
+fn rss_anon_kib(node: &TestNode) -> u64 {
+    let pid = node.child.as_ref().unwrap().id();
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A guest's memory starts from the module's copy-on-write image: while a
+/// guest that only read its 8 MiB of data runs, the node's private memory
+/// has not grown by that data (the pages are the image's, shared); a guest
+/// that wrote one byte of each of those pages, measured the same way, has
+/// grown it by about 8 MiB (so the measure sees a copy when there is one:
+/// without the image, the data is copied into every instance).
+#[test]
+fn guest_memory_starts_from_a_copy_on_write_image() {
+    if single_node_only() {
+        return;
+    }
+    let node = start("");
+    let key = node.create_namespace("cow");
+    deploy(
+        &node,
+        &key,
+        "big",
+        &cow_guest(),
+        &[("timeout_seconds", "30"), ("memory_limit_mb", "16")],
+    );
+    // Once with `go` already set: the module's image is made, the slot used.
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/go", Some(b"1")).0, 200);
+    assert_eq!(invoke(&node, &key, "big", b"r").0, 200);
+    let grown_kib = |mode: &'static [u8]| -> u64 {
+        assert_eq!(node.with_key(&key, "DELETE", "/v1/kv/go", None).0, 200);
+        let _ = node.with_key(&key, "DELETE", "/v1/kv/ready", None);
+        let before = rss_anon_kib(&node);
+        std::thread::scope(|s| {
+            let url = node.url("/v1/functions/big/invoke");
+            let auth = format!("Bearer {key}");
+            let call = s.spawn(move || http("POST", &url, &[("authorization", &auth)], Some(mode)));
+            wait_until(
+                Duration::from_secs(30),
+                "the guest went over its data",
+                || node.with_key(&key, "GET", "/v1/kv/ready", None).0 == 200,
+            );
+            let during = rss_anon_kib(&node);
+            assert_eq!(node.with_key(&key, "PUT", "/v1/kv/go", Some(b"1")).0, 200);
+            let (s, _, b) = call.join().unwrap();
+            assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+            during.saturating_sub(before)
+        })
+    };
+    let read = grown_kib(b"r");
+    let written = grown_kib(b"w");
+    eprintln!("private memory grown while running: read {read} KiB, written {written} KiB");
+    assert!(read < 3 << 10, "reading the data grew it by {read} KiB");
+    assert!(
+        written >= 6 << 10,
+        "writing the data grew it by {written} KiB only"
+    );
 }

@@ -142,9 +142,6 @@ async fn subscribe_recover(
 /// recovery is under way, and one after), no duplicate and no gap.
 #[actix_rt::test]
 async fn recovery_after_a_drop_fills_the_gap_then_goes_live() {
-    if single_node_only("the history lives on the namespace's node") {
-        return;
-    }
     let node = TestNode::start_with(opts(""));
     let key = node.create_namespace("hist");
     let (s, b) = set_rules(
@@ -227,9 +224,6 @@ async fn recovery_after_a_drop_fills_the_gap_then_goes_live() {
 /// and past the ttl once the node's sweep dropped the publications.
 #[actix_rt::test]
 async fn recovery_refused_past_size_cap_epoch_and_ttl() {
-    if single_node_only("the history lives on the namespace's node") {
-        return;
-    }
     let node = TestNode::start_with(opts(
         "[pubsub]\nmax_recovered_publications = 20\nhistory_sweep_seconds = 1\n",
     ));
@@ -336,9 +330,6 @@ async fn recovery_refused_past_size_cap_epoch_and_ttl() {
 /// publication continues the count, the history reads back the same.
 #[actix_rt::test]
 async fn restart_keeps_offsets_and_epoch() {
-    if single_node_only("restarts one node's own store") {
-        return;
-    }
     let node = TestNode::start_with(opts(""));
     let key = keep_chat(&node, 100);
     let mut epoch = String::new();
@@ -368,7 +359,7 @@ async fn restart_keeps_offsets_and_epoch() {
 /// crash the topic holds its last `size`, no more.
 #[actix_rt::test]
 async fn a_publication_and_its_trim_take_one_flush_and_survive_a_crash() {
-    if single_node_only("counts the embedded store's flushes") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start_with(opts(""));
@@ -399,9 +390,6 @@ async fn a_publication_and_its_trim_take_one_flush_and_survive_a_crash() {
 /// its query and says so in the 101's headers, and binary frames carry the offset.
 #[actix_rt::test]
 async fn history_reads_both_ways_and_the_simple_socket_recovers() {
-    if single_node_only("the history lives on the namespace's node") {
-        return;
-    }
     let node = TestNode::start_with(opts(""));
     let key = keep_chat(&node, 100);
     let mut epoch = String::new();
@@ -470,9 +458,6 @@ async fn history_reads_both_ways_and_the_simple_socket_recovers() {
 /// a pubsub:admin / namespace:admin credential sets the rules.
 #[actix_rt::test]
 async fn bad_input_refused_and_nothing_stored() {
-    if single_node_only("the history lives on the namespace's node") {
-        return;
-    }
     let node = TestNode::start_with(opts("[pubsub]\nmax_history_size = 50\n"));
     let key = node.create_namespace("hist");
     let rule = |topics: &str, size: u64, ttl: u64| json!([{"topics": topics, "size": size, "ttl_seconds": ttl}]);
@@ -862,11 +847,7 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 /// a client recovering from it `recovered: false`.
 #[actix_rt::test]
 async fn a_namespace_keeps_at_most_its_history_topics() {
-    if single_node_only(
-        "history_topics counts one node's copy and a stream in use is one a socket on that node \
-         holds; the cluster suite's quota reads, publishes and subscriptions reach different \
-         nodes' copies (docs/pubsub.md)",
-    ) {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start_with(opts("[pubsub]\nhistory_sweep_seconds = 1\n"));
@@ -983,10 +964,7 @@ async fn a_namespace_keeps_at_most_its_history_topics() {
 /// held three streams against its two until the next sweep.)
 #[actix_rt::test]
 async fn a_batch_makes_room_from_streams_it_does_not_publish_to() {
-    if single_node_only(
-        "history_topics counts one node's copy and the idle streams are made by a socket on \
-         that node (docs/pubsub.md)",
-    ) {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start_with(opts("[pubsub]\nhistory_sweep_seconds = 3600\n"));
@@ -1163,10 +1141,7 @@ async fn sockets_recovering_the_same_publications_share_their_frames() {
 /// a subscriber here uses it; its next publication starts a new epoch.
 #[actix_rt::test]
 async fn idle_history_streams_are_forgotten_after_the_meta_ttl() {
-    if single_node_only(
-        "a stream is idle when no socket on the node holds it; on the cluster suite the \
-         subscriber and the quota read are on different nodes (docs/pubsub.md)",
-    ) {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start_with(opts(
@@ -1271,7 +1246,7 @@ async fn history_writes_go_on_after_the_supervisor_restarts() {
 /// publication is there.
 #[test]
 fn a_woken_namespace_loads_its_history_only_when_needed() {
-    if single_node_only("it measures the RSS of the node that holds the namespaces") {
+    if single_node_only() {
         return;
     }
     const NAMESPACES: usize = 8;

@@ -26,5 +26,6 @@ mod passivate;
 mod pubsub;
 mod quotas;
 mod security;
+mod single_node;
 mod telemetry;
 mod upgrade;

@@ -596,7 +596,7 @@ fn node_actor_handled(node: &TestNode) -> f64 {
 /// delete also its supervisor's stop), and the namespace is there, then gone.
 #[test]
 fn namespace_create_and_delete_are_the_node_supervisors() {
-    if single_node_only("counts one node's supervisor messages") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start();
@@ -625,4 +625,112 @@ fn namespace_create_and_delete_are_the_node_supervisors() {
     );
     assert_eq!(node.op("GET", "/v1/namespaces/owned", None).0, 404);
     assert_eq!(node.op("DELETE", "/v1/namespaces/owned", None).0, 404);
+}
+
+/// Step 4's headers, exact, on every answer the chain gives: a public
+/// route, a namespace route's answer and its 404, a refusal of the chain
+/// itself (401), an unknown route, a route outside `/v1/` (no
+/// `Cache-Control` forced there), and the dashboard.
+#[test]
+fn security_headers_on_every_answer_of_the_chain() {
+    let node = TestNode::start();
+    let key = node.create_namespace("headers");
+    let auth = format!("Bearer {key}");
+    assert_eq!(node.with_key(&key, "PUT", "/v1/kv/k", Some(b"v")).0, 200);
+    for (what, path, headers, status, no_store) in [
+        ("public", "/v1/health", vec![], 200, true),
+        (
+            "namespace",
+            "/v1/kv/k",
+            vec![("authorization", auth.as_str())],
+            200,
+            true,
+        ),
+        (
+            "handler's 404",
+            "/v1/kv/none",
+            vec![("authorization", auth.as_str())],
+            404,
+            true,
+        ),
+        ("chain's 401", "/v1/kv/k", vec![], 401, true),
+        ("unknown route", "/v1/nope", vec![], 404, true),
+        ("outside /v1", "/.well-known/jwks.json", vec![], 200, false),
+        ("dashboard", "/__admin", vec![], 401, false),
+    ] {
+        let (s, h, _) = http("GET", &node.url(path), &headers, None);
+        assert_eq!(s, status, "{what}");
+        assert_eq!(
+            (
+                header(&h, "x-content-type-options"),
+                header(&h, "x-frame-options"),
+                header(&h, "referrer-policy"),
+            ),
+            (Some("nosniff"), Some("DENY"), Some("no-referrer")),
+            "{what}: {h:?}"
+        );
+        if no_store {
+            assert_eq!(header(&h, "cache-control"), Some("no-store"), "{what}");
+        }
+    }
+}
+
+/// A namespace supervisor whose mailbox is full answers 503 `OVERLOADED`
+/// (retryable, `Retry-After: 1`) at once, not after a wait, and nothing is
+/// written; another namespace is served meanwhile. The mailbox is one
+/// message (`[server] mailbox_capacity = 1`), held by the fault-injection
+/// route `debug/hold`; every node has the configuration.
+#[test]
+fn a_full_mailbox_answers_503_overloaded() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[server]\nmailbox_capacity = 1\n[debug]\nfault_injection = true\n"
+        ),
+        ..Default::default()
+    });
+    let busy = node.create_namespace("busy");
+    let calm = node.create_namespace("calm");
+    // Obeyed: one message at a time goes through.
+    assert_eq!(node.with_key(&busy, "PUT", "/v1/kv/k", Some(b"1")).0, 200);
+    // On the node that runs the namespace (cluster mode: its member, which
+    // answers the forwarded requests below).
+    let (s, _, b) = http(
+        "POST",
+        &format!(
+            "{}/v1/namespaces/busy/debug/hold?ms=60000",
+            node.member_base()
+        ),
+        &[OPERATOR_AUTH],
+        None,
+    );
+    assert_eq!(s, 202, "{}", String::from_utf8_lossy(&b));
+    // Violated: the hold fills the mailbox until it ends (a minute).
+    let auth = format!("Bearer {busy}");
+    let (s, h, b) = http(
+        "PUT",
+        &node.url("/v1/kv/k"),
+        &[("authorization", &auth)],
+        Some(b"2"),
+    );
+    let v = json(&String::from_utf8_lossy(&b));
+    assert_eq!(
+        (
+            s,
+            v["error"]["code"].as_str(),
+            v["error"]["retryable"].as_bool()
+        ),
+        (503, Some("OVERLOADED"), Some(true)),
+        "{v}"
+    );
+    assert_eq!(header(&h, "retry-after"), Some("1"));
+    assert!(
+        node.metric_sum("meshgate_actor_overloaded_total") >= 1.0,
+        "the refusal is counted"
+    );
+    assert_eq!(node.with_key(&calm, "PUT", "/v1/kv/k", Some(b"x")).0, 200);
+    // Nothing was written (a read does not go through the mailbox).
+    assert_eq!(
+        node.with_key(&busy, "GET", "/v1/kv/k", None),
+        (200, "1".into())
+    );
 }

@@ -70,7 +70,7 @@ fn scrape(node: &TestNode, host: Option<&str>, path: &str) -> (u16, String) {
 /// (never the raw path), status class and instance.
 #[test]
 fn route_metrics_count_the_requests_made() {
-    if single_node_only("counts the series of one node") {
+    if single_node_only() {
         return;
     }
     let node = proxy_node();
@@ -195,7 +195,7 @@ fn web_on_act_test() -> (TestNode, String, Upstream) {
 /// limit is 400, another namespace's key 404/403.
 #[test]
 fn activity_holds_the_latest_requests_without_secrets() {
-    if single_node_only("the ring is per node") {
+    if single_node_only() {
         return;
     }
     let (node, key, up) = web_on_act_test();
@@ -260,7 +260,7 @@ fn activity_holds_the_latest_requests_without_secrets() {
 /// ring answers in well under 256 KB.
 #[test]
 fn activity_entries_keep_a_bounded_path() {
-    if single_node_only("the ring is per node") {
+    if single_node_only() {
         return;
     }
     let (node, key, _up) = web_on_act_test();
@@ -294,7 +294,7 @@ fn activity_entries_keep_a_bounded_path() {
 /// carry the trace id.
 #[test]
 fn trace_context_reaches_the_upstream_and_the_logs() {
-    if single_node_only("reads the one node's log") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start_with(NodeOpts {
@@ -389,33 +389,49 @@ pub(crate) const ENV_ECHO: &str = r#"(module
     (i32.store (i32.const 20) (i32.load (i32.const 4)))
     (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))))"#;
 
-/// A function's guest sees `TRACEPARENT` continuing the caller's trace (a
-/// new parent id), and its invocation record carries the trace id.
+/// Writes its caller record (the `caller` import's JSON) to stdout.
+pub(crate) const CALLER_ECHO: &str = r#"(module
+  (import "meshgate" "caller" (func $caller (param i32 i32) (result i64)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (i32.store (i32.const 16) (i32.const 1024))
+    (i32.store (i32.const 20) (i32.wrap_i64 (call $caller (i32.const 1024) (i32.const 8192))))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))))"#;
+
+/// A function's guest reads the trace context in its caller record
+/// (`traceparent` continuing the caller's trace with a new parent id,
+/// `tracestate` as it came), not in its environment, which stays empty;
+/// its invocation record carries the trace id.
 #[test]
 fn trace_context_reaches_the_guest_and_the_invocation_record() {
     let node = TestNode::start();
     let key = node.create_namespace("trf");
     crate::functions::deploy(&node, &key, "env", ENV_ECHO.as_bytes(), &[]);
+    crate::functions::deploy(&node, &key, "who", CALLER_ECHO.as_bytes(), &[]);
     let trace = "0af7651916cd43dd8448eb211c80319c";
     let parent = "b7ad6b7169203331";
     let auth = format!("Bearer {key}");
     let tp = format!("00-{trace}-{parent}-01");
-    let (s, _, b) = http(
-        "POST",
-        &node.url("/v1/functions/env/invoke"),
-        &[
-            ("authorization", &auth),
-            ("traceparent", &tp),
-            ("x-request-id", "trace-fn-1"),
-        ],
-        Some(b"{}"),
-    );
-    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
-    let out = String::from_utf8_lossy(&b).into_owned();
-    let seen = out
-        .split('\0')
-        .find_map(|kv| kv.strip_prefix("TRACEPARENT="))
-        .unwrap_or_else(|| panic!("no TRACEPARENT in {out:?}"));
+    let call = |name: &str, headers: &[(&str, &str)]| {
+        let mut h = vec![("authorization", auth.as_str())];
+        h.extend_from_slice(headers);
+        let (s, _, b) = http(
+            "POST",
+            &node.url(&format!("/v1/functions/{name}/invoke")),
+            &h,
+            Some(b"{}"),
+        );
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        b
+    };
+    let who = json(&String::from_utf8_lossy(&call(
+        "who",
+        &[("traceparent", &tp), ("tracestate", "vendor=v1")],
+    )));
+    let seen = who["traceparent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no traceparent in {who}"));
     let parts: Vec<&str> = seen.split('-').collect();
     assert_eq!(parts.len(), 4, "{seen}");
     assert_eq!(
@@ -424,15 +440,23 @@ fn trace_context_reaches_the_guest_and_the_invocation_record() {
         "{seen}"
     );
     assert_ne!(parts[2], parent, "a new parent id: {seen}");
-    // Without one, the guest still gets a (new) trace.
-    let (_, _, b) = http(
-        "POST",
-        &node.url("/v1/functions/env/invoke"),
-        &[("authorization", &auth)],
-        Some(b"{}"),
+    assert_eq!(parts[2].len(), 16, "{seen}");
+    assert_eq!(who["tracestate"], "vendor=v1", "{who}");
+    // Without one, the guest still gets a (new) trace, and no tracestate.
+    let who = json(&String::from_utf8_lossy(&call("who", &[])));
+    let fresh = who["traceparent"].as_str().unwrap_or_default();
+    assert!(fresh.starts_with("00-") && !fresh.contains(trace), "{who}");
+    assert!(who.get("tracestate").is_none(), "{who}");
+    // The environment is the deployer's alone: here, nothing.
+    let env = call(
+        "env",
+        &[("traceparent", &tp), ("x-request-id", "trace-fn-1")],
     );
-    let out = String::from_utf8_lossy(&b).into_owned();
-    assert!(out.contains("TRACEPARENT=00-"), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&env),
+        "",
+        "a guest deployed without variables sees none"
+    );
     // The invocation record carries the trace id.
     let mut record = serde_json::Value::Null;
     wait_until(
@@ -520,7 +544,7 @@ fn trace_context_reaches_the_member_on_a_forwarded_hop() {
 /// upstream attempt), and its activity names no instance.
 #[test]
 fn static_routes_are_counted_without_instances() {
-    if single_node_only("counts the series of one node") {
+    if single_node_only() {
         return;
     }
     let node = proxy_node();
@@ -556,7 +580,7 @@ fn static_routes_are_counted_without_instances() {
 /// its own instance label; the request itself is counted once.
 #[test]
 fn upstream_attempts_are_counted_per_instance_and_outcome() {
-    if single_node_only("counts the series of one node") {
+    if single_node_only() {
         return;
     }
     let node = proxy_node();

@@ -499,7 +499,7 @@ async fn slow_consumer_closed_4008_others_unaffected() {
     // On a cluster every message also crosses the mesh, whose message cache
     // keeps the last heartbeats' messages (bounded by time, not by a
     // subscriber), so this single-process measure means nothing there.
-    if single_node_only("the RSS bound measures one process; the mesh caches recent messages") {
+    if single_node_only() {
         return;
     }
     assert!(
@@ -920,4 +920,52 @@ async fn socket_frames_count_against_the_namespace_rate_limit() {
             serde_json::json!({"id": i, "ok": true})
         );
     }
+}
+
+/// An `invoke` frame on /v1/ws runs a function of the socket's namespace
+/// and answers `{"id","ok":true,"result"}`: the output as JSON when it
+/// parses, else `{"output_base64"}`; a pinned version (`name@1`) runs that
+/// version; answers keep the order of the frames around them.
+#[actix_rt::test]
+async fn ws_invoke_frame_runs_the_function() {
+    let node = TestNode::start();
+    let key = node.create_namespace("wsinv");
+    let echo = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/functions/echo.wasm"
+    ))
+    .unwrap();
+    assert_eq!(crate::functions::deploy(&node, &key, "echo", &echo, &[]), 1);
+    let mut s = connect(&ws_url(&node, "/v1/ws", &key)).await;
+    send_json(&mut s, serde_json::json!({"id": 1, "type": "ping"})).await;
+    send_json(
+        &mut s,
+        serde_json::json!({"id": 2, "type": "invoke", "function": "echo",
+                           "input_base64": B64.encode(r#"{"hello":"ws"}"#)}),
+    )
+    .await;
+    send_json(
+        &mut s,
+        serde_json::json!({"id": 3, "type": "invoke", "function": "echo@1",
+                           "input_base64": B64.encode("plain bytes")}),
+    )
+    .await;
+    send_json(&mut s, serde_json::json!({"id": 4, "type": "ping"})).await;
+    assert_eq!(
+        next_json(&mut s).await,
+        serde_json::json!({"id": 1, "ok": true, "pong": true})
+    );
+    assert_eq!(
+        next_json(&mut s).await,
+        serde_json::json!({"id": 2, "ok": true, "result": {"hello": "ws"}})
+    );
+    assert_eq!(
+        next_json(&mut s).await,
+        serde_json::json!({"id": 3, "ok": true,
+                           "result": {"output_base64": B64.encode("plain bytes")}})
+    );
+    assert_eq!(
+        next_json(&mut s).await,
+        serde_json::json!({"id": 4, "ok": true, "pong": true})
+    );
 }

@@ -162,7 +162,7 @@ fn upstream_traceparent(b: &[u8]) -> String {
 /// sampled) are linked the same way.
 #[test]
 fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
-    if single_node_only("one node's spans to one collector") {
+    if single_node_only() {
         return;
     }
     let col = Collector::start();
@@ -332,12 +332,12 @@ fn otlp_spans_of_a_proxied_request_link_as_the_traceparents_say() {
     assert!(attr(&client4, "error.type").is_some());
 }
 
-/// A function invocation's SERVER span: the guest's `TRACEPARENT` names it
-/// as the parent; it carries the namespace, the function and the route
-/// pattern.
+/// A function invocation's SERVER span: the `traceparent` of the guest's
+/// caller record names it as the parent; it carries the namespace, the
+/// function and the route pattern.
 #[test]
 fn otlp_span_of_a_function_invocation() {
-    if single_node_only("one node's spans to one collector") {
+    if single_node_only() {
         return;
     }
     let col = Collector::start();
@@ -346,7 +346,13 @@ fn otlp_span_of_a_function_invocation() {
         ..Default::default()
     });
     let key = node.create_namespace("otf");
-    crate::functions::deploy(&node, &key, "env", crate::observe::ENV_ECHO.as_bytes(), &[]);
+    crate::functions::deploy(
+        &node,
+        &key,
+        "env",
+        crate::observe::CALLER_ECHO.as_bytes(),
+        &[],
+    );
     let trace = "0af7651916cd43dd8448eb211c80319c";
     let parent = "b7ad6b7169203331";
     let auth = format!("Bearer {key}");
@@ -360,11 +366,10 @@ fn otlp_span_of_a_function_invocation() {
         Some(b"{}"),
     );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
-    let out = String::from_utf8_lossy(&b).into_owned();
-    let guest = out
-        .split('\0')
-        .find_map(|kv| kv.strip_prefix("TRACEPARENT="))
-        .unwrap_or_else(|| panic!("no TRACEPARENT in {out:?}"))
+    let record = json(&String::from_utf8_lossy(&b));
+    let guest = record["traceparent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no traceparent in {record}"))
         .to_string();
     let t = hex::decode(trace).unwrap();
     let (server, _) = col.wait_for("the invocation's SERVER span", |s| {
@@ -422,7 +427,7 @@ fn otlp_off_without_an_endpoint() {
 /// exports are logged (once a minute at most).
 #[test]
 fn otlp_collector_down_costs_no_request() {
-    if single_node_only("reads the one node's log") {
+    if single_node_only() {
         return;
     }
     // A port nothing listens on.
@@ -506,7 +511,7 @@ fn otlp_bad_endpoint_is_refused_at_start() {
 /// still reaches the collector when the node stops on SIGTERM.
 #[test]
 fn otlp_drain_flushes_the_queued_spans() {
-    if single_node_only("stops one node") {
+    if single_node_only() {
         return;
     }
     let col = Collector::start();

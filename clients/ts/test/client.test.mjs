@@ -9,8 +9,10 @@ import {
   UnauthorizedError,
 } from "../dist/index.js";
 import {
+  ECHO_WASM,
   api,
   createNamespace,
+  deployFunction,
   httpPublish,
   limitedKey,
   next,
@@ -101,6 +103,20 @@ describe("publish", () => {
     await c.connect();
     assert.deepEqual(await c.publish("plain.1", "x"), {});
     assert.ok((await c.ping()) >= 0);
+  });
+});
+
+describe("invoke", () => {
+  test("a function of the namespace runs over the socket: JSON output parsed, other bytes as output_base64", async () => {
+    assert.equal(await deployFunction(node.base, key, "echo", ECHO_WASM), 1);
+    const c = client();
+    await c.connect();
+    assert.deepEqual(await c.invoke("echo", JSON.stringify({ hello: "ts" })), { hello: "ts" });
+    assert.deepEqual(await c.invoke("echo@1", "plain bytes"), {
+      output_base64: Buffer.from("plain bytes").toString("base64"),
+    });
+    // A function the namespace does not have is the node's error, typed.
+    await assert.rejects(c.invoke("nope"), (e) => e.code === "FUNCTION_NOT_FOUND");
   });
 });
 

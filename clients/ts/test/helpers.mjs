@@ -190,6 +190,24 @@ export async function limitedKey(base, key, grants) {
   return r.json.api_key;
 }
 
+/** The repository's example function that writes its input back (examples/functions). */
+export const ECHO_WASM = path.resolve(HERE, "../../../examples/functions/echo.wasm");
+
+/** Deploys the module at `wasmPath` as function `name` (multipart `POST /v1/functions`); resolves with its version. */
+export async function deployFunction(base, key, name, wasmPath) {
+  const form = new FormData();
+  form.append("name", name);
+  form.append("wasm", new Blob([fs.readFileSync(wasmPath)], { type: "application/wasm" }), `${name}.wasm`);
+  const r = await fetch(`${base}/v1/functions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}` },
+    body: form,
+  });
+  const text = await r.text();
+  if (r.status !== 201) throw new Error(`deploy ${name}: ${r.status} ${text}`);
+  return JSON.parse(text).function.version;
+}
+
 /** A JWT for an API key (`POST /v1/auth/token`). */
 export async function jwt(base, key) {
   const r = await api(base, "POST", "/v1/auth/token", key, { api_key: key });

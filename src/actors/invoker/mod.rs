@@ -97,8 +97,9 @@ pub struct CallerInfo {
     /// The request id (generated for triggers).
     pub request_id: String,
     /// The request's W3C trace context; None starts a new trace (triggers).
-    /// The guest sees it as `TRACEPARENT` (and `TRACESTATE`), the record
-    /// carries its trace id.
+    /// The guest reads it from its caller record (`traceparent`,
+    /// `tracestate`), never from its environment; the record carries its
+    /// trace id.
     pub trace: Option<crate::observe::trace::TraceContext>,
 }
 

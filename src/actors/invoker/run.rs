@@ -230,6 +230,13 @@ impl Invoker {
                 r
             }
         };
+        // The guest continues the caller's trace (this node's span as its
+        // parent), or starts one. It reads it from the caller record: the
+        // guest's environment is exactly what its deployer set
+        // (docs/guest-abi.md).
+        let trace = caller
+            .trace
+            .unwrap_or_else(crate::observe::trace::TraceContext::fresh);
         /// What the `caller` import hands the guest.
         #[derive(serde::Serialize)]
         struct CallerJson<'a> {
@@ -241,25 +248,22 @@ impl Invoker {
             request_id: &'a str,
             /// What started the call.
             trigger: &'a str,
+            /// The W3C `traceparent` the guest continues.
+            traceparent: String,
+            /// The incoming `tracestate`, when there was one.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tracestate: Option<&'a str>,
         }
         let caller_json = serde_json::to_vec(&CallerJson {
             subject: &caller.subject,
             namespace: &self.ns,
             request_id: &caller.request_id,
             trigger: trigger.as_str(),
+            traceparent: trace.traceparent(),
+            tracestate: trace.tracestate.as_deref(),
         })
         .expect("serializable");
-        // The guest continues the caller's trace (this node's span as its
-        // parent), or starts one.
-        let trace = caller
-            .trace
-            .unwrap_or_else(crate::observe::trace::TraceContext::fresh);
-        let mut env = r.env.clone();
-        env.retain(|(k, _)| k != "TRACEPARENT" && k != "TRACESTATE");
-        env.push(("TRACEPARENT".into(), trace.traceparent()));
-        if let Some(ts) = &trace.tracestate {
-            env.push(("TRACESTATE".into(), ts.clone()));
-        }
+        let env = r.env.clone();
         let call = Invocation {
             namespace: self.ns.to_string(),
             function: name,

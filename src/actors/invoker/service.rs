@@ -217,6 +217,9 @@ impl FunctionsService {
         m.wasm_pool_workers.set(s.workers as i64);
         m.wasm_pool_busy.set(s.busy as i64);
         m.wasm_pool_queued.set(s.queued as i64);
+        if let Some(warm) = self.0.engine.warm_instance_slots() {
+            m.wasm_instance_slots_warm.set(warm.into());
+        }
         let hits = self.0.engine.cache_hits();
         let misses = self.0.engine.cache_misses();
         self.0

@@ -3,7 +3,7 @@
 use super::ctx::NsCtx;
 use super::page::{Page, PageQuery};
 use crate::actors::{
-    CreateNamespace, DeleteNamespace, GetInfo, InjectPanic, NamespaceRecord, ns_key,
+    CreateNamespace, DeleteNamespace, GetInfo, InjectHold, InjectPanic, NamespaceRecord, ns_key,
 };
 use crate::auth::{KeyKind, Role};
 use crate::error::Code;
@@ -50,6 +50,18 @@ pub fn register(t: &mut RouteTable) {
         "/v1/namespaces/{name}/debug/panic",
         Policy::Operator,
         web::post().to(panic),
+    )
+    .add(
+        Method::POST,
+        "/v1/namespaces/{name}/debug/hold",
+        Policy::Operator,
+        web::post().to(hold),
+    )
+    .add(
+        Method::POST,
+        "/v1/namespaces/{name}/debug/hold-compile",
+        Policy::Operator,
+        web::post().to(hold_compile),
     )
     .add(
         Method::PUT,
@@ -300,6 +312,54 @@ async fn panic(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<Http
     let h = node.locate(&name).await?;
     let r = h.ask(InjectPanic).await?;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "panicked": r.is_err()})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HoldQuery {
+    /// How long the supervisor holds, in milliseconds (at most 60,000).
+    ms: u64,
+}
+
+/// Fault injection (`[debug] fault_injection`): the namespace's supervisor
+/// holds its mailbox for `?ms=` milliseconds ([`InjectHold`]), so a test
+/// sees the overload answer. Answers 202 once the hold is in the mailbox;
+/// 404 when switched off.
+async fn hold(
+    node: web::Data<Node>,
+    name: web::Path<String>,
+    q: web::Query<HoldQuery>,
+) -> ApiResult<HttpResponse> {
+    if !node.config.debug.fault_injection {
+        return Err(ApiError::new(Code::NotFound, "no such route"));
+    }
+    let ms = q.ms.min(60_000);
+    let h = node.locate(&name).await?;
+    crate::actors::tell(&h.addr, &h.stats, InjectHold { ms })?;
+    Ok(HttpResponse::Accepted().json(json!({"ok": true, "held_ms": ms})))
+}
+
+/// Fault injection (`[debug] fault_injection`): a compile slot of the
+/// node's gate is taken for the namespace and kept `?ms=` milliseconds, as
+/// a long compile of its would (`wasm::gate`). Answers 202 once the slot is
+/// taken, the gate's refusal when it is not; 404 when switched off.
+async fn hold_compile(
+    node: web::Data<Node>,
+    name: web::Path<String>,
+    q: web::Query<HoldQuery>,
+) -> ApiResult<HttpResponse> {
+    if !node.config.debug.fault_injection {
+        return Err(ApiError::new(Code::NotFound, "no such route"));
+    }
+    let ms = q.ms.min(60_000);
+    let engine = node.functions.engine().clone();
+    let ns = name.into_inner();
+    tokio::task::spawn_blocking(move || {
+        engine.hold_compile_slot(&ns, std::time::Duration::from_millis(ms))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the hold task failed: {e}")))??;
+    Ok(HttpResponse::Accepted().json(json!({"ok": true, "held_ms": ms})))
 }
 
 #[derive(Deserialize)]

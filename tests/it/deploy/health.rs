@@ -85,7 +85,7 @@ fn node_with_budget(per_second: u32) -> TestNode {
 /// tick's credit), and the budget is used.
 #[test]
 fn checks_stay_within_the_namespace_budget() {
-    if single_node_only("the budget is per node; the test counts one node's checks") {
+    if single_node_only() {
         return;
     }
     let node = node_with_budget(20);
@@ -131,7 +131,7 @@ fn checks_stay_within_the_namespace_budget() {
 /// ±10 % jitter), not the ten two checkers would send.
 #[test]
 fn shared_instances_are_checked_once() {
-    if single_node_only("the test counts one node's checks") {
+    if single_node_only() {
         return;
     }
     let node = node_with_budget(50);
@@ -194,7 +194,7 @@ fn blackholes(n: usize) -> (Vec<String>, Arc<Mutex<u64>>) {
 /// seconds and bank's checks stopped until evil's timed out).
 #[test]
 fn hanging_checks_do_not_stop_another_namespaces() {
-    if single_node_only("the check slots are one node's") {
+    if single_node_only() {
         return;
     }
     let node = node_with_budget(50);

@@ -8,7 +8,9 @@
 //! attacks cost is measured by `benches/bounds.rs` (BENCHMARKS.md), never
 //! asserted here. See docs/security.md, "Client → node".
 
-use crate::common::{NodeOpts, TEST_CONFIG, TestNode, header, http, json, wait_until};
+use crate::common::{
+    NodeOpts, OPERATOR_AUTH, TEST_CONFIG, TestNode, header, http, json, wait_until,
+};
 use std::time::Duration;
 
 const BOUNDARY: &str = "mgboundsboundary41";
@@ -274,10 +276,9 @@ fn attack_modules_are_refused_before_compiling() {
 
 /// The compile deadline as a pair: a 5,000-function module deploys and runs
 /// on a node with the default deadline; on a node whose deadline is 1 ms
-/// the same deploy is 503 `COMPILE_TIMEOUT` with `Retry-After`, nothing is
-/// stored, a second deploy of that namespace is refused (busy or timed
-/// out) and stores nothing, and another namespace's deploy is not refused
-/// as busy.
+/// the same deploy is 503 `COMPILE_TIMEOUT` with `Retry-After`, and so is
+/// another namespace's (it gets a slot or waits for one, and either way
+/// its compile outlasts 1 ms); nothing is stored.
 #[test]
 fn compile_deadline_obeyed_and_violated() {
     let module = many_functions(9_000);
@@ -300,30 +301,58 @@ fn compile_deadline_obeyed_and_violated() {
     let (s, h, b) = deploy_fn(&tight, &a, "f", &module);
     assert_eq!((s, code(&b).as_str()), (503, "COMPILE_TIMEOUT"), "{b}");
     assert_eq!(header(&h, "retry-after"), Some("1"));
-    // The namespace's next compile either finds the first still running on
-    // its thread (429 `COMPILE_BUSY`: one compile per namespace) or, once it
-    // ended, times out itself: never stored either way. (Which one depends
-    // on the machine's speed; the slots themselves are tested as a pair in
-    // `wasm::gate`'s unit tests, with no clock.)
-    let other_module = many_functions(9_001);
-    let (s, h, b) = deploy_fn(&tight, &a, "g", &other_module);
-    assert!(
-        matches!(
-            (s, code(&b).as_str()),
-            (429, "COMPILE_BUSY") | (503, "COMPILE_TIMEOUT")
-        ),
-        "{s} {b}"
-    );
+    let (s, h, b) = deploy_fn(&tight, &b_key, "h", &many_functions(9_002));
+    assert_eq!((s, code(&b).as_str()), (503, "COMPILE_TIMEOUT"), "{b}");
     assert_eq!(header(&h, "retry-after"), Some("1"));
-    let (s, _, b) = deploy_fn(&tight, &b_key, "h", &many_functions(9_002));
-    assert_ne!(
-        code(&b),
-        "COMPILE_BUSY",
-        "another namespace is not busy: {s} {b}"
-    );
-    for name in ["f", "g"] {
-        assert!(!stored(&tight, &a, name), "{name} stored");
-    }
+    assert!(!stored(&tight, &a, "f"), "f stored");
+    assert!(!stored(&tight, &b_key, "h"), "h stored");
+}
+
+/// The compile gate's two refusals, each pinned: while a namespace holds a
+/// compile slot (a long compile, stood for by the fault-injection route
+/// `debug/hold-compile`), its next deploy is refused at once with 429
+/// `COMPILE_BUSY`, and with the node's one slot taken another namespace's
+/// deploy waits for it until its deadline: 503 `COMPILE_TIMEOUT`. Both
+/// with `Retry-After`, neither stored; before the hold the same module
+/// deploys (the pair's obeyed side).
+#[test]
+fn compile_busy_for_the_namespace_and_timeout_for_another() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[functions]\nworkers = 2\ncompile_concurrency = 1\ncompile_timeout_ms = 1000\n\
+             [debug]\nfault_injection = true\n"
+        ),
+        ..Default::default()
+    });
+    let holder = node.create_namespace("holder");
+    let other = node.create_namespace("waiter");
+    // Three distinct modules: a module compiled once is not compiled again.
+    let module = |n: usize| many_functions(n);
+    // On the node that compiles the namespaces' deploys (cluster mode:
+    // their member, where the forwarded deploys go).
+    let hold = |ms: u64| {
+        let (s, _, b) = http(
+            "POST",
+            &format!(
+                "{}/v1/namespaces/holder/debug/hold-compile?ms={ms}",
+                node.member_base()
+            ),
+            &[OPERATOR_AUTH],
+            None,
+        );
+        assert_eq!(s, 202, "{}", String::from_utf8_lossy(&b));
+    };
+    let (s, _, b) = deploy_fn(&node, &other, "before", &module(10));
+    assert_eq!(s, 201, "{b}");
+    hold(60_000);
+    let (s, h, b) = deploy_fn(&node, &holder, "f", &module(11));
+    assert_eq!((s, code(&b).as_str()), (429, "COMPILE_BUSY"), "{b}");
+    assert_eq!(header(&h, "retry-after"), Some("1"));
+    let (s, h, b) = deploy_fn(&node, &other, "g", &module(12));
+    assert_eq!((s, code(&b).as_str()), (503, "COMPILE_TIMEOUT"), "{b}");
+    assert_eq!(header(&h, "retry-after"), Some("1"));
+    assert!(!stored(&node, &holder, "f"), "f stored");
+    assert!(!stored(&node, &other, "g"), "g stored");
 }
 
 // ---- site tarballs ----
@@ -376,7 +405,7 @@ fn site_tmp_dirs(node: &TestNode) -> usize {
 /// within both, is deployed and serves every byte.
 #[test]
 fn tarball_bombs_refused_and_normal_site_deployed() {
-    if crate::common::single_node_only("reads the node's own data folder") {
+    if crate::common::single_node_only() {
         return;
     }
     let node = TestNode::start_with(NodeOpts {

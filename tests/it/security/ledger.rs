@@ -137,7 +137,7 @@ fn wat_of_empty_functions(bytes: usize) -> Vec<u8> {
 /// grows by at most 512 MiB over all eight.
 #[test]
 fn concurrent_wat_deploys_are_bounded_and_parsed_in_the_gate() {
-    if single_node_only("the RSS of the one node that compiles is read") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start();
@@ -225,7 +225,7 @@ fn nesting_depth_obeyed_and_violated() {
 /// 64 MiB: the folder grew without bound while `site_bytes` read 0).
 #[test]
 fn site_deploy_delete_cycles_keep_the_data_folder_bounded() {
-    if single_node_only("the data folder of one sled node is measured") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start_with(NodeOpts {
@@ -347,7 +347,7 @@ fn function_delete_frees_its_module_and_a_shared_one_stays() {
 /// for ever, counted against no quota.)
 #[test]
 fn a_swept_module_takes_its_compiled_artifacts_with_it() {
-    if single_node_only("the compiled-module cache is one node's data folder") {
+    if single_node_only() {
         return;
     }
     let node = TestNode::start();

@@ -72,7 +72,7 @@ fn metrics_and_status_need_the_operator_key() {
 /// without the key.
 #[test]
 fn metrics_listener_serves_without_a_key() {
-    if single_node_only("one node binds the fixed [metrics] listen port") {
+    if single_node_only() {
         return;
     }
     let port = free_port();

@@ -137,7 +137,7 @@ fn leaked_export_secrets_refused_in_another_namespace() {
 #[test]
 fn edited_namespace_record_is_refused() {
     use meshgate::storage::{MAC_OVERHEAD, OrderedKv};
-    if single_node_only("the record is edited in the node's sled file") {
+    if single_node_only() {
         return;
     }
     let mut node = TestNode::start();

@@ -254,10 +254,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("meshgate: {e:#}");
-            // A start that failed (a port in use, a store it may not adopt)
-            // leaves the node supervisor's task behind; dropping the runtime
-            // would cancel it outside a reactor, and its timers panic then,
-            // after the clear message. The process ends here anyway.
+            // A start that failed after its listeners were bound (a store it
+            // may not adopt, say) leaves the node supervisor's task behind;
+            // dropping the runtime would cancel it outside a reactor, and its
+            // timers panic then, after the clear message. The process ends
+            // here anyway.
             std::mem::forget(system);
             ExitCode::from(1)
         }

@@ -1,6 +1,6 @@
-//! The command-line client's key, namespace and deployment commands
-//! (issue #43): what each prints, and what it did to the node, seen through
-//! the node's HTTP API.
+//! The command-line client's commands: what each prints (and what it did
+//! to the node, seen through the node's HTTP API), and what a refusal or a
+//! bad input prints instead.
 
 use crate::common::*;
 use serde_json::Value;
@@ -360,4 +360,39 @@ fn cli_deploy_static_with_a_policy() {
     let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/www/versions", None);
     assert_eq!(s, 200, "{b}");
     assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 1, "{b}");
+}
+
+/// A second `serve` on an address a node holds fails with one line that
+/// names the address and how to pick another (`--listen`,
+/// `MESHGATE_SERVER_LISTEN`): exit 1, no panic and no backtrace (even with
+/// RUST_BACKTRACE=1), and nothing opened or written (the data folder is
+/// never made).
+#[test]
+fn cli_serve_on_a_taken_port_says_so_in_one_line() {
+    let node = TestNode::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let (code, err) = crate::node::run_serve(
+        &["--listen", &node.addr, "--data-dir", data.to_str().unwrap()],
+        &[("RUST_BACKTRACE", "1")],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    let line = lines[0];
+    assert!(
+        line.starts_with(&format!("meshgate: cannot listen on {}: ", node.addr)),
+        "{line}"
+    );
+    for part in ["already in use", "--listen", "MESHGATE_SERVER_LISTEN"] {
+        assert!(line.contains(part), "{part:?} missing: {line}");
+    }
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    assert!(!data.exists(), "a start that cannot listen opens nothing");
+    // The node holding the address is unharmed.
+    assert_eq!(http("GET", &node.url("/readyz"), &[], None).0, 200);
 }

@@ -48,9 +48,14 @@ pub enum Command {
     /// Subscribe to a topic and print each message's data on its own line.
     Sub {
         topic: String,
-        /// Print each message as its JSON frame (topic, data_base64, timestamp).
-        #[arg(long)]
+        /// Print each message as its JSON frame (topic, data_base64, timestamp,
+        /// and offset on a history topic).
+        #[arg(long, conflicts_with = "offsets")]
         json: bool,
+        /// Print `OFFSET<TAB>DATA` per message (`-` for a message of a topic
+        /// without history, which has no offset).
+        #[arg(long)]
+        offsets: bool,
         #[command(flatten)]
         client: ClientArgs,
     },

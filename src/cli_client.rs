@@ -563,47 +563,123 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         Command::Sub {
             topic,
             json,
+            offsets,
             client,
-        } => subscribe(&client, &topic, json).await?,
+        } => subscribe(&client, &topic, Output::of(json, offsets)).await?,
     }
     Ok(())
 }
 
-/// `meshgate sub`: one simple socket; prints messages until the node closes it.
-async fn subscribe(c: &ClientArgs, topic: &str, as_json: bool) -> Result<(), String> {
+/// How `sub` prints a message.
+#[derive(Clone, Copy, PartialEq)]
+enum Output {
+    /// Its data, then a newline.
+    Data,
+    /// `OFFSET<TAB>DATA`, then a newline (`-` for a message without offset).
+    Offsets,
+    /// As JSON.
+    Json,
+}
+
+impl Output {
+    fn of(json: bool, offsets: bool) -> Output {
+        match (json, offsets) {
+            (true, _) => Output::Json,
+            (_, true) => Output::Offsets,
+            _ => Output::Data,
+        }
+    }
+}
+
+/// Writes one message as `how` says (not `Json`). An error is the reader
+/// gone (a closed pipe): the caller stops.
+fn write_message(
+    out: &mut impl std::io::Write,
+    how: Output,
+    offset: Option<u64>,
+    data: &[u8],
+) -> std::io::Result<()> {
+    if how == Output::Offsets {
+        match offset {
+            Some(o) => write!(out, "{o}\t")?,
+            None => out.write_all(b"-\t")?,
+        }
+    }
+    out.write_all(data)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// A message's data and offset from a JSON frame (`data_base64`, `offset`).
+fn message_of(v: &Value) -> Result<(Option<u64>, Vec<u8>), String> {
+    use base64::Engine as _;
+    let data = v["data_base64"]
+        .as_str()
+        .ok_or_else(|| format!("not a message: {v}"))?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| format!("a message whose data_base64 does not decode ({e}): {v}"))?;
+    Ok((v["offset"].as_u64(), data))
+}
+
+/// `meshgate sub`: one simple socket, in JSON frames whatever `how` prints
+/// (a binary frame carries a history topic's offset as 8 leading bytes, and
+/// nothing in the frame says whether it does); prints messages until the
+/// node closes it. A refused handshake is its status and the node's envelope.
+async fn subscribe(c: &ClientArgs, topic: &str, how: Output) -> Result<(), String> {
     use futures_util::{SinkExt as _, StreamExt as _};
-    use std::io::Write as _;
     let base = c.url.trim_end_matches('/');
     let ws_base = base
         .strip_prefix("https://")
         .map(|r| format!("wss://{r}"))
         .or_else(|| base.strip_prefix("http://").map(|r| format!("ws://{r}")))
         .ok_or_else(|| format!("not an http(s) URL: {base}"))?;
-    let format = if as_json { "json" } else { "binary" };
     let mut url = format!(
-        "{ws_base}/v1/pubsub/ws?topic={}&format={format}",
+        "{ws_base}/v1/pubsub/ws?topic={}&format=json",
         urlencode(topic)
     );
     if let Some(ns) = &c.namespace {
         url.push_str(&format!("&namespace={}", urlencode(ns)));
     }
-    let mut req = awc::Client::new().ws(&url).max_frame_size(64 << 20);
+    let refusal = refusal::Kept::default();
+    let client = awc::Client::builder().wrap(refusal.clone()).finish();
+    let mut req = client.ws(&url).max_frame_size(64 << 20);
     if let Some(k) = credential(c) {
         req = req.bearer_auth(k);
     }
-    let (_, mut socket) = req
-        .connect()
-        .await
-        .map_err(|e| format!("cannot subscribe at {url}: {e}"))?;
+    let (_, mut socket) = match req.connect().await {
+        Ok(connected) => connected,
+        Err(awc::error::WsClientError::InvalidResponseStatus(status)) => {
+            let body = refusal.take().unwrap_or_default();
+            let v: Value = serde_json::from_slice(&body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
+            return Err(error_text(status.as_u16(), &v));
+        }
+        Err(e) => return Err(format!("cannot subscribe at {url}: {e}")),
+    };
     // On stderr, so a script can wait for it while stdout carries only data.
     eprintln!("subscribed to {topic}");
     let mut out = std::io::stdout();
     while let Some(frame) = socket.next().await {
         match frame.map_err(|e| e.to_string())? {
-            awc::ws::Frame::Binary(b) | awc::ws::Frame::Text(b) => {
-                let _ = out.write_all(&b);
-                let _ = out.write_all(b"\n");
-                let _ = out.flush();
+            awc::ws::Frame::Text(b) | awc::ws::Frame::Binary(b) => {
+                let written = if how == Output::Json {
+                    write_line(&mut out, &b)
+                } else {
+                    let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+                    match message_of(&v) {
+                        Ok((offset, data)) => write_message(&mut out, how, offset, &data),
+                        // An error frame, or anything else that is no message.
+                        Err(_) => {
+                            eprintln!("meshgate: {}", String::from_utf8_lossy(&b));
+                            Ok(())
+                        }
+                    }
+                };
+                if written.is_err() {
+                    // The reader is gone (a closed pipe).
+                    return Ok(());
+                }
             }
             awc::ws::Frame::Ping(p) => {
                 let _ = socket.send(awc::ws::Message::Pong(p)).await;
@@ -624,6 +700,102 @@ async fn subscribe(c: &ClientArgs, topic: &str, as_json: bool) -> Result<(), Str
     Ok(())
 }
 
+/// `line` and a newline on `out`, flushed.
+fn write_line(out: &mut impl std::io::Write, line: &[u8]) -> std::io::Result<()> {
+    out.write_all(line)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// The body of a refused WebSocket handshake. awc's `ws().connect()`
+/// reports a status other than 101 by the status alone; this layer of its
+/// connector reads the answer's body first (the node's JSON envelope:
+/// `{"error":{"code","message"}}`), so `sub` can say why.
+mod refusal {
+    use actix_http::h1::MessageType;
+    use actix_service::Service;
+    use awc::error::SendRequestError;
+    use awc::{ConnectRequest, ConnectResponse};
+    use futures_util::StreamExt as _;
+    use futures_util::future::LocalBoxFuture;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// The most of a refusal's body kept (an envelope is far smaller).
+    const MAX_BODY: usize = 64 << 10;
+
+    /// Where the refusal's body is left, for the caller to take.
+    #[derive(Clone, Default)]
+    pub struct Kept(Rc<RefCell<Option<Vec<u8>>>>);
+
+    impl Kept {
+        /// The body of the last refused handshake, if one was read.
+        pub fn take(&self) -> Option<Vec<u8>> {
+            self.0.borrow_mut().take()
+        }
+    }
+
+    impl<S> awc::middleware::Transform<S, ConnectRequest> for Kept
+    where
+        S: Service<ConnectRequest, Response = ConnectResponse, Error = SendRequestError> + 'static,
+    {
+        type Transform = KeepBody<S>;
+
+        fn new_transform(self, service: S) -> KeepBody<S> {
+            KeepBody {
+                service: Rc::new(service),
+                kept: self,
+            }
+        }
+    }
+
+    /// The connector with [`Kept`] around it.
+    pub struct KeepBody<S> {
+        /// awc's connector.
+        service: Rc<S>,
+        /// Where a refusal's body goes.
+        kept: Kept,
+    }
+
+    impl<S> Service<ConnectRequest> for KeepBody<S>
+    where
+        S: Service<ConnectRequest, Response = ConnectResponse, Error = SendRequestError> + 'static,
+    {
+        type Response = ConnectResponse;
+        type Error = SendRequestError;
+        type Future = LocalBoxFuture<'static, Result<ConnectResponse, SendRequestError>>;
+
+        actix_service::forward_ready!(service);
+
+        fn call(&self, req: ConnectRequest) -> Self::Future {
+            let service = self.service.clone();
+            let kept = self.kept.clone();
+            Box::pin(async move {
+                match service.call(req).await? {
+                    ConnectResponse::Tunnel(head, framed)
+                        if head.status != awc::http::StatusCode::SWITCHING_PROTOCOLS
+                            && framed.codec_ref().message_type() != MessageType::None =>
+                    {
+                        let mut payload = framed.into_map_codec(|c| c.into_payload_codec());
+                        let mut body = Vec::new();
+                        while let Some(Ok(Some(chunk))) = payload.next().await {
+                            body.extend_from_slice(&chunk);
+                            if body.len() >= MAX_BODY {
+                                break;
+                            }
+                        }
+                        body.truncate(MAX_BODY);
+                        *kept.0.borrow_mut() = Some(body);
+                        let framed = payload.into_map_codec(|c| c.into_message_codec());
+                        Ok(ConnectResponse::Tunnel(head, framed))
+                    }
+                    other => Ok(other),
+                }
+            })
+        }
+    }
+}
+
 /// Percent-encodes a query value.
 fn urlencode(s: &str) -> String {
     s.bytes()
@@ -642,9 +814,11 @@ fn error_text(status: u16, v: &Value) -> String {
         .pointer("/error/code")
         .and_then(Value::as_str)
         .unwrap_or("ERROR");
+    // An answer without the envelope (a proxy's page, say): its first line.
     let msg = v
         .pointer("/error/message")
         .and_then(Value::as_str)
+        .or_else(|| v.as_str().and_then(|t| t.trim().lines().next()))
         .unwrap_or("");
     // The node speaks of HTTP headers; the CLI's user has flags.
     let hint = match code {

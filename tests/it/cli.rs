@@ -362,6 +362,202 @@ fn cli_deploy_static_with_a_policy() {
     assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 1, "{b}");
 }
 
+/// Runs `meshgate ARGS --url BASE` that must fail: its exit code, stdout
+/// and stderr.
+fn cli_fails(base: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .args(["--url", base])
+        .env_remove("MESHGATE_KEY")
+        .env_remove("MESHGATE_URL")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        !out.status.success(),
+        "{args:?} succeeded: {stdout}{stderr}"
+    );
+    (out.status.code(), stdout, stderr)
+}
+
+/// Publishes `data` to `topic` over HTTP; returns the ack.
+fn publish(node: &TestNode, key: &str, topic: &str, data: &str) -> Value {
+    use base64::Engine as _;
+    let body = serde_json::json!({
+        "topic": topic,
+        "data_base64": base64::engine::general_purpose::STANDARD.encode(data),
+    });
+    let (s, b) = node.with_key(
+        key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    json(&b)
+}
+
+/// Gives the namespace's `chat.*` topics a history (100 kept, for an hour).
+fn keep_chat_history(node: &TestNode, ns: &str, key: &str) {
+    let rules = br#"{"history":[{"topics":"chat.*","size":100,"ttl_seconds":3600}]}"#;
+    let (s, b) = node.with_key(
+        key,
+        "PUT",
+        &format!("/v1/namespaces/{ns}/pubsub"),
+        Some(rules),
+    );
+    assert_eq!(s, 200, "{b}");
+}
+
+/// A `meshgate sub` running in the background, its output gathered.
+struct Sub {
+    child: std::process::Child,
+    stdout: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Sub {
+    /// Starts `meshgate sub ARGS --url BASE` and waits for its
+    /// "subscribed to" line.
+    fn start(base: &str, args: &[&str]) -> Sub {
+        use std::process::Stdio;
+        let mut child = std::process::Command::new(bin())
+            .arg("sub")
+            .args(args)
+            .args(["--url", base])
+            .env_remove("MESHGATE_KEY")
+            .env_remove("MESHGATE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (mut o, mut e) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let (so, se) = (stdout.clone(), stderr.clone());
+        let readers = vec![
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                while let Ok(n @ 1..) = o.read(&mut b) {
+                    so.lock().unwrap().extend_from_slice(&b[..n]);
+                }
+            }),
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                while let Ok(n @ 1..) = e.read(&mut b) {
+                    se.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&b[..n]));
+                }
+            }),
+        ];
+        let sub = Sub {
+            child,
+            stdout,
+            stderr,
+            readers,
+        };
+        wait_until(Duration::from_secs(20), "sub subscribed", || {
+            sub.stderr.lock().unwrap().contains("subscribed to")
+        });
+        sub
+    }
+
+    /// Waits until stdout holds `n` bytes, stops the subscriber and
+    /// returns everything it printed.
+    fn stop_after(mut self, n: usize) -> Vec<u8> {
+        wait_until(Duration::from_secs(20), "sub printed the messages", || {
+            self.stdout.lock().unwrap().len() >= n
+        });
+        // A little longer: anything printed beyond the expected bytes shows.
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        self.stdout.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Sub {
+    /// A test that fails midway leaves no subscriber running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sub` on a history topic prints each message's data on its own line and
+/// nothing else (no 8-byte offset before it); `--offsets` prints
+/// `OFFSET<TAB>DATA`, `-` for the offset of a topic without history.
+#[test]
+fn cli_sub_prints_the_data_and_offsets_on_request() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let key = node.create_namespace("clisub");
+    keep_chat_history(&node, "clisub", &key);
+    let plain = Sub::start(base, &["chat.1", "--key", &key]);
+    let offsets = Sub::start(base, &["chat.1", "--offsets", "--key", &key]);
+    let no_history = Sub::start(base, &["news", "--offsets", "--key", &key]);
+    assert_eq!(publish(&node, &key, "chat.1", "hello")["offset"], 1);
+    assert_eq!(publish(&node, &key, "chat.1", "again")["offset"], 2);
+    publish(&node, &key, "news", "plain");
+    let out = plain.stop_after("hello\nagain\n".len());
+    assert_eq!(String::from_utf8_lossy(&out), "hello\nagain\n");
+    let out = offsets.stop_after("1\thello\n2\tagain\n".len());
+    assert_eq!(String::from_utf8_lossy(&out), "1\thello\n2\tagain\n");
+    let out = no_history.stop_after("-\tplain\n".len());
+    assert_eq!(String::from_utf8_lossy(&out), "-\tplain\n");
+}
+
+/// A refused `sub` handshake says the node's status, code and message
+/// (not awc's "Invalid response status"), prints nothing on stdout and
+/// exits non-zero: a bad key, a missing grant, a reserved topic.
+#[test]
+fn cli_sub_refused_prints_the_nodes_code() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clisubno");
+    let (s, b) = node.with_key(
+        &owner,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"name":"chat only","grants":["pubsub:subscribe:chat.*"]}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let chat_only = json(&b)["api_key"].as_str().unwrap().to_string();
+    let (owner, chat_only) = (owner.as_str(), chat_only.as_str());
+    for (args, expected) in [
+        (
+            vec!["sub", "chat.1", "--key", "nope"],
+            "401 MALFORMED_TOKEN: ",
+        ),
+        (
+            vec!["sub", "news", "--key", chat_only],
+            "403 MISSING_GRANT: ",
+        ),
+        (
+            vec!["sub", "_mg/internal", "--key", owner],
+            "403 RESERVED_TOPIC: ",
+        ),
+    ] {
+        let (code, stdout, stderr) = cli_fails(base, &args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("meshgate: {expected}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("Invalid response status"), "{stderr}");
+        assert!(!stderr.contains("subscribed"), "{stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+    }
+}
+
 /// A second `serve` on an address a node holds fails with one line that
 /// names the address and how to pick another (`--listen`,
 /// `MESHGATE_SERVER_LISTEN`): exit 1, no panic and no backtrace (even with

@@ -151,6 +151,12 @@ pub enum KeysCommand {
         /// Role: owner, admin, developer, runtime, reader.
         #[arg(long)]
         role: Option<String>,
+        /// Key kind: `sk` (control plane) or `rk` (data plane, to embed in
+        /// an app). Default: the role's (`rk` for runtime, `sk` for the
+        /// others and for a key of grants only); a kind the role does not
+        /// pair with is refused.
+        #[arg(long)]
+        kind: Option<String>,
         /// Explicit grant (domain:action:resource), repeatable.
         #[arg(long = "grant")]
         grants: Vec<String>,

@@ -504,12 +504,16 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         }
         Command::Keys(KeysCommand::Create {
             role,
+            kind,
             grants,
             days,
             name,
             client,
         }) => {
             let mut body = json!({"name": name, "grants": grants});
+            if let Some(k) = key_kind(role.as_deref(), kind.as_deref())? {
+                body["kind"] = json!(k);
+            }
             if let Some(r) = role {
                 body["role"] = json!(r);
             }
@@ -568,6 +572,39 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         } => subscribe(&client, &topic, Output::of(json, offsets)).await?,
     }
     Ok(())
+}
+
+/// The key kind a role pairs with (docs/auth.md "Roles"): `rk`, the data
+/// plane, for `runtime`; `sk`, the control plane, for the others. None for
+/// a name that is no role (the node refuses it: `UNKNOWN_ROLE`).
+fn role_kind(role: &str) -> Option<&'static str> {
+    match role.to_ascii_lowercase().as_str() {
+        "runtime" => Some("rk"),
+        "owner" | "admin" | "developer" | "reader" => Some("sk"),
+        _ => None,
+    }
+}
+
+/// The `kind` `keys create` sends: `--kind`, else the role's (None: the
+/// node's default, `sk`). The node takes any kind with any role, so a
+/// known kind the role does not pair with is refused here; a kind that is
+/// neither `sk` nor `rk` is sent for the node to refuse (400).
+fn key_kind(role: Option<&str>, kind: Option<&str>) -> Result<Option<String>, String> {
+    let paired = role.and_then(role_kind);
+    match (kind, paired) {
+        (None, paired) => Ok(paired.map(str::to_string)),
+        (Some(k @ ("sk" | "rk")), Some(p)) if k != p => {
+            let role = role.unwrap_or_default();
+            let why = match p {
+                "rk" => "runtime keys are rk, the data plane a running app uses",
+                _ => "rk keys are for a running app: give them --role runtime or --grant",
+            };
+            Err(format!(
+                "--kind {k} does not go with --role {role} ({why}); leave --kind out to take the role's kind, {p}"
+            ))
+        }
+        (Some(k), _) => Ok(Some(k.to_string())),
+    }
 }
 
 /// How `sub` prints a message.

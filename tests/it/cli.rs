@@ -592,3 +592,65 @@ fn cli_serve_on_a_taken_port_says_so_in_one_line() {
     // The node holding the address is unharmed.
     assert_eq!(http("GET", &node.url("/readyz"), &[], None).0, 200);
 }
+
+/// `keys create`: the kind follows the role (`rk` for runtime, `sk` for
+/// the others and for a key of grants only); `--kind` chooses it for a key
+/// of grants; a kind the role does not pair with is refused before any key
+/// is made; an unknown kind is refused by the node (400).
+#[test]
+fn cli_keys_create_kind_follows_the_role() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clikind");
+    let create = |args: &[&str]| -> String {
+        let mut all: Vec<&str> = vec!["keys", "create", "--key", &owner];
+        all.extend_from_slice(args);
+        cli(base, &all).trim().to_string()
+    };
+    let kind = |key: &str| key.get(..6).unwrap_or_default().to_string();
+    assert_eq!(kind(&create(&["--role", "runtime"])), "mg_rk_");
+    assert_eq!(kind(&create(&["--role", "Runtime"])), "mg_rk_");
+    assert_eq!(kind(&create(&["--role", "developer"])), "mg_sk_");
+    assert_eq!(kind(&create(&["--role", "reader"])), "mg_sk_");
+    assert_eq!(kind(&create(&["--grant", "kv:read:*"])), "mg_sk_");
+    assert_eq!(
+        kind(&create(&["--grant", "kv:read:*", "--kind", "rk"])),
+        "mg_rk_"
+    );
+    assert_eq!(
+        kind(&create(&["--role", "runtime", "--kind", "rk"])),
+        "mg_rk_"
+    );
+    // The runtime key works: it reads KV (404: no such key, not 401/403).
+    let rk = create(&["--role", "runtime"]);
+    assert_eq!(node.with_key(&rk, "GET", "/v1/kv/x", None).0, 404);
+
+    let count = || {
+        let (s, b) = node.with_key(&owner, "GET", "/v1/auth/api-keys", None);
+        assert_eq!(s, 200, "{b}");
+        json(&b)["keys"].as_array().unwrap().len()
+    };
+    let before = count();
+    for (args, expected) in [
+        (
+            vec!["--role", "runtime", "--kind", "sk"],
+            "meshgate: --kind sk does not go with --role runtime",
+        ),
+        (
+            vec!["--role", "owner", "--kind", "rk"],
+            "meshgate: --kind rk does not go with --role owner",
+        ),
+        (
+            vec!["--grant", "kv:read:*", "--kind", "xk"],
+            "meshgate: 400 BAD_REQUEST: kind \"xk\" is not sk or rk",
+        ),
+    ] {
+        let mut all: Vec<&str> = vec!["keys", "create", "--key", &owner];
+        all.extend_from_slice(&args);
+        let (code, stdout, stderr) = cli_fails(base, &all);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with(expected), "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+    }
+    assert_eq!(count(), before, "no key made by a refused create");
+}

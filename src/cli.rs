@@ -59,6 +59,35 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Print a history topic's kept messages after an offset, oldest first,
+    /// each message's data on its own line (docs/pubsub.md "Reading the history").
+    History {
+        topic: String,
+        /// Messages after this offset (default 0: from the oldest kept);
+        /// with --reverse, those before it (default: from the newest).
+        #[arg(long)]
+        since: Option<u64>,
+        /// The epoch --since belongs to; the node refuses another (400 BAD_OFFSET).
+        #[arg(long)]
+        epoch: Option<String>,
+        /// Newest first.
+        #[arg(long)]
+        reverse: bool,
+        /// Read one page of at most this many (1 to the node's
+        /// `[pubsub] max_recovered_publications`, 300 by default); without
+        /// it, every page is followed to the end.
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Print the node's answer as JSON (topic, epoch, offset,
+        /// publications with offset, timestamp and data_base64).
+        #[arg(long, conflicts_with = "offsets")]
+        json: bool,
+        /// Print `OFFSET<TAB>DATA` per message.
+        #[arg(long)]
+        offsets: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Args)]

@@ -654,3 +654,82 @@ fn cli_keys_create_kind_follows_the_role() {
     }
     assert_eq!(count(), before, "no key made by a refused create");
 }
+
+/// `history` prints the kept messages' data, oldest first, following
+/// every page (pages of 2 here); `--since`, `--offsets`, `--reverse`,
+/// `--limit` (one page, and where to read on) and `--json`; a wrong epoch
+/// is the node's 400 BAD_OFFSET; a topic without history prints nothing
+/// and says so.
+#[test]
+fn cli_history_reads_the_kept_messages() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[pubsub]\nmax_recovered_publications = 2\n"),
+        ..Default::default()
+    });
+    let base = node.base.as_str();
+    let key = node.create_namespace("clihist");
+    keep_chat_history(&node, "clihist", &key);
+    let mut epoch = String::new();
+    for (i, m) in ["m1", "m2", "m3"].into_iter().enumerate() {
+        let ack = publish(&node, &key, "chat.1", m);
+        assert_eq!(ack["offset"], i as u64 + 1, "{ack}");
+        epoch = ack["epoch"].as_str().unwrap().to_string();
+    }
+    let history = |args: &[&str]| {
+        let mut all: Vec<&str> = vec!["history", "chat.1", "--key", &key];
+        all.extend_from_slice(args);
+        cli(base, &all)
+    };
+    assert_eq!(history(&[]), "m1\nm2\nm3\n");
+    assert_eq!(history(&["--since", "1", "--offsets"]), "2\tm2\n3\tm3\n");
+    assert_eq!(history(&["--reverse"]), "m3\nm2\nm1\n");
+    assert_eq!(history(&["--since", "1", "--epoch", &epoch]), "m2\nm3\n");
+    // One page: what is left is named on stderr.
+    let out = std::process::Command::new(bin())
+        .args([
+            "history", "chat.1", "--limit", "1", "--key", &key, "--url", base,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "m1\n");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--since 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // --json: the node's answer, every page's publications in one list.
+    let v = printed(&history(&["--json"]));
+    assert_eq!(v["topic"], "chat.1", "{v:#}");
+    assert_eq!(v["epoch"], epoch.as_str(), "{v:#}");
+    let offsets: Vec<u64> = v["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, [1, 2, 3], "{v:#}");
+    assert_eq!(v["publications"][0]["data_base64"], "bTE=", "{v:#}");
+
+    let (code, stdout, stderr) = cli_fails(
+        base,
+        &[
+            "history", "chat.1", "--since", "1", "--epoch", "nope", "--key", &key,
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.starts_with("meshgate: 400 BAD_OFFSET: "), "{stderr}");
+    assert_eq!(stdout, "");
+
+    let out = std::process::Command::new(bin())
+        .args(["history", "news", "--key", &key, "--url", base])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("news keeps no history"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -88,6 +88,28 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Show a namespace's quotas and usage; the operator sets them.
+    #[command(subcommand)]
+    Quotas(QuotasCommand),
+}
+
+#[derive(Subcommand)]
+pub enum QuotasCommand {
+    /// Each quota's limit and use (the namespace of --key, or -n NAME).
+    Show {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Replace the namespace's quota overrides (operator key, -n NAME):
+    /// exactly the NAME=VALUE given; a quota not named takes the node's
+    /// default again, and none named clears them all.
+    Set {
+        /// A quota and its limit, e.g. kv_keys=5000 (docs/quotas.md names them).
+        #[arg(value_name = "QUOTA=LIMIT")]
+        quotas: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Args)]

@@ -4,7 +4,7 @@
 
 use crate::cli::{
     ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NsCommand, PageArgs,
-    PolicyArgs,
+    PolicyArgs, QuotasCommand,
 };
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -589,6 +589,21 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
             };
             history(&client, read, Output::of(json, offsets)).await?
         }
+        Command::Quotas(QuotasCommand::Show { client }) => {
+            let ns = namespace_of(&client).await?;
+            let path = format!("/v1/namespaces/{}/quotas", percent_encode(&ns));
+            print(&call(&client, "GET", &path, None).await?)
+        }
+        Command::Quotas(QuotasCommand::Set { quotas, client }) => {
+            let Some(ns) = client.namespace.clone() else {
+                return Err("name the namespace: -n/--namespace NAME \
+                     (quotas are set with the operator key)"
+                    .into());
+            };
+            let body = quota_overrides(&quotas)?;
+            let path = format!("/v1/namespaces/{}/quotas", percent_encode(&ns));
+            print(&call(&client, "PUT", &path, Some(body)).await?)
+        }
     }
     Ok(())
 }
@@ -624,6 +639,38 @@ fn key_kind(role: Option<&str>, kind: Option<&str>) -> Result<Option<String>, St
         }
         (Some(k), _) => Ok(Some(k.to_string())),
     }
+}
+
+/// The namespace a command acts on: `-n`, else the credential's own
+/// (`GET /v1/auth/whoami`).
+async fn namespace_of(c: &ClientArgs) -> Result<String, String> {
+    if let Some(ns) = &c.namespace {
+        return Ok(ns.clone());
+    }
+    let me = call(c, "GET", "/v1/auth/whoami", None).await?;
+    me["namespace"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| "the node did not say which namespace the credential is of".into())
+}
+
+/// The body of `PUT /v1/namespaces/{ns}/quotas` from `QUOTA=LIMIT` pairs;
+/// the node checks the names.
+fn quota_overrides(pairs: &[String]) -> Result<Value, String> {
+    let mut body = serde_json::Map::new();
+    for p in pairs {
+        let Some((name, limit)) = p.split_once('=') else {
+            return Err(format!("{p:?}: give QUOTA=LIMIT, e.g. kv_keys=5000"));
+        };
+        let limit: u64 = limit
+            .trim()
+            .parse()
+            .map_err(|_| format!("{p:?}: the limit after = is not a whole number"))?;
+        if body.insert(name.trim().to_string(), json!(limit)).is_some() {
+            return Err(format!("{} is named twice", name.trim()));
+        }
+    }
+    Ok(Value::Object(body))
 }
 
 /// How `sub` and `history` print a message.

@@ -733,3 +733,110 @@ fn cli_history_reads_the_kept_messages() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `quotas show` prints each quota's limit and use for the key's own
+/// namespace (or the operator's `-n`); `quotas set` (operator) replaces the
+/// overrides and prints the new limits; a namespace key may not set them
+/// (the node's 403), a limit that is no number is refused by the CLI, an
+/// unknown quota by the node (400).
+#[test]
+fn cli_quotas_show_and_set() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("cliquota");
+    let (s, b) = node.with_key(&owner, "PUT", "/v1/kv/a", Some(b"1"));
+    assert_eq!(s, 200, "{b}");
+    let out = printed(&cli(base, &["quotas", "show", "--key", &owner]));
+    assert_eq!(out["namespace"], "cliquota", "{out:#}");
+    assert_eq!(out["quotas"]["kv_keys"]["used"], 1, "{out:#}");
+    let default_keys = out["quotas"]["kv_keys"]["limit"].as_u64().unwrap();
+    assert!(default_keys > 5, "{out:#}");
+
+    let out = printed(&cli(
+        base,
+        &[
+            "quotas",
+            "set",
+            "kv_keys=5",
+            "sockets=3",
+            "-n",
+            "cliquota",
+            "--key",
+            OPERATOR_KEY,
+        ],
+    ));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 5, "{out:#}");
+    assert_eq!(out["quotas"]["sockets"]["limit"], 3, "{out:#}");
+    let out = printed(&cli(
+        base,
+        &["quotas", "show", "-n", "cliquota", "--key", OPERATOR_KEY],
+    ));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 5, "{out:#}");
+    // Replaced whole: sockets is the default again.
+    let out = printed(&cli(
+        base,
+        &[
+            "quotas",
+            "set",
+            "kv_keys=6",
+            "-n",
+            "cliquota",
+            "--key",
+            OPERATOR_KEY,
+        ],
+    ));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 6, "{out:#}");
+    assert_ne!(out["quotas"]["sockets"]["limit"], 3, "{out:#}");
+
+    let owner_key = owner.as_str();
+    for (args, expected) in [
+        (
+            vec![
+                "quotas",
+                "set",
+                "kv_keys=1",
+                "-n",
+                "cliquota",
+                "--key",
+                owner_key,
+            ],
+            "meshgate: 403 OPERATOR_ONLY: ",
+        ),
+        (
+            vec![
+                "quotas",
+                "set",
+                "kv_keys=lots",
+                "-n",
+                "cliquota",
+                "--key",
+                OPERATOR_KEY,
+            ],
+            "meshgate: \"kv_keys=lots\": the limit after = is not a whole number",
+        ),
+        (
+            vec![
+                "quotas",
+                "set",
+                "nope=1",
+                "-n",
+                "cliquota",
+                "--key",
+                OPERATOR_KEY,
+            ],
+            "meshgate: 400 BAD_REQUEST: \"nope\" is not a quota",
+        ),
+        (
+            vec!["quotas", "set", "kv_keys=1", "--key", OPERATOR_KEY],
+            "meshgate: name the namespace: -n/--namespace NAME",
+        ),
+    ] {
+        let (code, stdout, stderr) = cli_fails(base, &args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with(expected), "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+    }
+    // None of the refused sets changed the limit.
+    let out = printed(&cli(base, &["quotas", "show", "--key", &owner]));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 6, "{out:#}");
+}

@@ -91,6 +91,9 @@ pub enum Command {
     /// Show a namespace's quotas and usage; the operator sets them.
     #[command(subcommand)]
     Quotas(QuotasCommand),
+    /// Sign in to a namespace with a wallet's Ed25519 key.
+    #[command(subcommand)]
+    Wallet(WalletCommand),
 }
 
 #[derive(Subcommand)]
@@ -109,6 +112,42 @@ pub enum QuotasCommand {
         quotas: Vec<String>,
         #[command(flatten)]
         client: ClientArgs,
+    },
+}
+
+/// Where the node is, for a command that sends no credential.
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    /// Base URL of the node.
+    #[arg(long, env = "MESHGATE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+}
+
+#[derive(Subcommand)]
+pub enum WalletCommand {
+    /// Ask the node for a challenge, sign it with the key and verify it;
+    /// prints the access token (docs/auth.md "Wallet sign-in").
+    SignIn {
+        /// The namespace to sign in to (it must have enabled wallet sign-in).
+        #[arg(long, short = 'n')]
+        namespace: String,
+        /// The wallet's Ed25519 private key: PKCS#8 in PEM
+        /// (`openssl genpkey -algorithm ed25519`) or DER, or the 32-byte
+        /// seed as 64 hex characters.
+        #[arg(long)]
+        key_file: PathBuf,
+        /// Print the whole answer as JSON (access and refresh token, expiry, role).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Print the wallet address of a key file (its public key as 64 hex
+    /// characters), as allow lists name it.
+    Address {
+        /// The key file, as for `sign-in`.
+        #[arg(long)]
+        key_file: PathBuf,
     },
 }
 

@@ -3,8 +3,8 @@
 #![forbid(unsafe_code)]
 
 use crate::cli::{
-    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NsCommand, PageArgs,
-    PolicyArgs, QuotasCommand,
+    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NodeArgs, NsCommand,
+    PageArgs, PolicyArgs, QuotasCommand, WalletCommand,
 };
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -39,12 +39,23 @@ pub async fn call(
     path: &str,
     body: Option<Value>,
 ) -> Result<Value, String> {
+    call_with(c, credential(c), method, path, body).await
+}
+
+/// [`call`] with this credential (None: the request carries none).
+async fn call_with(
+    c: &ClientArgs,
+    credential: Option<String>,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, String> {
     let client = awc::Client::builder()
         .timeout(std::time::Duration::from_secs(60))
         .finish();
     let url = format!("{}{}", c.url.trim_end_matches('/'), path);
     let mut req = client.request(method.parse().map_err(|_| "bad method")?, &url);
-    if let Some(k) = credential(c) {
+    if let Some(k) = credential {
         req = req.insert_header(("authorization", format!("Bearer {k}")));
     }
     if let Some(ns) = &c.namespace {
@@ -604,6 +615,15 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
             let path = format!("/v1/namespaces/{}/quotas", percent_encode(&ns));
             print(&call(&client, "PUT", &path, Some(body)).await?)
         }
+        Command::Wallet(WalletCommand::SignIn {
+            namespace,
+            key_file,
+            json,
+            node,
+        }) => wallet_sign_in(&node, &namespace, &key_file, json).await?,
+        Command::Wallet(WalletCommand::Address { key_file }) => {
+            println!("{}", wallet_address(&wallet_key(&key_file)?));
+        }
     }
     Ok(())
 }
@@ -811,6 +831,88 @@ async fn history(c: &ClientArgs, read: HistoryRead, how: Output) -> Result<(), S
         print(&answer);
     }
     let _ = out.flush();
+    Ok(())
+}
+
+/// The wallet's Ed25519 key pair from `path`: PKCS#8 in PEM or DER (v1, as
+/// OpenSSL writes it, or v2), or the 32-byte seed as 64 hex characters.
+fn wallet_key(path: &std::path::Path) -> Result<ring::signature::Ed25519KeyPair, String> {
+    use base64::Engine as _;
+    use ring::signature::Ed25519KeyPair;
+    let raw = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bad = |why: String| {
+        format!(
+            "{}: {why}; give an Ed25519 private key: PKCS#8 PEM \
+             (`openssl genpkey -algorithm ed25519 -out wallet.pem`), PKCS#8 DER, \
+             or the 32-byte seed as 64 hex characters",
+            path.display()
+        )
+    };
+    let text = std::str::from_utf8(&raw).map(str::trim).unwrap_or_default();
+    let der = if text.starts_with("-----BEGIN") {
+        if !text.starts_with("-----BEGIN PRIVATE KEY-----") {
+            let label = text.lines().next().unwrap_or_default();
+            return Err(bad(format!("{label} is not an unencrypted PKCS#8 key")));
+        }
+        let b64: String = text
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .map(str::trim)
+            .collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| bad(format!("its PEM does not decode: {e}")))?
+    } else if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let seed = hex::decode(text).map_err(|e| bad(e.to_string()))?;
+        return Ed25519KeyPair::from_seed_unchecked(&seed)
+            .map_err(|e| bad(format!("not an Ed25519 seed: {e}")));
+    } else {
+        raw
+    };
+    Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der)
+        .map_err(|e| bad(format!("not an Ed25519 PKCS#8 key: {e}")))
+}
+
+/// A key pair's wallet address: its public key in lower-case hex.
+fn wallet_address(key: &ring::signature::Ed25519KeyPair) -> String {
+    use ring::signature::KeyPair as _;
+    hex::encode(key.public_key().as_ref())
+}
+
+/// `meshgate wallet sign-in`: `POST /v1/auth/challenge`, the challenge
+/// signed with the key, `POST /v1/auth/verify`; no credential is sent
+/// (docs/auth.md "Wallet sign-in").
+async fn wallet_sign_in(
+    node: &NodeArgs,
+    namespace: &str,
+    key_file: &std::path::Path,
+    as_json: bool,
+) -> Result<(), String> {
+    let key = wallet_key(key_file)?;
+    let wallet = wallet_address(&key);
+    let c = ClientArgs {
+        url: node.url.clone(),
+        key: None,
+        namespace: None,
+    };
+    let body = json!({"wallet": wallet, "namespace": namespace});
+    let challenge = call_with(&c, None, "POST", "/v1/auth/challenge", Some(body)).await?;
+    let message = challenge["message"]
+        .as_str()
+        .ok_or("the node's challenge holds no message")?;
+    let signature = hex::encode(key.sign(message.as_bytes()).as_ref());
+    let body = json!({"message": message, "signature": signature});
+    let v = call_with(&c, None, "POST", "/v1/auth/verify", Some(body)).await?;
+    if as_json {
+        print(&v);
+        return Ok(());
+    }
+    eprintln!(
+        "wallet {wallet} signed in to {namespace} as {}; its access token (for {} s):",
+        v["role"].as_str().unwrap_or("wallet"),
+        v["expires_in"].as_u64().unwrap_or_default()
+    );
+    println!("{}", v["access_token"].as_str().unwrap_or_default());
     Ok(())
 }
 

@@ -840,3 +840,128 @@ fn cli_quotas_show_and_set() {
     let out = printed(&cli(base, &["quotas", "show", "--key", &owner]));
     assert_eq!(out["quotas"]["kv_keys"]["limit"], 6, "{out:#}");
 }
+
+/// `wallet sign-in` asks a challenge, signs it with the key file's Ed25519
+/// key and prints the access token, which speaks for `wallet:<address>`
+/// (the address `wallet address` prints); a namespace that has not enabled
+/// wallet sign-in is the node's 403, a file that is no key a clear error.
+#[test]
+fn cli_wallet_sign_in_prints_a_token() {
+    use base64::Engine as _;
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("cliwallet");
+    node.create_namespace("clinowallet");
+    let setting =
+        br#"{"enabled":true,"role":"member","grants":["kv:read:users/{sub}/*"],"allow":"any"}"#;
+    let (s, b) = node.with_key(
+        &owner,
+        "PUT",
+        "/v1/namespaces/cliwallet/wallet-sign-in",
+        Some(setting),
+    );
+    assert_eq!(s, 200, "{b}");
+    // A PKCS#8 key in PEM, as `openssl genpkey -algorithm ed25519` writes one.
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+    let pem = format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("wallet.pem");
+    std::fs::write(&key_file, pem).unwrap();
+    let key_path = key_file.to_str().unwrap();
+
+    let out = std::process::Command::new(bin())
+        .args(["wallet", "address", "--key-file", key_path])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let address = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(address.len(), 64, "{address}");
+
+    let token = cli(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "cliwallet",
+            "--key-file",
+            key_path,
+        ],
+    )
+    .trim()
+    .to_string();
+    let (s, b) = node.with_key(&token, "GET", "/v1/auth/whoami", None);
+    assert_eq!(s, 200, "{b}");
+    let me = json(&b);
+    assert_eq!(me["subject"], format!("wallet:{address}"), "{me:#}");
+    assert_eq!(me["namespace"], "cliwallet", "{me:#}");
+    assert_eq!(
+        me["grants"],
+        serde_json::json!([format!("kv:read:users/{address}/*")]),
+        "{me:#}"
+    );
+    // --json: the whole answer, with the refresh token and the role.
+    let v = printed(&cli(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "cliwallet",
+            "--key-file",
+            key_path,
+            "--json",
+        ],
+    ));
+    assert_eq!(v["role"], "member", "{v:#}");
+    assert!(
+        v["refresh_token"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("mgr_")),
+        "{v:#}"
+    );
+
+    let (code, stdout, stderr) = cli_fails(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "clinowallet",
+            "--key-file",
+            key_path,
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("meshgate: 403 WALLET_SIGN_IN_DISABLED: "),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "");
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, "not a key").unwrap();
+    let (code, _, stderr) = cli_fails(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "cliwallet",
+            "--key-file",
+            junk.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("junk: not an Ed25519 PKCS#8 key"),
+        "{stderr}"
+    );
+}

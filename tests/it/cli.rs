@@ -473,8 +473,6 @@ impl Sub {
         wait_until(Duration::from_secs(20), "sub printed the messages", || {
             self.stdout.lock().unwrap().len() >= n
         });
-        // A little longer: anything printed beyond the expected bytes shows.
-        std::thread::sleep(Duration::from_millis(300));
         let _ = self.child.kill();
         let _ = self.child.wait();
         for r in self.readers.drain(..) {

@@ -48,11 +48,106 @@ pub enum Command {
     /// Subscribe to a topic and print each message's data on its own line.
     Sub {
         topic: String,
-        /// Print each message as its JSON frame (topic, data_base64, timestamp).
+        /// Print each message as its JSON frame (topic, data_base64, timestamp,
+        /// and offset on a history topic).
+        #[arg(long, conflicts_with = "offsets")]
+        json: bool,
+        /// Print `OFFSET<TAB>DATA` per message (`-` for a message of a topic
+        /// without history, which has no offset).
+        #[arg(long)]
+        offsets: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a history topic's kept messages after an offset, oldest first,
+    /// each message's data on its own line (docs/pubsub.md "Reading the history").
+    History {
+        topic: String,
+        /// Messages after this offset (default 0: from the oldest kept);
+        /// with --reverse, those before it (default: from the newest).
+        #[arg(long)]
+        since: Option<u64>,
+        /// The epoch --since belongs to; the node refuses another (400 BAD_OFFSET).
+        #[arg(long)]
+        epoch: Option<String>,
+        /// Newest first.
+        #[arg(long)]
+        reverse: bool,
+        /// Read one page of at most this many (1 to the node's
+        /// `[pubsub] max_recovered_publications`, 300 by default); without
+        /// it, every page is followed to the end.
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Print the node's answer as JSON (topic, epoch, offset,
+        /// publications with offset, timestamp and data_base64).
+        #[arg(long, conflicts_with = "offsets")]
+        json: bool,
+        /// Print `OFFSET<TAB>DATA` per message.
+        #[arg(long)]
+        offsets: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a namespace's quotas and usage; the operator sets them.
+    #[command(subcommand)]
+    Quotas(QuotasCommand),
+    /// Sign in to a namespace with a wallet's Ed25519 key.
+    #[command(subcommand)]
+    Wallet(WalletCommand),
+}
+
+#[derive(Subcommand)]
+pub enum QuotasCommand {
+    /// Each quota's limit and use (the namespace of --key, or -n NAME).
+    Show {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Replace the namespace's quota overrides (operator key, -n NAME):
+    /// exactly the NAME=VALUE given; a quota not named takes the node's
+    /// default again, and none named clears them all.
+    Set {
+        /// A quota and its limit, e.g. kv_keys=5000 (docs/quotas.md names them).
+        #[arg(value_name = "QUOTA=LIMIT")]
+        quotas: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// Where the node is, for a command that sends no credential.
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    /// Base URL of the node.
+    #[arg(long, env = "MESHGATE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+}
+
+#[derive(Subcommand)]
+pub enum WalletCommand {
+    /// Ask the node for a challenge, sign it with the key and verify it;
+    /// prints the access token (docs/auth.md "Wallet sign-in").
+    SignIn {
+        /// The namespace to sign in to (it must have enabled wallet sign-in).
+        #[arg(long, short = 'n')]
+        namespace: String,
+        /// The wallet's Ed25519 private key: PKCS#8 in PEM
+        /// (`openssl genpkey -algorithm ed25519`) or DER, or the 32-byte
+        /// seed as 64 hex characters.
+        #[arg(long)]
+        key_file: PathBuf,
+        /// Print the whole answer as JSON (access and refresh token, expiry, role).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        client: ClientArgs,
+        node: NodeArgs,
+    },
+    /// Print the wallet address of a key file (its public key as 64 hex
+    /// characters), as allow lists name it.
+    Address {
+        /// The key file, as for `sign-in`.
+        #[arg(long)]
+        key_file: PathBuf,
     },
 }
 
@@ -146,6 +241,12 @@ pub enum KeysCommand {
         /// Role: owner, admin, developer, runtime, reader.
         #[arg(long)]
         role: Option<String>,
+        /// Key kind: `sk` (control plane) or `rk` (data plane, to embed in
+        /// an app). Default: the role's (`rk` for runtime, `sk` for the
+        /// others and for a key of grants only); a kind the role does not
+        /// pair with is refused.
+        #[arg(long)]
+        kind: Option<String>,
         /// Explicit grant (domain:action:resource), repeatable.
         #[arg(long = "grant")]
         grants: Vec<String>,
@@ -254,10 +355,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("meshgate: {e:#}");
-            // A start that failed (a port in use, a store it may not adopt)
-            // leaves the node supervisor's task behind; dropping the runtime
-            // would cancel it outside a reactor, and its timers panic then,
-            // after the clear message. The process ends here anyway.
+            // A start that failed after its listeners were bound (a store it
+            // may not adopt, say) leaves the node supervisor's task behind;
+            // dropping the runtime would cancel it outside a reactor, and its
+            // timers panic then, after the clear message. The process ends
+            // here anyway.
             std::mem::forget(system);
             ExitCode::from(1)
         }

@@ -3,8 +3,8 @@
 #![forbid(unsafe_code)]
 
 use crate::cli::{
-    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NsCommand, PageArgs,
-    PolicyArgs,
+    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NodeArgs, NsCommand,
+    PageArgs, PolicyArgs, QuotasCommand, WalletCommand,
 };
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -39,12 +39,23 @@ pub async fn call(
     path: &str,
     body: Option<Value>,
 ) -> Result<Value, String> {
+    call_with(c, credential(c), method, path, body).await
+}
+
+/// [`call`] with this credential (None: the request carries none).
+async fn call_with(
+    c: &ClientArgs,
+    credential: Option<String>,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, String> {
     let client = awc::Client::builder()
         .timeout(std::time::Duration::from_secs(60))
         .finish();
     let url = format!("{}{}", c.url.trim_end_matches('/'), path);
     let mut req = client.request(method.parse().map_err(|_| "bad method")?, &url);
-    if let Some(k) = credential(c) {
+    if let Some(k) = credential {
         req = req.insert_header(("authorization", format!("Bearer {k}")));
     }
     if let Some(ns) = &c.namespace {
@@ -504,12 +515,16 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         }
         Command::Keys(KeysCommand::Create {
             role,
+            kind,
             grants,
             days,
             name,
             client,
         }) => {
             let mut body = json!({"name": name, "grants": grants});
+            if let Some(k) = key_kind(role.as_deref(), kind.as_deref())? {
+                body["kind"] = json!(k);
+            }
             if let Some(r) = role {
                 body["role"] = json!(r);
             }
@@ -563,47 +578,402 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         Command::Sub {
             topic,
             json,
+            offsets,
             client,
-        } => subscribe(&client, &topic, json).await?,
+        } => subscribe(&client, &topic, Output::of(json, offsets)).await?,
+        Command::History {
+            topic,
+            since,
+            epoch,
+            reverse,
+            limit,
+            json,
+            offsets,
+            client,
+        } => {
+            let read = HistoryRead {
+                topic,
+                since,
+                epoch,
+                reverse,
+                limit,
+            };
+            history(&client, read, Output::of(json, offsets)).await?
+        }
+        Command::Quotas(QuotasCommand::Show { client }) => {
+            let ns = namespace_of(&client).await?;
+            let path = format!("/v1/namespaces/{}/quotas", percent_encode(&ns));
+            print(&call(&client, "GET", &path, None).await?)
+        }
+        Command::Quotas(QuotasCommand::Set { quotas, client }) => {
+            let Some(ns) = client.namespace.clone() else {
+                return Err("name the namespace: -n/--namespace NAME \
+                     (quotas are set with the operator key)"
+                    .into());
+            };
+            let body = quota_overrides(&quotas)?;
+            let path = format!("/v1/namespaces/{}/quotas", percent_encode(&ns));
+            print(&call(&client, "PUT", &path, Some(body)).await?)
+        }
+        Command::Wallet(WalletCommand::SignIn {
+            namespace,
+            key_file,
+            json,
+            node,
+        }) => wallet_sign_in(&node, &namespace, &key_file, json).await?,
+        Command::Wallet(WalletCommand::Address { key_file }) => {
+            println!("{}", wallet_address(&wallet_key(&key_file)?));
+        }
     }
     Ok(())
 }
 
-/// `meshgate sub`: one simple socket; prints messages until the node closes it.
-async fn subscribe(c: &ClientArgs, topic: &str, as_json: bool) -> Result<(), String> {
-    use futures_util::{SinkExt as _, StreamExt as _};
+/// The key kind a role pairs with (docs/auth.md "Roles"): `rk`, the data
+/// plane, for `runtime`; `sk`, the control plane, for the others. None for
+/// a name that is no role (the node refuses it: `UNKNOWN_ROLE`).
+fn role_kind(role: &str) -> Option<&'static str> {
+    match role.to_ascii_lowercase().as_str() {
+        "runtime" => Some("rk"),
+        "owner" | "admin" | "developer" | "reader" => Some("sk"),
+        _ => None,
+    }
+}
+
+/// The `kind` `keys create` sends: `--kind`, else the role's (None: the
+/// node's default, `sk`). The node takes any kind with any role, so a
+/// known kind the role does not pair with is refused here; a kind that is
+/// neither `sk` nor `rk` is sent for the node to refuse (400).
+fn key_kind(role: Option<&str>, kind: Option<&str>) -> Result<Option<String>, String> {
+    let paired = role.and_then(role_kind);
+    match (kind, paired) {
+        (None, paired) => Ok(paired.map(str::to_string)),
+        (Some(k @ ("sk" | "rk")), Some(p)) if k != p => {
+            let role = role.unwrap_or_default();
+            let why = match p {
+                "rk" => "runtime keys are rk, the data plane a running app uses",
+                _ => "rk keys are for a running app: give them --role runtime or --grant",
+            };
+            Err(format!(
+                "--kind {k} does not go with --role {role} ({why}); leave --kind out to take the role's kind, {p}"
+            ))
+        }
+        (Some(k), _) => Ok(Some(k.to_string())),
+    }
+}
+
+/// The namespace a command acts on: `-n`, else the credential's own
+/// (`GET /v1/auth/whoami`).
+async fn namespace_of(c: &ClientArgs) -> Result<String, String> {
+    if let Some(ns) = &c.namespace {
+        return Ok(ns.clone());
+    }
+    let me = call(c, "GET", "/v1/auth/whoami", None).await?;
+    me["namespace"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| "the node did not say which namespace the credential is of".into())
+}
+
+/// The body of `PUT /v1/namespaces/{ns}/quotas` from `QUOTA=LIMIT` pairs;
+/// the node checks the names.
+fn quota_overrides(pairs: &[String]) -> Result<Value, String> {
+    let mut body = serde_json::Map::new();
+    for p in pairs {
+        let Some((name, limit)) = p.split_once('=') else {
+            return Err(format!("{p:?}: give QUOTA=LIMIT, e.g. kv_keys=5000"));
+        };
+        let limit: u64 = limit
+            .trim()
+            .parse()
+            .map_err(|_| format!("{p:?}: the limit after = is not a whole number"))?;
+        if body.insert(name.trim().to_string(), json!(limit)).is_some() {
+            return Err(format!("{} is named twice", name.trim()));
+        }
+    }
+    Ok(Value::Object(body))
+}
+
+/// How `sub` and `history` print a message.
+#[derive(Clone, Copy, PartialEq)]
+enum Output {
+    /// Its data, then a newline.
+    Data,
+    /// `OFFSET<TAB>DATA`, then a newline (`-` for a message without offset).
+    Offsets,
+    /// As JSON.
+    Json,
+}
+
+impl Output {
+    fn of(json: bool, offsets: bool) -> Output {
+        match (json, offsets) {
+            (true, _) => Output::Json,
+            (_, true) => Output::Offsets,
+            _ => Output::Data,
+        }
+    }
+}
+
+/// Writes one message as `how` says (not `Json`). An error is the reader
+/// gone (a closed pipe): the caller stops.
+fn write_message(
+    out: &mut impl std::io::Write,
+    how: Output,
+    offset: Option<u64>,
+    data: &[u8],
+) -> std::io::Result<()> {
+    if how == Output::Offsets {
+        match offset {
+            Some(o) => write!(out, "{o}\t")?,
+            None => out.write_all(b"-\t")?,
+        }
+    }
+    out.write_all(data)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// A message's data and offset from a JSON frame or a history entry
+/// (`data_base64`, `offset`).
+fn message_of(v: &Value) -> Result<(Option<u64>, Vec<u8>), String> {
+    use base64::Engine as _;
+    let data = v["data_base64"]
+        .as_str()
+        .ok_or_else(|| format!("not a message: {v}"))?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| format!("a message whose data_base64 does not decode ({e}): {v}"))?;
+    Ok((v["offset"].as_u64(), data))
+}
+
+/// What `meshgate history` reads.
+struct HistoryRead {
+    topic: String,
+    since: Option<u64>,
+    epoch: Option<String>,
+    reverse: bool,
+    limit: Option<u32>,
+}
+
+/// `meshgate history`: `GET /v1/pubsub/history`, one page with `--limit`,
+/// else every page in turn (each from the last one's last offset, pinned to
+/// the first page's epoch, so a history recreated meanwhile is refused
+/// rather than mixed in).
+async fn history(c: &ClientArgs, read: HistoryRead, how: Output) -> Result<(), String> {
     use std::io::Write as _;
+    let HistoryRead {
+        topic,
+        mut since,
+        mut epoch,
+        reverse,
+        limit,
+    } = read;
+    let mut out = std::io::stdout();
+    // The last page read.
+    let mut answer;
+    let mut all = Vec::new();
+    loop {
+        let mut q = vec![format!("topic={}", percent_encode(&topic))];
+        if let Some(s) = since {
+            q.push(format!("since_offset={s}"));
+        }
+        if let Some(e) = &epoch {
+            q.push(format!("epoch={}", percent_encode(e)));
+        }
+        if let Some(l) = limit {
+            q.push(format!("limit={l}"));
+        }
+        if reverse {
+            q.push("reverse=true".into());
+        }
+        let path = format!("/v1/pubsub/history?{}", q.join("&"));
+        let mut page = call(c, "GET", &path, None).await?;
+        let publications = match page.get_mut("publications").map(Value::take) {
+            Some(Value::Array(p)) => p,
+            _ => return Err(format!("{path} answered no publications list")),
+        };
+        if page["epoch"].is_null() {
+            eprintln!(
+                "meshgate: {topic} keeps no history (no history rule of the namespace names it)"
+            );
+        }
+        let more = page["more"].as_bool() == Some(true);
+        let last = publications.last().and_then(|p| p["offset"].as_u64());
+        if how == Output::Json {
+            all.extend(publications);
+        } else {
+            for p in &publications {
+                let (offset, data) = message_of(p)?;
+                if write_message(&mut out, how, offset, &data).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        epoch = page["epoch"].as_str().map(str::to_string);
+        answer = page;
+        match (more, last) {
+            (true, Some(l)) if limit.is_none() => {
+                // An offset that does not move would loop for ever.
+                if since == Some(l) {
+                    return Err(format!("{path} answered the same page twice"));
+                }
+                since = Some(l);
+            }
+            (true, Some(l)) if how != Output::Json => {
+                eprintln!("meshgate: more kept messages follow: --since {l}");
+                break;
+            }
+            _ => break,
+        }
+    }
+    if how == Output::Json {
+        answer["publications"] = Value::Array(all);
+        print(&answer);
+    }
+    let _ = out.flush();
+    Ok(())
+}
+
+/// The wallet's Ed25519 key pair from `path`: PKCS#8 in PEM or DER (v1, as
+/// OpenSSL writes it, or v2), or the 32-byte seed as 64 hex characters.
+fn wallet_key(path: &std::path::Path) -> Result<ring::signature::Ed25519KeyPair, String> {
+    use base64::Engine as _;
+    use ring::signature::Ed25519KeyPair;
+    let raw = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bad = |why: String| {
+        format!(
+            "{}: {why}; give an Ed25519 private key: PKCS#8 PEM \
+             (`openssl genpkey -algorithm ed25519 -out wallet.pem`), PKCS#8 DER, \
+             or the 32-byte seed as 64 hex characters",
+            path.display()
+        )
+    };
+    let text = std::str::from_utf8(&raw).map(str::trim).unwrap_or_default();
+    let der = if text.starts_with("-----BEGIN") {
+        if !text.starts_with("-----BEGIN PRIVATE KEY-----") {
+            let label = text.lines().next().unwrap_or_default();
+            return Err(bad(format!("{label} is not an unencrypted PKCS#8 key")));
+        }
+        let b64: String = text
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .map(str::trim)
+            .collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| bad(format!("its PEM does not decode: {e}")))?
+    } else if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let seed = hex::decode(text).map_err(|e| bad(e.to_string()))?;
+        return Ed25519KeyPair::from_seed_unchecked(&seed)
+            .map_err(|e| bad(format!("not an Ed25519 seed: {e}")));
+    } else {
+        raw
+    };
+    Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der)
+        .map_err(|e| bad(format!("not an Ed25519 PKCS#8 key: {e}")))
+}
+
+/// A key pair's wallet address: its public key in lower-case hex.
+fn wallet_address(key: &ring::signature::Ed25519KeyPair) -> String {
+    use ring::signature::KeyPair as _;
+    hex::encode(key.public_key().as_ref())
+}
+
+/// `meshgate wallet sign-in`: `POST /v1/auth/challenge`, the challenge
+/// signed with the key, `POST /v1/auth/verify`; no credential is sent
+/// (docs/auth.md "Wallet sign-in").
+async fn wallet_sign_in(
+    node: &NodeArgs,
+    namespace: &str,
+    key_file: &std::path::Path,
+    as_json: bool,
+) -> Result<(), String> {
+    let key = wallet_key(key_file)?;
+    let wallet = wallet_address(&key);
+    let c = ClientArgs {
+        url: node.url.clone(),
+        key: None,
+        namespace: None,
+    };
+    let body = json!({"wallet": wallet, "namespace": namespace});
+    let challenge = call_with(&c, None, "POST", "/v1/auth/challenge", Some(body)).await?;
+    let message = challenge["message"]
+        .as_str()
+        .ok_or("the node's challenge holds no message")?;
+    let signature = hex::encode(key.sign(message.as_bytes()).as_ref());
+    let body = json!({"message": message, "signature": signature});
+    let v = call_with(&c, None, "POST", "/v1/auth/verify", Some(body)).await?;
+    if as_json {
+        print(&v);
+        return Ok(());
+    }
+    eprintln!(
+        "wallet {wallet} signed in to {namespace} as {}; its access token (for {} s):",
+        v["role"].as_str().unwrap_or("wallet"),
+        v["expires_in"].as_u64().unwrap_or_default()
+    );
+    println!("{}", v["access_token"].as_str().unwrap_or_default());
+    Ok(())
+}
+
+/// `meshgate sub`: one simple socket, in JSON frames whatever `how` prints
+/// (a binary frame carries a history topic's offset as 8 leading bytes, and
+/// nothing in the frame says whether it does); prints messages until the
+/// node closes it. A refused handshake is its status and the node's envelope.
+async fn subscribe(c: &ClientArgs, topic: &str, how: Output) -> Result<(), String> {
+    use futures_util::{SinkExt as _, StreamExt as _};
     let base = c.url.trim_end_matches('/');
     let ws_base = base
         .strip_prefix("https://")
         .map(|r| format!("wss://{r}"))
         .or_else(|| base.strip_prefix("http://").map(|r| format!("ws://{r}")))
         .ok_or_else(|| format!("not an http(s) URL: {base}"))?;
-    let format = if as_json { "json" } else { "binary" };
     let mut url = format!(
-        "{ws_base}/v1/pubsub/ws?topic={}&format={format}",
+        "{ws_base}/v1/pubsub/ws?topic={}&format=json",
         urlencode(topic)
     );
     if let Some(ns) = &c.namespace {
         url.push_str(&format!("&namespace={}", urlencode(ns)));
     }
-    let mut req = awc::Client::new().ws(&url).max_frame_size(64 << 20);
+    let refusal = refusal::Kept::default();
+    let client = awc::Client::builder().wrap(refusal.clone()).finish();
+    let mut req = client.ws(&url).max_frame_size(64 << 20);
     if let Some(k) = credential(c) {
         req = req.bearer_auth(k);
     }
-    let (_, mut socket) = req
-        .connect()
-        .await
-        .map_err(|e| format!("cannot subscribe at {url}: {e}"))?;
+    let (_, mut socket) = match req.connect().await {
+        Ok(connected) => connected,
+        Err(awc::error::WsClientError::InvalidResponseStatus(status)) => {
+            let body = refusal.take().unwrap_or_default();
+            let v: Value = serde_json::from_slice(&body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
+            return Err(error_text(status.as_u16(), &v));
+        }
+        Err(e) => return Err(format!("cannot subscribe at {url}: {e}")),
+    };
     // On stderr, so a script can wait for it while stdout carries only data.
     eprintln!("subscribed to {topic}");
     let mut out = std::io::stdout();
     while let Some(frame) = socket.next().await {
         match frame.map_err(|e| e.to_string())? {
-            awc::ws::Frame::Binary(b) | awc::ws::Frame::Text(b) => {
-                let _ = out.write_all(&b);
-                let _ = out.write_all(b"\n");
-                let _ = out.flush();
+            awc::ws::Frame::Text(b) | awc::ws::Frame::Binary(b) => {
+                let written = if how == Output::Json {
+                    write_line(&mut out, &b)
+                } else {
+                    let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+                    match message_of(&v) {
+                        Ok((offset, data)) => write_message(&mut out, how, offset, &data),
+                        // An error frame, or anything else that is no message.
+                        Err(_) => {
+                            eprintln!("meshgate: {}", String::from_utf8_lossy(&b));
+                            Ok(())
+                        }
+                    }
+                };
+                if written.is_err() {
+                    // The reader is gone (a closed pipe).
+                    return Ok(());
+                }
             }
             awc::ws::Frame::Ping(p) => {
                 let _ = socket.send(awc::ws::Message::Pong(p)).await;
@@ -624,6 +994,102 @@ async fn subscribe(c: &ClientArgs, topic: &str, as_json: bool) -> Result<(), Str
     Ok(())
 }
 
+/// `line` and a newline on `out`, flushed.
+fn write_line(out: &mut impl std::io::Write, line: &[u8]) -> std::io::Result<()> {
+    out.write_all(line)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// The body of a refused WebSocket handshake. awc's `ws().connect()`
+/// reports a status other than 101 by the status alone; this layer of its
+/// connector reads the answer's body first (the node's JSON envelope:
+/// `{"error":{"code","message"}}`), so `sub` can say why.
+mod refusal {
+    use actix_http::h1::MessageType;
+    use actix_service::Service;
+    use awc::error::SendRequestError;
+    use awc::{ConnectRequest, ConnectResponse};
+    use futures_util::StreamExt as _;
+    use futures_util::future::LocalBoxFuture;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// The most of a refusal's body kept (an envelope is far smaller).
+    const MAX_BODY: usize = 64 << 10;
+
+    /// Where the refusal's body is left, for the caller to take.
+    #[derive(Clone, Default)]
+    pub struct Kept(Rc<RefCell<Option<Vec<u8>>>>);
+
+    impl Kept {
+        /// The body of the last refused handshake, if one was read.
+        pub fn take(&self) -> Option<Vec<u8>> {
+            self.0.borrow_mut().take()
+        }
+    }
+
+    impl<S> awc::middleware::Transform<S, ConnectRequest> for Kept
+    where
+        S: Service<ConnectRequest, Response = ConnectResponse, Error = SendRequestError> + 'static,
+    {
+        type Transform = KeepBody<S>;
+
+        fn new_transform(self, service: S) -> KeepBody<S> {
+            KeepBody {
+                service: Rc::new(service),
+                kept: self,
+            }
+        }
+    }
+
+    /// The connector with [`Kept`] around it.
+    pub struct KeepBody<S> {
+        /// awc's connector.
+        service: Rc<S>,
+        /// Where a refusal's body goes.
+        kept: Kept,
+    }
+
+    impl<S> Service<ConnectRequest> for KeepBody<S>
+    where
+        S: Service<ConnectRequest, Response = ConnectResponse, Error = SendRequestError> + 'static,
+    {
+        type Response = ConnectResponse;
+        type Error = SendRequestError;
+        type Future = LocalBoxFuture<'static, Result<ConnectResponse, SendRequestError>>;
+
+        actix_service::forward_ready!(service);
+
+        fn call(&self, req: ConnectRequest) -> Self::Future {
+            let service = self.service.clone();
+            let kept = self.kept.clone();
+            Box::pin(async move {
+                match service.call(req).await? {
+                    ConnectResponse::Tunnel(head, framed)
+                        if head.status != awc::http::StatusCode::SWITCHING_PROTOCOLS
+                            && framed.codec_ref().message_type() != MessageType::None =>
+                    {
+                        let mut payload = framed.into_map_codec(|c| c.into_payload_codec());
+                        let mut body = Vec::new();
+                        while let Some(Ok(Some(chunk))) = payload.next().await {
+                            body.extend_from_slice(&chunk);
+                            if body.len() >= MAX_BODY {
+                                break;
+                            }
+                        }
+                        body.truncate(MAX_BODY);
+                        *kept.0.borrow_mut() = Some(body);
+                        let framed = payload.into_map_codec(|c| c.into_message_codec());
+                        Ok(ConnectResponse::Tunnel(head, framed))
+                    }
+                    other => Ok(other),
+                }
+            })
+        }
+    }
+}
+
 /// Percent-encodes a query value.
 fn urlencode(s: &str) -> String {
     s.bytes()
@@ -642,9 +1108,11 @@ fn error_text(status: u16, v: &Value) -> String {
         .pointer("/error/code")
         .and_then(Value::as_str)
         .unwrap_or("ERROR");
+    // An answer without the envelope (a proxy's page, say): its first line.
     let msg = v
         .pointer("/error/message")
         .and_then(Value::as_str)
+        .or_else(|| v.as_str().and_then(|t| t.trim().lines().next()))
         .unwrap_or("");
     // The node speaks of HTTP headers; the CLI's user has flags.
     let hint = match code {

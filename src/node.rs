@@ -85,8 +85,16 @@ pub struct RunningNode {
     metrics_server: Option<(actix_web::dev::Server, actix_web::dev::ServerHandle)>,
 }
 
-/// Opens the store, starts the actors, binds the listener. Must run inside an actix System.
+/// Binds the listeners, opens the store, starts the actors. Must run inside an actix System.
 pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
+    // First: an address another process holds ends the start before
+    // anything is opened, written or spawned, so there is nothing to undo
+    // (a task a failed start leaves behind must not outlive the runtime:
+    // `cli::serve`).
+    let crate::http::Bound {
+        api: api_socket,
+        metrics: metrics_socket,
+    } = crate::http::bind(&config)?;
     let data_dir = config.server.data_dir.clone();
     if crate::telemetry::install(&config.telemetry.settings()).map_err(anyhow::Error::msg)? {
         tracing::info!(endpoint = %config.telemetry.otlp_endpoint, "Exporting spans over OTLP.");
@@ -268,8 +276,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         #[cfg(feature = "cluster")]
         mesh: std::sync::OnceLock::new(),
     }));
-    let (server, addr) = crate::http::serve(node.clone())?;
-    let metrics = crate::http::serve_metrics(node.clone())?;
+    let (server, addr) = crate::http::serve(node.clone(), api_socket)?;
+    let metrics = crate::http::serve_metrics(node.clone(), metrics_socket)?;
     if !node.config.cluster.etcd.is_empty() {
         let c = &node.config.cluster;
         let id = if c.node_id.is_empty() {

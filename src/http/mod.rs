@@ -43,13 +43,71 @@ pub fn route_table() -> RouteTable {
     t
 }
 
-/// Binds the listener and returns the (not yet awaited) server and its address.
+/// The node's listening addresses, bound but not yet listening.
+/// `node::start` binds them before it opens or starts anything, so an
+/// address another process holds stops a start that has nothing to undo
+/// yet; until [`serve`] listens, a client is refused rather than left in
+/// the backlog of a node that is still starting.
+pub struct Bound {
+    /// `[server] listen`, for [`serve`].
+    pub(crate) api: socket2::Socket,
+    /// `[metrics] listen`, when set, for [`serve_metrics`].
+    pub(crate) metrics: Option<socket2::Socket>,
+}
+
+/// Binds `[server] listen` and `[metrics] listen`. A failure names the
+/// address and the settings that choose another.
+pub fn bind(cfg: &crate::config::Config) -> anyhow::Result<Bound> {
+    let api = bind_socket(cfg.listen_addr()).map_err(|e| {
+        cannot_listen(
+            &cfg.server.listen,
+            "",
+            "--listen HOST:PORT or MESHGATE_SERVER_LISTEN",
+            e,
+        )
+    })?;
+    let metrics = match cfg.metrics_listen_addr() {
+        None => None,
+        Some(m) => {
+            let addr: SocketAddr = m
+                .parse()
+                .map_err(|_| anyhow::anyhow!("metrics.listen: {m:?} is not host:port"))?;
+            Some(bind_socket(addr).map_err(|e| {
+                cannot_listen(
+                    m,
+                    " ([metrics] listen)",
+                    "MESHGATE_METRICS_LISTEN or [metrics] listen",
+                    e,
+                )
+            })?)
+        }
+    };
+    Ok(Bound { api, metrics })
+}
+
+/// The one line a listener that cannot be had is reported with.
+fn cannot_listen(addr: &str, what: &str, choose: &str, e: std::io::Error) -> anyhow::Error {
+    let why = match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "the address is already in use (another meshgate or another program listens there)"
+                .to_string()
+        }
+        _ => e.to_string(),
+    };
+    anyhow::anyhow!("cannot listen on {addr}{what}: {why}; pick another address with {choose}")
+}
+
+/// Returns the (not yet awaited) server on the bound API address, and that
+/// address.
 ///
 /// The listener is what actix-web's `HttpServer` assembles (its defaults:
 /// backlog 1024, keep-alive 5 s, TLS handshake 3 s, graceful shutdown),
 /// built here so that WebSocket upgrades go to [`upgrade`] instead of
 /// staying on actix-http's HTTP/1 dispatcher.
-pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)> {
+pub fn serve(
+    node: Node,
+    api: socket2::Socket,
+) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)> {
     // Fail start-up now if any route lacks a policy.
     route_table().build()?;
     let cfg = node.config.clone();
@@ -92,17 +150,14 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
             // Outermost: an HTTP/2 refusal waits for the body it did not read.
             .wrap(from_fn(middleware::drain_h2_refusals))
     };
-    let in_use = |e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::AddrInUse {
-            anyhow::anyhow!(
-                "cannot listen on {}: the address is already in use",
-                cfg.server.listen
-            )
-        } else {
-            anyhow::anyhow!("cannot listen on {}: {e}", cfg.server.listen)
-        }
-    };
-    let listener = listen(cfg.listen_addr()).map_err(in_use)?;
+    let listener = listen(api).map_err(|e| {
+        cannot_listen(
+            &cfg.server.listen,
+            "",
+            "--listen HOST:PORT or MESHGATE_SERVER_LISTEN",
+            e,
+        )
+    })?;
     let addr = listener.local_addr()?;
     let builder = actix_server::Server::build()
         .workers(workers)
@@ -164,9 +219,8 @@ pub fn serve(node: Node) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)>
     Ok((builder.run(), addr))
 }
 
-/// A TCP listener as `HttpServer` makes one: the address reused, a backlog
-/// of 1024.
-fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// A TCP socket bound as `HttpServer` binds one: the address reused.
+fn bind_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
@@ -174,18 +228,40 @@ fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     )?;
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+/// The bound socket listening, with `HttpServer`'s backlog of 1024.
+fn listen(socket: socket2::Socket) -> std::io::Result<std::net::TcpListener> {
     socket.listen(1024)?;
     Ok(socket.into())
 }
 
-/// Binds `[metrics] listen`, when set: a second listener (plain HTTP, one
-/// worker) that serves only `GET /metrics`, whole and without a key, for a
-/// Prometheus scraper on a private interface; anything else there is 404.
-/// It has no chain: no route of the node is reachable through it.
-pub fn serve_metrics(node: Node) -> anyhow::Result<Option<(actix_web::dev::Server, SocketAddr)>> {
-    let Some(listen) = node.config.metrics_listen_addr().map(str::to_string) else {
+/// Serves `[metrics] listen` on its bound socket, when set: a second
+/// listener (plain HTTP, one worker) that serves only `GET /metrics`, whole
+/// and without a key, for a Prometheus scraper on a private interface;
+/// anything else there is 404. It has no chain: no route of the node is
+/// reachable through it.
+pub fn serve_metrics(
+    node: Node,
+    socket: Option<socket2::Socket>,
+) -> anyhow::Result<Option<(actix_web::dev::Server, SocketAddr)>> {
+    let Some(socket) = socket else {
         return Ok(None);
     };
+    let at = node
+        .config
+        .metrics_listen_addr()
+        .unwrap_or_default()
+        .to_string();
+    let listener = listen(socket).map_err(|e| {
+        cannot_listen(
+            &at,
+            " ([metrics] listen)",
+            "MESHGATE_METRICS_LISTEN or [metrics] listen",
+            e,
+        )
+    })?;
     let data = web::Data::new(node);
     let server = HttpServer::new(move || {
         App::new()
@@ -209,8 +285,8 @@ pub fn serve_metrics(node: Node) -> anyhow::Result<Option<(actix_web::dev::Serve
     .workers(1)
     .disable_signals()
     .shutdown_timeout(1)
-    .bind(listen.as_str())
-    .map_err(|e| anyhow::anyhow!("cannot listen on {listen} ([metrics] listen): {e}"))?;
+    .listen(listener)
+    .map_err(|e| anyhow::anyhow!("cannot listen on {at} ([metrics] listen): {e}"))?;
     let addr = server.addrs()[0];
     Ok(Some((server.run(), addr)))
 }

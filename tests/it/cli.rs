@@ -1,6 +1,6 @@
-//! The command-line client's key, namespace and deployment commands
-//! (issue #43): what each prints, and what it did to the node, seen through
-//! the node's HTTP API.
+//! The command-line client's commands: what each prints (and what it did
+//! to the node, seen through the node's HTTP API), and what a refusal or a
+//! bad input prints instead.
 
 use crate::common::*;
 use serde_json::Value;
@@ -360,4 +360,606 @@ fn cli_deploy_static_with_a_policy() {
     let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/www/versions", None);
     assert_eq!(s, 200, "{b}");
     assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 1, "{b}");
+}
+
+/// Runs `meshgate ARGS --url BASE` that must fail: its exit code, stdout
+/// and stderr.
+fn cli_fails(base: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .args(["--url", base])
+        .env_remove("MESHGATE_KEY")
+        .env_remove("MESHGATE_URL")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        !out.status.success(),
+        "{args:?} succeeded: {stdout}{stderr}"
+    );
+    (out.status.code(), stdout, stderr)
+}
+
+/// Publishes `data` to `topic` over HTTP; returns the ack.
+fn publish(node: &TestNode, key: &str, topic: &str, data: &str) -> Value {
+    use base64::Engine as _;
+    let body = serde_json::json!({
+        "topic": topic,
+        "data_base64": base64::engine::general_purpose::STANDARD.encode(data),
+    });
+    let (s, b) = node.with_key(
+        key,
+        "POST",
+        "/v1/pubsub/publish",
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    json(&b)
+}
+
+/// Gives the namespace's `chat.*` topics a history (100 kept, for an hour).
+fn keep_chat_history(node: &TestNode, ns: &str, key: &str) {
+    let rules = br#"{"history":[{"topics":"chat.*","size":100,"ttl_seconds":3600}]}"#;
+    let (s, b) = node.with_key(
+        key,
+        "PUT",
+        &format!("/v1/namespaces/{ns}/pubsub"),
+        Some(rules),
+    );
+    assert_eq!(s, 200, "{b}");
+}
+
+/// A `meshgate sub` running in the background, its output gathered.
+struct Sub {
+    child: std::process::Child,
+    stdout: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Sub {
+    /// Starts `meshgate sub ARGS --url BASE` and waits for its
+    /// "subscribed to" line.
+    fn start(base: &str, args: &[&str]) -> Sub {
+        use std::process::Stdio;
+        let mut child = std::process::Command::new(bin())
+            .arg("sub")
+            .args(args)
+            .args(["--url", base])
+            .env_remove("MESHGATE_KEY")
+            .env_remove("MESHGATE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (mut o, mut e) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let (so, se) = (stdout.clone(), stderr.clone());
+        let readers = vec![
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                while let Ok(n @ 1..) = o.read(&mut b) {
+                    so.lock().unwrap().extend_from_slice(&b[..n]);
+                }
+            }),
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                while let Ok(n @ 1..) = e.read(&mut b) {
+                    se.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&b[..n]));
+                }
+            }),
+        ];
+        let sub = Sub {
+            child,
+            stdout,
+            stderr,
+            readers,
+        };
+        wait_until(Duration::from_secs(20), "sub subscribed", || {
+            sub.stderr.lock().unwrap().contains("subscribed to")
+        });
+        sub
+    }
+
+    /// Waits until stdout holds `n` bytes, stops the subscriber and
+    /// returns everything it printed.
+    fn stop_after(mut self, n: usize) -> Vec<u8> {
+        wait_until(Duration::from_secs(20), "sub printed the messages", || {
+            self.stdout.lock().unwrap().len() >= n
+        });
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        self.stdout.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Sub {
+    /// A test that fails midway leaves no subscriber running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sub` on a history topic prints each message's data on its own line and
+/// nothing else (no 8-byte offset before it); `--offsets` prints
+/// `OFFSET<TAB>DATA`, `-` for the offset of a topic without history.
+#[test]
+fn cli_sub_prints_the_data_and_offsets_on_request() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let key = node.create_namespace("clisub");
+    keep_chat_history(&node, "clisub", &key);
+    let plain = Sub::start(base, &["chat.1", "--key", &key]);
+    let offsets = Sub::start(base, &["chat.1", "--offsets", "--key", &key]);
+    let no_history = Sub::start(base, &["news", "--offsets", "--key", &key]);
+    assert_eq!(publish(&node, &key, "chat.1", "hello")["offset"], 1);
+    assert_eq!(publish(&node, &key, "chat.1", "again")["offset"], 2);
+    publish(&node, &key, "news", "plain");
+    let out = plain.stop_after("hello\nagain\n".len());
+    assert_eq!(String::from_utf8_lossy(&out), "hello\nagain\n");
+    let out = offsets.stop_after("1\thello\n2\tagain\n".len());
+    assert_eq!(String::from_utf8_lossy(&out), "1\thello\n2\tagain\n");
+    let out = no_history.stop_after("-\tplain\n".len());
+    assert_eq!(String::from_utf8_lossy(&out), "-\tplain\n");
+}
+
+/// A refused `sub` handshake says the node's status, code and message
+/// (not awc's "Invalid response status"), prints nothing on stdout and
+/// exits non-zero: a bad key, a missing grant, a reserved topic.
+#[test]
+fn cli_sub_refused_prints_the_nodes_code() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clisubno");
+    let (s, b) = node.with_key(
+        &owner,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"name":"chat only","grants":["pubsub:subscribe:chat.*"]}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let chat_only = json(&b)["api_key"].as_str().unwrap().to_string();
+    let (owner, chat_only) = (owner.as_str(), chat_only.as_str());
+    for (args, expected) in [
+        (
+            vec!["sub", "chat.1", "--key", "nope"],
+            "401 MALFORMED_TOKEN: ",
+        ),
+        (
+            vec!["sub", "news", "--key", chat_only],
+            "403 MISSING_GRANT: ",
+        ),
+        (
+            vec!["sub", "_mg/internal", "--key", owner],
+            "403 RESERVED_TOPIC: ",
+        ),
+    ] {
+        let (code, stdout, stderr) = cli_fails(base, &args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("meshgate: {expected}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("Invalid response status"), "{stderr}");
+        assert!(!stderr.contains("subscribed"), "{stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+    }
+}
+
+/// A second `serve` on an address a node holds fails with one line that
+/// names the address and how to pick another (`--listen`,
+/// `MESHGATE_SERVER_LISTEN`): exit 1, no panic and no backtrace (even with
+/// RUST_BACKTRACE=1), and nothing opened or written (the data folder is
+/// never made).
+#[test]
+fn cli_serve_on_a_taken_port_says_so_in_one_line() {
+    let node = TestNode::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let (code, err) = crate::node::run_serve(
+        &["--listen", &node.addr, "--data-dir", data.to_str().unwrap()],
+        &[("RUST_BACKTRACE", "1")],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    let line = lines[0];
+    assert!(
+        line.starts_with(&format!("meshgate: cannot listen on {}: ", node.addr)),
+        "{line}"
+    );
+    for part in ["already in use", "--listen", "MESHGATE_SERVER_LISTEN"] {
+        assert!(line.contains(part), "{part:?} missing: {line}");
+    }
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    assert!(!data.exists(), "a start that cannot listen opens nothing");
+    // The node holding the address is unharmed.
+    assert_eq!(http("GET", &node.url("/readyz"), &[], None).0, 200);
+}
+
+/// `keys create`: the kind follows the role (`rk` for runtime, `sk` for
+/// the others and for a key of grants only); `--kind` chooses it for a key
+/// of grants; a kind the role does not pair with is refused before any key
+/// is made; an unknown kind is refused by the node (400).
+#[test]
+fn cli_keys_create_kind_follows_the_role() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clikind");
+    let create = |args: &[&str]| -> String {
+        let mut all: Vec<&str> = vec!["keys", "create", "--key", &owner];
+        all.extend_from_slice(args);
+        cli(base, &all).trim().to_string()
+    };
+    let kind = |key: &str| key.get(..6).unwrap_or_default().to_string();
+    assert_eq!(kind(&create(&["--role", "runtime"])), "mg_rk_");
+    assert_eq!(kind(&create(&["--role", "Runtime"])), "mg_rk_");
+    assert_eq!(kind(&create(&["--role", "developer"])), "mg_sk_");
+    assert_eq!(kind(&create(&["--role", "reader"])), "mg_sk_");
+    assert_eq!(kind(&create(&["--grant", "kv:read:*"])), "mg_sk_");
+    assert_eq!(
+        kind(&create(&["--grant", "kv:read:*", "--kind", "rk"])),
+        "mg_rk_"
+    );
+    assert_eq!(
+        kind(&create(&["--role", "runtime", "--kind", "rk"])),
+        "mg_rk_"
+    );
+    // The runtime key works: it reads KV (404: no such key, not 401/403).
+    let rk = create(&["--role", "runtime"]);
+    assert_eq!(node.with_key(&rk, "GET", "/v1/kv/x", None).0, 404);
+
+    let count = || {
+        let (s, b) = node.with_key(&owner, "GET", "/v1/auth/api-keys", None);
+        assert_eq!(s, 200, "{b}");
+        json(&b)["keys"].as_array().unwrap().len()
+    };
+    let before = count();
+    for (args, expected) in [
+        (
+            vec!["--role", "runtime", "--kind", "sk"],
+            "meshgate: --kind sk does not go with --role runtime",
+        ),
+        (
+            vec!["--role", "owner", "--kind", "rk"],
+            "meshgate: --kind rk does not go with --role owner",
+        ),
+        (
+            vec!["--grant", "kv:read:*", "--kind", "xk"],
+            "meshgate: 400 BAD_REQUEST: kind \"xk\" is not sk or rk",
+        ),
+    ] {
+        let mut all: Vec<&str> = vec!["keys", "create", "--key", &owner];
+        all.extend_from_slice(&args);
+        let (code, stdout, stderr) = cli_fails(base, &all);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with(expected), "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+    }
+    assert_eq!(count(), before, "no key made by a refused create");
+}
+
+/// `history` prints the kept messages' data, oldest first, following
+/// every page (pages of 2 here); `--since`, `--offsets`, `--reverse`,
+/// `--limit` (one page, and where to read on) and `--json`; a wrong epoch
+/// is the node's 400 BAD_OFFSET; a topic without history prints nothing
+/// and says so.
+#[test]
+fn cli_history_reads_the_kept_messages() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[pubsub]\nmax_recovered_publications = 2\n"),
+        ..Default::default()
+    });
+    let base = node.base.as_str();
+    let key = node.create_namespace("clihist");
+    keep_chat_history(&node, "clihist", &key);
+    let mut epoch = String::new();
+    for (i, m) in ["m1", "m2", "m3"].into_iter().enumerate() {
+        let ack = publish(&node, &key, "chat.1", m);
+        assert_eq!(ack["offset"], i as u64 + 1, "{ack}");
+        epoch = ack["epoch"].as_str().unwrap().to_string();
+    }
+    let history = |args: &[&str]| {
+        let mut all: Vec<&str> = vec!["history", "chat.1", "--key", &key];
+        all.extend_from_slice(args);
+        cli(base, &all)
+    };
+    assert_eq!(history(&[]), "m1\nm2\nm3\n");
+    assert_eq!(history(&["--since", "1", "--offsets"]), "2\tm2\n3\tm3\n");
+    assert_eq!(history(&["--reverse"]), "m3\nm2\nm1\n");
+    assert_eq!(history(&["--since", "1", "--epoch", &epoch]), "m2\nm3\n");
+    // One page: what is left is named on stderr.
+    let out = std::process::Command::new(bin())
+        .args([
+            "history", "chat.1", "--limit", "1", "--key", &key, "--url", base,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "m1\n");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--since 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // --json: the node's answer, every page's publications in one list.
+    let v = printed(&history(&["--json"]));
+    assert_eq!(v["topic"], "chat.1", "{v:#}");
+    assert_eq!(v["epoch"], epoch.as_str(), "{v:#}");
+    let offsets: Vec<u64> = v["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, [1, 2, 3], "{v:#}");
+    assert_eq!(v["publications"][0]["data_base64"], "bTE=", "{v:#}");
+
+    let (code, stdout, stderr) = cli_fails(
+        base,
+        &[
+            "history", "chat.1", "--since", "1", "--epoch", "nope", "--key", &key,
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.starts_with("meshgate: 400 BAD_OFFSET: "), "{stderr}");
+    assert_eq!(stdout, "");
+
+    let out = std::process::Command::new(bin())
+        .args(["history", "news", "--key", &key, "--url", base])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("news keeps no history"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `quotas show` prints each quota's limit and use for the key's own
+/// namespace (or the operator's `-n`); `quotas set` (operator) replaces the
+/// overrides and prints the new limits; a namespace key may not set them
+/// (the node's 403), a limit that is no number is refused by the CLI, an
+/// unknown quota by the node (400).
+#[test]
+fn cli_quotas_show_and_set() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("cliquota");
+    let (s, b) = node.with_key(&owner, "PUT", "/v1/kv/a", Some(b"1"));
+    assert_eq!(s, 200, "{b}");
+    let out = printed(&cli(base, &["quotas", "show", "--key", &owner]));
+    assert_eq!(out["namespace"], "cliquota", "{out:#}");
+    assert_eq!(out["quotas"]["kv_keys"]["used"], 1, "{out:#}");
+    let default_keys = out["quotas"]["kv_keys"]["limit"].as_u64().unwrap();
+    assert!(default_keys > 5, "{out:#}");
+
+    let out = printed(&cli(
+        base,
+        &[
+            "quotas",
+            "set",
+            "kv_keys=5",
+            "sockets=3",
+            "-n",
+            "cliquota",
+            "--key",
+            OPERATOR_KEY,
+        ],
+    ));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 5, "{out:#}");
+    assert_eq!(out["quotas"]["sockets"]["limit"], 3, "{out:#}");
+    let out = printed(&cli(
+        base,
+        &["quotas", "show", "-n", "cliquota", "--key", OPERATOR_KEY],
+    ));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 5, "{out:#}");
+    // Replaced whole: sockets is the default again.
+    let out = printed(&cli(
+        base,
+        &[
+            "quotas",
+            "set",
+            "kv_keys=6",
+            "-n",
+            "cliquota",
+            "--key",
+            OPERATOR_KEY,
+        ],
+    ));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 6, "{out:#}");
+    assert_ne!(out["quotas"]["sockets"]["limit"], 3, "{out:#}");
+
+    let owner_key = owner.as_str();
+    for (args, expected) in [
+        (
+            vec![
+                "quotas",
+                "set",
+                "kv_keys=1",
+                "-n",
+                "cliquota",
+                "--key",
+                owner_key,
+            ],
+            "meshgate: 403 OPERATOR_ONLY: ",
+        ),
+        (
+            vec![
+                "quotas",
+                "set",
+                "kv_keys=lots",
+                "-n",
+                "cliquota",
+                "--key",
+                OPERATOR_KEY,
+            ],
+            "meshgate: \"kv_keys=lots\": the limit after = is not a whole number",
+        ),
+        (
+            vec![
+                "quotas",
+                "set",
+                "nope=1",
+                "-n",
+                "cliquota",
+                "--key",
+                OPERATOR_KEY,
+            ],
+            "meshgate: 400 BAD_REQUEST: \"nope\" is not a quota",
+        ),
+        (
+            vec!["quotas", "set", "kv_keys=1", "--key", OPERATOR_KEY],
+            "meshgate: name the namespace: -n/--namespace NAME",
+        ),
+    ] {
+        let (code, stdout, stderr) = cli_fails(base, &args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with(expected), "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+    }
+    // None of the refused sets changed the limit.
+    let out = printed(&cli(base, &["quotas", "show", "--key", &owner]));
+    assert_eq!(out["quotas"]["kv_keys"]["limit"], 6, "{out:#}");
+}
+
+/// `wallet sign-in` asks a challenge, signs it with the key file's Ed25519
+/// key and prints the access token, which speaks for `wallet:<address>`
+/// (the address `wallet address` prints); a namespace that has not enabled
+/// wallet sign-in is the node's 403, a file that is no key a clear error.
+#[test]
+fn cli_wallet_sign_in_prints_a_token() {
+    use base64::Engine as _;
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("cliwallet");
+    node.create_namespace("clinowallet");
+    let setting =
+        br#"{"enabled":true,"role":"member","grants":["kv:read:users/{sub}/*"],"allow":"any"}"#;
+    let (s, b) = node.with_key(
+        &owner,
+        "PUT",
+        "/v1/namespaces/cliwallet/wallet-sign-in",
+        Some(setting),
+    );
+    assert_eq!(s, 200, "{b}");
+    // A PKCS#8 key in PEM, as `openssl genpkey -algorithm ed25519` writes one.
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+    let pem = format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("wallet.pem");
+    std::fs::write(&key_file, pem).unwrap();
+    let key_path = key_file.to_str().unwrap();
+
+    let out = std::process::Command::new(bin())
+        .args(["wallet", "address", "--key-file", key_path])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let address = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(address.len(), 64, "{address}");
+
+    let token = cli(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "cliwallet",
+            "--key-file",
+            key_path,
+        ],
+    )
+    .trim()
+    .to_string();
+    let (s, b) = node.with_key(&token, "GET", "/v1/auth/whoami", None);
+    assert_eq!(s, 200, "{b}");
+    let me = json(&b);
+    assert_eq!(me["subject"], format!("wallet:{address}"), "{me:#}");
+    assert_eq!(me["namespace"], "cliwallet", "{me:#}");
+    assert_eq!(
+        me["grants"],
+        serde_json::json!([format!("kv:read:users/{address}/*")]),
+        "{me:#}"
+    );
+    // --json: the whole answer, with the refresh token and the role.
+    let v = printed(&cli(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "cliwallet",
+            "--key-file",
+            key_path,
+            "--json",
+        ],
+    ));
+    assert_eq!(v["role"], "member", "{v:#}");
+    assert!(
+        v["refresh_token"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("mgr_")),
+        "{v:#}"
+    );
+
+    let (code, stdout, stderr) = cli_fails(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "clinowallet",
+            "--key-file",
+            key_path,
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("meshgate: 403 WALLET_SIGN_IN_DISABLED: "),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "");
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, "not a key").unwrap();
+    let (code, _, stderr) = cli_fails(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "cliwallet",
+            "--key-file",
+            junk.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("junk: not an Ed25519 PKCS#8 key"),
+        "{stderr}"
+    );
 }

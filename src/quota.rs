@@ -179,6 +179,11 @@ pub fn usage_prefix(ns: &str) -> String {
     format!("usage/{ns}/")
 }
 
+/// Every quota's name, comma separated, for messages.
+pub fn names() -> String {
+    Resource::ALL.map(Resource::name).join(", ")
+}
+
 /// The operator's per-namespace limits, by resource name; the rest are `[quotas]`'s.
 pub type Overrides = BTreeMap<String, u64>;
 
@@ -189,10 +194,7 @@ pub fn check_overrides(o: &Overrides) -> Result<(), ApiError> {
         if Resource::parse(name).is_none() {
             return Err(ApiError::new(
                 Code::BadRequest,
-                format!(
-                    "{name:?} is not a quota (kv_bytes, kv_keys, functions, module_bytes, \
-                     deployments, hosts, site_bytes, sockets, subscriptions, history_bytes)"
-                ),
+                format!("{name:?} is not a quota ({})", names()),
             ));
         }
         if *v > (1u64 << 53) {

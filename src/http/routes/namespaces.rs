@@ -1,6 +1,7 @@
 //! `/v1/namespaces`: created, listed, shown and deleted by the operator.
 
 use super::ctx::NsCtx;
+use super::form::{Body, Json};
 use super::page::{Page, PageQuery};
 use crate::actors::{
     CreateNamespace, DeleteNamespace, GetInfo, InjectPanic, NamespaceRecord, ns_key,
@@ -88,11 +89,13 @@ struct CreateRequest {
     rate_burst: Option<u32>,
 }
 
+impl Body for CreateRequest {}
+
 /// Creates a namespace and its first owner API key (shown once).
 async fn create(
     node: web::Data<Node>,
     limiters: web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>,
-    body: web::Json<CreateRequest>,
+    body: Json<CreateRequest>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     if !valid_namespace_name(&body.name) {
@@ -242,12 +245,22 @@ async fn show_quotas(
     Ok(HttpResponse::Ok().json(json!({"namespace": ctx.name, "quotas": quotas})))
 }
 
+/// A quota override body: names each quota it may hold.
+impl Body for crate::quota::Overrides {
+    fn takes() -> String {
+        format!(
+            "a JSON object of quota names to whole numbers, the names among {}",
+            crate::quota::names()
+        )
+    }
+}
+
 /// Sets a namespace's quota overrides (the operator): `{"kv_bytes": n, ...}`
 /// replaces them all; a quota left out takes `[quotas]`'s default again.
 async fn set_quotas(
     node: web::Data<Node>,
     name: web::Path<String>,
-    body: web::Json<crate::quota::Overrides>,
+    body: Json<crate::quota::Overrides>,
 ) -> ApiResult<HttpResponse> {
     let overrides = body.into_inner();
     crate::quota::check_overrides(&overrides)?;
@@ -309,11 +322,13 @@ struct ClaimsProviderRequest {
     function: Option<String>,
 }
 
+impl Body for ClaimsProviderRequest {}
+
 /// Names the function that adds custom claims to the namespace's tokens.
 async fn set_claims_provider(
     node: web::Data<Node>,
     name: web::Path<String>,
-    body: web::Json<ClaimsProviderRequest>,
+    body: Json<ClaimsProviderRequest>,
 ) -> ApiResult<HttpResponse> {
     // The record is its supervisor's: it writes the change and publishes it.
     let h = node.locate(&name).await?;

@@ -1,0 +1,322 @@
+//! The HTTP API as a new user meets it: a refused body names the parts or
+//! fields its route takes.
+
+use crate::common::*;
+
+/// The error envelope of `body`: (code, retryable, message); `ok` is false.
+fn envelope(body: &str) -> (String, bool, String) {
+    let v = json(body);
+    assert_eq!(v["ok"], false, "{body}");
+    let e = &v["error"];
+    (
+        e["code"].as_str().unwrap_or_default().to_string(),
+        e["retryable"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("no retryable: {body}")),
+        e["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// A request with the credential `key` and these headers: (status, headers, body).
+fn call(
+    node: &TestNode,
+    key: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (u16, Vec<(String, String)>, String) {
+    let auth = format!("Bearer {key}");
+    let mut h = vec![("authorization", auth.as_str())];
+    h.extend_from_slice(headers);
+    let (s, h, b) = http(method, &node.url(path), &h, body);
+    (s, h, String::from_utf8_lossy(&b).into_owned())
+}
+
+const BOUNDARY: &str = "mgapiboundary3";
+const FORM: (&str, &str) = (
+    "content-type",
+    "multipart/form-data; boundary=mgapiboundary3",
+);
+
+/// A `multipart/form-data` body of these parts.
+fn multipart(parts: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (name, data) in parts {
+        b.extend_from_slice(
+            format!(
+                "--{BOUNDARY}\r\ncontent-disposition: form-data; name=\"{name}\"; \
+                 filename=\"{name}\"\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        b.extend_from_slice(data);
+        b.extend_from_slice(b"\r\n");
+    }
+    b.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
+    b
+}
+
+fn echo_wasm() -> Vec<u8> {
+    std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/functions/echo.wasm"
+    ))
+    .unwrap()
+}
+
+/// A 400 naming `what`, with every one of `takes` in its message.
+fn names_what_it_takes(
+    (s, _, b): (u16, Vec<(String, String)>, String),
+    status: u16,
+    code: &str,
+    takes: &[&str],
+) -> String {
+    assert_eq!(s, status, "{b}");
+    let (c, retryable, message) = envelope(&b);
+    assert_eq!((c.as_str(), retryable), (code, false), "{b}");
+    for t in takes {
+        assert!(message.contains(t), "{t:?} not named: {message}");
+    }
+    message
+}
+
+/// A function deploy sent as JSON is told to send multipart with the parts
+/// it takes (`wasm`, not `file`); following that with a wrong part, or
+/// without one, names the parts again; a static-site deploy and the JSON
+/// routes name theirs (fields, or quota names); a body that is not JSON at
+/// all names the fields too. Each is the envelope, not retryable.
+#[test]
+fn body_refusals_name_what_the_route_takes() {
+    let node = TestNode::start();
+    let key = node.create_namespace("forms");
+    let fn_parts = [
+        "name",
+        "wasm",
+        "memory_limit_mb",
+        "timeout_seconds",
+        "is_public",
+        "metadata",
+    ];
+
+    // Not multipart: the hint shows the right parts.
+    let m = names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/functions",
+            &[("content-type", "application/json")],
+            Some(br#"{"name":"echo"}"#),
+        ),
+        400,
+        "MALFORMED_MULTIPART",
+        &fn_parts,
+    );
+    assert!(m.contains("-F wasm=@"), "{m}");
+    assert!(!m.contains("file=@"), "the old hint: {m}");
+
+    // The part a user guessed from a generic hint.
+    let echo = echo_wasm();
+    let m = names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/functions",
+            &[FORM],
+            Some(&multipart(&[("name", b"echo"), ("file", &echo)])),
+        ),
+        400,
+        "UNKNOWN_PART",
+        &fn_parts,
+    );
+    assert!(m.starts_with("unknown part \"file\";"), "{m}");
+    let m = names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/functions",
+            &[FORM],
+            Some(&multipart(&[("name", b"echo")])),
+        ),
+        400,
+        "MISSING_PART",
+        &fn_parts,
+    );
+    assert!(m.starts_with("the \"wasm\" part is required;"), "{m}");
+    // The parts the hint names deploy.
+    let (s, _, b) = call(
+        &node,
+        &key,
+        "POST",
+        "/v1/functions",
+        &[FORM],
+        Some(&multipart(&[("name", b"echo"), ("wasm", &echo)])),
+    );
+    assert_eq!(s, 201, "{b}");
+
+    // A static site's parts.
+    let site = ["name", "hosts", "tarball", "routes", "policy"];
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/deployments",
+            &[FORM],
+            Some(&multipart(&[
+                ("name", b"s"),
+                ("hosts", b"s.forms.test"),
+                ("site", b"x"),
+            ])),
+        ),
+        400,
+        "UNKNOWN_PART",
+        &site,
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/deployments",
+            &[FORM],
+            Some(&multipart(&[("name", b"s"), ("hosts", b"s.forms.test")])),
+        ),
+        400,
+        "MISSING_PART",
+        &site,
+    );
+    // An upstream deployment's fields (a typo: `host`), and the site's parts.
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/deployments",
+            &[("content-type", "application/json")],
+            Some(br#"{"name":"s","host":["s.forms.test"]}"#),
+        ),
+        400,
+        "INVALID_JSON",
+        &["name, hosts, upstream, routes, policy", "tarball"],
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/deployments/s/rollback",
+            &[],
+            Some(br#"{"to": 1}"#),
+        ),
+        400,
+        "INVALID_JSON",
+        &["with the fields version"],
+    );
+
+    // JSON routes: an unknown field, a missing one, the wrong media type,
+    // a body that is no JSON.
+    let key_fields = "POST /v1/auth/api-keys takes a JSON object with the fields \
+                      name, role, grants, expires_in_days, kind";
+    let json_ct = [("content-type", "application/json")];
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/auth/api-keys",
+            &json_ct,
+            Some(br#"{"roles":"reader"}"#),
+        ),
+        400,
+        "MALFORMED_JSON",
+        &["roles", key_fields],
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/auth/api-keys",
+            &json_ct,
+            Some(b"role=reader"),
+        ),
+        400,
+        "MALFORMED_JSON",
+        &[key_fields],
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/auth/api-keys",
+            &[("content-type", "text/plain")],
+            Some(br#"{"role":"reader"}"#),
+        ),
+        415,
+        "UNSUPPORTED_MEDIA_TYPE",
+        &[key_fields],
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            OPERATOR_KEY,
+            "POST",
+            "/v1/namespaces",
+            &json_ct,
+            Some(br#"{"nmae":"x"}"#),
+        ),
+        400,
+        "MALFORMED_JSON",
+        &[
+            "POST /v1/namespaces takes a JSON object with the fields name, members, \
+           rate_per_minute, rate_burst",
+        ],
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/pubsub/publish",
+            &json_ct,
+            Some(br#"{"topic":"t","data":"aGk="}"#),
+        ),
+        400,
+        "MALFORMED_JSON",
+        &["POST /v1/pubsub/publish takes a JSON object with the fields topic, data_base64"],
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            OPERATOR_KEY,
+            "PUT",
+            "/v1/namespaces/forms/quotas",
+            &json_ct,
+            Some(br#"{"kv_keys":"lots"}"#),
+        ),
+        400,
+        "MALFORMED_JSON",
+        &[
+            "PUT /v1/namespaces/{namespace}/quotas takes",
+            "history_topics",
+        ],
+    );
+    names_what_it_takes(
+        call(
+            &node,
+            OPERATOR_KEY,
+            "PUT",
+            "/v1/namespaces/forms/quotas",
+            &json_ct,
+            Some(br#"{"kv_key":5}"#),
+        ),
+        400,
+        "BAD_REQUEST",
+        &["\"kv_key\" is not a quota", "kv_keys", "history_topics"],
+    );
+}

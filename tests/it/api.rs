@@ -1,5 +1,6 @@
 //! The HTTP API as a new user meets it: a refused body names the parts or
-//! fields its route takes.
+//! fields its route takes; a quota's refusal says what frees it and is not
+//! retryable.
 
 use crate::common::*;
 
@@ -319,4 +320,70 @@ fn body_refusals_name_what_the_route_takes() {
         "BAD_REQUEST",
         &["\"kv_key\" is not a quota", "kv_keys", "history_topics"],
     );
+}
+
+/// Quotas for [`quota_refusals_say_what_frees_them_and_are_not_retryable`].
+const QUOTAS: &str = "[quotas]\nkv_bytes = 100\nkv_keys = 1\nfunctions = 1\n";
+
+/// A write past a count quota (KV keys, functions) is 429 and past a byte
+/// quota 413, `QUOTA_EXCEEDED`, `retryable: false`, without `Retry-After`,
+/// its message naming the quota, what frees it and the operator; once
+/// something is deleted the same write passes.
+#[test]
+fn quota_refusals_say_what_frees_them_and_are_not_retryable() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}{QUOTAS}"),
+        ..Default::default()
+    });
+    let key = node.create_namespace("quota");
+    let refused = |(s, h, b): (u16, Vec<(String, String)>, String), status: u16, names: &[&str]| {
+        assert_eq!(s, status, "{b}");
+        assert_eq!(header(&h, "retry-after"), None, "{h:?}");
+        let (code, retryable, message) = envelope(&b);
+        assert_eq!((code.as_str(), retryable), ("QUOTA_EXCEEDED", false), "{b}");
+        for n in names {
+            assert!(message.contains(n), "{n:?} not in: {message}");
+        }
+    };
+    let put = |k: &str, v: &[u8]| call(&node, &key, "PUT", &format!("/v1/kv/{k}"), &[], Some(v));
+    assert_eq!(put("a", b"1").0, 200);
+    refused(
+        put("b", b"2"),
+        429,
+        &[
+            "quota kv_keys exceeded: 1 of 1 used",
+            "delete KV keys",
+            "ask the operator to raise the quota",
+        ],
+    );
+    refused(
+        put("a", &[b'x'; 200]),
+        413,
+        &["quota kv_bytes exceeded", "delete KV keys", "operator"],
+    );
+    assert_eq!(call(&node, &key, "DELETE", "/v1/kv/a", &[], None).0, 200);
+    assert_eq!(put("b", b"2").0, 200, "deleting made room");
+
+    let echo = echo_wasm();
+    let deploy = |name: &[u8]| {
+        call(
+            &node,
+            &key,
+            "POST",
+            "/v1/functions",
+            &[FORM],
+            Some(&multipart(&[("name", name), ("wasm", &echo)])),
+        )
+    };
+    assert_eq!(deploy(b"one").0, 201);
+    refused(
+        deploy(b"two"),
+        429,
+        &["quota functions exceeded", "delete a function", "operator"],
+    );
+    assert_eq!(
+        call(&node, &key, "DELETE", "/v1/functions/one", &[], None).0,
+        200
+    );
+    assert_eq!(deploy(b"two").0, 201, "deleting made room");
 }

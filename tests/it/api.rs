@@ -1,8 +1,12 @@
 //! The HTTP API as a new user meets it: a refused body names the parts or
 //! fields its route takes; a quota's refusal says what frees it and is not
-//! retryable.
+//! retryable; a created key is answered in one shape whether it comes with
+//! a namespace or alone; a deployment is answered in one shape by create,
+//! show and rollback.
 
 use crate::common::*;
+use crate::deploy::{deploy_static, tarball, via};
+use serde_json::Value;
 
 /// The error envelope of `body`: (code, retryable, message); `ok` is false.
 fn envelope(body: &str) -> (String, bool, String) {
@@ -386,4 +390,110 @@ fn quota_refusals_say_what_frees_them_and_are_not_retryable() {
         200
     );
     assert_eq!(deploy(b"two").0, 201, "deleting made room");
+}
+
+/// The field names of a JSON object, sorted.
+fn fields(v: &Value) -> Vec<String> {
+    let mut f: Vec<String> = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .cloned()
+        .collect();
+    f.sort();
+    f
+}
+
+/// A namespace's owner key and a key made later are answered alike: the
+/// secret as `api_key` (a string, shown once) and the key as `key`, the
+/// object the key list shows (its `id` revokes it); the namespace's answer
+/// adds `namespace`. Both secrets work.
+#[test]
+fn a_created_key_has_one_shape() {
+    let node = TestNode::start();
+    let (s, b) = node.op("POST", "/v1/namespaces", Some(r#"{"name":"keys"}"#));
+    assert_eq!(s, 201, "{b}");
+    let ns = json(&b);
+    assert_eq!(fields(&ns), ["api_key", "key", "namespace"], "{b}");
+    assert_eq!(ns["namespace"]["name"], "keys", "{b}");
+    let owner = ns["api_key"].as_str().expect("the secret").to_string();
+    let owner_key = &ns["key"];
+    assert_eq!(
+        (owner_key["name"].as_str(), owner_key["role"].as_str()),
+        (Some("owner"), Some("owner")),
+        "{b}"
+    );
+
+    let (s, b) = node.with_key(
+        &owner,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"name":"r","role":"reader"}"#),
+    );
+    assert_eq!(s, 201, "{b}");
+    let made = json(&b);
+    assert_eq!(fields(&made), ["api_key", "key"], "{b}");
+    let reader = made["api_key"].as_str().expect("the secret").to_string();
+    assert_eq!(fields(&made["key"]), fields(owner_key), "one key object");
+    assert_eq!(made["key"]["role"], "reader");
+    assert!(!b.contains("\"record\"") && !b.contains("key_id"), "{b}");
+
+    // The key list shows the same objects, never a secret.
+    let (s, b) = node.with_key(&owner, "GET", "/v1/auth/api-keys", None);
+    assert_eq!(s, 200, "{b}");
+    let listed = json(&b)["keys"].as_array().unwrap().clone();
+    for k in [owner_key, &made["key"]] {
+        assert!(listed.contains(k), "{k} not listed as answered: {b}");
+    }
+    assert!(!b.contains(&owner) && !b.contains(&reader));
+    for secret in [&owner, &reader] {
+        assert_eq!(node.with_key(secret, "GET", "/v1/auth/whoami", None).0, 200);
+    }
+    // The `id` answered is the one that revokes it.
+    let id = made["key"]["id"].as_str().unwrap();
+    let path = format!("/v1/auth/api-keys/{id}");
+    assert_eq!(node.with_key(&owner, "DELETE", &path, None).0, 200);
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the revoked key refused",
+        || node.with_key(&reader, "GET", "/v1/auth/whoami", None).0 == 401,
+    );
+}
+
+/// Create (201), show (200) and rollback (200) of a deployment answer the
+/// same shape, `{"ok": true, "deployment": {...}}`, and show's deployment
+/// is the one create answered.
+#[test]
+fn a_deployment_has_one_shape() {
+    let node = TestNode::start();
+    let key = node.create_namespace("shape");
+    let site = |text: &[u8]| tarball(&[("./index.html", 'f', text)]);
+    let (s, b) = deploy_static(&node, &key, "www", "www.shape.test", &site(b"v1"));
+    assert_eq!(s, 201, "{b}");
+    let created = json(&b);
+    assert_eq!(fields(&created), ["deployment", "ok"], "{b}");
+    assert_eq!(created["ok"], true);
+    assert_eq!(created["deployment"]["version"], 1, "{b}");
+
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/www", None);
+    assert_eq!(s, 200, "{b}");
+    let shown = json(&b);
+    assert_eq!(fields(&shown), ["deployment", "ok"], "{b}");
+    assert_eq!(shown, created, "show answers what create answered");
+
+    let (s, b) = deploy_static(&node, &key, "www", "www.shape.test", &site(b"v2"));
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(json(&b)["deployment"]["version"], 2, "{b}");
+    let (s, b) = node.with_key(&key, "POST", "/v1/deployments/www/rollback", None);
+    assert_eq!(s, 200, "{b}");
+    let rolled = json(&b);
+    assert_eq!(fields(&rolled), ["deployment", "ok"], "{b}");
+    assert_eq!(rolled["deployment"]["version"], 1, "{b}");
+    assert_eq!(
+        fields(&rolled["deployment"]),
+        fields(&created["deployment"]),
+        "one deployment object"
+    );
+    let (s, _, body) = via(&node, "www.shape.test", "GET", "/", &[], None);
+    assert_eq!((s, body.as_slice()), (200, &b"v1"[..]));
 }

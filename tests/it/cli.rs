@@ -92,7 +92,7 @@ fn cli_keys_namespaces_and_deployments() {
     assert_eq!(s, 201, "{b}");
     let created = json(&b);
     let reader = created["api_key"].as_str().unwrap().to_string();
-    let id = created["record"]["id"].as_str().unwrap().to_string();
+    let id = created["key"]["id"].as_str().unwrap().to_string();
     assert_eq!(node.with_key(&reader, "GET", "/v1/kv/x", None).0, 404);
 
     // keys revoke: prints what it revoked; the key is refused from then on.
@@ -148,8 +148,11 @@ fn cli_keys_namespaces_and_deployments() {
     wait_until(Duration::from_secs(10), "the host proxied", || {
         routed(&node, host) == (200, "upstream says hi".into())
     });
-    // deploy show: the deployment with its instance and the instance's health.
-    let out = printed(&cli(base, &["deploy", "show", "api", "--key", &owner]));
+    // deploy show: the deployment with its instance and the instance's health,
+    // in the answer every deployment route gives (`{"ok", "deployment"}`).
+    let shown = printed(&cli(base, &["deploy", "show", "api", "--key", &owner]));
+    assert_eq!(shown["ok"], true, "{shown:#}");
+    let out = &shown["deployment"];
     assert_eq!(
         (out["name"].as_str(), out["target"]["kind"].as_str()),
         (Some("api"), Some("upstream")),
@@ -360,4 +363,63 @@ fn cli_deploy_static_with_a_policy() {
     let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/www/versions", None);
     assert_eq!(s, 200, "{b}");
     assert_eq!(json(&b)["versions"].as_array().unwrap().len(), 1, "{b}");
+}
+
+/// Runs `meshgate ARGS --url BASE`; panics on a non-zero exit; returns
+/// stdout and stderr.
+fn cli_both(base: &str, args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .args(["--url", base])
+        .env_remove("MESHGATE_KEY")
+        .env_remove("MESHGATE_URL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{args:?}: {err}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+}
+
+/// `ns create` and `keys create` print the new secret alone on stdout (a
+/// script captures it) and name the key's id on stderr, the id the key
+/// list shows and `keys revoke` takes; both secrets work.
+#[test]
+fn key_creating_commands_print_the_secret_and_name_its_id() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let ids = |key: &str| -> Vec<String> {
+        let (s, b) = node.with_key(key, "GET", "/v1/auth/api-keys", None);
+        assert_eq!(s, 200, "{b}");
+        json(&b)["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (out, err) = cli_both(base, &["ns", "create", "clikeys", "--key", OPERATOR_KEY]);
+    let owner = out.trim().to_string();
+    assert!(owner.starts_with("mg_sk_"), "{out}");
+    assert_eq!(node.with_key(&owner, "GET", "/v1/auth/whoami", None).0, 200);
+    let owner_id = ids(&owner).pop().expect("the owner key listed");
+    assert!(err.contains(&format!("owner API key {owner_id} ")), "{err}");
+
+    let (out, err) = cli_both(
+        base,
+        &[
+            "keys", "create", "--role", "reader", "--name", "r", "--key", &owner,
+        ],
+    );
+    let reader = out.trim().to_string();
+    assert!(reader.starts_with("mg_sk_"), "{out}");
+    assert_eq!(
+        node.with_key(&reader, "GET", "/v1/auth/whoami", None).0,
+        200
+    );
+    let listed = ids(&owner);
+    let id = listed
+        .iter()
+        .find(|i| **i != owner_id)
+        .expect("the new key listed");
+    assert!(err.contains(&format!("key {id} created")), "{err}");
 }

@@ -506,7 +506,9 @@ async fn create_key(
         now(),
     )
     .await?;
-    Ok(HttpResponse::Created().json(json!({"key": key, "api_key": key, "record": record})))
+    // The secret once (`api_key`) and the key as the key list shows it
+    // (`key`); `POST /v1/namespaces` answers its owner key the same way.
+    Ok(HttpResponse::Created().json(json!({"api_key": key, "key": record})))
 }
 
 /// `GET /v1/keys[?limit=&cursor=]`: one page of the namespace's API keys, by id.

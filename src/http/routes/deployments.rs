@@ -221,7 +221,7 @@ async fn create(
         node.blob_sweeps.request();
     }
     let d = d?;
-    Ok(HttpResponse::Created().json(json!({"ok": true, "deployment": d})))
+    Ok(HttpResponse::Created().json(one(d)))
 }
 
 async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<NewDeployment> {
@@ -460,7 +460,8 @@ async fn show(
     name: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     ctx.require("deployments", "read", &name)?;
-    Ok(HttpResponse::Ok().json(node.deployments.show(&ctx.name, &name).await?))
+    let d = node.deployments.show(&ctx.name, &name).await?;
+    Ok(HttpResponse::Ok().json(one(d)))
 }
 
 async fn versions(

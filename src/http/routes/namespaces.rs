@@ -173,8 +173,10 @@ async fn create(
     }
     limiters.forget_namespace(&body.name);
     tracing::info!(namespace = %body.name, "Namespace created.");
+    // The owner key is answered as `POST /v1/auth/api-keys` answers a new
+    // key (`api_key` and `key`), beside the namespace.
     Ok(HttpResponse::Created().json(json!({
-        "namespace": record, "api_key": key, "key_id": key_record.id,
+        "namespace": record, "api_key": key, "key": key_record,
     })))
 }
 

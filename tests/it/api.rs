@@ -2,7 +2,8 @@
 //! fields its route takes; a quota's refusal says what frees it and is not
 //! retryable; a created key is answered in one shape whether it comes with
 //! a namespace or alone; a deployment is answered in one shape by create,
-//! show and rollback.
+//! show and rollback; a namespace's stats carry its own deployments' route
+//! figures and no other namespace's.
 
 use crate::common::*;
 use crate::deploy::{deploy_static, tarball, via};
@@ -496,4 +497,80 @@ fn a_deployment_has_one_shape() {
     );
     let (s, _, body) = via(&node, "www.shape.test", "GET", "/", &[], None);
     assert_eq!((s, body.as_slice()), (200, &b"v1"[..]));
+}
+
+/// Each of two namespaces serves a site named `web`; each one's
+/// `GET /v1/namespaces/{ns}/stats` shows its own route's figures (requests
+/// by status class, latency), never the other's; another namespace's key
+/// and a key without `namespace:read` are refused.
+#[test]
+fn namespace_stats_show_its_own_deployment_routes() {
+    let node = TestNode::start();
+    let a = node.create_namespace("stats-a");
+    let b = node.create_namespace("stats-b");
+    let site = tarball(&[("./index.html", 'f', b"hi")]);
+    for (key, host) in [(&a, "web.stats-a.test"), (&b, "web.stats-b.test")] {
+        let (s, body) = deploy_static(&node, key, "web", host, &site);
+        assert_eq!(s, 201, "{body}");
+    }
+    for _ in 0..3 {
+        assert_eq!(via(&node, "web.stats-a.test", "GET", "/", &[], None).0, 200);
+    }
+    assert_eq!(
+        via(&node, "web.stats-a.test", "GET", "/missing", &[], None).0,
+        404
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            via(&node, "web.stats-b.test", "GET", "/missing", &[], None).0,
+            404
+        );
+    }
+
+    let stats = |key: &str, ns: &str| {
+        let (s, body) = node.with_key(key, "GET", &format!("/v1/namespaces/{ns}/stats"), None);
+        assert_eq!(s, 200, "{body}");
+        json(&body)
+    };
+    let own = stats(&a, "stats-a");
+    assert_eq!(fields(&own["deployments"]), ["web"], "{own}");
+    assert_eq!(fields(&own["deployments"]["web"]), ["/"], "{own}");
+    let route = &own["deployments"]["web"]["/"];
+    assert_eq!(
+        route["requests"],
+        serde_json::json!({"2xx": 3, "4xx": 1}),
+        "stats-a's requests only: {own}"
+    );
+    assert_eq!(route["latency"]["count"], 4, "{own}");
+    assert!(
+        route["latency"]["sum_seconds"].as_f64().unwrap() > 0.0,
+        "{own}"
+    );
+    let p50 = route["latency"]["p50_seconds"].as_f64().unwrap();
+    let p99 = route["latency"]["p99_seconds"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p50 <= p99, "{own}");
+    assert_eq!(route["upstream_attempts"], serde_json::json!({}), "{own}");
+
+    let theirs = stats(&b, "stats-b");
+    assert_eq!(
+        theirs["deployments"]["web"]["/"]["requests"],
+        serde_json::json!({"4xx": 5}),
+        "{theirs}"
+    );
+
+    // stats-b's key on stats-a's stats, and a key of stats-a without the grant.
+    let (s, body) = node.with_key(&b, "GET", "/v1/namespaces/stats-a/stats", None);
+    assert_eq!(s, 403, "{body}");
+    assert!(!body.contains("\"2xx\""), "{body}");
+    let (s, body) = node.with_key(
+        &a,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"grants":["kv:read:*"]}"#),
+    );
+    assert_eq!(s, 201, "{body}");
+    let narrow = json(&body)["api_key"].as_str().unwrap().to_string();
+    let (s, body) = node.with_key(&narrow, "GET", "/v1/namespaces/stats-a/stats", None);
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(envelope(&body).0, "MISSING_GRANT", "{body}");
 }

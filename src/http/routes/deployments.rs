@@ -73,7 +73,7 @@ fn bad(code: Code, message: impl Into<String>) -> ApiError {
 
 /// The one answer that carries a deployment (create, show, rollback):
 /// `{"ok": true, "deployment": {...}}` (docs/deployments.md "Creating one").
-fn one(d: impl serde::Serialize) -> serde_json::Value {
+fn deployment_answer(d: impl serde::Serialize) -> serde_json::Value {
     json!({"ok": true, "deployment": d})
 }
 
@@ -221,7 +221,7 @@ async fn create(
         node.blob_sweeps.request();
     }
     let d = d?;
-    Ok(HttpResponse::Created().json(one(d)))
+    Ok(HttpResponse::Created().json(deployment_answer(d)))
 }
 
 async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<NewDeployment> {
@@ -461,7 +461,7 @@ async fn show(
 ) -> ApiResult<HttpResponse> {
     ctx.require("deployments", "read", &name)?;
     let d = node.deployments.show(&ctx.name, &name).await?;
-    Ok(HttpResponse::Ok().json(one(d)))
+    Ok(HttpResponse::Ok().json(deployment_answer(d)))
 }
 
 async fn versions(
@@ -521,7 +521,7 @@ async fn rollback(
             .version
     };
     let d = node.deployments.rollback(&ctx.name, &name, to).await?;
-    Ok(HttpResponse::Ok().json(one(d)))
+    Ok(HttpResponse::Ok().json(deployment_answer(d)))
 }
 
 async fn delete(

@@ -504,7 +504,10 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
                 Some(json!({"name": name})),
             )
             .await?;
-            eprintln!("namespace {name} created; its owner API key (shown once):");
+            eprintln!(
+                "namespace {name} created; its owner API key {} (shown once):",
+                v["key"]["id"].as_str().unwrap_or_default()
+            );
             println!("{}", v["api_key"].as_str().unwrap_or_default());
         }
         Command::Ns(NsCommand::List { page, client }) => {
@@ -534,9 +537,9 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
             let v = call(&client, "POST", "/v1/auth/api-keys", Some(body)).await?;
             eprintln!(
                 "key {} created (shown once):",
-                v["record"]["id"].as_str().unwrap_or_default()
+                v["key"]["id"].as_str().unwrap_or_default()
             );
-            println!("{}", v["key"].as_str().unwrap_or_default());
+            println!("{}", v["api_key"].as_str().unwrap_or_default());
         }
         Command::Keys(KeysCommand::List { page, client }) => {
             print(&list(&client, "/v1/auth/api-keys", "", "keys", &page).await?)

@@ -219,8 +219,10 @@ codes! {
     TooManyChallenges = "TOO_MANY_CHALLENGES", 429, Client, true;
     FunctionBusy = "FUNCTION_BUSY", 429, Node, true;
     /// A namespace quota would be passed (413 instead for the byte quotas);
-    /// the message names the quota. Retryable once something is deleted.
-    QuotaExceeded = "QUOTA_EXCEEDED", 429, Client, true;
+    /// the message names the quota and what frees it. Not retryable (the
+    /// one 429 that is not): the same request passes only once the
+    /// namespace deleted something or the operator raised the quota.
+    QuotaExceeded = "QUOTA_EXCEEDED", 429, Client, false;
     /// The namespace's previous compile is still waiting or running.
     CompileBusy = "COMPILE_BUSY", 429, Client, true;
     /// The namespace's previous export is still being built or sent.
@@ -402,8 +404,8 @@ mod tests {
     }
 
     /// The table's columns agree: 4xx are the client's (retryable only when
-    /// rate limited), 5xx never the client's; a guest's failure never marks
-    /// the gateway.
+    /// rate limited: a 429 but a quota's), 5xx never the client's; a guest's
+    /// failure never marks the gateway.
     #[test]
     fn the_table_is_consistent() {
         for &c in Code::ALL {
@@ -416,7 +418,8 @@ mod tests {
                 assert!(!c.retryable(), "{c} is a 4xx and retryable");
             }
             if s == StatusCode::TOO_MANY_REQUESTS {
-                assert!(c.retryable(), "{c}");
+                // A quota frees only when the namespace holds less.
+                assert_eq!(c.retryable(), c != Code::QuotaExceeded, "{c}");
             }
         }
         assert!(!ApiError::new(Code::FunctionTimeout, "x").is_gateway_fault());

@@ -116,6 +116,25 @@ impl Resource {
         )
     }
 
+    /// What gives room back under this quota, for the refusal's message.
+    pub fn frees(self) -> &'static str {
+        match self {
+            Resource::KvBytes => "delete KV keys or write smaller values",
+            Resource::KvKeys => "delete KV keys",
+            Resource::Functions => "delete a function",
+            Resource::ModuleBytes => "delete a function",
+            Resource::Deployments => "delete a deployment",
+            Resource::Hosts => "delete a deployment or give one fewer hosts",
+            Resource::SiteBytes => "delete a deployment",
+            Resource::Sockets => "close one of the namespace's sockets on this node",
+            Resource::Subscriptions => "unsubscribe from a topic or close a socket on this node",
+            Resource::HistoryBytes => "import less history",
+            Resource::HistoryTopics => {
+                "let topics' publications expire and their subscribers leave"
+            }
+        }
+    }
+
     /// The usage record group it is counted in (stored resources only).
     fn group(self) -> Option<Group> {
         match self {
@@ -179,6 +198,11 @@ pub fn usage_prefix(ns: &str) -> String {
     format!("usage/{ns}/")
 }
 
+/// Every quota's name, comma separated, for messages.
+pub fn names() -> String {
+    Resource::ALL.map(Resource::name).join(", ")
+}
+
 /// The operator's per-namespace limits, by resource name; the rest are `[quotas]`'s.
 pub type Overrides = BTreeMap<String, u64>;
 
@@ -189,10 +213,7 @@ pub fn check_overrides(o: &Overrides) -> Result<(), ApiError> {
         if Resource::parse(name).is_none() {
             return Err(ApiError::new(
                 Code::BadRequest,
-                format!(
-                    "{name:?} is not a quota (kv_bytes, kv_keys, functions, module_bytes, \
-                     deployments, hosts, site_bytes, sockets, subscriptions, history_bytes)"
-                ),
+                format!("{name:?} is not a quota ({})", names()),
             ));
         }
         if *v > (1u64 << 53) {
@@ -277,22 +298,22 @@ impl Usage {
     }
 }
 
-/// `Retry-After` seconds of a count quota's 429.
-pub const QUOTA_RETRY_AFTER: u64 = 60;
-
 /// The refusal of a change that would take `r` past its limit: 413 for
-/// bytes, 429 for counts, `QUOTA_EXCEEDED` either way, naming the quota.
+/// bytes, 429 for counts, `QUOTA_EXCEEDED` either way, naming the quota and
+/// what gives room back. Not retryable and without `Retry-After`: the same
+/// change passes only once the namespace holds less or the operator raised
+/// the quota (docs/quotas.md).
 pub fn exceeded(r: Resource, used: u64, need: u64, limit: u64) -> ApiError {
     let msg = format!(
-        "quota {} exceeded: {used} of {limit} used, this change needs {need} more",
-        r.name()
+        "quota {} exceeded: {used} of {limit} used, this change needs {need} more; {} \
+         to make room, or ask the operator to raise the quota",
+        r.name(),
+        r.frees()
     );
     if r.is_bytes() {
         ApiError::with_status(StatusCode::PAYLOAD_TOO_LARGE, Code::QuotaExceeded, msg)
     } else {
-        // A 429 carries Retry-After like every other (README); the quota
-        // frees only when something is deleted, so the hint is long.
-        ApiError::new(Code::QuotaExceeded, msg).retry_after(QUOTA_RETRY_AFTER)
+        ApiError::new(Code::QuotaExceeded, msg)
     }
 }
 
@@ -489,7 +510,8 @@ mod tests {
     use super::*;
 
     /// A change within the limit lands; one past it is refused whole, naming
-    /// the quota, 413 for bytes and 429 for counts; shrinking always passes.
+    /// the quota and what frees it, 413 for bytes and 429 for counts, never
+    /// retryable; shrinking always passes.
     #[test]
     fn usage_applies_within_limits_only() {
         let cfg = QuotaConfig {
@@ -514,7 +536,16 @@ mod tests {
             .apply(&limits, &[(Resource::KvKeys, 1)])
             .expect_err("past kv_keys");
         assert_eq!((e.status.as_u16(), e.code), (429, Code::QuotaExceeded));
-        assert_eq!(e.retry_after, Some(QUOTA_RETRY_AFTER));
+        assert_eq!(
+            e.retry_after, None,
+            "a quota frees only when something goes"
+        );
+        assert!(!e.retryable());
+        assert!(
+            e.message.contains("delete KV keys") && e.message.contains("operator"),
+            "{}",
+            e.message
+        );
         u.apply(
             &limits,
             &[(Resource::KvBytes, -500), (Resource::KvKeys, -1)],

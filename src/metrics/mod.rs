@@ -22,7 +22,7 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 pub mod namespaced;
@@ -644,6 +644,127 @@ pub struct NamespaceStats {
     pub breakers: std::collections::BTreeMap<String, i64>,
 }
 
+/// One namespace's deployments on this node, by deployment name then by
+/// route (its declared `path_prefix`), as `GET /v1/namespaces/{namespace}/stats`
+/// answers them under `deployments`.
+pub type DeploymentStats = BTreeMap<String, BTreeMap<String, RouteStats>>;
+
+/// One deployment route's figures on this node since it started: what
+/// `meshgate_route_requests_total`, `meshgate_route_duration_seconds` and
+/// `meshgate_upstream_requests_total` hold for it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RouteStats {
+    /// Requests the route answered, by status class (`1xx` to `5xx`); a
+    /// class it never answered is left out.
+    pub requests: BTreeMap<String, u64>,
+    /// Time to the response headers.
+    pub latency: Latency,
+    /// Attempts to reach an upstream instance, by outcome (`answered`,
+    /// `connect_failed`, `refused`, `timeout`, `failed`), every instance
+    /// summed; empty for a static site.
+    pub upstream_attempts: BTreeMap<String, u64>,
+}
+
+/// A route's answer times, from its histogram (the buckets of
+/// `meshgate_route_duration_seconds`, so a quantile is interpolated within
+/// a bucket; past the last bucket, 30 s, it reads as the bound).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Latency {
+    /// Requests timed.
+    pub count: u64,
+    /// Their seconds, summed.
+    pub sum_seconds: f64,
+    /// Median, in seconds; null before the first request.
+    pub p50_seconds: Option<f64>,
+    /// 90th percentile, in seconds.
+    pub p90_seconds: Option<f64>,
+    /// 99th percentile, in seconds.
+    pub p99_seconds: Option<f64>,
+}
+
+/// The figures of the route a series' labels name, made on first use.
+fn route_in<'a>(
+    out: &'a mut DeploymentStats,
+    label: &dyn Fn(&str) -> String,
+) -> &'a mut RouteStats {
+    out.entry(label("deployment"))
+        .or_default()
+        .entry(label("route"))
+        .or_default()
+}
+
+impl Metrics {
+    /// One namespace's deployment routes' figures, read from its own series
+    /// (no series is created by reading; another namespace's are never
+    /// read). A route counted past `[metrics] route_series_limit` is in the
+    /// deployment and route `_other`.
+    pub fn deployment_stats(&self, namespace: &str) -> DeploymentStats {
+        let mut out = DeploymentStats::new();
+        self.namespaced
+            .each_record_of(namespace, |family, label, m| match family {
+                "meshgate_route_requests_total" => {
+                    let n = m.get_counter().get_value() as u64;
+                    *route_in(&mut out, label)
+                        .requests
+                        .entry(label("status_class"))
+                        .or_default() += n;
+                }
+                "meshgate_upstream_requests_total" => {
+                    let n = m.get_counter().get_value() as u64;
+                    *route_in(&mut out, label)
+                        .upstream_attempts
+                        .entry(label("outcome"))
+                        .or_default() += n;
+                }
+                "meshgate_route_duration_seconds" => {
+                    let h = m.get_histogram();
+                    let bounds: Vec<f64> = h.get_bucket().iter().map(|b| b.upper_bound()).collect();
+                    let counts: Vec<u64> = h
+                        .get_bucket()
+                        .iter()
+                        .map(|b| b.cumulative_count())
+                        .collect();
+                    let q = |q| window_quantile(&bounds, &counts, None, q);
+                    route_in(&mut out, label).latency = Latency {
+                        count: h.get_sample_count(),
+                        sum_seconds: h.get_sample_sum(),
+                        p50_seconds: q(0.5),
+                        p90_seconds: q(0.9),
+                        p99_seconds: q(0.99),
+                    };
+                }
+                _ => {}
+            });
+        out
+    }
+}
+
+/// The `q` quantile of the observations between two cumulative readings.
+pub fn window_quantile(bounds: &[f64], now: &[u64], before: Option<&[u64]>, q: f64) -> Option<f64> {
+    let diff: Vec<u64> = now
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.saturating_sub(before.and_then(|b| b.get(i)).copied().unwrap_or(0)))
+        .collect();
+    let total = *diff.last()?;
+    if total == 0 {
+        return None;
+    }
+    let rank = q * total as f64;
+    let (mut prev_bound, mut prev_count) = (0.0, 0u64);
+    for (bound, count) in bounds.iter().zip(&diff) {
+        if *count as f64 >= rank {
+            let in_bucket = (count - prev_count).max(1) as f64;
+            let frac = ((rank - prev_count as f64) / in_bucket).clamp(0.0, 1.0);
+            return Some(prev_bound + (bound - prev_bound) * frac);
+        }
+        prev_bound = *bound;
+        prev_count = *count;
+    }
+    // Past the last finite bucket: report its bound (a lower bound of the truth).
+    Some(prev_bound)
+}
+
 /// The text encoding of `families`.
 fn encode(families: &[prometheus::proto::MetricFamily]) -> String {
     let mut buf = Vec::new();
@@ -1104,6 +1225,34 @@ mod public_tests {
         assert_eq!(a.subscribers, 3);
         assert_eq!(m.namespace_stats("gamma").messages_handled, 0);
         assert!(!m.render(100).contains("gamma"), "reading made no series");
+    }
+
+    /// A namespace's deployment stats are its own routes' series, by
+    /// deployment and route: requests by class, latency, upstream attempts;
+    /// another namespace's same-named deployment is not in them.
+    #[test]
+    fn deployment_stats_read_one_namespace() {
+        let m = Metrics::new();
+        let a = vec![("http://10.0.0.1:80".to_string(), "answered")];
+        m.observe_route("alpha", "web", "/api", 200, 0.01, &a);
+        m.observe_route("alpha", "web", "/api", 503, 0.02, &a);
+        m.observe_route("alpha", "site", "/", 404, 0.001, &[]);
+        m.observe_route("beta", "web", "/api", 500, 5.0, &a);
+        let s = m.deployment_stats("alpha");
+        assert_eq!(s.keys().collect::<Vec<_>>(), ["site", "web"]);
+        let api = &s["web"]["/api"];
+        assert_eq!(
+            api.requests,
+            BTreeMap::from([("2xx".to_string(), 1), ("5xx".to_string(), 1)])
+        );
+        assert_eq!(api.upstream_attempts["answered"], 2);
+        assert_eq!(api.latency.count, 2);
+        assert!((api.latency.sum_seconds - 0.03).abs() < 1e-9);
+        let p99 = api.latency.p99_seconds.expect("timed");
+        assert!(p99 > 0.005 && p99 <= 0.025, "{p99}");
+        assert!(s["site"]["/"].upstream_attempts.is_empty());
+        assert_eq!(m.deployment_stats("beta")["web"]["/api"].requests["5xx"], 1);
+        assert!(m.deployment_stats("gamma").is_empty());
     }
 }
 

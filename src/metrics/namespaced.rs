@@ -517,6 +517,23 @@ impl NsIndex {
         }
     }
 
+    /// Calls `each` with every series of one namespace whole: (family name,
+    /// the series' label lookup, its record: a counter's or gauge's value,
+    /// a histogram's count, sum and buckets). Reading creates no series.
+    pub fn each_record_of(
+        &self,
+        namespace: &str,
+        mut each: impl FnMut(&str, &dyn Fn(&str) -> String, &proto::Metric),
+    ) {
+        if let Some(e) = self.get(namespace) {
+            let series = e.series.lock().clone();
+            for c in series {
+                let label = |n: &str| c.label(n).unwrap_or_default().to_string();
+                each(c.family.name, &label, &c.series.proto());
+            }
+        }
+    }
+
     /// Calls `each` with every series of every namespace: (namespace, family
     /// name, label lookup, value). O(namespaces), reading the values without
     /// building the exposition's records: the dashboard's reading.

@@ -383,8 +383,8 @@ fn bad_api_keys_are_refused() {
     );
     assert_eq!(s, 201, "{b}");
     let v = json(&b);
-    let reader = v["key"].as_str().unwrap().to_string();
-    let id = v["record"]["id"].as_str().unwrap().to_string();
+    let reader = v["api_key"].as_str().unwrap().to_string();
+    let id = v["key"]["id"].as_str().unwrap().to_string();
     assert_eq!(whoami(&node, &reader).0, 200);
     let (s, b) = node.with_key(&owner, "GET", "/v1/auth/api-keys", None);
     assert_eq!(s, 200);
@@ -403,7 +403,7 @@ fn bad_api_keys_are_refused() {
         "/v1/auth/api-keys",
         Some(br#"{"role":"reader"}"#),
     );
-    let reader2 = json(&b)["key"].as_str().unwrap().to_string();
+    let reader2 = json(&b)["api_key"].as_str().unwrap().to_string();
     let (s, _) = node.with_key(
         &reader2,
         "POST",
@@ -651,7 +651,7 @@ fn grants_and_scopes() {
         "/v1/auth/api-keys",
         Some(br#"{"grants":["kv:read:public/*"]}"#),
     );
-    let narrow = json(&b)["key"].as_str().unwrap().to_string();
+    let narrow = json(&b)["api_key"].as_str().unwrap().to_string();
     assert_eq!(
         node.with_key(&owner, "PUT", "/v1/kv/public/a", Some(b"1"))
             .0,

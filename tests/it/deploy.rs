@@ -617,7 +617,7 @@ fn proxy_routes_rewrites_and_balances() {
     assert_eq!((s, code(&body).as_str()), (503, "NO_HEALTHY_UPSTREAM"));
     assert!(header(&h, "retry-after").is_some());
     let (_, b) = node.with_key(&key, "GET", "/v1/deployments/down", None);
-    let inst = &json(&b)["target"]["instances"];
+    let inst = &json(&b)["deployment"]["target"]["instances"];
     assert_eq!(inst[0]["healthy"], false, "{b}");
     assert_eq!(inst[1]["healthy"], false, "{b}");
 }
@@ -656,7 +656,11 @@ fn failed_connection_retries_on_next_instance_with_the_body() {
         assert_eq!(e["body_sha"], sha);
     }
     let (_, b) = node.with_key(&key, "GET", "/v1/deployments/api", None);
-    assert_eq!(json(&b)["target"]["instances"][0]["healthy"], false, "{b}");
+    assert_eq!(
+        json(&b)["deployment"]["target"]["instances"][0]["healthy"],
+        false,
+        "{b}"
+    );
 }
 
 /// SSE: the first event reaches the client while the upstream still holds the

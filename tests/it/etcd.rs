@@ -141,8 +141,8 @@ fn two_nodes_share_etcd_state() {
     );
     assert_eq!(s, 201, "{body}");
     let v = json(&body);
-    let reader = v["key"].as_str().unwrap().to_string();
-    let id = v["record"]["id"].as_str().unwrap().to_string();
+    let reader = v["api_key"].as_str().unwrap().to_string();
+    let id = v["key"]["id"].as_str().unwrap().to_string();
     assert_eq!(b.with_key(&reader, "GET", "/v1/kv/k", None).0, 200);
     let path = format!("/v1/auth/api-keys/{id}");
     assert_eq!(a.with_key(&key, "DELETE", &path, None).0, 200);

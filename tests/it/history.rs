@@ -485,7 +485,7 @@ async fn bad_input_refused_and_nothing_stored() {
             Some(json!({"grants": [g], "name": "t"}).to_string().as_bytes()),
         );
         assert_eq!(s, 201, "{b}");
-        json(&b)["key"].as_str().unwrap().to_string()
+        json(&b)["api_key"].as_str().unwrap().to_string()
     };
     let body = json!({"history": rule("chat.*", 10, 60)}).to_string();
     let publisher = grant("pubsub:publish:*");

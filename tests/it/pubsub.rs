@@ -110,7 +110,7 @@ fn key_with(node: &TestNode, owner: &str, grants: &[&str]) -> String {
         ),
     );
     assert_eq!(s, 201, "{b}");
-    json(&b)["key"].as_str().unwrap().to_string()
+    json(&b)["api_key"].as_str().unwrap().to_string()
 }
 
 pub(crate) fn rss_kib(node: &TestNode) -> u64 {

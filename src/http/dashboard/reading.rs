@@ -9,7 +9,7 @@ use super::snapshot::{
 };
 use crate::actors::ActorStats;
 use crate::http::state::Node;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, window_quantile};
 use prometheus::core::Collector;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -230,32 +230,6 @@ fn deployment_rows(
         d.routes.truncate(TOP_ROUTES);
     }
     (rows, ranked)
-}
-
-/// The `q` quantile of the observations between two cumulative readings.
-pub fn window_quantile(bounds: &[f64], now: &[u64], before: Option<&[u64]>, q: f64) -> Option<f64> {
-    let diff: Vec<u64> = now
-        .iter()
-        .enumerate()
-        .map(|(i, c)| c.saturating_sub(before.and_then(|b| b.get(i)).copied().unwrap_or(0)))
-        .collect();
-    let total = *diff.last()?;
-    if total == 0 {
-        return None;
-    }
-    let rank = q * total as f64;
-    let (mut prev_bound, mut prev_count) = (0.0, 0u64);
-    for (bound, count) in bounds.iter().zip(&diff) {
-        if *count as f64 >= rank {
-            let in_bucket = (count - prev_count).max(1) as f64;
-            let frac = ((rank - prev_count as f64) / in_bucket).clamp(0.0, 1.0);
-            return Some(prev_bound + (bound - prev_bound) * frac);
-        }
-        prev_bound = *bound;
-        prev_count = *count;
-    }
-    // Past the last finite bucket: report its bound (a lower bound of the truth).
-    Some(prev_bound)
 }
 
 /// Resident set size of this process, from `/proc/self/status`.

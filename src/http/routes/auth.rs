@@ -3,6 +3,7 @@
 //! the chain's (`chain/access.rs`).
 
 use super::ctx::NsCtx;
+use super::form::{Body, Json};
 use super::page::{Page, PageQuery};
 use crate::auth::{self, Claims, Grant, KeyKind, Role, WalletAllow, WalletSignIn};
 use crate::error::Code;
@@ -190,7 +191,9 @@ struct TokenRequest {
     api_key: String,
 }
 
-async fn token(node: web::Data<Node>, body: web::Json<TokenRequest>) -> ApiResult<HttpResponse> {
+impl Body for TokenRequest {}
+
+async fn token(node: web::Data<Node>, body: Json<TokenRequest>) -> ApiResult<HttpResponse> {
     let r = identity::lookup_key(
         &node.store,
         &node.secrets.server_secret,
@@ -215,10 +218,9 @@ struct RefreshRequest {
     refresh_token: String,
 }
 
-async fn refresh(
-    node: web::Data<Node>,
-    body: web::Json<RefreshRequest>,
-) -> ApiResult<HttpResponse> {
+impl Body for RefreshRequest {}
+
+async fn refresh(node: web::Data<Node>, body: Json<RefreshRequest>) -> ApiResult<HttpResponse> {
     let t = now();
     let (record, new_refresh) = identity::rotate_refresh(
         &node.store,
@@ -260,7 +262,7 @@ async fn refresh(
     Ok(HttpResponse::Ok().json(answer))
 }
 
-async fn logout(node: web::Data<Node>, body: web::Json<RefreshRequest>) -> ApiResult<HttpResponse> {
+async fn logout(node: web::Data<Node>, body: Json<RefreshRequest>) -> ApiResult<HttpResponse> {
     identity::logout(
         &node.store,
         &node.secrets.server_secret,
@@ -290,10 +292,12 @@ struct ChallengeRequest {
     namespace: String,
 }
 
+impl Body for ChallengeRequest {}
+
 async fn challenge(
     node: web::Data<Node>,
     limiters: web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>,
-    body: web::Json<ChallengeRequest>,
+    body: Json<ChallengeRequest>,
 ) -> ApiResult<HttpResponse> {
     let wallet = auth::normalize_wallet(&body.wallet)?;
     if let Err(after) = limiters.check_wallet(&wallet) {
@@ -319,10 +323,12 @@ struct VerifyRequest {
     signature: String,
 }
 
+impl Body for VerifyRequest {}
+
 /// A wallet sign-in gets exactly the grants of the namespace's wallet role,
 /// `{sub}` replaced by its address, if the namespace still lets it sign in
 /// (the setting may have changed since the challenge).
-async fn verify(node: web::Data<Node>, body: web::Json<VerifyRequest>) -> ApiResult<HttpResponse> {
+async fn verify(node: web::Data<Node>, body: Json<VerifyRequest>) -> ApiResult<HttpResponse> {
     let ch = identity::verify_challenge(&node.store, &body.message, &body.signature, now()).await?;
     let setting = wallet_setting(&node, &ch.namespace).await?;
     setting.admits(&ch.wallet)?;
@@ -393,12 +399,14 @@ struct WalletSignInRequest {
     allow: Option<WalletAllow>,
 }
 
+impl Body for WalletSignInRequest {}
+
 /// `PUT /v1/namespaces/{ns}/wallet-sign-in`: replaces the namespace's
 /// setting. A credential may only give wallets grants it holds itself.
 async fn set_wallet_sign_in(
     ctx: NsCtx,
     ns: web::Path<String>,
-    body: web::Json<WalletSignInRequest>,
+    body: Json<WalletSignInRequest>,
 ) -> ApiResult<HttpResponse> {
     same_namespace(&ctx, &ns)?;
     let caller = ctx
@@ -445,10 +453,12 @@ struct CreateKeyRequest {
     kind: Option<String>,
 }
 
+impl Body for CreateKeyRequest {}
+
 async fn create_key(
     node: web::Data<Node>,
     ctx: NsCtx,
-    body: web::Json<CreateKeyRequest>,
+    body: Json<CreateKeyRequest>,
 ) -> ApiResult<HttpResponse> {
     let caller = ctx
         .identity
@@ -496,7 +506,9 @@ async fn create_key(
         now(),
     )
     .await?;
-    Ok(HttpResponse::Created().json(json!({"key": key, "api_key": key, "record": record})))
+    // The secret once (`api_key`) and the key as the key list shows it
+    // (`key`); `POST /v1/namespaces` answers its owner key the same way.
+    Ok(HttpResponse::Created().json(json!({"api_key": key, "key": record})))
 }
 
 /// `GET /v1/keys[?limit=&cursor=]`: one page of the namespace's API keys, by id.

@@ -2,7 +2,7 @@
 //! multipart for a static site), list, show, versions, rollback, delete.
 
 use super::ctx::NsCtx;
-use super::functions::{field_text, read_field};
+use super::form::{Body, Form, json_refusal};
 use super::page::{Page, PageQuery};
 use crate::deploy::NewDeployment;
 use crate::deploy::model::{
@@ -71,6 +71,20 @@ fn bad(code: Code, message: impl Into<String>) -> ApiError {
     ApiError::new(code, message)
 }
 
+/// The one answer that carries a deployment (create, show, rollback):
+/// `{"ok": true, "deployment": {...}}` (docs/deployments.md "Creating one").
+fn deployment_answer(d: impl serde::Serialize) -> serde_json::Value {
+    json!({"ok": true, "deployment": d})
+}
+
+/// The parts of a static-site deploy (docs/deployments.md "Creating one").
+const SITE_FORM: Form = Form {
+    route: "POST /v1/deployments",
+    required: &["name", "hosts", "tarball"],
+    optional: &["routes", "policy"],
+    example: "curl -F name=site -F hosts=site.example.com -F tarball=@site.tar.gz",
+};
+
 /// The JSON form of a create (an upstream deployment; a static site comes as multipart).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -87,6 +101,20 @@ struct CreateJson {
     /// The routes' default policy: copied into every route without its own.
     #[serde(default)]
     policy: Option<crate::deploy::route_policy::RoutePolicy>,
+}
+
+impl Body for CreateJson {
+    fn takes() -> String {
+        format!(
+            "a JSON object with the fields {} (an upstream), or a static site as multipart \
+             with the parts {} (required) and {} (optional)",
+            super::form::struct_fields::<CreateJson>()
+                .unwrap_or_default()
+                .join(", "),
+            SITE_FORM.required.join(", "),
+            SITE_FORM.optional.join(", ")
+        )
+    }
 }
 
 /// `upstream` of [`CreateJson`].
@@ -193,7 +221,7 @@ async fn create(
         node.blob_sweeps.request();
     }
     let d = d?;
-    Ok(HttpResponse::Created().json(json!({"ok": true, "deployment": d})))
+    Ok(HttpResponse::Created().json(deployment_answer(d)))
 }
 
 async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<NewDeployment> {
@@ -209,9 +237,10 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
         body.extend_from_slice(&chunk);
     }
     let c: CreateJson = serde_json::from_slice(&body).map_err(|e| {
-        bad(
+        json_refusal::<CreateJson>(
             Code::InvalidJson,
-            format!("the body is not a deployment ({e}); a static site is sent as multipart"),
+            "POST /v1/deployments",
+            format_args!("the body is not a deployment ({e})"),
         )
     })?;
     check_name(&c.name)?;
@@ -306,12 +335,12 @@ async fn save_field(
     let mut file = tokio::fs::File::create(path).await.map_err(io)?;
     let mut size = 0usize;
     while let Some(chunk) = field.next().await {
-        let chunk = chunk.map_err(super::functions::multipart_error)?;
+        let chunk = chunk.map_err(|e| SITE_FORM.malformed(e))?;
         size += chunk.len();
         if size > limit {
             return Err(ApiError::new(
                 Code::SiteTooLarge,
-                format!("the part is larger than {limit} bytes"),
+                format!("part \"tarball\" is larger than {limit} bytes"),
             ));
         }
         file.write_all(&chunk).await.map_err(io)?;
@@ -330,7 +359,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
     let (mut name, mut hosts, mut tarball, mut routes) = (None, None, None, None);
     let mut policy = None;
     while let Some(field) = mp.next().await {
-        let mut field = field.map_err(super::functions::multipart_error)?;
+        let mut field = field.map_err(|e| SITE_FORM.malformed(e))?;
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
             "tarball" => {
@@ -339,8 +368,10 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 tarball = Some(upload);
             }
             "name" | "hosts" | "routes" | "policy" => {
-                let text = field_text(
-                    read_field(&mut field, 64 * 1024, Code::PayloadTooLarge).await?,
+                let text = SITE_FORM.text(
+                    SITE_FORM
+                        .read_part(&mut field, &part, 64 * 1024, Code::PayloadTooLarge)
+                        .await?,
                     &part,
                 )?;
                 match part.as_str() {
@@ -360,20 +391,19 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                     }
                 }
             }
-            other => return Err(bad(Code::UnknownPart, format!("unknown part {other:?}"))),
+            other => return Err(SITE_FORM.unknown_part(other)),
         }
     }
-    let name = name.ok_or_else(|| bad(Code::MissingPart, "the `name` part is required"))?;
+    let name = name.ok_or_else(|| SITE_FORM.missing_part("name"))?;
     check_name(&name)?;
     let hosts: Vec<String> = hosts
-        .ok_or_else(|| bad(Code::MissingPart, "the `hosts` part is required"))?
+        .ok_or_else(|| SITE_FORM.missing_part("hosts"))?
         .split(',')
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .collect();
     let hosts = check_hosts(&hosts)?;
-    let tarball =
-        tarball.ok_or_else(|| bad(Code::MissingPart, "the `tarball` part is required"))?;
+    let tarball = tarball.ok_or_else(|| SITE_FORM.missing_part("tarball"))?;
     let mut routes = validate_routes(routes.unwrap_or_default())?;
     crate::deploy::route_policy::apply_default(&mut routes, policy)?;
     let limits = SiteLimits {
@@ -438,7 +468,8 @@ async fn show(
     name: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     ctx.require("deployments", "read", &name)?;
-    Ok(HttpResponse::Ok().json(node.deployments.show(&ctx.name, &name).await?))
+    let d = node.deployments.show(&ctx.name, &name).await?;
+    Ok(HttpResponse::Ok().json(deployment_answer(d)))
 }
 
 async fn versions(
@@ -475,6 +506,8 @@ struct RollbackBody {
     version: Option<u64>,
 }
 
+impl Body for RollbackBody {}
+
 async fn rollback(
     node: web::Data<Node>,
     ctx: NsCtx,
@@ -487,15 +520,16 @@ async fn rollback(
     } else {
         serde_json::from_slice::<RollbackBody>(&body)
             .map_err(|e| {
-                bad(
+                json_refusal::<RollbackBody>(
                     Code::InvalidJson,
-                    format!("expected {{\"version\": N}}: {e}"),
+                    "POST /v1/deployments/{name}/rollback",
+                    e,
                 )
             })?
             .version
     };
     let d = node.deployments.rollback(&ctx.name, &name, to).await?;
-    Ok(HttpResponse::Ok().json(json!({"ok": true, "deployment": d})))
+    Ok(HttpResponse::Ok().json(deployment_answer(d)))
 }
 
 async fn delete(

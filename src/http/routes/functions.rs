@@ -4,6 +4,7 @@
 //! namespace's supervisor, which owns the namespace's invoker.
 
 use super::ctx::NsCtx;
+use super::form::{Body, Form, Json};
 use super::page::{Page, PageQuery};
 use crate::actors::{CallerInfo, DeployRequest, MAX_LOGS, Reply, Trigger};
 use crate::actors::{
@@ -109,60 +110,18 @@ fn bad(code: Code, message: impl Into<String>) -> ApiError {
     ApiError::new(code, message)
 }
 
-/// A multipart parse failure in words a person reads (the parser's own
-/// messages name Rust variants), as 400 `MALFORMED_MULTIPART`.
-pub(crate) fn multipart_error(e: actix_multipart::MultipartError) -> ApiError {
-    use actix_multipart::MultipartError as E;
-    let why = match e {
-        E::ContentTypeMissing | E::ContentTypeParse | E::ContentTypeIncompatible => {
-            "the body is not multipart/form-data: send the parts as a form \
-             (curl -F name=... -F file=@...), with Content-Type: multipart/form-data; boundary=..."
-                .to_string()
-        }
-        E::BoundaryMissing => {
-            "the Content-Type has no boundary=...; let the client build the multipart body".into()
-        }
-        E::ContentDispositionMissing | E::ContentDispositionNameMissing => {
-            "a part has no Content-Disposition: form-data; name=\"...\" header".into()
-        }
-        E::Nested => "nested multipart bodies are not accepted".into(),
-        E::Incomplete => "the multipart body ends before its closing boundary".into(),
-        E::Payload(p) => format!("the body could not be read: {p}"),
-        other => format!("the multipart body could not be parsed: {other}"),
-    };
-    bad(Code::MalformedMultipart, why)
-}
-
-/// Reads one multipart field whole, refusing more than `limit` bytes with 413.
-pub(crate) async fn read_field(
-    field: &mut actix_multipart::Field,
-    limit: usize,
-    code: Code,
-) -> ApiResult<Vec<u8>> {
-    let mut buf = Vec::new();
-    while let Some(chunk) = field.next().await {
-        let chunk = chunk.map_err(multipart_error)?;
-        if buf.len() + chunk.len() > limit {
-            return Err(ApiError::new(
-                code,
-                format!("the part is larger than {limit} bytes"),
-            ));
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf)
-}
-
-pub(crate) fn field_text(bytes: Vec<u8>, part: &str) -> ApiResult<String> {
-    String::from_utf8(bytes)
-        .map(|s| s.trim().to_string())
-        .map_err(|_| {
-            bad(
-                Code::MalformedMultipart,
-                format!("part {part:?} is not UTF-8"),
-            )
-        })
-}
+/// The parts of a function deploy (docs/design.md §4).
+const DEPLOY_FORM: Form = Form {
+    route: "POST /v1/functions",
+    required: &["name", "wasm"],
+    optional: &[
+        "memory_limit_mb",
+        "timeout_seconds",
+        "is_public",
+        "metadata",
+    ],
+    example: "curl -F name=echo -F wasm=@echo.wasm",
+};
 
 fn parse_range(text: &str, part: &str, lo: u32, hi: u32) -> ApiResult<u32> {
     match text.parse::<u32>() {
@@ -179,13 +138,21 @@ async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployR
     let (mut wasm, mut name, mut mem, mut timeout, mut public, mut meta) =
         (None, None, None, None, None, None);
     while let Some(field) = mp.next().await {
-        let mut field = field.map_err(multipart_error)?;
+        let mut field = field.map_err(|e| DEPLOY_FORM.malformed(e))?;
         let part = field.name().unwrap_or_default().to_string();
         match part.as_str() {
-            "wasm" => wasm = Some(read_field(&mut field, max_module, Code::ModuleTooLarge).await?),
+            "wasm" => {
+                wasm = Some(
+                    DEPLOY_FORM
+                        .read_part(&mut field, &part, max_module, Code::ModuleTooLarge)
+                        .await?,
+                )
+            }
             "name" | "memory_limit_mb" | "timeout_seconds" | "is_public" | "metadata" => {
-                let text = field_text(
-                    read_field(&mut field, MAX_FIELD_BYTES, Code::PayloadTooLarge).await?,
+                let text = DEPLOY_FORM.text(
+                    DEPLOY_FORM
+                        .read_part(&mut field, &part, MAX_FIELD_BYTES, Code::PayloadTooLarge)
+                        .await?,
                     &part,
                 )?;
                 match part.as_str() {
@@ -218,17 +185,17 @@ async fn parse_deploy(mut mp: Multipart, max_module: usize) -> ApiResult<DeployR
                     }
                 }
             }
-            other => return Err(bad(Code::UnknownPart, format!("unknown part {other:?}"))),
+            other => return Err(DEPLOY_FORM.unknown_part(other)),
         }
     }
-    let name = name.ok_or_else(|| bad(Code::MissingPart, "the `name` part is required"))?;
+    let name = name.ok_or_else(|| DEPLOY_FORM.missing_part("name"))?;
     if !valid_function_name(&name) || RESERVED_NAMES.contains(&name.as_str()) {
         return Err(bad(
             Code::InvalidName,
             "a function name is 1 to 63 of a-z, 0-9, '-', '_', starting with a letter or digit",
         ));
     }
-    let wasm = wasm.ok_or_else(|| bad(Code::MissingPart, "the `wasm` part is required"))?;
+    let wasm = wasm.ok_or_else(|| DEPLOY_FORM.missing_part("wasm"))?;
     if wasm.is_empty() {
         return Err(bad(Code::InvalidModule, "the `wasm` part is empty"));
     }
@@ -349,7 +316,9 @@ struct SecretBody {
     value: String,
 }
 
-async fn put_secret(ctx: NsCtx, body: web::Json<SecretBody>) -> ApiResult<HttpResponse> {
+impl Body for SecretBody {}
+
+async fn put_secret(ctx: NsCtx, body: Json<SecretBody>) -> ApiResult<HttpResponse> {
     let b = body.into_inner();
     ctx.require("functions", "write", &b.key)?;
     ctx.handle

@@ -505,7 +505,8 @@ fn check_history(
             Code::QuotaExceeded,
             format!(
                 "quota history_bytes exceeded: the export's history holds more than the \
-                 {max_bytes} bytes this namespace may keep on this node"
+                 {max_bytes} bytes this namespace may keep on this node; import less \
+                 history, or ask the operator to raise the quota"
             ),
         ),
     })

@@ -1,10 +1,12 @@
-//! Route handlers, one file per capability, and the shared extractor
-//! (`ctx.rs`). Handlers read what the chain put on the request
+//! Route handlers, one file per capability, and the shared extractors
+//! (`ctx.rs`; `form.rs`, a body's parts and fields and the refusals that
+//! name them). Handlers read what the chain put on the request
 //! (`chain/context.rs`); nothing below imports them.
 
 mod auth;
 mod ctx;
 mod deployments;
+mod form;
 mod functions;
 mod kv;
 mod namespaces;

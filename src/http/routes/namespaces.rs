@@ -1,6 +1,7 @@
 //! `/v1/namespaces`: created, listed, shown and deleted by the operator.
 
 use super::ctx::NsCtx;
+use super::form::{Body, Json};
 use super::page::{Page, PageQuery};
 use crate::actors::{
     CreateNamespace, DeleteNamespace, GetInfo, InjectHold, InjectPanic, NamespaceRecord, ns_key,
@@ -100,11 +101,13 @@ struct CreateRequest {
     rate_burst: Option<u32>,
 }
 
+impl Body for CreateRequest {}
+
 /// Creates a namespace and its first owner API key (shown once).
 async fn create(
     node: web::Data<Node>,
     limiters: web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>,
-    body: web::Json<CreateRequest>,
+    body: Json<CreateRequest>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     if !valid_namespace_name(&body.name) {
@@ -182,8 +185,10 @@ async fn create(
     }
     limiters.forget_namespace(&body.name);
     tracing::info!(namespace = %body.name, "Namespace created.");
+    // The owner key is answered as `POST /v1/auth/api-keys` answers a new
+    // key (`api_key` and `key`), beside the namespace.
     Ok(HttpResponse::Created().json(json!({
-        "namespace": record, "api_key": key, "key_id": key_record.id,
+        "namespace": record, "api_key": key, "key": key_record,
     })))
 }
 
@@ -254,12 +259,22 @@ async fn show_quotas(
     Ok(HttpResponse::Ok().json(json!({"namespace": ctx.name, "quotas": quotas})))
 }
 
+/// A quota override body: names each quota it may hold.
+impl Body for crate::quota::Overrides {
+    fn takes() -> String {
+        format!(
+            "a JSON object of quota names to whole numbers, the names among {}",
+            crate::quota::names()
+        )
+    }
+}
+
 /// Sets a namespace's quota overrides (the operator): `{"kv_bytes": n, ...}`
 /// replaces them all; a quota left out takes `[quotas]`'s default again.
 async fn set_quotas(
     node: web::Data<Node>,
     name: web::Path<String>,
-    body: web::Json<crate::quota::Overrides>,
+    body: Json<crate::quota::Overrides>,
 ) -> ApiResult<HttpResponse> {
     let overrides = body.into_inner();
     crate::quota::check_overrides(&overrides)?;
@@ -369,11 +384,13 @@ struct ClaimsProviderRequest {
     function: Option<String>,
 }
 
+impl Body for ClaimsProviderRequest {}
+
 /// Names the function that adds custom claims to the namespace's tokens.
 async fn set_claims_provider(
     node: web::Data<Node>,
     name: web::Path<String>,
-    body: web::Json<ClaimsProviderRequest>,
+    body: Json<ClaimsProviderRequest>,
 ) -> ApiResult<HttpResponse> {
     // The record is its supervisor's: it writes the change and publishes it.
     let h = node.locate(&name).await?;

@@ -2,6 +2,7 @@
 //! and the topic list. The sockets' protocol is in docs/pubsub.md.
 
 use super::ctx::NsCtx;
+use super::form::{Body, Json};
 use super::page::{Page, PageQuery, page_sorted};
 use crate::actors::{
     Presence, Publish, PublishBatch, ReadHistory, SetHistory, Subscribe, Topics, UnsubscribeAll,
@@ -127,6 +128,8 @@ struct PublishBody {
     data_base64: String,
 }
 
+impl Body for PublishBody {}
+
 /// Validates one message: topic, grant, base64, size (the same checks, in
 /// the same order, as the socket's `publish` frame).
 fn message(ctx: &NsCtx, node: &Node, m: PublishBody) -> ApiResult<(String, Bytes)> {
@@ -141,7 +144,7 @@ fn message(ctx: &NsCtx, node: &Node, m: PublishBody) -> ApiResult<(String, Bytes
 async fn publish(
     ctx: NsCtx,
     node: web::Data<Node>,
-    body: web::Json<PublishBody>,
+    body: Json<PublishBody>,
 ) -> ApiResult<HttpResponse> {
     let (topic, data) = message(&ctx, &node, body.into_inner())?;
     let msg = Publish {
@@ -178,10 +181,12 @@ struct BatchBody {
     messages: Vec<PublishBody>,
 }
 
+impl Body for BatchBody {}
+
 async fn publish_batch(
     ctx: NsCtx,
     node: web::Data<Node>,
-    body: web::Json<BatchBody>,
+    body: Json<BatchBody>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     if body.messages.is_empty() || body.messages.len() > MAX_BATCH {
@@ -456,6 +461,8 @@ struct PubSubSettings {
     history: Vec<crate::pubsub::HistoryRule>,
 }
 
+impl Body for PubSubSettings {}
+
 /// Who may change a namespace's pub/sub settings: the operator, or its
 /// credential with `pubsub:admin` or `namespace:admin`; and the path's
 /// namespace must be the one the request acts on.
@@ -498,7 +505,7 @@ async fn set_settings(
     ctx: NsCtx,
     node: web::Data<Node>,
     ns: web::Path<String>,
-    body: web::Json<PubSubSettings>,
+    body: Json<PubSubSettings>,
 ) -> ApiResult<HttpResponse> {
     settings_admin(&ctx, &ns)?;
     let rules = body.into_inner().history;

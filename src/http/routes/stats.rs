@@ -1,7 +1,10 @@
 //! `GET /v1/namespaces/{namespace}/stats`: one namespace's numbers on this
-//! node, for the operator or the namespace's own credential. `/metrics`
-//! exports per-namespace series only for the most active namespaces
-//! (`[metrics] namespace_series_limit`); this route answers for any one.
+//! node, for the operator or the namespace's own credential: its actors,
+//! pub/sub and functions (`stats`) and its deployments' routes
+//! (`deployments`: requests by status class, latency, upstream attempts).
+//! `/metrics` exports per-namespace series only for the most active
+//! namespaces (`[metrics] namespace_series_limit`) and only to the
+//! operator; this route answers for any one, to its own callers.
 
 use crate::error::Code;
 use crate::error::{ApiError, ApiResult};
@@ -51,9 +54,13 @@ async fn stats(
         ));
     }
     let stats = node.metrics.namespace_stats(&name);
+    // Its deployments' routes, from its own series only: a tenant's view
+    // of what `/metrics` (the operator's) holds for its routes.
+    let deployments = node.metrics.deployment_stats(&name);
     Ok(HttpResponse::Ok().json(json!({
         "namespace": *name,
         "running": node.namespaces.get(&name).is_some(),
         "stats": stats,
+        "deployments": deployments,
     })))
 }

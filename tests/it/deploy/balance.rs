@@ -117,7 +117,7 @@ fn wait_for(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (_, b) = node.with_key(key, "GET", &format!("/v1/deployments/{name}"), None);
-        let v = json(&b);
+        let v = json(&b)["deployment"].clone();
         if cond(&v) {
             return;
         }
@@ -165,7 +165,7 @@ fn weights_share_requests() {
     );
     assert_eq!(a.served() + b.served(), 1000);
     let (_, body) = node.with_key(&key, "GET", "/v1/deployments/web", None);
-    let v = json(&body);
+    let v = json(&body)["deployment"].clone();
     let inst = &v["target"]["instances"];
     assert_eq!(
         (inst[0]["weight"].as_u64(), inst[0]["healthy"].as_bool()),
@@ -288,7 +288,7 @@ fn active_checks_take_instances_out_and_back() {
     }
     assert_eq!(b.served(), before, "a request reached the failing instance");
     let (_, body) = node.with_key(&key, "GET", "/v1/deployments/hc", None);
-    let v = json(&body);
+    let v = json(&body)["deployment"].clone();
     assert_eq!(
         v["target"]["instances"][1]["check"]["last_status"], 503,
         "{v}"
@@ -449,7 +449,7 @@ fn bad_balancing_inputs_are_refused_and_change_nothing() {
             "{v}"
         );
         let (_, b) = node.with_key(&key, "GET", "/v1/deployments/keep", None);
-        let d = json(&b);
+        let d = json(&b)["deployment"].clone();
         assert_eq!(
             (d["version"].as_u64(), d["latest_version"].as_u64()),
             (Some(1), Some(1)),
@@ -540,7 +540,7 @@ fn https_instances_are_checked_over_tls_not_by_a_tcp_connect() {
             && i[1]["check"]["last_check_ms"].is_u64()
     });
     let (_, body) = node.with_key(&key, "GET", "/v1/deployments/tls", None);
-    let v = json(&body);
+    let v = json(&body)["deployment"].clone();
     let i = &v["target"]["instances"];
     assert_eq!(i[1]["check"]["last_status"], serde_json::Value::Null, "{v}");
     assert_eq!(i[1]["healthy"], false, "{v}");

@@ -63,8 +63,8 @@ fn key_with(node: &TestNode, owner: &str, name: &str, grants: &[&str]) -> (Strin
     assert_eq!(s, 201, "{b}");
     let v = json(&b);
     (
-        v["key"].as_str().unwrap().to_string(),
-        v["record"]["id"].as_str().unwrap().to_string(),
+        v["api_key"].as_str().unwrap().to_string(),
+        v["key"]["id"].as_str().unwrap().to_string(),
     )
 }
 

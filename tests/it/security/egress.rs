@@ -284,7 +284,11 @@ fn a_name_rebound_to_loopback_is_never_connected() {
     assert_eq!((s, body_error(&b).0.as_str()), (502, "UPSTREAM_FORBIDDEN"));
     assert_eq!(canary.connections(), 0, "the node connected to loopback");
     let (_, b) = node.with_key(&key, "GET", "/v1/deployments/app", None);
-    assert_eq!(json(&b)["target"]["instances"][0]["healthy"], true, "{b}");
+    assert_eq!(
+        json(&b)["deployment"]["target"]["instances"][0]["healthy"],
+        true,
+        "{b}"
+    );
 }
 
 /// The allow list opens 127.0.0.0/8 (what the proxy tests rely on) but not the

@@ -497,7 +497,7 @@ fn only_the_namespaces_admin_sets_its_wallet_sign_in() {
             Some(body.to_string().as_bytes()),
         );
         assert_eq!(s, 201, "{b}");
-        json(&b)["key"].as_str().unwrap().to_string()
+        json(&b)["api_key"].as_str().unwrap().to_string()
     };
     let admin = key(json!({"role": "admin"}));
     let (s, b) = set(&node.base, &admin, "bank", &open_door);

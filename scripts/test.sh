@@ -35,11 +35,11 @@ export CARGO_INCREMENTAL=0
 # `cargo test` builds the binary too, with the tests' features (the
 # dev-dependencies turn on more of wasmtime): one build of each crate.
 cargo test --all-targets --features cluster "$@"
-# The TypeScript client (clients/ts, issue #41) against the binary just
+# The TypeScript client (clients/ts) against the binary just
 # built: node --test against real nodes, then once in headless Chromium.
 # npm ci only when clients/ts/node_modules is missing. About a minute.
 MESHGATE_BIN=${MESHGATE_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/meshgate} clients/ts/test.sh
-# The integration suite again on a cluster (issue #14): each test's node is
+# The integration suite again on a cluster: each test's node is
 # one of three on one etcd, and not a member of the test's namespaces, so
 # every namespace request is forwarded and what is published crosses the
 # mesh (tests/it/common.rs, docs/cluster.md "The suite on a cluster").
@@ -50,7 +50,7 @@ MESHGATE_TEST_CLUSTER=1 cargo test --features cluster --test it -- \
   functions:: pubsub:: deploy:: node:: chain:: passivate:: history:: \
   security:: export:: docs:: cli::
 # The cluster and etcd tests again on an etcd that requires TLS client
-# certificates (issue #13: a cluster on a locked-down etcd works as on a
+# certificates(a cluster on a locked-down etcd works as on a
 # plain one). About a minute.
 MESHGATE_TEST_ETCD_TLS=1 cargo test --features cluster --test it -- cluster:: etcd::
 # The lints of clippy.toml and what must not come back (docs/architecture.md,

@@ -262,7 +262,11 @@ fn errors_doc_lists_every_code() {
     let mut problems = Vec::new();
     for &code in Code::ALL {
         let wire = code.as_str();
-        match rows.iter().filter(|(c, _, _)| c == wire).collect::<Vec<_>>()[..] {
+        match rows
+            .iter()
+            .filter(|(c, _, _)| c == wire)
+            .collect::<Vec<_>>()[..]
+        {
             [] => problems.push(format!("{wire} is missing")),
             [(_, status, retryable)] => {
                 if *status != code.status().as_u16() {

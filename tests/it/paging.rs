@@ -579,7 +579,10 @@ fn scoped_keys_list_only_the_items_their_grants_name() {
     let mut all: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     all.sort();
     let mine: Vec<String> = all.iter().filter(|n| n.starts_with('a')).cloned().collect();
-    for (path, field) in [("/v1/functions", "functions"), ("/v1/deployments", "deployments")] {
+    for (path, field) in [
+        ("/v1/functions", "functions"),
+        ("/v1/deployments", "deployments"),
+    ] {
         assert_eq!(follow_all(&node, &owner, path, field, 2), all, "{path}");
         assert_eq!(follow_all(&node, &scoped, path, field, 2), mine, "{path}");
         assert_eq!(follow_all(&node, &scoped, path, field, 100), mine, "{path}");

@@ -50,7 +50,7 @@ MESHGATE_TEST_CLUSTER=1 cargo test --features cluster --test it -- \
   functions:: pubsub:: deploy:: node:: chain:: passivate:: history:: \
   security:: export:: docs:: cli::
 # The cluster and etcd tests again on an etcd that requires TLS client
-# certificates(a cluster on a locked-down etcd works as on a
+# certificates (a cluster on a locked-down etcd works as on a
 # plain one). About a minute.
 MESHGATE_TEST_ETCD_TLS=1 cargo test --features cluster --test it -- cluster:: etcd::
 # The lints of clippy.toml and what must not come back (docs/architecture.md,

@@ -837,7 +837,7 @@ fn the_first_failing_step_in_the_chain_answers() {
             Some(br#"{"grants":["kv:read:*"],"name":"narrow"}"#),
         );
         assert_eq!(s, 201, "{b}");
-        json(&b)["key"].as_str().unwrap().to_string()
+        json(&b)["api_key"].as_str().unwrap().to_string()
     };
     let slow_reader = narrow(&slow);
     let other_reader = narrow(&other);

@@ -575,7 +575,7 @@ fn scoped_keys_list_only_the_items_their_grants_name() {
         Some(br#"{"grants":["functions:read:a*","deployments:read:a*"]}"#),
     );
     assert_eq!(s, 201, "{b}");
-    let scoped = json(&b)["key"].as_str().unwrap().to_string();
+    let scoped = json(&b)["api_key"].as_str().unwrap().to_string();
     let mut all: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     all.sort();
     let mine: Vec<String> = all.iter().filter(|n| n.starts_with('a')).cloned().collect();

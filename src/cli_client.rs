@@ -15,10 +15,26 @@ pub fn run(cmd: Command) -> ExitCode {
     match system.block_on(dispatch(cmd)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("meshgate: {e}");
+            eprintln!("meshgate: {}", printable(&e.to_string()));
             ExitCode::from(1)
         }
     }
+}
+
+/// `text` (a node's error, which a node the user did not mean to trust may
+/// have written) with every control character escaped (`\u{1b}`), so what
+/// reaches the terminal cannot move its cursor, set its title or write its
+/// clipboard.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn credential(c: &ClientArgs) -> Option<String> {
@@ -968,7 +984,7 @@ async fn subscribe(c: &ClientArgs, topic: &str, how: Output) -> Result<(), Strin
                         Ok((offset, data)) => write_message(&mut out, how, offset, &data),
                         // An error frame, or anything else that is no message.
                         Err(_) => {
-                            eprintln!("meshgate: {}", String::from_utf8_lossy(&b));
+                            eprintln!("meshgate: {}", printable(&String::from_utf8_lossy(&b)));
                             Ok(())
                         }
                     }
@@ -1132,6 +1148,21 @@ fn error_text(status: u16, v: &Value) -> String {
 #[cfg(test)]
 mod balance_tests {
     use super::*;
+
+    /// A node's error holding terminal escapes (title, clear screen, an
+    /// OSC 52 clipboard write) is printed with every control character
+    /// escaped; other text, non-ASCII included, as it came.
+    #[test]
+    fn a_nodes_text_is_printed_without_control_characters() {
+        let hostile = "401 X: \u{1b}]0;PWNED\u{7}\u{1b}[2J\u{1b}]52;c;aGk=\u{7}\u{85}é ok";
+        let shown = printable(hostile);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(
+            shown,
+            "401 X: \\u{1b}]0;PWNED\\u{7}\\u{1b}[2J\\u{1b}]52;c;aGk=\\u{7}\\u{85}é ok"
+        );
+        assert_eq!(printable("403 MISSING_GRANT: no"), "403 MISSING_GRANT: no");
+    }
 
     /// `URL=WEIGHT` in the list or as `--weight`; balance and hash header.
     #[test]

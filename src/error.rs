@@ -292,13 +292,30 @@ pub struct ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// The longest message an error carries; past it the message is cut (a
+/// parser's message can quote a client's input whole).
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `m` cut to [`MAX_MESSAGE_BYTES`] on a character boundary.
+fn bounded(mut m: String) -> String {
+    if m.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push('…');
+    }
+    m
+}
+
 impl ApiError {
     /// An error with `code`'s status.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         Self {
             code,
             status: code.status(),
-            message: message.into(),
+            message: bounded(message.into()),
             retry_after: None,
             source: None,
         }

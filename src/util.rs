@@ -109,3 +109,36 @@ pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let year = yoe + era * 400 + i64::from(month <= 2);
     (year, month as u32, day as u32)
 }
+
+/// How much of a client's value an error message quotes back.
+pub const QUOTED_BYTES: usize = 64;
+
+/// A client's value for an error message: quoted and escaped, cut to
+/// [`QUOTED_BYTES`] (on a character boundary) with the full length named, so
+/// an answer is never a large multiple of what the client sent.
+pub fn quoted(v: &str) -> String {
+    if v.len() <= QUOTED_BYTES {
+        return format!("{v:?}");
+    }
+    let mut end = QUOTED_BYTES;
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &v[..end], v.len())
+}
+
+#[cfg(test)]
+mod quoted_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_value_is_quoted_cut_with_its_length() {
+        assert_eq!(quoted("a\"b"), "\"a\\\"b\"");
+        let long = "é".repeat(100);
+        let q = quoted(&long);
+        assert!(q.ends_with("… (200 bytes)"), "{q}");
+        // 32 two-byte characters fit in 64 bytes, plus quotes.
+        assert_eq!(q.chars().filter(|c| *c == 'é').count(), 32, "{q}");
+        assert!(q.len() < 100, "{q}");
+    }
+}

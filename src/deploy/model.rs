@@ -454,7 +454,10 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
                 {
                     return Err(ApiError::new(
                         Code::InvalidRoute,
-                        format!("{field} {v:?} must be an absolute path without . or .. segments"),
+                        format!(
+                            "{field} {} must be an absolute path without . or .. segments",
+                            crate::util::quoted(v)
+                        ),
                     ));
                 }
                 // Requests are matched in their canonical spelling
@@ -470,7 +473,8 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
                     return Err(ApiError::new(
                         Code::InvalidRoute,
                         format!(
-                            "{field} {v:?} must be a canonical path (no //, no escape of a letter, digit or -._~, no %2F, %5C, \\ or ;, escapes upper-case)"
+                            "{field} {} must be a canonical path (no //, no escape of a letter, digit or -._~, no %2F, %5C, \\ or ;, escapes upper-case)",
+                            crate::util::quoted(v)
                         ),
                     ));
                 }
@@ -480,7 +484,7 @@ pub fn validate_routes(routes: Vec<RouteSpec>) -> Result<Vec<RouteSpec>, ApiErro
                 if !METHODS.contains(&m.as_str()) {
                     return Err(ApiError::new(
                         Code::InvalidRoute,
-                        format!("{m:?} is not an HTTP method"),
+                        format!("{} is not an HTTP method", crate::util::quoted(m)),
                     ));
                 }
             }

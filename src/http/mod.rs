@@ -36,9 +36,10 @@ use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;
 
-/// Builds the route table of every capability.
-pub fn route_table() -> RouteTable {
-    let mut t = RouteTable::default();
+/// Builds the route table of every capability; the fault-injection routes
+/// only when `[debug] fault_injection` is on.
+pub fn route_table(cfg: &crate::config::Config) -> RouteTable {
+    let mut t = RouteTable::new(cfg.debug.fault_injection);
     routes::register(&mut t);
     t
 }
@@ -109,7 +110,7 @@ pub fn serve(
     api: socket2::Socket,
 ) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)> {
     // Fail start-up now if any route lacks a policy.
-    route_table().build()?;
+    route_table(&node.config).build()?;
     let cfg = node.config.clone();
     let workers = if cfg.server.workers == 0 {
         crate::util::num_cpus()
@@ -119,8 +120,11 @@ pub fn serve(
     let data = web::Data::new(node.clone());
     let limiters = web::Data::new(chain::limits::Limiters::new(&cfg));
     let max_body = cfg.server.max_body_bytes;
+    let table_cfg = cfg.clone();
     let app = move || {
-        let (resources, policies) = route_table().build().expect("checked at start-up");
+        let (resources, policies) = route_table(&table_cfg)
+            .build()
+            .expect("checked at start-up");
         let mut app = App::new()
             .app_data(data.clone())
             .app_data(limiters.clone())

@@ -102,6 +102,9 @@ struct Entry {
 pub struct RouteTable {
     /// In registration order.
     entries: Vec<Entry>,
+    /// `[debug] fault_injection`: the fault-injection routes are registered
+    /// only when it is on, so a node without it has no such routes at all.
+    fault_injection: bool,
 }
 
 /// Policies by (method, route pattern), read by the policy middleware.
@@ -207,6 +210,19 @@ pub struct MissingPolicy {
 }
 
 impl RouteTable {
+    /// A table whose fault-injection routes follow `[debug] fault_injection`.
+    pub fn new(fault_injection: bool) -> Self {
+        Self {
+            entries: Vec::new(),
+            fault_injection,
+        }
+    }
+
+    /// Whether the fault-injection routes belong in this table.
+    pub fn fault_injection(&self) -> bool {
+        self.fault_injection
+    }
+
     /// Registers a route with its policy.
     pub fn add(
         &mut self,

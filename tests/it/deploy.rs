@@ -457,6 +457,25 @@ fn bad_deploys_are_refused_and_store_nothing() {
         (s, v["error"]["code"].as_str()),
         (400, Some("INVALID_ROUTE"))
     );
+    // A client's long value is quoted back cut (64 bytes and its length),
+    // and no message is a multiple of what was sent: a 100 KiB prefix, a
+    // 100 KiB method, a 100 KiB unknown field each answer under 1.2 KiB.
+    let long = format!("x{}", "\"\\".repeat(50 * 1024));
+    for body in [
+        serde_json::json!({"name": "api", "hosts": ["api.test"], "routes": [{"path_prefix": long}], "upstream": {"instances": [up.url()]}}),
+        serde_json::json!({"name": "api", "hosts": ["api.test"], "routes": [{"path_prefix": "/", "methods": [long]}], "upstream": {"instances": [up.url()]}}),
+        serde_json::json!({"name": "api", "hosts": ["api.test"], long.clone(): 1, "upstream": {"instances": [up.url()]}}),
+    ] {
+        let (s, v) = deploy_json(&node, &a, body);
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(s, 400, "{}", &message[..message.len().min(200)]);
+        assert!(
+            message.len() < 1200,
+            "{} bytes: {}",
+            message.len(),
+            &message[..200]
+        );
+    }
     let (s, v) = deploy_json(
         &node,
         &a,

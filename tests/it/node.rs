@@ -202,13 +202,21 @@ fn supervisor_panic_restarts_and_counts() {
         )),
         "{m}"
     );
-    // Switched off, the route does not exist.
+    // Switched off, the routes do not exist: 404 whatever the query, never
+    // a 400 that tells a prober the route is there.
     let plain = TestNode::start();
     plain.create_namespace("solid");
-    assert_eq!(
-        plain.op("POST", "/v1/namespaces/solid/debug/panic", None).0,
-        404
-    );
+    for path in [
+        "/v1/namespaces/solid/debug/panic",
+        "/v1/namespaces/solid/debug/hold",
+        "/v1/namespaces/solid/debug/hold?ms=x",
+        "/v1/namespaces/solid/debug/hold-compile",
+        "/v1/namespaces/solid/debug/hold-compile?ms=10",
+    ] {
+        let (s, b) = plain.op("POST", path, None);
+        assert_eq!(s, 404, "{path}: {b}");
+        assert!(b.contains("\"NOT_FOUND\""), "{path}: {b}");
+    }
 }
 
 pub(crate) fn run_serve(

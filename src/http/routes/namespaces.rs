@@ -47,24 +47,6 @@ pub fn register(t: &mut RouteTable) {
         web::delete().to(delete),
     )
     .add(
-        Method::POST,
-        "/v1/namespaces/{name}/debug/panic",
-        Policy::Operator,
-        web::post().to(panic),
-    )
-    .add(
-        Method::POST,
-        "/v1/namespaces/{name}/debug/hold",
-        Policy::Operator,
-        web::post().to(hold),
-    )
-    .add(
-        Method::POST,
-        "/v1/namespaces/{name}/debug/hold-compile",
-        Policy::Operator,
-        web::post().to(hold_compile),
-    )
-    .add(
         Method::PUT,
         "/v1/namespaces/{name}/claims-provider",
         Policy::Operator,
@@ -82,6 +64,26 @@ pub fn register(t: &mut RouteTable) {
         Policy::ns("namespace", "read"),
         web::get().to(show_quotas),
     );
+    if t.fault_injection() {
+        t.add(
+            Method::POST,
+            "/v1/namespaces/{name}/debug/panic",
+            Policy::Operator,
+            web::post().to(panic),
+        )
+        .add(
+            Method::POST,
+            "/v1/namespaces/{name}/debug/hold",
+            Policy::Operator,
+            web::post().to(hold),
+        )
+        .add(
+            Method::POST,
+            "/v1/namespaces/{name}/debug/hold-compile",
+            Policy::Operator,
+            web::post().to(hold_compile),
+        );
+    }
 }
 
 #[derive(Deserialize)]
@@ -319,11 +321,8 @@ async fn delete(
 }
 
 /// Fault injection (`[debug] fault_injection`): makes the namespace's supervisor
-/// panic so supervision can be observed. 404 when switched off.
+/// panic so supervision can be observed. Registered only when it is on.
 async fn panic(node: web::Data<Node>, name: web::Path<String>) -> ApiResult<HttpResponse> {
-    if !node.config.debug.fault_injection {
-        return Err(ApiError::new(Code::NotFound, "no such route"));
-    }
     let h = node.locate(&name).await?;
     let r = h.ask(InjectPanic).await?;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "panicked": r.is_err()})))
@@ -338,16 +337,12 @@ struct HoldQuery {
 
 /// Fault injection (`[debug] fault_injection`): the namespace's supervisor
 /// holds its mailbox for `?ms=` milliseconds ([`InjectHold`]), so a test
-/// sees the overload answer. Answers 202 once the hold is in the mailbox;
-/// 404 when switched off.
+/// sees the overload answer. Answers 202 once the hold is in the mailbox.
 async fn hold(
     node: web::Data<Node>,
     name: web::Path<String>,
     q: web::Query<HoldQuery>,
 ) -> ApiResult<HttpResponse> {
-    if !node.config.debug.fault_injection {
-        return Err(ApiError::new(Code::NotFound, "no such route"));
-    }
     let ms = q.ms.min(60_000);
     let h = node.locate(&name).await?;
     crate::actors::tell(&h.addr, &h.stats, InjectHold { ms })?;
@@ -357,15 +352,12 @@ async fn hold(
 /// Fault injection (`[debug] fault_injection`): a compile slot of the
 /// node's gate is taken for the namespace and kept `?ms=` milliseconds, as
 /// a long compile of its would (`wasm::gate`). Answers 202 once the slot is
-/// taken, the gate's refusal when it is not; 404 when switched off.
+/// taken, the gate's refusal when it is not.
 async fn hold_compile(
     node: web::Data<Node>,
     name: web::Path<String>,
     q: web::Query<HoldQuery>,
 ) -> ApiResult<HttpResponse> {
-    if !node.config.debug.fault_injection {
-        return Err(ApiError::new(Code::NotFound, "no such route"));
-    }
     let ms = q.ms.min(60_000);
     let engine = node.functions.engine().clone();
     let ns = name.into_inner();

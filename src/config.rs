@@ -171,6 +171,11 @@ pub struct MetricsConfig {
     /// instance) triples; past it a new one is counted under `_other`.
     /// 1 to 100,000; default 1,000.
     pub route_series_limit: usize,
+    /// The share of `route_series_limit` one namespace may take (each of
+    /// the two kinds of triples), so one tenant cannot fill the node's cap;
+    /// past it the namespace's new triples are counted under `_other`.
+    /// 1 to `route_series_limit`; default 100.
+    pub route_series_per_namespace: usize,
 }
 
 impl Default for MetricsConfig {
@@ -180,6 +185,7 @@ impl Default for MetricsConfig {
             public: false,
             namespace_series_limit: crate::metrics::DEFAULT_NAMESPACE_SERIES_LIMIT,
             route_series_limit: crate::observe::DEFAULT_ROUTE_SERIES_LIMIT,
+            route_series_per_namespace: crate::observe::DEFAULT_ROUTE_SERIES_PER_NAMESPACE,
         }
     }
 }
@@ -1040,6 +1046,12 @@ impl Config {
             errors.push(format!(
                 "metrics.route_series_limit: {routes} must be 1..={} (deployment routes with their own series in /metrics)",
                 crate::observe::MAX_ROUTE_SERIES_LIMIT
+            ));
+        }
+        let share = self.metrics.route_series_per_namespace;
+        if !(1..=routes.max(1)).contains(&share) {
+            errors.push(format!(
+                "metrics.route_series_per_namespace: {share} must be 1..=metrics.route_series_limit ({routes})"
             ));
         }
         self.telemetry.validate(&mut errors);

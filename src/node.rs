@@ -180,7 +180,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let metrics = Metrics::new();
     metrics
         .route_labels
-        .set_limit(config.metrics.route_series_limit);
+        .set_limit(
+            config.metrics.route_series_limit,
+            config.metrics.route_series_per_namespace,
+        );
     if let Some(s) = store.as_sled() {
         s.count_flushes(metrics.store_flushes.clone());
     }

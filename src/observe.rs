@@ -9,8 +9,10 @@
 //! `path_prefix` (never the request's path), the instance label an instance's
 //! base URL as deployed. On one node at most `[metrics] route_series_limit`
 //! (namespace, deployment, route) triples and as many (namespace, deployment,
-//! instance) triples get their own series; past the cap a new triple is
-//! counted under `deployment="_other",route="_other"` (or `instance="_other"`).
+//! instance) triples get their own series, and one namespace at most
+//! `[metrics] route_series_per_namespace` of each; past either cap a new
+//! triple is counted under `deployment="_other",route="_other"` (or
+//! `instance="_other"`).
 //! The `namespace` label then follows the exposition's top-N scheme
 //! (`crate::metrics`).
 
@@ -24,6 +26,8 @@ use std::sync::{Arc, Mutex};
 pub const OTHER: &str = "_other";
 /// Default of `[metrics] route_series_limit`.
 pub const DEFAULT_ROUTE_SERIES_LIMIT: usize = 1000;
+/// Default of `[metrics] route_series_per_namespace`.
+pub const DEFAULT_ROUTE_SERIES_PER_NAMESPACE: usize = 100;
 /// Largest `[metrics] route_series_limit` the configuration accepts.
 pub const MAX_ROUTE_SERIES_LIMIT: usize = 100_000;
 /// Requests each deployment's ring keeps (the latest).
@@ -252,6 +256,7 @@ pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
 /// The series cap of the route and instance labels.
 pub struct RouteLabels {
     limit: AtomicUsize,
+    per_namespace: AtomicUsize,
     routes: Mutex<Admitted>,
     instances: Mutex<Admitted>,
 }
@@ -260,6 +265,7 @@ impl Default for RouteLabels {
     fn default() -> Self {
         RouteLabels {
             limit: AtomicUsize::new(DEFAULT_ROUTE_SERIES_LIMIT),
+            per_namespace: AtomicUsize::new(DEFAULT_ROUTE_SERIES_PER_NAMESPACE),
             routes: Mutex::default(),
             instances: Mutex::default(),
         }
@@ -267,9 +273,18 @@ impl Default for RouteLabels {
 }
 
 impl RouteLabels {
-    /// Sets the cap (`[metrics] route_series_limit`), once at start-up.
-    pub fn set_limit(&self, limit: usize) {
+    /// Sets the caps (`[metrics] route_series_limit` and
+    /// `route_series_per_namespace`), once at start-up.
+    pub fn set_limit(&self, limit: usize, per_namespace: usize) {
         self.limit.store(limit, Ordering::Relaxed);
+        self.per_namespace.store(per_namespace, Ordering::Relaxed);
+    }
+
+    fn caps(&self) -> (usize, usize) {
+        (
+            self.limit.load(Ordering::Relaxed),
+            self.per_namespace.load(Ordering::Relaxed),
+        )
     }
 
     /// The `deployment` and `route` label values of a request's route:
@@ -282,7 +297,7 @@ impl RouteLabels {
     ) -> (&'a str, &'a str) {
         if admit(
             &self.routes,
-            self.limit.load(Ordering::Relaxed),
+            self.caps(),
             namespace,
             deployment,
             route,
@@ -297,7 +312,7 @@ impl RouteLabels {
     pub fn instance<'a>(&self, namespace: &str, deployment: &str, instance: &'a str) -> &'a str {
         if admit(
             &self.instances,
-            self.limit.load(Ordering::Relaxed),
+            self.caps(),
             namespace,
             deployment,
             instance,
@@ -315,9 +330,17 @@ impl RouteLabels {
 struct Admitted {
     count: usize,
     map: HashMap<String, HashMap<String, HashSet<String>>>,
+    /// Triples admitted per namespace (the first part).
+    per_namespace: HashMap<String, usize>,
 }
 
-fn admit(set: &Mutex<Admitted>, limit: usize, a: &str, b: &str, c: &str) -> bool {
+fn admit(
+    set: &Mutex<Admitted>,
+    (limit, per_namespace): (usize, usize),
+    a: &str,
+    b: &str,
+    c: &str,
+) -> bool {
     let mut set = set.lock().unwrap_or_else(|e| e.into_inner());
     if set
         .map
@@ -327,10 +350,11 @@ fn admit(set: &Mutex<Admitted>, limit: usize, a: &str, b: &str, c: &str) -> bool
     {
         return true;
     }
-    if set.count >= limit {
+    if set.count >= limit || set.per_namespace.get(a).copied().unwrap_or(0) >= per_namespace {
         return false;
     }
     set.count += 1;
+    *set.per_namespace.entry(a.to_string()).or_default() += 1;
     set.map
         .entry(a.to_string())
         .or_default()
@@ -455,7 +479,7 @@ mod tests {
     #[test]
     fn activity_labels_are_capped() {
         let l = RouteLabels::default();
-        l.set_limit(2);
+        l.set_limit(2, 2);
         assert_eq!(l.route("a", "d1", "/"), ("d1", "/"));
         assert_eq!(l.route("a", "d1", "/api"), ("d1", "/api"));
         assert_eq!(l.route("a", "d2", "/"), (OTHER, OTHER));
@@ -463,6 +487,27 @@ mod tests {
         assert_eq!(l.instance("a", "d1", "http://x:1"), "http://x:1");
         assert_eq!(l.instance("a", "d1", "http://x:2"), "http://x:2");
         assert_eq!(l.instance("a", "d1", "http://x:3"), OTHER);
+    }
+
+    /// One namespace takes at most its share of the node's cap: a tenant
+    /// with many routes leaves room for the others.
+    #[test]
+    fn one_namespace_takes_at_most_its_share() {
+        let l = RouteLabels::default();
+        l.set_limit(4, 2);
+        assert_eq!(l.route("greedy", "d", "/1"), ("d", "/1"));
+        assert_eq!(l.route("greedy", "d", "/2"), ("d", "/2"));
+        assert_eq!(l.route("greedy", "d", "/3"), (OTHER, OTHER));
+        assert_eq!(l.route("greedy", "e", "/"), (OTHER, OTHER));
+        assert_eq!(l.route("other", "d", "/1"), ("d", "/1"));
+        assert_eq!(l.route("other", "d", "/2"), ("d", "/2"));
+        // The node's cap still holds for everyone.
+        assert_eq!(l.route("third", "d", "/"), (OTHER, OTHER));
+        assert_eq!(l.route("greedy", "d", "/1"), ("d", "/1"));
+        for i in 0..3 {
+            let _ = l.instance("greedy", "d", &format!("http://x:{i}"));
+        }
+        assert_eq!(l.instance("other", "d", "http://y:1"), "http://y:1");
     }
 }
 

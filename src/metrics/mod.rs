@@ -1085,7 +1085,7 @@ mod public_tests {
     #[test]
     fn route_series_are_bounded_and_public_hides_them() {
         let m = Metrics::new();
-        m.route_labels.set_limit(1);
+        m.route_labels.set_limit(1, 1);
         let a = [("http://10.0.0.1:80".to_string(), "answered")];
         m.observe_route("alpha", "web", "/api", 200, 0.01, &a);
         m.observe_route("alpha", "web", "/api", 503, 0.01, &a);

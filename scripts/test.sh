@@ -28,6 +28,11 @@ if [ -f tests/e2e/package.json ] && { [ ! -d tests/e2e/node_modules/playwright-c
   echo "scripts/test.sh: installing playwright-core and ws (npm)"
   (cd tests/e2e && npm install --no-audit --no-fund --silent)
 fi
+# The OpenAPI document's test validates it with openapi-spec-validator (PyPI).
+python3 -c "import openapi_spec_validator" 2>/dev/null || {
+  echo "scripts/test.sh: installing openapi-spec-validator (pip)"
+  python3 -m pip install -q openapi-spec-validator
+}
 
 # One build, no edits between: incremental caches would only double the
 # target folder's size on disk (about 5 GB more for this stack).

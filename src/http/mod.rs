@@ -11,6 +11,7 @@ mod error;
 pub mod forward;
 mod hop;
 mod middleware;
+pub mod openapi;
 mod policy;
 mod request;
 mod route_policy;
@@ -36,10 +37,10 @@ use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;
 
-/// Builds the route table of every capability; the fault-injection routes
-/// only when `[debug] fault_injection` is on.
+/// Builds the route table of every capability; the debug routes only when
+/// `[debug]` turns them on.
 pub fn route_table(cfg: &crate::config::Config) -> RouteTable {
-    let mut t = RouteTable::new(cfg.debug.fault_injection);
+    let mut t = RouteTable::new(cfg);
     routes::register(&mut t);
     t
 }

@@ -105,6 +105,10 @@ pub struct RouteTable {
     /// `[debug] fault_injection`: the fault-injection routes are registered
     /// only when it is on, so a node without it has no such routes at all.
     fault_injection: bool,
+    /// `[debug] max_sleep_ms` above 0: the same for `GET /v1/debug/sleep`.
+    debug_sleep: bool,
+    /// `[metrics] public`: the node's status is public too.
+    metrics_public: bool,
 }
 
 /// Policies by (method, route pattern), read by the policy middleware.
@@ -210,17 +214,41 @@ pub struct MissingPolicy {
 }
 
 impl RouteTable {
-    /// A table whose fault-injection routes follow `[debug] fault_injection`.
-    pub fn new(fault_injection: bool) -> Self {
+    /// A table whose routes follow the configuration: the fault-injection
+    /// routes with `[debug] fault_injection`, the sleep route with
+    /// `[debug] max_sleep_ms`, the status's policy with `[metrics] public`.
+    pub fn new(cfg: &crate::config::Config) -> Self {
         Self {
             entries: Vec::new(),
-            fault_injection,
+            fault_injection: cfg.debug.fault_injection,
+            debug_sleep: cfg.debug.max_sleep_ms > 0,
+            metrics_public: cfg.metrics.public,
         }
+    }
+
+    /// Whether `[metrics] public` opens what the operator key guards
+    /// otherwise (the node's status, without namespace names).
+    pub fn metrics_public(&self) -> bool {
+        self.metrics_public
     }
 
     /// Whether the fault-injection routes belong in this table.
     pub fn fault_injection(&self) -> bool {
         self.fault_injection
+    }
+
+    /// Whether `GET /v1/debug/sleep` belongs in this table.
+    pub fn debug_sleep(&self) -> bool {
+        self.debug_sleep
+    }
+
+    /// Every route as registered: method, path pattern and policy (None
+    /// only for [`RouteTable::add_unguarded`]), what the OpenAPI document
+    /// is made from.
+    pub fn routes(&self) -> impl Iterator<Item = (&Method, &'static str, Option<&Policy>)> {
+        self.entries
+            .iter()
+            .map(|e| (&e.method, e.path, e.policy.as_ref()))
     }
 
     /// Registers a route with its policy.

@@ -22,6 +22,7 @@ mod functions;
 mod history;
 mod node;
 mod observe;
+mod openapi;
 mod paging;
 mod passivate;
 mod pubsub;

@@ -12,6 +12,13 @@ use serde_json::json;
 
 /// Adds these routes and their policies to the node's route table.
 pub fn register(t: &mut RouteTable) {
+    // The status names namespaces: the operator's, unless `[metrics]
+    // public` (then without the names).
+    let status_policy = if t.metrics_public() {
+        Policy::Public
+    } else {
+        Policy::Operator
+    };
     t.add(
         Method::GET,
         "/v1/health",
@@ -21,7 +28,7 @@ pub fn register(t: &mut RouteTable) {
     .add(
         Method::GET,
         "/v1/status",
-        Policy::Public,
+        status_policy,
         web::get().to(status),
     )
     .add(
@@ -44,10 +51,30 @@ pub fn register(t: &mut RouteTable) {
     )
     .add(
         Method::GET,
-        "/v1/debug/sleep",
+        "/v1/openapi.json",
         Policy::Public,
-        web::get().to(sleep),
+        web::get().to(openapi),
     );
+    if t.debug_sleep() {
+        t.add(
+            Method::GET,
+            "/v1/debug/sleep",
+            Policy::Public,
+            web::get().to(sleep),
+        );
+    }
+}
+
+/// The OpenAPI document of the node's routes (`crate::http::openapi`),
+/// made from its route table once.
+async fn openapi(node: web::Data<Node>) -> HttpResponse {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| {
+        crate::http::openapi::document(&crate::http::route_table(&node.config)).to_string()
+    });
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(doc.clone())
 }
 
 async fn health(node: web::Data<Node>) -> HttpResponse {
@@ -158,13 +185,11 @@ struct SleepQuery {
     ms: u64,
 }
 
-/// Holds the request `ms` milliseconds (at most `[debug] max_sleep_ms`; 404 when 0):
-/// lets tests watch a drain wait for an in-flight request.
+/// Holds the request `ms` milliseconds (at most `[debug] max_sleep_ms`;
+/// registered only when that is above 0): lets tests watch a drain wait for
+/// an in-flight request.
 async fn sleep(node: web::Data<Node>, q: web::Query<SleepQuery>) -> ApiResult<HttpResponse> {
     let max = node.config.debug.max_sleep_ms;
-    if max == 0 {
-        return Err(ApiError::new(Code::NotFound, "no such route"));
-    }
     tokio::time::sleep(std::time::Duration::from_millis(q.ms.min(max))).await;
     Ok(HttpResponse::Ok().json(json!({"ok": true, "slept_ms": q.ms.min(max)})))
 }

@@ -94,6 +94,17 @@ pub enum Command {
     /// Sign in to a namespace with a wallet's Ed25519 key.
     #[command(subcommand)]
     Wallet(WalletCommand),
+    /// The node's state for its operator (operator key): id, version,
+    /// uptime, readiness, store, mesh peers, cluster nodes and breakers,
+    /// namespaces running, the fullest mailboxes. Exits 1 when the node is
+    /// not ready or cannot be reached.
+    Status {
+        /// Print the node's answer (`GET /v1/status`) as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]

@@ -643,8 +643,115 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         Command::Wallet(WalletCommand::Address { key_file }) => {
             println!("{}", wallet_address(&wallet_key(&key_file)?));
         }
+        Command::Status { json, client } => {
+            let v = call(&client, "GET", "/v1/status", None).await?;
+            if json {
+                print(&v);
+            } else {
+                print!("{}", status_text(&v));
+            }
+            if v["ready"] != Value::Bool(true) {
+                return Err(format!(
+                    "the node is not ready (phase {})",
+                    v["phase"].as_str().unwrap_or("unknown")
+                ));
+            }
+        }
     }
     Ok(())
+}
+
+/// The mailboxes `meshgate status` lists, the fullest first.
+const STATUS_MAILBOXES: usize = 5;
+
+/// `GET /v1/status`'s answer for a person, one line per part.
+fn status_text(v: &Value) -> String {
+    let s = |v: &Value| match v {
+        Value::String(x) => printable(x),
+        Value::Null => "-".to_string(),
+        other => printable(&other.to_string()),
+    };
+    let mut out = String::new();
+    let up = v["uptime_seconds"].as_u64().unwrap_or(0);
+    out.push_str(&format!(
+        "node        {}  version {}  up {}h {}m {}s\n",
+        s(&v["node_id"]),
+        s(&v["version"]),
+        up / 3600,
+        up / 60 % 60,
+        up % 60
+    ));
+    out.push_str(&format!(
+        "ready       {} ({})\n",
+        if v["ready"] == Value::Bool(true) { "yes" } else { "no" },
+        s(&v["phase"])
+    ));
+    let store = &v["store"];
+    out.push_str(&format!(
+        "store       {}, {}{}\n",
+        s(&store["backend"]),
+        if store["healthy"] == Value::Bool(true) { "healthy" } else { "UNHEALTHY" },
+        match store["error"].as_str() {
+            Some(e) => format!(": {}", printable(e)),
+            None => format!(" (read {:.1} ms)", store["read_ms"].as_f64().unwrap_or(0.0)),
+        }
+    ));
+    let names = |v: &Value| {
+        v.as_array()
+            .map(|a| a.iter().map(|x| s(x)).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default()
+    };
+    match v["cluster"].as_object() {
+        Some(c) => out.push_str(&format!("cluster     live nodes: {}\n", names(&c["live_nodes"]))),
+        None => out.push_str("cluster     off (one node)\n"),
+    }
+    if let Some(m) = v["mesh"].as_object() {
+        let n = |k: &str| m.get(k).and_then(Value::as_array).map_or(0, Vec::len);
+        out.push_str(&format!(
+            "mesh        {} registered, {} connected, {} subscribed\n",
+            n("registered"),
+            n("connected"),
+            n("subscribed")
+        ));
+    }
+    let breakers = v["breakers"].as_array().cloned().unwrap_or_default();
+    if breakers.is_empty() {
+        out.push_str("breakers    none held\n");
+    }
+    for b in &breakers {
+        out.push_str(&format!(
+            "breaker     {} -> {}  {}  {} failures{}\n",
+            s(&b["namespace"]),
+            s(&b["member"]),
+            s(&b["state"]),
+            b["consecutive_failures"].as_u64().unwrap_or(0),
+            match (b["open_for_seconds"].as_u64(), b["next_probe_seconds"].as_u64()) {
+                (Some(o), Some(p)) => format!(", open {o} s, next probe in {p} s"),
+                _ => String::new(),
+            }
+        ));
+    }
+    out.push_str(&format!(
+        "namespaces  {} running\n",
+        v["namespaces_running"].as_u64().unwrap_or(0)
+    ));
+    let mut actors = v["actors"].as_array().cloned().unwrap_or_default();
+    actors.sort_by_key(|a| std::cmp::Reverse(a["mailbox_depth"].as_u64().unwrap_or(0)));
+    for a in actors.iter().take(STATUS_MAILBOXES) {
+        out.push_str(&format!(
+            "mailbox     {} {}{}  depth {}  handled {}  restarts {}\n",
+            s(&a["kind"]),
+            s(&a["id"]),
+            a["namespace"]
+                .as_str()
+                .map(|n| format!(" ({})", printable(n)))
+                .unwrap_or_default(),
+            a["mailbox_depth"].as_u64().unwrap_or(0),
+            a["handled"].as_u64().unwrap_or(0),
+            a["restarts"].as_u64().unwrap_or(0)
+        ));
+    }
+    out
 }
 
 /// The key kind a role pairs with (docs/auth.md "Roles"): `rk`, the data

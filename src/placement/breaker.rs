@@ -49,6 +49,9 @@ pub struct BreakerView {
     pub consecutive_failures: u32,
     /// How long the breaker has been open; None while closed.
     pub open_for_seconds: Option<u64>,
+    /// Seconds until an open breaker lets its next probe through (0: the
+    /// next forward is one); None while closed.
+    pub next_probe_seconds: Option<u64>,
 }
 
 impl Breakers {
@@ -145,12 +148,19 @@ impl Breakers {
                     state: "closed",
                     consecutive_failures: *failures,
                     open_for_seconds: None,
+                    next_probe_seconds: None,
                 },
-                State::Open { since, .. } => BreakerView {
+                State::Open { since, last_probe } => BreakerView {
                     member: member.clone(),
                     state: "open",
                     consecutive_failures: self.threshold,
                     open_for_seconds: Some(now.duration_since(*since).as_secs()),
+                    next_probe_seconds: Some(
+                        self.probe_every
+                            .saturating_sub(now.duration_since(*last_probe))
+                            .as_secs_f64()
+                            .ceil() as u64,
+                    ),
                 },
             })
             .collect()

@@ -1025,3 +1025,40 @@ fn key_creating_commands_print_the_secret_and_name_its_id() {
         .expect("the new key listed");
     assert!(err.contains(&format!("key {id} created")), "{err}");
 }
+
+/// `meshgate status` on one node: its id, readiness, store and namespaces
+/// for a person, the node's answer with `--json`; a wrong key exits 1 with
+/// the node's code; a node not yet ready exits 1 saying so.
+#[test]
+fn cli_status_shows_the_node_and_exits_non_zero_when_not_ready() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    node.create_namespace("statusns");
+    let op = node.operator_key.clone();
+    let text = cli(base, &["status", "--key", &op]);
+    assert!(text.contains("ready       yes (ready)"), "{text}");
+    assert!(text.contains("store       sled, healthy"), "{text}");
+    assert!(text.contains("cluster     off (one node)"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("namespaces  ")), "{text}");
+    let v = printed(&cli(base, &["status", "--json", "--key", &op]));
+    assert_eq!(v["ready"], true, "{v:#}");
+    assert_eq!(v["store"]["backend"], "sled", "{v:#}");
+    assert!(v["node_id"].as_str().is_some_and(|n| !n.is_empty()), "{v:#}");
+    let (code, _, err) = cli_fails(base, &["status", "--key", "not-the-operator-key"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("401") || err.contains("INVALID"), "{err}");
+
+    // Starting: the node answers, but is not ready.
+    let slow = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[debug]\nstartup_delay_ms = 4000\n"),
+        no_wait_ready: true,
+        ..Default::default()
+    });
+    let key = slow.operator_key.clone();
+    let (code, out, err) = cli_fails(&slow.base, &["status", "--key", &key]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("not ready") || err.contains("STARTING"),
+        "{out}{err}"
+    );
+}

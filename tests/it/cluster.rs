@@ -124,6 +124,31 @@ pub(crate) fn forwarding_and_breakers_on(etcd: &EtcdProcess) {
             assert_eq!(br["state"], "open", "after 5 failures: {br}");
         }
     }
+    // The operator's `meshgate status` shows the open breaker and when it
+    // probes next (the dead node stays in the live list until its lease
+    // runs out: the breaker is what tells it now).
+    let text = crate::cli::cli(&a.base, &["status", "--key", OPERATOR_KEY]);
+    assert!(
+        text.lines().any(|l| l.starts_with("breaker     shop -> ")
+            && l.contains(&format!("-> {first}  open"))
+            && l.contains("next probe in")),
+        "{text}"
+    );
+    assert!(text.contains("store       etcd, healthy"), "{text}");
+    let v = crate::cli::printed(&crate::cli::cli(
+        &a.base,
+        &["status", "--json", "--key", OPERATOR_KEY],
+    ));
+    assert_eq!(v["node_id"], "a", "{v:#}");
+    let open = v["breakers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["member"] == first.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(open["state"], "open", "{v:#}");
+    assert!(open["next_probe_seconds"].is_u64(), "{v:#}");
     // Open: the dead member is skipped (no connection attempt, no new failure).
     let (s, m, _) = read_via(&a, "shop");
     assert_eq!((s, m.as_deref()), (200, Some(other)));

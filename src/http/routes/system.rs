@@ -131,7 +131,8 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
     for (ns, bs) in held {
         for b in bs.snapshot() {
             let mut row = json!({"member": b.member, "state": b.state,
-                "consecutive_failures": b.consecutive_failures, "open_for_seconds": b.open_for_seconds});
+                "consecutive_failures": b.consecutive_failures, "open_for_seconds": b.open_for_seconds,
+                "next_probe_seconds": b.next_probe_seconds});
             if let Some(ns) = named(&ns) {
                 row["namespace"] = json!(ns);
             }
@@ -142,9 +143,19 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
         json!({"node_id": c.node_id, "advertise": c.advertise,
                "live_nodes": c.live().into_iter().map(|n| n.id).collect::<Vec<_>>()})
     });
+    let phase = node.phase();
+    let node_id = node
+        .cluster
+        .get()
+        .map(|c| c.node_id.clone())
+        .unwrap_or_else(crate::util::hostname);
     Ok(HttpResponse::Ok().json(json!({
         "ok": true,
+        "node_id": node_id,
         "version": env!("CARGO_PKG_VERSION"),
+        "phase": format!("{phase:?}").to_lowercase(),
+        "ready": phase == crate::http::Phase::Ready,
+        "store": store_status(&node).await,
         "cluster": cluster,
         "mesh": mesh_status(&node).await,
         "uptime_seconds": node.metrics.started.elapsed().as_secs(),
@@ -152,6 +163,28 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
         "actors": actors,
         "breakers": breakers,
     })))
+}
+
+/// The store's backend and whether it answers a read within a second.
+async fn store_status(node: &Node) -> serde_json::Value {
+    let backend = if node.store.as_sled().is_some() {
+        "sled"
+    } else {
+        "etcd"
+    };
+    let started = std::time::Instant::now();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        node.store.get_unless(b"_status/probe", b"_status/no-journal"),
+    )
+    .await;
+    let (healthy, error) = match read {
+        Ok(Ok(_)) => (true, None),
+        Ok(Err(e)) => (false, Some(e.to_string())),
+        Err(_) => (false, Some("no answer within 1 s".to_string())),
+    };
+    json!({"backend": backend, "healthy": healthy, "error": error,
+           "read_ms": started.elapsed().as_secs_f64() * 1000.0})
 }
 
 /// The pub/sub mesh as this node sees it: its peer id, the peers in the

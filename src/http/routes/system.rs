@@ -172,7 +172,7 @@ async fn store_status(node: &Node) -> serde_json::Value {
     } else {
         "etcd"
     };
-    let started = std::time::Instant::now();
+    let started = crate::util::mono_now();
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(1),
         node.store.get_unless(b"_status/probe", b"_status/no-journal"),

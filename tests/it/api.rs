@@ -574,3 +574,43 @@ fn namespace_stats_show_its_own_deployment_routes() {
     assert_eq!(s, 403, "{body}");
     assert_eq!(envelope(&body).0, "MISSING_GRANT", "{body}");
 }
+
+/// The node pairs a key's kind with what it carries: without `kind`, the
+/// runtime role makes an `rk` key and every other role an `sk` key; an
+/// `rk` key carries data-plane grants only (publish, subscribe, read,
+/// invoke, KV), so `{"role":"owner","kind":"rk"}` or an `rk` key with a
+/// deploy grant is 400 and no key is made.
+#[test]
+fn a_keys_kind_follows_what_it_carries() {
+    let node = TestNode::start();
+    let owner = node.create_namespace("kinds");
+    let make = |body: &str| node.with_key(&owner, "POST", "/v1/auth/api-keys", Some(body.as_bytes()));
+    let secret = |b: &str| json(b)["api_key"].as_str().unwrap_or_default().to_string();
+    let (s, b) = make(r#"{"name":"app","role":"runtime"}"#);
+    assert_eq!(s, 201, "{b}");
+    assert!(secret(&b).starts_with("mg_rk_"), "{b}");
+    let (s, b) = make(r#"{"name":"dev","role":"developer"}"#);
+    assert_eq!(s, 201, "{b}");
+    assert!(secret(&b).starts_with("mg_sk_"), "{b}");
+    let (s, b) = make(r#"{"name":"reads","grants":["kv:read:*","pubsub:subscribe:chat.*"],"kind":"rk"}"#);
+    assert_eq!(s, 201, "{b}");
+    assert!(secret(&b).starts_with("mg_rk_"), "{b}");
+    let before = node.with_key(&owner, "GET", "/v1/auth/api-keys", None).1;
+    for bad in [
+        r#"{"name":"x","role":"owner","kind":"rk"}"#,
+        r#"{"name":"x","role":"developer","kind":"rk"}"#,
+        r#"{"name":"x","grants":["functions:deploy:*"],"kind":"rk"}"#,
+        r#"{"name":"x","grants":["kv:*:*"],"kind":"rk"}"#,
+        r#"{"name":"x","role":"runtime","grants":["keys:write:*"]}"#,
+    ] {
+        let (s, b) = make(bad);
+        assert_eq!(s, 400, "{bad}: {b}");
+        assert!(b.contains("data-plane grants only"), "{bad}: {b}");
+    }
+    let after = node.with_key(&owner, "GET", "/v1/auth/api-keys", None).1;
+    assert_eq!(
+        json(&before)["keys"].as_array().map(Vec::len),
+        json(&after)["keys"].as_array().map(Vec::len),
+        "no key was made"
+    );
+}

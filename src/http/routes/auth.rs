@@ -480,16 +480,33 @@ async fn create_key(
             "a key cannot be given grants its creator lacks",
         ));
     }
+    // The kind: `rk` (the data plane) for the runtime role, `sk` for the
+    // others and for grants alone, unless the body names one.
     let kind = match body.kind.as_deref() {
+        None if role == Some(Role::Runtime) => KeyKind::Runtime,
         None | Some("sk") => KeyKind::Secret,
         Some("rk") => KeyKind::Runtime,
         Some(other) => {
             return Err(ApiError::new(
                 Code::BadRequest,
-                format!("kind {other:?} is not sk or rk"),
+                format!("kind {} is not sk or rk", crate::util::quoted(other)),
             ));
         }
     };
+    // An `rk` key is embedded in apps: it carries the data plane only, so a
+    // leaked one never deploys, manages keys or reads the namespace's records.
+    if kind == KeyKind::Runtime
+        && let Some(g) = requested.iter().find(|g| !data_plane(g))
+    {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            format!(
+                "an rk key carries data-plane grants only (pubsub:publish|subscribe|read, functions:invoke, kv:read|write), not {}:{}; use kind sk",
+                g.domain(),
+                g.action()
+            ),
+        ));
+    }
     let (key, record) = identity::create_key(
         &node.store,
         &node.secrets.server_secret,
@@ -509,6 +526,16 @@ async fn create_key(
     // The secret once (`api_key`) and the key as the key list shows it
     // (`key`); `POST /v1/namespaces` answers its owner key the same way.
     Ok(HttpResponse::Created().json(json!({"api_key": key, "key": record})))
+}
+
+/// Whether `g` is a data-plane grant, the only kind an `rk` key carries.
+fn data_plane(g: &Grant) -> bool {
+    matches!(
+        (g.domain(), g.action()),
+        ("pubsub", "publish" | "subscribe" | "read")
+            | ("functions", "invoke")
+            | ("kv", "read" | "write")
+    )
 }
 
 /// `GET /v1/keys[?limit=&cursor=]`: one page of the namespace's API keys, by id.

@@ -828,11 +828,7 @@ async fn topics(
 ) -> ApiResult<HttpResponse> {
     let page = Page::parse(&q, "topics", &ctx.name)?;
     let here = local_of(&ctx.handle, None).await?;
-    let readable = |t: &TopicCount| {
-        ctx.identity
-            .as_ref()
-            .is_some_and(|i| i.allows("pubsub", "read", &t.topic))
-    };
+    let readable = |t: &TopicCount| ctx.may("pubsub", "read", &t.topic);
     let Some((mut views, missing)) = others_views(&node, &ctx.name, None).await else {
         let (list, next) = page_sorted(
             merge_topics([here]).into_iter().filter(readable),

@@ -505,6 +505,9 @@ fn a_deployment_has_one_shape() {
 /// and a key without `namespace:read` are refused.
 #[test]
 fn namespace_stats_show_its_own_deployment_routes() {
+    if single_node_only() {
+        return;
+    }
     let node = TestNode::start();
     let a = node.create_namespace("stats-a");
     let b = node.create_namespace("stats-b");

@@ -11,6 +11,11 @@
 /// `(test path as libtest names it, why it cannot mean anything on a cluster)`.
 pub const SINGLE_NODE_ONLY: &[(&str, &str)] = &[
     (
+        "api::namespace_stats_show_its_own_deployment_routes",
+        "route figures are counted by the node that routed the request (the test's node), \
+         the stats route is answered by the namespace's member, whose figures are its own",
+    ),
+    (
         "chain::bad_jwts_are_refused",
         "forges tokens with the node's signing key file (data folder jwt.key); a cluster's \
          signing key is sealed in etcd",

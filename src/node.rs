@@ -227,6 +227,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         store.clone(),
         config.deploy.clone(),
         config.server.base_domain.clone(),
+        &secrets.server_secret,
     ));
     // Noted before the index is first built: the dashboard's sign-in and
     // API calls reach the node by this name.

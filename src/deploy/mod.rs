@@ -17,6 +17,7 @@
 //!   instances (hyper for requests with a body, our own inline one for those
 //!   without) and their per-thread pool of idle connections.
 //! - `transfer`: a namespace's deployments in a namespace export and import.
+//! - `certs`: per-host certificates (checked, sealed at rest, served by SNI).
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
 //! to one namespace at a time, which crosses namespaces): a lock key taken by
@@ -30,6 +31,7 @@
 pub mod activity;
 pub mod awc_client;
 pub mod canonical;
+pub mod certs;
 pub mod compress;
 pub mod egress;
 pub mod files;
@@ -116,6 +118,9 @@ pub struct Deployments {
     pub files: files::SiteFiles,
     /// The node's active health checker: every pool with a `health` spec is watched there.
     pub health: health::HealthChecks,
+    /// Deployment certificates: their keys' seal and the map the TLS
+    /// listener serves, rebuilt with the index.
+    pub certs: certs::Certs,
 }
 
 /// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
@@ -164,7 +169,13 @@ impl Drop for WriteLock<'_> {
 }
 
 impl Deployments {
-    pub fn new(store: Store, config: DeployConfig, base_domain: String) -> Deployments {
+    /// `server_secret` seals certificate keys (cluster-wide in a cluster).
+    pub fn new(
+        store: Store,
+        config: DeployConfig,
+        base_domain: String,
+        server_secret: &[u8],
+    ) -> Deployments {
         let unpacks = Arc::new(tokio::sync::Semaphore::new(
             config.unpack_concurrency.max(1),
         ));
@@ -181,6 +192,7 @@ impl Deployments {
             loaded: Mutex::new(None),
             unpacks,
             files: files::SiteFiles::default(),
+            certs: certs::Certs::new(server_secret),
         }
     }
 
@@ -293,6 +305,8 @@ impl Deployments {
         ix.names_generation = self.own_names.generation();
         let mut live = BTreeSet::new();
         let mut live_buckets = BTreeSet::new();
+        // Each deployment's routed hosts, for its certificate.
+        let mut routed: HashMap<(String, String), Vec<String>> = HashMap::new();
         for (_, v) in heads {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
@@ -363,6 +377,12 @@ impl Deployments {
                     observed: Default::default(),
                 });
                 for h in &ver.hosts {
+                    if i == 0 && self.reserved_host(h).is_none() {
+                        routed
+                            .entry((rec.namespace.clone(), rec.name.clone()))
+                            .or_default()
+                            .push(h.clone());
+                    }
                     if let Some(why) = self.reserved_host(h) {
                         // A claim stored before the host was reserved: kept,
                         // never routed (`route` checks again on every request).
@@ -384,9 +404,99 @@ impl Deployments {
         });
         // A deleted or replaced version's buckets go with it.
         self.buckets.lock().retain(|k, _| live_buckets.contains(k));
+        let served = self.load_certs(&routed).await?;
         self.index.store(Arc::new(ix));
+        self.certs.served.store(Arc::new(served));
         *self.loaded.lock() = generation;
         Ok(())
+    }
+
+    /// The host → certificate map of the stored certificates: each
+    /// deployment's certificate for those of its routed hosts it covers
+    /// (a host added since it was uploaded gets the node's own pair).
+    async fn load_certs(
+        &self,
+        routed: &HashMap<(String, String), Vec<String>>,
+    ) -> DeployResult<HashMap<String, Arc<rustls::sign::CertifiedKey>>> {
+        let mut served = HashMap::new();
+        let mut live = BTreeSet::new();
+        for (k, v) in self
+            .store
+            .scan_prefix(certs::CERT_PREFIX, usize::MAX)
+            .await?
+        {
+            let Ok(rec) = serde_json::from_slice::<certs::CertRecord>(&v) else {
+                continue;
+            };
+            live.insert(k.clone());
+            let Some(hosts) = routed.get(&(rec.namespace.clone(), rec.deployment.clone())) else {
+                continue;
+            };
+            let Some(ck) = self.certs.open(&k, &v, &rec) else {
+                continue;
+            };
+            for h in hosts {
+                if certs::record_covers(&rec, h) {
+                    served.insert(h.clone(), ck.clone());
+                }
+            }
+        }
+        self.certs.retain(&live);
+        Ok(served)
+    }
+
+    /// Stores a deployment's certificate (replacing one it had) after
+    /// [`certs::validate`] against the hosts of its active version, then
+    /// serves it (on every node of a cluster, as they follow the generation).
+    pub async fn put_certificate(
+        &self,
+        ns: &str,
+        name: &str,
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> DeployResult<Value> {
+        let _w = self.write_lock().await?;
+        let rec = self.head(ns, name).await?;
+        let ver = self.version(ns, name, rec.active).await?;
+        let now = unix_now();
+        let valid = certs::validate(cert_pem, key_pem, &ver.hosts, now as i64)?;
+        let record = self.certs.record(ns, name, valid, now);
+        self.commit(vec![BatchOp::Put(
+            certs::cert_key(ns, name),
+            serde_json::to_vec(&record).expect("json"),
+        )])
+        .await?;
+        tracing::info!(namespace = ns, deployment = %name, not_after = %certs::rfc3339(record.not_after), "Certificate stored.");
+        Ok(certs::view(&record, &ver.hosts, now as i64))
+    }
+
+    /// A deployment's certificate as shown (404 when it has none).
+    pub async fn certificate(&self, ns: &str, name: &str) -> DeployResult<Value> {
+        let rec = self.head(ns, name).await?;
+        let ver = self.version(ns, name, rec.active).await?;
+        let cert = self.cert_record(ns, name).await?;
+        Ok(certs::view(&cert, &ver.hosts, unix_now() as i64))
+    }
+
+    async fn cert_record(&self, ns: &str, name: &str) -> DeployResult<certs::CertRecord> {
+        self.store
+            .get_json::<certs::CertRecord>(&certs::cert_key(ns, name))
+            .await?
+            .ok_or_else(|| {
+                ApiError::new(
+                    Code::CertificateNotFound,
+                    format!("deployment {name} has no certificate"),
+                )
+            })
+    }
+
+    /// Removes a deployment's certificate: its hosts get the node's own pair.
+    pub async fn delete_certificate(&self, ns: &str, name: &str) -> DeployResult<()> {
+        let _w = self.write_lock().await?;
+        self.head(ns, name).await?;
+        self.cert_record(ns, name).await?;
+        self.commit(vec![BatchOp::Delete(certs::cert_key(ns, name))])
+            .await
     }
 
     /// Why a host may not be a deployment's, if it may not (see [`hosts`]).
@@ -784,6 +894,7 @@ impl Deployments {
         self.head(ns, name).await?;
         let (mut ops, hosts) = self.host_ops(ns, None, Some(name)).await?;
         ops.push(BatchOp::Delete(dep_key(ns, name)));
+        ops.push(BatchOp::Delete(certs::cert_key(ns, name)));
         let mut bytes = 0u64;
         for (k, v) in self
             .store
@@ -955,6 +1066,7 @@ mod tests {
                     ..DeployConfig::default()
                 },
                 "gateway.test".into(),
+                &[7u8; 32],
             ))
         };
         (dir, node(), node())
@@ -1047,6 +1159,7 @@ mod tests {
             open.store.clone(),
             DeployConfig::default(),
             "gateway.test".into(),
+            &[7u8; 32],
         );
         open.create("n", upstream("site", "www.test"), &limits())
             .await
@@ -1251,6 +1364,7 @@ mod tests {
                 ..DeployConfig::default()
             },
             "gateway.test".into(),
+            &[7u8; 32],
         ));
         let first = d.unpack_slot().await.unwrap();
         let e = d.unpack_slot().await.unwrap_err();

@@ -114,6 +114,20 @@ pub(crate) fn tls_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String, Vec<String>) {
+    let (s, _, b, n) = tls_exchange(addr, sni, host, method, path, headers, body);
+    (s, b, n)
+}
+
+/// The same, with the answer's head (lower case) too.
+pub(crate) fn tls_exchange(
+    addr: &str,
+    sni: &str,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String, Vec<String>) {
     let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
     let conn = rustls::ClientConnection::new(client_config(), name).unwrap();
     let sock = std::net::TcpStream::connect(addr).unwrap();
@@ -140,7 +154,7 @@ pub(crate) fn tls_request(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
-    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let body = if text
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
@@ -149,7 +163,12 @@ pub(crate) fn tls_request(
     } else {
         body.to_string()
     };
-    (status, body, names_of(leaf.as_ref()))
+    (
+        status,
+        head.to_ascii_lowercase(),
+        body,
+        names_of(leaf.as_ref()),
+    )
 }
 
 fn dechunk(mut b: &str) -> String {
@@ -379,6 +398,22 @@ fn hosts_get_their_own_certificates_by_sni() {
     let (s, v) = put_json(&node, &key, "shop", &shop);
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["certificate"]["state"], "active", "{v}");
+    if let Some(m) = node.member_of_namespaces() {
+        // On a cluster the upload is handled by the namespace's member, a
+        // node without TLS: the TLS node below serves what another stored.
+        let auth = format!("Bearer {key}");
+        let (s, head, b, _) = tls_exchange(
+            &node.addr,
+            API,
+            API,
+            "GET",
+            "/v1/deployments/shop/certificate",
+            &[("authorization", &auth)],
+            b"",
+        );
+        assert_eq!(s, 200, "{b}");
+        assert!(head.contains(&format!("x-meshgate-member: {m}")), "{head}");
+    }
     // A chain (leaf, then its CA) as multipart, a wildcard among its names.
     let blog = ca_signed(&["blog.test", "*.blog.test"]);
     let (s, v) = put_multipart(

@@ -104,6 +104,8 @@ codes! {
     CertificateNotYetValid = "CERTIFICATE_NOT_YET_VALID", 400, Client, false;
     CertificateHostMismatch = "CERTIFICATE_HOST_MISMATCH", 400, Client, false;
     CertificateKeyMismatch = "CERTIFICATE_KEY_MISMATCH", 400, Client, false;
+    /// A deployment asks for `tls: "auto"` on a node without `[tls.acme]`.
+    AcmeNotConfigured = "ACME_NOT_CONFIGURED", 400, Client, false;
     InvalidJson = "INVALID_JSON", 400, Client, false;
     InvalidLimit = "INVALID_LIMIT", 400, Client, false;
     InvalidMember = "INVALID_MEMBER", 400, Client, false;

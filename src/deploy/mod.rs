@@ -366,6 +366,14 @@ impl Deployments {
                 .or_insert_with(|| index::RouteBucket::for_routes(&ver.routes))
                 .clone();
             live_buckets.insert(key);
+            routed.insert(
+                (rec.namespace.clone(), rec.name.clone()),
+                ver.hosts
+                    .iter()
+                    .filter(|h| self.reserved_host(h).is_none())
+                    .cloned()
+                    .collect(),
+            );
             for (i, route) in ver.routes.iter().enumerate() {
                 let bound = Arc::new(Bound {
                     namespace: rec.namespace.clone(),
@@ -377,12 +385,6 @@ impl Deployments {
                     observed: Default::default(),
                 });
                 for h in &ver.hosts {
-                    if i == 0 && self.reserved_host(h).is_none() {
-                        routed
-                            .entry((rec.namespace.clone(), rec.name.clone()))
-                            .or_default()
-                            .push(h.clone());
-                    }
                     if let Some(why) = self.reserved_host(h) {
                         // A claim stored before the host was reserved: kept,
                         // never routed (`route` checks again on every request).

@@ -99,7 +99,7 @@ fn deployment_answer(d: impl serde::Serialize) -> serde_json::Value {
 const SITE_FORM: Form = Form {
     route: "POST /v1/deployments",
     required: &["name", "hosts", "tarball"],
-    optional: &["routes", "policy"],
+    optional: &["routes", "policy", "tls"],
     example: "curl -F name=site -F hosts=site.example.com -F tarball=@site.tar.gz",
 };
 
@@ -119,6 +119,28 @@ struct CreateJson {
     /// The routes' default policy: copied into every route without its own.
     #[serde(default)]
     policy: Option<crate::deploy::route_policy::RoutePolicy>,
+    /// `"auto"`: certificates by ACME, refused by a node without
+    /// `[tls.acme]` ([`check_tls`]).
+    #[serde(default)]
+    tls: Option<serde_json::Value>,
+}
+
+/// A deployment's `tls`: `"auto"` asks for certificates issued by ACME,
+/// which this node is not configured for (no `[tls.acme]`): 400
+/// `ACME_NOT_CONFIGURED`, nothing stored. Anything else is 400 `INVALID_FIELD`.
+fn check_tls(tls: Option<&serde_json::Value>) -> ApiResult<()> {
+    match tls {
+        None => Ok(()),
+        Some(v) if v == "auto" => Err(bad(
+            Code::AcmeNotConfigured,
+            "tls \"auto\" needs ACME, and this node has no [tls.acme] configured; upload the \
+             hosts' certificate with PUT /v1/deployments/{name}/certificate instead",
+        )),
+        Some(v) => Err(bad(
+            Code::InvalidField,
+            format!("tls {v} is not a TLS mode: the one mode is \"auto\" (ACME), or leave it out"),
+        )),
+    }
 }
 
 impl Body for CreateJson {
@@ -263,6 +285,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     })?;
     check_name(&c.name)?;
     let hosts = check_hosts(&c.hosts)?;
+    check_tls(c.tls.as_ref())?;
     let Some(up) = c.upstream else {
         return Err(bad(
             Code::MissingTarget,
@@ -385,7 +408,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 save_field(&mut field, &upload, cfg.max_site_bytes).await?;
                 tarball = Some(upload);
             }
-            "name" | "hosts" | "routes" | "policy" => {
+            "name" | "hosts" | "routes" | "policy" | "tls" => {
                 let text = SITE_FORM.text(
                     SITE_FORM
                         .read_part(&mut field, &part, 64 * 1024, Code::PayloadTooLarge)
@@ -395,6 +418,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 match part.as_str() {
                     "name" => name = Some(text),
                     "hosts" => hosts = Some(text),
+                    "tls" => check_tls(Some(&serde_json::Value::String(text)))?,
                     "policy" => {
                         policy = Some(
                             serde_json::from_str::<crate::deploy::route_policy::RoutePolicy>(&text)

@@ -810,3 +810,73 @@ fn base64_decode(s: &str) -> Vec<u8> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()
 }
+
+/// `tls: "auto"` (certificates by ACME) on a node without `[tls.acme]`:
+/// 400 `ACME_NOT_CONFIGURED` for an upstream (JSON) and a static site
+/// (multipart part `tls`), and no deployment stored; a `tls` that is not a
+/// mode is 400 `INVALID_FIELD`.
+#[test]
+fn tls_auto_without_acme_is_refused() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n"),
+        ..Default::default()
+    });
+    let key = node.create_namespace("autotls");
+    let up = upstream();
+    for (tls, code) in [
+        (serde_json::json!("auto"), "ACME_NOT_CONFIGURED"),
+        (serde_json::json!("manual"), "INVALID_FIELD"),
+        (serde_json::json!(true), "INVALID_FIELD"),
+    ] {
+        let body = serde_json::json!({"name": "auto", "hosts": ["auto.test"],
+            "upstream": {"instances": [up]}, "tls": tls});
+        let (s, b) = node.with_key(
+            &key,
+            "POST",
+            "/v1/deployments",
+            Some(body.to_string().as_bytes()),
+        );
+        let v = json(&b);
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{tls}: {b}"
+        );
+    }
+    let boundary = "autotlsboundary";
+    let mut body = Vec::new();
+    for (part, bytes) in [
+        ("name", &b"site"[..]),
+        ("hosts", b"site.auto.test"),
+        ("tls", b"auto"),
+        (
+            "tarball",
+            &crate::deploy::tarball(&[("index.html", '0', b"hi")]),
+        ),
+    ] {
+        body.extend_from_slice(
+            format!("--{boundary}\r\ncontent-disposition: form-data; name=\"{part}\"\r\n\r\n")
+                .as_bytes(),
+        );
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    let auth = format!("Bearer {key}");
+    let ct = format!("multipart/form-data; boundary={boundary}");
+    let (s, _, b) = http(
+        "POST",
+        &node.url("/v1/deployments"),
+        &[("authorization", &auth), ("content-type", &ct)],
+        Some(&body),
+    );
+    let b = String::from_utf8_lossy(&b);
+    assert_eq!(
+        (s, json(&b)["error"]["code"].as_str()),
+        (400, Some("ACME_NOT_CONFIGURED")),
+        "{b}"
+    );
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments", None);
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(json(&b)["deployments"], serde_json::json!([]), "{b}");
+}

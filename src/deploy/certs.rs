@@ -420,6 +420,83 @@ fn pem_block(label: &str, der: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn pair(names: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap()
+                .self_signed(&key)
+                .unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// Each check of an upload, obeyed and violated.
+    #[test]
+    fn uploads_are_checked() {
+        let now = 1_800_000_000;
+        let hosts = vec!["a.test".to_string(), "x.b.test".to_string()];
+        let (c, k) = pair(&["a.test", "*.b.test"]);
+        let v = validate(c.as_bytes(), k.as_bytes(), &hosts, now).unwrap();
+        assert_eq!(v.names, vec!["a.test", "*.b.test"]);
+        let code = |c: &str, k: &str, h: &[String]| {
+            validate(c.as_bytes(), k.as_bytes(), h, now)
+                .err()
+                .map(|e| e.code)
+        };
+        assert_eq!(
+            code(&c, &k, &["c.test".into()]),
+            Some(Code::CertificateHostMismatch)
+        );
+        assert_eq!(
+            code(&c, &k, &["y.x.b.test".into()]),
+            Some(Code::CertificateHostMismatch)
+        );
+        let (_, other_key) = pair(&["a.test"]);
+        assert_eq!(
+            code(&c, &other_key, &hosts),
+            Some(Code::CertificateKeyMismatch)
+        );
+        assert_eq!(code(&k, &k, &hosts), Some(Code::InvalidCertificate));
+        assert_eq!(code("junk", &k, &hosts), Some(Code::InvalidCertificate));
+        assert_eq!(code(&c, "junk", &hosts), Some(Code::InvalidCertificate));
+        // rcgen's default validity: 1975 to 4096.
+        assert_eq!(
+            validate(c.as_bytes(), k.as_bytes(), &hosts, 100_000_000)
+                .err()
+                .map(|e| e.code),
+            Some(Code::CertificateNotYetValid)
+        );
+        assert_eq!(
+            validate(c.as_bytes(), k.as_bytes(), &hosts, 100_000_000_000)
+                .err()
+                .map(|e| e.code),
+            Some(Code::CertificateExpired)
+        );
+    }
+
+    /// A sealed key opens only under its own store key.
+    #[test]
+    fn sealed_keys_open_under_their_own_record_only() {
+        let (c, k) = pair(&["a.test"]);
+        let certs = Certs::new(&[3u8; 32]);
+        let v = validate(
+            c.as_bytes(),
+            k.as_bytes(),
+            &["a.test".into()],
+            1_800_000_000,
+        )
+        .unwrap();
+        let rec = certs.record("n", "site", v, 1);
+        let raw = serde_json::to_vec(&rec).unwrap();
+        assert!(certs.open(&cert_key("n", "site"), &raw, &rec).is_some());
+        assert!(certs.open(&cert_key("n", "other"), &raw, &rec).is_none());
+        assert!(
+            Certs::new(&[4u8; 32])
+                .open(&cert_key("n", "site"), &raw, &rec)
+                .is_none()
+        );
+    }
+
     #[test]
     fn wildcards_cover_one_label() {
         assert!(name_matches("*.example.com", "a.example.com"));

@@ -1150,6 +1150,59 @@ mod tests {
         assert!(b.index().host_namespace("www.test").is_none());
     }
 
+    /// A certificate stored through one node is served by the other once it
+    /// follows the generation (a cluster's nodes share the store), for the
+    /// hosts it covers only; removed with the deployment on both.
+    #[tokio::test]
+    async fn a_certificate_put_through_one_node_is_served_by_the_other() {
+        let (_d, a, b) = two_nodes();
+        let mut new = upstream("site", "www.test");
+        new.hosts.push("api.test".into());
+        a.create("n", new, &limits()).await.unwrap();
+        b.follow().await.unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["www.test".into(), "api.test".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let shown = a
+            .put_certificate(
+                "n",
+                "site",
+                cert.pem().as_bytes(),
+                key.serialize_pem().as_bytes(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(shown["state"], "active", "{shown}");
+        assert!(b.certs.served.load().is_empty());
+        assert!(b.follow().await.unwrap());
+        let served = b.certs.served.load_full();
+        let leaf = |h: &str| served.get(h).map(|ck| ck.cert[0].as_ref().to_vec());
+        assert_eq!(leaf("www.test").as_deref(), Some(cert.der().as_ref()));
+        assert_eq!(leaf("api.test").as_deref(), Some(cert.der().as_ref()));
+        assert_eq!(served.len(), 2);
+        // The stored record holds the key sealed: its DER is not in it.
+        let raw = a
+            .store
+            .get(&certs::cert_key("n", "site"))
+            .await
+            .unwrap()
+            .unwrap();
+        let der = key.serialize_der();
+        assert!(!raw.windows(32).any(|w| w == &der[der.len() - 32..]));
+        a.delete("n", "site").await.unwrap();
+        assert!(b.follow().await.unwrap());
+        assert!(b.certs.served.load().is_empty());
+        assert!(
+            a.store
+                .get(&certs::cert_key("n", "site"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
     /// Rolling back checks the egress policy again: a node whose policy
     /// forbids the old version's upstream refuses with 400
     /// `UPSTREAM_FORBIDDEN` and the active version stays; its create refuses

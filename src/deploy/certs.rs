@@ -286,6 +286,9 @@ pub fn rfc3339(t: i64) -> String {
         .unwrap_or_else(|| t.to_string())
 }
 
+/// An opened record: the stored bytes it came from, and its signing key.
+type Opened = (Vec<u8>, Arc<CertifiedKey>);
+
 /// Certificate keys sealed and opened, and the map the listener serves.
 pub struct Certs {
     seal: SecretBox,
@@ -293,7 +296,7 @@ pub struct Certs {
     pub served: ServedCerts,
     /// Opened records by store key, with the stored bytes they came from: a
     /// rebuild opens only what changed.
-    opened: parking_lot::Mutex<HashMap<Vec<u8>, (Vec<u8>, Arc<CertifiedKey>)>>,
+    opened: parking_lot::Mutex<HashMap<Vec<u8>, Opened>>,
 }
 
 impl Certs {

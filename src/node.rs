@@ -984,6 +984,7 @@ async fn refresh_cluster_addresses(
     }
     egress.set_own("cluster members", &own).await;
     deployments.own_names.set_members(names);
+    deployments.drop_reserved_certs();
 }
 
 /// Hands the node's cron timer (in the node supervisor) the stored cron

@@ -447,6 +447,24 @@ impl Deployments {
         Ok(served)
     }
 
+    /// Stops serving deployment certificates for hosts that became the
+    /// node's own names since the map was built (a name on a reloaded node
+    /// certificate, a cluster member's name): their handshakes get the
+    /// node's pair at once, as their requests go to the node's API. Called
+    /// after the node notes its names.
+    pub fn drop_reserved_certs(&self) {
+        let current = self.certs.served.load_full();
+        if current.keys().all(|h| self.reserved_host(h).is_none()) {
+            return;
+        }
+        let kept = current
+            .iter()
+            .filter(|(h, _)| self.reserved_host(h).is_none())
+            .map(|(h, ck)| (h.clone(), ck.clone()))
+            .collect();
+        self.certs.served.store(Arc::new(kept));
+    }
+
     /// Stores a deployment's certificate (replacing one it had) after
     /// [`certs::validate`] against the hosts of its active version, then
     /// serves it (on every node of a cluster, as they follow the generation).
@@ -1191,6 +1209,13 @@ mod tests {
             .unwrap();
         let der = key.serialize_der();
         assert!(!raw.windows(32).any(|w| w == &der[der.len() - 32..]));
+        // A host that becomes one of the node's own names gets the node's
+        // pair at once, before any rebuild.
+        b.own_names
+            .note("api.test", "a DNS name on this node's TLS certificate");
+        b.drop_reserved_certs();
+        let served = b.certs.served.load_full();
+        assert!(served.contains_key("www.test") && !served.contains_key("api.test"));
         a.delete("n", "site").await.unwrap();
         assert!(b.follow().await.unwrap());
         assert!(b.certs.served.load().is_empty());

@@ -211,6 +211,7 @@ pub fn serve(
                         .own_names
                         .note(n, "a DNS name on this node's TLS certificate");
                 }
+                deployments.drop_reserved_certs();
             },
         )?;
         builder.listen("meshgate", listener, move || {

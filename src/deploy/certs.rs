@@ -59,7 +59,8 @@ pub struct CertRecord {
     pub key_sealed: String,
     /// The leaf's DNS names (subject alternative names).
     pub names: Vec<String>,
-    /// The leaf's subject, as an RFC 4514 string.
+    /// The leaf's subject, its attributes in the certificate's order
+    /// (`C=US, O=Example, CN=shop.example.com`).
     pub subject: String,
     /// The leaf's issuer, likewise.
     pub issuer: String,

@@ -495,6 +495,23 @@ pub enum DeployCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// The deployment's own TLS certificate for its hosts: upload it with
+    /// --cert and --private-key, show it (no flags), or --remove it.
+    Cert {
+        name: String,
+        /// PEM certificate chain, leaf first.
+        #[arg(long, requires = "private_key", conflicts_with = "remove")]
+        cert: Option<PathBuf>,
+        /// PEM private key of the leaf (`--key` is the credential, as in
+        /// every command).
+        #[arg(long, requires = "cert", conflicts_with = "remove")]
+        private_key: Option<PathBuf>,
+        /// Remove it: the hosts get the node's own certificate.
+        #[arg(long)]
+        remove: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]

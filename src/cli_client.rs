@@ -381,6 +381,31 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
         DeployCommand::Delete { name, client } => {
             print(&call(&client, "DELETE", &format!("/v1/deployments/{name}"), None).await?)
         }
+        DeployCommand::Cert {
+            name,
+            cert,
+            private_key: key,
+            remove,
+            client,
+        } => {
+            let path = format!("/v1/deployments/{name}/certificate");
+            match (cert, key) {
+                (Some(cert), Some(key)) => {
+                    let read = |p: &std::path::Path| {
+                        std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+                    };
+                    let parts = vec![("cert", read(&cert)?), ("key", read(&key)?)];
+                    let boundary =
+                        format!("meshgate{}", hex::encode(crate::util::random_bytes::<12>()));
+                    let body = multipart(&boundary, &parts);
+                    let ct = format!("multipart/form-data; boundary={boundary}");
+                    let out = call_raw(&client, "PUT", &path, &ct, body).await?;
+                    print(&serde_json::from_slice(&out).unwrap_or(Value::Null));
+                }
+                _ if remove => print(&call(&client, "DELETE", &path, None).await?),
+                _ => print(&call(&client, "GET", &path, None).await?),
+            }
+        }
     }
     Ok(())
 }

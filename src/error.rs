@@ -98,6 +98,14 @@ codes! {
     InvalidField = "INVALID_FIELD", 400, Client, false;
     InvalidGrant = "INVALID_GRANT", 400, Client, false;
     InvalidHost = "INVALID_HOST", 400, Client, false;
+    /// A deployment certificate upload that is not a PEM chain and key.
+    InvalidCertificate = "INVALID_CERTIFICATE", 400, Client, false;
+    CertificateExpired = "CERTIFICATE_EXPIRED", 400, Client, false;
+    CertificateNotYetValid = "CERTIFICATE_NOT_YET_VALID", 400, Client, false;
+    CertificateHostMismatch = "CERTIFICATE_HOST_MISMATCH", 400, Client, false;
+    CertificateKeyMismatch = "CERTIFICATE_KEY_MISMATCH", 400, Client, false;
+    /// A deployment asks for `tls: "auto"` on a node without `[tls.acme]`.
+    AcmeNotConfigured = "ACME_NOT_CONFIGURED", 400, Client, false;
     InvalidJson = "INVALID_JSON", 400, Client, false;
     InvalidLimit = "INVALID_LIMIT", 400, Client, false;
     InvalidMember = "INVALID_MEMBER", 400, Client, false;
@@ -187,6 +195,7 @@ codes! {
     // 404, 405, 409, 413, 415: the target.
     NotFound = "NOT_FOUND", 404, Client, false;
     DeploymentNotFound = "DEPLOYMENT_NOT_FOUND", 404, Client, false;
+    CertificateNotFound = "CERTIFICATE_NOT_FOUND", 404, Client, false;
     FileNotFound = "FILE_NOT_FOUND", 404, Client, false;
     FunctionNotFound = "FUNCTION_NOT_FOUND", 404, Client, false;
     KeyNotFound = "KEY_NOT_FOUND", 404, Client, false;

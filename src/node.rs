@@ -230,6 +230,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         store.clone(),
         config.deploy.clone(),
         config.server.base_domain.clone(),
+        &secrets.server_secret,
     ));
     // Noted before the index is first built: the dashboard's sign-in and
     // API calls reach the node by this name.
@@ -986,6 +987,7 @@ async fn refresh_cluster_addresses(
     }
     egress.set_own("cluster members", &own).await;
     deployments.own_names.set_members(names);
+    deployments.drop_reserved_certs();
 }
 
 /// Hands the node's cron timer (in the node supervisor) the stored cron

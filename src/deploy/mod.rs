@@ -17,6 +17,7 @@
 //!   instances (hyper for requests with a body, our own inline one for those
 //!   without) and their per-thread pool of idle connections.
 //! - `transfer`: a namespace's deployments in a namespace export and import.
+//! - `certs`: per-host certificates (checked, sealed at rest, served by SNI).
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
 //! to one namespace at a time, which crosses namespaces): a lock key taken by
@@ -30,6 +31,7 @@
 pub mod activity;
 pub mod awc_client;
 pub mod canonical;
+pub mod certs;
 pub mod compress;
 pub mod egress;
 pub mod files;
@@ -116,6 +118,9 @@ pub struct Deployments {
     pub files: files::SiteFiles,
     /// The node's active health checker: every pool with a `health` spec is watched there.
     pub health: health::HealthChecks,
+    /// Deployment certificates: their keys' seal and the map the TLS
+    /// listener serves, rebuilt with the index.
+    pub certs: certs::Certs,
 }
 
 /// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
@@ -164,7 +169,13 @@ impl Drop for WriteLock<'_> {
 }
 
 impl Deployments {
-    pub fn new(store: Store, config: DeployConfig, base_domain: String) -> Deployments {
+    /// `server_secret` seals certificate keys (cluster-wide in a cluster).
+    pub fn new(
+        store: Store,
+        config: DeployConfig,
+        base_domain: String,
+        server_secret: &[u8],
+    ) -> Deployments {
         let unpacks = Arc::new(tokio::sync::Semaphore::new(
             config.unpack_concurrency.max(1),
         ));
@@ -181,6 +192,7 @@ impl Deployments {
             loaded: Mutex::new(None),
             unpacks,
             files: files::SiteFiles::default(),
+            certs: certs::Certs::new(server_secret),
         }
     }
 
@@ -293,6 +305,8 @@ impl Deployments {
         ix.names_generation = self.own_names.generation();
         let mut live = BTreeSet::new();
         let mut live_buckets = BTreeSet::new();
+        // Each deployment's routed hosts, for its certificate.
+        let mut routed: HashMap<(String, String), Vec<String>> = HashMap::new();
         for (_, v) in heads {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
@@ -352,6 +366,14 @@ impl Deployments {
                 .or_insert_with(|| index::RouteBucket::for_routes(&ver.routes))
                 .clone();
             live_buckets.insert(key);
+            routed.insert(
+                (rec.namespace.clone(), rec.name.clone()),
+                ver.hosts
+                    .iter()
+                    .filter(|h| self.reserved_host(h).is_none())
+                    .cloned()
+                    .collect(),
+            );
             for (i, route) in ver.routes.iter().enumerate() {
                 let bound = Arc::new(Bound {
                     namespace: rec.namespace.clone(),
@@ -384,9 +406,117 @@ impl Deployments {
         });
         // A deleted or replaced version's buckets go with it.
         self.buckets.lock().retain(|k, _| live_buckets.contains(k));
+        let served = self.load_certs(&routed).await?;
         self.index.store(Arc::new(ix));
+        self.certs.served.store(Arc::new(served));
         *self.loaded.lock() = generation;
         Ok(())
+    }
+
+    /// The host → certificate map of the stored certificates: each
+    /// deployment's certificate for those of its routed hosts it covers
+    /// (a host added since it was uploaded gets the node's own pair).
+    async fn load_certs(
+        &self,
+        routed: &HashMap<(String, String), Vec<String>>,
+    ) -> DeployResult<HashMap<String, Arc<rustls::sign::CertifiedKey>>> {
+        let mut served = HashMap::new();
+        let mut live = BTreeSet::new();
+        for (k, v) in self
+            .store
+            .scan_prefix(certs::CERT_PREFIX, usize::MAX)
+            .await?
+        {
+            let Ok(rec) = serde_json::from_slice::<certs::CertRecord>(&v) else {
+                continue;
+            };
+            live.insert(k.clone());
+            let Some(hosts) = routed.get(&(rec.namespace.clone(), rec.deployment.clone())) else {
+                continue;
+            };
+            let Some(ck) = self.certs.open(&k, &v, &rec) else {
+                continue;
+            };
+            for h in hosts {
+                if certs::record_covers(&rec, h) {
+                    served.insert(h.clone(), ck.clone());
+                }
+            }
+        }
+        self.certs.retain(&live);
+        Ok(served)
+    }
+
+    /// Stops serving deployment certificates for hosts that became the
+    /// node's own names since the map was built (a name on a reloaded node
+    /// certificate, a cluster member's name): their handshakes get the
+    /// node's pair at once, as their requests go to the node's API. Called
+    /// after the node notes its names.
+    pub fn drop_reserved_certs(&self) {
+        let current = self.certs.served.load_full();
+        if current.keys().all(|h| self.reserved_host(h).is_none()) {
+            return;
+        }
+        let kept = current
+            .iter()
+            .filter(|(h, _)| self.reserved_host(h).is_none())
+            .map(|(h, ck)| (h.clone(), ck.clone()))
+            .collect();
+        self.certs.served.store(Arc::new(kept));
+    }
+
+    /// Stores a deployment's certificate (replacing one it had) after
+    /// [`certs::validate`] against the hosts of its active version, then
+    /// serves it (on every node of a cluster, as they follow the generation).
+    pub async fn put_certificate(
+        &self,
+        ns: &str,
+        name: &str,
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> DeployResult<Value> {
+        let _w = self.write_lock().await?;
+        let rec = self.head(ns, name).await?;
+        let ver = self.version(ns, name, rec.active).await?;
+        let now = unix_now();
+        let valid = certs::validate(cert_pem, key_pem, &ver.hosts, now as i64)?;
+        let record = self.certs.record(ns, name, valid, now);
+        self.commit(vec![BatchOp::Put(
+            certs::cert_key(ns, name),
+            serde_json::to_vec(&record).expect("json"),
+        )])
+        .await?;
+        tracing::info!(namespace = ns, deployment = %name, not_after = %certs::rfc3339(record.not_after), "Certificate stored.");
+        Ok(certs::view(&record, &ver.hosts, now as i64))
+    }
+
+    /// A deployment's certificate as shown (404 when it has none).
+    pub async fn certificate(&self, ns: &str, name: &str) -> DeployResult<Value> {
+        let rec = self.head(ns, name).await?;
+        let ver = self.version(ns, name, rec.active).await?;
+        let cert = self.cert_record(ns, name).await?;
+        Ok(certs::view(&cert, &ver.hosts, unix_now() as i64))
+    }
+
+    async fn cert_record(&self, ns: &str, name: &str) -> DeployResult<certs::CertRecord> {
+        self.store
+            .get_json::<certs::CertRecord>(&certs::cert_key(ns, name))
+            .await?
+            .ok_or_else(|| {
+                ApiError::new(
+                    Code::CertificateNotFound,
+                    format!("deployment {name} has no certificate"),
+                )
+            })
+    }
+
+    /// Removes a deployment's certificate: its hosts get the node's own pair.
+    pub async fn delete_certificate(&self, ns: &str, name: &str) -> DeployResult<()> {
+        let _w = self.write_lock().await?;
+        self.head(ns, name).await?;
+        self.cert_record(ns, name).await?;
+        self.commit(vec![BatchOp::Delete(certs::cert_key(ns, name))])
+            .await
     }
 
     /// Why a host may not be a deployment's, if it may not (see [`hosts`]).
@@ -784,6 +914,7 @@ impl Deployments {
         self.head(ns, name).await?;
         let (mut ops, hosts) = self.host_ops(ns, None, Some(name)).await?;
         ops.push(BatchOp::Delete(dep_key(ns, name)));
+        ops.push(BatchOp::Delete(certs::cert_key(ns, name)));
         let mut bytes = 0u64;
         for (k, v) in self
             .store
@@ -955,6 +1086,7 @@ mod tests {
                     ..DeployConfig::default()
                 },
                 "gateway.test".into(),
+                &[7u8; 32],
             ))
         };
         (dir, node(), node())
@@ -1036,6 +1168,66 @@ mod tests {
         assert!(b.index().host_namespace("www.test").is_none());
     }
 
+    /// A certificate stored through one node is served by the other once it
+    /// follows the generation (a cluster's nodes share the store), for the
+    /// hosts it covers only; removed with the deployment on both.
+    #[tokio::test]
+    async fn a_certificate_put_through_one_node_is_served_by_the_other() {
+        let (_d, a, b) = two_nodes();
+        let mut new = upstream("site", "www.test");
+        new.hosts.push("api.test".into());
+        a.create("n", new, &limits()).await.unwrap();
+        b.follow().await.unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["www.test".into(), "api.test".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let shown = a
+            .put_certificate(
+                "n",
+                "site",
+                cert.pem().as_bytes(),
+                key.serialize_pem().as_bytes(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(shown["state"], "active", "{shown}");
+        assert!(b.certs.served.load().is_empty());
+        assert!(b.follow().await.unwrap());
+        let served = b.certs.served.load_full();
+        let leaf = |h: &str| served.get(h).map(|ck| ck.cert[0].as_ref().to_vec());
+        assert_eq!(leaf("www.test").as_deref(), Some(cert.der().as_ref()));
+        assert_eq!(leaf("api.test").as_deref(), Some(cert.der().as_ref()));
+        assert_eq!(served.len(), 2);
+        // The stored record holds the key sealed: its DER is not in it.
+        let raw = a
+            .store
+            .get(&certs::cert_key("n", "site"))
+            .await
+            .unwrap()
+            .unwrap();
+        let der = key.serialize_der();
+        assert!(!raw.windows(32).any(|w| w == &der[der.len() - 32..]));
+        // A host that becomes one of the node's own names gets the node's
+        // pair at once, before any rebuild.
+        b.own_names
+            .note("api.test", "a DNS name on this node's TLS certificate");
+        b.drop_reserved_certs();
+        let served = b.certs.served.load_full();
+        assert!(served.contains_key("www.test") && !served.contains_key("api.test"));
+        a.delete("n", "site").await.unwrap();
+        assert!(b.follow().await.unwrap());
+        assert!(b.certs.served.load().is_empty());
+        assert!(
+            a.store
+                .get(&certs::cert_key("n", "site"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
     /// Rolling back checks the egress policy again: a node whose policy
     /// forbids the old version's upstream refuses with 400
     /// `UPSTREAM_FORBIDDEN` and the active version stays; its create refuses
@@ -1047,6 +1239,7 @@ mod tests {
             open.store.clone(),
             DeployConfig::default(),
             "gateway.test".into(),
+            &[7u8; 32],
         );
         open.create("n", upstream("site", "www.test"), &limits())
             .await
@@ -1251,6 +1444,7 @@ mod tests {
                 ..DeployConfig::default()
             },
             "gateway.test".into(),
+            &[7u8; 32],
         ));
         let first = d.unpack_slot().await.unwrap();
         let e = d.unpack_slot().await.unwrap_err();

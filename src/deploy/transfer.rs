@@ -261,6 +261,16 @@ impl Deployments {
             .filter(|k| !written.contains(k))
             .map(|k| BatchOp::Delete(k.clone()))
             .collect();
+        // A deployment the import does not keep takes its certificate with
+        // it (certificates are not exported; a kept one keeps its own).
+        let kept: BTreeSet<&str> = deps.iter().map(|d| d.record.name.as_str()).collect();
+        let cert_prefix = format!("depcert/{ns}/");
+        for (k, _) in self.store.scan_all(cert_prefix.as_bytes()).await? {
+            let name = String::from_utf8_lossy(&k[cert_prefix.len()..]).into_owned();
+            if !kept.contains(name.as_str()) {
+                ops.push(BatchOp::Delete(k));
+            }
+        }
         let claim = serde_json::to_vec(&HostClaim {
             namespace: ns.to_string(),
         })

@@ -46,7 +46,9 @@ impl SecretBox {
         Self::derived(server_secret, KEY_INFO)
     }
 
-    fn derived(server_secret: &[u8], info: &[u8]) -> Self {
+    /// The same construction for another purpose: a key of its own under
+    /// HKDF info `info` (deployment certificate keys use it).
+    pub fn derived(server_secret: &[u8], info: &[u8]) -> Self {
         let mut bytes = [0u8; 32];
         derive(server_secret, info, &mut bytes);
         let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &bytes).expect("32-byte key"));

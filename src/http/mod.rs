@@ -208,6 +208,7 @@ pub fn serve(
         let tls = tls::server_config(
             cfg.tls.cert_file.clone().into(),
             cfg.tls.key_file.clone().into(),
+            node.deployments.certs.served.clone(),
             std::time::Duration::from_secs(cfg.tls.reload_check_seconds),
             move |names: &[String]| {
                 for n in names {
@@ -215,6 +216,7 @@ pub fn serve(
                         .own_names
                         .note(n, "a DNS name on this node's TLS certificate");
                 }
+                deployments.drop_reserved_certs();
             },
         )?;
         builder.listen("meshgate", listener, move || {

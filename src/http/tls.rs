@@ -1,10 +1,13 @@
 //! TLS terminated by the node (docs/design.md §2): rustls with the ring provider, a
-//! certificate resolver that re-reads the files when they change (no restart),
+//! certificate resolver that picks a deployment host's own certificate by SNI
+//! (`deploy::certs`, a map swapped whole: no lock on a handshake) and
+//! otherwise serves the node's pair, re-read from its files when they change (no restart),
 //! ALPN for HTTP/2 and HTTP/1.1, and the connection's SNI kept so that domain
 //! routing can answer 421 when a request's Host disagrees with it.
 
+use crate::deploy::certs::ServedCerts;
 use crate::http::chain::context::Sni;
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
 use rustls::crypto::ring::sign::any_supported_type;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -49,15 +52,33 @@ pub fn dns_names(ck: &CertifiedKey) -> Vec<String> {
     }
 }
 
-/// The certificate in use, swapped when its files change.
+/// The certificate for each connection: the deployment host's own when the
+/// SNI names one that has one, else the node's pair (swapped when its files
+/// change). Both are read lock-free.
 #[derive(Debug)]
 pub struct ReloadingResolver {
-    current: RwLock<Arc<CertifiedKey>>,
+    /// The node's own pair: API hosts, unknown names, no SNI.
+    current: ArcSwap<CertifiedKey>,
+    /// Deployment hosts' certificates, by host (lower case).
+    hosts: ServedCerts,
 }
 
 impl ResolvesServerCert for ReloadingResolver {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.read().clone())
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if let Some(name) = hello.server_name() {
+            let hosts = self.hosts.load();
+            if !hosts.is_empty() {
+                let found = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                    hosts.get(&name.to_ascii_lowercase())
+                } else {
+                    hosts.get(name)
+                };
+                if let Some(ck) = found {
+                    return Some(ck.clone());
+                }
+            }
+        }
+        Some(self.current.load_full())
     }
 }
 
@@ -69,17 +90,20 @@ fn mtimes(a: &Path, b: &Path) -> Option<(SystemTime, SystemTime)> {
 /// The server config for `cert`/`key`, and a thread that reloads them when their
 /// modification times change. A broken new pair is logged and the old one kept.
 /// `on_names` gets each certificate's DNS names ([`dns_names`]) before it is
-/// served: the first one's, then each reloaded one's.
+/// served: the first one's, then each reloaded one's. `hosts` are the
+/// deployment hosts' own certificates, chosen by SNI before the node's pair.
 pub fn server_config(
     cert: PathBuf,
     key: PathBuf,
+    hosts: ServedCerts,
     check_every: Duration,
     on_names: impl Fn(&[String]) + Send + 'static,
 ) -> anyhow::Result<rustls::ServerConfig> {
     let first = load_certified_key(&cert, &key)?;
     on_names(&dns_names(&first));
     let resolver = Arc::new(ReloadingResolver {
-        current: RwLock::new(Arc::new(first)),
+        current: ArcSwap::from_pointee(first),
+        hosts,
     });
     let weak = Arc::downgrade(&resolver);
     let mut seen = mtimes(&cert, &key);
@@ -98,7 +122,7 @@ pub fn server_config(
                 match load_certified_key(&cert, &key) {
                     Ok(ck) => {
                         on_names(&dns_names(&ck));
-                        *r.current.write() = Arc::new(ck);
+                        r.current.store(Arc::new(ck));
                         seen = now;
                         tracing::info!(cert = %cert.display(), "TLS certificate reloaded.");
                     }

@@ -1060,5 +1060,94 @@ fn cli_status_shows_the_node_and_exits_non_zero_when_not_ready() {
     assert!(
         err.contains("not ready") || err.contains("STARTING"),
         "{out}{err}"
+
+/// `deploy cert NAME --cert F --private-key F` uploads the deployment's certificate
+/// (the node shows it after), `deploy cert NAME` prints it without the key,
+/// a bad pair exits non-zero with the node's code and stores nothing, and
+/// `deploy cert NAME --remove` removes it.
+#[test]
+fn cli_deploy_cert_upload_show_remove() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n"),
+        ..Default::default()
+    });
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clicert");
+    let up = upstream();
+    let host = "shop.clicert.example.test";
+    cli(
+        base,
+        &[
+            "deploy", "upstream", &up, "--host", host, "--name", "shop", "--key", &owner,
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let good = crate::deploy::certs::current(&[host]);
+    let other = crate::deploy::certs::current(&["elsewhere.example.test"]);
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let (cert, key) = (write("cert.pem", &good.cert), write("key.pem", &good.key));
+    let (other_cert, other_key) = (write("o.pem", &other.cert), write("ok.pem", &other.key));
+
+    let out = printed(&cli(
+        base,
+        &[
+            "deploy",
+            "cert",
+            "shop",
+            "--cert",
+            &cert,
+            "--private-key",
+            &key,
+            "--key",
+            &owner,
+        ],
+    ));
+    assert_eq!(out["certificate"]["state"], "active", "{out:#}");
+    assert_eq!(
+        out["certificate"]["names"],
+        serde_json::json!([host]),
+        "{out:#}"
+    );
+    let sha = out["certificate"]["sha256"].clone();
+    let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/shop/certificate", None);
+    assert_eq!((s, &json(&b)["certificate"]["sha256"]), (200, &sha), "{b}");
+
+    let shown = cli(base, &["deploy", "cert", "shop", "--key", &owner]);
+    assert_eq!(printed(&shown)["certificate"]["sha256"], sha, "{shown}");
+    assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+
+    let (code, _, err) = cli_fails(
+        base,
+        &[
+            "deploy",
+            "cert",
+            "shop",
+            "--cert",
+            &other_cert,
+            "--private-key",
+            &other_key,
+            "--key",
+            &owner,
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(err.contains("CERTIFICATE_HOST_MISMATCH"), "{err}");
+    let (_, b) = node.with_key(&owner, "GET", "/v1/deployments/shop/certificate", None);
+    assert_eq!(json(&b)["certificate"]["sha256"], sha, "{b}");
+
+    let out = printed(&cli(
+        base,
+        &["deploy", "cert", "shop", "--remove", "--key", &owner],
+    ));
+    assert_eq!(out["ok"], true, "{out:#}");
+    let (s, b) = node.with_key(&owner, "GET", "/v1/deployments/shop/certificate", None);
+    assert_eq!(
+        (s, json(&b)["error"]["code"].as_str()),
+        (404, Some("CERTIFICATE_NOT_FOUND")),
+        "{b}"
     );
 }

@@ -8,6 +8,7 @@
 use crate::common::*;
 
 mod balance;
+pub(crate) mod certs;
 mod compress;
 mod health;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};

@@ -26,6 +26,11 @@ pub const SINGLE_NODE_ONLY: &[(&str, &str)] = &[
          in etcd (the part before it runs on the cluster)",
     ),
     (
+        "deploy::certs::certificate_keys_are_sealed_on_disk",
+        "scans the node's sled files; a cluster's records are in etcd (the seal is the \
+         same: the store layer never sees the key in the clear)",
+    ),
+    (
         "deploy::health::checks_stay_within_the_namespace_budget",
         "the budget is per node and every node runs its own checker; the test counts one \
          node's checks",

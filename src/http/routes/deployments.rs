@@ -64,6 +64,24 @@ pub fn register(t: &mut RouteTable) {
         "/v1/deployments/{name}/rollback",
         Policy::ns("deployments", "deploy"),
         web::post().to(rollback),
+    )
+    .add(
+        Method::PUT,
+        "/v1/deployments/{name}/certificate",
+        Policy::ns("deployments", "deploy"),
+        web::put().to(put_certificate),
+    )
+    .add(
+        Method::GET,
+        "/v1/deployments/{name}/certificate",
+        Policy::ns("deployments", "read"),
+        web::get().to(show_certificate),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/deployments/{name}/certificate",
+        Policy::ns("deployments", "deploy"),
+        web::delete().to(delete_certificate),
     );
 }
 
@@ -81,7 +99,7 @@ fn deployment_answer(d: impl serde::Serialize) -> serde_json::Value {
 const SITE_FORM: Form = Form {
     route: "POST /v1/deployments",
     required: &["name", "hosts", "tarball"],
-    optional: &["routes", "policy"],
+    optional: &["routes", "policy", "tls"],
     example: "curl -F name=site -F hosts=site.example.com -F tarball=@site.tar.gz",
 };
 
@@ -101,6 +119,28 @@ struct CreateJson {
     /// The routes' default policy: copied into every route without its own.
     #[serde(default)]
     policy: Option<crate::deploy::route_policy::RoutePolicy>,
+    /// `"auto"`: certificates by ACME, refused by a node without
+    /// `[tls.acme]` ([`check_tls`]).
+    #[serde(default)]
+    tls: Option<serde_json::Value>,
+}
+
+/// A deployment's `tls`: `"auto"` asks for certificates issued by ACME,
+/// which this node is not configured for (no `[tls.acme]`): 400
+/// `ACME_NOT_CONFIGURED`, nothing stored. Anything else is 400 `INVALID_FIELD`.
+fn check_tls(tls: Option<&serde_json::Value>) -> ApiResult<()> {
+    match tls {
+        None => Ok(()),
+        Some(v) if v == "auto" => Err(bad(
+            Code::AcmeNotConfigured,
+            "tls \"auto\" needs ACME, and this node has no [tls.acme] configured; upload the \
+             hosts' certificate with PUT /v1/deployments/{name}/certificate instead",
+        )),
+        Some(v) => Err(bad(
+            Code::InvalidField,
+            format!("tls {v} is not a TLS mode: the one mode is \"auto\" (ACME), or leave it out"),
+        )),
+    }
 }
 
 impl Body for CreateJson {
@@ -245,6 +285,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     })?;
     check_name(&c.name)?;
     let hosts = check_hosts(&c.hosts)?;
+    check_tls(c.tls.as_ref())?;
     let Some(up) = c.upstream else {
         return Err(bad(
             Code::MissingTarget,
@@ -367,7 +408,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 save_field(&mut field, &upload, cfg.max_site_bytes).await?;
                 tarball = Some(upload);
             }
-            "name" | "hosts" | "routes" | "policy" => {
+            "name" | "hosts" | "routes" | "policy" | "tls" => {
                 let text = SITE_FORM.text(
                     SITE_FORM
                         .read_part(&mut field, &part, 64 * 1024, Code::PayloadTooLarge)
@@ -377,6 +418,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 match part.as_str() {
                     "name" => name = Some(text),
                     "hosts" => hosts = Some(text),
+                    "tls" => check_tls(Some(&serde_json::Value::String(text)))?,
                     "policy" => {
                         policy = Some(
                             serde_json::from_str::<crate::deploy::route_policy::RoutePolicy>(&text)
@@ -543,4 +585,123 @@ async fn delete(
     node.blob_sweeps.request();
     node.metrics.route_activity.forget(&ctx.name, &name);
     Ok(HttpResponse::Ok().json(json!({"ok": true, "deleted": name.into_inner()})))
+}
+
+/// The parts of a certificate upload (docs/deployments.md "Certificates").
+const CERT_FORM: Form = Form {
+    route: "PUT /v1/deployments/{name}/certificate",
+    required: &["cert", "key"],
+    optional: &[],
+    example: "curl -X PUT -F cert=@fullchain.pem -F key=@key.pem",
+};
+
+/// The JSON form of a certificate upload.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CertJson {
+    /// The PEM chain, leaf first.
+    cert_pem: String,
+    /// The PEM private key of the leaf.
+    key_pem: String,
+}
+
+impl Body for CertJson {}
+
+/// `PUT /v1/deployments/{name}/certificate`: multipart (`cert`, `key`) or
+/// JSON (`cert_pem`, `key_pem`); checked whole before anything is stored.
+async fn put_certificate(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+    req: HttpRequest,
+    mut payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    use crate::deploy::certs::{MAX_CHAIN_BYTES, MAX_KEY_BYTES};
+    ctx.require("deployments", "deploy", &name)?;
+    let multipart = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let (cert, key) = if multipart {
+        let mut mp = Multipart::new(req.headers(), payload);
+        let (mut cert, mut key) = (None, None);
+        while let Some(field) = mp.next().await {
+            let mut field = field.map_err(|e| CERT_FORM.malformed(e))?;
+            let part = field.name().unwrap_or_default().to_string();
+            match part.as_str() {
+                "cert" => {
+                    cert = Some(
+                        CERT_FORM
+                            .read_part(&mut field, &part, MAX_CHAIN_BYTES, Code::PayloadTooLarge)
+                            .await?,
+                    )
+                }
+                "key" => {
+                    key = Some(
+                        CERT_FORM
+                            .read_part(&mut field, &part, MAX_KEY_BYTES, Code::PayloadTooLarge)
+                            .await?,
+                    )
+                }
+                other => return Err(CERT_FORM.unknown_part(other)),
+            }
+        }
+        (
+            cert.ok_or_else(|| CERT_FORM.missing_part("cert"))?,
+            key.ok_or_else(|| CERT_FORM.missing_part("key"))?,
+        )
+    } else {
+        let limit = MAX_CHAIN_BYTES + MAX_KEY_BYTES + 1024;
+        let mut body = Vec::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| bad(Code::BadBody, e.to_string()))?;
+            if body.len() + chunk.len() > limit {
+                return Err(bad(
+                    Code::PayloadTooLarge,
+                    format!("the body is larger than {limit} bytes"),
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let c = serde_json::from_slice::<CertJson>(&body).map_err(|e| {
+            json_refusal::<CertJson>(
+                Code::InvalidJson,
+                "PUT /v1/deployments/{name}/certificate",
+                e,
+            )
+        })?;
+        (c.cert_pem.into_bytes(), c.key_pem.into_bytes())
+    };
+    let c = node
+        .deployments
+        .put_certificate(&ctx.name, &name, &cert, &key)
+        .await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "certificate": c})))
+}
+
+/// `GET /v1/deployments/{name}/certificate`: names, issuer, validity and
+/// state; never the key.
+async fn show_certificate(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    ctx.require("deployments", "read", &name)?;
+    let c = node.deployments.certificate(&ctx.name, &name).await?;
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "certificate": c})))
+}
+
+/// `DELETE /v1/deployments/{name}/certificate`: its hosts get the node's pair.
+async fn delete_certificate(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    ctx.require("deployments", "deploy", &name)?;
+    node.deployments
+        .delete_certificate(&ctx.name, &name)
+        .await?;
+    Ok(HttpResponse::Ok()
+        .json(json!({"ok": true, "deleted": "certificate", "deployment": name.into_inner()})))
 }

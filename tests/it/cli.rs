@@ -1060,6 +1060,8 @@ fn cli_status_shows_the_node_and_exits_non_zero_when_not_ready() {
     assert!(
         err.contains("not ready") || err.contains("STARTING"),
         "{out}{err}"
+    );
+}
 
 /// `deploy cert NAME --cert F --private-key F` uploads the deployment's certificate
 /// (the node shows it after), `deploy cert NAME` prints it without the key,

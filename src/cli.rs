@@ -347,6 +347,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         if let Some(m) = running.metrics_addr {
             println!("meshgate metrics on http://{m}/metrics");
         }
+        if let Some(g) = running.grpc_addr {
+            println!("meshgate gRPC on {g}");
+        }
         println!("meshgate listening on {scheme}://{}", running.addr);
         tracing::info!(addr = %running.addr, "Listening.");
         running.run_until_signal().await

@@ -50,6 +50,20 @@ pub struct Config {
     pub dashboard: DashboardConfig,
     /// `[telemetry]`: OTLP export of request spans (off by default).
     pub telemetry: TelemetryConfig,
+    /// `[grpc]`: the gRPC listener of deployment hosts (off by default).
+    pub grpc: GrpcConfig,
+}
+
+/// `[grpc]`: a listener of its own for gRPC to deployment hosts (HTTP/2
+/// with trailers, served by hyper: docs/deployments.md "gRPC",
+/// docs/decisions.md "gRPC on a listener of its own").
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// `host:port` of the gRPC listener: HTTP/2 with prior knowledge
+    /// (h2c), or TLS with ALPN `h2` when `[tls]` is set (the node's
+    /// certificate). Empty (the default): no gRPC listener.
+    pub listen: String,
 }
 
 /// `[telemetry]`: spans of the requests the node serves, exported over
@@ -1028,6 +1042,19 @@ impl Config {
                 Ok(_) => {}
             }
         }
+        if let Some(g) = self.grpc_listen_addr() {
+            match g.parse::<SocketAddr>() {
+                Err(_) => errors.push(format!("grpc.listen: {g:?} is not host:port")),
+                Ok(a) if a.port() != 0
+                    && (g == self.server.listen || Some(g) == self.metrics_listen_addr()) =>
+                {
+                    errors.push(format!(
+                        "grpc.listen: {g:?} is another listener's address; give the gRPC listener its own"
+                    ))
+                }
+                Ok(_) => {}
+            }
+        }
         let limit = self.metrics.namespace_series_limit;
         if !(1..=crate::metrics::MAX_NAMESPACE_SERIES_LIMIT).contains(&limit) {
             errors.push(format!(
@@ -1103,6 +1130,11 @@ impl Config {
     /// `[metrics] listen`, when set.
     pub fn metrics_listen_addr(&self) -> Option<&str> {
         Some(self.metrics.listen.trim()).filter(|l| !l.is_empty())
+    }
+
+    /// `[grpc] listen`, when set.
+    pub fn grpc_listen_addr(&self) -> Option<&str> {
+        Some(self.grpc.listen.trim()).filter(|l| !l.is_empty())
     }
 }
 

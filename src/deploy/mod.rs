@@ -16,6 +16,7 @@
 //! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
 //!   instances (hyper for requests with a body, our own inline one for those
 //!   without) and their per-thread pool of idle connections.
+//! - `grpc`: gRPC to the instances: `grpc-timeout`, statuses, the HTTP/2 client.
 //! - `transfer`: a namespace's deployments in a namespace export and import.
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
@@ -33,6 +34,7 @@ pub mod canonical;
 pub mod compress;
 pub mod egress;
 pub mod files;
+pub mod grpc;
 pub mod h1;
 pub mod headers;
 pub mod health;
@@ -314,6 +316,7 @@ impl Deployments {
                     compress,
                     pass_ambiguous_paths,
                     allow_underscore_headers,
+                    grpc,
                 } => {
                     let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
                     live.insert(key.clone());
@@ -334,7 +337,8 @@ impl Deployments {
                                 .with_request_rules(
                                     *pass_ambiguous_paths,
                                     *allow_underscore_headers,
-                                ),
+                                )
+                                .with_grpc(*grpc),
                             );
                             // Its instances join the node's checks (shared ones once).
                             self.health.watch(&rec.namespace, &p);
@@ -889,6 +893,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
             compress,
             pass_ambiguous_paths,
             allow_underscore_headers,
+            grpc,
         } => {
             let states: Vec<Value> = match pool {
                 Some(p) => p
@@ -918,7 +923,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
                     .collect(),
             };
             json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress,
-                "pass_ambiguous_paths": pass_ambiguous_paths, "allow_underscore_headers": allow_underscore_headers})
+                "pass_ambiguous_paths": pass_ambiguous_paths, "allow_underscore_headers": allow_underscore_headers, "grpc": grpc})
         }
     };
     json!({
@@ -973,6 +978,7 @@ mod tests {
                 compress: true,
                 pass_ambiguous_paths: false,
                 allow_underscore_headers: false,
+                grpc: None,
             },
             blobs: Vec::new(),
         }
@@ -1059,6 +1065,7 @@ mod tests {
             compress: true,
             pass_ambiguous_paths: false,
             allow_underscore_headers: false,
+            grpc: None,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();
@@ -1140,6 +1147,7 @@ mod tests {
                 compress: true,
                 pass_ambiguous_paths: false,
                 allow_underscore_headers: false,
+                grpc: None,
             },
             created_at: 0,
         };

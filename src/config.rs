@@ -1705,6 +1705,27 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
             "{err:?}"
         );
     }
+
+    /// `[grpc]`: no listener by default; `listen` is host:port, not another
+    /// listener's; from the environment too.
+    #[test]
+    fn grpc_section() {
+        let c = load_str("", &[]).unwrap();
+        assert_eq!(c.grpc_listen_addr(), None);
+        let c = load_str("[grpc]\nlisten = \"127.0.0.1:9200\"\n", &[]).unwrap();
+        assert_eq!(c.grpc_listen_addr(), Some("127.0.0.1:9200"));
+        let c = load_str("", &[("MESHGATE_GRPC_LISTEN", "127.0.0.1:9201")]).unwrap();
+        assert_eq!(c.grpc_listen_addr(), Some("127.0.0.1:9201"));
+        for bad in [
+            "[grpc]\nlisten = \"nowhere\"\n",
+            "[server]\nlisten = \"127.0.0.1:9000\"\n[grpc]\nlisten = \"127.0.0.1:9000\"\n",
+            "[metrics]\nlisten = \"127.0.0.1:9100\"\n[grpc]\nlisten = \"127.0.0.1:9100\"\n",
+            "[grpc]\nport = 1\n",
+        ] {
+            let err = load_str(bad, &[]).unwrap_err();
+            assert!(err.0.iter().any(|e| e.contains("grpc")), "{bad}: {err:?}");
+        }
+    }
 }
 
 #[cfg(test)]

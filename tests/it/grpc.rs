@@ -428,3 +428,95 @@ fn route_policy_refusals_are_grpc_statuses() {
         .collect();
     assert!(codes.iter().any(|c| c == "RESOURCE_EXHAUSTED"), "{codes:?}");
 }
+
+/// One raw gRPC call over TLS by curl (`-k`: the node's self-signed
+/// certificate), with `sni` as the TLS server name and `host` as the
+/// call's `:authority`: the answer's head and trailers as text.
+fn curl_tls_call(addr: &str, sni: &str, host: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("frame");
+    std::fs::write(&body, [0u8, 0, 0, 0, 2, b'h', b'i']).unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "--http2",
+            "--max-time",
+            "10",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+        ])
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg("-H")
+        .arg(format!("host: {host}"))
+        .arg("--connect-to")
+        .arg(format!("{sni}:443:{addr}"))
+        .arg("--data-binary")
+        .arg(format!("@{}", body.display()))
+        .arg(format!("https://{sni}/test.Echo/Unary"))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).to_ascii_lowercase()
+}
+
+/// With `[tls]` set the gRPC listener is TLS with ALPN h2 and the node's
+/// certificate: a call whose TLS server name is its host is proxied with
+/// its trailers; one whose server name is another is refused UNAVAILABLE
+/// (HTTP's 421).
+#[test]
+fn tls_listener_checks_the_server_name() {
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    crate::deploy::make_cert(dir.path(), "grpc-node.test");
+    let data = dir.path().join("data");
+    {
+        // The deployment is made on a plain node, then served over TLS.
+        let mut plain = TestNode::start_with(NodeOpts {
+            config: format!("{TEST_CONFIG}[deploy]\n{ALLOW_LOOPBACK}"),
+            data_dir: Some(data.clone()),
+            ..Default::default()
+        });
+        let key = plain.create_namespace("grpctls");
+        deploy(
+            &plain,
+            &key,
+            "rpc",
+            "tls.grpc.test",
+            json!({"instances": [up.url()]}),
+            json!({}),
+        );
+        plain.signal(15);
+        assert!(plain.wait_exit(Duration::from_secs(30)).is_some());
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _node = TestNode::start_with(NodeOpts {
+        config: format!(
+            "{TEST_CONFIG}[deploy]\n{ALLOW_LOOPBACK}[grpc]\nlisten = \"{addr}\"\n[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            dir.path().join("cert.pem"),
+            dir.path().join("key.pem")
+        ),
+        data_dir: Some(data),
+        no_wait_ready: true,
+        ..Default::default()
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut head = String::new();
+    while !head.contains("grpc-status: 0") {
+        assert!(
+            Instant::now() < deadline,
+            "no call over TLS answered: {head}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        head = curl_tls_call(&addr, "tls.grpc.test", "tls.grpc.test");
+    }
+    assert!(head.starts_with("http/2 200"), "{head}");
+    assert!(head.contains("x-custom-trailer: kept"), "{head}");
+    let head = curl_tls_call(&addr, "a.test", "tls.grpc.test");
+    assert!(head.contains("grpc-status: 14"), "{head}");
+    assert!(
+        head.contains("does not match the tls server name"),
+        "{head}"
+    );
+}

@@ -922,8 +922,12 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
                     .map(|(i, u)| json!({"url": u, "weight": weights.get(i).copied().unwrap_or(1)}))
                     .collect(),
             };
-            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress,
-                "pass_ambiguous_paths": pass_ambiguous_paths, "allow_underscore_headers": allow_underscore_headers, "grpc": grpc})
+            let mut v = json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress,
+                "pass_ambiguous_paths": pass_ambiguous_paths, "allow_underscore_headers": allow_underscore_headers});
+            if let Some(g) = grpc {
+                v["grpc"] = json!(g);
+            }
+            v
         }
     };
     json!({

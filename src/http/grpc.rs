@@ -206,6 +206,7 @@ async fn call(
             "this listener serves gRPC (content-type application/grpc) only",
         );
         *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        drain(req.into_body()).await;
         return r;
     }
     // Admission.

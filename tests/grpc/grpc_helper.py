@@ -15,9 +15,10 @@ handlers and identity serializers, so no .proto file and no protoc step.
       Die          sends two messages, then the process exits at once.
       Headers      answers the request's metadata as JSON.
 
-  grpc_helper.py call ADDR AUTHORITY CASE [ARG] [--key K] [--timeout S]
+  grpc_helper.py call ADDR AUTHORITY CASE [ARG] [--key K] [--timeout S] [--repeat N]
       Runs one call through ADDR with :authority AUTHORITY and prints one
-      JSON line: code, details, trailers, initial metadata, messages.
+      JSON line: code, details, trailers, initial metadata, messages; with
+      --repeat, N unary calls on one channel and their codes.
 
   grpc_helper.py bench ADDR AUTHORITY SECONDS CONCURRENCY
       Unary calls for SECONDS from CONCURRENCY threads; prints calls/s.
@@ -101,6 +102,21 @@ def channel(addr, authority):
     return grpc.insecure_channel(addr, options=[("grpc.default_authority", authority)])
 
 
+def repeat(addr, authority, case, arg, key, timeout, n):
+    """N unary calls on one channel, as fast as they go: their codes."""
+    ch = channel(addr, authority)
+    md = (("x-api-key", key),) if key else None
+    f = ch.unary_unary("/test.Echo/" + case, ident, ident)
+    codes = []
+    for _ in range(n):
+        try:
+            f(arg.encode(), timeout=timeout, metadata=md)
+            codes.append("OK")
+        except grpc.RpcError as e:
+            codes.append(e.code().name)
+    print(json.dumps({"codes": codes}), flush=True)
+
+
 def call(addr, authority, case, arg, key, timeout):
     ch = channel(addr, authority)
     md = (("x-api-key", key),) if key else None
@@ -167,9 +183,17 @@ def main(argv):
             i = rest.index("--timeout")
             timeout = float(rest[i + 1])
             del rest[i:i + 2]
+        n = None
+        if "--repeat" in rest:
+            i = rest.index("--repeat")
+            n = int(rest[i + 1])
+            del rest[i:i + 2]
         addr, authority, case = rest[:3]
         arg = rest[3] if len(rest) > 3 else ""
-        call(addr, authority, case, arg, key, timeout)
+        if n is None:
+            call(addr, authority, case, arg, key, timeout)
+        else:
+            repeat(addr, authority, case, arg, key, timeout, n)
     elif argv[1] == "bench":
         bench(argv[2], argv[3], float(argv[4]), int(argv[5]))
     else:

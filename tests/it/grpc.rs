@@ -250,6 +250,16 @@ fn deadline_is_enforced_and_capped() {
         json!({"instances": [up.url()], "grpc": {"max_timeout_ms": 100}}),
         json!({}),
     );
+    let (s, b) = node.with_key(&key, "GET", "/v1/deployments/capped", None);
+    assert_eq!(s, 200, "{b}");
+    let shown = json(&b);
+    let target = &shown["deployment"]["target"];
+    let target = if target.is_null() {
+        &shown["target"]
+    } else {
+        target
+    };
+    assert_eq!(target["grpc"]["max_timeout_ms"], 100, "{b}");
     // Warm: the connection to the upstream is made.
     assert_eq!(call(&addr, "dl.grpc.test", "Unary", "x", &[])["code"], "OK");
     let t = Instant::now();
@@ -416,17 +426,15 @@ fn route_policy_refusals_are_grpc_statuses() {
         "the key is not forwarded: {seen}"
     );
 
-    let first = call(&addr, "locked.grpc.test", "Unary", "x", &[]);
-    assert_eq!(first["code"], "OK", "{first}");
-    let codes: Vec<String> = (0..3)
-        .map(|_| {
-            call(&addr, "locked.grpc.test", "Unary", "x", &[])["code"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    assert!(codes.iter().any(|c| c == "RESOURCE_EXHAUSTED"), "{codes:?}");
+    // One call a second, burst 1: of 20 calls back to back, the first
+    // passes and most of the others are refused.
+    let r = call(&addr, "locked.grpc.test", "Unary", "x", &["--repeat", "20"]);
+    let codes = r["codes"].as_array().unwrap();
+    assert_eq!(codes[0], "OK", "{r}");
+    assert!(
+        codes.iter().filter(|c| *c == "RESOURCE_EXHAUSTED").count() >= 10,
+        "{r}"
+    );
 }
 
 /// One raw gRPC call over TLS by curl (`-k`: the node's self-signed

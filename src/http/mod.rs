@@ -1,4 +1,5 @@
-//! HTTP: the listener, the middleware chain of docs/design.md §2 and the routes of §10.
+//! HTTP: the listener, the middleware chain of docs/design.md §2 and the routes of §10;
+//! the gRPC listener of deployment hosts (`grpc.rs`).
 
 #![forbid(unsafe_code)]
 

@@ -448,6 +448,9 @@ pub enum DeployCommand {
         /// compressible ones the upstream did not encode, for clients that accept it).
         #[arg(long)]
         no_compress: bool,
+        /// The cap on a gRPC call's deadline, in ms (`upstream.grpc.max_timeout_ms`).
+        #[arg(long)]
+        grpc_max_timeout_ms: Option<u64>,
         #[command(flatten)]
         client: ClientArgs,
     },

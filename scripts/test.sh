@@ -24,6 +24,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # RUNLEVEL=1: packages (nginx) must not start their services.
   RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
+# The gRPC tests (tests/it/grpc.rs) and bench drive a Python grpcio upstream
+# and client (tests/grpc/grpc_helper.py).
+if ! python3 -c 'import grpc' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing grpcio (pip)"
+  python3 -m pip install --quiet grpcio || python3 -m pip install --quiet --break-system-packages grpcio
+fi
 if [ -f tests/e2e/package.json ] && { [ ! -d tests/e2e/node_modules/playwright-core ] || [ ! -d tests/e2e/node_modules/ws ]; }; then
   echo "scripts/test.sh: installing playwright-core and ws (npm)"
   (cd tests/e2e && npm install --no-audit --no-fund --silent)

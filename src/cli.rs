@@ -358,6 +358,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         if let Some(m) = running.metrics_addr {
             println!("meshgate metrics on http://{m}/metrics");
         }
+        if let Some(g) = running.grpc_addr {
+            println!("meshgate gRPC on {g}");
+        }
         println!("meshgate listening on {scheme}://{}", running.addr);
         tracing::info!(addr = %running.addr, "Listening.");
         running.run_until_signal().await
@@ -456,6 +459,9 @@ pub enum DeployCommand {
         /// compressible ones the upstream did not encode, for clients that accept it).
         #[arg(long)]
         no_compress: bool,
+        /// The cap on a gRPC call's deadline, in ms (`upstream.grpc.max_timeout_ms`).
+        #[arg(long)]
+        grpc_max_timeout_ms: Option<u64>,
         #[command(flatten)]
         client: ClientArgs,
     },

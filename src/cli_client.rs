@@ -316,6 +316,7 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             healthy_threshold,
             unhealthy_threshold,
             no_compress,
+            grpc_max_timeout_ms,
             client,
         } => {
             let routes: Value = match routes {
@@ -344,6 +345,9 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
                 upstream_json(&urls, &weights, balance.as_deref(), hash_header, health)?;
             if no_compress {
                 upstream["compress"] = json!(false);
+            }
+            if let Some(ms) = grpc_max_timeout_ms {
+                upstream["grpc"] = json!({ "max_timeout_ms": ms });
             }
             let mut body =
                 json!({"name": name, "hosts": hosts, "upstream": upstream, "routes": routes});

@@ -50,6 +50,20 @@ pub struct Config {
     pub dashboard: DashboardConfig,
     /// `[telemetry]`: OTLP export of request spans (off by default).
     pub telemetry: TelemetryConfig,
+    /// `[grpc]`: the gRPC listener of deployment hosts (off by default).
+    pub grpc: GrpcConfig,
+}
+
+/// `[grpc]`: a listener of its own for gRPC to deployment hosts (HTTP/2
+/// with trailers, served by hyper: docs/deployments.md "gRPC",
+/// docs/decisions.md "gRPC on a listener of its own").
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// `host:port` of the gRPC listener: HTTP/2 with prior knowledge
+    /// (h2c), or TLS with ALPN `h2` when `[tls]` is set (the node's
+    /// certificate). Empty (the default): no gRPC listener.
+    pub listen: String,
 }
 
 /// `[telemetry]`: spans of the requests the node serves, exported over
@@ -1034,6 +1048,19 @@ impl Config {
                 Ok(_) => {}
             }
         }
+        if let Some(g) = self.grpc_listen_addr() {
+            match g.parse::<SocketAddr>() {
+                Err(_) => errors.push(format!("grpc.listen: {g:?} is not host:port")),
+                Ok(a) if a.port() != 0
+                    && (g == self.server.listen || Some(g) == self.metrics_listen_addr()) =>
+                {
+                    errors.push(format!(
+                        "grpc.listen: {g:?} is another listener's address; give the gRPC listener its own"
+                    ))
+                }
+                Ok(_) => {}
+            }
+        }
         let limit = self.metrics.namespace_series_limit;
         if !(1..=crate::metrics::MAX_NAMESPACE_SERIES_LIMIT).contains(&limit) {
             errors.push(format!(
@@ -1115,6 +1142,11 @@ impl Config {
     /// `[metrics] listen`, when set.
     pub fn metrics_listen_addr(&self) -> Option<&str> {
         Some(self.metrics.listen.trim()).filter(|l| !l.is_empty())
+    }
+
+    /// `[grpc] listen`, when set.
+    pub fn grpc_listen_addr(&self) -> Option<&str> {
+        Some(self.grpc.listen.trim()).filter(|l| !l.is_empty())
     }
 }
 
@@ -1684,6 +1716,27 @@ PNfgJ9loRPpJb1LMrytoEbopSvjUL9ez11Jdyg==
             err.0.iter().any(|e| e.contains("metrics.listen")),
             "{err:?}"
         );
+    }
+
+    /// `[grpc]`: no listener by default; `listen` is host:port, not another
+    /// listener's; from the environment too.
+    #[test]
+    fn grpc_section() {
+        let c = load_str("", &[]).unwrap();
+        assert_eq!(c.grpc_listen_addr(), None);
+        let c = load_str("[grpc]\nlisten = \"127.0.0.1:9200\"\n", &[]).unwrap();
+        assert_eq!(c.grpc_listen_addr(), Some("127.0.0.1:9200"));
+        let c = load_str("", &[("MESHGATE_GRPC_LISTEN", "127.0.0.1:9201")]).unwrap();
+        assert_eq!(c.grpc_listen_addr(), Some("127.0.0.1:9201"));
+        for bad in [
+            "[grpc]\nlisten = \"nowhere\"\n",
+            "[server]\nlisten = \"127.0.0.1:9000\"\n[grpc]\nlisten = \"127.0.0.1:9000\"\n",
+            "[metrics]\nlisten = \"127.0.0.1:9100\"\n[grpc]\nlisten = \"127.0.0.1:9100\"\n",
+            "[grpc]\nport = 1\n",
+        ] {
+            let err = load_str(bad, &[]).unwrap_err();
+            assert!(err.0.iter().any(|e| e.contains("grpc")), "{bad}: {err:?}");
+        }
     }
 }
 

@@ -113,6 +113,9 @@ codes! {
     InvalidModule = "INVALID_MODULE", 400, Client, false;
     /// A module over a `[functions]` count limit, refused before compiling.
     ModuleTooComplex = "MODULE_TOO_COMPLEX", 400, Client, false;
+    /// A gRPC request's `grpc-timeout` is not 1 to 8 digits and a unit
+    /// (answered as gRPC status INTERNAL on the gRPC listener).
+    InvalidGrpcTimeout = "INVALID_GRPC_TIMEOUT", 400, Client, false;
     InvalidName = "INVALID_NAME", 400, Client, false;
     InvalidNamespaceName = "INVALID_NAMESPACE_NAME", 400, Client, false;
     /// A deployment route's `policy` (or the deployment's default) is wrong.

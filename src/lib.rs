@@ -9,7 +9,8 @@
 //!   request chain of docs/design.md §2 in `http/chain/` (one function per
 //!   step; what the steps put on a request in `context.rs`), cluster
 //!   forwarding and the hop check (`forward.rs`, `hop.rs`), a routed host's
-//!   deployment (`deploy_serve.rs`), route policies, the error envelope, the
+//!   deployment (`deploy_serve.rs`), the gRPC listener (`grpc.rs`), route
+//!   policies, the error envelope, the
 //!   route handlers (`http/routes/`) and the `/v1/ws` socket. Layered inside:
 //!   docs/architecture.md, "Inside the folders".
 //! - `auth/`: pure identity primitives: API key format, grants and roles, EdDSA
@@ -35,8 +36,8 @@
 //! - `wasm/`: the wasmtime sandbox: engine, worker pool, host imports, limits.
 //! - `functions/`: deploy, versions, secrets, each namespace's invoker (the
 //!   host services of its guests), pub/sub and cron triggers, invocation records.
-//! - `deploy/`: host-routed deployments: static sites, the reverse proxy, the
-//!   routing index, TLS with SNI checks.
+//! - `deploy/`: host-routed deployments: static sites, the reverse proxy
+//!   (HTTP, WebSocket, gRPC), the routing index, TLS with SNI checks.
 //! - `placement/`: cluster placement: the node registry, namespace members,
 //!   forwarding to a member through per-(namespace, member) breakers.
 //! - `config.rs`: `config.toml`, environment and CLI overrides, validation.

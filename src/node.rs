@@ -81,6 +81,8 @@ pub struct RunningNode {
     handle: actix_web::dev::ServerHandle,
     /// The `[metrics] listen` listener's address, when it is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// The `[grpc] listen` listener's address, when it is set.
+    pub grpc_addr: Option<SocketAddr>,
     /// That listener's server (taken by `run_until_signal`) and its handle.
     metrics_server: Option<(actix_web::dev::Server, actix_web::dev::ServerHandle)>,
 }
@@ -94,6 +96,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let crate::http::Bound {
         api: api_socket,
         metrics: metrics_socket,
+        grpc: grpc_socket,
     } = crate::http::bind(&config)?;
     let data_dir = config.server.data_dir.clone();
     if crate::telemetry::install(&config.telemetry.settings()).map_err(anyhow::Error::msg)? {
@@ -280,7 +283,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         #[cfg(feature = "cluster")]
         mesh: std::sync::OnceLock::new(),
     }));
-    let (server, addr) = crate::http::serve(node.clone(), api_socket)?;
+    let (server, addr, grpc_addr) = crate::http::serve(node.clone(), api_socket, grpc_socket)?;
     let metrics = crate::http::serve_metrics(node.clone(), metrics_socket)?;
     if !node.config.cluster.etcd.is_empty() {
         let c = &node.config.cluster;
@@ -303,6 +306,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             listeners.push(crate::placement::Listener {
                 kind: "metrics".into(),
                 addr: *m,
+            });
+        }
+        if let Some(g) = grpc_addr {
+            listeners.push(crate::placement::Listener {
+                kind: "grpc".into(),
+                addr: g,
             });
         }
         let cluster = crate::placement::Cluster::start(
@@ -347,6 +356,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             .note_own("metrics address", &m.ip().to_string(), m.port())
             .await;
     }
+    if let Some(g) = grpc_addr {
+        node.deployments
+            .egress
+            .note_own("gRPC address", &g.ip().to_string(), g.port())
+            .await;
+    }
     let handle = server.handle();
     Ok(RunningNode {
         addr,
@@ -354,6 +369,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         server: Some(server),
         handle,
         metrics_addr: metrics.as_ref().map(|(_, a)| *a),
+        grpc_addr,
         metrics_server: metrics.map(|(s, _)| {
             let h = s.handle();
             (s, h)

@@ -16,6 +16,7 @@
 //! - `h1`, `wire`, `idle`: the proxy's pooled HTTP/1.1 clients of plain-HTTP
 //!   instances (hyper for requests with a body, our own inline one for those
 //!   without) and their per-thread pool of idle connections.
+//! - `grpc`: gRPC to the instances: `grpc-timeout`, statuses, the HTTP/2 client.
 //! - `transfer`: a namespace's deployments in a namespace export and import.
 //! - `certs`: per-host certificates (checked, sealed at rest, served by SNI).
 //!
@@ -35,6 +36,7 @@ pub mod certs;
 pub mod compress;
 pub mod egress;
 pub mod files;
+pub mod grpc;
 pub mod h1;
 pub mod headers;
 pub mod health;
@@ -328,6 +330,7 @@ impl Deployments {
                     compress,
                     pass_ambiguous_paths,
                     allow_underscore_headers,
+                    grpc,
                 } => {
                     let key = (rec.namespace.clone(), rec.name.clone(), ver.version);
                     live.insert(key.clone());
@@ -348,7 +351,8 @@ impl Deployments {
                                 .with_request_rules(
                                     *pass_ambiguous_paths,
                                     *allow_underscore_headers,
-                                ),
+                                )
+                                .with_grpc(*grpc),
                             );
                             // Its instances join the node's checks (shared ones once).
                             self.health.watch(&rec.namespace, &p);
@@ -1020,6 +1024,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
             compress,
             pass_ambiguous_paths,
             allow_underscore_headers,
+            grpc,
         } => {
             let states: Vec<Value> = match pool {
                 Some(p) => p
@@ -1048,8 +1053,12 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
                     .map(|(i, u)| json!({"url": u, "weight": weights.get(i).copied().unwrap_or(1)}))
                     .collect(),
             };
-            json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress,
-                "pass_ambiguous_paths": pass_ambiguous_paths, "allow_underscore_headers": allow_underscore_headers})
+            let mut v = json!({"kind": "upstream", "instances": states, "balance": balance, "health": health, "compress": compress,
+                "pass_ambiguous_paths": pass_ambiguous_paths, "allow_underscore_headers": allow_underscore_headers});
+            if let Some(g) = grpc {
+                v["grpc"] = json!(g);
+            }
+            v
         }
     };
     json!({
@@ -1105,6 +1114,7 @@ mod tests {
                 compress: true,
                 pass_ambiguous_paths: false,
                 allow_underscore_headers: false,
+                grpc: None,
             },
             blobs: Vec::new(),
         }
@@ -1252,6 +1262,7 @@ mod tests {
             compress: true,
             pass_ambiguous_paths: false,
             allow_underscore_headers: false,
+            grpc: None,
             instances: vec!["http://203.0.113.7:80".into()],
         };
         open.create("n", v2, &limits()).await.unwrap();
@@ -1333,6 +1344,7 @@ mod tests {
                 compress: true,
                 pass_ambiguous_paths: false,
                 allow_underscore_headers: false,
+                grpc: None,
             },
             created_at: 0,
         };

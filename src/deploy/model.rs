@@ -86,7 +86,40 @@ pub enum TargetSpec {
         /// name with `_` as `-` are dropped still); false: every such header is dropped.
         #[serde(default, skip_serializing_if = "is_false")]
         allow_underscore_headers: bool,
+        /// gRPC to the instances (docs/deployments.md "gRPC"): the cap on a
+        /// call's deadline. None: a call's own `grpc-timeout` alone.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grpc: Option<GrpcSpec>,
     },
+}
+
+/// Highest `grpc.max_timeout_ms`: one day.
+pub const MAX_GRPC_TIMEOUT_MS: u64 = 86_400_000;
+
+/// A deployment's gRPC settings (`upstream.grpc`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcSpec {
+    /// The longest a gRPC call may take, in ms (1..=[`MAX_GRPC_TIMEOUT_MS`]):
+    /// a call's `grpc-timeout` above it, or a call without one, gets this
+    /// deadline.
+    pub max_timeout_ms: u64,
+}
+
+impl GrpcSpec {
+    /// Checks the range; 400 `INVALID_UPSTREAM` otherwise.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if (1..=MAX_GRPC_TIMEOUT_MS).contains(&self.max_timeout_ms) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            Code::InvalidUpstream,
+            format!(
+                "upstream.grpc.max_timeout_ms {} is not within 1..={MAX_GRPC_TIMEOUT_MS}",
+                self.max_timeout_ms
+            ),
+        ))
+    }
 }
 
 fn yes() -> bool {
@@ -636,6 +669,7 @@ mod tests {
             compress: false,
             pass_ambiguous_paths: false,
             allow_underscore_headers: false,
+            grpc: None,
         };
         let text = serde_json::to_string(&off).unwrap();
         assert!(text.contains(r#""compress":false"#), "{text}");

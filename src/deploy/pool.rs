@@ -162,6 +162,8 @@ pub struct UpstreamPool {
     /// The deployment's `allow_underscore_headers`: client header names with
     /// `_` are passed (`super::canonical::judge_header`).
     pub allow_underscore_headers: bool,
+    /// The deployment's `grpc.max_timeout_ms`: the cap on a gRPC call's deadline.
+    pub grpc_max_timeout: Option<Duration>,
 }
 
 /// Timeouts of the proxy.
@@ -262,6 +264,7 @@ impl UpstreamPool {
             retired: AtomicBool::new(false),
             pass_ambiguous_paths: false,
             allow_underscore_headers: false,
+            grpc_max_timeout: None,
         }
     }
 
@@ -269,6 +272,12 @@ impl UpstreamPool {
     /// (`super::compress`).
     pub fn with_compress(mut self, compress: bool) -> UpstreamPool {
         self.compress = compress;
+        self
+    }
+
+    /// With the deployment's gRPC settings.
+    pub fn with_grpc(mut self, grpc: Option<super::model::GrpcSpec>) -> UpstreamPool {
+        self.grpc_max_timeout = grpc.map(|g| Duration::from_millis(g.max_timeout_ms));
         self
     }
 

@@ -95,6 +95,12 @@ pub async fn serve_routed(node: &Node, req: HttpRequest, payload: Payload) -> Ht
 /// the request's own scheme: an absolute-form target `https://...` or an h2
 /// `:scheme: https` on the plain listener is the client's word, not TLS.
 fn client_scheme(req: &HttpRequest) -> &'static str {
+    scheme_of(req, req.app_config().secure())
+}
+
+/// [`client_scheme`] of a request that came on a listener that is TLS
+/// (`secure`) or not.
+pub(crate) fn scheme_of(req: &HttpRequest, secure: bool) -> &'static str {
     if let Some(v) = req.headers().get(&X_FORWARDED_PROTO) {
         let v = v.as_bytes().trim_ascii();
         if v.eq_ignore_ascii_case(b"https") {
@@ -104,11 +110,7 @@ fn client_scheme(req: &HttpRequest) -> &'static str {
             return "http";
         }
     }
-    if req.app_config().secure() {
-        "https"
-    } else {
-        "http"
-    }
+    if secure { "https" } else { "http" }
 }
 
 /// [`serve_bound`], counted: the route's series in `/metrics` and the
@@ -123,7 +125,6 @@ async fn serve_observed(
     request_id: Option<String>,
 ) -> HttpResponse {
     use crate::deploy::activity::recording;
-    use crate::observe::{ActivityEntry, Subject};
     let start = crate::util::mono_now();
     let server = crate::telemetry::ServerSpan::of(&req.extensions());
     if let Some(s) = &server {
@@ -144,20 +145,49 @@ async fn serve_observed(
         ),
     )
     .await;
-    let elapsed = start.elapsed();
     let status = resp.status().as_u16();
     if let Some(s) = &server {
         s.upstream_status(status);
     }
-    let route = bound.route.path_prefix.as_str();
-    node.metrics.observe_route_series(
+    note_served(
+        node,
+        req,
+        bound,
         &bound.observed.series,
+        &bound.route.path_prefix,
+        status,
+        start.elapsed(),
+        &attempts,
+        request_id,
+    );
+    resp
+}
+
+/// Counts a request a deployment route served: its series in `/metrics`
+/// (`series`, labelled `route`) and the deployment's activity ring. The
+/// gRPC listener (`super::grpc`) counts its calls here too, one route per
+/// `/package.Service/Method`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn note_served(
+    node: &Node,
+    req: &HttpRequest,
+    bound: &Bound,
+    series: &crate::metrics::RouteSeries,
+    route: &str,
+    status: u16,
+    elapsed: Duration,
+    attempts: &[crate::observe::Attempt],
+    request_id: Option<String>,
+) {
+    use crate::observe::{ActivityEntry, Subject};
+    node.metrics.observe_route_series(
+        series,
         &bound.namespace,
         &bound.deployment,
         route,
         status,
         elapsed.as_secs_f64(),
-        &attempts,
+        attempts,
     );
     let (subject, trace_id) = {
         let ext = req.extensions();
@@ -187,7 +217,6 @@ async fn serve_observed(
             trace_id,
         },
     );
-    resp
 }
 
 /// Answers a request with the route it matched.

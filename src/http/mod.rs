@@ -1,4 +1,5 @@
-//! HTTP: the listener, the middleware chain of docs/design.md §2 and the routes of §10.
+//! HTTP: the listener, the middleware chain of docs/design.md §2 and the routes of §10;
+//! the gRPC listener of deployment hosts (`grpc.rs`).
 
 #![forbid(unsafe_code)]
 
@@ -9,6 +10,7 @@ pub mod dashboard;
 mod deploy_serve;
 mod error;
 pub mod forward;
+mod grpc;
 mod hop;
 mod middleware;
 pub mod openapi;
@@ -55,6 +57,8 @@ pub struct Bound {
     pub(crate) api: socket2::Socket,
     /// `[metrics] listen`, when set, for [`serve_metrics`].
     pub(crate) metrics: Option<socket2::Socket>,
+    /// `[grpc] listen`, when set, for [`serve`].
+    pub(crate) grpc: Option<socket2::Socket>,
 }
 
 /// Binds `[server] listen` and `[metrics] listen`. A failure names the
@@ -84,7 +88,23 @@ pub fn bind(cfg: &crate::config::Config) -> anyhow::Result<Bound> {
             })?)
         }
     };
-    Ok(Bound { api, metrics })
+    let grpc = match cfg.grpc_listen_addr() {
+        None => None,
+        Some(g) => {
+            let addr: SocketAddr = g
+                .parse()
+                .map_err(|_| anyhow::anyhow!("grpc.listen: {g:?} is not host:port"))?;
+            Some(bind_socket(addr).map_err(|e| {
+                cannot_listen(
+                    g,
+                    " ([grpc] listen)",
+                    "MESHGATE_GRPC_LISTEN or [grpc] listen",
+                    e,
+                )
+            })?)
+        }
+    };
+    Ok(Bound { api, metrics, grpc })
 }
 
 /// The one line a listener that cannot be had is reported with.
@@ -99,8 +119,9 @@ fn cannot_listen(addr: &str, what: &str, choose: &str, e: std::io::Error) -> any
     anyhow::anyhow!("cannot listen on {addr}{what}: {why}; pick another address with {choose}")
 }
 
-/// Returns the (not yet awaited) server on the bound API address, and that
-/// address.
+/// Returns the (not yet awaited) server on the bound API address, that
+/// address, and the gRPC listener's when `[grpc] listen` is set (served by
+/// the same workers, `grpc.rs`).
 ///
 /// The listener is what actix-web's `HttpServer` assembles (its defaults:
 /// backlog 1024, keep-alive 5 s, TLS handshake 3 s, graceful shutdown),
@@ -109,7 +130,8 @@ fn cannot_listen(addr: &str, what: &str, choose: &str, e: std::io::Error) -> any
 pub fn serve(
     node: Node,
     api: socket2::Socket,
-) -> anyhow::Result<(actix_web::dev::Server, SocketAddr)> {
+    grpc_socket: Option<socket2::Socket>,
+) -> anyhow::Result<(actix_web::dev::Server, SocketAddr, Option<SocketAddr>)> {
     // Fail start-up now if any route lacks a policy.
     route_table(&node.config).build()?;
     let cfg = node.config.clone();
@@ -119,7 +141,8 @@ pub fn serve(
         cfg.server.workers
     };
     let data = web::Data::new(node.clone());
-    let limiters = web::Data::new(chain::limits::Limiters::new(&cfg));
+    let shared_limiters = chain::limits::Limiters::new(&cfg);
+    let limiters = web::Data::new(shared_limiters.clone());
     let max_body = cfg.server.max_body_bytes;
     let table_cfg = cfg.clone();
     let app = move || {
@@ -197,6 +220,7 @@ pub fn serve(
         }};
     }
     // One port for HTTP/1.1 and HTTP/2: ALPN under TLS, prior knowledge (h2c) in clear.
+    let mut grpc_tls = None;
     let builder = if cfg.tls.cert_file.is_empty() {
         builder.listen("meshgate", listener, move || {
             http_service!(false).tcp_auto_h2c()
@@ -219,11 +243,47 @@ pub fn serve(
                 deployments.drop_reserved_certs();
             },
         )?;
+        // The gRPC listener serves the same certificate, with ALPN h2 only.
+        let mut g = tls.clone();
+        g.alpn_protocols = vec![b"h2".to_vec()];
+        grpc_tls = Some(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(g)));
         builder.listen("meshgate", listener, move || {
             http_service!(true).rustls_0_23(tls.clone())
         })
     }?;
-    Ok((builder.run(), addr))
+    let (builder, grpc_addr) = match grpc_socket {
+        None => (builder, None),
+        Some(socket) => {
+            let at = cfg.grpc_listen_addr().unwrap_or_default().to_string();
+            let listener = listen(socket).map_err(|e| {
+                cannot_listen(
+                    &at,
+                    " ([grpc] listen)",
+                    "MESHGATE_GRPC_LISTEN or [grpc] listen",
+                    e,
+                )
+            })?;
+            let grpc_addr = listener.local_addr()?;
+            let node = node.clone();
+            let builder = builder.listen("meshgate-grpc", listener, move || {
+                let ctx = std::rc::Rc::new(grpc::Ctx {
+                    node: node.clone(),
+                    limiters: shared_limiters.clone(),
+                });
+                let tls = grpc_tls.clone();
+                actix_service::fn_service(move |tcp: actix_web::rt::net::TcpStream| {
+                    let ctx = ctx.clone();
+                    let tls = tls.clone();
+                    async move {
+                        grpc::serve_connection(ctx, tcp, tls).await;
+                        Ok::<_, std::convert::Infallible>(())
+                    }
+                })
+            })?;
+            (builder, Some(grpc_addr))
+        }
+    };
+    Ok((builder.run(), addr, grpc_addr))
 }
 
 /// A TCP socket bound as `HttpServer` binds one: the address reused.

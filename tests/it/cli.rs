@@ -223,7 +223,7 @@ fn cli_keys_namespaces_and_deployments() {
 }
 
 /// `deploy upstream --auth jwt --require-grant G` deploys the routes' default
-/// policy (and `--no-compress` turns gzip off): the printed deployment's route carries it, the host answers 401
+/// policy (and `--no-compress` turns gzip off, `--grpc-max-timeout-ms` caps gRPC deadlines): the printed deployment's route carries it, the host answers 401
 /// without a token and proxies with a token holding G; a bad `--auth` is
 /// refused by the node (non-zero exit).
 #[test]
@@ -251,11 +251,17 @@ fn cli_deploy_upstream_with_a_policy() {
             "--require-grant",
             "deployments:read:api",
             "--no-compress",
+            "--grpc-max-timeout-ms",
+            "2500",
             "--key",
             &owner,
         ],
     ));
     assert_eq!(out["deployment"]["target"]["compress"], false, "{out:#}");
+    assert_eq!(
+        out["deployment"]["target"]["grpc"]["max_timeout_ms"], 2500,
+        "{out:#}"
+    );
     let route = &out["deployment"]["routes"][0];
     assert_eq!(route["policy"]["auth"], "jwt", "{out:#}");
     assert_eq!(

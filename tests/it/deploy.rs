@@ -909,7 +909,7 @@ fn curl_available() {
     }
 }
 
-fn make_cert(dir: &std::path::Path, cn: &str) {
+pub(crate) fn make_cert(dir: &std::path::Path, cn: &str) {
     let out = Command::new("openssl")
         .args([
             "req",

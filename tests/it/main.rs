@@ -19,6 +19,7 @@ mod etcd;
 mod etcd_process;
 mod export;
 mod functions;
+mod grpc;
 mod history;
 mod node;
 mod observe;

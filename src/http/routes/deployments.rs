@@ -181,6 +181,9 @@ struct UpstreamJson {
     /// Pass header names with `_`: `true` or `false` (the default).
     #[serde(default)]
     allow_underscore_headers: Option<serde_json::Value>,
+    /// gRPC settings: `{"max_timeout_ms": …}`.
+    #[serde(default)]
+    grpc: Option<crate::deploy::model::GrpcSpec>,
 }
 
 /// One of [`UpstreamJson`]'s instances.
@@ -336,6 +339,9 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
         up.allow_underscore_headers,
         false,
     )?;
+    if let Some(g) = &up.grpc {
+        g.validate()?;
+    }
     let mut routes = validate_routes(c.routes)?;
     crate::deploy::route_policy::apply_default(&mut routes, c.policy)?;
     Ok(NewDeployment {
@@ -350,6 +356,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
             compress,
             pass_ambiguous_paths,
             allow_underscore_headers,
+            grpc: up.grpc,
         },
         blobs: Vec::new(),
     })

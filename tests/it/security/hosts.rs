@@ -223,6 +223,7 @@ fn hosts_cannot_shadow_a_cluster_even_from_an_old_record() {
             compress: true,
             pass_ambiguous_paths: false,
             allow_underscore_headers: false,
+            grpc: None,
         },
         created_at: 0,
     };

@@ -13,6 +13,9 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # The README's tour and scripts/tour.sh (docs::*) read JSON with jq.
 command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+# pip, for eth-account below (only when it is missing too).
+python3 -c 'import eth_account' >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 \
+  || need_apt+=(python3-pip)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || need_apt+=(nginx)
 # The etcd backend (feature `cluster`): etcd-client needs protoc; its tests start etcd.
@@ -23,6 +26,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   # RUNLEVEL=1: packages (nginx) must not start their services.
   RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+# Sign-In with Ethereum tests (security::siwe) sign with eth-account, an
+# implementation independent of the node's.
+if ! python3 -c 'import eth_account' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing eth-account (pip)"
+  python3 -m pip install -q eth-account 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages eth-account
 fi
 if [ -f tests/e2e/package.json ] && { [ ! -d tests/e2e/node_modules/playwright-core ] || [ ! -d tests/e2e/node_modules/ws ]; }; then
   echo "scripts/test.sh: installing playwright-core and ws (npm)"

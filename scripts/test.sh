@@ -13,6 +13,9 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # The README's tour and scripts/tour.sh (docs::*) read JSON with jq.
 command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+# pip, for eth-account below (only when it is missing too).
+python3 -c 'import eth_account' >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 \
+  || need_apt+=(python3-pip)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || need_apt+=(nginx)
 # The etcd backend (feature `cluster`): etcd-client needs protoc; its tests start etcd.
@@ -30,6 +33,13 @@ if ! python3 -c 'import grpc' >/dev/null 2>&1; then
   echo "scripts/test.sh: installing grpcio (pip)"
   python3 -m pip install --quiet grpcio || python3 -m pip install --quiet --break-system-packages grpcio
 fi
+# Sign-In with Ethereum tests (security::siwe) sign with eth-account, an
+# implementation independent of the node's.
+if ! python3 -c 'import eth_account' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing eth-account (pip)"
+  python3 -m pip install -q eth-account 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages eth-account
+fi
 if [ -f tests/e2e/package.json ] && { [ ! -d tests/e2e/node_modules/playwright-core ] || [ ! -d tests/e2e/node_modules/ws ]; }; then
   echo "scripts/test.sh: installing playwright-core and ws (npm)"
   (cd tests/e2e && npm install --no-audit --no-fund --silent)
@@ -37,7 +47,8 @@ fi
 # The OpenAPI document's test validates it with openapi-spec-validator (PyPI).
 python3 -c "import openapi_spec_validator" 2>/dev/null || {
   echo "scripts/test.sh: installing openapi-spec-validator (pip)"
-  python3 -m pip install -q openapi-spec-validator
+  python3 -m pip install -q openapi-spec-validator 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages openapi-spec-validator
 }
 
 # One build, no edits between: incremental caches would only double the

@@ -147,6 +147,11 @@ pub enum WalletCommand {
         /// seed as 64 hex characters.
         #[arg(long)]
         key_file: PathBuf,
+        /// Sign in with an Ethereum account on this EIP-155 chain (Sign-In
+        /// with Ethereum): the key file then holds its secp256k1 private key
+        /// as 64 hex characters (`0x` optional).
+        #[arg(long)]
+        chain_id: Option<u64>,
         /// Print the whole answer as JSON (access and refresh token, expiry, role).
         #[arg(long)]
         json: bool,
@@ -159,6 +164,9 @@ pub enum WalletCommand {
         /// The key file, as for `sign-in`.
         #[arg(long)]
         key_file: PathBuf,
+        /// The key file holds an Ethereum private key: print its EIP-55 address.
+        #[arg(long)]
+        evm: bool,
     },
 }
 

@@ -666,10 +666,28 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         Command::Wallet(WalletCommand::SignIn {
             namespace,
             key_file,
+            chain_id: Some(chain_id),
+            json,
+            node,
+        }) => evm_sign_in(&node, &namespace, &key_file, chain_id, json).await?,
+        Command::Wallet(WalletCommand::SignIn {
+            namespace,
+            key_file,
+            chain_id: None,
             json,
             node,
         }) => wallet_sign_in(&node, &namespace, &key_file, json).await?,
-        Command::Wallet(WalletCommand::Address { key_file }) => {
+        Command::Wallet(WalletCommand::Address {
+            key_file,
+            evm: true,
+        }) => {
+            let key = evm_key(&key_file)?;
+            println!("{}", crate::auth::checksum_address(&evm_address(&key)));
+        }
+        Command::Wallet(WalletCommand::Address {
+            key_file,
+            evm: false,
+        }) => {
             println!("{}", wallet_address(&wallet_key(&key_file)?));
         }
         Command::Status { json, client } => {
@@ -1064,6 +1082,83 @@ async fn wallet_sign_in(
     }
     eprintln!(
         "wallet {wallet} signed in to {namespace} as {}; its access token (for {} s):",
+        v["role"].as_str().unwrap_or("wallet"),
+        v["expires_in"].as_u64().unwrap_or_default()
+    );
+    println!("{}", v["access_token"].as_str().unwrap_or_default());
+    Ok(())
+}
+
+/// An Ethereum account's secp256k1 private key from `path`: 64 hex
+/// characters, `0x` optional.
+fn evm_key(path: &std::path::Path) -> Result<k256::ecdsa::SigningKey, String> {
+    let raw = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = raw.trim();
+    let text = text.strip_prefix("0x").unwrap_or(text);
+    let bad = || {
+        format!(
+            "{}: not an Ethereum private key; give its 32 bytes as 64 hex characters",
+            path.display()
+        )
+    };
+    if text.len() != 64 {
+        return Err(bad());
+    }
+    let bytes = hex::decode(text).map_err(|_| bad())?;
+    k256::ecdsa::SigningKey::from_slice(&bytes).map_err(|_| bad())
+}
+
+/// The account's address, lower case with `0x`: the last 20 bytes of the
+/// keccak-256 of its uncompressed public key.
+fn evm_address(key: &k256::ecdsa::SigningKey) -> String {
+    use sha3::Digest as _;
+    let point = key.verifying_key().to_encoded_point(false);
+    let hash = sha3::Keccak256::digest(&point.as_bytes()[1..]);
+    format!("0x{}", hex::encode(&hash[12..]))
+}
+
+/// `meshgate wallet sign-in --chain-id N`: Sign-In with Ethereum. The
+/// node's EIP-4361 message is signed as `personal_sign` does (EIP-191,
+/// low s, v 27/28); no credential is sent (docs/auth.md "Sign-In with
+/// Ethereum").
+async fn evm_sign_in(
+    node: &NodeArgs,
+    namespace: &str,
+    key_file: &std::path::Path,
+    chain_id: u64,
+    as_json: bool,
+) -> Result<(), String> {
+    let key = evm_key(key_file)?;
+    let address = crate::auth::checksum_address(&evm_address(&key));
+    let c = ClientArgs {
+        url: node.url.clone(),
+        key: None,
+        namespace: None,
+    };
+    let body =
+        json!({"chain": "evm", "address": address, "chain_id": chain_id, "namespace": namespace});
+    let challenge = call_with(&c, None, "POST", "/v1/auth/challenge", Some(body)).await?;
+    let message = challenge["message"]
+        .as_str()
+        .ok_or("the node's challenge holds no message")?;
+    let digest = crate::auth::eip191_digest(message.as_bytes());
+    let (sig, recid) = key
+        .sign_prehash_recoverable(&digest)
+        .map_err(|e| format!("signing failed: {e}"))?;
+    let signature = format!(
+        "{}{:02x}",
+        hex::encode(sig.to_bytes()),
+        27 + recid.to_byte()
+    );
+    let body = json!({"message": message, "signature": signature});
+    let v = call_with(&c, None, "POST", "/v1/auth/verify", Some(body)).await?;
+    if as_json {
+        print(&v);
+        return Ok(());
+    }
+    eprintln!(
+        "account {address} signed in to {namespace} as {}; its access token (for {} s):",
         v["role"].as_str().unwrap_or("wallet"),
         v["expires_in"].as_u64().unwrap_or_default()
     );

@@ -636,6 +636,10 @@ pub struct AuthConfig {
     /// Refresh token lifetime in days (1..=365): each rotation issues a
     /// successor valid this long again.
     pub refresh_token_days: u32,
+    /// How long a wallet challenge (its message and nonce) stays valid, in
+    /// seconds (1..=3600): the `Expiration Time` of a Sign-In with Ethereum
+    /// message, the `Expires At` of an Ed25519 one.
+    pub challenge_seconds: u64,
 }
 
 impl AuthConfig {
@@ -651,6 +655,7 @@ impl Default for AuthConfig {
             api_key_default_days: 90,
             access_token_seconds: 900,
             refresh_token_days: 30,
+            challenge_seconds: 300,
         }
     }
 }
@@ -937,6 +942,9 @@ impl Config {
         }
         if self.auth.api_key_default_days == 0 || self.auth.api_key_default_days > 365 {
             errors.push("auth.api_key_default_days: must be 1..=365".into());
+        }
+        if self.auth.challenge_seconds == 0 || self.auth.challenge_seconds > 3600 {
+            errors.push("auth.challenge_seconds: must be 1..=3600".into());
         }
         if self.auth.refresh_token_days == 0 || self.auth.refresh_token_days > 365 {
             errors.push("auth.refresh_token_days: must be 1..=365".into());

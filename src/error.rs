@@ -125,6 +125,10 @@ codes! {
     InvalidTarball = "INVALID_TARBALL", 400, Client, false;
     InvalidUpstream = "INVALID_UPSTREAM", 400, Client, false;
     InvalidWallet = "INVALID_WALLET", 400, Client, false;
+    /// A mixed-case EVM address that is not its EIP-55 checksum.
+    AddressChecksumMismatch = "ADDRESS_CHECKSUM_MISMATCH", 400, Client, false;
+    BadRecoveryId = "BAD_RECOVERY_ID", 400, Client, false;
+    SignatureHighS = "SIGNATURE_HIGH_S", 400, Client, false;
     InvalidWalletSignIn = "INVALID_WALLET_SIGN_IN", 400, Client, false;
     KeyTooLong = "KEY_TOO_LONG", 400, Client, false;
     MalformedBody = "MALFORMED_BODY", 400, Client, false;
@@ -167,6 +171,10 @@ codes! {
     MissingHopMac = "MISSING_HOP_MAC", 401, Client, false;
     MissingKid = "MISSING_KID", 401, Client, false;
     NonceSpent = "NONCE_SPENT", 401, Client, false;
+    SiweChainMismatch = "SIWE_CHAIN_MISMATCH", 401, Client, false;
+    SiweDomainMismatch = "SIWE_DOMAIN_MISMATCH", 401, Client, false;
+    SiweMessageAltered = "SIWE_MESSAGE_ALTERED", 401, Client, false;
+    UnknownChallenge = "UNKNOWN_CHALLENGE", 401, Client, false;
     RefreshTokenExpired = "REFRESH_TOKEN_EXPIRED", 401, Client, false;
     RefreshTokenReused = "REFRESH_TOKEN_REUSED", 401, Client, false;
     RefreshTokenRevoked = "REFRESH_TOKEN_REVOKED", 401, Client, false;

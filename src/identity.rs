@@ -406,7 +406,14 @@ fn nonce_key(wallet: &str, nonce: &str) -> Vec<u8> {
 }
 
 /// Opens a wallet challenge: at most [`auth::MAX_OPEN_NONCES`] open per wallet.
-pub async fn open_challenge(store: &Store, wallet: &str, ns: &str, now: u64) -> IdResult<String> {
+/// The challenge is valid `ttl` seconds (`auth.challenge_seconds`).
+pub async fn open_challenge(
+    store: &Store,
+    wallet: &str,
+    ns: &str,
+    now: u64,
+    ttl: u64,
+) -> IdResult<String> {
     let wallet = auth::normalize_wallet(wallet)?;
     let open = store
         .scan_prefix(
@@ -418,12 +425,12 @@ pub async fn open_challenge(store: &Store, wallet: &str, ns: &str, now: u64) -> 
         return Err(IdentityError::TooManyChallenges);
     }
     let nonce = auth::new_nonce()?;
-    let message = auth::challenge_message(&wallet, ns, &nonce, now, now + auth::NONCE_TTL);
+    let message = auth::challenge_message(&wallet, ns, &nonce, now, now + ttl);
     store
         .put_ttl(
             &nonce_key(&wallet, &nonce),
             ns.as_bytes(),
-            Duration::from_secs(auth::NONCE_TTL),
+            Duration::from_secs(ttl),
         )
         .await?;
     Ok(message)
@@ -454,6 +461,175 @@ pub async fn verify_challenge(
         return Err(AuthError::NonceSpent.into());
     }
     Ok(ch)
+}
+
+/// How long a Sign-In with Ethereum challenge is kept past its expiry, in
+/// seconds: a late verify is told `CHALLENGE_EXPIRED` rather than that no
+/// such challenge was issued.
+const SIWE_KEEP_EXPIRED: u64 = 60;
+
+/// `siwe/c/<nonce>`: a Sign-In with Ethereum challenge the node issued.
+fn siwe_key(nonce: &str) -> Vec<u8> {
+    format!("siwe/c/{nonce}").into_bytes()
+}
+
+/// `siwe/a/<address>/<nonce>`: the open challenges of an address (lower
+/// case, `0x`), counted against [`auth::MAX_OPEN_NONCES`]; gone when the
+/// challenge expires or is spent.
+fn siwe_open_key(address: &str, nonce: &str) -> Vec<u8> {
+    format!("siwe/a/{address}/{nonce}").into_bytes()
+}
+
+/// What the node keeps of a Sign-In with Ethereum challenge it issued.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SiweChallenge {
+    /// The message exactly as issued; verify compares the bytes.
+    pub message: String,
+    /// The namespace it signs in to.
+    pub namespace: String,
+    /// The address, lower case with `0x`.
+    pub address: String,
+    /// The chain the wallet signs for.
+    pub chain_id: u64,
+    /// Unix seconds of the message's `Expiration Time`.
+    pub expires_at: u64,
+    /// Set when a verify signed in with it: a second use is `NONCE_SPENT`.
+    #[serde(default)]
+    pub spent: bool,
+}
+
+/// Who issues a Sign-In with Ethereum challenge: the node's domain
+/// (`server.base_domain`) and URI (its public URL).
+pub struct SiweIssuer<'a> {
+    /// The message's domain.
+    pub domain: &'a str,
+    /// The message's `URI`.
+    pub uri: &'a str,
+    /// How long the challenge is valid, in seconds.
+    pub ttl: u64,
+}
+
+/// Opens a Sign-In with Ethereum challenge for `address` (any accepted
+/// form; EIP-55 checked) on chain `chain_id` to sign in to `ns`: at most
+/// [`auth::MAX_OPEN_NONCES`] open per address.
+pub async fn open_siwe_challenge(
+    store: &Store,
+    issuer: &SiweIssuer<'_>,
+    address: &str,
+    chain_id: u64,
+    ns: &str,
+    now: u64,
+) -> IdResult<SiweChallenge> {
+    let address = auth::normalize_evm_address(address)?;
+    let open = store
+        .scan_prefix(
+            format!("siwe/a/{address}/").as_bytes(),
+            auth::MAX_OPEN_NONCES + 1,
+        )
+        .await?;
+    if open.len() >= auth::MAX_OPEN_NONCES {
+        return Err(IdentityError::TooManyChallenges);
+    }
+    let nonce = auth::new_siwe_nonce()?;
+    let expires_at = now + issuer.ttl;
+    let message = auth::SiweMessage::for_namespace(
+        issuer.domain,
+        issuer.uri,
+        &auth::checksum_address(&address),
+        chain_id,
+        ns,
+        &nonce,
+        now,
+        expires_at,
+    )
+    .render();
+    let record = SiweChallenge {
+        message,
+        namespace: ns.to_string(),
+        address: address.clone(),
+        chain_id,
+        expires_at,
+        spent: false,
+    };
+    store
+        .put_ttl(
+            &siwe_key(&nonce),
+            &serde_json::to_vec(&record).expect("json"),
+            Duration::from_secs(issuer.ttl + SIWE_KEEP_EXPIRED),
+        )
+        .await?;
+    store
+        .put_ttl(
+            &siwe_open_key(&address, &nonce),
+            b"",
+            Duration::from_secs(issuer.ttl),
+        )
+        .await?;
+    Ok(record)
+}
+
+/// Verifies a signed Sign-In with Ethereum message: for this node's
+/// `domain`, naming a challenge the node issued (`UNKNOWN_CHALLENGE`) and
+/// did not spend (`NONCE_SPENT`), on that challenge's chain, unexpired,
+/// byte for byte the message issued (`SIWE_MESSAGE_ALTERED`), and signed
+/// (EIP-191) by its address. Spends the nonce by compare-and-swap, so a
+/// signature logs in once. Returns the challenge.
+pub async fn verify_siwe(
+    store: &Store,
+    domain: &str,
+    message: &str,
+    signature: &str,
+    now: u64,
+) -> IdResult<SiweChallenge> {
+    let parsed = auth::parse_siwe(message)?;
+    auth::normalize_evm_address(&parsed.address)?;
+    if parsed.domain != domain {
+        return Err(AuthError::SiweDomainMismatch.into());
+    }
+    let key = siwe_key(&parsed.nonce);
+    let raw = store
+        .get(&key)
+        .await
+        .map_err(refused_as(AuthError::UnknownChallenge))?
+        .ok_or(IdentityError::Auth(AuthError::UnknownChallenge))?;
+    let issued: SiweChallenge = serde_json::from_slice(&raw)
+        .map_err(|_| StoreError::Corrupt("sign-in challenge".into()))?;
+    if issued.spent {
+        return Err(AuthError::NonceSpent.into());
+    }
+    if parsed.chain_id != issued.chain_id {
+        return Err(AuthError::SiweChainMismatch.into());
+    }
+    if now >= issued.expires_at {
+        return Err(AuthError::ChallengeExpired.into());
+    }
+    if message != issued.message {
+        return Err(AuthError::SiweMessageAltered.into());
+    }
+    let signer = auth::recover_address(message.as_bytes(), signature)?;
+    if signer != issued.address {
+        return Err(AuthError::BadWalletSignature.into());
+    }
+    let spent = SiweChallenge {
+        spent: true,
+        ..issued.clone()
+    };
+    let keep = Duration::from_secs((issued.expires_at + SIWE_KEEP_EXPIRED).saturating_sub(now));
+    let swapped = store
+        .compare_and_swap(
+            &key,
+            Some(&raw),
+            Some(&serde_json::to_vec(&spent).expect("json")),
+            Some(keep),
+        )
+        .await?;
+    if !swapped {
+        return Err(AuthError::NonceSpent.into());
+    }
+    store
+        .delete(&siwe_open_key(&issued.address, &parsed.nonce))
+        .await?;
+    Ok(issued)
 }
 
 /// Who is calling, as resolved by authentication (or carried by a cluster

@@ -153,6 +153,30 @@ pub enum AuthError {
     /// The signature does not verify over the message with the wallet key.
     #[error("bad wallet signature")]
     BadWalletSignature,
+    /// A mixed-case EVM address whose case is not its EIP-55 checksum.
+    #[error(
+        "the address's mixed case is not its EIP-55 checksum (send it checksummed, or all lower case)"
+    )]
+    AddressChecksum,
+    /// An EVM signature whose `v` is not 27, 28, 0 or 1.
+    #[error("the signature's v is not 27, 28, 0 or 1")]
+    BadRecoveryId,
+    /// An EVM signature whose `s` is in the upper half of the curve order.
+    #[error("the signature's s is not in the lower half of the curve order (EIP-2)")]
+    SignatureHighS,
+    /// A Sign-In with Ethereum message for another domain than the node's.
+    #[error("the message is for another domain than this node's")]
+    SiweDomainMismatch,
+    /// A Sign-In with Ethereum message for another chain than the challenge's.
+    #[error("the message names another chain id than the challenge")]
+    SiweChainMismatch,
+    /// A Sign-In with Ethereum message whose nonce names no challenge the
+    /// node issued (or one long expired).
+    #[error("no such challenge: ask for one at /v1/auth/challenge")]
+    UnknownChallenge,
+    /// A Sign-In with Ethereum message that is not the one the node issued.
+    #[error("the message is not the one the challenge issued")]
+    SiweMessageAltered,
     /// The namespace has not enabled wallet sign-in (or disabled it).
     #[error("this namespace does not take wallet sign-ins")]
     WalletSignInDisabled,
@@ -215,6 +239,13 @@ impl AuthError {
             InvalidWallet(_) => Code::InvalidWallet,
             MalformedSignature => Code::MalformedSignature,
             BadWalletSignature => Code::BadWalletSignature,
+            AddressChecksum => Code::AddressChecksumMismatch,
+            BadRecoveryId => Code::BadRecoveryId,
+            SignatureHighS => Code::SignatureHighS,
+            SiweDomainMismatch => Code::SiweDomainMismatch,
+            SiweChainMismatch => Code::SiweChainMismatch,
+            SiweMessageAltered => Code::SiweMessageAltered,
+            UnknownChallenge => Code::UnknownChallenge,
             WalletSignInDisabled => Code::WalletSignInDisabled,
             WalletNotAllowed => Code::WalletNotAllowed,
             InvalidWalletSignIn(_) => Code::InvalidWalletSignIn,

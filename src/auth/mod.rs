@@ -1,5 +1,5 @@
 //! Identity primitives: API keys, grants and roles, EdDSA JWTs, refresh
-//! token rotation, wallet sign-in and the cluster hop MAC.
+//! token rotation, wallet sign-in (Ed25519 keys and Sign-In with Ethereum) and the cluster hop MAC.
 //!
 //! Everything here is pure and synchronous: no store, no HTTP, and time is
 //! always a parameter (`now`, unix seconds). The node wires these into the
@@ -13,6 +13,7 @@ mod grants;
 mod hopmac;
 mod jwt;
 mod refresh;
+mod siwe;
 mod wallet;
 mod wallet_policy;
 
@@ -41,12 +42,16 @@ pub use self::{
         decide as decide_refresh, hash_token as hash_refresh_token, is_refresh_token_shaped,
         new_refresh_token,
     },
+    siwe::{
+        SIWE_PREAMBLE, SiweMessage, checksum_address, eip191_digest, new_siwe_nonce,
+        normalize_evm_address, parse_siwe, recover_address,
+    },
     wallet::{
         Challenge, MAX_OPEN_NONCES, NONCE_TTL, challenge_message, new_nonce, normalize_wallet,
         parse_challenge, verify_signature as verify_wallet_signature,
     },
     wallet_policy::{
         DEFAULT_WALLET_ROLE, MAX_WALLET_ALLOW, MAX_WALLET_GRANTS, SUBJECT_PLACEHOLDER, WalletAllow,
-        WalletSignIn,
+        WalletSignIn, normalize_any_wallet,
     },
 };

@@ -193,7 +193,7 @@ fn decode_signature(s: &str) -> Option<Vec<u8>> {
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for unix seconds (proleptic Gregorian).
-fn utc(secs: u64) -> String {
+pub(crate) fn utc(secs: u64) -> String {
     let rem = secs % 86_400;
     let (y, m, d) = crate::util::civil_from_days((secs / 86_400) as i64);
     format!(

@@ -16,6 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::{AuthError, Result};
 use super::grants::{Grant, Role};
+use super::siwe::normalize_evm_address;
 use super::wallet::normalize_wallet;
 
 /// The role a wallet sign-in gets when the owner names none.
@@ -26,7 +27,8 @@ pub const MAX_WALLET_GRANTS: usize = 32;
 pub const MAX_WALLET_ALLOW: usize = 1000;
 /// Longest wallet role name, in bytes.
 const MAX_ROLE_LEN: usize = 32;
-/// Replaced in a grant's resource by the wallet's 64-hex address.
+/// Replaced in a grant's resource by the wallet's address (64 hex for an
+/// Ed25519 key, `0x` and 40 lower-case hex for an EVM account).
 pub const SUBJECT_PLACEHOLDER: &str = "{sub}";
 /// Domains a wallet grant may not name: the namespace's keys, its settings
 /// (wallet sign-in among them) and its whole database, or all of them.
@@ -140,7 +142,7 @@ impl WalletSignIn {
                 }
                 let mut out: Vec<String> = Vec::with_capacity(list.len());
                 for w in list {
-                    let w = normalize_wallet(&w)?;
+                    let w = normalize_any_wallet(&w)?;
                     if !out.contains(&w) {
                         out.push(w);
                     }
@@ -192,6 +194,17 @@ impl WalletSignIn {
             .map(|g| g.replace(SUBJECT_PLACEHOLDER, "*").parse())
             .collect()
     }
+}
+
+/// A wallet of either kind as the node keys and compares it: an Ed25519
+/// key as [`normalize_wallet`] has it, or an EVM address (`0x` and 40 hex,
+/// EIP-55 checked when mixed case) in lower case with its `0x`.
+pub fn normalize_any_wallet(wallet: &str) -> Result<String> {
+    let w = wallet.trim();
+    if w.len() == 42 && w.starts_with("0x") {
+        return normalize_evm_address(w);
+    }
+    normalize_wallet(w)
 }
 
 /// A wallet grant: a grant that parses, `{sub}` only as the placeholder and

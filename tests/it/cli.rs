@@ -1159,3 +1159,88 @@ fn cli_deploy_cert_upload_show_remove() {
         "{b}"
     );
 }
+
+/// `wallet sign-in --chain-id` signs in an Ethereum account (Sign-In with
+/// Ethereum): the key file holds the secp256k1 private key of web3.py's
+/// documentation, whose address (0x2c75…5c23, as eth-account derives it)
+/// `wallet address --evm` prints checksummed; the token speaks for
+/// `wallet:<address>` in lower case. A file that is no such key is a
+/// clear error, before any request.
+#[test]
+fn cli_wallet_sign_in_with_an_ethereum_key() {
+    let node = TestNode::start();
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clievm");
+    let setting = br#"{"enabled":true,"role":"member","grants":["kv:read:users/{sub}/*"],"allow":["0x2c7536E3605D9C16a7a3D7b1898e529396a65c23"]}"#;
+    let (s, b) = node.with_key(
+        &owner,
+        "PUT",
+        "/v1/namespaces/clievm/wallet-sign-in",
+        Some(setting),
+    );
+    assert_eq!(s, 200, "{b}");
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("eth.key");
+    std::fs::write(
+        &key_file,
+        "0x4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318\n",
+    )
+    .unwrap();
+    let key_path = key_file.to_str().unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["wallet", "address", "--evm", "--key-file", key_path])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0x2c7536E3605D9C16a7a3D7b1898e529396a65c23"
+    );
+    let token = cli(
+        base,
+        &[
+            "wallet",
+            "sign-in",
+            "-n",
+            "clievm",
+            "--key-file",
+            key_path,
+            "--chain-id",
+            "1",
+        ],
+    )
+    .trim()
+    .to_string();
+    let (s, b) = node.with_key(&token, "GET", "/v1/auth/whoami", None);
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(
+        json(&b)["subject"],
+        "wallet:0x2c7536e3605d9c16a7a3d7b1898e529396a65c23"
+    );
+    let bad = dir.path().join("bad.key");
+    std::fs::write(&bad, "not a key").unwrap();
+    let out = std::process::Command::new(bin())
+        .args([
+            "wallet",
+            "sign-in",
+            "-n",
+            "clievm",
+            "--chain-id",
+            "1",
+            "--url",
+            base,
+        ])
+        .args(["--key-file", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not an Ethereum private key"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

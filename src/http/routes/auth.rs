@@ -286,20 +286,89 @@ async fn whoami(ctx: NsCtx) -> ApiResult<HttpResponse> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ChallengeRequest {
-    /// The wallet address; normalized, and the key of its own rate limit.
-    wallet: String,
+    /// `ed25519` (the default) or `evm` (Sign-In with Ethereum).
+    #[serde(default)]
+    chain: Option<String>,
+    /// An Ed25519 wallet: its public key; normalized, and the key of its own rate limit.
+    #[serde(default)]
+    wallet: Option<String>,
+    /// An EVM account (`chain: "evm"`): `0x` and 40 hex, EIP-55 checked.
+    #[serde(default)]
+    address: Option<String>,
+    /// The EIP-155 chain id the EVM wallet signs for.
+    #[serde(default)]
+    chain_id: Option<u64>,
     /// The namespace the sign-in is for; must exist.
     namespace: String,
 }
 
 impl Body for ChallengeRequest {}
 
+/// Which kind of wallet a challenge is for, from its request.
+enum ChallengeFor {
+    Ed25519(String),
+    Evm { address: String, chain_id: u64 },
+}
+
+impl ChallengeRequest {
+    /// The wallet asked for, normalized; a field of the other kind, or a
+    /// missing one, is 400.
+    fn wallet(&self) -> ApiResult<ChallengeFor> {
+        let bad = |m: &str| ApiError::new(Code::BadRequest, m);
+        match self.chain.as_deref() {
+            None | Some("ed25519") => {
+                if self.address.is_some() || self.chain_id.is_some() {
+                    return Err(bad(
+                        "address and chain_id are for \"chain\": \"evm\"; an Ed25519 wallet is \"wallet\"",
+                    ));
+                }
+                let w = self
+                    .wallet
+                    .as_deref()
+                    .ok_or_else(|| bad("wallet is required"))?;
+                Ok(ChallengeFor::Ed25519(auth::normalize_wallet(w)?))
+            }
+            Some("evm") => {
+                if self.wallet.is_some() {
+                    return Err(bad("an EVM account is \"address\", not \"wallet\""));
+                }
+                let a = self
+                    .address
+                    .as_deref()
+                    .ok_or_else(|| bad("address is required"))?;
+                let address = auth::normalize_evm_address(a)?;
+                let chain_id = self
+                    .chain_id
+                    .filter(|c| *c > 0)
+                    .ok_or_else(|| bad("chain_id (a positive integer) is required"))?;
+                Ok(ChallengeFor::Evm { address, chain_id })
+            }
+            Some(_) => Err(bad("chain is \"ed25519\" or \"evm\"")),
+        }
+    }
+}
+
+/// The URI of the node's Sign-In with Ethereum messages: its public URL
+/// when that is a URL, else `https://<base_domain>`.
+fn siwe_uri(node: &Node) -> String {
+    let public = &node.config.server.public_url;
+    if public.contains("://") {
+        public.clone()
+    } else {
+        format!("https://{}", node.config.server.base_domain)
+    }
+}
+
 async fn challenge(
     node: web::Data<Node>,
     limiters: web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>,
     body: Json<ChallengeRequest>,
 ) -> ApiResult<HttpResponse> {
-    let wallet = auth::normalize_wallet(&body.wallet)?;
+    let wanted = body.wallet()?;
+    let wallet = match &wanted {
+        ChallengeFor::Ed25519(w) => w.clone(),
+        ChallengeFor::Evm { address, .. } => address.clone(),
+    };
     if let Err(after) = limiters.check_wallet(&wallet) {
         node.metrics
             .rate_limited
@@ -310,8 +379,35 @@ async fn challenge(
     wallet_setting(&node, &body.namespace)
         .await?
         .admits(&wallet)?;
-    let message = identity::open_challenge(&node.store, &wallet, &body.namespace, now()).await?;
-    Ok(HttpResponse::Ok().json(json!({"message": message, "expires_in": auth::NONCE_TTL})))
+    let ttl = node.config.auth.challenge_seconds;
+    match wanted {
+        ChallengeFor::Ed25519(w) => {
+            let message =
+                identity::open_challenge(&node.store, &w, &body.namespace, now(), ttl).await?;
+            Ok(HttpResponse::Ok().json(json!({"message": message, "expires_in": ttl})))
+        }
+        ChallengeFor::Evm { address, chain_id } => {
+            let uri = siwe_uri(&node);
+            let issuer = identity::SiweIssuer {
+                domain: &node.config.server.base_domain,
+                uri: &uri,
+                ttl,
+            };
+            let ch = identity::open_siwe_challenge(
+                &node.store,
+                &issuer,
+                &address,
+                chain_id,
+                &body.namespace,
+                now(),
+            )
+            .await?;
+            Ok(HttpResponse::Ok().json(json!({
+                "message": ch.message, "expires_in": ttl, "chain": "evm",
+                "address": auth::checksum_address(&ch.address), "chain_id": ch.chain_id,
+            })))
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -319,7 +415,8 @@ async fn challenge(
 struct VerifyRequest {
     /// The challenge message exactly as `/v1/auth/challenge` returned it.
     message: String,
-    /// The wallet's signature of `message`.
+    /// The wallet's signature of `message`: Ed25519 (64 bytes), or an EVM
+    /// `personal_sign` signature (65 bytes hex, `r ‖ s ‖ v`).
     signature: String,
 }
 
@@ -327,16 +424,36 @@ impl Body for VerifyRequest {}
 
 /// A wallet sign-in gets exactly the grants of the namespace's wallet role,
 /// `{sub}` replaced by its address, if the namespace still lets it sign in
-/// (the setting may have changed since the challenge).
+/// (the setting may have changed since the challenge). A message in
+/// EIP-4361's layout is a Sign-In with Ethereum; any other an Ed25519 one.
 async fn verify(node: web::Data<Node>, body: Json<VerifyRequest>) -> ApiResult<HttpResponse> {
-    let ch = identity::verify_challenge(&node.store, &body.message, &body.signature, now()).await?;
-    let setting = wallet_setting(&node, &ch.namespace).await?;
-    setting.admits(&ch.wallet)?;
+    let is_siwe = body
+        .message
+        .split('\n')
+        .next()
+        .is_some_and(|l| l.ends_with(auth::SIWE_PREAMBLE));
+    let (namespace, wallet) = if is_siwe {
+        let ch = identity::verify_siwe(
+            &node.store,
+            &node.config.server.base_domain,
+            &body.message,
+            &body.signature,
+            now(),
+        )
+        .await?;
+        (ch.namespace, ch.address)
+    } else {
+        let ch =
+            identity::verify_challenge(&node.store, &body.message, &body.signature, now()).await?;
+        (ch.namespace, ch.wallet)
+    };
+    let setting = wallet_setting(&node, &namespace).await?;
+    setting.admits(&wallet)?;
     token_pair(
         &node,
-        &ch.namespace,
-        &format!("wallet:{}", ch.wallet),
-        setting.grants_for(&ch.wallet),
+        &namespace,
+        &format!("wallet:{wallet}"),
+        setting.grants_for(&wallet),
         Some(setting.role),
     )
     .await

@@ -16,4 +16,5 @@ mod paths;
 mod records;
 mod seals;
 mod secrets;
+mod siwe;
 mod wallet;

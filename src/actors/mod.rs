@@ -15,8 +15,8 @@ mod watch;
 
 pub use cron::{CronDue, CronEntry, CronFire, CronSet, CronTable, stored_crons};
 pub use functions::{
-    DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
-    ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
+    DeleteFunction, DeleteSecret, DeployFunction, FireTriggers, FunctionLogs, FunctionVersions,
+    ListFunctions, ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
 };
 pub use invoker::{
     CallerInfo, DeployRequest, Deployed, FunctionsService, Invoker, MAX_LOGS, MAX_TRIGGER_DEPTH,

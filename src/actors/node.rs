@@ -23,9 +23,10 @@
 //!
 //! In a cluster, a namespace's full supervisor (triggers loaded, cron
 //! ticking) starts only on its members. On a non-member a supervisor starts
-//! only for what cannot be forwarded (sockets, operator views, a token's
-//! claims provider), and then without triggers or cron; forwarding itself
-//! starts none (its breakers live in [`crate::placement::Cluster`]).
+//! only for what cannot be forwarded (sockets, operator views), and then
+//! without triggers or cron; a socket's invokes and triggers and a token's
+//! claims provider run on a member (`http/member_call.rs`); forwarding
+//! itself starts none (its breakers live in [`crate::placement::Cluster`]).
 
 use super::namespace::{NamespaceSupervisor, NsError};
 use super::stats::{ActorDirectory, ActorStats, AskError, ask};

@@ -10,6 +10,7 @@ mod deploy_serve;
 mod error;
 pub mod forward;
 mod hop;
+mod member_call;
 mod middleware;
 mod policy;
 mod request;

@@ -1,0 +1,194 @@
+//! A namespace's serverless work runs on its members whatever path asks
+//! (docs/cluster.md, "Placement"), and its members follow the cluster: set
+//! by the operator, replaced when one dies, moved off a drained node.
+
+use crate::cluster::{actors_of, deploy_as_operator, invocations_on, member_opts, metric_sum};
+use crate::common::*;
+use crate::etcd_process::EtcdProcess;
+use crate::pubsub::{connect, next_json, send_json, ws_url};
+use base64::Engine as _;
+use std::time::{Duration, Instant};
+
+const ECHO: &[u8] = include_bytes!("../../examples/functions/echo.wasm");
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// Three nodes a, b, c on one etcd, each on its own port and folder.
+fn three(etcd: &EtcdProcess, dir: &std::path::Path) -> Vec<TestNode> {
+    ["a", "b", "c"]
+        .iter()
+        .map(|id| TestNode::start_with(member_opts(etcd, id, free_port(), dir)))
+        .collect()
+}
+
+/// Creates namespace `name` on `members` through `via`; its API key.
+fn create_on(via: &TestNode, name: &str, members: &[&str]) -> String {
+    let body = serde_json::json!({"name": name, "members": members}).to_string();
+    let (s, b) = via.op("POST", "/v1/namespaces", Some(&body));
+    assert_eq!(s, 201, "{b}");
+    json(&b)["api_key"].as_str().unwrap().to_string()
+}
+
+/// The `/v1/ws` invoke frame and the claims provider, used through nodes
+/// that are not members of the namespace (placed on b): the member runs
+/// both, the frames around the invokes are answered in order on the same
+/// socket, a member's refusal (an unknown function) comes back as the
+/// frame's error, and the non-members count no invocation. Issuing a token
+/// through a non-member starts nothing of the namespace there.
+#[actix_rt::test]
+async fn socket_invokes_and_claims_run_on_the_member() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes = three(&etcd, tmp.path());
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let key = create_on(a, "sock", &["b"]);
+    deploy_as_operator(a, "sock", "echo", ECHO, &[]);
+    let (s, body) = a.op(
+        "PUT",
+        "/v1/namespaces/sock/claims-provider",
+        Some(r#"{"function":"echo"}"#),
+    );
+    assert_eq!(s, 200, "{body}");
+
+    let mut ws = connect(&ws_url(a, "/v1/ws", &key)).await;
+    send_json(&mut ws, serde_json::json!({"id": 1, "type": "ping"})).await;
+    send_json(
+        &mut ws,
+        serde_json::json!({"id": 2, "type": "invoke", "function": "echo",
+                           "input_base64": B64.encode(r#"{"hello":"ws"}"#)}),
+    )
+    .await;
+    send_json(
+        &mut ws,
+        serde_json::json!({"id": 3, "type": "invoke", "function": "nope"}),
+    )
+    .await;
+    send_json(
+        &mut ws,
+        serde_json::json!({"id": 4, "type": "invoke", "function": "echo@1",
+                           "input_base64": B64.encode("plain")}),
+    )
+    .await;
+    send_json(&mut ws, serde_json::json!({"id": 5, "type": "ping"})).await;
+    assert_eq!(
+        next_json(&mut ws).await,
+        serde_json::json!({"id": 1, "ok": true, "pong": true})
+    );
+    assert_eq!(
+        next_json(&mut ws).await,
+        serde_json::json!({"id": 2, "ok": true, "result": {"hello": "ws"}})
+    );
+    let v = next_json(&mut ws).await;
+    assert_eq!(v["id"], 3, "{v}");
+    assert_eq!(v["error"]["code"], "FUNCTION_NOT_FOUND", "{v}");
+    assert_eq!(
+        next_json(&mut ws).await,
+        serde_json::json!({"id": 4, "ok": true, "result": {"output_base64": B64.encode("plain")}})
+    );
+    assert_eq!(
+        next_json(&mut ws).await,
+        serde_json::json!({"id": 5, "ok": true, "pong": true})
+    );
+
+    // A token issued through c (a member of nothing): the provider ran on b.
+    let body = format!(r#"{{"api_key":"{key}"}}"#);
+    let (s, t) = c.with_key("", "POST", "/v1/auth/token", Some(body.as_bytes()));
+    assert_eq!(s, 200, "{t}");
+    let tok = json(&t)["access_token"].as_str().unwrap().to_string();
+    let (s, who) = c.with_key(&tok, "GET", "/v1/auth/whoami", None);
+    assert_eq!(s, 200, "{who}");
+    assert_eq!(json(&who)["custom"]["namespace"], "sock", "{who}");
+
+    assert_eq!(invocations_on(a, "sock"), 0.0, "a ran functions of sock");
+    assert_eq!(invocations_on(c, "sock"), 0.0, "c ran functions of sock");
+    assert!(
+        invocations_on(b, "sock") >= 3.0,
+        "b ran {}",
+        invocations_on(b, "sock")
+    );
+    // The token's claims started nothing of sock on c.
+    let on_c = actors_of(c, "sock");
+    assert!(on_c.is_empty(), "c runs actors of sock: {on_c:?}");
+}
+
+/// Publications made on sockets of a non-member (a `/v1/ws` publish frame
+/// and the simple socket's frames, on a; the namespace on b) fire the
+/// namespace's pub/sub trigger exactly once each, on b; a and c run nothing.
+#[actix_rt::test]
+async fn socket_publishes_through_a_non_member_fire_the_trigger_once() {
+    use futures_util::SinkExt as _;
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes = three(&etcd, tmp.path());
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let key = create_on(a, "fire", &["b"]);
+    deploy_as_operator(
+        a,
+        "fire",
+        "onevent",
+        ECHO,
+        &[("metadata", r#"{"pubsub_topics":["events"]}"#)],
+    );
+    let mut full = connect(&ws_url(a, "/v1/ws", &key)).await;
+    for i in 1..=3 {
+        send_json(
+            &mut full,
+            serde_json::json!({"id": i, "type": "publish", "topic": "events",
+                               "data_base64": B64.encode(format!("full-{i}"))}),
+        )
+        .await;
+        assert_eq!(
+            next_json(&mut full).await,
+            serde_json::json!({"id": i, "ok": true})
+        );
+    }
+    let mut simple = connect(&ws_url(a, "/v1/pubsub/ws?topic=events", &key)).await;
+    for i in 1..=2 {
+        simple
+            .send(awc::ws::Message::Text(format!("simple-{i}").into()))
+            .await
+            .unwrap();
+    }
+    let fired = || {
+        let (s, body) = b.with_key(&key, "GET", "/v1/functions/onevent/logs", None);
+        assert_eq!(s, 200, "{body}");
+        json(&body)["logs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["trigger"] == "pubsub")
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fired() < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the trigger fired {} times of 5; a: {}; b: {}",
+            fired(),
+            a.stderr.lock().unwrap(),
+            b.stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Nothing fires a second time (from the mesh, or from a's socket).
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(fired(), 5);
+    assert_eq!(invocations_on(b, "fire"), 5.0);
+    for (id, n) in [("a", a), ("c", c)] {
+        assert_eq!(invocations_on(n, "fire"), 0.0, "{id} ran functions of fire");
+    }
+    assert_eq!(
+        metric_sum(a, "meshgate_forwards_total{outcome=\"trigger_dropped\"}"),
+        0.0
+    );
+    // The member's route is for cluster peers only.
+    let (s, body) = a.with_key(
+        &key,
+        "POST",
+        "/v1/internal/pubsub/fire",
+        Some(br#"{"messages":[{"topic":"events","data_base64":"aGk="}]}"#),
+    );
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "INTERNAL_ONLY");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(fired(), 5);
+}

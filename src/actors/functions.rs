@@ -155,6 +155,9 @@ impl NamespaceSupervisor {
     /// trigger passes its depth + 1, and triggers stop at depth 5): fires the
     /// functions whose patterns match.
     pub(crate) fn fire_pubsub_triggers(&self, topic: &str, data: &Bytes, depth: u8) {
+        if !self.member {
+            return;
+        }
         if let Some(f) = &self.functions {
             f.invoker().on_published(topic, data, depth);
         }

@@ -25,12 +25,12 @@ pub use invoker::{
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectHold, InjectPanic, KvDelete, KvGet, KvList, KvPut,
     MAX_KV_KEY, MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
-    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetQuotas,
+    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetMembers, SetQuotas,
     SetWalletSignIn, kv_write, ns_key,
 };
 pub use node::{
     ASK_TIMEOUT, CreateNamespace, DeleteNamespace, Forget, Locate, LocateError, Namespaces,
-    NodeSupervisor, NsHandle, Passivate, Sweep, locate, namespace_prefixes,
+    NodeSupervisor, NsHandle, Passivate, Sweep, WakeMember, locate, namespace_prefixes,
 };
 pub use records::{RECORD_TTL, Records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};

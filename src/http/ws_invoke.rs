@@ -114,7 +114,7 @@ pub fn ws_invoke(
             ));
         };
         check_input(&input)?;
-        let elsewhere = if ns.member {
+        let elsewhere = if ns.is_member() {
             None
         } else {
             members_elsewhere(&node, &ns.name)

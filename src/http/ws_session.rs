@@ -334,7 +334,7 @@ impl WsSession {
     /// pub/sub triggers to a member (`member_call.rs`): called once the
     /// supervisor accepted it, so a refused publish fires nothing.
     fn fire_elsewhere(&self, topic: &str, data: &Bytes) -> Option<impl FnOnce() + 'static> {
-        if self.ns.member {
+        if self.ns.is_member() {
             return None;
         }
         let (node, ns, topic, data) = (

@@ -192,3 +192,133 @@ async fn socket_publishes_through_a_non_member_fire_the_trigger_once() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(fired(), 5);
 }
+
+/// The namespace's members as `GET /v1/namespaces/{ns}` through `via` shows them.
+fn members_of(via: &TestNode, ns: &str) -> Vec<String> {
+    let (s, b) = via.op("GET", &format!("/v1/namespaces/{ns}"), None);
+    assert_eq!(s, 200, "{b}");
+    let v = json(&b);
+    let rec = if v["record"].is_object() {
+        &v["record"]
+    } else {
+        &v["namespace"]
+    };
+    serde_json::from_value(rec["members"].clone()).unwrap_or_else(|_| panic!("{b}"))
+}
+
+/// The live node ids `/v1/status` of `via` lists.
+fn live_nodes(via: &TestNode) -> Vec<String> {
+    let (s, b) = via.op("GET", "/v1/status", None);
+    assert_eq!(s, 200, "{b}");
+    serde_json::from_value(json(&b)["cluster"]["live_nodes"].clone()).unwrap()
+}
+
+/// A KV read of `greeting` through `via` with `key`: status, serving member, body.
+fn read_greeting(via: &TestNode, key: &str) -> (u16, Option<String>, String) {
+    let auth = format!("Bearer {key}");
+    let (s, h, b) = http(
+        "GET",
+        &via.url("/v1/kv/greeting"),
+        &[("authorization", &auth)],
+        None,
+    );
+    (
+        s,
+        header(&h, "x-meshgate-member").map(str::to_string),
+        String::from_utf8_lossy(&b).into_owned(),
+    )
+}
+
+/// `PUT /v1/namespaces/{ns}/members` moves a namespace from b to c: the
+/// record says so on every node, and the next requests through a are
+/// served by c with the namespace's KV and functions (compiled there on
+/// first use). Bad input is 400 `INVALID_MEMBER` (or 404 for an unknown
+/// namespace) and changes nothing: an empty list, a duplicate, a node that
+/// never was, a node that died, a non-node id.
+#[actix_rt::test]
+async fn operator_sets_members_and_the_new_member_serves_at_once() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes = three(&etcd, tmp.path());
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let key = create_on(a, "moving", &["b"]);
+    deploy_as_operator(a, "moving", "echo", ECHO, &[]);
+    let (s, body) = a.with_key(&key, "PUT", "/v1/kv/greeting", Some(b"kept"));
+    assert!(s == 200 || s == 204, "{s} {body}");
+    let (s, member, _) = read_greeting(a, &key);
+    assert_eq!((s, member.as_deref()), (200, Some("b")));
+
+    // A fourth node that dies: its registration goes within 4 s.
+    let mut d = TestNode::start_with(member_opts(&etcd, "d", free_port(), tmp.path()));
+    wait_until(Duration::from_secs(20), "d is live", || {
+        live_nodes(a).contains(&"d".to_string())
+    });
+    d.kill9();
+    wait_until(Duration::from_secs(30), "d is gone", || {
+        !live_nodes(a).contains(&"d".to_string())
+    });
+    for (bad, why) in [
+        (r#"{"members":[]}"#, "empty"),
+        (r#"{"members":["c","c"]}"#, "duplicate"),
+        (r#"{"members":["c","nowhere"]}"#, "unknown"),
+        (r#"{"members":["d"]}"#, "dead"),
+        (r#"{"members":["c d"]}"#, "not an id"),
+    ] {
+        let (s, body) = a.op("PUT", "/v1/namespaces/moving/members", Some(bad));
+        assert_eq!(s, 400, "{why}: {body}");
+        assert_eq!(
+            json(&body)["error"]["code"],
+            "INVALID_MEMBER",
+            "{why}: {body}"
+        );
+        assert_eq!(
+            members_of(a, "moving"),
+            vec!["b"],
+            "{why} changed the members"
+        );
+    }
+    let (s, body) = a.op(
+        "PUT",
+        "/v1/namespaces/nowhere/members",
+        Some(r#"{"members":["c"]}"#),
+    );
+    assert_eq!(s, 404, "{body}");
+    // A client key cannot move its namespace.
+    let (s, body) = a.with_key(
+        &key,
+        "PUT",
+        "/v1/namespaces/moving/members",
+        Some(br#"{"members":["c"]}"#),
+    );
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(members_of(a, "moving"), vec!["b"]);
+
+    let (s, body) = a.op(
+        "PUT",
+        "/v1/namespaces/moving/members",
+        Some(r#"{"members":["c"]}"#),
+    );
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(
+        json(&body)["namespace"]["members"],
+        serde_json::json!(["c"])
+    );
+    for n in [a, b, c] {
+        assert_eq!(members_of(n, "moving"), vec!["c"]);
+    }
+    // Served by c at once, with what b wrote.
+    let (s, member, body) = read_greeting(a, &key);
+    assert_eq!((s, member.as_deref()), (200, Some("c")), "{body}");
+    assert_eq!(body, "kept");
+    let before = invocations_on(b, "moving");
+    let (s, h, out) = http(
+        "POST",
+        &a.url("/v1/functions/echo/invoke"),
+        &[("authorization", &format!("Bearer {key}"))],
+        Some(b"{\"moved\":true}"),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(header(&h, "x-meshgate-member"), Some("c"));
+    assert_eq!(invocations_on(c, "moving"), 1.0);
+    assert_eq!(invocations_on(b, "moving"), before);
+}

@@ -23,9 +23,11 @@
 mod breaker;
 mod fire;
 pub mod peer;
+mod replace;
 
 pub use breaker::{Admit, BreakerView, Breakers};
 pub use fire::{FIRE_QUEUE_MAX, FireQueues, Queued};
+pub use replace::{MOVES_PER_SWEEP, Move, Outcome, Replacer, replaced_members, sweep_every};
 
 use crate::storage::{OrderedKv, Store};
 use parking_lot::RwLock;

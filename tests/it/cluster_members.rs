@@ -322,3 +322,72 @@ async fn operator_sets_members_and_the_new_member_serves_at_once() {
     assert_eq!(invocations_on(c, "moving"), 1.0);
     assert_eq!(invocations_on(b, "moving"), before);
 }
+
+/// A member SIGKILLed (`replace_after_seconds` = 5, registrations living
+/// 4 s): within 15 s the namespace's members name a live node instead, and
+/// its KV and functions are served through the others again. The nodes
+/// left both sweep; the record was rewritten once (`replaced` summed over
+/// them is 1).
+#[test]
+fn a_dead_member_is_replaced_once_and_the_namespace_continues() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .map(|id| {
+            let mut o = member_opts(&etcd, id, free_port(), tmp.path());
+            o.config.push_str("replace_after_seconds = 5\n");
+            TestNode::start_with(o)
+        })
+        .collect();
+    let key = create_on(&nodes[0], "phoenix", &["b"]);
+    deploy_as_operator(&nodes[0], "phoenix", "echo", ECHO, &[]);
+    let (s, body) = nodes[0].with_key(&key, "PUT", "/v1/kv/greeting", Some(b"kept"));
+    assert!(s == 200 || s == 204, "{s} {body}");
+    // Long enough that a node's clock would have replaced a live member.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(members_of(&nodes[0], "phoenix"), vec!["b"]);
+
+    nodes[1].kill9();
+    let killed = Instant::now();
+    let (a, c) = (&nodes[0], &nodes[2]);
+    let members = loop {
+        let m = members_of(a, "phoenix");
+        if !m.contains(&"b".to_string()) {
+            break m;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "still on b after 15 s: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(members.len(), 1, "{members:?}");
+    let new = members[0].clone();
+    assert!(new == "a" || new == "c", "{new}");
+    assert_eq!(members_of(c, "phoenix"), members);
+
+    let (s, member, body) = read_greeting(a, &key);
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body, "kept");
+    if new == "c" {
+        assert_eq!(member.as_deref(), Some("c"));
+    }
+    let (s, h, out) = http(
+        "POST",
+        &c.url("/v1/functions/echo/invoke"),
+        &[("authorization", &format!("Bearer {key}"))],
+        Some(b"{\"again\":1}"),
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&out));
+    if new == "a" {
+        assert_eq!(header(&h, "x-meshgate-member"), Some("a"));
+    }
+    let replaced = |n: &TestNode| {
+        metric_sum(
+            n,
+            "meshgate_member_replacements_total{outcome=\"replaced\"}",
+        )
+    };
+    assert_eq!(replaced(a) + replaced(c), 1.0);
+}

@@ -5,7 +5,7 @@
 use crate::cluster::{actors_of, deploy_as_operator, invocations_on, member_opts, metric_sum};
 use crate::common::*;
 use crate::etcd_process::EtcdProcess;
-use crate::pubsub::{connect, next_json, send_json, ws_url};
+use crate::pubsub::{close_code, connect, next_json, send_json, ws_url};
 use base64::Engine as _;
 use std::time::{Duration, Instant};
 
@@ -390,4 +390,93 @@ fn a_dead_member_is_replaced_once_and_the_namespace_continues() {
         )
     };
     assert_eq!(replaced(a) + replaced(c), 1.0);
+}
+
+/// `meshgate node drain ID` through the CLI: its exit status and output.
+fn cli_drain(via: &TestNode, id: &str) -> (bool, String) {
+    let out = std::process::Command::new(bin())
+        .args([
+            "node",
+            "drain",
+            id,
+            "--url",
+            &via.url(""),
+            "--key",
+            OPERATOR_KEY,
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Draining b (through a, with the CLI) moves every namespace that named
+/// it to other live nodes and closes b's sockets with 4012; the moved
+/// namespace answers through a from its new member with its KV. Draining a
+/// node that is not live is 404 `NODE_NOT_FOUND` (the CLI fails); a client
+/// key is refused; draining the only node of a cluster is 409 `LAST_NODE`
+/// and changes nothing.
+#[actix_rt::test]
+async fn drain_moves_every_namespace_and_closes_the_nodes_sockets() {
+    let etcd = EtcdProcess::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let nodes = three(&etcd, tmp.path());
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let key = create_on(a, "d-one", &["b"]);
+    create_on(a, "d-two", &["b", "c"]);
+    create_on(a, "d-none", &["c"]);
+    let (s, body) = a.with_key(&key, "PUT", "/v1/kv/greeting", Some(b"kept"));
+    assert!(s == 200 || s == 204, "{s} {body}");
+    let mut on_b = connect(&ws_url(b, "/v1/ws", &key)).await;
+    send_json(
+        &mut on_b,
+        serde_json::json!({"id": 1, "type": "subscribe", "topic": "t"}),
+    )
+    .await;
+    assert_eq!(next_json(&mut on_b).await["ok"], true);
+
+    let (ok, out) = cli_drain(a, "nowhere");
+    assert!(!ok, "{out}");
+    assert!(out.contains("NODE_NOT_FOUND"), "{out}");
+    let (s, body) = a.with_key(&key, "POST", "/v1/cluster/nodes/b/drain", None);
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(members_of(a, "d-one"), vec!["b"]);
+
+    let (ok, out) = cli_drain(a, "b");
+    assert!(ok, "{out}");
+    let answer = json(&out);
+    assert_eq!(answer["sockets_closed"], true, "{out}");
+    assert_eq!(answer["moved"].as_array().unwrap().len(), 2, "{out}");
+    let one = members_of(a, "d-one");
+    assert_eq!(one.len(), 1);
+    assert!(one[0] == "a" || one[0] == "c", "{one:?}");
+    let two = members_of(a, "d-two");
+    assert_eq!(two.len(), 2);
+    assert!(
+        !two.contains(&"b".to_string()) && two.contains(&"c".to_string()),
+        "{two:?}"
+    );
+    assert_eq!(members_of(a, "d-none"), vec!["c"]);
+    assert_eq!(close_code(&mut on_b).await, 4012);
+    let (s, member, body) = read_greeting(a, &key);
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body, "kept");
+    if one[0] == "c" {
+        assert_eq!(member.as_deref(), Some("c"));
+    }
+
+    // A cluster of one node: nothing could take its namespaces.
+    let lone_etcd = EtcdProcess::start();
+    let lone = TestNode::start_with(member_opts(&lone_etcd, "solo", free_port(), tmp.path()));
+    create_on(&lone, "alone", &["solo"]);
+    let (s, body) = lone.op("POST", "/v1/cluster/nodes/solo/drain", None);
+    assert_eq!(s, 409, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "LAST_NODE");
+    assert_eq!(members_of(&lone, "alone"), vec!["solo"]);
 }

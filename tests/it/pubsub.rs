@@ -55,7 +55,7 @@ pub(crate) async fn next_json(s: &mut Socket) -> serde_json::Value {
 }
 
 /// Waits for a close frame; returns its code.
-async fn close_code(s: &mut Socket) -> u16 {
+pub(crate) async fn close_code(s: &mut Socket) -> u16 {
     loop {
         match tokio::time::timeout(Duration::from_secs(30), s.next())
             .await

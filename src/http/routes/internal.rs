@@ -17,10 +17,12 @@ use crate::http::state::Node;
 use crate::http::ws_invoke::{run_here, split_version};
 use crate::identity::Identity;
 use crate::pubsub::{check_topic, decode_base64};
+use crate::storage::OrderedKv;
 use crate::wasm::MAX_INPUT_BYTES;
 use actix_web::http::Method;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
+use serde_json::json;
 
 /// Publications in one fire call, at most.
 const MAX_FIRE_BATCH: usize = 1_000;
@@ -38,7 +40,146 @@ pub fn register(t: &mut RouteTable) {
         FIRE_PATH,
         Policy::Internal,
         web::post().to(fire),
+    )
+    .add(
+        Method::POST,
+        EVACUATE_PATH,
+        Policy::Internal,
+        web::post().to(evacuate),
+    )
+    .add(
+        Method::POST,
+        "/v1/cluster/nodes/{id}/drain",
+        Policy::Operator,
+        web::post().to(drain),
     );
+}
+
+/// Where a drained node is told to close its sockets.
+const EVACUATE_PATH: &str = "/v1/internal/cluster/evacuate";
+
+/// Compare-and-swap attempts per record when another writer changes it
+/// meanwhile.
+const DRAIN_ATTEMPTS: usize = 5;
+
+/// `POST /v1/cluster/nodes/{id}/drain` (the operator): moves every
+/// namespace off live node `id` (each of its member slots goes to the first
+/// other live node, in the namespace's rendezvous order, that is not
+/// already a member; a namespace with no spare node keeps its other members
+/// only), then closes every socket of that node with 4012 (reconnect and
+/// recover). 404 `NODE_NOT_FOUND` for a node that is not live, 409
+/// `LAST_NODE` when no other node is live; nothing changes then.
+async fn drain(node: web::Data<Node>, id: web::Path<String>) -> ApiResult<HttpResponse> {
+    let id = id.into_inner();
+    let not_found = || {
+        ApiError::new(
+            Code::NodeNotFound,
+            format!("no live node {id:?} in the cluster"),
+        )
+    };
+    let Some(cluster) = node.cluster.get() else {
+        return Err(not_found());
+    };
+    let live = cluster.live_now().await;
+    let Some(target) = live.iter().find(|n| n.id == id).cloned() else {
+        return Err(not_found());
+    };
+    let others: Vec<String> = live
+        .iter()
+        .map(|n| n.id.clone())
+        .filter(|n| *n != id)
+        .collect();
+    if others.is_empty() {
+        return Err(ApiError::new(
+            Code::LastNode,
+            format!("{id:?} is the only live node: nothing could take its namespaces"),
+        ));
+    }
+    let mut moved = Vec::new();
+    for (k, _) in node.store.scan_all(b"ns/").await? {
+        let Some(ns) = std::str::from_utf8(&k)
+            .ok()
+            .and_then(|k| k.strip_prefix("ns/"))
+            .filter(|n| !n.is_empty() && !n.contains('/'))
+        else {
+            continue;
+        };
+        for _ in 0..DRAIN_ATTEMPTS {
+            let Some(bytes) = node.store.get(&k).await? else {
+                break;
+            };
+            let Ok(rec) = serde_json::from_slice::<crate::namespace::NamespaceRecord>(&bytes)
+            else {
+                break;
+            };
+            if !rec.members.contains(&id) {
+                break;
+            }
+            let gone = [id.clone()];
+            let members = crate::placement::replaced_members(ns, &rec.members, &gone, &others)
+                .unwrap_or_else(|| rec.members.iter().filter(|m| **m != id).cloned().collect());
+            if members.is_empty() {
+                break;
+            }
+            let new = crate::namespace::NamespaceRecord { members, ..rec };
+            let new_bytes = serde_json::to_vec(&new)
+                .map_err(|e| ApiError::new(Code::Internal, e.to_string()))?;
+            if node
+                .store
+                .compare_and_swap(&k, Some(&bytes), Some(&new_bytes), None)
+                .await?
+            {
+                moved.push(json!({"namespace": ns, "members": new.members}));
+                break;
+            }
+        }
+    }
+    tracing::warn!(node = %id, namespaces = moved.len(), "Node drained: its namespaces moved.");
+    // Its sockets: closed here, or by the node itself through a hop.
+    let closed = if id == cluster.node_id {
+        node.pubsub.close_every(crate::pubsub::close::NODE_DRAINED);
+        true
+    } else {
+        // A hop names a namespace; "_cluster" is none a tenant can have.
+        let hop = crate::http::member_call::node_hop(&node, "_cluster");
+        let call = crate::placement::peer::InternalCall {
+            method: Method::POST,
+            path: EVACUATE_PATH,
+            query: "",
+            body: bytes::Bytes::new(),
+            content_type: None,
+            within: std::time::Duration::from_secs(5),
+        };
+        let answer = crate::placement::peer::internal_call(
+            node.hop_key.as_ref(),
+            &node.config,
+            &target.advertise,
+            &hop,
+            call,
+        )
+        .await;
+        match answer {
+            Ok(a) if a.status.is_success() => true,
+            Ok(a) => {
+                tracing::warn!(node = %id, status = %a.status, "Drained node did not close its sockets.");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(node = %id, error = %e, "Drained node not reached to close its sockets.");
+                false
+            }
+        }
+    };
+    Ok(HttpResponse::Ok().json(json!({
+        "ok": true, "node": id, "moved": moved, "sockets_closed": closed,
+    })))
+}
+
+/// `POST /v1/internal/cluster/evacuate` (a hop from the node that drained
+/// this one): closes every socket here with 4012.
+async fn evacuate(node: web::Data<Node>) -> HttpResponse {
+    node.pubsub.close_every(crate::pubsub::close::NODE_DRAINED);
+    HttpResponse::Ok().json(json!({"ok": true}))
 }
 
 /// The hop's identity and namespace, and this node's supervisor of it, when

@@ -26,6 +26,9 @@ pub enum Command {
     /// Manage namespaces (operator key).
     #[command(subcommand)]
     Ns(NsCommand),
+    /// Operate on a cluster's nodes (operator key).
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Manage API keys of a namespace.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -248,6 +251,17 @@ pub enum NsCommand {
     /// Delete a namespace and all its data.
     Delete {
         name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NodeCommand {
+    /// Move every namespace off node ID and close its sockets (4012:
+    /// reconnect); prints the namespaces moved.
+    Drain {
+        id: String,
         #[command(flatten)]
         client: ClientArgs,
     },

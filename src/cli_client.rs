@@ -3,8 +3,8 @@
 #![forbid(unsafe_code)]
 
 use crate::cli::{
-    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NodeArgs, NsCommand,
-    PageArgs, PolicyArgs, QuotasCommand, WalletCommand,
+    ClientArgs, Command, DeployCommand, FnCommand, KeysCommand, KvCommand, NodeArgs, NodeCommand,
+    NsCommand, PageArgs, PolicyArgs, QuotasCommand, WalletCommand,
 };
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -558,6 +558,15 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
         Command::Ns(NsCommand::List { page, client }) => {
             print(&list(&client, "/v1/namespaces", "", "namespaces", &page).await?)
         }
+        Command::Node(NodeCommand::Drain { id, client }) => print(
+            &call(
+                &client,
+                "POST",
+                &format!("/v1/cluster/nodes/{}/drain", percent_encode(&id)),
+                None,
+            )
+            .await?,
+        ),
         Command::Ns(NsCommand::Delete { name, client }) => {
             print(&call(&client, "DELETE", &format!("/v1/namespaces/{name}"), None).await?)
         }

@@ -398,6 +398,10 @@ pub struct ClusterConfig {
     /// Seconds between re-registrations in the node and mesh registries
     /// (their entries live four times as long).
     pub register_seconds: u64,
+    /// Seconds a namespace member's registration must have been gone before
+    /// a live node replaces it (docs/cluster.md, "Members follow the
+    /// cluster"). At least 1.
+    pub replace_after_seconds: u64,
     /// Seconds a starting cluster node waits to be connected to every peer
     /// registered in the mesh before it reports ready; past it the node is
     /// ready anyway and logs the peers it could not reach.
@@ -434,6 +438,7 @@ impl Default for ClusterConfig {
             breaker_failures: 5,
             breaker_probe_seconds: 30,
             register_seconds: 15,
+            replace_after_seconds: 30,
             ready_timeout_seconds: 10,
             peer_ca_file: String::new(),
             etcd_ca_file: String::new(),
@@ -1047,6 +1052,9 @@ impl Config {
             ));
         }
         self.cluster.validate_etcd(&mut errors);
+        if self.cluster.replace_after_seconds == 0 {
+            errors.push("cluster.replace_after_seconds: must be at least 1".into());
+        }
         if let Some(m) = self.metrics_listen_addr() {
             match m.parse::<SocketAddr>() {
                 Err(_) => errors.push(format!("metrics.listen: {m:?} is not host:port")),

@@ -205,6 +205,7 @@ codes! {
     SecretsBoundElsewhere = "SECRETS_BOUND_ELSEWHERE", 403, Client, false;
     // 404, 405, 409, 413, 415: the target.
     NotFound = "NOT_FOUND", 404, Client, false;
+    NodeNotFound = "NODE_NOT_FOUND", 404, Client, false;
     DeploymentNotFound = "DEPLOYMENT_NOT_FOUND", 404, Client, false;
     CertificateNotFound = "CERTIFICATE_NOT_FOUND", 404, Client, false;
     FileNotFound = "FILE_NOT_FOUND", 404, Client, false;
@@ -218,6 +219,7 @@ codes! {
     MisdirectedRequest = "MISDIRECTED_REQUEST", 421, Client, false;
     HostTaken = "HOST_TAKEN", 409, Client, false;
     NamespaceExists = "NAMESPACE_EXISTS", 409, Client, false;
+    LastNode = "LAST_NODE", 409, Client, false;
     NoEarlierVersion = "NO_EARLIER_VERSION", 409, Client, false;
     SecretsSealedElsewhere = "SECRETS_SEALED_ELSEWHERE", 409, Client, false;
     PayloadTooLarge = "PAYLOAD_TOO_LARGE", 413, Client, false;

@@ -324,6 +324,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot join the cluster: {e}"))?;
         let _ = node.cluster.set(cluster);
+        start_replacer(&node);
         // Deployments changed through another node reach this one's index.
         node.deployments
             .spawn_follower(crate::deploy::FOLLOW_INTERVAL);
@@ -1012,6 +1013,48 @@ async fn refresh_cluster_addresses(
 /// namespaces this node is a member of: cron and triggers run on members
 /// only (each cron slot still fires once in the cluster: the member that
 /// claims it runs it).
+/// The node's sweep that replaces namespace members whose node has been
+/// gone for `[cluster] replace_after_seconds` (`placement/replace.rs`;
+/// docs/cluster.md, "Members follow the cluster"). Ends with the cluster.
+fn start_replacer(node: &Node) {
+    let Some(cluster) = node.cluster.get() else {
+        return;
+    };
+    let weak = Arc::downgrade(cluster);
+    let after = Duration::from_secs(node.config.cluster.replace_after_seconds.max(1));
+    let metrics = node.metrics.clone();
+    actix_web::rt::spawn(async move {
+        let mut replacer: Option<crate::placement::Replacer> = None;
+        let mut tick = tokio::time::interval(crate::placement::sweep_every(after));
+        loop {
+            tick.tick().await;
+            let r = match &mut replacer {
+                Some(r) => r,
+                None => {
+                    let Some(c) = weak.upgrade() else { return };
+                    replacer.insert(crate::placement::Replacer::new(c, after))
+                }
+            };
+            if weak.strong_count() <= 1 {
+                return;
+            }
+            match r.sweep(crate::util::mono_now()).await {
+                Ok(done) => {
+                    for (_, outcome) in done {
+                        metrics
+                            .member_replacements
+                            .with_label_values(&[outcome.as_str()])
+                            .inc();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Member replacement sweep failed; next sweep retries.")
+                }
+            }
+        }
+    });
+}
+
 fn schedule_stored_crons(node: &Node) {
     let node = node.clone();
     actix_web::rt::spawn(async move {

@@ -164,9 +164,28 @@ impl CronTable {
 pub async fn stored_crons(
     store: &crate::storage::Store,
 ) -> crate::storage::StoreResult<HashMap<String, Vec<CronEntry>>> {
+    crons_under(store, b"fn/").await
+}
+
+/// The cron schedules stored for namespace `ns` alone (a node made one of
+/// its members schedules them: `NodeSupervisor`'s `WakeMember`).
+pub async fn stored_crons_of(
+    store: &crate::storage::Store,
+    ns: &str,
+) -> crate::storage::StoreResult<Vec<CronEntry>> {
+    Ok(crons_under(store, format!("fn/{ns}/").as_bytes())
+        .await?
+        .remove(ns)
+        .unwrap_or_default())
+}
+
+async fn crons_under(
+    store: &crate::storage::Store,
+    prefix: &[u8],
+) -> crate::storage::StoreResult<HashMap<String, Vec<CronEntry>>> {
     use crate::functions::model::{FunctionRecord, VersionMeta, parse_cron, ver_key};
     let mut out: HashMap<String, Vec<CronEntry>> = HashMap::new();
-    for (k, v) in store.scan_all(b"fn/").await? {
+    for (k, v) in store.scan_all(prefix).await? {
         let Some(ns) = std::str::from_utf8(&k)
             .ok()
             .and_then(|k| k.strip_prefix("fn/")?.split('/').next())

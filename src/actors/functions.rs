@@ -155,9 +155,38 @@ impl NamespaceSupervisor {
     /// trigger passes its depth + 1, and triggers stop at depth 5): fires the
     /// functions whose patterns match.
     pub(crate) fn fire_pubsub_triggers(&self, topic: &str, data: &Bytes, depth: u8) {
+        if !self.member {
+            return;
+        }
         if let Some(f) = &self.functions {
             f.invoker().on_published(topic, data, depth);
         }
+    }
+}
+
+/// Sent by the internal route a non-member calls (`POST
+/// /v1/internal/pubsub/fire`, docs/cluster.md "Placement"): publications a
+/// socket on that node published, whose pub/sub triggers this member fires,
+/// as it fires those of its own clients' publishes (depth 0). Replies with
+/// whether this supervisor fires triggers (false: not a member here).
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct FireTriggers {
+    /// (topic, data) of each publication, in publish order.
+    pub messages: Vec<(String, Bytes)>,
+}
+
+impl Handler<FireTriggers> for NamespaceSupervisor {
+    type Result = bool;
+    fn handle(&mut self, msg: FireTriggers, _: &mut Context<Self>) -> bool {
+        let _t = self.stats.begin();
+        if !self.member {
+            return false;
+        }
+        for (topic, data) in &msg.messages {
+            self.fire_pubsub_triggers(topic, data, 0);
+        }
+        true
     }
 }
 

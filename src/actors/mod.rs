@@ -15,8 +15,8 @@ mod watch;
 
 pub use cron::{CronDue, CronEntry, CronFire, CronSet, CronTable, stored_crons};
 pub use functions::{
-    DeleteFunction, DeleteSecret, DeployFunction, FunctionLogs, FunctionVersions, ListFunctions,
-    ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
+    DeleteFunction, DeleteSecret, DeployFunction, FireTriggers, FunctionLogs, FunctionVersions,
+    ListFunctions, ListSecrets, PrepareInvoke, PutSecret, ShowFunction,
 };
 pub use invoker::{
     CallerInfo, DeployRequest, Deployed, FunctionsService, Invoker, MAX_LOGS, MAX_TRIGGER_DEPTH,
@@ -25,12 +25,12 @@ pub use invoker::{
 pub use namespace::{
     Export, ExportEntry, GetInfo, Import, InjectHold, InjectPanic, KvDelete, KvGet, KvList, KvPut,
     MAX_KV_KEY, MAX_KV_LIST, NamespaceExport, NamespaceInfo, NamespaceRecord, NamespaceRows,
-    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetQuotas,
+    NamespaceSupervisor, NsError, NsResult, ReloadRecord, SetClaimsProvider, SetMembers, SetQuotas,
     SetWalletSignIn, kv_write, ns_key,
 };
 pub use node::{
     ASK_TIMEOUT, CreateNamespace, DeleteNamespace, Forget, Locate, LocateError, Namespaces,
-    NodeSupervisor, NsHandle, Passivate, Sweep, locate, namespace_prefixes,
+    NodeSupervisor, NsHandle, Passivate, Sweep, WakeMember, locate, namespace_prefixes,
 };
 pub use records::{RECORD_TTL, Records};
 pub use stats::{ActorDirectory, ActorStats, AskError, HandleTimer, ask, histogram_quantile, tell};

@@ -116,9 +116,15 @@ pub struct NamespaceSupervisor {
     /// A change of the functions is running.
     pub fn_changing: bool,
     /// Whether this node is a member of the namespace. A non-member's
-    /// supervisor (sockets, operator views, claims) loads no triggers and
-    /// runs no cron: those run on members only.
+    /// supervisor (sockets, operator views) loads no triggers and runs no
+    /// cron: those run on members only. Followed when the record's members
+    /// change ([`NamespaceSupervisor::follow_membership`]).
     pub member: bool,
+    /// `member`, shared with the namespace's [`super::NsHandle`] (its
+    /// sockets read it to know where their serverless work runs).
+    member_flag: Arc<std::sync::atomic::AtomicBool>,
+    /// This node's cluster id (None on a single node: always a member).
+    node_id: Option<Arc<str>>,
     /// Where the record is published for the other rooms to read
     /// (`actors/records.rs`); this supervisor is its one writer here.
     pub records: Option<super::records::Records>,
@@ -182,6 +188,8 @@ impl NamespaceSupervisor {
             fn_queue: Default::default(),
             fn_changing: false,
             member: true,
+            member_flag: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            node_id: None,
             records: None,
             quotas: Default::default(),
             history: None,
@@ -277,10 +285,38 @@ impl NamespaceSupervisor {
         }
     }
 
-    /// Marks this node a member of the namespace or not (see `member`).
-    pub fn with_member(mut self, member: bool) -> Self {
-        self.member = member;
+    /// Marks this node (cluster id `node_id`) a member of the namespace or
+    /// not (see `member`), the flag shared with the namespace's handle.
+    pub fn with_member(
+        mut self,
+        flag: Arc<std::sync::atomic::AtomicBool>,
+        node_id: Option<Arc<str>>,
+    ) -> Self {
+        self.member = flag.load(std::sync::atomic::Ordering::Relaxed);
+        self.member_flag = flag;
+        self.node_id = node_id;
         self
+    }
+
+    /// After the record was read again: if the members changed this node's
+    /// part, the supervisor turns full (triggers loaded, cron scheduled) or
+    /// light (no trigger fires, cron stops at its next slot) in place, its
+    /// sockets and topics kept.
+    pub(crate) fn follow_membership(&mut self, ctx: &mut Context<Self>) {
+        let (Some(id), Some(rec)) = (&self.node_id, &self.record) else {
+            return;
+        };
+        let member = crate::placement::is_member(&rec.members, id);
+        if member == self.member {
+            return;
+        }
+        self.member = member;
+        self.member_flag
+            .store(member, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(namespace = %self.name, member, "This node's membership of the namespace changed.");
+        if member {
+            self.functions_started(ctx);
+        }
     }
 
     /// Gives the namespace its invoker from the node's functions service.
@@ -308,9 +344,12 @@ impl NamespaceSupervisor {
         let store = self.store.clone();
         let key = ns_key(&self.name);
         ctx.wait(
-            async move { store.get_json::<NamespaceRecord>(&key).await }.into_actor(self).map(|res, act, _| {
+            async move { store.get_json::<NamespaceRecord>(&key).await }.into_actor(self).map(|res, act, ctx| {
                 match res {
-                    Ok(rec) => act.set_record(rec),
+                    Ok(rec) => {
+                        act.set_record(rec);
+                        act.follow_membership(ctx);
+                    }
                     Err(e) => tracing::error!(namespace = %act.name, error = %e, "Namespace state could not be loaded."),
                 }
             }),
@@ -464,6 +503,25 @@ impl Handler<SetClaimsProvider> for NamespaceSupervisor {
     type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
     fn handle(&mut self, msg: SetClaimsProvider, _: &mut Context<Self>) -> Self::Result {
         self.change_record(move |rec| rec.claims_provider = msg.function)
+    }
+}
+
+/// Sent by `PUT /v1/namespaces/{ns}/members` (the operator) and by the
+/// cluster's replacement of a dead member: the namespace's new members
+/// (checked live by the caller), written to its record and published;
+/// replies with the record. Every node follows through the record watch
+/// (a new member starts serving, an old one stops firing triggers and cron).
+#[derive(Message)]
+#[rtype(result = "NsResult<NamespaceRecord>")]
+pub struct SetMembers {
+    /// The node ids, at least one, no duplicates.
+    pub members: Vec<String>,
+}
+
+impl Handler<SetMembers> for NamespaceSupervisor {
+    type Result = ResponseActFuture<Self, NsResult<NamespaceRecord>>;
+    fn handle(&mut self, msg: SetMembers, _: &mut Context<Self>) -> Self::Result {
+        self.change_record(move |rec| rec.members = msg.members)
     }
 }
 

@@ -23,9 +23,10 @@
 //!
 //! In a cluster, a namespace's full supervisor (triggers loaded, cron
 //! ticking) starts only on its members. On a non-member a supervisor starts
-//! only for what cannot be forwarded (sockets, operator views, a token's
-//! claims provider), and then without triggers or cron; forwarding itself
-//! starts none (its breakers live in [`crate::placement::Cluster`]).
+//! only for what cannot be forwarded (sockets, operator views), and then
+//! without triggers or cron; a socket's invokes and triggers and a token's
+//! claims provider run on a member (`http/member_call.rs`); forwarding
+//! itself starts none (its breakers live in [`crate::placement::Cluster`]).
 
 use super::namespace::{NamespaceSupervisor, NsError};
 use super::stats::{ActorDirectory, ActorStats, AskError, ask};
@@ -60,8 +61,9 @@ pub struct NsHandle {
     /// Its mailbox admission and counters: every `ask` goes through them.
     pub stats: Arc<ActorStats>,
     /// Whether this node is a member of the namespace (always on a single
-    /// node): only then does its supervisor run triggers and cron.
-    pub member: bool,
+    /// node): only then does its supervisor run triggers and cron. Kept by
+    /// the supervisor as the record's members change ([`NsHandle::is_member`]).
+    member: Arc<std::sync::atomic::AtomicBool>,
     /// The namespace's invoker, shared with its supervisor (which owns its
     /// state and changes it: deploys, secrets, triggers). Calls are resolved
     /// through it on the caller's thread, as KV reads go to the store: no
@@ -78,6 +80,11 @@ pub struct NsHandle {
 }
 
 impl NsHandle {
+    /// Whether this node is a member of the namespace now.
+    pub fn is_member(&self) -> bool {
+        self.member.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether the supervisor may passivate now: its handle is held by the
     /// directory alone, its mailbox is empty and no invocation is
     /// prepared, queued or running. Checked under the directory's write lock.
@@ -324,6 +331,8 @@ impl NodeSupervisor {
         let quotas = self.quotas.clone();
         let routes = crate::pubsub::MeshRoutes::default();
         let shared = routes.clone();
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(member));
+        let (shared_flag, node_id) = (flag.clone(), self.node_id.as_deref().map(Arc::<str>::from));
         let (n, store, s, cap, pubsub, functions, records) = (
             name.to_string(),
             self.store.clone(),
@@ -340,14 +349,14 @@ impl NodeSupervisor {
                 .with_pubsub(pubsub)
                 .with_mesh_routes(shared.clone())
                 .with_functions(functions)
-                .with_member(member)
+                .with_member(shared_flag.clone(), node_id.clone())
                 .with_cron(me.recipient())
         });
         let handle = NsHandle {
             name: name.into(),
             addr,
             stats,
-            member,
+            member: flag,
             invoker,
             routes,
             lease: Arc::new(()),
@@ -557,6 +566,52 @@ impl Handler<Locate> for NodeSupervisor {
     fn handle(&mut self, msg: Locate, _: &mut Context<Self>) -> Self::Result {
         let _t = self.stats.begin();
         self.activate(msg.name)
+    }
+}
+
+/// Sent by the record watch (with `do_send`) when a namespace's record
+/// changed and no supervisor of it runs here: if this node is a member,
+/// the namespace's stored cron schedules go into the node's timer (which
+/// starts its full supervisor when a slot is due), so a node made a member
+/// takes up the namespace's cron at once; its triggers and calls start the
+/// supervisor when they come. On a non-member, or a single node, nothing.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WakeMember {
+    /// The namespace whose record changed.
+    pub name: String,
+}
+
+impl Handler<WakeMember> for NodeSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: WakeMember, ctx: &mut Context<Self>) {
+        let _t = self.stats.timer();
+        let Some(id) = self.node_id.clone() else {
+            return;
+        };
+        if self.namespaces.get(&msg.name).is_some() {
+            return;
+        }
+        let (records, store, me) = (self.records.clone(), self.store.clone(), ctx.address());
+        actix::spawn(async move {
+            let member = match records.load(&msg.name).await {
+                Ok(Some(rec)) => crate::placement::is_member(&rec.members, &id),
+                _ => false,
+            };
+            if !member {
+                return;
+            }
+            match super::cron::stored_crons_of(&store, &msg.name).await {
+                Ok(entries) if !entries.is_empty() => me.do_send(super::cron::CronSet {
+                    namespace: msg.name,
+                    entries,
+                }),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(namespace = %msg.name, error = %e, "Cron schedules of a namespace this node joined could not be read.");
+                }
+            }
+        });
     }
 }
 

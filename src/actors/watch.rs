@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::namespace::ReloadRecord;
-use super::node::{Forget, Namespaces, NodeSupervisor};
+use super::node::{Forget, Namespaces, NodeSupervisor, WakeMember};
 use super::records::{Records, changed_namespace};
 use crate::storage::Store;
 
@@ -76,8 +76,12 @@ fn apply(
                 return;
             };
             records.forget_read(ns);
-            if let Some(h) = namespaces.get(ns) {
-                h.addr.do_send(ReloadRecord);
+            match namespaces.get(ns) {
+                Some(h) => h.addr.do_send(ReloadRecord),
+                // A node the change made a member starts serving now.
+                None => supervisor.do_send(WakeMember {
+                    name: ns.to_string(),
+                }),
             }
         }
         Change::Delete(key) => {

@@ -64,7 +64,7 @@ fn anonymous_hop() -> HopIdentity {
 
 /// The hop identity of `id` acting on `target`: the credential's own
 /// namespace and grants (an operator acts on `target` with every grant).
-fn hop_identity(id: &Identity, target: &str) -> HopIdentity {
+pub(crate) fn hop_identity(id: &Identity, target: &str) -> HopIdentity {
     HopIdentity {
         namespace: if id.operator {
             target.to_string()

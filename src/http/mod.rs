@@ -12,6 +12,7 @@ mod error;
 pub mod forward;
 mod grpc;
 mod hop;
+mod member_call;
 mod middleware;
 pub mod openapi;
 mod policy;

@@ -329,6 +329,23 @@ impl WsSession {
         }
     }
 
+    /// On a non-member of the socket's namespace (a cluster node whose
+    /// supervisor fires no trigger), what hands an accepted publication's
+    /// pub/sub triggers to a member (`member_call.rs`): called once the
+    /// supervisor accepted it, so a refused publish fires nothing.
+    fn fire_elsewhere(&self, topic: &str, data: &Bytes) -> Option<impl FnOnce() + 'static> {
+        if self.ns.is_member() {
+            return None;
+        }
+        let (node, ns, topic, data) = (
+            self.node.clone(),
+            self.ns.name.clone(),
+            topic.to_string(),
+            data.clone(),
+        );
+        Some(move || super::member_call::fire_elsewhere(&node, &ns, topic, data))
+    }
+
     /// Turns one `/v1/ws` frame into the future of its answer. Errors found
     /// before anything is sent are answered at once.
     fn full_request(
@@ -427,6 +444,7 @@ impl WsSession {
                 protocol::check_payload(&data, self.node.config.pubsub.max_frame_bytes)
                     .map_err(ApiError::from)?;
                 self.charge()?;
+                let fire = self.fire_elsewhere(&topic, &data);
                 let reply = self.ns.ask_now(Publish {
                     topic,
                     data,
@@ -434,7 +452,12 @@ impl WsSession {
                 });
                 Ok(Box::pin(async move {
                     match settle(reply.await) {
-                        Ok(pos) => ack_fields(&id, position_fields(pos.as_ref())),
+                        Ok(pos) => {
+                            if let Some(fire) = fire {
+                                fire();
+                            }
+                            ack_fields(&id, position_fields(pos.as_ref()))
+                        }
                         Err(e) => error_frame(&id, &FrameError::from(e)),
                     }
                 }))
@@ -442,6 +465,7 @@ impl WsSession {
             ClientFrame::Invoke { function, input } => {
                 self.charge()?;
                 let fut = super::ws_invoke::ws_invoke(
+                    self.node.clone(),
                     self.ns.clone(),
                     self.identity.clone(),
                     function,
@@ -478,13 +502,19 @@ impl WsSession {
             self.conn.push(error_frame(&Value::Null, &e));
             return;
         }
+        let fire = self.fire_elsewhere(&topic, &data);
         let reply = self.ns.ask_now(Publish {
             topic,
             data,
             depth: 0,
         });
-        ctx.spawn(reply.into_actor(self).map(|r, act, _| {
-            if let Err(e) = settle(r) {
+        ctx.spawn(reply.into_actor(self).map(|r, act, _| match settle(r) {
+            Ok(_) => {
+                if let Some(fire) = fire {
+                    fire();
+                }
+            }
+            Err(e) => {
                 act.conn
                     .push(error_frame(&Value::Null, &FrameError::from(e)));
             }

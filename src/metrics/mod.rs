@@ -117,6 +117,10 @@ pub struct Inner {
     /// Cron slots this node tried to claim: claimed, lost (another node had
     /// it) or error.
     pub cron_slots: IntCounterVec,
+    /// Replacements of a gone namespace member this node attempted:
+    /// `replaced` (its compare-and-swap wrote the record) or `lost`
+    /// (another node's did first).
+    pub member_replacements: IntCounterVec,
     /// Namespace supervisors started or passivated (stopped idle), by
     /// `event` (`activated`, `passivated`); their difference is the live count.
     pub namespace_lifecycle: IntCounterVec,
@@ -377,6 +381,16 @@ impl Metrics {
                     Opts::new(
                         "meshgate_cron_slots_total",
                         "Cron slots this node tried to claim, by outcome"
+                    ),
+                    &["outcome"]
+                )
+                .unwrap()
+            ),
+            member_replacements: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_member_replacements_total",
+                        "Replacements of a gone namespace member this node attempted, by outcome"
                     ),
                     &["outcome"]
                 )

@@ -21,9 +21,13 @@
 #![forbid(unsafe_code)]
 
 mod breaker;
+mod fire;
 pub mod peer;
+mod replace;
 
 pub use breaker::{Admit, BreakerView, Breakers};
+pub use fire::{FIRE_QUEUE_MAX, FireQueues, Queued};
+pub use replace::{MOVES_PER_SWEEP, Move, Outcome, Replacer, replaced_members, sweep_every};
 
 use crate::storage::{OrderedKv, Store};
 use parking_lot::RwLock;
@@ -81,6 +85,9 @@ pub struct Cluster {
     /// The breakers of the namespaces this node forwarded for, one
     /// [`Breakers`] (per member) per namespace: all a non-member keeps.
     breakers: RwLock<std::collections::BTreeMap<String, Arc<Breakers>>>,
+    /// Publications of sockets here whose triggers go to a member of their
+    /// namespace (this node not being one): see [`FireQueues`].
+    pub fire_queues: FireQueues,
 }
 
 /// This node's id in cluster mode (`[cluster] node_id`, by default the host
@@ -139,6 +146,7 @@ impl Cluster {
             live: RwLock::new(Vec::new()),
             every,
             breakers: Default::default(),
+            fire_queues: FireQueues::default(),
         });
         c.announce().await?;
         Self::follow_registry(&c);

@@ -141,40 +141,146 @@ pub async fn internal_get(
     hop: &crate::auth::HopIdentity,
     within: Duration,
 ) -> Result<bytes::Bytes, String> {
-    let key = hop_key.ok_or("this node has no cluster secret")?;
-    let peer_ca = &config.cluster.peer_ca_file;
-    if base.starts_with("https://") && peer_ca.is_empty() {
-        return Err("the peer advertises https:// and peer_ca_file is not set".into());
-    }
-    let client = peer_client(peer_ca, PeerTimeouts::from_config(config))?;
-    let digest = crate::auth::hop_body_sha256(b"");
-    let signed = crate::auth::HopRequest {
-        method: "GET",
+    let call = InternalCall {
+        method: actix_web::http::Method::GET,
         path,
         query,
+        body: bytes::Bytes::new(),
+        content_type: None,
+        within,
+    };
+    match internal_call(hop_key, config, base, hop, call).await {
+        Ok(a) if a.status == actix_web::http::StatusCode::OK => Ok(a.body),
+        Ok(a) => Err(format!("answered {}", a.status)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// One call of an internal route on a peer (see [`internal_call`]).
+pub struct InternalCall<'a> {
+    /// GET or POST.
+    pub method: actix_web::http::Method,
+    /// The route's path (`/v1/internal/...`).
+    pub path: &'a str,
+    /// The query string, without its `?`.
+    pub query: &'a str,
+    /// The body (its SHA-256 goes into the hop MAC).
+    pub body: bytes::Bytes,
+    /// The body's `Content-Type` (None: without one).
+    pub content_type: Option<&'static str>,
+    /// Bound on the whole call, connect included.
+    pub within: Duration,
+}
+
+/// A peer's answer to an internal call: its status, whether its gateway
+/// produced it (`x-meshgate-fault: gateway`), and its body.
+pub struct PeerAnswer {
+    /// The HTTP status.
+    pub status: actix_web::http::StatusCode,
+    /// A 502/503/504 of the peer's gateway itself, not of a function.
+    pub gateway_fault: bool,
+    /// The body, read whole.
+    pub body: bytes::Bytes,
+}
+
+/// Why an internal call got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The peer was never reached (refused, unreachable, TLS refused, no
+    /// client): it did not see the call, which may go to another peer.
+    #[error("not connected: {0}")]
+    Unconnected(String),
+    /// The peer was reached (or may have been) and gave no whole answer in
+    /// time: it may have acted on the call.
+    #[error("no answer: {0}")]
+    Failed(String),
+}
+
+/// Calls an internal route on the peer at `base` signed as `hop` (hop MAC
+/// V4 over the body's digest), with the forwarder's client (keep-alive
+/// connections shared). A peer advertising `https://` without
+/// `peer_ca_file` is never asked (`Unconnected`).
+pub async fn internal_call(
+    hop_key: Option<&crate::auth::HopKey>,
+    config: &crate::config::Config,
+    base: &str,
+    hop: &crate::auth::HopIdentity,
+    call: InternalCall<'_>,
+) -> Result<PeerAnswer, PeerError> {
+    let key =
+        hop_key.ok_or_else(|| PeerError::Unconnected("this node has no cluster secret".into()))?;
+    let peer_ca = &config.cluster.peer_ca_file;
+    if base.starts_with("https://") && peer_ca.is_empty() {
+        return Err(PeerError::Unconnected(
+            "the peer advertises https:// and peer_ca_file is not set".into(),
+        ));
+    }
+    let client =
+        peer_client(peer_ca, PeerTimeouts::from_config(config)).map_err(PeerError::Unconnected)?;
+    let digest = crate::auth::hop_body_sha256(&call.body);
+    let signed = crate::auth::HopRequest {
+        method: call.method.as_str(),
+        path: call.path,
+        query: call.query,
         body_sha256: &digest,
     };
-    let url = if query.is_empty() {
-        format!("{base}{path}")
+    let url = if call.query.is_empty() {
+        format!("{base}{}", call.path)
     } else {
-        format!("{base}{path}?{query}")
+        format!("{base}{}?{}", call.path, call.query)
     };
-    let mut req = client.get(url);
+    let mut req = client.request(call.method.clone(), url);
     for (k, v) in key.sign_headers(&signed, hop, crate::util::now()) {
         req = req.insert_header((k, v));
     }
-    let call = async {
-        let mut res = req.send().await.map_err(|e| e.to_string())?;
-        if res.status() != actix_web::http::StatusCode::OK {
-            return Err(format!("answered {}", res.status()));
-        }
-        res.body().await.map_err(|e| e.to_string())
+    if let Some(ct) = call.content_type {
+        req = req.insert_header(("content-type", ct));
+    }
+    let has_body = call.method != actix_web::http::Method::GET;
+    let body = call.body.clone();
+    let exchange = async {
+        let sent = if has_body {
+            req.send_body(body).await
+        } else {
+            req.send().await
+        };
+        let mut res = match sent {
+            Ok(r) => r,
+            Err(awc::error::SendRequestError::Connect(e)) => {
+                return Err(PeerError::Unconnected(e.to_string()));
+            }
+            Err(e) => return Err(PeerError::Failed(e.to_string())),
+        };
+        let status = res.status();
+        let gateway_fault = matches!(status.as_u16(), 502..=504)
+            && res.headers().contains_key(GATEWAY_FAULT_HEADER);
+        let body = res
+            .body()
+            .limit(MAX_INTERNAL_ANSWER)
+            .await
+            .map_err(|e| PeerError::Failed(e.to_string()))?;
+        Ok(PeerAnswer {
+            status,
+            gateway_fault,
+            body,
+        })
     };
-    match actix_web::rt::time::timeout(within, call).await {
+    match actix_web::rt::time::timeout(call.within, exchange).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {within:?}")),
+        Err(_) => Err(PeerError::Failed(format!(
+            "no answer within {:?}",
+            call.within
+        ))),
     }
 }
+
+/// The header a node's own 502/503/504 carries (`http/error.rs`
+/// `GATEWAY_FAULT`; named here so placement does not import the HTTP layer).
+const GATEWAY_FAULT_HEADER: &str = "x-meshgate-fault";
+
+/// Largest answer an internal call reads: a function's output (1 MiB at
+/// most) as JSON, or an error envelope, with room to spare.
+const MAX_INTERNAL_ANSWER: usize = 16 << 20;
 
 #[cfg(test)]
 mod tests {

@@ -38,6 +38,10 @@ pub mod close {
     /// node (the topic's epoch changed, or publications between what it got
     /// and what the store keeps are gone): reconnect and recover.
     pub const INSUFFICIENT_STATE: u16 = 4011;
+    /// The operator drained this node (`POST /v1/cluster/nodes/{id}/drain`):
+    /// its namespaces moved to other nodes; reconnect (through another
+    /// node) and recover.
+    pub const NODE_DRAINED: u16 = 4012;
 
     /// The reason sent with a close `code` the supervisor asks for.
     pub fn reason(code: u16) -> &'static str {
@@ -46,6 +50,7 @@ pub mod close {
             SLOW_CONSUMER => "slow consumer",
             INSUFFICIENT_STATE => "insufficient state: reconnect and recover",
             GOING_AWAY => "node draining",
+            NODE_DRAINED => "node drained: reconnect and recover",
             _ => "closed by the server",
         }
     }

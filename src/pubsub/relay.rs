@@ -136,6 +136,12 @@ async fn run(relay: Rc<Relay>, mut rx: tokio::sync::mpsc::Receiver<RelayMsg>) {
                         tokio::task::yield_now().await;
                     }
                 }
+                RelayMsg::CloseEvery { code } => {
+                    let all: Vec<Rc<Conn>> = relay.conns.borrow().values().cloned().collect();
+                    for c in all {
+                        c.shutdown(code, close::reason(code));
+                    }
+                }
                 RelayMsg::Close { conns, code } => {
                     let found: Vec<Rc<Conn>> = {
                         let map = relay.conns.borrow();

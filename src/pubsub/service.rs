@@ -46,6 +46,11 @@ pub enum RelayMsg {
         /// The WebSocket close code sent (4004 for a deleted namespace).
         code: u16,
     },
+    /// Close every socket of the relay with `code` (the node was drained).
+    CloseEvery {
+        /// The WebSocket close code sent.
+        code: u16,
+    },
 }
 
 /// Where a message came from.
@@ -270,6 +275,14 @@ impl PubSubService {
         true
     }
 
+    /// Closes every socket of this node with `code` (best effort: a relay
+    /// whose queue is full is passed over).
+    pub fn close_every(&self, code: u16) {
+        for tx in self.relays.read().iter() {
+            let _ = tx.try_send(RelayMsg::CloseEvery { code });
+        }
+    }
+
     /// Closes every socket in `targets` with `code` (best effort, bounded).
     pub fn close_all(&self, targets: &Targets, code: u16) {
         let relays = self.relays.read();
@@ -329,7 +342,7 @@ mod tests {
                     let f = d.frames[FrameKind::Binary.index()].clone().unwrap();
                     got.push(*f.last().unwrap());
                 }
-                RelayMsg::Close { .. } => panic!("a close"),
+                RelayMsg::Close { .. } | RelayMsg::CloseEvery { .. } => panic!("a close"),
             }
         }
         sender.await.unwrap();

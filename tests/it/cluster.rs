@@ -6,7 +6,7 @@ use crate::common::*;
 use crate::etcd_process::EtcdProcess;
 use std::time::{Duration, Instant};
 
-const SECRET: &str = "three-node-test-cluster-secret";
+pub(crate) const SECRET: &str = "three-node-test-cluster-secret";
 
 /// Options of cluster node `id` on a fixed port and data folder (so it can be
 /// restarted as the same member).
@@ -222,7 +222,7 @@ fn forged_hop_is_refused_in_a_cluster() {
     }
 }
 
-fn metric_sum(node: &TestNode, prefix: &str) -> f64 {
+pub(crate) fn metric_sum(node: &TestNode, prefix: &str) -> f64 {
     let (_, _, b) = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     String::from_utf8_lossy(&b)
         .lines()
@@ -231,7 +231,7 @@ fn metric_sum(node: &TestNode, prefix: &str) -> f64 {
         .sum()
 }
 
-const EVERY_SECOND: &[u8] = include_bytes!("../../examples/functions/echo.wasm");
+pub(crate) const EVERY_SECOND: &[u8] = include_bytes!("../../examples/functions/echo.wasm");
 
 /// A cron function in a three-node cluster: every node ticks and tries each
 /// slot, exactly one claims it, so the function fires once per slot.
@@ -954,7 +954,13 @@ async fn slow_consumer_on_the_far_node_is_still_closed() {
 
 /// A `multipart/form-data` deploy of `wasm` as `name` into namespace `ns`
 /// with the operator key through `node`, plus extra text parts.
-fn deploy_as_operator(node: &TestNode, ns: &str, name: &str, wasm: &[u8], extra: &[(&str, &str)]) {
+pub(crate) fn deploy_as_operator(
+    node: &TestNode,
+    ns: &str,
+    name: &str,
+    wasm: &[u8],
+    extra: &[(&str, &str)],
+) {
     let boundary = "mgplacementboundary";
     let mut body = Vec::new();
     let mut parts: Vec<(&str, &[u8])> = vec![("name", name.as_bytes()), ("wasm", wasm)];
@@ -987,7 +993,7 @@ fn deploy_as_operator(node: &TestNode, ns: &str, name: &str, wasm: &[u8], extra:
 
 /// The actors `/v1/status` lists for namespace `ns` on `node` (a namespace
 /// supervisor registers one).
-fn actors_of(node: &TestNode, ns: &str) -> Vec<serde_json::Value> {
+pub(crate) fn actors_of(node: &TestNode, ns: &str) -> Vec<serde_json::Value> {
     let (s, _, b) = http("GET", &node.url("/v1/status"), &[OPERATOR_AUTH], None);
     assert_eq!(s, 200);
     json(&String::from_utf8_lossy(&b))["actors"]
@@ -1000,14 +1006,14 @@ fn actors_of(node: &TestNode, ns: &str) -> Vec<serde_json::Value> {
 }
 
 /// `meshgate_function_invocations_total` of namespace `ns` on one node.
-fn invocations_on(node: &TestNode, ns: &str) -> f64 {
+pub(crate) fn invocations_on(node: &TestNode, ns: &str) -> f64 {
     metric_sum(
         node,
         &format!("meshgate_function_invocations_total{{namespace=\"{ns}\"}}"),
     )
 }
 
-fn error_code(body: &[u8]) -> String {
+pub(crate) fn error_code(body: &[u8]) -> String {
     json(&String::from_utf8_lossy(body))["error"]["code"]
         .as_str()
         .unwrap_or_default()

@@ -7,6 +7,8 @@ mod cli;
 mod cluster;
 #[cfg(feature = "cluster")]
 mod cluster_history;
+#[cfg(feature = "cluster")]
+mod cluster_members;
 mod common;
 mod dashboard;
 mod deploy;

@@ -12,7 +12,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 
 pub(crate) type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
 
-fn ws_url(node: &TestNode, path: &str, key: &str) -> String {
+pub(crate) fn ws_url(node: &TestNode, path: &str, key: &str) -> String {
     let sep = if path.contains('?') { '&' } else { '?' };
     format!("ws://{}{path}{sep}token={key}", node.addr)
 }
@@ -49,13 +49,13 @@ pub(crate) async fn next_data(s: &mut Socket) -> Vec<u8> {
     }
 }
 
-async fn next_json(s: &mut Socket) -> serde_json::Value {
+pub(crate) async fn next_json(s: &mut Socket) -> serde_json::Value {
     let b = next_data(s).await;
     serde_json::from_slice(&b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&b)))
 }
 
 /// Waits for a close frame; returns its code.
-async fn close_code(s: &mut Socket) -> u16 {
+pub(crate) async fn close_code(s: &mut Socket) -> u16 {
     loop {
         match tokio::time::timeout(Duration::from_secs(30), s.next())
             .await
@@ -68,7 +68,7 @@ async fn close_code(s: &mut Socket) -> u16 {
     }
 }
 
-async fn send_json(s: &mut Socket, v: serde_json::Value) {
+pub(crate) async fn send_json(s: &mut Socket, v: serde_json::Value) {
     s.send(ws::Message::Text(v.to_string().into()))
         .await
         .unwrap();

@@ -33,6 +33,11 @@ export const CloseCode = {
    * Reconnect at once and recover: the server then says whether it could.
    */
   INSUFFICIENT_STATE: 4011,
+  /**
+   * The operator drained the node: its namespaces moved to other nodes.
+   * Reconnect at once (to the next URL when several are given) and recover.
+   */
+  NODE_DRAINED: 4012,
 } as const;
 
 export interface ClientOptions {
@@ -580,7 +585,7 @@ export class Client extends Emitter<ClientEvents> {
     // Several nodes: one that could not be reached, died or drains is left
     // for the next; the subscriptions recover there (the cluster shares the
     // history, docs/pubsub.md).
-    if (Array.isArray(this.o.url) && (!conn.opened || code === CloseCode.ABNORMAL || code === CloseCode.GOING_AWAY)) {
+    if (Array.isArray(this.o.url) && (!conn.opened || code === CloseCode.ABNORMAL || code === CloseCode.GOING_AWAY || code === CloseCode.NODE_DRAINED)) {
       this.urlAt = (this.urlAt + 1) % this.o.url.length;
     }
     this.failRequests(new DisconnectedError("DISCONNECTED", `the connection ended (${code} ${reason})`.trim(), true), true);
@@ -626,7 +631,7 @@ export class Client extends Emitter<ClientEvents> {
     // 4008 slow consumer (frames were dropped) and 4011 insufficient state
     // (the node's copy of a history topic cannot continue): come back at
     // once and recover; the subscribe answers say whether it could.
-    const now = code === CloseCode.SLOW_CONSUMER || code === CloseCode.INSUFFICIENT_STATE;
+    const now = code === CloseCode.SLOW_CONSUMER || code === CloseCode.INSUFFICIENT_STATE || code === CloseCode.NODE_DRAINED;
     const delay = now && this.attempt === 0 ? 0 : undefined;
     this.schedule(code, reason, err, delay);
   }

@@ -111,10 +111,38 @@ async fn custom_claims(
         return Ok(serde_json::Value::Null);
     };
     let failed = |m: String| ApiError::new(Code::ClaimsProviderFailed, m);
-    let h = node.locate(ns).await?;
     let input = json!({"subject": subject, "namespace": ns, "grants": grants})
         .to_string()
         .into_bytes();
+    // On a non-member the provider runs on a member of the namespace
+    // (docs/cluster.md, "Placement"); nothing of it starts here.
+    if let Some(members) = crate::http::member_call::members_elsewhere(node, ns).await? {
+        let hop = crate::auth::HopIdentity {
+            namespace: ns.to_string(),
+            subject: subject.to_string(),
+            custom: String::new(),
+            grants: grants.to_vec(),
+            exp: None,
+            iat: None,
+            jti: None,
+            device: None,
+            session: None,
+            operator: false,
+        };
+        let output = Box::pin(crate::http::ws_invoke::run_on_member(
+            node,
+            ns,
+            &members,
+            &hop,
+            &provider,
+            Trigger::Claims,
+            input.into(),
+        ))
+        .await
+        .map_err(|e| failed(format!("claims provider {provider:?}: {}", e.message)))?;
+        return claims_of(&output);
+    }
+    let h = node.locate(ns).await?;
     let caller = CallerInfo {
         subject: Some(subject.to_string()),
         request_id: crate::http::chain::logger::fresh_request_id(),
@@ -134,12 +162,19 @@ async fn custom_claims(
         .run()
         .await
         .map_err(|e| failed(format!("claims provider {provider:?}: {e}")))?;
-    if reply.output.len() > MAX_CUSTOM_CLAIMS {
+    claims_of(&reply.output)
+}
+
+/// A claims provider's output as custom claims: a JSON object of at most
+/// [`MAX_CUSTOM_CLAIMS`] bytes, else 502 `CLAIMS_PROVIDER_FAILED`.
+fn claims_of(output: &[u8]) -> ApiResult<serde_json::Value> {
+    let failed = |m: String| ApiError::new(Code::ClaimsProviderFailed, m);
+    if output.len() > MAX_CUSTOM_CLAIMS {
         return Err(failed(format!(
             "the claims provider answered more than {MAX_CUSTOM_CLAIMS} bytes"
         )));
     }
-    match serde_json::from_slice::<serde_json::Value>(&reply.output) {
+    match serde_json::from_slice::<serde_json::Value>(output) {
         Ok(v) if v.is_object() => Ok(v),
         _ => Err(failed(
             "the claims provider did not answer a JSON object".into(),

@@ -8,6 +8,7 @@ mod ctx;
 mod deployments;
 mod form;
 mod functions;
+mod internal;
 mod kv;
 mod namespaces;
 mod page;
@@ -26,6 +27,7 @@ pub fn register(t: &mut RouteTable) {
     kv::register(t);
     functions::register(t);
     pubsub::register(t);
+    internal::register(t);
     deployments::register(t);
     crate::http::dashboard::routes::register(t);
 }

@@ -54,6 +54,12 @@ pub fn register(t: &mut RouteTable) {
     )
     .add(
         Method::PUT,
+        "/v1/namespaces/{name}/members",
+        Policy::Operator,
+        web::put().to(set_members),
+    )
+    .add(
+        Method::PUT,
         "/v1/namespaces/{namespace}/quotas",
         Policy::Operator,
         web::put().to(set_quotas),
@@ -125,11 +131,7 @@ async fn create(
     // rendezvous hashing; empty on a single node (served wherever it lands).
     let mut members = Vec::new();
     for m in body.members {
-        let ok = !m.is_empty()
-            && m.len() <= 128
-            && m.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-        if !ok {
+        if !node_id_shaped(&m) {
             return Err(ApiError::new(
                 Code::InvalidMember,
                 format!("{m:?} is not a node id"),
@@ -377,6 +379,76 @@ struct ClaimsProviderRequest {
 }
 
 impl Body for ClaimsProviderRequest {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MembersRequest {
+    /// The node ids to serve the namespace: at least one, at most 16, no
+    /// duplicates, each a live node of the cluster.
+    members: Vec<String>,
+}
+
+impl Body for MembersRequest {}
+
+/// Whether `m` has the shape of a node id.
+fn node_id_shaped(m: &str) -> bool {
+    !m.is_empty()
+        && m.len() <= 128
+        && m.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// `PUT /v1/namespaces/{name}/members {"members": [...]}` (the operator):
+/// places the namespace on these live nodes. Everything is checked before
+/// anything changes (400 `INVALID_MEMBER`: empty, more than 16, a
+/// duplicate, not a node id, a node not live in the registry now; on a
+/// single node there are no members to set). The record is written by the
+/// namespace's supervisor and every node follows it through the record
+/// watch: the new members serve at once.
+async fn set_members(
+    node: web::Data<Node>,
+    name: web::Path<String>,
+    body: Json<MembersRequest>,
+) -> ApiResult<HttpResponse> {
+    let members = body.into_inner().members;
+    let Some(cluster) = node.cluster.get() else {
+        return Err(ApiError::new(
+            Code::InvalidMember,
+            "a single node has no members to set",
+        ));
+    };
+    if members.is_empty() {
+        return Err(ApiError::new(Code::InvalidMember, "members is empty"));
+    }
+    if members.len() > 16 {
+        return Err(ApiError::new(Code::InvalidMember, "at most 16 members"));
+    }
+    let live: Vec<String> = cluster.live_now().await.into_iter().map(|n| n.id).collect();
+    for (i, m) in members.iter().enumerate() {
+        if !node_id_shaped(m) {
+            return Err(ApiError::new(
+                Code::InvalidMember,
+                format!("{m:?} is not a node id"),
+            ));
+        }
+        if members[..i].contains(m) {
+            return Err(ApiError::new(
+                Code::InvalidMember,
+                format!("{m:?} is named twice"),
+            ));
+        }
+        if !live.contains(m) {
+            return Err(ApiError::new(
+                Code::InvalidMember,
+                format!("node {m:?} is not a live node of the cluster"),
+            ));
+        }
+    }
+    let h = node.locate(&name).await?;
+    let record = h.ask(crate::actors::SetMembers { members }).await??;
+    tracing::info!(namespace = %name, members = ?record.members, "Namespace members set.");
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "namespace": record})))
+}
 
 /// Names the function that adds custom claims to the namespace's tokens.
 async fn set_claims_provider(

@@ -299,8 +299,12 @@ where
 type Sender = hyper::client::conn::http2::SendRequest<Incoming>;
 
 thread_local! {
-    /// This worker's connection to each instance, by base URL. One a base:
-    /// HTTP/2 multiplexes the calls, and a closed one is replaced.
+    /// This worker's connection to each instance of each deployment, by
+    /// (namespace, deployment, base URL): HTTP/2 multiplexes a deployment's
+    /// calls on one, and a closed one is replaced. Never shared between
+    /// deployments: calls whose answers a client does not read fill a
+    /// connection's flow-control window, and a tenant naming another's
+    /// instance URL must not stall that tenant's calls.
     static CONNS: RefCell<HashMap<String, Sender>> = RefCell::new(HashMap::new());
 }
 
@@ -316,20 +320,23 @@ fn h2_tls() -> Arc<rustls::ClientConfig> {
     .clone()
 }
 
-/// A connection to instance `i` of `pool`: this worker's open one, or a new
-/// one (the egress policy checked, within the connect timeout).
+/// A connection to instance `i` of `pool`, the pool of deployment `owner`
+/// (namespace, name): this worker's open one, or a new one (the egress
+/// policy checked, within the connect timeout).
 pub async fn sender(
+    owner: (&str, &str),
     pool: &UpstreamPool,
     i: usize,
     t: ProxyTimeouts,
 ) -> Result<Sender, ConnectFailure> {
     let inst = &pool.instances[i];
-    let held = CONNS.with(|c| c.borrow().get(&inst.base).cloned());
+    let key = format!("{}\0{}\0{}", owner.0, owner.1, inst.base);
+    let held = CONNS.with(|c| c.borrow().get(&key).cloned());
     if let Some(mut s) = held {
         if !s.is_closed() && s.ready().await.is_ok() {
             return Ok(s);
         }
-        CONNS.with(|c| c.borrow_mut().remove(&inst.base));
+        CONNS.with(|c| c.borrow_mut().remove(&key));
     }
     if let Some(r) = pool.refused(i) {
         return Err(ConnectFailure::Refused(r));
@@ -364,7 +371,7 @@ pub async fn sender(
         (tx, actix_web::rt::spawn(async move { conn.await.is_ok() }))
     };
     drop(spawned);
-    CONNS.with(|c| c.borrow_mut().insert(inst.base.clone(), tx.clone()));
+    CONNS.with(|c| c.borrow_mut().insert(key, tx.clone()));
     Ok(tx)
 }
 

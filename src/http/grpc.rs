@@ -177,6 +177,11 @@ fn actix_request(
         .to_srv_request();
     let h = sreq.headers_mut();
     for (k, v) in &parts.headers {
+        // The chain's internal-auth gate, for a listener no hop reaches: a
+        // client's `X-Internal-Auth-*` header is dropped, never forwarded.
+        if k.as_str().starts_with(crate::http::chain::context::INTERNAL_PREFIX) {
+            continue;
+        }
         if let (Ok(k), Ok(v)) = (
             actix_web::http::header::HeaderName::from_bytes(k.as_str().as_bytes()),
             actix_web::http::header::HeaderValue::from_bytes(v.as_bytes()),
@@ -306,7 +311,9 @@ async fn steps(
     if let Err(e) = charge_anonymous(l, node, &bound.namespace) {
         return refusal(&e);
     }
-    // Counted per method: the route series is the call's `/package.Service/Method`.
+    // Counted under the matched route's declared `path_prefix`, as every
+    // routed request: a route per method gives figures per method, and a
+    // client's method name never becomes a label.
     let start = crate::util::mono_now();
     let server = crate::telemetry::ServerSpan::of(&req.extensions());
     if let Some(s) = &server {
@@ -336,8 +343,8 @@ async fn steps(
         node,
         req,
         &bound,
-        &crate::metrics::RouteSeries::default(),
-        req.path(),
+        &bound.observed.series,
+        &bound.route.path_prefix,
         status,
         start.elapsed(),
         &attempts,
@@ -409,7 +416,7 @@ async fn upstream_call(
     for i in order {
         let base = &pool.instances[i].base;
         attempt_begins(base);
-        match sender(pool, i, t).await {
+        match sender((&bound.namespace, &bound.deployment), pool, i, t).await {
             Ok(tx) => {
                 chosen = Some((i, tx));
                 break;

@@ -146,6 +146,28 @@ fn curl_call(addr: &str, host: &str, path: &str, headers: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).to_ascii_lowercase()
 }
 
+/// A raw gRPC call by curl with these extra headers: the answer's body
+/// (its gRPC frames) as text.
+fn curl_body(addr: &str, host: &str, path: &str, headers: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("frame");
+    std::fs::write(&body, [0u8, 0, 0, 0, 2, b'h', b'i']).unwrap();
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--http2-prior-knowledge", "--max-time", "10", "-o", "-"])
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers", "-H"])
+        .arg(format!("host: {host}"));
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd
+        .arg("--data-binary")
+        .arg(format!("@{}", body.display()))
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A unary and a server-streaming call through the node keep their
 /// initial metadata and custom trailers; an upstream's own error status,
 /// message and trailers pass unchanged; the call is counted per method.
@@ -154,13 +176,14 @@ fn unary_and_server_stream_keep_trailers() {
     let up = Upstream::start();
     let (node, addr) = grpc_node();
     let key = node.create_namespace("grpcns");
+    // A route per method the operator wants figures for; the rest share "/".
     deploy(
         &node,
         &key,
         "rpc",
         "rpc.grpc.test",
         json!({"instances": [up.url()]}),
-        json!({}),
+        json!({"routes": [{"path_prefix": "/test.Echo/Unary"}, {"path_prefix": "/"}]}),
     );
 
     let r = call(&addr, "rpc.grpc.test", "Unary", "hello", &[]);
@@ -188,6 +211,16 @@ fn unary_and_server_stream_keep_trailers() {
     let seen: Value = serde_json::from_str(r["messages"][0].as_str().unwrap()).unwrap();
     assert_eq!(seen["x-forwarded-host"], "rpc.grpc.test", "{seen}");
     assert!(seen["x-request-id"].is_string(), "{seen}");
+    // A client's internal-auth headers never reach the upstream (the
+    // chain's internal-auth gate, on this listener too).
+    let echoed = curl_body(
+        &addr,
+        "rpc.grpc.test",
+        "/test.Echo/Headers",
+        &["x-internal-auth-namespace: grpcns", "x-internal-auth-mac: 1.ab", "x-internal-auth-subject: root"],
+    );
+    assert!(echoed.contains("x-request-id"), "the upstream echoed: {echoed}");
+    assert!(!echoed.contains("x-internal-auth"), "the upstream saw: {echoed}");
 
     let metrics = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     let text = String::from_utf8_lossy(&metrics.2);
@@ -197,6 +230,15 @@ fn unary_and_server_stream_keep_trailers() {
                 && l.contains("route=\"/test.Echo/Unary\"")),
         "no series of /test.Echo/Unary"
     );
+    // A method no route names is counted under the route it matched, never
+    // under the name the client sent (labels are declared values only).
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("meshgate_route_requests_total") && l.contains("route=\"/\"")),
+        "no series of the / route"
+    );
+    assert!(!text.contains("ServerStream"), "a client's method became a label");
+    assert!(!text.contains("/test.Echo/Fail"), "a client's method became a label");
 }
 
 /// A bidirectional stream of 1,000 messages arrives whole and in order.

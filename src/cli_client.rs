@@ -739,14 +739,22 @@ fn status_text(v: &Value) -> String {
     ));
     out.push_str(&format!(
         "ready       {} ({})\n",
-        if v["ready"] == Value::Bool(true) { "yes" } else { "no" },
+        if v["ready"] == Value::Bool(true) {
+            "yes"
+        } else {
+            "no"
+        },
         s(&v["phase"])
     ));
     let store = &v["store"];
     out.push_str(&format!(
         "store       {}, {}{}\n",
         s(&store["backend"]),
-        if store["healthy"] == Value::Bool(true) { "healthy" } else { "UNHEALTHY" },
+        if store["healthy"] == Value::Bool(true) {
+            "healthy"
+        } else {
+            "UNHEALTHY"
+        },
         match store["error"].as_str() {
             Some(e) => format!(": {}", printable(e)),
             None => format!(" (read {:.1} ms)", store["read_ms"].as_f64().unwrap_or(0.0)),
@@ -758,7 +766,10 @@ fn status_text(v: &Value) -> String {
             .unwrap_or_default()
     };
     match v["cluster"].as_object() {
-        Some(c) => out.push_str(&format!("cluster     live nodes: {}\n", names(&c["live_nodes"]))),
+        Some(c) => out.push_str(&format!(
+            "cluster     live nodes: {}\n",
+            names(&c["live_nodes"])
+        )),
         None => out.push_str("cluster     off (one node)\n"),
     }
     if let Some(m) = v["mesh"].as_object() {
@@ -781,7 +792,10 @@ fn status_text(v: &Value) -> String {
             s(&b["member"]),
             s(&b["state"]),
             b["consecutive_failures"].as_u64().unwrap_or(0),
-            match (b["open_for_seconds"].as_u64(), b["next_probe_seconds"].as_u64()) {
+            match (
+                b["open_for_seconds"].as_u64(),
+                b["next_probe_seconds"].as_u64()
+            ) {
                 (Some(o), Some(p)) => format!(", open {o} s, next probe in {p} s"),
                 _ => String::new(),
             }

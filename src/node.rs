@@ -181,12 +181,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     }
     let hop_key = hop_secret.map(|s| crate::auth::HopKey::from_secret(&s));
     let metrics = Metrics::new();
-    metrics
-        .route_labels
-        .set_limit(
-            config.metrics.route_series_limit,
-            config.metrics.route_series_per_namespace,
-        );
+    metrics.route_labels.set_limit(
+        config.metrics.route_series_limit,
+        config.metrics.route_series_per_namespace,
+    );
     if let Some(s) = store.as_sled() {
         s.count_flushes(metrics.store_flushes.clone());
     }

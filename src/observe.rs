@@ -295,13 +295,7 @@ impl RouteLabels {
         deployment: &'a str,
         route: &'a str,
     ) -> (&'a str, &'a str) {
-        if admit(
-            &self.routes,
-            self.caps(),
-            namespace,
-            deployment,
-            route,
-        ) {
+        if admit(&self.routes, self.caps(), namespace, deployment, route) {
             (deployment, route)
         } else {
             (OTHER, OTHER)

@@ -179,7 +179,9 @@ fn actix_request(
     for (k, v) in &parts.headers {
         // The chain's internal-auth gate, for a listener no hop reaches: a
         // client's `X-Internal-Auth-*` header is dropped, never forwarded.
-        if k.as_str().starts_with(crate::http::chain::context::INTERNAL_PREFIX) {
+        if k.as_str()
+            .starts_with(crate::http::chain::context::INTERNAL_PREFIX)
+        {
             continue;
         }
         if let (Ok(k), Ok(v)) = (

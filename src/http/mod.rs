@@ -146,6 +146,9 @@ pub fn serve(
     let limiters = web::Data::new(shared_limiters.clone());
     let max_body = cfg.server.max_body_bytes;
     let table_cfg = cfg.clone();
+    let openapi = web::Data::new(openapi::Document(
+        openapi::document(&route_table(&cfg)).to_string().into(),
+    ));
     let app = move || {
         let (resources, policies) = route_table(&table_cfg)
             .build()
@@ -154,6 +157,7 @@ pub fn serve(
             .app_data(data.clone())
             .app_data(limiters.clone())
             .app_data(web::Data::new(policies))
+            .app_data(openapi.clone())
             .app_data(error::json_config(max_body))
             .app_data(error::payload_config(max_body))
             .app_data(error::query_config())
@@ -362,6 +366,45 @@ pub fn serve_metrics(
 #[cfg(test)]
 mod tests {
     use super::request::SMALL_FUTURE;
+
+    /// Every route of the node's table is an operation of the document, with
+    /// its grant; every code of the table is in the envelope.
+    #[test]
+    fn every_route_and_code_is_in_the_document() {
+        let mut cfg = crate::config::Config::default();
+        cfg.debug.fault_injection = true;
+        let doc = super::openapi::document(&super::route_table(&cfg));
+        let table = super::route_table(&cfg);
+        let mut n = 0;
+        for (method, pattern, policy) in table.routes() {
+            let op = &doc["paths"][super::openapi::openapi_path(pattern)]
+                [method.as_str().to_ascii_lowercase()];
+            assert!(op.is_object(), "{method} {pattern} missing");
+            let policy = policy.expect("every route has a policy");
+            assert_eq!(op["x-meshgate-policy"], policy.name(), "{method} {pattern}");
+            if let Some((d, a)) = policy.grant()
+                && !d.is_empty()
+            {
+                assert_eq!(
+                    op["x-meshgate-grants"],
+                    serde_json::json!([format!("{d}:{a}")])
+                );
+            }
+            n += 1;
+        }
+        assert!(n > 50, "{n} routes");
+        let codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]
+            ["code"]["enum"]
+            .as_array()
+            .expect("codes")
+            .len();
+        assert_eq!(codes, crate::error::Code::ALL.len());
+        // Off by default, the debug routes are not in a default node's document.
+        let plain =
+            super::openapi::document(&super::route_table(&crate::config::Config::default()));
+        assert!(plain["paths"]["/v1/namespaces/{name}/debug/panic"].is_null());
+        assert!(plain["paths"]["/v1/debug/sleep"].is_null());
+    }
     use super::state::Node;
     use actix_web::body::BoxBody;
     use actix_web::middleware::Next;

@@ -587,7 +587,8 @@ fn namespace_stats_show_its_own_deployment_routes() {
 fn a_keys_kind_follows_what_it_carries() {
     let node = TestNode::start();
     let owner = node.create_namespace("kinds");
-    let make = |body: &str| node.with_key(&owner, "POST", "/v1/auth/api-keys", Some(body.as_bytes()));
+    let make =
+        |body: &str| node.with_key(&owner, "POST", "/v1/auth/api-keys", Some(body.as_bytes()));
     let secret = |b: &str| json(b)["api_key"].as_str().unwrap_or_default().to_string();
     let (s, b) = make(r#"{"name":"app","role":"runtime"}"#);
     assert_eq!(s, 201, "{b}");
@@ -595,7 +596,8 @@ fn a_keys_kind_follows_what_it_carries() {
     let (s, b) = make(r#"{"name":"dev","role":"developer"}"#);
     assert_eq!(s, 201, "{b}");
     assert!(secret(&b).starts_with("mg_sk_"), "{b}");
-    let (s, b) = make(r#"{"name":"reads","grants":["kv:read:*","pubsub:subscribe:chat.*"],"kind":"rk"}"#);
+    let (s, b) =
+        make(r#"{"name":"reads","grants":["kv:read:*","pubsub:subscribe:chat.*"],"kind":"rk"}"#);
     assert_eq!(s, 201, "{b}");
     assert!(secret(&b).starts_with("mg_rk_"), "{b}");
     let before = node.with_key(&owner, "GET", "/v1/auth/api-keys", None).1;

@@ -1045,11 +1045,17 @@ fn cli_status_shows_the_node_and_exits_non_zero_when_not_ready() {
     assert!(text.contains("ready       yes (ready)"), "{text}");
     assert!(text.contains("store       sled, healthy"), "{text}");
     assert!(text.contains("cluster     off (one node)"), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("namespaces  ")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("namespaces  ")),
+        "{text}"
+    );
     let v = printed(&cli(base, &["status", "--json", "--key", &op]));
     assert_eq!(v["ready"], true, "{v:#}");
     assert_eq!(v["store"]["backend"], "sled", "{v:#}");
-    assert!(v["node_id"].as_str().is_some_and(|n| !n.is_empty()), "{v:#}");
+    assert!(
+        v["node_id"].as_str().is_some_and(|n| !n.is_empty()),
+        "{v:#}"
+    );
     let (code, _, err) = cli_fails(base, &["status", "--key", "not-the-operator-key"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("401") || err.contains("INVALID"), "{err}");

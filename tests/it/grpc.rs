@@ -153,9 +153,22 @@ fn curl_body(addr: &str, host: &str, path: &str, headers: &[&str]) -> String {
     let body = dir.path().join("frame");
     std::fs::write(&body, [0u8, 0, 0, 0, 2, b'h', b'i']).unwrap();
     let mut cmd = Command::new("curl");
-    cmd.args(["-sS", "--http2-prior-knowledge", "--max-time", "10", "-o", "-"])
-        .args(["-H", "content-type: application/grpc", "-H", "te: trailers", "-H"])
-        .arg(format!("host: {host}"));
+    cmd.args([
+        "-sS",
+        "--http2-prior-knowledge",
+        "--max-time",
+        "10",
+        "-o",
+        "-",
+    ])
+    .args([
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+        "-H",
+    ])
+    .arg(format!("host: {host}"));
     for h in headers {
         cmd.args(["-H", h]);
     }
@@ -217,10 +230,20 @@ fn unary_and_server_stream_keep_trailers() {
         &addr,
         "rpc.grpc.test",
         "/test.Echo/Headers",
-        &["x-internal-auth-namespace: grpcns", "x-internal-auth-mac: 1.ab", "x-internal-auth-subject: root"],
+        &[
+            "x-internal-auth-namespace: grpcns",
+            "x-internal-auth-mac: 1.ab",
+            "x-internal-auth-subject: root",
+        ],
     );
-    assert!(echoed.contains("x-request-id"), "the upstream echoed: {echoed}");
-    assert!(!echoed.contains("x-internal-auth"), "the upstream saw: {echoed}");
+    assert!(
+        echoed.contains("x-request-id"),
+        "the upstream echoed: {echoed}"
+    );
+    assert!(
+        !echoed.contains("x-internal-auth"),
+        "the upstream saw: {echoed}"
+    );
 
     let metrics = http("GET", &node.url("/metrics"), &[OPERATOR_AUTH], None);
     let text = String::from_utf8_lossy(&metrics.2);
@@ -237,8 +260,14 @@ fn unary_and_server_stream_keep_trailers() {
             .any(|l| l.starts_with("meshgate_route_requests_total") && l.contains("route=\"/\"")),
         "no series of the / route"
     );
-    assert!(!text.contains("ServerStream"), "a client's method became a label");
-    assert!(!text.contains("/test.Echo/Fail"), "a client's method became a label");
+    assert!(
+        !text.contains("ServerStream"),
+        "a client's method became a label"
+    );
+    assert!(
+        !text.contains("/test.Echo/Fail"),
+        "a client's method became a label"
+    );
 }
 
 /// A bidirectional stream of 1,000 messages arrives whole and in order.

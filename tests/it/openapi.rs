@@ -23,13 +23,7 @@ fn document(node: &TestNode) -> serde_json::Value {
 /// A documented path with each parameter filled.
 fn concrete(path: &str) -> String {
     path.split('/')
-        .map(|s| {
-            if s.starts_with('{') {
-                "nosuch1"
-            } else {
-                s
-            }
-        })
+        .map(|s| if s.starts_with('{') { "nosuch1" } else { s })
         .collect::<Vec<_>>()
         .join("/")
 }
@@ -86,8 +80,8 @@ fn the_document_is_valid_openapi() {
     let kv_get = &doc["paths"]["/v1/kv/{key}"]["get"];
     assert_eq!(kv_get["x-meshgate-grants"], serde_json::json!(["kv:read"]));
     assert_eq!(kv_get["parameters"][0]["name"], "key");
-    let codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]
-        ["code"]["enum"]
+    let codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]
+        ["enum"]
         .as_array()
         .unwrap();
     assert!(codes.iter().any(|c| c == "QUOTA_EXCEEDED"), "{codes:?}");
@@ -126,7 +120,10 @@ fn every_documented_operation_answers_as_documented() {
         assert!(!documented(&doc, path), "{path}");
         let (s, _, b) = http("GET", &node.url(path), &[], None);
         assert_eq!(s, 404, "{path}");
-        assert_eq!(json(&String::from_utf8_lossy(&b))["error"]["message"], "no such route");
+        assert_eq!(
+            json(&String::from_utf8_lossy(&b))["error"]["message"],
+            "no such route"
+        );
     }
 }
 
@@ -163,6 +160,9 @@ fn every_path_the_cli_calls_is_documented() {
                 _ => {}
             }
         }
-        assert!(documented(&doc, &concrete), "the CLI calls {p}, not in the document");
+        assert!(
+            documented(&doc, &concrete),
+            "the CLI calls {p}, not in the document"
+        );
     }
 }

@@ -48,12 +48,18 @@ impl Form {
 
     /// 400 `UNKNOWN_PART` for a part the route does not read.
     pub fn unknown_part(&self, part: &str) -> ApiError {
-        self.refuse(Code::UnknownPart, format!("unknown part {}", crate::util::quoted(part)))
+        self.refuse(
+            Code::UnknownPart,
+            format!("unknown part {}", crate::util::quoted(part)),
+        )
     }
 
     /// 400 `MISSING_PART` for a required part the body lacks.
     pub fn missing_part(&self, part: &str) -> ApiError {
-        self.refuse(Code::MissingPart, format!("the {} part is required", crate::util::quoted(part)))
+        self.refuse(
+            Code::MissingPart,
+            format!("the {} part is required", crate::util::quoted(part)),
+        )
     }
 
     /// A multipart parse failure in words a person reads (the parser's own

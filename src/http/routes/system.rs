@@ -66,15 +66,11 @@ pub fn register(t: &mut RouteTable) {
 }
 
 /// The OpenAPI document of the node's routes (`crate::http::openapi`),
-/// made from its route table once.
-async fn openapi(node: web::Data<Node>) -> HttpResponse {
-    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let doc = DOC.get_or_init(|| {
-        crate::http::openapi::document(&crate::http::route_table(&node.config)).to_string()
-    });
+/// made once from its route table when the node starts serving.
+async fn openapi(doc: web::Data<crate::http::openapi::Document>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
-        .body(doc.clone())
+        .body(doc.0.clone())
 }
 
 async fn health(node: web::Data<Node>) -> HttpResponse {
@@ -175,7 +171,8 @@ async fn store_status(node: &Node) -> serde_json::Value {
     let started = crate::util::mono_now();
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(1),
-        node.store.get_unless(b"_status/probe", b"_status/no-journal"),
+        node.store
+            .get_unless(b"_status/probe", b"_status/no-journal"),
     )
     .await;
     let (healthy, error) = match read {

@@ -26,7 +26,7 @@ pub mod peer;
 mod replace;
 
 pub use breaker::{Admit, BreakerView, Breakers};
-pub use fire::{FIRE_QUEUE_MAX, FireQueues, Queued};
+pub use fire::{FIRE_QUEUE_MAX, FireQueues, Queued, body_limit as fire_body_limit};
 pub use replace::{MOVES_PER_SWEEP, Move, Outcome, Replacer, replaced_members, sweep_every};
 
 use crate::storage::{OrderedKv, Store};

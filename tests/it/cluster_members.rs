@@ -191,6 +191,36 @@ async fn socket_publishes_through_a_non_member_fire_the_trigger_once() {
     assert_eq!(json(&body)["error"]["code"], "INTERNAL_ONLY");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(fired(), 5);
+
+    // Large publications: a batch to the member is bounded in bytes and
+    // its route reads it whole, so 3 publications of 600 KB and 5 small
+    // ones behind them fire 8 more, none dropped.
+    for _ in 0..3 {
+        simple
+            .send(awc::ws::Message::Text("x".repeat(600_000).into()))
+            .await
+            .unwrap();
+    }
+    for i in 1..=5 {
+        simple
+            .send(awc::ws::Message::Text(format!("small-{i}").into()))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fired() < 13 {
+        assert!(
+            Instant::now() < deadline,
+            "the trigger fired {} times of 13; a: {}",
+            fired(),
+            a.stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        metric_sum(a, "meshgate_forwards_total{outcome=\"trigger_dropped\"}"),
+        0.0
+    );
 }
 
 /// The namespace's members as `GET /v1/namespaces/{ns}` through `via` shows them.

@@ -7,7 +7,6 @@
 //! a member of it answers 503 `NO_MEMBER_AVAILABLE` and runs nothing: the
 //! work runs on members only.
 
-use super::form::{Body, Json};
 use crate::actors::{FireTriggers, Trigger};
 use crate::error::{ApiError, ApiResult, Code};
 use crate::http::member_call::{FIRE_PATH, INVOKE_PATH, members_elsewhere};
@@ -279,7 +278,6 @@ struct FireMessage {
     data_base64: String,
 }
 
-impl Body for FireRequest {}
 
 /// `POST /v1/internal/pubsub/fire {"messages":[{topic, data_base64}]}`:
 /// fires the pub/sub triggers of the hop's namespace matching each
@@ -287,9 +285,15 @@ impl Body for FireRequest {}
 async fn fire(
     req: HttpRequest,
     node: web::Data<Node>,
-    body: Json<FireRequest>,
+    payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
-    let messages = body.into_inner().messages;
+    // Its own limit, above `[server] max_body_bytes`: a batch, or one
+    // publication of the largest socket frame, in base64.
+    let limit = crate::placement::fire_body_limit(node.config.pubsub.max_frame_bytes);
+    let raw = read_limited(req.headers(), payload, limit).await?;
+    let body: FireRequest = serde_json::from_slice(&raw)
+        .map_err(|e| ApiError::new(Code::MalformedJson, e.to_string()))?;
+    let messages = body.messages;
     if messages.len() > MAX_FIRE_BATCH {
         return Err(ApiError::new(
             Code::BadBatch,

@@ -773,7 +773,12 @@ fn status_text(v: &Value) -> String {
         None => out.push_str("cluster     off (one node)\n"),
     }
     if let Some(m) = v["mesh"].as_object() {
-        let n = |k: &str| m.get(k).and_then(Value::as_array).map_or(0, Vec::len);
+        // The operator's view lists the peers, the public one counts them.
+        let n = |k: &str| match m.get(k) {
+            Some(Value::Array(a)) => a.len() as u64,
+            Some(v) => v.as_u64().unwrap_or(0),
+            None => 0,
+        };
         out.push_str(&format!(
             "mesh        {} registered, {} connected, {} subscribed\n",
             n("registered"),

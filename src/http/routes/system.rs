@@ -135,9 +135,15 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
             breakers.push(row);
         }
     }
+    // The public view (`[metrics] public`) names no address and no peer
+    // id: only the operator sees where the members listen.
     let cluster = node.cluster.get().map(|c| {
-        json!({"node_id": c.node_id, "advertise": c.advertise,
-               "live_nodes": c.live().into_iter().map(|n| n.id).collect::<Vec<_>>()})
+        let mut v = json!({"node_id": c.node_id,
+               "live_nodes": c.live().into_iter().map(|n| n.id).collect::<Vec<_>>()});
+        if whole {
+            v["advertise"] = json!(c.advertise);
+        }
+        v
     });
     let phase = node.phase();
     let node_id = node
@@ -153,7 +159,7 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
         "ready": phase == crate::http::Phase::Ready,
         "store": store_status(&node).await,
         "cluster": cluster,
-        "mesh": mesh_status(&node).await,
+        "mesh": mesh_status(&node, whole).await,
         "uptime_seconds": node.metrics.started.elapsed().as_secs(),
         "namespaces_running": node.namespaces.len(),
         "actors": actors,
@@ -161,8 +167,23 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
     })))
 }
 
-/// The store's backend and whether it answers a read within a second.
+/// The store's backend and whether it answers a read within a second; the
+/// answer is kept a second, so status calls cost the shared store at most
+/// one read a second.
 async fn store_status(node: &Node) -> serde_json::Value {
+    static LAST: parking_lot::Mutex<Option<(std::time::Instant, serde_json::Value)>> =
+        parking_lot::Mutex::new(None);
+    if let Some((at, v)) = LAST.lock().as_ref()
+        && at.elapsed() < std::time::Duration::from_secs(1)
+    {
+        return v.clone();
+    }
+    let v = probe_store(node).await;
+    *LAST.lock() = Some((crate::util::mono_now(), v.clone()));
+    v
+}
+
+async fn probe_store(node: &Node) -> serde_json::Value {
     let backend = if node.store.as_sled().is_some() {
         "sled"
     } else {
@@ -186,7 +207,7 @@ async fn store_status(node: &Node) -> serde_json::Value {
 
 /// The pub/sub mesh as this node sees it: its peer id, the peers in the
 /// registry and the ones connected (null off cluster mode).
-async fn mesh_status(node: &Node) -> serde_json::Value {
+async fn mesh_status(node: &Node, whole: bool) -> serde_json::Value {
     #[cfg(feature = "cluster")]
     if let Some(mesh) = node.mesh.get()
         && let Some(st) = mesh.status().await
@@ -196,10 +217,14 @@ async fn mesh_status(node: &Node) -> serde_json::Value {
             v.sort();
             v
         };
+        if !whole {
+            return json!({"registered": st.registered.len(), "connected": st.connected.len(),
+                          "subscribed": st.subscribed.len()});
+        }
         return json!({"peer_id": st.peer_id.to_string(), "registered": ids(&st.registered),
                       "connected": ids(&st.connected), "subscribed": ids(&st.subscribed)});
     }
-    let _ = node;
+    let _ = (node, whole);
     serde_json::Value::Null
 }
 

@@ -150,6 +150,9 @@ mod tests {
             assert_ne!(q.push("full", "t".into(), big.clone()), Queued::Full);
         }
         assert_eq!(q.push("full", "t".into(), big), Queued::Full);
-        assert_ne!(q.push("full", "t".into(), Bytes::from_static(b"z")), Queued::Full);
+        assert_ne!(
+            q.push("full", "t".into(), Bytes::from_static(b"z")),
+            Queued::Full
+        );
     }
 }

@@ -278,7 +278,6 @@ struct FireMessage {
     data_base64: String,
 }
 
-
 /// `POST /v1/internal/pubsub/fire {"messages":[{topic, data_base64}]}`:
 /// fires the pub/sub triggers of the hop's namespace matching each
 /// publication (published on a socket of the calling node), once, here.

@@ -14,10 +14,9 @@
 #[path = "support/procs.rs"]
 mod procs;
 
-use procs::{Proc, spawn_announcing};
+use procs::{Proc, spawn_node};
 use rcgen::{CertificateParams, KeyPair};
 use std::io::{Read, Write};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -119,39 +118,12 @@ fn node_with(dir: &std::path::Path, certs: usize) -> (Proc, String, Vec<String>)
     let (c, k) = pair(&[API]);
     std::fs::write(dir.join("cert.pem"), c).unwrap();
     std::fs::write(dir.join("key.pem"), k).unwrap();
-    let data = dir.join("node");
-    std::fs::create_dir_all(&data).unwrap();
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[rate_limit]\ngeneral_per_minute = 1000000000\ngeneral_burst = 100000000\n\
-             credential_per_minute = 1000000000\ncredential_burst = 100000000\n\
-             namespace_per_minute = 1000000000\nnamespace_burst = 100000000\n\
-             anonymous_per_minute = 1000000000\nanonymous_burst = 100000000\n\
-             [deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n\
-             [quotas]\ndeployments = 2000\nhosts = 2000\n\
-             [tls]\ncert_file = {:?}\nkey_file = {:?}\n",
-            dir.join("cert.pem"),
-            dir.join("key.pem")
-        ),
-    )
-    .unwrap();
-    let mut cmd = Command::new(
-        std::env::var("MESHGATE_BENCH_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_meshgate").to_string()),
+    let tls = format!(
+        "[quotas]\ndeployments = 2000\nhosts = 2000\n[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+        dir.join("cert.pem"),
+        dir.join("key.pem")
     );
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .arg("--data-dir")
-        .arg(&data)
-        .env("MESHGATE_OPERATOR_KEY", OPERATOR_KEY)
-        .env("RUST_LOG", "warn");
-    let (proc_, addr) =
-        spawn_announcing(cmd, "meshgate listening on https://", "the meshgate node");
+    let (proc_, addr) = spawn_node(dir, OPERATOR_KEY, &tls, "https");
     let deadline = Instant::now() + Duration::from_secs(30);
     while api(&addr, "", "GET", "/readyz", "").0 != 200 {
         assert!(Instant::now() < deadline, "the node never became ready");

@@ -28,11 +28,15 @@ pub fn run_upstream(body: &'static [u8]) {
     });
 }
 
-/// Starts the meshgate binary (`MESHGATE_BENCH_BIN`, another build such as
-/// a saved baseline or a release, or this build's) with the rate limits
-/// lifted, loopback upstreams allowed, `operator_key`, and `extra_toml`
-/// appended to its config; waits until it is ready.
-pub fn start_node(dir: &std::path::Path, operator_key: &str, extra_toml: &str) -> (Proc, String) {
+/// Starts the meshgate binary as [`start_node`] describes and returns once
+/// it announces its `scheme` (`http`, or `https` with a `[tls]` section in
+/// `extra_toml`) address, not yet ready.
+pub fn spawn_node(
+    dir: &std::path::Path,
+    operator_key: &str,
+    extra_toml: &str,
+    scheme: &str,
+) -> (Proc, String) {
     let data = dir.join("node");
     std::fs::create_dir_all(&data).unwrap();
     let cfg = dir.join("node.toml");
@@ -63,7 +67,20 @@ pub fn start_node(dir: &std::path::Path, operator_key: &str, extra_toml: &str) -
             "RUST_LOG",
             std::env::var("BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
         );
-    let (node, addr) = spawn_announcing(cmd, "meshgate listening on http://", "the meshgate node");
+    let announce: &'static str = if scheme == "https" {
+        "meshgate listening on https://"
+    } else {
+        "meshgate listening on http://"
+    };
+    spawn_announcing(cmd, announce, "the meshgate node")
+}
+
+/// Starts the meshgate binary (`MESHGATE_BENCH_BIN`, another build such as
+/// a saved baseline or a release, or this build's) with the rate limits
+/// lifted, loopback upstreams allowed, `operator_key`, and `extra_toml`
+/// appended to its config; waits until it is ready.
+pub fn start_node(dir: &std::path::Path, operator_key: &str, extra_toml: &str) -> (Proc, String) {
+    let (node, addr) = spawn_node(dir, operator_key, extra_toml, "http");
     let deadline = Instant::now() + Duration::from_secs(30);
     while http(&addr, "GET", "/readyz", None, None).0 != 200 {
         assert!(Instant::now() < deadline, "the node never became ready");

@@ -17,7 +17,10 @@ non-2xx answer or a socket error stops the bench.
 Each ratio's two paths run alternated A B B A for ROUNDS rounds of DURATION
 seconds each, after one warm-up run of each; a row gives the mean of a
 round's two runs of each path and the ratio; the table's last row the mean of
-the rounds' ratios.
+the rounds' ratios. Its last two columns are the CPU time, in microseconds
+per request, of the process serving each path (the node; nginx's workers for
+nginx): unlike requests per second, they hold on a machine that is busy with
+other work, so they compare two builds where throughput cannot.
 
 With PROFILE_DIR set, each path is then profiled on its own: `perf record -F
 299 --call-graph dwarf -p <node>` for PROFILE_SECONDS under the same load;
@@ -144,6 +147,8 @@ class Wrk:
     def __init__(self, name, url, headers=(), body=None, tmp=None):
         self.name, self.url, self.headers = name, url, list(headers)
         self.script = None
+        # The processes whose CPU serves this load (the node; nginx's workers).
+        self.cpu_pids = lambda: []
         if body is not None:
             self.script = os.path.join(tmp, f"{abs(hash(name))}.lua")
             lua = "".join(f"\\{b}" for b in body)
@@ -159,33 +164,56 @@ class Wrk:
         return a + [self.url]
 
     def rps(self, secs=DURATION):
+        """Requests per second of one run, and the serving process's CPU
+        microseconds per request in it (see `cpu_pids`)."""
+        c0 = sum(cpu_seconds(p) for p in self.cpu_pids())
         out = subprocess.run(self.args(secs), capture_output=True, text=True)
+        c1 = sum(cpu_seconds(p) for p in self.cpu_pids())
         text = out.stdout
         if out.returncode != 0 or "Non-2xx" in text or "Socket errors" in text:
             sys.exit(f"wrk saw failed requests on {self.name}:\n{text}{out.stderr}")
         for line in text.splitlines():
             if line.startswith("Requests/sec:"):
-                return float(line.split(":")[1])
+                rps = float(line.split(":")[1])
+                return rps, (c1 - c0) / max(rps * secs, 1) * 1e6
         sys.exit(f"no Requests/sec in wrk's output: {text}")
 
 
 def ratio(top, bottom):
+    """ROUNDS rows of (A req/s, B req/s, A/B, A CPU µs/req, B CPU µs/req)."""
     top.rps(2)
     bottom.rps(2)
     rows = []
     for _ in range(ROUNDS):
-        t1 = top.rps()
-        b1 = bottom.rps()
-        b2 = bottom.rps()
-        t2 = top.rps()
+        (t1, ct1) = top.rps()
+        (b1, cb1) = bottom.rps()
+        (b2, cb2) = bottom.rps()
+        (t2, ct2) = top.rps()
         t, b = (t1 + t2) / 2, (b1 + b2) / 2
-        rows.append((t, b, t / b))
+        rows.append((t, b, t / b, (ct1 + ct2) / 2, (cb1 + cb2) / 2))
     return rows
 
 
+def children(pid):
+    """The pids whose parent is `pid` (nginx's workers)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
 def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -357,6 +385,10 @@ def main():
         px_open = Wrk("proxy_none", f"{base}/hello", ["Host: open.bench.test"])
         px_keyed = Wrk("proxy_api_key", f"{base}/hello", ["Host: keyed.bench.test", f"X-API-Key: {key}"])
         ngx = Wrk("nginx", f"http://127.0.0.1:{px_port}/hello", ["Host: open.bench.test"])
+        for load in (livez, kv_jwt, kv_key, invoke, px_open, px_keyed):
+            load.cpu_pids = lambda: [node.pid]
+        ngx_workers = children(proxy.pid)
+        ngx.cpu_pids = lambda: ngx_workers
 
         if os.environ.get("HOLD"):
             # The servers stay up for an outside generator or profiler.
@@ -369,8 +401,8 @@ def main():
         print(f"meshgate {BIN} (commit {rev.stdout.strip() or '?'}), {CORES} cores; wrk -t1 -c{CONNECTIONS}, "
               f"{DURATION} s runs alternated A B B A, {ROUNDS} rounds; every part its own process")
         print()
-        print("| ratio | goal | path A req/s | path B req/s | rounds | mean |")
-        print("|---|---|---:|---:|---|---:|")
+        print("| ratio | goal | path A req/s | path B req/s | rounds | mean | A CPU µs/req | B CPU µs/req |")
+        print("|---|---|---:|---:|---|---:|---:|---:|")
         sets = [
             ("KV read, JWT / `/livez`", "≥ 0.8", kv_jwt, livez),
             ("KV read, API key / `/livez`", "≥ 0.8", kv_key, livez),
@@ -384,7 +416,10 @@ def main():
             rb = sum(r[1] for r in rows) / len(rows)
             mean = sum(r[2] for r in rows) / len(rows)
             each = ", ".join(f"{r[2]:.2f}" for r in rows)
-            print(f"| {label} | {goal} | {ra:,.0f} | {rb:,.0f} | {each} | **{mean:.2f}** |", flush=True)
+            ca = sum(r[3] for r in rows) / len(rows)
+            cb = sum(r[4] for r in rows) / len(rows)
+            print(f"| {label} | {goal} | {ra:,.0f} | {rb:,.0f} | {each} | **{mean:.2f}** | {ca:.1f} | {cb:.1f} |",
+                  flush=True)
         if PROFILE_DIR:
             os.makedirs(PROFILE_DIR, exist_ok=True)
             print(f"\nWhere the node's CPU goes per request (perf record -F 299 --call-graph dwarf, "

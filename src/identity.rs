@@ -663,7 +663,11 @@ pub async fn verify_siwe(
         return Err(AuthError::NonceSpent.into());
     }
     store
-        .delete(&siwe_open_key(&issued.address, &issued.client, &parsed.nonce))
+        .delete(&siwe_open_key(
+            &issued.address,
+            &issued.client,
+            &parsed.nonce,
+        ))
         .await?;
     Ok(issued)
 }

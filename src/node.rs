@@ -744,7 +744,9 @@ fn spawn_revocation_poller(node: &Node) {
             async move {
                 match crate::identity::revoked_sessions(&node.store).await {
                     Ok(list) => node.revoked_sessions.merge(list, crate::util::now()),
-                    Err(e) => tracing::warn!(error = %e, "Cannot read the ended sessions; the last list read stays in force."),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Cannot read the ended sessions; the last list read stays in force.")
+                    }
                 }
             }
         };

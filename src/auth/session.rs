@@ -15,7 +15,9 @@ pub fn check_device_id(id: &str) -> Result<()> {
         return Err(AuthError::InvalidDeviceId("it is empty"));
     }
     if id.len() > MAX_DEVICE_ID {
-        return Err(AuthError::InvalidDeviceId("it is longer than 64 characters"));
+        return Err(AuthError::InvalidDeviceId(
+            "it is longer than 64 characters",
+        ));
     }
     if !id
         .bytes()

@@ -27,7 +27,12 @@ fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
 
 fn call(base: &str, token: &str, method: &str, path: &str) -> (u16, Value) {
     let auth = format!("Bearer {token}");
-    let (s, _, b) = http(method, &format!("{base}{path}"), &[("authorization", &auth)], None);
+    let (s, _, b) = http(
+        method,
+        &format!("{base}{path}"),
+        &[("authorization", &auth)],
+        None,
+    );
     let b = String::from_utf8_lossy(&b).into_owned();
     (s, serde_json::from_str(&b).unwrap_or(Value::String(b)))
 }
@@ -86,11 +91,19 @@ fn ending_one_device_leaves_the_other() {
     for base in node.every_base() {
         let (s, v) = call(&base, &p_tok, "GET", "/v1/auth/whoami");
         assert_eq!(s, 200, "{base}: {v}");
-        assert_eq!((v["session_id"].as_str(), v["device_id"].as_str()), (Some(p_sid.as_str()), Some("phone-1")), "{base}: {v}");
+        assert_eq!(
+            (v["session_id"].as_str(), v["device_id"].as_str()),
+            (Some(p_sid.as_str()), Some("phone-1")),
+            "{base}: {v}"
+        );
     }
 
     // A refresh keeps the session and its device; the list notes it.
-    let (s, r) = post(&a, "/v1/auth/refresh", &json!({"refresh_token": laptop["refresh_token"]}));
+    let (s, r) = post(
+        &a,
+        "/v1/auth/refresh",
+        &json!({"refresh_token": laptop["refresh_token"]}),
+    );
     assert_eq!(s, 200, "{r}");
     assert_eq!(r["session_id"].as_str(), Some(l_sid.as_str()));
     assert_eq!(r["device_id"], "laptop:work.2");
@@ -100,7 +113,13 @@ fn ending_one_device_leaves_the_other() {
     both.sort();
     assert_eq!(sids(&a, &p_tok), both);
     let (_, v) = call(&a, &l_tok2, "GET", "/v1/auth/sessions");
-    let l_row = v["sessions"].as_array().unwrap().iter().find(|s| s["sid"] == l_sid.as_str()).unwrap().clone();
+    let l_row = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["sid"] == l_sid.as_str())
+        .unwrap()
+        .clone();
     assert!(l_row["last_refresh_at"].is_u64(), "{v}");
     assert_eq!(l_row["current"], true);
     assert_eq!(l_row["device_id"], "laptop:work.2");
@@ -112,18 +131,30 @@ fn ending_one_device_leaves_the_other() {
 
     // Its refresh: refused at once, on every node.
     for base in node.every_base() {
-        let (s, v) = post(&base, "/v1/auth/refresh", &json!({"refresh_token": phone["refresh_token"]}));
-        assert_eq!((s, code(&v).as_str()), (401, "REFRESH_TOKEN_REVOKED"), "{base}: {v}");
+        let (s, v) = post(
+            &base,
+            "/v1/auth/refresh",
+            &json!({"refresh_token": phone["refresh_token"]}),
+        );
+        assert_eq!(
+            (s, code(&v).as_str()),
+            (401, "REFRESH_TOKEN_REVOKED"),
+            "{base}: {v}"
+        );
     }
     // Its access token: at once where it was ended.
     let (s, v) = call(&a, &p_tok, "GET", "/v1/auth/whoami");
     assert_eq!((s, code(&v).as_str()), (401, "SESSION_REVOKED"), "{v}");
     // Within the bound on every other node.
     for base in node.every_base() {
-        wait_until(BOUND, &format!("the ended session's token refused on {base}"), || {
-            let (s, v) = call(&base, &p_tok, "GET", "/v1/auth/whoami");
-            s == 401 && code(&v) == "SESSION_REVOKED"
-        });
+        wait_until(
+            BOUND,
+            &format!("the ended session's token refused on {base}"),
+            || {
+                let (s, v) = call(&base, &p_tok, "GET", "/v1/auth/whoami");
+                s == 401 && code(&v) == "SESSION_REVOKED"
+            },
+        );
     }
     // The laptop is unaffected, everywhere: both of its tokens, its refresh.
     for base in node.every_base() {
@@ -153,18 +184,42 @@ fn ending_a_device_ends_its_sessions() {
     let o_tok = other["access_token"].as_str().unwrap().to_string();
     let (s, v) = call(&a, &o_tok, "DELETE", "/v1/auth/sessions?device_id=tablet");
     assert_eq!(s, 200, "{v}");
-    let mut ended: Vec<String> = v["ended"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+    let mut ended: Vec<String> = v["ended"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
     ended.sort();
-    let mut want = vec![t1["session_id"].as_str().unwrap().to_string(), t2["session_id"].as_str().unwrap().to_string()];
+    let mut want = vec![
+        t1["session_id"].as_str().unwrap().to_string(),
+        t2["session_id"].as_str().unwrap().to_string(),
+    ];
     want.sort();
     assert_eq!(ended, want);
     for t in [&t1, &t2] {
-        let (s, v) = post(&a, "/v1/auth/refresh", &json!({"refresh_token": t["refresh_token"]}));
-        assert_eq!((s, code(&v).as_str()), (401, "REFRESH_TOKEN_REVOKED"), "{v}");
-        let (s, v) = call(&a, t["access_token"].as_str().unwrap(), "GET", "/v1/auth/whoami");
+        let (s, v) = post(
+            &a,
+            "/v1/auth/refresh",
+            &json!({"refresh_token": t["refresh_token"]}),
+        );
+        assert_eq!(
+            (s, code(&v).as_str()),
+            (401, "REFRESH_TOKEN_REVOKED"),
+            "{v}"
+        );
+        let (s, v) = call(
+            &a,
+            t["access_token"].as_str().unwrap(),
+            "GET",
+            "/v1/auth/whoami",
+        );
         assert_eq!((s, code(&v).as_str()), (401, "SESSION_REVOKED"), "{v}");
     }
-    assert_eq!(sids(&a, &o_tok), vec![other["session_id"].as_str().unwrap().to_string()]);
+    assert_eq!(
+        sids(&a, &o_tok),
+        vec![other["session_id"].as_str().unwrap().to_string()]
+    );
     let (s, v) = call(&a, &o_tok, "GET", "/v1/auth/whoami");
     assert_eq!(s, 200, "{v}");
 }
@@ -181,26 +236,51 @@ fn bad_session_input() {
     let a = node.base.clone();
     let long = "d".repeat(200);
     for bad in ["my phone", long.as_str(), ""] {
-        let (s, v) = post(&a, "/v1/auth/token", &json!({"api_key": key, "device_id": bad}));
-        assert_eq!((s, code(&v).as_str()), (400, "INVALID_DEVICE_ID"), "{bad:?}: {v}");
+        let (s, v) = post(
+            &a,
+            "/v1/auth/token",
+            &json!({"api_key": key, "device_id": bad}),
+        );
+        assert_eq!(
+            (s, code(&v).as_str()),
+            (400, "INVALID_DEVICE_ID"),
+            "{bad:?}: {v}"
+        );
         assert_eq!(v["ok"], false);
     }
     let mine = token(&a, &key, Some("phone"));
     let m_tok = mine["access_token"].as_str().unwrap().to_string();
-    assert_eq!(sids(&a, &m_tok).len(), 1, "a refused sign-in opened no session");
+    assert_eq!(
+        sids(&a, &m_tok).len(),
+        1,
+        "a refused sign-in opened no session"
+    );
     for q in ["?device_id=my%20phone", &format!("?device_id={long}")] {
         let (s, v) = call(&a, &m_tok, "DELETE", &format!("/v1/auth/sessions{q}"));
-        assert_eq!((s, code(&v).as_str()), (400, "INVALID_DEVICE_ID"), "{q}: {v}");
+        assert_eq!(
+            (s, code(&v).as_str()),
+            (400, "INVALID_DEVICE_ID"),
+            "{q}: {v}"
+        );
     }
     let (s, v) = call(&a, &m_tok, "DELETE", "/v1/auth/sessions");
     assert_eq!((s, code(&v).as_str()), (400, "BAD_REQUEST"), "{v}");
     for sid in ["s_00000000000000000000000000000000", "nope", "s_%2E%2E"] {
         let (s, v) = call(&a, &m_tok, "DELETE", &format!("/v1/auth/sessions/{sid}"));
-        assert_eq!((s, code(&v).as_str()), (404, "SESSION_NOT_FOUND"), "{sid}: {v}");
+        assert_eq!(
+            (s, code(&v).as_str()),
+            (404, "SESSION_NOT_FOUND"),
+            "{sid}: {v}"
+        );
     }
     // Another subject: a second key of the same namespace, and a key of
     // another namespace. Neither sees nor ends this session.
-    let (s, b) = node.with_key(&key, "POST", "/v1/auth/api-keys", Some(br#"{"role":"reader"}"#));
+    let (s, b) = node.with_key(
+        &key,
+        "POST",
+        "/v1/auth/api-keys",
+        Some(br#"{"role":"reader"}"#),
+    );
     assert_eq!(s, 201, "{b}");
     let reader = json(&b)["api_key"].as_str().unwrap().to_string();
     let other_ns = node.create_namespace("sessother");
@@ -276,7 +356,11 @@ fn enable_wallets(node: &TestNode, key: &str, ns: &str) {
         key,
         "PUT",
         &format!("/v1/namespaces/{ns}/wallet-sign-in"),
-        Some(json!({"enabled": true, "allow": "any"}).to_string().as_bytes()),
+        Some(
+            json!({"enabled": true, "allow": "any"})
+                .to_string()
+                .as_bytes(),
+        ),
     );
     assert_eq!(s, 200, "{b}");
 }
@@ -290,13 +374,25 @@ fn wallet_sign_in_binds_a_device() {
     enable_wallets(&node, &key, "sesswallet");
     let a = node.base.clone();
     let w = Wallet::new();
-    let (s, v) = challenge_from(&a, "127.0.0.1", &json!({"wallet": w.addr, "namespace": "sesswallet"}));
+    let (s, v) = challenge_from(
+        &a,
+        "127.0.0.1",
+        &json!({"wallet": w.addr, "namespace": "sesswallet"}),
+    );
     assert_eq!(s, 200, "{v}");
     let message = v["message"].as_str().unwrap().to_string();
     let signature = hex::encode(w.pair.sign(message.as_bytes()).as_ref());
-    let (s, v) = post(&a, "/v1/auth/verify", &json!({"message": message, "signature": signature, "device_id": "a b"}));
+    let (s, v) = post(
+        &a,
+        "/v1/auth/verify",
+        &json!({"message": message, "signature": signature, "device_id": "a b"}),
+    );
     assert_eq!((s, code(&v).as_str()), (400, "INVALID_DEVICE_ID"), "{v}");
-    let (s, v) = post(&a, "/v1/auth/verify", &json!({"message": message, "signature": signature, "device_id": "hw-wallet"}));
+    let (s, v) = post(
+        &a,
+        "/v1/auth/verify",
+        &json!({"message": message, "signature": signature, "device_id": "hw-wallet"}),
+    );
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["device_id"], "hw-wallet");
     let t = v["access_token"].as_str().unwrap();
@@ -339,7 +435,11 @@ fn another_client_cannot_fill_a_wallets_challenge_cap() {
     let (_, v) = challenge_from(&a, "127.0.0.3", &ed);
     let message = v["message"].as_str().unwrap().to_string();
     let signature = hex::encode(victim.pair.sign(message.as_bytes()).as_ref());
-    let (s, v) = post(&a, "/v1/auth/verify", &json!({"message": message, "signature": signature}));
+    let (s, v) = post(
+        &a,
+        "/v1/auth/verify",
+        &json!({"message": message, "signature": signature}),
+    );
     assert_eq!(s, 200, "{v}");
 }
 
@@ -367,4 +467,46 @@ fn the_challenge_does_not_reveal_namespaces() {
         assert_eq!(answers[0].1["code"], "WALLET_SIGN_IN_DISABLED");
         assert_eq!(answers[0], answers[1]);
     }
+}
+
+/// `meshgate sessions` lists the key's own sessions, `--device` ends a
+/// device's, `--end` one; the ended tokens are refused.
+#[test]
+fn the_cli_lists_and_ends_sessions() {
+    let node = TestNode::start();
+    let key = node.create_namespace("sesscli");
+    let a = node.base.clone();
+    let one = token(&a, &key, Some("cli-phone"));
+    let two = token(&a, &key, Some("cli-laptop"));
+    let listed = json(&crate::cli::cli(&a, &["sessions", "--key", &key]));
+    let mut got: Vec<&str> = listed["sessions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|s| s["device_id"].as_str().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["cli-laptop", "cli-phone"]);
+    let ended = json(&crate::cli::cli(
+        &a,
+        &["sessions", "--key", &key, "--device", "cli-phone"],
+    ));
+    assert_eq!(ended["ended"], json!([one["session_id"]]), "{ended}");
+    let sid = two["session_id"].as_str().unwrap();
+    let ended = json(&crate::cli::cli(
+        &a,
+        &["sessions", "--key", &key, "--end", sid],
+    ));
+    assert_eq!(ended["ended"], json!([sid]), "{ended}");
+    for t in [&one, &two] {
+        let (s, v) = call(
+            &a,
+            t["access_token"].as_str().unwrap(),
+            "GET",
+            "/v1/auth/whoami",
+        );
+        assert_eq!((s, code(&v).as_str()), (401, "SESSION_REVOKED"), "{v}");
+    }
+    let listed = json(&crate::cli::cli(&a, &["sessions", "--key", &key]));
+    assert_eq!(listed["sessions"], json!([]), "{listed}");
 }

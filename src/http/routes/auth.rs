@@ -415,7 +415,8 @@ async fn list_sessions(
             })
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({"subject": subject, "sessions": sessions, "next_cursor": next})))
+    Ok(HttpResponse::Ok()
+        .json(json!({"subject": subject, "sessions": sessions, "next_cursor": next})))
 }
 
 /// `DELETE /v1/auth/sessions/{sid}`: ends one of the caller's sessions. A

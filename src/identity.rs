@@ -997,3 +997,31 @@ impl RevokedSessions {
             .store(m.len(), std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The set answers while an entry lasts, skips the lock while empty,
+    /// and a merge drops lapsed entries while keeping the local ones.
+    #[test]
+    fn revoked_sessions_set() {
+        let r = RevokedSessions::default();
+        assert!(!r.contains("s_a", 100));
+        r.insert("s_a", 200);
+        assert!(r.contains("s_a", 100));
+        assert!(!r.contains("s_a", 200), "lapsed at its end");
+        assert!(!r.contains("s_b", 100));
+        r.merge(vec![("s_b".into(), 300), ("s_old".into(), 50)], 100);
+        assert!(r.contains("s_a", 150) && r.contains("s_b", 150));
+        assert!(
+            !r.contains("s_old", 40),
+            "a lapsed store entry is not taken"
+        );
+        r.merge(Vec::new(), 250);
+        assert!(!r.contains("s_a", 150), "dropped once lapsed");
+        assert!(r.contains("s_b", 260));
+        r.merge(Vec::new(), 400);
+        assert_eq!(r.len.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+}

@@ -97,6 +97,21 @@ pub enum Command {
     /// Sign in to a namespace with a wallet's Ed25519 key.
     #[command(subcommand)]
     Wallet(WalletCommand),
+    /// The sessions (sign-ins) of the credential's own subject in its
+    /// namespace: list them, end one (`--end SID`) or every one of a device
+    /// (`--device ID`). docs/auth.md "Sessions and devices".
+    Sessions {
+        /// End this session (its refresh at once, its access tokens within 2 s).
+        #[arg(long, conflicts_with = "device")]
+        end: Option<String>,
+        /// End every session signed in with this device id.
+        #[arg(long)]
+        device: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// The node's state for its operator (operator key): id, version,
     /// uptime, readiness, store, mesh peers, cluster nodes and breakers,
     /// namespaces running, the fullest mailboxes. Exits 1 when the node is

@@ -606,6 +606,24 @@ async fn dispatch(cmd: Command) -> Result<(), String> {
             let query = format!("prefix={}", percent_encode(&prefix));
             print(&list(&client, "/v1/kv", &query, "keys", &page).await?)
         }
+        Command::Sessions {
+            end,
+            device,
+            page,
+            client,
+        } => match (end, device) {
+            (Some(sid), _) => {
+                let path = format!("/v1/auth/sessions/{}", percent_encode(&sid));
+                print(&call(&client, "DELETE", &path, None).await?)
+            }
+            (None, Some(d)) => {
+                let path = format!("/v1/auth/sessions?device_id={}", percent_encode(&d));
+                print(&call(&client, "DELETE", &path, None).await?)
+            }
+            (None, None) => {
+                print(&list(&client, "/v1/auth/sessions", "", "sessions", &page).await?)
+            }
+        },
         Command::Keys(KeysCommand::Revoke { id, client }) => {
             print(&call(&client, "DELETE", &format!("/v1/auth/api-keys/{id}"), None).await?)
         }

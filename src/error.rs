@@ -91,6 +91,8 @@ codes! {
     BadUpgrade = "BAD_UPGRADE", 400, Client, false;
     HostReserved = "HOST_RESERVED", 400, Client, false;
     InvalidCron = "INVALID_CRON", 400, Client, false;
+    /// A `device_id` that is not 1 to 64 of `A-Z a-z 0-9 . _ : -`.
+    InvalidDeviceId = "INVALID_DEVICE_ID", 400, Client, false;
     /// A listing's `cursor` that does not decode, or was made for another listing or namespace.
     InvalidCursor = "INVALID_CURSOR", 400, Client, false;
     InvalidExport = "INVALID_EXPORT", 400, Client, false;
@@ -178,6 +180,8 @@ codes! {
     RefreshTokenExpired = "REFRESH_TOKEN_EXPIRED", 401, Client, false;
     RefreshTokenReused = "REFRESH_TOKEN_REUSED", 401, Client, false;
     RefreshTokenRevoked = "REFRESH_TOKEN_REVOKED", 401, Client, false;
+    /// The token's session was ended (`DELETE /v1/auth/sessions`).
+    SessionRevoked = "SESSION_REVOKED", 401, Client, false;
     TokenBadEncoding = "TOKEN_BAD_ENCODING", 401, Client, false;
     TokenBadJson = "TOKEN_BAD_JSON", 401, Client, false;
     TokenExpired = "TOKEN_EXPIRED", 401, Client, false;
@@ -213,6 +217,8 @@ codes! {
     KeyNotFound = "KEY_NOT_FOUND", 404, Client, false;
     NamespaceNotFound = "NAMESPACE_NOT_FOUND", 404, Client, false;
     NoRoute = "NO_ROUTE", 404, Client, false;
+    /// No session of the caller's subject has this id (another subject's answers the same).
+    SessionNotFound = "SESSION_NOT_FOUND", 404, Client, false;
     VersionNotFound = "VERSION_NOT_FOUND", 404, Client, false;
     MethodNotAllowed = "METHOD_NOT_ALLOWED", 405, Client, false;
     /// The Host header names another site than the TLS server name.

@@ -248,6 +248,9 @@ pub async fn namespace_identity_keys(store: &Store, ns: &str) -> IdResult<Vec<Ve
         keys.push(key_record_key(&String::from_utf8_lossy(&hash)));
         keys.push(idx);
     }
+    for (k, _) in store.scan_all(format!("sess/{ns}/").as_bytes()).await? {
+        keys.push(k);
+    }
     Ok(keys)
 }
 
@@ -405,11 +408,21 @@ fn nonce_key(wallet: &str, nonce: &str) -> Vec<u8> {
     format!("nonce/{wallet}/{nonce}").into_bytes()
 }
 
-/// Opens a wallet challenge: at most [`auth::MAX_OPEN_NONCES`] open per wallet.
+/// `nopen/<wallet>/<client>/<nonce>`: the open Ed25519 challenges of a
+/// wallet asked for from one client network, counted against
+/// [`auth::MAX_OPEN_NONCES`]; gone when the challenge expires or is spent.
+fn nonce_open_key(wallet: &str, client: &str, nonce: &str) -> Vec<u8> {
+    format!("nopen/{wallet}/{client}/{nonce}").into_bytes()
+}
+
+/// Opens a wallet challenge: at most [`auth::MAX_OPEN_NONCES`] open per
+/// wallet and client network (`client`: its IPv4 address or IPv6 /64), so a client
+/// that opens many for someone else's wallet fills only its own cap.
 /// The challenge is valid `ttl` seconds (`auth.challenge_seconds`).
 pub async fn open_challenge(
     store: &Store,
     wallet: &str,
+    client: &str,
     ns: &str,
     now: u64,
     ttl: u64,
@@ -417,7 +430,7 @@ pub async fn open_challenge(
     let wallet = auth::normalize_wallet(wallet)?;
     let open = store
         .scan_prefix(
-            format!("nonce/{wallet}/").as_bytes(),
+            format!("nopen/{wallet}/{client}/").as_bytes(),
             auth::MAX_OPEN_NONCES + 1,
         )
         .await?;
@@ -426,10 +439,19 @@ pub async fn open_challenge(
     }
     let nonce = auth::new_nonce()?;
     let message = auth::challenge_message(&wallet, ns, &nonce, now, now + ttl);
+    // The nonce's value: the namespace, a newline, the client network (for
+    // the verify to close its open entry).
     store
         .put_ttl(
             &nonce_key(&wallet, &nonce),
-            ns.as_bytes(),
+            format!("{ns}\n{client}").as_bytes(),
+            Duration::from_secs(ttl),
+        )
+        .await?;
+    store
+        .put_ttl(
+            &nonce_open_key(&wallet, client, &nonce),
+            b"",
             Duration::from_secs(ttl),
         )
         .await?;
@@ -449,16 +471,24 @@ pub async fn verify_challenge(
         return Err(AuthError::ChallengeExpired.into());
     }
     auth::verify_wallet_signature(&ch.wallet, message.as_bytes(), signature)?;
-    let spent = store
-        .compare_and_swap(
-            &nonce_key(&ch.wallet, &ch.nonce),
-            Some(ch.namespace.as_bytes()),
-            None,
-            None,
-        )
-        .await?;
-    if !spent {
+    let key = nonce_key(&ch.wallet, &ch.nonce);
+    let raw = store
+        .get(&key)
+        .await
+        .map_err(refused_as(AuthError::NonceSpent))?
+        .ok_or(IdentityError::Auth(AuthError::NonceSpent))?;
+    let value = String::from_utf8_lossy(&raw).into_owned();
+    let (ns, client) = value.split_once('\n').unwrap_or((value.as_str(), ""));
+    if ns != ch.namespace {
         return Err(AuthError::NonceSpent.into());
+    }
+    if !store.compare_and_swap(&key, Some(&raw), None, None).await? {
+        return Err(AuthError::NonceSpent.into());
+    }
+    if !client.is_empty() {
+        store
+            .delete(&nonce_open_key(&ch.wallet, client, &ch.nonce))
+            .await?;
     }
     Ok(ch)
 }
@@ -473,11 +503,12 @@ fn siwe_key(nonce: &str) -> Vec<u8> {
     format!("siwe/c/{nonce}").into_bytes()
 }
 
-/// `siwe/a/<address>/<nonce>`: the open challenges of an address (lower
-/// case, `0x`), counted against [`auth::MAX_OPEN_NONCES`]; gone when the
-/// challenge expires or is spent.
-fn siwe_open_key(address: &str, nonce: &str) -> Vec<u8> {
-    format!("siwe/a/{address}/{nonce}").into_bytes()
+/// `siwe/a/<address>/<client>/<nonce>`: the open challenges of an address
+/// (lower case, `0x`) asked for from one client network,
+/// counted against [`auth::MAX_OPEN_NONCES`]; gone when the challenge
+/// expires or is spent.
+fn siwe_open_key(address: &str, client: &str, nonce: &str) -> Vec<u8> {
+    format!("siwe/a/{address}/{client}/{nonce}").into_bytes()
 }
 
 /// What the node keeps of a Sign-In with Ethereum challenge it issued.
@@ -496,6 +527,9 @@ pub struct SiweChallenge {
     /// Set when a verify signed in with it: a second use is `NONCE_SPENT`.
     #[serde(default)]
     pub spent: bool,
+    /// The client network it was asked for from (whose cap it counts in).
+    #[serde(default)]
+    pub client: String,
 }
 
 /// Who issues a Sign-In with Ethereum challenge: the node's domain
@@ -511,19 +545,20 @@ pub struct SiweIssuer<'a> {
 
 /// Opens a Sign-In with Ethereum challenge for `address` (any accepted
 /// form; EIP-55 checked) on chain `chain_id` to sign in to `ns`: at most
-/// [`auth::MAX_OPEN_NONCES`] open per address.
+/// [`auth::MAX_OPEN_NONCES`] open per address and client network (`client`).
 pub async fn open_siwe_challenge(
     store: &Store,
     issuer: &SiweIssuer<'_>,
     address: &str,
     chain_id: u64,
     ns: &str,
+    client: &str,
     now: u64,
 ) -> IdResult<SiweChallenge> {
     let address = auth::normalize_evm_address(address)?;
     let open = store
         .scan_prefix(
-            format!("siwe/a/{address}/").as_bytes(),
+            format!("siwe/a/{address}/{client}/").as_bytes(),
             auth::MAX_OPEN_NONCES + 1,
         )
         .await?;
@@ -550,6 +585,7 @@ pub async fn open_siwe_challenge(
         chain_id,
         expires_at,
         spent: false,
+        client: client.to_string(),
     };
     store
         .put_ttl(
@@ -560,7 +596,7 @@ pub async fn open_siwe_challenge(
         .await?;
     store
         .put_ttl(
-            &siwe_open_key(&address, &nonce),
+            &siwe_open_key(&address, client, &nonce),
             b"",
             Duration::from_secs(issuer.ttl),
         )
@@ -627,7 +663,11 @@ pub async fn verify_siwe(
         return Err(AuthError::NonceSpent.into());
     }
     store
-        .delete(&siwe_open_key(&issued.address, &parsed.nonce))
+        .delete(&siwe_open_key(
+            &issued.address,
+            &issued.client,
+            &parsed.nonce,
+        ))
         .await?;
     Ok(issued)
 }
@@ -681,6 +721,10 @@ pub struct IdentityData {
     pub exp: Option<u64>,
     /// JWT issue time, Unix seconds.
     pub iat: Option<u64>,
+    /// The device a JWT's sign-in named (`did`; a hop carries it on).
+    pub device: Option<String>,
+    /// A JWT's session (`sid`; a hop carries it on).
+    pub session: Option<String>,
 }
 
 impl Identity {
@@ -696,11 +740,288 @@ impl Identity {
             jti: None,
             exp: None,
             iat: None,
+            device: None,
+            session: None,
         })
     }
 
     /// Whether this identity may do `domain:action` on `resource`.
     pub fn allows(&self, domain: &str, action: &str, resource: &str) -> bool {
         self.operator || crate::auth::allows(&self.grants, domain, action, resource)
+    }
+}
+
+/// One sign-in's session, as `GET /v1/auth/sessions` lists it
+/// (`sess/<ns>/<subject>/<sid>`; kept as long as its refresh family).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// The session id (`sid` claim).
+    pub sid: String,
+    /// The device the sign-in named (`did` claim), if any.
+    pub device_id: Option<String>,
+    /// Unix seconds of the sign-in.
+    pub created_at: u64,
+    /// Unix seconds of the last refresh; None until the first.
+    pub last_refresh_at: Option<u64>,
+    /// Unix seconds after which its refresh token expires (unless refreshed).
+    pub expires_at: u64,
+    /// The refresh family it lives in (never shown to clients).
+    #[serde(default)]
+    family: String,
+}
+
+/// `sess/<ns>/<subject>/`: the sessions of a subject in a namespace
+/// (neither a namespace name nor a subject holds a `/`).
+fn session_prefix(ns: &str, subject: &str) -> Vec<u8> {
+    format!("sess/{ns}/{subject}/").into_bytes()
+}
+
+fn session_key(ns: &str, subject: &str, sid: &str) -> Vec<u8> {
+    format!("sess/{ns}/{subject}/{sid}").into_bytes()
+}
+
+/// `srev/`: the ended sessions whose access tokens may still be unexpired.
+pub const REVOKED_PREFIX: &str = "srev/";
+
+fn revoked_key(sid: &str) -> Vec<u8> {
+    format!("{REVOKED_PREFIX}{sid}").into_bytes()
+}
+
+/// What a sign-in names: its namespace, subject, grants and device.
+pub struct SignIn<'a> {
+    /// The namespace the tokens are for.
+    pub namespace: &'a str,
+    /// The subject they are issued to.
+    pub subject: &'a str,
+    /// Grant strings of the access tokens.
+    pub grants: Vec<String>,
+    /// The client's `device_id` (already checked).
+    pub device: Option<&'a str>,
+}
+
+/// Opens a session: a fresh `sid`, its record, and the first refresh token
+/// of its family (valid `ttl` seconds). Returns the refresh token and sid.
+pub async fn open_session(
+    store: &Store,
+    secret: &[u8],
+    sign_in: SignIn<'_>,
+    now: u64,
+    ttl: u64,
+) -> IdResult<(String, String)> {
+    let sid = auth::new_session_id()?;
+    let mut record =
+        RefreshRecord::new_family(sign_in.namespace, sign_in.subject, sign_in.grants, now, ttl)?;
+    record.session = Some(sid.clone());
+    record.device = sign_in.device.map(str::to_string);
+    let session = SessionRecord {
+        sid: sid.clone(),
+        device_id: record.device.clone(),
+        created_at: now,
+        last_refresh_at: None,
+        expires_at: record.expires_at,
+        family: record.family.clone(),
+    };
+    store
+        .put_ttl(
+            &session_key(sign_in.namespace, sign_in.subject, &sid),
+            &serde_json::to_vec(&session).expect("json"),
+            Duration::from_secs(ttl.max(1)),
+        )
+        .await?;
+    let token = store_refresh(store, secret, &record).await?;
+    Ok((token, sid))
+}
+
+/// Notes a refresh of the session `record` speaks for (its successor's
+/// expiry, `last_refresh_at`). A session that was ended meanwhile (its record
+/// gone: a refresh racing the end) revokes the family and is refused, so an
+/// ended session never gets a token after the end answered.
+pub async fn touch_session(store: &Store, record: &RefreshRecord, now: u64) -> IdResult<()> {
+    let Some(sid) = &record.session else {
+        return Ok(());
+    };
+    let key = session_key(&record.namespace, &record.subject, sid);
+    loop {
+        let Some(raw) = store.get(&key).await? else {
+            revoke_family(store, &record.family).await?;
+            return Err(AuthError::SessionRevoked.into());
+        };
+        let mut s: SessionRecord = serde_json::from_slice(&raw)
+            .map_err(|_| StoreError::Corrupt("session record".into()))?;
+        s.last_refresh_at = Some(now);
+        s.expires_at = record.expires_at;
+        let ttl = Duration::from_secs(record.expires_at.saturating_sub(now).max(1));
+        let new = serde_json::to_vec(&s).expect("json");
+        if store
+            .compare_and_swap(&key, Some(&raw), Some(&new), Some(ttl))
+            .await?
+        {
+            return Ok(());
+        }
+    }
+}
+
+/// One page of the sessions of `subject` in `ns`, by sid: as
+/// [`list_keys_page`] pages.
+pub async fn list_sessions_page(
+    store: &Store,
+    ns: &str,
+    subject: &str,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> IdResult<(Vec<SessionRecord>, Option<Vec<u8>>)> {
+    let prefix = session_prefix(ns, subject);
+    let after = after.map(|a| [prefix.as_slice(), a].concat());
+    let (rows, last) = store.scan_page(&prefix, after.as_deref(), limit).await?;
+    let out = rows
+        .iter()
+        .filter_map(|(_, v)| serde_json::from_slice::<SessionRecord>(v).ok())
+        .collect();
+    Ok((out, last.map(|k| k[prefix.len()..].to_vec())))
+}
+
+/// Ends session `sid` of `subject` in `ns`: its refresh family is revoked
+/// (refused at once on every node: the store is read on each refresh), the
+/// sid goes on the revocation list for `revoke_for` seconds (the access
+/// token lifetime plus its leeway) and the record is deleted. False when
+/// the subject has no such session.
+pub async fn end_session(
+    store: &Store,
+    ns: &str,
+    subject: &str,
+    sid: &str,
+    now: u64,
+    revoke_for: u64,
+) -> IdResult<bool> {
+    if !auth::is_session_id_shaped(sid) {
+        return Ok(false);
+    }
+    let key = session_key(ns, subject, sid);
+    let Some(s) = store.get_json::<SessionRecord>(&key).await? else {
+        return Ok(false);
+    };
+    store
+        .put_ttl(
+            &revoked_key(sid),
+            (now + revoke_for).to_string().as_bytes(),
+            Duration::from_secs(revoke_for.max(1)),
+        )
+        .await?;
+    store.delete(&key).await?;
+    revoke_family(store, &s.family).await?;
+    Ok(true)
+}
+
+/// Ends every session of `subject` in `ns` signed in with `device`; the
+/// sids ended.
+pub async fn end_device_sessions(
+    store: &Store,
+    ns: &str,
+    subject: &str,
+    device: &str,
+    now: u64,
+    revoke_for: u64,
+) -> IdResult<Vec<String>> {
+    let mut ended = Vec::new();
+    for (_, v) in store.scan_all(&session_prefix(ns, subject)).await? {
+        let Ok(s) = serde_json::from_slice::<SessionRecord>(&v) else {
+            continue;
+        };
+        if s.device_id.as_deref() == Some(device)
+            && end_session(store, ns, subject, &s.sid, now, revoke_for).await?
+        {
+            ended.push(s.sid);
+        }
+    }
+    Ok(ended)
+}
+
+/// The ended sessions whose access tokens may still be live, sid → the unix
+/// second the entry lapses, as the store has them now.
+pub async fn revoked_sessions(store: &Store) -> IdResult<Vec<(String, u64)>> {
+    let rows = store.scan_all(REVOKED_PREFIX.as_bytes()).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let sid = std::str::from_utf8(&k[REVOKED_PREFIX.len()..]).ok()?;
+            let until = std::str::from_utf8(&v).ok()?.parse().ok()?;
+            Some((sid.to_string(), until))
+        })
+        .collect())
+}
+
+/// How often a node re-reads the store's revocation list whatever its watch
+/// on the list reports: an access token of a session ended through another
+/// node is refused here at most this long (plus one store read) after the
+/// end was answered, and on etcd usually within the watch's milliseconds.
+/// The node that ended it refuses at once.
+pub const REVOCATION_POLL: Duration = Duration::from_secs(2);
+
+/// The node's copy of the ended sessions (sid → the unix second its entry
+/// lapses). Checked on every request with a session token: a relaxed atomic
+/// load while nothing is revoked, a read-locked map lookup otherwise.
+#[derive(Default)]
+pub struct RevokedSessions {
+    /// Entries in `map`; 0 lets the hot path skip the lock.
+    len: std::sync::atomic::AtomicUsize,
+    map: parking_lot::RwLock<std::collections::HashMap<String, u64>>,
+}
+
+impl RevokedSessions {
+    /// Whether `sid` was ended and its entry has not lapsed at `now`.
+    pub fn contains(&self, sid: &str, now: u64) -> bool {
+        if self.len.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.map.read().get(sid).is_some_and(|until| *until > now)
+    }
+
+    /// Adds an ended session (this node ended it: refused here at once).
+    pub fn insert(&self, sid: &str, until: u64) {
+        let mut m = self.map.write();
+        m.insert(sid.to_string(), until);
+        self.len
+            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Merges the store's list in and drops lapsed entries.
+    pub fn merge(&self, from_store: Vec<(String, u64)>, now: u64) {
+        let mut m = self.map.write();
+        m.retain(|_, until| *until > now);
+        for (sid, until) in from_store {
+            if until > now {
+                m.insert(sid, until);
+            }
+        }
+        self.len
+            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The set answers while an entry lasts, skips the lock while empty,
+    /// and a merge drops lapsed entries while keeping the local ones.
+    #[test]
+    fn revoked_sessions_set() {
+        let r = RevokedSessions::default();
+        assert!(!r.contains("s_a", 100));
+        r.insert("s_a", 200);
+        assert!(r.contains("s_a", 100));
+        assert!(!r.contains("s_a", 200), "lapsed at its end");
+        assert!(!r.contains("s_b", 100));
+        r.merge(vec![("s_b".into(), 300), ("s_old".into(), 50)], 100);
+        assert!(r.contains("s_a", 150) && r.contains("s_b", 150));
+        assert!(
+            !r.contains("s_old", 40),
+            "a lapsed store entry is not taken"
+        );
+        r.merge(Vec::new(), 250);
+        assert!(!r.contains("s_a", 150), "dropped once lapsed");
+        assert!(r.contains("s_b", 260));
+        r.merge(Vec::new(), 400);
+        assert_eq!(r.len.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 }

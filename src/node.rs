@@ -268,6 +268,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         hop_key,
         token_cache: Default::default(),
         key_cache: Default::default(),
+        revoked_sessions: Default::default(),
         phase: AtomicU8::new(Phase::Starting as u8),
         draining,
         pubsub,
@@ -339,6 +340,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         node.functions.clone(),
     );
     crate::http::dashboard::spawn_sampler(&node);
+    spawn_revocation_poller(&node);
     // Sessions opened with an operator key that is no longer the key end now.
     let sweeping = node.clone();
     actix_web::rt::spawn(async move {
@@ -728,6 +730,61 @@ fn spawn_blob_sweeper(
 
 /// How often the blob sweeper runs without being asked.
 const BLOB_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Keeps the node's copy of the ended sessions: re-read from the store when
+/// a watch on the list reports a change (another node ended a session: on
+/// etcd, within milliseconds), and every
+/// [`REVOCATION_POLL`](crate::identity::REVOCATION_POLL) whatever the watch
+/// says, so a broken watch delays a refusal by that much at most.
+fn spawn_revocation_poller(node: &Node) {
+    let node = node.clone();
+    actix_web::rt::spawn(async move {
+        let reread = |node: &Node| {
+            let node = node.clone();
+            async move {
+                match crate::identity::revoked_sessions(&node.store).await {
+                    Ok(list) => node.revoked_sessions.merge(list, crate::util::now()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Cannot read the ended sessions; the last list read stays in force.")
+                    }
+                }
+            }
+        };
+        let mut tick = tokio::time::interval(crate::identity::REVOCATION_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Watch first: a scan after it misses no later change.
+            let mut watch = node
+                .store
+                .watch_prefix(crate::identity::REVOKED_PREFIX.as_bytes())
+                .await
+                .ok();
+            reread(&node).await;
+            loop {
+                let changed = async {
+                    match watch.as_mut() {
+                        Some(w) => w.next().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = tick.tick() => {
+                        reread(&node).await;
+                        if watch.is_none() {
+                            break;
+                        }
+                    }
+                    ok = changed => {
+                        if !ok {
+                            break;
+                        }
+                        reread(&node).await;
+                    }
+                }
+            }
+        }
+    });
+}
 
 fn spawn_sweeper(store: crate::storage::SledStore) {
     actix_web::rt::spawn(async move {

@@ -200,6 +200,14 @@ pub enum AuthError {
     /// A rotated refresh token was used again: the family is revoked.
     #[error("refresh token reused; the session was revoked")]
     RefreshTokenReused,
+
+    // --- Sessions ---------------------------------------------------------
+    /// A `device_id` that is not 1 to 64 of `A-Z a-z 0-9 . _ : -`.
+    #[error("invalid device_id: {0}")]
+    InvalidDeviceId(&'static str),
+    /// The token's session was ended (`DELETE /v1/auth/sessions`).
+    #[error("the session of this token was ended; sign in again")]
+    SessionRevoked,
 }
 
 impl AuthError {
@@ -253,6 +261,8 @@ impl AuthError {
             RefreshTokenExpired => Code::RefreshTokenExpired,
             RefreshTokenRevoked => Code::RefreshTokenRevoked,
             RefreshTokenReused => Code::RefreshTokenReused,
+            InvalidDeviceId(_) => Code::InvalidDeviceId,
+            SessionRevoked => Code::SessionRevoked,
         }
     }
 

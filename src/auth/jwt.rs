@@ -55,6 +55,13 @@ pub struct Claims {
     /// unless its owner named another); absent on other tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
+    /// The device the sign-in named (`device_id`); absent when it named none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub did: Option<String>,
+    /// The session: minted per sign-in, kept across refreshes; ending it
+    /// (`DELETE /v1/auth/sessions/{sid}`) refuses the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sid: Option<String>,
 }
 
 impl Claims {
@@ -79,6 +86,8 @@ impl Claims {
             grants,
             custom: serde_json::Value::Null,
             role: None,
+            did: None,
+            sid: None,
         })
     }
 }

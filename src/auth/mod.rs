@@ -13,6 +13,7 @@ mod grants;
 mod hopmac;
 mod jwt;
 mod refresh;
+mod session;
 mod siwe;
 mod wallet;
 mod wallet_policy;
@@ -42,6 +43,7 @@ pub use self::{
         decide as decide_refresh, hash_token as hash_refresh_token, is_refresh_token_shaped,
         new_refresh_token,
     },
+    session::{MAX_DEVICE_ID, check_device_id, is_session_id_shaped, new_session_id},
     siwe::{
         SIWE_PREAMBLE, SiweMessage, checksum_address, eip191_digest, new_siwe_nonce,
         normalize_evm_address, parse_siwe, recover_address,

@@ -44,6 +44,13 @@ pub struct RefreshRecord {
     pub grace_used: bool,
     /// Revoked by logout or by reuse detection.
     pub revoked: bool,
+    /// The session the family is (`sid` of its access tokens); absent on
+    /// families opened before sessions existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The device the sign-in named (`did`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 impl RefreshRecord {
@@ -73,14 +80,17 @@ impl RefreshRecord {
     /// The record of the token that replaces `self` (same family and
     /// identity, a fresh `ttl` seconds).
     pub fn successor(&self, now: u64, ttl: u64) -> Self {
-        Self::issued(
+        let mut next = Self::issued(
             self.family.clone(),
             &self.namespace,
             &self.subject,
             self.grants.clone(),
             now,
             ttl,
-        )
+        );
+        next.session = self.session.clone();
+        next.device = self.device.clone();
+        next
     }
 
     /// Marks `self` as exchanged for the token hashed `successor_hash` (hex).
@@ -108,6 +118,8 @@ impl RefreshRecord {
             successor_hash: None,
             grace_used: false,
             revoked: false,
+            session: None,
+            device: None,
         }
     }
 }
@@ -240,6 +252,17 @@ mod tests {
         assert_eq!(decide(&r, NOW + day), RefreshDecision::Expired);
         let next = r.successor(NOW + 10, 7 * day);
         assert_eq!(next.expires_at, NOW + 10 + 7 * day);
+    }
+
+    /// A successor keeps its family's session and device.
+    #[test]
+    fn successor_keeps_session() {
+        let mut r = record();
+        r.session = Some("s1".into());
+        r.device = Some("phone".into());
+        let next = r.successor(NOW + 10, REFRESH_TOKEN_TTL);
+        assert_eq!(next.session.as_deref(), Some("s1"));
+        assert_eq!(next.device.as_deref(), Some("phone"));
     }
 
     /// The rotated token is accepted once within 60 s, then never.

@@ -85,8 +85,8 @@ pub(crate) fn hop_identity(id: &Identity, target: &str) -> HopIdentity {
         exp: id.exp,
         iat: id.iat,
         jti: id.jti.clone(),
-        device: None,
-        session: None,
+        device: id.device.clone(),
+        session: id.session.clone(),
         // The member treats the forwarded operator as the operator
         // (`?secrets=reseal`, operator-only routes): the flag is in the MAC.
         operator: id.operator,

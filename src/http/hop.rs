@@ -89,7 +89,7 @@ pub async fn verify_hop(
         }
         return Ok(None);
     }
-    Ok(Some(Identity::from(crate::identity::IdentityData {
+    let id = Identity::from(crate::identity::IdentityData {
         subject: hop.subject.clone(),
         namespace: Some(hop.namespace.clone()),
         grants: hop.grants.iter().filter_map(|g| g.parse().ok()).collect(),
@@ -100,7 +100,12 @@ pub async fn verify_hop(
         jti: hop.jti.clone(),
         exp: hop.exp,
         iat: hop.iat,
-    })))
+        device: hop.device.clone(),
+        session: hop.session.clone(),
+    });
+    // A session ended since the forwarding node looked is refused here too.
+    crate::http::chain::access::session_live(node, &id, now)?;
+    Ok(Some(id))
 }
 
 /// Reads the body (at most [`hop_body_limit`](crate::placement::peer::hop_body_limit)

@@ -50,6 +50,9 @@ pub struct NodeInner {
     pub token_cache: crate::http::chain::credentials::TokenCache,
     /// API key records recently read (see `KeyCache`).
     pub key_cache: crate::http::chain::credentials::KeyCache,
+    /// The ended sessions whose access tokens are refused (re-read from the
+    /// store every `identity::REVOCATION_POLL`).
+    pub revoked_sessions: crate::identity::RevokedSessions,
     /// The JWT signing key (generated on first start, `<data_dir>/jwt.key`, 0600).
     pub jwt: crate::auth::JwtKeys,
     /// The [`Phase`] as its `u8`; read by the probes and the request chain.

@@ -31,6 +31,7 @@ mod passivate;
 mod pubsub;
 mod quotas;
 mod security;
+mod sessions;
 mod single_node;
 mod telemetry;
 mod upgrade;

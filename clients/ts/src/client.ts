@@ -147,17 +147,30 @@ export interface HistoryPage {
  * most `limit` items (1 to 1000, default 100) and a `next_cursor`.
  * `namespaces` needs the operator key.
  */
-export type Listing = "namespaces" | "apiKeys" | "functions" | "deployments" | "kv" | "topics";
+export type Listing = "namespaces" | "apiKeys" | "sessions" | "functions" | "deployments" | "kv" | "topics";
 
 /** Where each listing lives and the field its items are in. */
 const LISTINGS: Record<Listing, { path: string; field: string }> = {
   namespaces: { path: "/v1/namespaces", field: "namespaces" },
   apiKeys: { path: "/v1/auth/api-keys", field: "keys" },
+  sessions: { path: "/v1/auth/sessions", field: "sessions" },
   functions: { path: "/v1/functions", field: "functions" },
   deployments: { path: "/v1/deployments", field: "deployments" },
   kv: { path: "/v1/kv", field: "keys" },
   topics: { path: "/v1/pubsub/topics", field: "topics" },
 };
+
+/** One session of a subject, as `GET /v1/auth/sessions` lists it. */
+export interface Session {
+  sid: string;
+  /** The device the sign-in named, or null. */
+  device_id: string | null;
+  created_at: number;
+  last_refresh_at: number | null;
+  expires_at: number;
+  /** Whether it is the session of the token the client uses. */
+  current: boolean;
+}
 
 export interface PageOptions {
   /** Items on a page, 1 to 1000 (default: the node's, 100). */
@@ -390,6 +403,32 @@ export class Client extends Emitter<ClientEvents> {
       if (p.nextCursor === cursor) throw new ServerError("BAD_CURSOR", `${listing}: the same cursor twice`);
       cursor = p.nextCursor;
     }
+  }
+
+  /**
+   * The sessions (sign-ins) of the token's own subject in its namespace,
+   * every page: `{sid, device_id, created_at, last_refresh_at, expires_at,
+   * current}` each.
+   */
+  async sessions(): Promise<Session[]> {
+    return this.all<Session>("sessions");
+  }
+
+  /**
+   * Ends one of the subject's sessions (`DELETE /v1/auth/sessions/{sid}`):
+   * its refresh is refused at once, its access tokens within 2 s. A sid the
+   * subject does not have rejects with `SESSION_NOT_FOUND`. Resolves to the
+   * sids ended.
+   */
+  async endSession(sid: string): Promise<string[]> {
+    const v = await this.http("DELETE", `/v1/auth/sessions/${encodeURIComponent(sid)}`);
+    return v.ended ?? [];
+  }
+
+  /** Ends every session of the subject signed in with `deviceId`; the sids ended. */
+  async endDeviceSessions(deviceId: string): Promise<string[]> {
+    const v = await this.http("DELETE", `/v1/auth/sessions?device_id=${encodeURIComponent(deviceId)}`);
+    return v.ended ?? [];
   }
 
   /** Every item of a listing in one array ([`items`] collected). */

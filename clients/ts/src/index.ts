@@ -14,6 +14,7 @@ export type {
   Listing,
   Page,
   PageOptions,
+  Session,
 } from "./client.js";
 export { Subscription } from "./subscription.js";
 export type {

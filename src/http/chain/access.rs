@@ -107,6 +107,8 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
             jti: None,
             exp: None,
             iat: None,
+            device: None,
+            session: None,
         }));
     }
     if cred.starts_with("mg_") {
@@ -132,6 +134,7 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
     let digest = ring::digest::digest(&ring::digest::SHA256, cred.as_bytes());
     let fingerprint: [u8; 32] = digest.as_ref().try_into().expect("32 bytes");
     if let Some(id) = node.token_cache.get(&fingerprint, t) {
+        session_live(node, &id, t)?;
         return Ok(id);
     }
     let iss = &node.config.server.public_url;
@@ -146,9 +149,24 @@ pub async fn authenticate(node: &Node, cred: &str) -> ApiResult<Identity> {
         jti: Some(c.jti.clone()),
         exp: Some(c.exp),
         iat: Some(c.iat),
+        device: c.did.clone(),
+        session: c.sid.clone(),
     });
+    session_live(node, &id, t)?;
     node.token_cache.insert(fingerprint, id.clone(), c.exp, t);
     Ok(id)
+}
+
+/// A token whose session was ended is refused (401 `SESSION_REVOKED`): a
+/// lookup in the node's set of ended sessions, skipped while it is empty
+/// (`identity::RevokedSessions`; docs/security.md, "Sessions").
+pub(crate) fn session_live(node: &Node, id: &Identity, now: u64) -> ApiResult<()> {
+    if let Some(sid) = &id.session
+        && node.revoked_sessions.contains(sid, now)
+    {
+        return Err(auth::AuthError::SessionRevoked.into());
+    }
+    Ok(())
 }
 
 /// The namespace an operator names explicitly (`X-Namespace` or `?namespace=`).

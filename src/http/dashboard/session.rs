@@ -225,6 +225,8 @@ pub async fn cookie_identity(
         jti: None,
         exp: Some(exp),
         iat: None,
+        device: None,
+        session: None,
     }))
 }
 

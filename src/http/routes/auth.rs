@@ -51,6 +51,24 @@ pub fn register(t: &mut RouteTable) {
     )
     .add(
         Method::GET,
+        "/v1/auth/sessions",
+        Policy::ns("", ""),
+        web::get().to(list_sessions),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/auth/sessions",
+        Policy::ns("", ""),
+        web::delete().to(end_device_sessions),
+    )
+    .add(
+        Method::DELETE,
+        "/v1/auth/sessions/{sid}",
+        Policy::ns("", ""),
+        web::delete().to(end_session),
+    )
+    .add(
+        Method::GET,
         "/v1/auth/whoami",
         Policy::ns("", ""),
         web::get().to(whoami),
@@ -182,15 +200,17 @@ fn claims_of(output: &[u8]) -> ApiResult<serde_json::Value> {
     }
 }
 
-/// Signs an access token and opens a refresh family; the token-pair answer.
-/// A wallet sign-in names the namespace's role it was issued as (`role`
-/// claim and answer field).
+/// Signs an access token and opens a session (a refresh family with a fresh
+/// `sid`, bound to the client's `device_id` when it named one); the
+/// token-pair answer. A wallet sign-in names the namespace's role it was
+/// issued as (`role` claim and answer field).
 async fn token_pair(
     node: &Node,
     ns: &str,
     subject: &str,
     grants: Vec<String>,
     role: Option<String>,
+    device: Option<&str>,
 ) -> ApiResult<HttpResponse> {
     let t = now();
     let iss = &node.config.server.public_url;
@@ -199,19 +219,25 @@ async fn token_pair(
     claims.role = role.clone();
     let ttl = node.config.auth.access_token_seconds;
     claims.exp = t + ttl;
-    let access = node.jwt.sign(&claims);
-    let refresh = identity::issue_refresh(
+    let (refresh, sid) = identity::open_session(
         &node.store,
         &node.secrets.server_secret,
-        ns,
-        subject,
-        grants,
+        identity::SignIn {
+            namespace: ns,
+            subject,
+            grants,
+            device,
+        },
         t,
         node.config.auth.refresh_token_seconds(),
     )
     .await?;
+    claims.did = device.map(str::to_string);
+    claims.sid = Some(sid.clone());
+    let access = node.jwt.sign(&claims);
     let mut answer = json!({
         "access_token": access, "token_type": "Bearer", "expires_in": ttl, "refresh_token": refresh,
+        "session_id": sid, "device_id": device,
     });
     if let Some(role) = role {
         answer["role"] = json!(role);
@@ -219,16 +245,31 @@ async fn token_pair(
     Ok(HttpResponse::Ok().json(answer))
 }
 
+/// A request's `device_id`, checked (400 `INVALID_DEVICE_ID`).
+fn device_of(device_id: &Option<String>) -> ApiResult<Option<&str>> {
+    match device_id.as_deref() {
+        None => Ok(None),
+        Some(d) => {
+            auth::check_device_id(d)?;
+            Ok(Some(d))
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokenRequest {
     /// The API key to exchange for a token pair (surrounding whitespace ignored).
     api_key: String,
+    /// The client's device: 1 to 64 of `A-Z a-z 0-9 . _ : -` (the `did` claim).
+    #[serde(default)]
+    device_id: Option<String>,
 }
 
 impl Body for TokenRequest {}
 
 async fn token(node: web::Data<Node>, body: Json<TokenRequest>) -> ApiResult<HttpResponse> {
+    let device = device_of(&body.device_id)?;
     let r = identity::lookup_key(
         &node.store,
         &node.secrets.server_secret,
@@ -242,6 +283,7 @@ async fn token(node: web::Data<Node>, body: Json<TokenRequest>) -> ApiResult<Htt
         &format!("key:{}", r.id),
         r.grants,
         None,
+        device,
     )
     .await
 }
@@ -265,6 +307,9 @@ async fn refresh(node: web::Data<Node>, body: Json<RefreshRequest>) -> ApiResult
         node.config.auth.refresh_token_seconds(),
     )
     .await?;
+    // An ended session's family was revoked; one ended while this refresh
+    // was rotating is caught here (and its family revoked).
+    identity::touch_session(&node.store, &record, t).await?;
     // A wallet's session lasts only as long as the namespace still lets it
     // sign in, with the grants its role holds now.
     let (grants, role) = match record.subject.strip_prefix("wallet:") {
@@ -287,9 +332,12 @@ async fn refresh(node: web::Data<Node>, body: Json<RefreshRequest>) -> ApiResult
     claims.exp = t + node.config.auth.access_token_seconds;
     claims.custom = custom_claims(&node, &record.namespace, &record.subject, &grants).await?;
     claims.role = role.clone();
+    claims.did = record.device.clone();
+    claims.sid = record.session.clone();
     let mut answer = json!({
         "access_token": node.jwt.sign(&claims), "token_type": "Bearer",
         "expires_in": node.config.auth.access_token_seconds, "refresh_token": new_refresh,
+        "session_id": record.session, "device_id": record.device,
     });
     if let Some(role) = role {
         answer["role"] = json!(role);
@@ -315,7 +363,112 @@ async fn whoami(ctx: NsCtx) -> ApiResult<HttpResponse> {
         "subject": id.subject, "namespace": ctx.name, "kind": id.kind, "operator": id.operator,
         "grants": id.grants.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
         "custom": id.custom, "exp": id.exp,
+        "session_id": id.session, "device_id": id.device,
     })))
+}
+
+/// The subject whose sessions a caller sees and ends: its own, always. A
+/// namespace owner ends another subject's access by revoking its API key or
+/// taking its wallet off the sign-in allow list (refreshes recheck both).
+fn session_subject(ctx: &NsCtx) -> ApiResult<String> {
+    let id = ctx
+        .identity
+        .as_ref()
+        .ok_or_else(|| ApiError::new(Code::MissingCredential, "no credential"))?;
+    Ok(id.subject.clone())
+}
+
+/// How long an ended session's sid stays on the revocation list: as long as
+/// an access token issued just before the end is accepted (its lifetime and
+/// the clock leeway), and a minute more.
+fn revoke_for(node: &Node) -> u64 {
+    node.config.auth.access_token_seconds + auth::JWT_LEEWAY + 60
+}
+
+/// `GET /v1/auth/sessions[?limit=&cursor=]`: one page of the caller's own
+/// sessions in the namespace, by sid.
+async fn list_sessions(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    q: web::Query<PageQuery>,
+) -> ApiResult<HttpResponse> {
+    let subject = session_subject(&ctx)?;
+    let scope = format!("{}/{subject}", ctx.name);
+    let page = Page::parse(&q, "sessions", &scope)?;
+    let (sessions, last) = identity::list_sessions_page(
+        &node.store,
+        &ctx.name,
+        &subject,
+        page.after.as_deref(),
+        page.limit,
+    )
+    .await?;
+    let next = page.next_cursor(last.as_deref());
+    let current = ctx.identity.as_ref().and_then(|i| i.session.clone());
+    let sessions: Vec<_> = sessions
+        .iter()
+        .map(|s| {
+            json!({
+                "sid": s.sid, "device_id": s.device_id, "created_at": s.created_at,
+                "last_refresh_at": s.last_refresh_at, "expires_at": s.expires_at,
+                "current": current.as_deref() == Some(s.sid.as_str()),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok()
+        .json(json!({"subject": subject, "sessions": sessions, "next_cursor": next})))
+}
+
+/// `DELETE /v1/auth/sessions/{sid}`: ends one of the caller's sessions. A
+/// sid the caller's subject does not have (unknown, or another subject's)
+/// is 404 `SESSION_NOT_FOUND` alike.
+async fn end_session(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    sid: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let subject = session_subject(&ctx)?;
+    let t = now();
+    let ttl = revoke_for(&node);
+    if !identity::end_session(&node.store, &ctx.name, &subject, &sid, t, ttl).await? {
+        return Err(ApiError::new(Code::SessionNotFound, "no such session"));
+    }
+    node.revoked_sessions.insert(&sid, t + ttl);
+    tracing::info!(namespace = %ctx.name, subject = %subject, sid = %sid, "Session ended.");
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "ended": [sid.into_inner()]})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceQuery {
+    /// The device whose sessions end (required).
+    #[serde(default)]
+    device_id: Option<String>,
+}
+
+/// `DELETE /v1/auth/sessions?device_id=`: ends every session of the caller
+/// signed in from that device; `ended` lists them (empty when none).
+async fn end_device_sessions(
+    node: web::Data<Node>,
+    ctx: NsCtx,
+    q: web::Query<DeviceQuery>,
+) -> ApiResult<HttpResponse> {
+    let subject = session_subject(&ctx)?;
+    let device = device_of(&q.device_id)?.ok_or_else(|| {
+        ApiError::new(
+            Code::BadRequest,
+            "device_id is required (DELETE /v1/auth/sessions/{sid} ends one session)",
+        )
+    })?;
+    let t = now();
+    let ttl = revoke_for(&node);
+    let ended =
+        identity::end_device_sessions(&node.store, &ctx.name, &subject, device, t, ttl).await?;
+    for sid in &ended {
+        node.revoked_sessions.insert(sid, t + ttl);
+    }
+    tracing::info!(namespace = %ctx.name, subject = %subject, device = %device, count = ended.len(), "Device sessions ended.");
+    Ok(HttpResponse::Ok().json(json!({"ok": true, "ended": ended})))
 }
 
 #[derive(Deserialize)]
@@ -394,11 +547,27 @@ fn siwe_uri(node: &Node) -> String {
     }
 }
 
+/// The client network a challenge cap is kept for: the client's IPv4
+/// address or IPv6 /64 (as the rate limits key it), `unknown` without one.
+/// Another client's open challenges never count against this one's cap.
+fn client_network(ip: Option<std::net::IpAddr>) -> String {
+    match ip {
+        Some(ip) => crate::http::chain::limits::bucket_key(ip).to_string(),
+        None => "unknown".into(),
+    }
+}
+
 async fn challenge(
     node: web::Data<Node>,
     limiters: web::Data<std::sync::Arc<crate::http::chain::limits::Limiters>>,
+    req: actix_web::HttpRequest,
     body: Json<ChallengeRequest>,
 ) -> ApiResult<HttpResponse> {
+    let client = client_network(crate::http::chain::limits::client_ip_of(
+        &limiters,
+        req.headers(),
+        req.peer_addr(),
+    ));
     let wanted = body.wallet()?;
     let wallet = match &wanted {
         ChallengeFor::Ed25519(w) => w.clone(),
@@ -411,14 +580,21 @@ async fn challenge(
             .inc();
         return Err(ApiError::rate_limited(Code::WalletRateLimited, after));
     }
-    wallet_setting(&node, &body.namespace)
-        .await?
-        .admits(&wallet)?;
+    // A namespace that does not exist answers as one that takes no wallet
+    // sign-ins: the challenge does not tell whether a namespace exists.
+    match wallet_setting(&node, &body.namespace).await {
+        Ok(setting) => setting.admits(&wallet)?,
+        Err(e) if e.code == Code::NamespaceNotFound => {
+            return Err(auth::AuthError::WalletSignInDisabled.into());
+        }
+        Err(e) => return Err(e),
+    }
     let ttl = node.config.auth.challenge_seconds;
     match wanted {
         ChallengeFor::Ed25519(w) => {
             let message =
-                identity::open_challenge(&node.store, &w, &body.namespace, now(), ttl).await?;
+                identity::open_challenge(&node.store, &w, &client, &body.namespace, now(), ttl)
+                    .await?;
             Ok(HttpResponse::Ok().json(json!({"message": message, "expires_in": ttl})))
         }
         ChallengeFor::Evm { address, chain_id } => {
@@ -434,6 +610,7 @@ async fn challenge(
                 &address,
                 chain_id,
                 &body.namespace,
+                &client,
                 now(),
             )
             .await?;
@@ -453,6 +630,9 @@ struct VerifyRequest {
     /// The wallet's signature of `message`: Ed25519 (64 bytes), or an EVM
     /// `personal_sign` signature (65 bytes hex, `r ‖ s ‖ v`).
     signature: String,
+    /// The client's device: 1 to 64 of `A-Z a-z 0-9 . _ : -` (the `did` claim).
+    #[serde(default)]
+    device_id: Option<String>,
 }
 
 impl Body for VerifyRequest {}
@@ -462,6 +642,8 @@ impl Body for VerifyRequest {}
 /// (the setting may have changed since the challenge). A message in
 /// EIP-4361's layout is a Sign-In with Ethereum; any other an Ed25519 one.
 async fn verify(node: web::Data<Node>, body: Json<VerifyRequest>) -> ApiResult<HttpResponse> {
+    // Checked before the nonce is spent: a bad device id costs no challenge.
+    let device = device_of(&body.device_id)?;
     let is_siwe = body
         .message
         .split('\n')
@@ -490,6 +672,7 @@ async fn verify(node: web::Data<Node>, body: Json<VerifyRequest>) -> ApiResult<H
         &format!("wallet:{wallet}"),
         setting.grants_for(&wallet),
         Some(setting.role),
+        device,
     )
     .await
 }

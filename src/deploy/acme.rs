@@ -119,7 +119,12 @@ pub fn renew_at(cert: &CertRecord, renew_after: u64) -> i64 {
 }
 
 /// The `acme` object of `GET /v1/deployments/{name}/certificate`.
-pub fn view(state: Option<&AcmeState>, cert: Option<&CertRecord>, hosts: &[String], now: i64) -> Value {
+pub fn view(
+    state: Option<&AcmeState>,
+    cert: Option<&CertRecord>,
+    hosts: &[String],
+    now: i64,
+) -> Value {
     let covered = cert.is_some_and(|c| {
         c.not_after > now && hosts.iter().all(|h| super::certs::record_covers(c, h))
     });
@@ -165,7 +170,10 @@ impl AcmeHttp {
                 .map_err(|e| anyhow::anyhow!("tls.acme.ca_bundle {}: {e}", cfg.ca_bundle))?;
             let (added, _) = roots.add_parsable_certificates(certs);
             if added == 0 {
-                anyhow::bail!("tls.acme.ca_bundle {}: no usable certificate", cfg.ca_bundle);
+                anyhow::bail!(
+                    "tls.acme.ca_bundle {}: no usable certificate",
+                    cfg.ca_bundle
+                );
             }
             roots
         };
@@ -343,11 +351,7 @@ impl Acme {
     /// Loads the stored TLS-ALPN-01 certificates into the TLS resolver's map.
     async fn refresh_alpn(&self) -> crate::storage::StoreResult<()> {
         let mut map = HashMap::new();
-        for (k, v) in self
-            .store
-            .scan_prefix(ALPN_PREFIX.as_bytes(), 1024)
-            .await?
-        {
+        for (k, v) in self.store.scan_prefix(ALPN_PREFIX.as_bytes(), 1024).await? {
             let host = String::from_utf8_lossy(&k[ALPN_PREFIX.len()..]).into_owned();
             if let Some(ck) = serde_json::from_slice::<AlpnCert>(&v)
                 .ok()
@@ -366,8 +370,9 @@ impl Acme {
     /// One pass over the `tls: "auto"` deployments.
     async fn check(&self) {
         let now = crate::util::now();
-        let mut counts: HashMap<&'static str, i64> =
-            [("pending", 0), ("valid", 0), ("failed", 0)].into_iter().collect();
+        let mut counts: HashMap<&'static str, i64> = [("pending", 0), ("valid", 0), ("failed", 0)]
+            .into_iter()
+            .collect();
         for a in self.deployments.auto_tls() {
             let state = match self.ensure(&a, now).await {
                 Ok(s) => s,
@@ -444,10 +449,12 @@ impl Acme {
             .get_json::<CertRecord>(&super::certs::cert_key(ns, name))
             .await
             .map_err(|e| e.to_string())?;
-        if !self.due(cert.as_ref(), &a.hosts, now)
-            || state.next_attempt.is_some_and(|t| t > now)
-        {
-            return Ok(if state.state == "failed" { "failed" } else { "valid" });
+        if !self.due(cert.as_ref(), &a.hosts, now) || state.next_attempt.is_some_and(|t| t > now) {
+            return Ok(if state.state == "failed" {
+                "failed"
+            } else {
+                "valid"
+            });
         }
         state.last_attempt = Some(now);
         state.orders += 1;
@@ -557,7 +564,12 @@ impl Acme {
                 None,
             )
             .await
-            .map_err(|e| format!("the ACME account at {} could not be created: {e}", self.cfg.directory))?;
+            .map_err(|e| {
+                format!(
+                    "the ACME account at {} could not be created: {e}",
+                    self.cfg.directory
+                )
+            })?;
         *slot = Some(account.clone());
         Ok(account)
     }
@@ -597,7 +609,11 @@ impl Acme {
                     let c = alpn_cert(&host, ka.digest().as_ref())?;
                     let key = format!("{ALPN_PREFIX}{host}").into_bytes();
                     self.store
-                        .put_ttl(&key, &serde_json::to_vec(&c).map_err(|e| e.to_string())?, ttl)
+                        .put_ttl(
+                            &key,
+                            &serde_json::to_vec(&c).map_err(|e| e.to_string())?,
+                            ttl,
+                        )
                         .await
                         .map_err(|e| e.to_string())?;
                     written.push(key);

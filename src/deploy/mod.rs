@@ -544,7 +544,9 @@ impl Deployments {
             .await?;
         let mut v = match &cert {
             Some(c) => certs::view(c, &ver.hosts, now),
-            None => json!({"deployment": name, "state": "none", "hosts": ver.hosts.iter().map(|h| json!({"host": h, "covered": false})).collect::<Vec<_>>()}),
+            None => {
+                json!({"deployment": name, "state": "none", "hosts": ver.hosts.iter().map(|h| json!({"host": h, "covered": false})).collect::<Vec<_>>()})
+            }
         };
         v["acme"] = acme::view(state.as_ref(), cert.as_ref(), &ver.hosts, now);
         Ok(v)

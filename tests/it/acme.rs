@@ -77,7 +77,13 @@ impl Pebble {
         }});
         std::fs::write(dir.join("pebble.json"), config.to_string()).unwrap();
         let log = dir.join("pebble.log");
-        let out = || std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let out = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .unwrap()
+        };
         let mut children = Vec::new();
         children.push(
             Command::new("pebble-challtestsrv")
@@ -170,7 +176,14 @@ fn certificate(node: &TestNode, key: &str, name: &str) -> (u16, serde_json::Valu
         "application/json",
         b"",
     );
-    (s, if s == 200 { v["certificate"].clone() } else { v })
+    (
+        s,
+        if s == 200 {
+            v["certificate"].clone()
+        } else {
+            v
+        },
+    )
 }
 
 /// The leaf's serial and issuer.
@@ -196,11 +209,7 @@ fn metric(node: &TestNode, series: &str) -> f64 {
 
 /// A node (own pair for `node.test`) ordering from pebble with `challenge`,
 /// pebble's validator pointed at its listeners.
-fn node_and_pebble(
-    tmp: &std::path::Path,
-    challenge: &str,
-    extra: &str,
-) -> (TestNode, Pebble) {
+fn node_and_pebble(tmp: &std::path::Path, challenge: &str, extra: &str) -> (TestNode, Pebble) {
     let (tls_port, http_port) = (free_port(), free_port());
     let pebble = Pebble::start(tmp, http_port, tls_port);
     let node = tls_node_with(
@@ -245,7 +254,12 @@ fn http01_certificate_is_issued_and_served() {
     let tmp = tempfile::tempdir().unwrap();
     let (node, pebble) = node_and_pebble(tmp.path(), "http-01", "");
     let key = namespace(&node, "acmehttp");
-    let (s, v) = deploy_auto(&node, &key, "shop", &["shop.acme-http.test", "www.acme-http.test"]);
+    let (s, v) = deploy_auto(
+        &node,
+        &key,
+        "shop",
+        &["shop.acme-http.test", "www.acme-http.test"],
+    );
     assert_eq!(s, 201, "{v}");
     assert_eq!(v["deployment"]["tls"], "auto", "{v}");
     let leaf = wait_issued(&node, &pebble, "shop.acme-http.test", None);
@@ -266,7 +280,10 @@ fn http01_certificate_is_issued_and_served() {
     assert_eq!(v["acme"]["last_error"], serde_json::Value::Null, "{v}");
     assert!(v["acme"]["renew_at"].is_string(), "{v}");
     assert!(v.get("key_pem").is_none() && !v.to_string().contains("PRIVATE KEY"));
-    assert_eq!(metric(&node, "meshgate_acme_orders_total{outcome=\"issued\"}"), 1.0);
+    assert_eq!(
+        metric(&node, "meshgate_acme_orders_total{outcome=\"issued\"}"),
+        1.0
+    );
     assert_eq!(pebble.orders(), 1, "{}", pebble.log());
     wait_until(Duration::from_secs(10), "the gauge counts it valid", || {
         metric(&node, "meshgate_acme_certificates{state=\"valid\"}") == 1.0
@@ -278,7 +295,12 @@ fn http01_certificate_is_issued_and_served() {
         "/.well-known/acme-challenge/..%2f..%2fetc",
         "/v1/namespaces",
     ] {
-        let (s, _, b) = http("GET", &format!("http://127.0.0.1:{http_port}{path}"), &[], None);
+        let (s, _, b) = http(
+            "GET",
+            &format!("http://127.0.0.1:{http_port}{path}"),
+            &[],
+            None,
+        );
         assert_eq!(s, 404, "{path}: {}", String::from_utf8_lossy(&b));
     }
 }
@@ -373,16 +395,21 @@ fn unreachable_ca_is_shown_as_failed() {
         metric(&node, "meshgate_acme_orders_total{outcome=\"failed\"}"),
         1.0
     );
-    wait_until(Duration::from_secs(10), "the gauge counts it failed", || {
-        metric(&node, "meshgate_acme_certificates{state=\"failed\"}") == 1.0
-    });
+    wait_until(
+        Duration::from_secs(10),
+        "the gauge counts it failed",
+        || metric(&node, "meshgate_acme_certificates{state=\"failed\"}") == 1.0,
+    );
     // Backoff: no second attempt within the first retry's 30 s.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         metric(&node, "meshgate_acme_orders_total{outcome=\"failed\"}"),
         1.0
     );
-    assert_eq!(names_of(&served_leaf(&node.addr, "shop.acme-fail.test")), vec![API]);
+    assert_eq!(
+        names_of(&served_leaf(&node.addr, "shop.acme-fail.test")),
+        vec![API]
+    );
 }
 
 /// Bad input: `tls` other than `"auto"` is 400 `INVALID_FIELD` on a node with ACME.
@@ -406,9 +433,88 @@ fn tls_mode_other_than_auto_is_refused() {
     let key = namespace(&node, "acmebad");
     let body = serde_json::json!({"name": "x", "hosts": ["x.acme-bad.test"], "tls": "manual",
         "upstream": {"instances": ["http://127.0.0.1:9"]}});
-    let (s, v) = api(&node, &key, "POST", "/v1/deployments", "application/json", body.to_string().as_bytes());
+    let (s, v) = api(
+        &node,
+        &key,
+        "POST",
+        "/v1/deployments",
+        "application/json",
+        body.to_string().as_bytes(),
+    );
     assert_eq!(s, 400, "{v}");
     assert_eq!(v["error"]["code"], "INVALID_FIELD", "{v}");
-    let (s, _) = api(&node, &key, "GET", "/v1/deployments/x", "application/json", b"");
+    let (s, _) = api(
+        &node,
+        &key,
+        "GET",
+        "/v1/deployments/x",
+        "application/json",
+        b"",
+    );
     assert_eq!(s, 404);
+}
+
+/// Three nodes on one etcd (TLS between them): the deployment is made
+/// through one, pebble's validator reaches only another, and exactly one
+/// order is made (pebble's count and the nodes' metrics); all three serve
+/// the issued certificate.
+#[cfg(feature = "cluster")]
+#[test]
+fn three_nodes_make_one_order_and_all_serve_it() {
+    use crate::cluster::member_opts;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The nodes' own pair: `node.test` and 127.0.0.1 (their advertise
+    // address), from a CA that is their peer CA.
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(vec![API.to_string()]).unwrap();
+    p.subject_alt_names
+        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    let leaf = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+    std::fs::write(dir.join("cert.pem"), leaf.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("peer-ca.pem"), ca_cert.pem()).unwrap();
+    let etcd = crate::etcd_process::EtcdProcess::start();
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    // The validator reaches node "b" only.
+    let pebble = Pebble::start(dir, ports[1].1, ports[1].0);
+    let nodes: Vec<TestNode> = ["a", "b", "c"]
+        .iter()
+        .zip(&ports)
+        .map(|(id, (tls, http))| {
+            let mut o = member_opts(&etcd, id, *tls, dir);
+            o.config = format!(
+                "{}advertise = \"https://127.0.0.1:{tls}\"\npeer_ca_file = {:?}\n",
+                o.config.replacen(TEST_CONFIG, "", 1),
+                dir.join("peer-ca.pem")
+            );
+            tls_node_with(dir, &acme_config(&pebble, "http-01", *http, ""), o)
+        })
+        .collect();
+    let key = namespace(&nodes[0], "acmecluster");
+    let (s, v) = deploy_auto(&nodes[0], &key, "shop", &["shop.acme-cluster.test"]);
+    assert_eq!(s, 201, "{v}");
+    let leaf = wait_issued(&nodes[0], &pebble, "shop.acme-cluster.test", None);
+    for n in &nodes {
+        wait_until(Duration::from_secs(10), "every node serves it", || {
+            served_leaf(&n.addr, "shop.acme-cluster.test") == leaf
+        });
+    }
+    // Several check rounds later still one order, made by one node.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(pebble.orders(), 1, "{}", pebble.log());
+    let issued: f64 = nodes
+        .iter()
+        .map(|n| metric(n, "meshgate_acme_orders_total{outcome=\"issued\"}"))
+        .sum();
+    assert_eq!(issued, 1.0);
+    let failed: f64 = nodes
+        .iter()
+        .map(|n| metric(n, "meshgate_acme_orders_total{outcome=\"failed\"}"))
+        .sum();
+    assert_eq!(failed, 0.0);
 }

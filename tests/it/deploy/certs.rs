@@ -240,10 +240,13 @@ pub(crate) fn tls_node(dir: &std::path::Path) -> TestNode {
 
 /// The same, with `extra` after its `[tls]` section's keys (a `[tls.acme]`
 /// section) and `opts`' listen address, environment and data folder.
+/// A pair already in `dir` (`cert.pem`, `key.pem`) is kept.
 pub(crate) fn tls_node_with(dir: &std::path::Path, extra: &str, opts: NodeOpts) -> TestNode {
-    let own = current(&[API]);
-    std::fs::write(dir.join("cert.pem"), &own.cert).unwrap();
-    std::fs::write(dir.join("key.pem"), &own.key).unwrap();
+    if !dir.join("cert.pem").exists() {
+        let own = current(&[API]);
+        std::fs::write(dir.join("cert.pem"), &own.cert).unwrap();
+        std::fs::write(dir.join("key.pem"), &own.key).unwrap();
+    }
     let node = TestNode::start_with(NodeOpts {
         config: format!(
             "{TEST_CONFIG}{}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n[tls]\ncert_file = {:?}\nkey_file = {:?}\n{extra}",

@@ -1494,6 +1494,42 @@ mod tests {
         assert!(load_str("[server]\npassivate_after_seconds = 1\n", &[]).is_ok());
     }
 
+    /// `[tls.acme]`: its keys checked like a section's, and what it needs.
+    #[test]
+    fn acme_section_is_checked() {
+        let tls = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+        let err = |text: &str| {
+            load_str(text, &[])
+                .err()
+                .map(|e| e.0.join("\n"))
+                .unwrap_or_default()
+        };
+        let all = err(&format!(
+            "{tls}[tls.acme]\ndirectory = \"https://ca.test/dir\"\nemail = \"a@b.test\"\nbogus = 1\ncheck_seconds = \"x\"\n"
+        ));
+        assert!(all.contains("unknown key tls.acme.bogus"), "{all}");
+        assert!(all.contains("tls.acme.check_seconds"), "{all}");
+        let all = err(&format!(
+            "{tls}[tls.acme]\ndirectory = \"http://ca.test/dir\"\nemail = \"nobody\"\nchallenge = \"dns-01\"\n"
+        ));
+        assert!(all.contains("tls.acme.directory"), "{all}");
+        assert!(all.contains("tls.acme.email"), "{all}");
+        assert!(all.contains("tls.acme.challenge"), "{all}");
+        // HTTP-01 needs its listener; TLS-ALPN-01 does not.
+        let base = "[tls.acme]\ndirectory = \"https://ca.test/dir\"\nemail = \"a@b.test\"\n";
+        assert!(err(&format!("{tls}{base}")).contains("tls.acme.http_listen"));
+        assert!(
+            !err(&format!("{tls}{base}challenge = \"tls-alpn-01\"\n")).contains("tls.acme"),
+            "{}",
+            err(&format!("{tls}{base}challenge = \"tls-alpn-01\"\n"))
+        );
+        // Without the node's own pair there is no listener to serve on.
+        assert!(
+            err(&format!("{base}http_listen = \"127.0.0.1:80\"\n"))
+                .contains("needs the node's own pair")
+        );
+    }
+
     /// Unknown keys and bad values are all reported in one error.
     #[test]
     fn every_problem_reported_at_once() {

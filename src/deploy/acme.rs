@@ -399,11 +399,16 @@ impl Acme {
             .await
             .map_err(|e| e.to_string())?;
         if !self.due(cert.as_ref(), &a.hosts, now) {
-            return Ok(if state.as_ref().is_some_and(|s| s.state == "failed") {
-                "failed"
-            } else {
-                "valid"
-            });
+            // A certificate that serves (uploaded after a failure, say) ends
+            // the failed state.
+            if let Some(mut s) = state.filter(|s| s.state != "valid") {
+                s.state = "valid".into();
+                s.last_error = None;
+                s.failures = 0;
+                s.next_attempt = None;
+                self.write_state(ns, name, &s).await?;
+            }
+            return Ok("valid");
         }
         let label = match &state {
             Some(s) if s.state == "failed" => "failed",
@@ -449,11 +454,14 @@ impl Acme {
             .get_json::<CertRecord>(&super::certs::cert_key(ns, name))
             .await
             .map_err(|e| e.to_string())?;
-        if !self.due(cert.as_ref(), &a.hosts, now) || state.next_attempt.is_some_and(|t| t > now) {
+        if !self.due(cert.as_ref(), &a.hosts, now) {
+            return Ok("valid");
+        }
+        if state.next_attempt.is_some_and(|t| t > now) {
             return Ok(if state.state == "failed" {
                 "failed"
             } else {
-                "valid"
+                "pending"
             });
         }
         state.last_attempt = Some(now);

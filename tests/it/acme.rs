@@ -333,6 +333,33 @@ fn tls_alpn01_certificate_is_issued_and_served() {
     wait_until(Duration::from_secs(30), "the state is valid", || {
         certificate(&node, &key, "site").1["acme"]["state"] == "valid"
     });
+    // The challenge is gone: an `acme-tls/1` handshake gets no certificate
+    // (never the served one, never the node's pair), for this host or another.
+    for sni in ["site.acme-alpn.test", API] {
+        assert!(acme_tls_handshake(&node.addr, sni).is_err(), "{sni}");
+    }
+}
+
+/// A handshake offering only ALPN `acme-tls/1`, as a CA's validator does.
+fn acme_tls_handshake(addr: &str, sni: &str) -> Result<(), rustls::Error> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(crate::deploy::certs::any_cert(provider))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"acme-tls/1".to_vec()];
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).unwrap();
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock)
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// A renewal window set by config: the certificate is ordered again once

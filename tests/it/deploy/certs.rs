@@ -91,6 +91,13 @@ impl rustls::client::danger::ServerCertVerifier for AnyCert {
     }
 }
 
+/// A verifier that accepts any server certificate.
+pub(crate) fn any_cert(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Arc<dyn rustls::client::danger::ServerCertVerifier> {
+    Arc::new(AnyCert(provider))
+}
+
 fn client_config() -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())

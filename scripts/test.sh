@@ -21,6 +21,10 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # The etcd backend (feature `cluster`): etcd-client needs protoc; its tests start etcd.
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+# ACME tests (tests/it/acme.rs) order certificates from Debian's pebble,
+# resolving names through its pebble-challtestsrv (both in package pebble).
+{ command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2>&1; } \
+  || need_apt+=(pebble)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "scripts/test.sh: installing ${need_apt[*]} (apt-get)"
   apt-get update -qq

@@ -449,6 +449,9 @@ pub enum DeployCommand {
         name: Option<String>,
         #[command(flatten)]
         policy: PolicyArgs,
+        /// `auto`: the hosts' certificate is issued by ACME (the node needs `[tls.acme]`).
+        #[arg(long, value_name = "auto")]
+        tls: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -499,6 +502,9 @@ pub enum DeployCommand {
         /// The cap on a gRPC call's deadline, in ms (`upstream.grpc.max_timeout_ms`).
         #[arg(long)]
         grpc_max_timeout_ms: Option<u64>,
+        /// `auto`: the hosts' certificate is issued by ACME (the node needs `[tls.acme]`).
+        #[arg(long, value_name = "auto")]
+        tls: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },

@@ -272,6 +272,7 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             hosts,
             name,
             policy,
+            tls,
             client,
         } => {
             if !dir.is_dir() {
@@ -292,6 +293,9 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             ];
             if let Some(p) = default_policy(policy)? {
                 parts.push(("policy", p.to_string().into_bytes()));
+            }
+            if let Some(t) = tls {
+                parts.push(("tls", t.into_bytes()));
             }
             parts.push(("tarball", tgz));
             let boundary = format!("meshgate{}", hex::encode(crate::util::random_bytes::<12>()));
@@ -317,6 +321,7 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
             unhealthy_threshold,
             no_compress,
             grpc_max_timeout_ms,
+            tls,
             client,
         } => {
             let routes: Value = match routes {
@@ -353,6 +358,9 @@ async fn deployments(cmd: DeployCommand) -> Result<(), String> {
                 json!({"name": name, "hosts": hosts, "upstream": upstream, "routes": routes});
             if let Some(p) = default_policy(policy)? {
                 body["policy"] = p;
+            }
+            if let Some(t) = tls {
+                body["tls"] = json!(t);
             }
             print(&call(&client, "POST", "/v1/deployments", Some(body)).await?);
         }

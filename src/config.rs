@@ -269,6 +269,9 @@ pub struct TlsConfig {
     pub key_file: String,
     /// Seconds between checks of the two files for changes.
     pub reload_check_seconds: u64,
+    /// `[tls.acme]`: certificates for deployment hosts with `tls: "auto"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acme: Option<AcmeConfig>,
 }
 
 impl Default for TlsConfig {
@@ -277,6 +280,55 @@ impl Default for TlsConfig {
             cert_file: String::new(),
             key_file: String::new(),
             reload_check_seconds: 2,
+            acme: None,
+        }
+    }
+}
+
+/// `[tls.acme]`: an ACME CA (RFC 8555) that issues the certificates of
+/// deployment hosts with `tls: "auto"` (docs/deployments.md "ACME").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AcmeConfig {
+    /// The CA's directory URL (`https://acme-v02.api.letsencrypt.org/directory`).
+    pub directory: String,
+    /// The account's contact address.
+    pub email: String,
+    /// PEM file of the CA certificates trusted for the directory's HTTPS
+    /// (a private CA); empty: the public webpki roots.
+    pub ca_bundle: String,
+    /// `http-01` (the default) or `tls-alpn-01`.
+    pub challenge: String,
+    /// `host:port` of the plain-HTTP listener that answers HTTP-01
+    /// (`/.well-known/acme-challenge/{token}`); required for `http-01`.
+    pub http_listen: String,
+    /// Seconds between the node's checks of which hosts need a certificate.
+    pub check_seconds: u64,
+    /// Renew a certificate this many seconds after its `notBefore`; 0 (the
+    /// default): at two thirds of its lifetime.
+    pub renew_after_seconds: u64,
+    /// The first retry after a failed order, in seconds; doubled per failure.
+    pub retry_min_seconds: u64,
+    /// The longest wait between retries, in seconds.
+    pub retry_max_seconds: u64,
+    /// Longest time one order may take (challenges, finalization), in seconds;
+    /// also the time to live of the per-deployment order lock.
+    pub order_timeout_seconds: u64,
+}
+
+impl Default for AcmeConfig {
+    fn default() -> Self {
+        Self {
+            directory: String::new(),
+            email: String::new(),
+            ca_bundle: String::new(),
+            challenge: "http-01".into(),
+            http_listen: String::new(),
+            check_seconds: 60,
+            renew_after_seconds: 0,
+            retry_min_seconds: 60,
+            retry_max_seconds: 6 * 3600,
+            order_timeout_seconds: 120,
         }
     }
 }
@@ -1008,6 +1060,72 @@ impl Config {
         if self.tls.reload_check_seconds == 0 {
             errors.push("tls.reload_check_seconds: must be > 0".into());
         }
+        if let Some(a) = &self.tls.acme {
+            if self.tls.cert_file.is_empty() {
+                errors.push(
+                    "tls.acme: needs the node's own pair (tls.cert_file, tls.key_file): \
+                     issued certificates are served on the TLS listener"
+                        .into(),
+                );
+            }
+            if !a.directory.starts_with("https://") {
+                errors.push("tls.acme.directory: an https:// URL of the CA's directory".into());
+            }
+            if a.email.trim().is_empty() || !a.email.contains('@') {
+                errors.push("tls.acme.email: the account's contact address".into());
+            }
+            match a.challenge.as_str() {
+                "http-01" => {
+                    if a.http_listen.trim().parse::<SocketAddr>().is_err() {
+                        errors.push(
+                            "tls.acme.http_listen: host:port of the plain listener that answers \
+                             HTTP-01 (required with challenge = \"http-01\")"
+                                .into(),
+                        );
+                    }
+                }
+                "tls-alpn-01" => {
+                    if !a.http_listen.trim().is_empty()
+                        && a.http_listen.trim().parse::<SocketAddr>().is_err()
+                    {
+                        errors.push("tls.acme.http_listen: host:port".into());
+                    }
+                }
+                other => errors.push(format!(
+                    "tls.acme.challenge: {other:?} is not \"http-01\" or \"tls-alpn-01\""
+                )),
+            }
+            if a.check_seconds == 0
+                || a.retry_min_seconds == 0
+                || a.retry_max_seconds < a.retry_min_seconds
+                || a.order_timeout_seconds == 0
+            {
+                errors.push(
+                    "tls.acme.check_seconds, retry_min_seconds, order_timeout_seconds: must be > 0; \
+                     retry_max_seconds >= retry_min_seconds"
+                        .into(),
+                );
+            }
+            if !a.ca_bundle.is_empty() {
+                match std::fs::read(&a.ca_bundle) {
+                    Ok(pem) => {
+                        use rustls_pki_types::CertificateDer;
+                        use rustls_pki_types::pem::PemObject;
+                        if CertificateDer::pem_slice_iter(&pem)
+                            .filter_map(Result::ok)
+                            .next()
+                            .is_none()
+                        {
+                            errors.push(format!(
+                                "tls.acme.ca_bundle {}: holds no PEM certificate",
+                                a.ca_bundle
+                            ));
+                        }
+                    }
+                    Err(e) => errors.push(format!("tls.acme.ca_bundle {}: {e}", a.ca_bundle)),
+                }
+            }
+        }
         self.check_peer_ca(&mut errors);
         let d = &self.deploy;
         if d.max_site_bytes == 0
@@ -1160,6 +1278,12 @@ impl Config {
         Some(self.metrics.listen.trim()).filter(|l| !l.is_empty())
     }
 
+    /// `[tls.acme] http_listen`, when ACME is configured and it is set.
+    pub fn acme_http_listen_addr(&self) -> Option<SocketAddr> {
+        let a = self.tls.acme.as_ref()?;
+        a.http_listen.trim().parse().ok()
+    }
+
     /// `[grpc] listen`, when set.
     pub fn grpc_listen_addr(&self) -> Option<&str> {
         Some(self.grpc.listen.trim()).filter(|l| !l.is_empty())
@@ -1250,6 +1374,28 @@ fn fits(defaults: &toml::Table, section: &str, key: &str, value: &toml::Value) -
     toml::Value::Table(probe).try_into::<Config>().is_ok()
 }
 
+/// The same for the `[tls.acme]` table (a section of its own inside `[tls]`).
+fn check_acme_keys(value: &toml::Value, errors: &mut Vec<String>) {
+    let toml::Value::Table(keys) = value else {
+        errors.push("[tls.acme] must be a table".into());
+        return;
+    };
+    let Ok(toml::Value::Table(defaults)) = toml::Value::try_from(AcmeConfig::default()) else {
+        return;
+    };
+    for (key, v) in keys {
+        if !defaults.contains_key(key) {
+            errors.push(format!("unknown key tls.acme.{key}"));
+            continue;
+        }
+        let mut probe = defaults.clone();
+        probe.insert(key.clone(), v.clone());
+        if let Err(e) = toml::Value::Table(probe).try_into::<AcmeConfig>() {
+            errors.push(format!("tls.acme.{key}: {}", e.message()));
+        }
+    }
+}
+
 /// Finds every unknown section or key and every value of the wrong type.
 fn check_keys(table: &toml::Table, defaults: &toml::Table, errors: &mut Vec<String>) {
     for (section, value) in table {
@@ -1262,6 +1408,10 @@ fn check_keys(table: &toml::Table, defaults: &toml::Table, errors: &mut Vec<Stri
             continue;
         };
         for (key, v) in keys {
+            if section == "tls" && key == "acme" {
+                check_acme_keys(v, errors);
+                continue;
+            }
             if !default_keys.contains_key(key) {
                 errors.push(format!("unknown key {section}.{key}"));
                 continue;
@@ -1342,6 +1492,42 @@ mod tests {
             assert!(all.contains("server.mailbox_capacity"), "{all}");
         }
         assert!(load_str("[server]\npassivate_after_seconds = 1\n", &[]).is_ok());
+    }
+
+    /// `[tls.acme]`: its keys checked like a section's, and what it needs.
+    #[test]
+    fn acme_section_is_checked() {
+        let tls = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+        let err = |text: &str| {
+            load_str(text, &[])
+                .err()
+                .map(|e| e.0.join("\n"))
+                .unwrap_or_default()
+        };
+        let all = err(&format!(
+            "{tls}[tls.acme]\ndirectory = \"https://ca.test/dir\"\nemail = \"a@b.test\"\nbogus = 1\ncheck_seconds = \"x\"\n"
+        ));
+        assert!(all.contains("unknown key tls.acme.bogus"), "{all}");
+        assert!(all.contains("tls.acme.check_seconds"), "{all}");
+        let all = err(&format!(
+            "{tls}[tls.acme]\ndirectory = \"http://ca.test/dir\"\nemail = \"nobody\"\nchallenge = \"dns-01\"\n"
+        ));
+        assert!(all.contains("tls.acme.directory"), "{all}");
+        assert!(all.contains("tls.acme.email"), "{all}");
+        assert!(all.contains("tls.acme.challenge"), "{all}");
+        // HTTP-01 needs its listener; TLS-ALPN-01 does not.
+        let base = "[tls.acme]\ndirectory = \"https://ca.test/dir\"\nemail = \"a@b.test\"\n";
+        assert!(err(&format!("{tls}{base}")).contains("tls.acme.http_listen"));
+        assert!(
+            !err(&format!("{tls}{base}challenge = \"tls-alpn-01\"\n")).contains("tls.acme"),
+            "{}",
+            err(&format!("{tls}{base}challenge = \"tls-alpn-01\"\n"))
+        );
+        // Without the node's own pair there is no listener to serve on.
+        assert!(
+            err(&format!("{base}http_listen = \"127.0.0.1:80\"\n"))
+                .contains("needs the node's own pair")
+        );
     }
 
     /// Unknown keys and bad values are all reported in one error.

@@ -97,6 +97,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         api: api_socket,
         metrics: metrics_socket,
         grpc: grpc_socket,
+        acme_http: acme_http_socket,
     } = crate::http::bind(&config)?;
     let data_dir = config.server.data_dir.clone();
     if crate::telemetry::install(&config.telemetry.settings()).map_err(anyhow::Error::msg)? {
@@ -284,6 +285,19 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     }));
     let (server, addr, grpc_addr) = crate::http::serve(node.clone(), api_socket, grpc_socket)?;
     let metrics = crate::http::serve_metrics(node.clone(), metrics_socket)?;
+    if let Some((server, at)) = crate::http::serve_acme_http(node.clone(), acme_http_socket)? {
+        tracing::info!(%at, "Answering ACME HTTP-01 challenges.");
+        actix_web::rt::spawn(server);
+    }
+    if let Some(acme) = &node.config.tls.acme {
+        crate::deploy::acme::Acme::new(
+            acme.clone(),
+            node.deployments.clone(),
+            node.store.clone(),
+            &node.metrics,
+        )?
+        .start();
+    }
     if !node.config.cluster.etcd.is_empty() {
         let c = &node.config.cluster;
         let id = if c.node_id.is_empty() {

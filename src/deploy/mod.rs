@@ -19,6 +19,7 @@
 //! - `grpc`: gRPC to the instances: `grpc-timeout`, statuses, the HTTP/2 client.
 //! - `transfer`: a namespace's deployments in a namespace export and import.
 //! - `certs`: per-host certificates (checked, sealed at rest, served by SNI).
+//! - `acme`: certificates of `tls: "auto"` deployments ordered from an ACME CA.
 //!
 //! Mutations are serialized store-wide, so across a cluster too (a host belongs
 //! to one namespace at a time, which crosses namespaces): a lock key taken by
@@ -29,6 +30,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod acme;
 pub mod activity;
 pub mod awc_client;
 pub mod canonical;
@@ -87,6 +89,8 @@ pub struct NewDeployment {
     /// Static-site contents by sha256: the temporary file holding each (in
     /// the deploy's `site::SiteDir`), stored one at a time before the records.
     pub blobs: Vec<(String, std::path::PathBuf)>,
+    /// `tls: "auto"`: certificates for the hosts by ACME.
+    pub tls_auto: bool,
 }
 
 /// The node's deployments: records in the store, an index in memory.
@@ -123,6 +127,12 @@ pub struct Deployments {
     /// Deployment certificates: their keys' seal and the map the TLS
     /// listener serves, rebuilt with the index.
     pub certs: certs::Certs,
+    /// TLS-ALPN-01 challenge certificates by host (`deploy::acme`), which
+    /// the TLS listener answers `acme-tls/1` handshakes with.
+    pub acme_alpn: certs::ServedCerts,
+    /// The deployments with `tls: "auto"` and their routed hosts, as of
+    /// the last rebuild (`deploy::acme` orders their certificates).
+    auto_tls: Mutex<Vec<acme::AutoTls>>,
 }
 
 /// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
@@ -195,6 +205,8 @@ impl Deployments {
             unpacks,
             files: files::SiteFiles::default(),
             certs: certs::Certs::new(server_secret),
+            acme_alpn: Default::default(),
+            auto_tls: Mutex::new(Vec::new()),
         }
     }
 
@@ -309,6 +321,7 @@ impl Deployments {
         let mut live_buckets = BTreeSet::new();
         // Each deployment's routed hosts, for its certificate.
         let mut routed: HashMap<(String, String), Vec<String>> = HashMap::new();
+        let mut auto_tls = Vec::new();
         for (_, v) in heads {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
@@ -370,6 +383,21 @@ impl Deployments {
                 .or_insert_with(|| index::RouteBucket::for_routes(&ver.routes))
                 .clone();
             live_buckets.insert(key);
+            if ver.tls_auto {
+                let hosts: Vec<String> = ver
+                    .hosts
+                    .iter()
+                    .filter(|h| self.reserved_host(h).is_none())
+                    .cloned()
+                    .collect();
+                if !hosts.is_empty() {
+                    auto_tls.push(acme::AutoTls {
+                        namespace: rec.namespace.clone(),
+                        deployment: rec.name.clone(),
+                        hosts,
+                    });
+                }
+            }
             routed.insert(
                 (rec.namespace.clone(), rec.name.clone()),
                 ver.hosts
@@ -413,6 +441,7 @@ impl Deployments {
         let served = self.load_certs(&routed).await?;
         self.index.store(Arc::new(ix));
         self.certs.served.store(Arc::new(served));
+        *self.auto_tls.lock() = auto_tls;
         *self.loaded.lock() = generation;
         Ok(())
     }
@@ -494,12 +523,69 @@ impl Deployments {
         Ok(certs::view(&record, &ver.hosts, now as i64))
     }
 
-    /// A deployment's certificate as shown (404 when it has none).
+    /// A deployment's certificate as shown (404 when it has none, unless
+    /// its certificate is ordered by ACME: then its order's state, with the
+    /// certificate once there is one).
     pub async fn certificate(&self, ns: &str, name: &str) -> DeployResult<Value> {
         let rec = self.head(ns, name).await?;
         let ver = self.version(ns, name, rec.active).await?;
-        let cert = self.cert_record(ns, name).await?;
-        Ok(certs::view(&cert, &ver.hosts, unix_now() as i64))
+        let now = unix_now() as i64;
+        if !ver.tls_auto {
+            let cert = self.cert_record(ns, name).await?;
+            return Ok(certs::view(&cert, &ver.hosts, now));
+        }
+        let cert = self
+            .store
+            .get_json::<certs::CertRecord>(&certs::cert_key(ns, name))
+            .await?;
+        let state = self
+            .store
+            .get_json::<acme::AcmeState>(&acme::state_key(ns, name))
+            .await?;
+        let mut v = match &cert {
+            Some(c) => certs::view(c, &ver.hosts, now),
+            None => {
+                json!({"deployment": name, "state": "none", "hosts": ver.hosts.iter().map(|h| json!({"host": h, "covered": false})).collect::<Vec<_>>()})
+            }
+        };
+        v["acme"] = acme::view(state.as_ref(), cert.as_ref(), &ver.hosts, now);
+        Ok(v)
+    }
+
+    /// The deployments with `tls: "auto"`, as of the last rebuild.
+    pub fn auto_tls(&self) -> Vec<acme::AutoTls> {
+        self.auto_tls.lock().clone()
+    }
+
+    /// Stores a certificate issued by ACME for a deployment with `tls:
+    /// "auto"`, checked as an upload is (against the hosts of its active
+    /// version, which must still ask for `auto`), then served as an
+    /// uploaded one is.
+    pub async fn store_issued(
+        &self,
+        ns: &str,
+        name: &str,
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> DeployResult<certs::CertRecord> {
+        let _w = self.write_lock().await?;
+        let rec = self.head(ns, name).await?;
+        let ver = self.version(ns, name, rec.active).await?;
+        if !ver.tls_auto {
+            return Err(ApiError::internal(format!(
+                "deployment {name} no longer asks for tls \"auto\""
+            )));
+        }
+        let now = unix_now();
+        let valid = certs::validate(cert_pem, key_pem, &ver.hosts, now as i64)?;
+        let record = self.certs.record(ns, name, valid, now);
+        self.commit(vec![BatchOp::Put(
+            certs::cert_key(ns, name),
+            serde_json::to_vec(&record).expect("json"),
+        )])
+        .await?;
+        tracing::info!(namespace = ns, deployment = %name, not_after = %certs::rfc3339(record.not_after), "Certificate issued by ACME stored.");
+        Ok(record)
     }
 
     async fn cert_record(&self, ns: &str, name: &str) -> DeployResult<certs::CertRecord> {
@@ -613,6 +699,7 @@ impl Deployments {
             routes: new.routes,
             target: new.target,
             created_at: now,
+            tls_auto: new.tls_auto,
         };
         let rec = DeploymentRecord {
             name: new.name.clone(),
@@ -919,6 +1006,7 @@ impl Deployments {
         let (mut ops, hosts) = self.host_ops(ns, None, Some(name)).await?;
         ops.push(BatchOp::Delete(dep_key(ns, name)));
         ops.push(BatchOp::Delete(certs::cert_key(ns, name)));
+        ops.push(BatchOp::Delete(acme::state_key(ns, name)));
         let mut bytes = 0u64;
         for (k, v) in self
             .store
@@ -1069,6 +1157,7 @@ fn view(rec: &DeploymentRecord, ver: &DeploymentVersion, pool: Option<&UpstreamP
         "hosts": ver.hosts,
         "routes": ver.routes,
         "target": target,
+        "tls": if ver.tls_auto { json!("auto") } else { Value::Null },
         "created_at": rec.created_at,
         "updated_at": rec.updated_at,
     })
@@ -1117,6 +1206,7 @@ mod tests {
                 grpc: None,
             },
             blobs: Vec::new(),
+            tls_auto: false,
         }
     }
 
@@ -1347,6 +1437,7 @@ mod tests {
                 grpc: None,
             },
             created_at: 0,
+            tls_auto: false,
         };
         let rec = DeploymentRecord {
             name: "old".into(),

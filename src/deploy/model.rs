@@ -43,6 +43,10 @@ pub struct DeploymentVersion {
     pub target: TargetSpec,
     /// Unix seconds when this version was created.
     pub created_at: u64,
+    /// `tls: "auto"`: the hosts' certificate is issued by ACME
+    /// (`deploy::acme`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls_auto: bool,
 }
 
 /// What serves a deployment.

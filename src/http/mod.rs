@@ -60,6 +60,8 @@ pub struct Bound {
     pub(crate) metrics: Option<socket2::Socket>,
     /// `[grpc] listen`, when set, for [`serve`].
     pub(crate) grpc: Option<socket2::Socket>,
+    /// `[tls.acme] http_listen`, when set, for [`serve_acme_http`].
+    pub(crate) acme_http: Option<socket2::Socket>,
 }
 
 /// Binds `[server] listen` and `[metrics] listen`. A failure names the
@@ -105,7 +107,23 @@ pub fn bind(cfg: &crate::config::Config) -> anyhow::Result<Bound> {
             })?)
         }
     };
-    Ok(Bound { api, metrics, grpc })
+    let acme_http = match cfg.acme_http_listen_addr() {
+        None => None,
+        Some(addr) => Some(bind_socket(addr).map_err(|e| {
+            cannot_listen(
+                &addr.to_string(),
+                " ([tls.acme] http_listen)",
+                "[tls.acme] http_listen",
+                e,
+            )
+        })?),
+    };
+    Ok(Bound {
+        api,
+        metrics,
+        grpc,
+        acme_http,
+    })
 }
 
 /// The one line a listener that cannot be had is reported with.
@@ -238,7 +256,12 @@ pub fn serve(
             cfg.tls.cert_file.clone().into(),
             cfg.tls.key_file.clone().into(),
             node.deployments.certs.served.clone(),
+            node.deployments.acme_alpn.clone(),
             std::time::Duration::from_secs(cfg.tls.reload_check_seconds),
+            cfg.tls
+                .acme
+                .as_ref()
+                .is_some_and(|a| a.challenge == "tls-alpn-01"),
             move |names: &[String]| {
                 for n in names {
                     deployments
@@ -359,6 +382,66 @@ pub fn serve_metrics(
     .shutdown_timeout(1)
     .listen(listener)
     .map_err(|e| anyhow::anyhow!("cannot listen on {at} ([metrics] listen): {e}"))?;
+    let addr = server.addrs()[0];
+    Ok(Some((server.run(), addr)))
+}
+
+/// Serves `[tls.acme] http_listen`, when set: plain HTTP answering only
+/// ACME HTTP-01 challenges, `GET /.well-known/acme-challenge/{token}` with
+/// the key authorization stored for the token by whichever node orders
+/// (`deploy::acme`); an unknown token, and anything else, is 404. No chain:
+/// nothing of the node is reachable through it.
+pub fn serve_acme_http(
+    node: Node,
+    socket: Option<socket2::Socket>,
+) -> anyhow::Result<Option<(actix_web::dev::Server, SocketAddr)>> {
+    let Some(socket) = socket else {
+        return Ok(None);
+    };
+    let listener = listen(socket)
+        .map_err(|e| anyhow::anyhow!("cannot listen ([tls.acme] http_listen): {e}"))?;
+    let data = web::Data::new(node);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .route(
+                "/.well-known/acme-challenge/{token}",
+                web::get().to(
+                    |node: web::Data<Node>, token: web::Path<String>| async move {
+                        let token = token.into_inner();
+                        if !crate::deploy::acme::valid_token(&token) {
+                            return ApiError::new(Code::NotFound, "no such ACME challenge")
+                                .error_response_owned();
+                        }
+                        match crate::storage::OrderedKv::get(
+                            &node.store,
+                            &crate::deploy::acme::http_token_key(&token),
+                        )
+                        .await
+                        {
+                            Ok(Some(ka)) => actix_web::HttpResponse::Ok()
+                                .content_type("application/octet-stream")
+                                .body(ka),
+                            Ok(None) => ApiError::new(Code::NotFound, "no such ACME challenge")
+                                .error_response_owned(),
+                            Err(e) => ApiError::internal(e.to_string()).error_response_owned(),
+                        }
+                    },
+                ),
+            )
+            .default_service(web::to(|| async {
+                ApiError::new(
+                    Code::NotFound,
+                    "this listener serves only GET /.well-known/acme-challenge/{token}",
+                )
+                .error_response_owned()
+            }))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(1)
+    .listen(listener)
+    .map_err(|e| anyhow::anyhow!("cannot listen ([tls.acme] http_listen): {e}"))?;
     let addr = server.addrs()[0];
     Ok(Some((server.run(), addr)))
 }

@@ -61,10 +61,24 @@ pub struct ReloadingResolver {
     current: ArcSwap<CertifiedKey>,
     /// Deployment hosts' certificates, by host (lower case).
     hosts: ServedCerts,
+    /// TLS-ALPN-01 challenge certificates, by host (`deploy::acme`): a
+    /// handshake offering ALPN `acme-tls/1` gets one of these or nothing.
+    acme: ServedCerts,
 }
+
+/// The ALPN protocol of TLS-ALPN-01 validation (RFC 8737).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 impl ResolvesServerCert for ReloadingResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if hello
+            .alpn()
+            .is_some_and(|mut protos| protos.any(|p| p == ACME_TLS_ALPN))
+        {
+            // A CA's validator: the challenge certificate, never a served one.
+            let name = hello.server_name()?.to_ascii_lowercase();
+            return self.acme.load().get(&name).cloned();
+        }
         if let Some(name) = hello.server_name() {
             let hosts = self.hosts.load();
             if !hosts.is_empty() {
@@ -96,7 +110,9 @@ pub fn server_config(
     cert: PathBuf,
     key: PathBuf,
     hosts: ServedCerts,
+    acme: ServedCerts,
     check_every: Duration,
+    acme_alpn: bool,
     on_names: impl Fn(&[String]) + Send + 'static,
 ) -> anyhow::Result<rustls::ServerConfig> {
     let first = load_certified_key(&cert, &key)?;
@@ -104,6 +120,7 @@ pub fn server_config(
     let resolver = Arc::new(ReloadingResolver {
         current: ArcSwap::from_pointee(first),
         hosts,
+        acme,
     });
     let weak = Arc::downgrade(&resolver);
     let mut seen = mtimes(&cert, &key);
@@ -138,6 +155,9 @@ pub fn server_config(
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if acme_alpn {
+        cfg.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+    }
     Ok(cfg)
 }
 

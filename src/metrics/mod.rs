@@ -121,6 +121,12 @@ pub struct Inner {
     /// `replaced` (its compare-and-swap wrote the record) or `lost`
     /// (another node's did first).
     pub member_replacements: IntCounterVec,
+    /// ACME orders this node made for `tls: "auto"` deployments, by
+    /// `outcome` (`issued`, `failed`).
+    pub acme_orders: IntCounterVec,
+    /// `tls: "auto"` deployments by the `state` of their certificate
+    /// (`pending`, `valid`, `failed`), as this node last checked them.
+    pub acme_certificates: IntGaugeVec,
     /// Namespace supervisors started or passivated (stopped idle), by
     /// `event` (`activated`, `passivated`); their difference is the live count.
     pub namespace_lifecycle: IntCounterVec,
@@ -383,6 +389,26 @@ impl Metrics {
                         "Cron slots this node tried to claim, by outcome"
                     ),
                     &["outcome"]
+                )
+                .unwrap()
+            ),
+            acme_orders: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_acme_orders_total",
+                        "ACME orders this node made for tls \"auto\" deployments, by outcome"
+                    ),
+                    &["outcome"]
+                )
+                .unwrap()
+            ),
+            acme_certificates: reg!(
+                IntGaugeVec::new(
+                    Opts::new(
+                        "meshgate_acme_certificates",
+                        "tls \"auto\" deployments by the state of their certificate"
+                    ),
+                    &["state"]
                 )
                 .unwrap()
             ),

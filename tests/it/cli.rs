@@ -1259,3 +1259,43 @@ fn cli_wallet_sign_in_with_an_ethereum_key() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `deploy upstream|static --tls auto` asks for ACME: a node without
+/// `[tls.acme]` refuses both with `ACME_NOT_CONFIGURED` (non-zero exit, the
+/// code printed) and stores nothing.
+#[test]
+fn cli_deploy_tls_auto_is_sent() {
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n"),
+        ..Default::default()
+    });
+    let base = node.base.as_str();
+    let owner = node.create_namespace("clitls");
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("index.html"), "hi").unwrap();
+    let site_dir = site.path().to_string_lossy().into_owned();
+    for args in [
+        vec!["deploy", "upstream", "http://127.0.0.1:9", "--name", "up"],
+        vec!["deploy", "static", site_dir.as_str(), "--name", "st"],
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(&args)
+            .args(["--host", "x.clitls.example.test", "--tls", "auto"])
+            .args(["--key", &owner, "--url", base])
+            .env_remove("MESHGATE_KEY")
+            .env_remove("MESHGATE_URL")
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?}: {said}");
+        assert!(said.contains("ACME_NOT_CONFIGURED"), "{args:?}: {said}");
+    }
+    for name in ["up", "st"] {
+        let (s, _) = node.with_key(&owner, "GET", &format!("/v1/deployments/{name}"), None);
+        assert_eq!(s, 404);
+    }
+}

@@ -1,5 +1,6 @@
 //! Integration tests: each drives a real `meshgate` process over HTTP.
 
+mod acme;
 mod api;
 mod chain;
 mod cli;

@@ -125,17 +125,23 @@ struct CreateJson {
     tls: Option<serde_json::Value>,
 }
 
-/// A deployment's `tls`: `"auto"` asks for certificates issued by ACME,
-/// which this node is not configured for (no `[tls.acme]`): 400
-/// `ACME_NOT_CONFIGURED`, nothing stored. Anything else is 400 `INVALID_FIELD`.
-fn check_tls(tls: Option<&serde_json::Value>) -> ApiResult<()> {
+/// A deployment's `tls`: `"auto"` asks for certificates issued by ACME
+/// (true); a node without `[tls.acme]` answers 400 `ACME_NOT_CONFIGURED`,
+/// nothing stored. Anything else is 400 `INVALID_FIELD`.
+fn check_tls(node: &Node, tls: Option<&serde_json::Value>) -> ApiResult<bool> {
     match tls {
-        None => Ok(()),
-        Some(v) if v == "auto" => Err(bad(
-            Code::AcmeNotConfigured,
-            "tls \"auto\" needs ACME, and this node has no [tls.acme] configured; upload the \
-             hosts' certificate with PUT /v1/deployments/{name}/certificate instead",
-        )),
+        None => Ok(false),
+        Some(v) if v == "auto" => {
+            if node.config.tls.acme.is_some() {
+                Ok(true)
+            } else {
+                Err(bad(
+                    Code::AcmeNotConfigured,
+                    "tls \"auto\" needs ACME, and this node has no [tls.acme] configured; upload \
+                     the hosts' certificate with PUT /v1/deployments/{name}/certificate instead",
+                ))
+            }
+        }
         Some(v) => Err(bad(
             Code::InvalidField,
             format!("tls {v} is not a TLS mode: the one mode is \"auto\" (ACME), or leave it out"),
@@ -288,7 +294,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
     })?;
     check_name(&c.name)?;
     let hosts = check_hosts(&c.hosts)?;
-    check_tls(c.tls.as_ref())?;
+    let tls_auto = check_tls(node, c.tls.as_ref())?;
     let Some(up) = c.upstream else {
         return Err(bad(
             Code::MissingTarget,
@@ -359,6 +365,7 @@ async fn parse_upstream(node: &Node, mut payload: web::Payload) -> ApiResult<New
             grpc: up.grpc,
         },
         blobs: Vec::new(),
+        tls_auto,
     })
 }
 
@@ -406,6 +413,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
         .map_err(|e| ApiError::internal(format!("cannot create a temporary site folder: {e}")))?;
     let (mut name, mut hosts, mut tarball, mut routes) = (None, None, None, None);
     let mut policy = None;
+    let mut tls_auto = false;
     while let Some(field) = mp.next().await {
         let mut field = field.map_err(|e| SITE_FORM.malformed(e))?;
         let part = field.name().unwrap_or_default().to_string();
@@ -425,7 +433,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
                 match part.as_str() {
                     "name" => name = Some(text),
                     "hosts" => hosts = Some(text),
-                    "tls" => check_tls(Some(&serde_json::Value::String(text)))?,
+                    "tls" => tls_auto = check_tls(node, Some(&serde_json::Value::String(text)))?,
                     "policy" => {
                         policy = Some(
                             serde_json::from_str::<crate::deploy::route_policy::RoutePolicy>(&text)
@@ -478,6 +486,7 @@ async fn parse_static(node: &Node, mut mp: Multipart) -> ApiResult<(NewDeploymen
             total_bytes: site.total_bytes,
         },
         blobs: site.blobs.into_iter().collect(),
+        tls_auto,
     };
     Ok((
         new,

@@ -91,6 +91,13 @@ impl rustls::client::danger::ServerCertVerifier for AnyCert {
     }
 }
 
+/// A verifier that accepts any server certificate.
+pub(crate) fn any_cert(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Arc<dyn rustls::client::danger::ServerCertVerifier> {
+    Arc::new(AnyCert(provider))
+}
+
 fn client_config() -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -184,6 +191,19 @@ fn dechunk(mut b: &str) -> String {
     out
 }
 
+/// Only the handshake: the DER of the leaf served for `sni`.
+pub(crate) fn served_leaf(addr: &str, sni: &str) -> Vec<u8> {
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let mut conn = rustls::ClientConnection::new(client_config(), name).unwrap();
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock).unwrap();
+    }
+    conn.peer_certificates().unwrap()[0].as_ref().to_vec()
+}
+
 /// Only the handshake: the DNS names of the leaf served for `sni`.
 pub(crate) fn served_names(addr: &str, sni: &str) -> Vec<String> {
     let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
@@ -197,7 +217,7 @@ pub(crate) fn served_names(addr: &str, sni: &str) -> Vec<String> {
     names_of(conn.peer_certificates().unwrap()[0].as_ref())
 }
 
-fn names_of(der: &[u8]) -> Vec<String> {
+pub(crate) fn names_of(der: &[u8]) -> Vec<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
     let mut names: Vec<String> = cert
         .subject_alternative_name()
@@ -218,21 +238,31 @@ fn names_of(der: &[u8]) -> Vec<String> {
 }
 
 /// The node's own pair is for `node.test`; API calls use that name.
-const API: &str = "node.test";
+pub(crate) const API: &str = "node.test";
 
 /// A TLS node whose own pair covers `node.test`, loopback upstreams allowed.
 pub(crate) fn tls_node(dir: &std::path::Path) -> TestNode {
-    let own = current(&[API]);
-    std::fs::write(dir.join("cert.pem"), &own.cert).unwrap();
-    std::fs::write(dir.join("key.pem"), &own.key).unwrap();
+    tls_node_with(dir, "", NodeOpts::default())
+}
+
+/// The same, with `extra` after its `[tls]` section's keys (a `[tls.acme]`
+/// section) and `opts`' listen address, environment and data folder.
+/// A pair already in `dir` (`cert.pem`, `key.pem`) is kept.
+pub(crate) fn tls_node_with(dir: &std::path::Path, extra: &str, opts: NodeOpts) -> TestNode {
+    if !dir.join("cert.pem").exists() {
+        let own = current(&[API]);
+        std::fs::write(dir.join("cert.pem"), &own.cert).unwrap();
+        std::fs::write(dir.join("key.pem"), &own.key).unwrap();
+    }
     let node = TestNode::start_with(NodeOpts {
         config: format!(
-            "{TEST_CONFIG}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            "{TEST_CONFIG}{}[deploy]\nupstream_allow = [\"127.0.0.0/8\"]\n[tls]\ncert_file = {:?}\nkey_file = {:?}\n{extra}",
+            opts.config,
             dir.join("cert.pem"),
             dir.join("key.pem")
         ),
         no_wait_ready: true,
-        ..Default::default()
+        ..opts
     });
     wait_until(Duration::from_secs(30), "the TLS node answers", || {
         std::net::TcpStream::connect(&node.addr).is_ok()

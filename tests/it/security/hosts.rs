@@ -226,6 +226,7 @@ fn hosts_cannot_shadow_a_cluster_even_from_an_old_record() {
             grpc: None,
         },
         created_at: 0,
+        tls_auto: false,
     };
     let rec = DeploymentRecord {
         name: "old".into(),

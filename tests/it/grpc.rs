@@ -346,7 +346,13 @@ fn deadline_is_enforced_and_capped() {
     assert!(took < Duration::from_millis(900), "took {took:?}");
 
     let t = Instant::now();
-    let r = call(&addr, "capped.grpc.test", "Sleep", "x", &["--timeout", "30"]);
+    let r = call(
+        &addr,
+        "capped.grpc.test",
+        "Sleep",
+        "x",
+        &["--timeout", "30"],
+    );
     assert_eq!(r["code"], "DEADLINE_EXCEEDED", "{r}");
     // The node's status (its message names it), not the client's deadline:
     // the client would have waited 30 s (loose: python's start on a busy machine).

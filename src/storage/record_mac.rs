@@ -76,7 +76,37 @@ pub enum MacError {
 /// The key records are MAC'd with.
 pub struct RecordMac {
     key: hmac::Key,
+    /// Which key this is, for the records this thread has verified
+    /// ([`VERIFIED`]): a record verified under one key is never believed
+    /// under another.
+    id: u64,
 }
+
+/// Slots of the per-thread memory of records whose MAC verified.
+const VERIFIED_SLOTS: usize = 512;
+/// The longest record remembered: comparing it costs a tenth of its HMAC.
+const VERIFIED_MAX_RECORD: usize = 1024;
+
+/// A record whose MAC verified: the key it is stored under and its bytes, MAC
+/// included, under the [`RecordMac`] `mac`.
+struct Verified {
+    mac: u64,
+    key: Box<[u8]>,
+    record: Box<[u8]>,
+}
+
+thread_local! {
+    /// The records this thread verified last, one per slot (the slot picked
+    /// by the record's own MAC bytes). A record read again with the same
+    /// bytes under the same key costs two compares instead of an HMAC; any
+    /// other bytes, key or MAC key misses and is verified in full. Nothing
+    /// is believed that was not verified: a slot holds only what passed.
+    static VERIFIED: std::cell::RefCell<Vec<Option<Verified>>> =
+        std::cell::RefCell::new((0..VERIFIED_SLOTS).map(|_| None).collect());
+}
+
+/// The id of the next [`RecordMac`].
+static NEXT_MAC_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl std::fmt::Debug for RecordMac {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -93,6 +123,7 @@ impl RecordMac {
             .expect("32 bytes is a valid HKDF-SHA256 output length");
         RecordMac {
             key: hmac::Key::from(okm),
+            id: NEXT_MAC_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -120,12 +151,23 @@ impl RecordMac {
         out
     }
 
-    /// The value of the record stored under `key`, if its MAC verifies.
+    /// The value of the record stored under `key`, if its MAC verifies
+    /// (or these very bytes verified under `key` before on this thread).
     pub fn open<'a>(&self, key: &[u8], record: &'a [u8]) -> Result<&'a [u8], MacError> {
         if record.len() < MAC_OVERHEAD || record[0] != MAC_V1 {
             return Err(MacError::Missing);
         }
         let (tag, value) = record[1..].split_at(MAC_OVERHEAD - 1);
+        let slot =
+            u64::from_le_bytes(tag[..8].try_into().unwrap_or_default()) as usize % VERIFIED_SLOTS;
+        let seen = VERIFIED.with(|v| {
+            v.borrow()[slot]
+                .as_ref()
+                .is_some_and(|s| s.mac == self.id && *s.record == *record && *s.key == *key)
+        });
+        if seen {
+            return Ok(value);
+        }
         let mut ctx = hmac::Context::with_key(&self.key);
         ctx.update(&(key.len() as u64).to_be_bytes());
         ctx.update(key);
@@ -137,11 +179,19 @@ impl RecordMac {
             .iter()
             .zip(tag)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        if diff == 0 {
-            Ok(value)
-        } else {
-            Err(MacError::Bad)
+        if diff != 0 {
+            return Err(MacError::Bad);
         }
+        if record.len() <= VERIFIED_MAX_RECORD {
+            VERIFIED.with(|v| {
+                v.borrow_mut()[slot] = Some(Verified {
+                    mac: self.id,
+                    key: key.into(),
+                    record: record.into(),
+                });
+            });
+        }
+        Ok(value)
     }
 }
 
@@ -210,6 +260,38 @@ mod tests {
             Err(MacError::Bad)
         );
         assert_eq!(m.open(KEY, b"{}"), Err(MacError::Missing));
+    }
+
+    /// A record verified once is remembered on its thread, and nothing else
+    /// is believed for it: after a good read, the same record with any bit
+    /// flipped, under another key, or under another secret (even one derived
+    /// from the same secret, a second store) is still verified in full and
+    /// refused; the remembered record still opens.
+    #[test]
+    fn a_verified_record_remembered_believes_nothing_else() {
+        let m = RecordMac::derive(b"secret");
+        let rec = m.wrap(KEY, br#"{"namespace":"bank","module":"aa"}"#);
+        assert!(m.open(KEY, &rec).is_ok());
+        // The same slot (same MAC bytes), other value bytes: refused.
+        for i in MAC_OVERHEAD..rec.len() {
+            let mut t = rec.clone();
+            t[i] ^= 0x01;
+            assert_eq!(m.open(KEY, &t), Err(MacError::Bad), "byte {i}");
+        }
+        assert_eq!(m.open(b"keys/00fe", &rec), Err(MacError::Bad));
+        assert_eq!(
+            RecordMac::derive(b"other").open(KEY, &rec),
+            Err(MacError::Bad)
+        );
+        // A second MAC of the same secret verifies on its own (same bytes).
+        assert!(RecordMac::derive(b"secret").open(KEY, &rec).is_ok());
+        assert_eq!(m.open(KEY, &rec).ok(), Some(&rec[MAC_OVERHEAD..]));
+        // A record longer than what is remembered still opens each time.
+        let big = m.wrap(KEY, &vec![b'x'; VERIFIED_MAX_RECORD + 1]);
+        assert!(m.open(KEY, &big).is_ok() && m.open(KEY, &big).is_ok());
+        let mut t = big.clone();
+        t[MAC_OVERHEAD + 5] ^= 1;
+        assert_eq!(m.open(KEY, &t), Err(MacError::Bad));
     }
 
     use crate::storage::{BatchOp, OrderedKv, Store, StoreError, blob_key};

@@ -299,7 +299,7 @@ fn bidi_stream_of_a_thousand_in_order() {
 /// `grpc-timeout: 100m` against an upstream that sleeps 1 s is answered
 /// DEADLINE_EXCEEDED by the node, well before the upstream would answer;
 /// the deployment's `grpc.max_timeout_ms` caps a call that asks for
-/// longer (the client's own 5 s deadline is not what ends it).
+/// longer (the client's own 30 s deadline is not what ends it).
 #[test]
 fn deadline_is_enforced_and_capped() {
     let up = Upstream::start();
@@ -346,10 +346,18 @@ fn deadline_is_enforced_and_capped() {
     assert!(took < Duration::from_millis(900), "took {took:?}");
 
     let t = Instant::now();
-    let r = call(&addr, "capped.grpc.test", "Sleep", "x", &["--timeout", "5"]);
+    let r = call(
+        &addr,
+        "capped.grpc.test",
+        "Sleep",
+        "x",
+        &["--timeout", "30"],
+    );
     assert_eq!(r["code"], "DEADLINE_EXCEEDED", "{r}");
+    // The node's status (its message names it), not the client's deadline:
+    // the client would have waited 30 s (loose: python's start on a busy machine).
     assert!(r["details"].as_str().unwrap().contains("meshgate"), "{r}");
-    assert!(t.elapsed() < Duration::from_secs(4));
+    assert!(t.elapsed() < Duration::from_secs(20));
     // A cap outside its range is refused with nothing stored.
     let (s, v) = deploy_json(
         &node,

@@ -74,7 +74,7 @@ MESHGATE_BIN=${MESHGATE_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/meshgate} cl
 # are listed there with their reasons).
 MESHGATE_TEST_CLUSTER=1 cargo test --features cluster --test it -- \
   functions:: pubsub:: deploy:: node:: chain:: passivate:: history:: \
-  security:: export:: docs:: cli:: api:: paging:: openapi::
+  security:: export:: docs:: cli:: api:: paging:: openapi:: sessions::
 # The cluster and etcd tests again on an etcd that requires TLS client
 # certificates (a cluster on a locked-down etcd works as on a
 # plain one). About a minute.

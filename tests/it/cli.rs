@@ -1101,7 +1101,10 @@ fn cli_status_shows_the_node_and_exits_non_zero_when_not_ready() {
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         assert!(v.get("namespace_members").is_none(), "{v:#}");
         assert!(v.get("namespace_members_truncated").is_none(), "{v:#}");
-        assert!(!String::from_utf8_lossy(&b).contains("hiddenmembers"), "{v:#}");
+        assert!(
+            !String::from_utf8_lossy(&b).contains("hiddenmembers"),
+            "{v:#}"
+        );
         assert_eq!(v["namespaces_running"], 1, "{v:#}");
         let (_, _, b) = http("GET", &public.url("/v1/status"), &[OPERATOR_AUTH], None);
         assert!(String::from_utf8_lossy(&b).contains("hiddenmembers"));

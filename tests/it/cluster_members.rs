@@ -369,10 +369,7 @@ async fn operator_sets_members_and_the_new_member_serves_at_once() {
         "{text}"
     );
     let text = crate::cli::cli(&c.base, &["status", "--key", OPERATOR_KEY]);
-    assert!(
-        text.lines().any(|l| l == "members     moving: c"),
-        "{text}"
-    );
+    assert!(text.lines().any(|l| l == "members     moving: c"), "{text}");
 }
 
 /// The members `/v1/status` of `node` shows for namespace `ns` (and whether

@@ -836,6 +836,27 @@ fn status_text(v: &Value) -> String {
         "namespaces  {} running\n",
         v["namespaces_running"].as_u64().unwrap_or(0)
     ));
+    // The operator's view: each namespace running here with its members.
+    for m in v["namespace_members"].as_array().into_iter().flatten() {
+        let members = match &m["members"] {
+            Value::Array(a) if a.is_empty() => "every node".to_string(),
+            Value::Array(_) => names(&m["members"]),
+            _ => "unknown (store unreachable)".to_string(),
+        };
+        out.push_str(&format!(
+            "members     {}: {}{}\n",
+            s(&m["namespace"]),
+            members,
+            if m["member_here"] == Value::Bool(false) {
+                "  (not here: forwarded)"
+            } else {
+                ""
+            }
+        ));
+    }
+    if v["namespace_members_truncated"] == Value::Bool(true) {
+        out.push_str("members     ... (the first 100 by name)\n");
+    }
     let mut actors = v["actors"].as_array().cloned().unwrap_or_default();
     actors.sort_by_key(|a| std::cmp::Reverse(a["mailbox_depth"].as_u64().unwrap_or(0)));
     for a in actors.iter().take(STATUS_MAILBOXES) {

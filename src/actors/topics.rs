@@ -282,6 +282,17 @@ impl NamespaceSupervisor {
         topic: String,
         mine: Vec<(Position, u64, Bytes)>,
     ) {
+        self.catch_up_then(ctx, topic, mine, None);
+    }
+
+    /// [`catch_up`](Self::catch_up), then `then` (before any later message).
+    fn catch_up_then(
+        &mut self,
+        ctx: &mut Context<Self>,
+        topic: String,
+        mine: Vec<(Position, u64, Bytes)>,
+        then: Option<AfterCatchUp>,
+    ) {
         let store = self.store.clone();
         let (prefix, meta_key) = crate::pubsub::history::topic_keys(&self.name, &topic);
         self.topics.service.metrics.history_catch_ups.inc();
@@ -290,7 +301,9 @@ impl NamespaceSupervisor {
         ctx.wait(
             async move {
                 let raw = store.get(&meta_key).await?;
-                let meta = raw.as_deref().and_then(|v| serde_json::from_slice::<Meta>(v).ok());
+                let meta = raw
+                    .as_deref()
+                    .and_then(|v| serde_json::from_slice::<Meta>(v).ok());
                 // A short gap in the same epoch: its rows one by one.
                 if let (Some(m), Some(h)) = (&meta, &held)
                     && m.epoch == h.epoch
@@ -319,80 +332,95 @@ impl NamespaceSupervisor {
                 Ok(Stored::Whole(raw, rows))
             }
             .into_actor(self)
-            .map(move |res, act, _| {
-                let rule = act.history_rule(&topic);
-                let caps = act.history_caps();
-                let Some(h) = act.history.as_mut() else {
-                    return;
-                };
-                let adopted = match res {
-                    Ok(Stored::Tail(m, mut tail)) => match &rule {
-                        Some(rule) => {
-                            // Judged against the copy as it is now.
-                            let top = h.meta(&topic).filter(|c| c.epoch == m.epoch).map(|c| c.top);
-                            if let Some(top) = top {
-                                if tail.iter().any(|e| e.offset <= top) {
-                                    tracing::debug!(namespace = %act.name, topic = %topic, top, "A catch-up read publications this node already holds.");
-                                }
-                                tail.retain(|e| e.offset > top);
-                            }
-                            h.extend(&topic, &m.epoch, tail, rule, &caps)
-                        }
-                        None => crate::pubsub::history::Adopted {
-                            new: tail,
-                            broken: false,
-                        },
-                    },
-                    Ok(Stored::Whole(meta, rows)) => {
-                        h.adopt(&topic, NsHistory::stored_topic(&act.name, &topic, meta, rows))
-                    }
-                    Err(e) => {
-                        tracing::warn!(namespace = %act.name, topic = %topic, error = %e, "A pub/sub history topic could not be read again; its subscribers here are closed to recover.");
-                        h.adopt(&topic, None);
-                        crate::pubsub::history::Adopted {
-                            new: Vec::new(),
-                            broken: true,
-                        }
-                    }
-                };
-                if adopted.broken {
-                    act.break_topic(&topic);
-                }
-                let mut sent = std::collections::HashSet::new();
-                for e in &adopted.new {
-                    let pos = Position {
-                        offset: e.offset,
-                        epoch: act
-                            .history
-                            .as_ref()
-                            .and_then(|h| h.meta(&topic))
-                            .map(|m| m.epoch)
-                            .unwrap_or_default(),
-                    };
-                    let origin = match mine.iter().find(|(p, _, _)| p.offset == e.offset) {
-                        Some(_) => {
-                            sent.insert(e.offset);
-                            Origin::Local
-                        }
-                        None => Origin::Mesh,
-                    };
-                    act.deliver_sequenced(&topic, &pos, e.timestamp, &e.data, origin);
-                }
-                // This node's own that were not delivered here still go to
-                // the other nodes: it sequenced them.
-                for (pos, ts, data) in mine.iter().filter(|(p, _, _)| !sent.contains(&p.offset)) {
-                    act.topics.service.deliver_at(
-                        &act.name,
-                        &topic,
-                        data,
-                        None,
-                        Origin::Local,
-                        *ts,
-                        Some((pos.offset, pos.epoch.as_str())),
-                    );
+            .map(move |res, act, ctx| {
+                act.adopt_caught_up(topic, mine, res);
+                if let Some(then) = then {
+                    then(act, ctx);
                 }
             }),
         );
+    }
+
+    /// What a catch-up read found, made this node's copy of `topic` (see
+    /// [`catch_up`](Self::catch_up)).
+    fn adopt_caught_up(
+        &mut self,
+        topic: String,
+        mine: Vec<(Position, u64, Bytes)>,
+        res: Result<Stored, StoreError>,
+    ) {
+        let rule = self.history_rule(&topic);
+        let caps = self.history_caps();
+        let Some(h) = self.history.as_mut() else {
+            return;
+        };
+        let adopted = match res {
+            Ok(Stored::Tail(m, mut tail)) => match &rule {
+                Some(rule) => {
+                    // Judged against the copy as it is now.
+                    let top = h.meta(&topic).filter(|c| c.epoch == m.epoch).map(|c| c.top);
+                    if let Some(top) = top {
+                        if tail.iter().any(|e| e.offset <= top) {
+                            tracing::debug!(namespace = %self.name, topic = %topic, top, "A catch-up read publications this node already holds.");
+                        }
+                        tail.retain(|e| e.offset > top);
+                    }
+                    h.extend(&topic, &m.epoch, tail, rule, &caps)
+                }
+                None => crate::pubsub::history::Adopted {
+                    new: tail,
+                    broken: false,
+                },
+            },
+            Ok(Stored::Whole(meta, rows)) => h.adopt(
+                &topic,
+                NsHistory::stored_topic(&self.name, &topic, meta, rows),
+            ),
+            Err(e) => {
+                tracing::warn!(namespace = %self.name, topic = %topic, error = %e, "A pub/sub history topic could not be read again; its subscribers here are closed to recover.");
+                h.adopt(&topic, None);
+                crate::pubsub::history::Adopted {
+                    new: Vec::new(),
+                    broken: true,
+                }
+            }
+        };
+        if adopted.broken {
+            self.break_topic(&topic);
+        }
+        let mut sent = std::collections::HashSet::new();
+        for e in &adopted.new {
+            let pos = Position {
+                offset: e.offset,
+                epoch: self
+                    .history
+                    .as_ref()
+                    .and_then(|h| h.meta(&topic))
+                    .map(|m| m.epoch)
+                    .unwrap_or_default(),
+            };
+            let origin = match mine.iter().find(|(p, _, _)| p.offset == e.offset) {
+                Some(_) => {
+                    sent.insert(e.offset);
+                    Origin::Local
+                }
+                None => Origin::Mesh,
+            };
+            self.deliver_sequenced(&topic, &pos, e.timestamp, &e.data, origin);
+        }
+        // This node's own that were not delivered here still go to
+        // the other nodes: it sequenced them.
+        for (pos, ts, data) in mine.iter().filter(|(p, _, _)| !sent.contains(&p.offset)) {
+            self.topics.service.deliver_at(
+                &self.name,
+                &topic,
+                data,
+                None,
+                Origin::Local,
+                *ts,
+                Some((pos.offset, pos.epoch.as_str())),
+            );
+        }
     }
 
     /// Loads the namespace's history from the store once, then runs `then`;
@@ -816,11 +844,48 @@ impl Handler<Subscribe> for NamespaceSupervisor {
             });
             return actix::Response::fut(async move { rx.await.unwrap_or(Err(NsError::Panicked)) });
         }
+        // Behind the client: read the store first, then recover from that.
+        if self.copy_behind(&msg) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let topic = msg.topic.clone();
+            self.catch_up_then(
+                ctx,
+                topic,
+                Vec::new(),
+                Some(Box::new(move |act, ctx| {
+                    let _ = tx.send(act.subscribe_now(msg, ctx));
+                })),
+            );
+            return actix::Response::fut(async move { rx.await.unwrap_or(Err(NsError::Panicked)) });
+        }
         actix::Response::reply(self.subscribe_now(msg, ctx))
     }
 }
 
+/// What runs once a catch-up has made this node's copy of a topic.
+type AfterCatchUp = Box<dyn FnOnce(&mut NamespaceSupervisor, &mut Context<NamespaceSupervisor>)>;
+
 impl NamespaceSupervisor {
+    /// A recovering subscribe whose position (`offset` of the copy's own
+    /// epoch) is beyond this node's copy of a history topic on a shared
+    /// store: the copy is behind what another node delivered (the mesh has
+    /// not brought the last publications yet, or that node died before
+    /// sending them), while the store has them. Recovering from the copy
+    /// would answer `recovered: false` and then deliver offsets the client
+    /// already has.
+    fn copy_behind(&self, msg: &Subscribe) -> bool {
+        let Some((offset, epoch)) = &msg.recover else {
+            return false;
+        };
+        self.store.as_sled().is_none()
+            && self.history_rule(&msg.topic).is_some()
+            && self
+                .history
+                .as_ref()
+                .and_then(|h| h.meta(&msg.topic))
+                .is_some_and(|m| m.epoch == *epoch && *offset > m.top)
+    }
+
     fn subscribe_now(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> NsResult<Subscribed> {
         let r = self.guarded(ctx, |act| {
             act.exists()?;

@@ -1068,6 +1068,47 @@ fn cli_status_shows_the_node_and_exits_non_zero_when_not_ready() {
     let (code, _, err) = cli_fails(base, &["status", "--key", "not-the-operator-key"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("401") || err.contains("INVALID"), "{err}");
+    if !crate::common::cluster_mode() {
+        // One node: each namespace running here, on every node (`[]`).
+        let owner = node.create_namespace("statusmembers");
+        let (s, b) = node.with_key(&owner, "PUT", "/v1/kv/k", Some(b"v"));
+        assert!(s == 200 || s == 204, "{s} {b}");
+        let v = printed(&cli(base, &["status", "--json", "--key", &op]));
+        let row = v["namespace_members"]
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["namespace"] == "statusmembers"))
+            .cloned()
+            .unwrap_or_else(|| panic!("{v:#}"));
+        assert_eq!(row["members"], serde_json::json!([]), "{v:#}");
+        assert_eq!(row["member_here"], true, "{v:#}");
+        assert_eq!(v["namespace_members_truncated"], false, "{v:#}");
+        let text = cli(base, &["status", "--key", &op]);
+        assert!(
+            text.lines()
+                .any(|l| l == "members     statusmembers: every node"),
+            "{text}"
+        );
+        // The public view (`[metrics] public`) names no namespace: no members.
+        let public = TestNode::start_with(NodeOpts {
+            config: format!("{TEST_CONFIG}[metrics]\npublic = true\n"),
+            ..Default::default()
+        });
+        let k = public.create_namespace("hiddenmembers");
+        let (s, b) = public.with_key(&k, "PUT", "/v1/kv/k", Some(b"v"));
+        assert!(s == 200 || s == 204, "{s} {b}");
+        let (s, _, b) = http("GET", &public.url("/v1/status"), &[], None);
+        assert_eq!(s, 200);
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert!(v.get("namespace_members").is_none(), "{v:#}");
+        assert!(v.get("namespace_members_truncated").is_none(), "{v:#}");
+        assert!(
+            !String::from_utf8_lossy(&b).contains("hiddenmembers"),
+            "{v:#}"
+        );
+        assert_eq!(v["namespaces_running"], 1, "{v:#}");
+        let (_, _, b) = http("GET", &public.url("/v1/status"), &[OPERATOR_AUTH], None);
+        assert!(String::from_utf8_lossy(&b).contains("hiddenmembers"));
+    }
 
     // Starting: the node answers, but is not ready.
     let slow = TestNode::start_with(NodeOpts {

@@ -351,6 +351,40 @@ async fn operator_sets_members_and_the_new_member_serves_at_once() {
     assert_eq!(header(&h, "x-meshgate-member"), Some("c"));
     assert_eq!(invocations_on(c, "moving"), 1.0);
     assert_eq!(invocations_on(b, "moving"), before);
+
+    // `/v1/status` and `meshgate status` show the members as they are now:
+    // on c (the member) and on b (which ran it and runs it light now).
+    assert_eq!(
+        status_members(c, "moving"),
+        Some((serde_json::json!(["c"]), true))
+    );
+    assert_eq!(
+        status_members(b, "moving"),
+        Some((serde_json::json!(["c"]), false))
+    );
+    let text = crate::cli::cli(&b.base, &["status", "--key", OPERATOR_KEY]);
+    assert!(
+        text.lines()
+            .any(|l| l == "members     moving: c  (not here: forwarded)"),
+        "{text}"
+    );
+    let text = crate::cli::cli(&c.base, &["status", "--key", OPERATOR_KEY]);
+    assert!(text.lines().any(|l| l == "members     moving: c"), "{text}");
+}
+
+/// The members `/v1/status` of `node` shows for namespace `ns` (and whether
+/// `node` is one), None when it does not list `ns`.
+fn status_members(node: &TestNode, ns: &str) -> Option<(serde_json::Value, bool)> {
+    let (s, b) = node.op("GET", "/v1/status", None);
+    assert_eq!(s, 200, "{b}");
+    let v = json(&b);
+    assert_eq!(v["namespace_members_truncated"], false, "{b}");
+    v["namespace_members"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{b}"))
+        .iter()
+        .find(|r| r["namespace"] == ns)
+        .map(|r| (r["members"].clone(), r["member_here"] == true))
 }
 
 /// A member SIGKILLed (`replace_after_seconds` = 5, registrations living

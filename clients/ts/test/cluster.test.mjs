@@ -1,7 +1,9 @@
 // The client on a three-node cluster (one etcd, started here): given the
 // three nodes' URLs, it moves to another node when its node is killed and
 // recovers there what it missed, told `recovered: true`, with the offsets
-// of the one cluster-wide sequence (docs/pubsub.md, "In a cluster").
+// of the one cluster-wide sequence (docs/pubsub.md, "In a cluster"); and
+// when its node is drained (close code 4012, docs/cluster.md) it moves the
+// same way at once, missing nothing that was published meanwhile.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -87,6 +89,58 @@ before(async () => {
 after(async () => {
   for (const n of nodes) await n.stop();
   etcd?.kill("SIGKILL");
+});
+
+test("a drain: the client on the drained node is closed with 4012, moves to the next and recovers every publication once", async () => {
+  const c = new Client({
+    url: nodes.map((n) => n.base),
+    token: key,
+    minReconnectDelayMs: 50,
+    maxReconnectDelayMs: 200,
+    pingIntervalMs: 500,
+    pongTimeoutMs: 1500,
+  });
+  await httpPublish(nodes[1].base, key, "h.drain", "d0");
+  const sub = c.newSubscription("h.drain");
+  const got = [];
+  sub.on("publication", (p) => got.push({ text: p.text(), offset: p.offset }));
+  const connected = next(c, "connected");
+  await c.connect();
+  assert.equal((await connected).url, nodes[0].base);
+  await sub.subscribe();
+  // Publishes through c go on while a is drained (through b) and after.
+  const acked = [];
+  let stop = false;
+  const publisher = (async () => {
+    for (let i = 1; !stop || i <= 40; i++) {
+      const ack = await httpPublish(nodes[2].base, key, "h.drain", `d${i}`);
+      acked.push({ text: `d${i}`, offset: ack.offset });
+      await sleep(15);
+    }
+  })();
+  await waitFor(() => got.length >= 5, "live publications on a");
+  const closed = next(c, "connecting", 20_000);
+  const moved = next(c, "connected", 20_000);
+  const resubscribed = next(sub, "subscribed", 20_000);
+  const drained = await api(nodes[1].base, "POST", "/v1/cluster/nodes/a/drain", OP);
+  assert.equal(drained.status, 200, drained.text);
+  const why = await closed;
+  assert.equal(why.code, 4012, "closed with 4012 (node drained)");
+  assert.notEqual((await moved).url, nodes[0].base, "another node");
+  const ctx = await resubscribed;
+  assert.equal(ctx.wasRecovering, true);
+  assert.equal(ctx.recovered, true, "nothing was lost");
+  stop = true;
+  await publisher;
+  await waitFor(() => got.length >= acked.length, `${acked.length} publications`, 20_000);
+  await sleep(200); // a duplicate would arrive meanwhile
+  assert.deepEqual(got, acked, "every acknowledged publication exactly once, in order");
+  // The namespace left a: its members are the two others now.
+  const ns = await api(nodes[1].base, "GET", "/v1/namespaces/tscl", OP);
+  const members = (ns.json.record ?? ns.json.namespace).members;
+  assert.ok(!members.includes("a") && members.length > 0, JSON.stringify(members));
+  await c.disconnect();
+  await sleep(10);
 });
 
 test("a cluster failover: the node dies, the client moves to the next and recovers what it missed", async () => {

@@ -151,7 +151,7 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
         .get()
         .map(|c| c.node_id.clone())
         .unwrap_or_else(crate::util::hostname);
-    Ok(HttpResponse::Ok().json(json!({
+    let mut body = json!({
         "ok": true,
         "node_id": node_id,
         "version": env!("CARGO_PKG_VERSION"),
@@ -164,7 +164,49 @@ async fn status(req: HttpRequest, node: web::Data<Node>) -> ApiResult<HttpRespon
         "namespaces_running": node.namespaces.len(),
         "actors": actors,
         "breakers": breakers,
-    })))
+    });
+    // Placement names namespaces: the operator's view only.
+    if whole {
+        let (shown, truncated) = namespace_members(&node).await;
+        body["namespace_members"] = json!(shown);
+        body["namespace_members_truncated"] = json!(truncated);
+    }
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// How many namespaces `/v1/status` lists with their members.
+pub const STATUS_MEMBERS_SHOWN: usize = 100;
+
+/// The members of the namespaces running here (a supervisor, full or
+/// light), the first [`STATUS_MEMBERS_SHOWN`] by name, and whether more run.
+/// Each from the record this node serves by (its owner's snapshot or a
+/// recent read): `[]` is every node (a single node, or a namespace placed
+/// nowhere in particular).
+async fn namespace_members(node: &Node) -> (Vec<serde_json::Value>, bool) {
+    let mut names = node.namespaces.names();
+    names.sort();
+    let truncated = names.len() > STATUS_MEMBERS_SHOWN;
+    names.truncate(STATUS_MEMBERS_SHOWN);
+    let here = node.cluster.get().map(|c| c.node_id.clone());
+    let mut rows = Vec::with_capacity(names.len());
+    for ns in names {
+        // A record that cannot be read now (store down) is shown as unknown.
+        let (members, known) = match node.records.get(&ns).await {
+            Ok(Some(r)) => (r.members.clone(), true),
+            Ok(None) => continue,
+            Err(_) => (Vec::new(), false),
+        };
+        let member_here = here
+            .as_deref()
+            .is_none_or(|id| crate::placement::is_member(&members, id));
+        let mut row = json!({"namespace": ns, "members": members, "member_here": member_here});
+        if !known {
+            row["members"] = serde_json::Value::Null;
+            row["member_here"] = serde_json::Value::Null;
+        }
+        rows.push(row);
+    }
+    (rows, truncated)
 }
 
 /// The store's backend and whether it answers a read within a second; the

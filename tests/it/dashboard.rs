@@ -1103,7 +1103,12 @@ fn deployment_rows_show_their_certificate() {
                 .unwrap()
                 .iter()
                 .filter(|d| d["namespace"] == "shop")
-                .map(|d| (d["deployment"].as_str().unwrap().to_string(), d["tls"].clone()))
+                .map(|d| {
+                    (
+                        d["deployment"].as_str().unwrap().to_string(),
+                        d["tls"].clone(),
+                    )
+                })
                 .collect::<serde_json::Map<_, _>>()
                 .into();
             if want(&rows) {
@@ -1129,6 +1134,10 @@ fn deployment_rows_show_their_certificate() {
     let (s, b) = n.with_key(&key, "DELETE", "/v1/deployments/store/certificate", None);
     assert!(s == 200 || s == 204, "{s} {b}");
     let rows = tls_of(&|r| r["store"]["mode"] == "node_pair");
-    assert_eq!(rows["store"]["not_after"], serde_json::Value::Null, "{rows}");
+    assert_eq!(
+        rows["store"]["not_after"],
+        serde_json::Value::Null,
+        "{rows}"
+    );
     assert_eq!(rows["web"]["mode"], "node_pair", "{rows}");
 }

@@ -521,12 +521,7 @@ fn with_tls(node: &Node, mut rows: Vec<DeploymentRow>) -> Vec<DeploymentRow> {
 }
 
 /// A row's certificate cell: `leaf` is the stored leaf's validity.
-pub fn tls_cell(
-    auto: bool,
-    leaf: Option<(i64, i64)>,
-    acme: Option<AcmeCell>,
-    now: i64,
-) -> TlsCell {
+pub fn tls_cell(auto: bool, leaf: Option<(i64, i64)>, acme: Option<AcmeCell>, now: i64) -> TlsCell {
     let mode = match (auto, leaf) {
         (true, _) => "acme",
         (false, Some(_)) => "uploaded",
@@ -589,7 +584,10 @@ mod tests {
     fn tls_cells() {
         let now = 1_800_000_000;
         let none = tls_cell(false, None, None, now);
-        assert_eq!((none.mode, none.not_after, none.expired), ("node_pair", None, false));
+        assert_eq!(
+            (none.mode, none.not_after, none.expired),
+            ("node_pair", None, false)
+        );
         let up = tls_cell(false, Some((now - 10, now + 86_400)), None, now);
         assert_eq!(up.mode, "uploaded");
         assert_eq!(up.not_after.as_deref(), Some("2027-01-16T08:00:00Z"));
@@ -603,10 +601,16 @@ mod tests {
         };
         let a = acme_cell(Some(&failed), None, now);
         assert_eq!(a.state, "failed");
-        assert_eq!(a.last_error.as_ref().unwrap().chars().count(), ACME_ERROR_CHARS);
+        assert_eq!(
+            a.last_error.as_ref().unwrap().chars().count(),
+            ACME_ERROR_CHARS
+        );
         assert_eq!(a.next_attempt.as_deref(), Some("2027-01-15T08:01:00Z"));
         assert_eq!(acme_cell(None, None, now).state, "pending");
-        assert_eq!(acme_cell(None, Some((now - 10, now + 10)), now).state, "valid");
+        assert_eq!(
+            acme_cell(None, Some((now - 10, now + 10)), now).state,
+            "valid"
+        );
         let c = tls_cell(true, None, Some(a), now);
         assert_eq!(c.mode, "acme");
     }

@@ -141,6 +141,11 @@ pub struct Deployments {
     acme_seen: Mutex<HashMap<(String, String), acme::AcmeState>>,
 }
 
+/// Host → the certificate served for it.
+type ServedMap = HashMap<String, Arc<rustls::sign::CertifiedKey>>;
+/// (namespace, deployment) → its stored leaf's `(not_before, not_after)`.
+type LeafValidity = HashMap<(String, String), (i64, i64)>;
+
 /// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
 type RouteBuckets = Vec<Option<Arc<index::RouteBucket>>>;
 
@@ -475,14 +480,10 @@ impl Deployments {
     /// deployment's certificate for those of its routed hosts it covers
     /// (a host added since it was uploaded gets the node's own pair); with
     /// each active deployment's leaf validity `(not_before, not_after)`.
-    #[allow(clippy::type_complexity)]
     async fn load_certs(
         &self,
         routed: &HashMap<(String, String), Vec<String>>,
-    ) -> DeployResult<(
-        HashMap<String, Arc<rustls::sign::CertifiedKey>>,
-        HashMap<(String, String), (i64, i64)>,
-    )> {
+    ) -> DeployResult<(ServedMap, LeafValidity)> {
         let mut served = HashMap::new();
         let mut leaves = HashMap::new();
         let mut live = BTreeSet::new();

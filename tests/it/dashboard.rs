@@ -1141,3 +1141,83 @@ fn deployment_rows_show_their_certificate() {
     );
     assert_eq!(rows["web"]["mode"], "node_pair", "{rows}");
 }
+
+/// The certificate column of a `tls: "auto"` deployment whose CA cannot be
+/// reached: `acme`, `failed`, the error (naming the dead port, cut to at
+/// most 120 characters) and the next attempt, as the node's ACME checker
+/// last saw them; no certificate, so no expiry.
+#[test]
+fn acme_deployment_row_shows_its_failed_order() {
+    use crate::deploy::certs::{API, namespace, tls_node_with, tls_request};
+    let tmp = tempfile::tempdir().unwrap();
+    let own = tmp.path();
+    // A CA file that parses, and a directory nothing listens on.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    std::fs::write(own.join("ca.pem"), ca.self_signed(&ca_key).unwrap().pem()).unwrap();
+    let dead = crate::common::free_port();
+    let http_port = crate::common::free_port();
+    let node = tls_node_with(
+        own,
+        &format!(
+            "[tls.acme]\ndirectory = \"https://127.0.0.1:{dead}/dir\"\nemail = \"ops@example.test\"\n\
+             ca_bundle = {:?}\nhttp_listen = \"127.0.0.1:{http_port}\"\ncheck_seconds = 1\n\
+             retry_min_seconds = 300\nretry_max_seconds = 600\n",
+            own.join("ca.pem")
+        ),
+        NodeOpts::default(),
+    );
+    let key = namespace(&node, "acmedash");
+    let host = "shop.acme-dash.test";
+    let body = serde_json::json!({"name": "shop", "hosts": [host], "tls": "auto",
+        "upstream": {"instances": [failing_upstream()]}});
+    let auth = format!("Bearer {key}");
+    let (s, b, _) = tls_request(
+        &node.addr,
+        API,
+        API,
+        "POST",
+        "/v1/deployments",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(s, 201, "{b}");
+    let mut last = serde_json::Value::Null;
+    wait_until(
+        Duration::from_secs(60),
+        "the row shows a failed order",
+        || {
+            // Its host still gets the node's pair; the request makes its row.
+            let (st, _, _) = tls_request(&node.addr, host, host, "GET", "/ok", &[], b"");
+            assert_eq!(st, 200);
+            let (s, body, _) = tls_request(
+                &node.addr,
+                API,
+                API,
+                "GET",
+                "/__admin/api/snapshot",
+                &[OPERATOR_AUTH],
+                b"",
+            );
+            assert_eq!(s, 200, "{body}");
+            last = json(&body)["deployments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["namespace"] == "acmedash" && d["deployment"] == "shop")
+                .map(|d| d["tls"].clone())
+                .unwrap_or_default();
+            last["acme"]["state"] == "failed"
+        },
+    );
+    assert_eq!(last["mode"], "acme", "{last}");
+    assert_eq!(last["not_after"], serde_json::Value::Null, "{last}");
+    let err = last["acme"]["last_error"].as_str().unwrap_or_default();
+    assert!(err.contains(&dead.to_string()), "{last}");
+    assert!(err.chars().count() <= 120, "{last}");
+    assert!(last["acme"]["next_attempt"].is_string(), "{last}");
+}

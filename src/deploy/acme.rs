@@ -530,11 +530,15 @@ impl Acme {
         }
     }
 
+    /// The stored state, noted in memory for the dashboard as read.
     async fn read_state(&self, ns: &str, name: &str) -> Result<Option<AcmeState>, String> {
-        self.store
+        let s = self
+            .store
             .get_json::<AcmeState>(&state_key(ns, name))
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.deployments.note_acme(ns, name, s.as_ref());
+        Ok(s)
     }
 
     async fn write_state(&self, ns: &str, name: &str, s: &AcmeState) -> Result<(), String> {
@@ -551,7 +555,9 @@ impl Acme {
         self.store
             .put_json(&state_key(ns, name), s)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.deployments.note_acme(ns, name, Some(s));
+        Ok(())
     }
 
     /// The node's account at the CA (created on first use, kept in memory).

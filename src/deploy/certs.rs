@@ -74,6 +74,17 @@ pub struct CertRecord {
     pub uploaded_at: u64,
 }
 
+/// A deployment's certificate as the dashboard shows it, kept in memory by
+/// the index rebuild.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TlsSummary {
+    /// Its active version asks for `tls: "auto"` (ACME).
+    pub auto: bool,
+    /// Its stored leaf's `(not_before, not_after)`, Unix seconds; None: its
+    /// hosts get the node's own pair.
+    pub leaf: Option<(i64, i64)>,
+}
+
 /// An upload that passed every check, ready to be sealed and stored.
 pub struct Validated {
     /// The chain as DER, leaf first.

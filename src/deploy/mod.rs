@@ -68,7 +68,7 @@ use model::{
 use parking_lot::Mutex;
 use pool::UpstreamPool;
 use serde_json::{Value, json};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,7 +133,18 @@ pub struct Deployments {
     /// The deployments with `tls: "auto"` and their routed hosts, as of
     /// the last rebuild (`deploy::acme` orders their certificates).
     auto_tls: Mutex<Vec<acme::AutoTls>>,
+    /// Each active deployment's certificate as of the last rebuild (read
+    /// from the records the rebuild parses anyway), for the dashboard.
+    tls_index: arc_swap::ArcSwap<HashMap<(String, String), certs::TlsSummary>>,
+    /// The ACME state of each `tls: "auto"` deployment as this node's
+    /// checker last read or wrote it (`deploy::acme`), for the dashboard.
+    acme_seen: Mutex<HashMap<(String, String), acme::AcmeState>>,
 }
+
+/// Host → the certificate served for it.
+type ServedMap = HashMap<String, Arc<rustls::sign::CertifiedKey>>;
+/// (namespace, deployment) → its stored leaf's `(not_before, not_after)`.
+type LeafValidity = HashMap<(String, String), (i64, i64)>;
 
 /// A version's routes' rate-limit buckets, in route order (None: no `rate_limit`).
 type RouteBuckets = Vec<Option<Arc<index::RouteBucket>>>;
@@ -207,6 +218,8 @@ impl Deployments {
             certs: certs::Certs::new(server_secret),
             acme_alpn: Default::default(),
             auto_tls: Mutex::new(Vec::new()),
+            tls_index: arc_swap::ArcSwap::from_pointee(HashMap::new()),
+            acme_seen: Mutex::new(HashMap::new()),
         }
     }
 
@@ -322,6 +335,8 @@ impl Deployments {
         // Each deployment's routed hosts, for its certificate.
         let mut routed: HashMap<(String, String), Vec<String>> = HashMap::new();
         let mut auto_tls = Vec::new();
+        // The deployments asking for `tls: "auto"`, routed hosts or not.
+        let mut auto_keys: HashSet<(String, String)> = HashSet::new();
         for (_, v) in heads {
             let Ok(rec) = serde_json::from_slice::<DeploymentRecord>(&v) else {
                 continue;
@@ -384,6 +399,7 @@ impl Deployments {
                 .clone();
             live_buckets.insert(key);
             if ver.tls_auto {
+                auto_keys.insert((rec.namespace.clone(), rec.name.clone()));
                 let hosts: Vec<String> = ver
                     .hosts
                     .iter()
@@ -438,9 +454,23 @@ impl Deployments {
         });
         // A deleted or replaced version's buckets go with it.
         self.buckets.lock().retain(|k, _| live_buckets.contains(k));
-        let served = self.load_certs(&routed).await?;
+        let (served, leaves) = self.load_certs(&routed).await?;
+        let tls_index: HashMap<(String, String), certs::TlsSummary> = routed
+            .into_keys()
+            .map(|key| {
+                let summary = certs::TlsSummary {
+                    auto: auto_keys.contains(&key),
+                    leaf: leaves.get(&key).copied(),
+                };
+                (key, summary)
+            })
+            .collect();
+        self.acme_seen
+            .lock()
+            .retain(|k, _| tls_index.get(k).is_some_and(|t| t.auto));
         self.index.store(Arc::new(ix));
         self.certs.served.store(Arc::new(served));
+        self.tls_index.store(Arc::new(tls_index));
         *self.auto_tls.lock() = auto_tls;
         *self.loaded.lock() = generation;
         Ok(())
@@ -448,12 +478,14 @@ impl Deployments {
 
     /// The host → certificate map of the stored certificates: each
     /// deployment's certificate for those of its routed hosts it covers
-    /// (a host added since it was uploaded gets the node's own pair).
+    /// (a host added since it was uploaded gets the node's own pair); with
+    /// each active deployment's leaf validity `(not_before, not_after)`.
     async fn load_certs(
         &self,
         routed: &HashMap<(String, String), Vec<String>>,
-    ) -> DeployResult<HashMap<String, Arc<rustls::sign::CertifiedKey>>> {
+    ) -> DeployResult<(ServedMap, LeafValidity)> {
         let mut served = HashMap::new();
+        let mut leaves = HashMap::new();
         let mut live = BTreeSet::new();
         for (k, v) in self
             .store
@@ -467,6 +499,10 @@ impl Deployments {
             let Some(hosts) = routed.get(&(rec.namespace.clone(), rec.deployment.clone())) else {
                 continue;
             };
+            leaves.insert(
+                (rec.namespace.clone(), rec.deployment.clone()),
+                (rec.not_before, rec.not_after),
+            );
             let Some(ck) = self.certs.open(&k, &v, &rec) else {
                 continue;
             };
@@ -477,7 +513,7 @@ impl Deployments {
             }
         }
         self.certs.retain(&live);
-        Ok(served)
+        Ok((served, leaves))
     }
 
     /// Stops serving deployment certificates for hosts that became the
@@ -550,6 +586,35 @@ impl Deployments {
         };
         v["acme"] = acme::view(state.as_ref(), cert.as_ref(), &ver.hosts, now);
         Ok(v)
+    }
+
+    /// Each active deployment's certificate summary, as of the last
+    /// rebuild: read from memory (the dashboard samples it every tick).
+    pub fn tls_summaries(&self) -> Arc<HashMap<(String, String), certs::TlsSummary>> {
+        self.tls_index.load_full()
+    }
+
+    /// The ACME state of a `tls: "auto"` deployment as this node's checker
+    /// last read or wrote it; None before its first pass.
+    pub fn acme_seen(&self, ns: &str, name: &str) -> Option<acme::AcmeState> {
+        self.acme_seen
+            .lock()
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Notes a deployment's ACME state as read or written by the checker.
+    pub(crate) fn note_acme(&self, ns: &str, name: &str, state: Option<&acme::AcmeState>) {
+        let key = (ns.to_string(), name.to_string());
+        let mut seen = self.acme_seen.lock();
+        match state {
+            Some(s) => {
+                seen.insert(key, s.clone());
+            }
+            None => {
+                seen.remove(&key);
+            }
+        }
     }
 
     /// The deployments with `tls: "auto"`, as of the last rebuild.

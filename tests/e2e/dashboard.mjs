@@ -5,9 +5,11 @@
 // change between reads; with `[dashboard] top_namespaces = 2` a third, idle
 // namespace is left out of the tables and found with the search. A deployment
 // in alpha proxies to an upstream on 127.0.0.1 (a quarter of its answers 500):
-// the Deployments panel shows its route with a non-zero rate and 5xx share.
+// the Deployments panel shows its route with a non-zero rate and 5xx share,
+// and its certificate: the node's pair, then (one uploaded while the page is
+// open, made with openssl) `uploaded` with the leaf's expiry.
 // Run by scripts/e2e-dashboard.sh (which installs chromium, playwright-core and ws).
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
@@ -313,6 +315,30 @@ async function main() {
     const share = parseFloat(depRow.share);
     check(share >= 10 && share <= 40, `its 5xx share is about a quarter (${depRow.share})`);
     check(depRow.instances === "1 / 1", `its one instance is healthy (${depRow.instances})`);
+
+    // Its certificate column: no certificate of its own, the node's pair.
+    const tlsCell = () => page.$eval('#dep-table tr[data-route="/api"] [data-col="tls"]',
+      (td) => ({ mode: td.dataset.mode, text: td.textContent.replace(/\s+/g, " ").trim() }));
+    const before = await tlsCell();
+    check(before.mode === "node_pair" && before.text === "node pair", `its certificate column says node pair (${JSON.stringify(before)})`);
+    // A certificate for its host, uploaded while the page is open.
+    const certDir = fs.mkdtempSync(path.join(os.tmpdir(), "meshgate-e2e-cert-"));
+    const [certPath, keyPath] = [path.join(certDir, "cert.pem"), path.join(certDir, "key.pem")];
+    execFileSync("openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+      "-keyout", keyPath, "-out", certPath, "-days", "400", "-subj", `/CN=${DEPLOY_HOST}`,
+      "-addext", `subjectAltName=DNS:${DEPLOY_HOST}`], { stdio: "ignore" });
+    const up = await api(node.base, "PUT", "/v1/deployments/web/certificate", keys.alpha, JSON.stringify({
+      cert_pem: fs.readFileSync(certPath, "utf8"), key_pem: fs.readFileSync(keyPath, "utf8"),
+    }));
+    fs.rmSync(certDir, { recursive: true, force: true });
+    check(up.status === 200, `alpha: certificate for web uploaded (${up.status} ${up.status === 200 ? "" : up.text})`);
+    const notAfter = JSON.parse(up.text).certificate.not_after;
+    await page.waitForFunction(() =>
+      document.querySelector('#dep-table tr[data-route="/api"] [data-col="tls"]')?.dataset.mode === "uploaded",
+    null, { timeout: 15_000 });
+    const after = await tlsCell();
+    check(after.text === `uploaded until ${notAfter.slice(0, 10)}`,
+      `its certificate column says uploaded with the leaf's expiry ${notAfter} (${JSON.stringify(after)})`);
 
     // Screenshot with everything on.
     const shot = path.join(OUT, "dashboard.png");

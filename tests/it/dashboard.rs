@@ -1053,3 +1053,171 @@ fn deployment_routes_show_rate_percentiles_and_error_share() {
         "{last}"
     );
 }
+
+/// The Deployments panel's certificate column: of two deployments with
+/// traffic, the one with an uploaded certificate shows `uploaded` with its
+/// leaf's expiry, the other the node's pair; once the certificate is
+/// removed its row shows the node's pair too (read from memory, following
+/// the index).
+#[test]
+fn deployment_rows_show_their_certificate() {
+    let n = TestNode::start_with(NodeOpts {
+        config: crate::deploy::loopback_config(),
+        ..Default::default()
+    });
+    let key = n.create_namespace("shop");
+    let upstream = failing_upstream();
+    for (name, host) in [("web", "web.test"), ("store", "store.test")] {
+        let (s, v) = crate::deploy::deploy_json(
+            &n,
+            &key,
+            serde_json::json!({"name": name, "hosts": [host],
+                "upstream": {"instances": [upstream.clone()]},
+                "routes": [{"path_prefix": "/"}]}),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    // 2020-01-01 to 2090-01-01.
+    let pair = crate::deploy::certs::current(&["store.test"]);
+    let body = serde_json::json!({"cert_pem": pair.cert, "key_pem": pair.key}).to_string();
+    let (s, b) = n.with_key(
+        &key,
+        "PUT",
+        "/v1/deployments/store/certificate",
+        Some(body.as_bytes()),
+    );
+    assert_eq!(s, 200, "{b}");
+    // The first snapshot read starts the sampler; then traffic to both.
+    let tls_of = |want: &dyn Fn(&serde_json::Value) -> bool| -> serde_json::Value {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            for host in ["web.test", "store.test"] {
+                let (st, _, _) = crate::deploy::via(&n, host, "GET", "/ok", &[], None);
+                assert_eq!(st, 200, "{host}");
+            }
+            let (s, _, body) = admin(&n, "/__admin/api/snapshot");
+            assert_eq!(s, 200, "{body}");
+            let snap = json(&body);
+            let rows: serde_json::Value = snap["deployments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["namespace"] == "shop")
+                .map(|d| {
+                    (
+                        d["deployment"].as_str().unwrap().to_string(),
+                        d["tls"].clone(),
+                    )
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+            if want(&rows) {
+                return rows;
+            }
+            assert!(Instant::now() < end, "not within 20 s: {rows}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let rows = tls_of(&|r| r["web"].is_object() && r["store"].is_object());
+    assert_eq!(
+        rows["store"],
+        serde_json::json!({"mode": "uploaded", "not_after": "2090-01-01T00:00:00Z",
+            "expired": false, "acme": null}),
+        "{rows}"
+    );
+    assert_eq!(
+        rows["web"],
+        serde_json::json!({"mode": "node_pair", "not_after": null, "expired": false, "acme": null}),
+        "{rows}"
+    );
+    // Removed: its hosts get the node's pair, and the row says so.
+    let (s, b) = n.with_key(&key, "DELETE", "/v1/deployments/store/certificate", None);
+    assert!(s == 200 || s == 204, "{s} {b}");
+    let rows = tls_of(&|r| r["store"]["mode"] == "node_pair");
+    assert_eq!(
+        rows["store"]["not_after"],
+        serde_json::Value::Null,
+        "{rows}"
+    );
+    assert_eq!(rows["web"]["mode"], "node_pair", "{rows}");
+}
+
+/// The certificate column of a `tls: "auto"` deployment whose CA cannot be
+/// reached: `acme`, `failed`, the error (naming the dead port, cut to at
+/// most 120 characters) and the next attempt, as the node's ACME checker
+/// last saw them; no certificate, so no expiry.
+#[test]
+fn acme_deployment_row_shows_its_failed_order() {
+    use crate::deploy::certs::{API, namespace, tls_node_with, tls_request};
+    let tmp = tempfile::tempdir().unwrap();
+    let own = tmp.path();
+    // A CA file that parses, and a directory nothing listens on.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    std::fs::write(own.join("ca.pem"), ca.self_signed(&ca_key).unwrap().pem()).unwrap();
+    let dead = crate::common::free_port();
+    let http_port = crate::common::free_port();
+    let node = tls_node_with(
+        own,
+        &format!(
+            "[tls.acme]\ndirectory = \"https://127.0.0.1:{dead}/dir\"\nemail = \"ops@example.test\"\n\
+             ca_bundle = {:?}\nhttp_listen = \"127.0.0.1:{http_port}\"\ncheck_seconds = 1\n\
+             retry_min_seconds = 300\nretry_max_seconds = 600\n",
+            own.join("ca.pem")
+        ),
+        NodeOpts::default(),
+    );
+    let key = namespace(&node, "acmedash");
+    let host = "shop.acme-dash.test";
+    let body = serde_json::json!({"name": "shop", "hosts": [host], "tls": "auto",
+        "upstream": {"instances": [failing_upstream()]}});
+    let auth = format!("Bearer {key}");
+    let (s, b, _) = tls_request(
+        &node.addr,
+        API,
+        API,
+        "POST",
+        "/v1/deployments",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(s, 201, "{b}");
+    let mut last = serde_json::Value::Null;
+    wait_until(
+        Duration::from_secs(60),
+        "the row shows a failed order",
+        || {
+            // Its host still gets the node's pair; the request makes its row.
+            let (st, _, _) = tls_request(&node.addr, host, host, "GET", "/ok", &[], b"");
+            assert_eq!(st, 200);
+            let (s, body, _) = tls_request(
+                &node.addr,
+                API,
+                API,
+                "GET",
+                "/__admin/api/snapshot",
+                &[OPERATOR_AUTH],
+                b"",
+            );
+            assert_eq!(s, 200, "{body}");
+            last = json(&body)["deployments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["namespace"] == "acmedash" && d["deployment"] == "shop")
+                .map(|d| d["tls"].clone())
+                .unwrap_or_default();
+            last["acme"]["state"] == "failed"
+        },
+    );
+    assert_eq!(last["mode"], "acme", "{last}");
+    assert_eq!(last["not_after"], serde_json::Value::Null, "{last}");
+    let err = last["acme"]["last_error"].as_str().unwrap_or_default();
+    assert!(err.contains(&dead.to_string()), "{last}");
+    assert!(err.chars().count() <= 120, "{last}");
+    assert!(last["acme"]["next_attempt"].is_string(), "{last}");
+}

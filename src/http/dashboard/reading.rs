@@ -4,8 +4,8 @@
 //! calls [`take`] once a tick.
 
 use super::snapshot::{
-    ActorRow, BreakerRow, DeploymentRow, NamespaceRow, NodeRow, QUANTILE_WINDOW_TICKS, RouteRow,
-    Snapshot, TOP_DEPLOYMENTS, TOP_ROUTES, activity,
+    ACME_ERROR_CHARS, AcmeCell, ActorRow, BreakerRow, DeploymentRow, NamespaceRow, NodeRow,
+    QUANTILE_WINDOW_TICKS, RouteRow, Snapshot, TOP_DEPLOYMENTS, TOP_ROUTES, TlsCell, activity,
 };
 use crate::actors::ActorStats;
 use crate::http::state::Node;
@@ -441,7 +441,7 @@ pub fn take(node: &Node, prev: &mut Previous, known: &Arc<Vec<String>>, top: usi
     // shown, the live pools' instance health.
     let (deployments, deployments_ranked) =
         deployment_rows(route_readings(m), prev, secs, TOP_DEPLOYMENTS);
-    let deployments = with_health(node, deployments);
+    let deployments = with_tls(node, with_health(node, deployments));
 
     let http_total: u64 = by_class_total(m);
     node_row.version = env!("CARGO_PKG_VERSION");
@@ -499,6 +499,72 @@ fn with_health(node: &Node, mut rows: Vec<DeploymentRow>) -> Vec<DeploymentRow> 
     rows
 }
 
+/// Fills the rows' certificate cells from memory: the summaries the index
+/// rebuild keeps and the ACME states the checker last saw (no store read).
+fn with_tls(node: &Node, mut rows: Vec<DeploymentRow>) -> Vec<DeploymentRow> {
+    if rows.is_empty() {
+        return rows;
+    }
+    let summaries = node.deployments.tls_summaries();
+    let now = crate::util::now() as i64;
+    for d in &mut rows {
+        let Some(t) = summaries.get(&(d.namespace.clone(), d.deployment.clone())) else {
+            continue;
+        };
+        let acme = t.auto.then(|| {
+            let seen = node.deployments.acme_seen(&d.namespace, &d.deployment);
+            acme_cell(seen.as_ref(), t.leaf, now)
+        });
+        d.tls = Some(tls_cell(t.auto, t.leaf, acme, now));
+    }
+    rows
+}
+
+/// A row's certificate cell: `leaf` is the stored leaf's validity.
+pub fn tls_cell(auto: bool, leaf: Option<(i64, i64)>, acme: Option<AcmeCell>, now: i64) -> TlsCell {
+    let mode = match (auto, leaf) {
+        (true, _) => "acme",
+        (false, Some(_)) => "uploaded",
+        (false, None) => "node_pair",
+    };
+    TlsCell {
+        mode,
+        not_after: leaf.map(|(_, end)| crate::deploy::certs::rfc3339(end)),
+        expired: leaf.is_some_and(|(_, end)| end < now),
+        acme,
+    }
+}
+
+/// The ACME part of a cell from the state the checker last saw; before its
+/// first pass, `valid` when a certificate in its validity is stored, else
+/// `pending` (as `GET /v1/deployments/{name}/certificate` reads it).
+pub fn acme_cell(
+    seen: Option<&crate::deploy::acme::AcmeState>,
+    leaf: Option<(i64, i64)>,
+    now: i64,
+) -> AcmeCell {
+    let state = match seen {
+        Some(s) if !s.state.is_empty() => s.state.clone(),
+        _ if leaf.is_some_and(|(_, end)| end > now) => "valid".into(),
+        _ => "pending".into(),
+    };
+    let last_error = seen.and_then(|s| s.last_error.as_deref()).map(|e| {
+        if e.chars().count() > ACME_ERROR_CHARS {
+            let cut: String = e.chars().take(ACME_ERROR_CHARS - 1).collect();
+            format!("{cut}…")
+        } else {
+            e.to_string()
+        }
+    });
+    AcmeCell {
+        state,
+        last_error,
+        next_attempt: seen
+            .and_then(|s| s.next_attempt)
+            .map(|t| crate::deploy::certs::rfc3339(t as i64)),
+    }
+}
+
 fn by_class_total(m: &Metrics) -> u64 {
     m.http_requests
         .collect()
@@ -511,6 +577,43 @@ fn by_class_total(m: &Metrics) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The certificate cell names the node pair, an upload or ACME, marks
+    /// an expired leaf, and cuts a long ACME error.
+    #[test]
+    fn tls_cells() {
+        let now = 1_800_000_000;
+        let none = tls_cell(false, None, None, now);
+        assert_eq!(
+            (none.mode, none.not_after, none.expired),
+            ("node_pair", None, false)
+        );
+        let up = tls_cell(false, Some((now - 10, now + 86_400)), None, now);
+        assert_eq!(up.mode, "uploaded");
+        assert_eq!(up.not_after.as_deref(), Some("2027-01-16T08:00:00Z"));
+        assert!(!up.expired);
+        assert!(tls_cell(false, Some((now - 10, now - 1)), None, now).expired);
+        let failed = crate::deploy::acme::AcmeState {
+            state: "failed".into(),
+            last_error: Some("x".repeat(500)),
+            next_attempt: Some(now as u64 + 60),
+            ..Default::default()
+        };
+        let a = acme_cell(Some(&failed), None, now);
+        assert_eq!(a.state, "failed");
+        assert_eq!(
+            a.last_error.as_ref().unwrap().chars().count(),
+            ACME_ERROR_CHARS
+        );
+        assert_eq!(a.next_attempt.as_deref(), Some("2027-01-15T08:01:00Z"));
+        assert_eq!(acme_cell(None, None, now).state, "pending");
+        assert_eq!(
+            acme_cell(None, Some((now - 10, now + 10)), now).state,
+            "valid"
+        );
+        let c = tls_cell(true, None, Some(a), now);
+        assert_eq!(c.mode, "acme");
+    }
 
     /// Percentiles come from the observations inside the window only.
     #[test]

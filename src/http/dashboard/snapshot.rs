@@ -70,6 +70,38 @@ pub struct DeploymentRow {
     pub routes: Vec<RouteRow>,
     /// Routes with numbers, shown or not.
     pub routes_ranked: usize,
+    /// The certificate its hosts are served with (None: the deployment is
+    /// no longer active, e.g. deleted while its route series live on).
+    pub tls: Option<TlsCell>,
+}
+
+/// Most characters of an ACME error a row carries (the full one is in
+/// `GET /v1/deployments/{name}/certificate`).
+pub const ACME_ERROR_CHARS: usize = 120;
+
+/// A deployment's certificate in its row.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct TlsCell {
+    /// `node_pair` (no certificate of its own: the node's pair),
+    /// `uploaded` or `acme` (`tls: "auto"`).
+    pub mode: &'static str,
+    /// The leaf's end of validity, RFC 3339; None without a certificate.
+    pub not_after: Option<String>,
+    /// The leaf's end of validity is past.
+    pub expired: bool,
+    /// For `acme`: its order's state as this node last saw it.
+    pub acme: Option<AcmeCell>,
+}
+
+/// The ACME part of a [`TlsCell`].
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct AcmeCell {
+    /// `pending`, `valid` or `failed`.
+    pub state: String,
+    /// The last failure's reason, cut to [`ACME_ERROR_CHARS`] characters.
+    pub last_error: Option<String>,
+    /// After a failure: no order before this, RFC 3339.
+    pub next_attempt: Option<String>,
 }
 
 /// One actor's row.
@@ -430,10 +462,11 @@ mod tests {
     }
 
     /// The Deployments panel at its bound ([`TOP_DEPLOYMENTS`] rows of
-    /// [`TOP_ROUTES`] routes, 63-character names, 64-character routes) adds
-    /// under 24 KB to a tick.
+    /// [`TOP_ROUTES`] routes, 63-character names, 64-character routes, an
+    /// ACME certificate cell with an error at its cut) adds under 28 KB to a
+    /// tick.
     #[test]
-    fn the_deployments_of_a_tick_stay_under_24_kb() {
+    fn the_deployments_of_a_tick_stay_under_28_kb() {
         let deployments: Vec<DeploymentRow> = (0..TOP_DEPLOYMENTS)
             .map(|i| DeploymentRow {
                 namespace: format!("{i:03}{}", "n".repeat(60)),
@@ -443,6 +476,16 @@ mod tests {
                 instances: 16,
                 instances_healthy: 15,
                 routes_ranked: 1_000,
+                tls: Some(TlsCell {
+                    mode: "acme",
+                    not_after: Some("2027-03-07T17:00:00Z".into()),
+                    expired: false,
+                    acme: Some(AcmeCell {
+                        state: "failed".into(),
+                        last_error: Some("e".repeat(ACME_ERROR_CHARS + 1)),
+                        next_attempt: Some("2026-12-07T17:00:00Z".into()),
+                    }),
+                }),
                 routes: (0..TOP_ROUTES)
                     .map(|j| RouteRow {
                         route: format!("/{j:03}{}", "r".repeat(60)),
@@ -456,7 +499,7 @@ mod tests {
             })
             .collect();
         let json = serde_json::to_string(&deployments).unwrap();
-        assert!(json.len() <= 24 * 1024, "{} bytes", json.len());
+        assert!(json.len() <= 28 * 1024, "{} bytes", json.len());
         assert!(json.contains("\"error_share\":0.333,"), "shares rounded");
     }
 }

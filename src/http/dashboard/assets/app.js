@@ -155,6 +155,28 @@ function fmtShare(v) {
   return (v * 100).toFixed(v > 0 && v < 0.1 ? 1 : 0) + " %";
 }
 
+// A deployment's certificate: the node's pair, an uploaded one or ACME's,
+// with the leaf's end of validity; for ACME its order's state, the last
+// error (in the tooltip too) and the next attempt after a failure.
+const DAY_MS = 86_400_000;
+function fmtTls(t, nowMs) {
+  if (!t) return '<span class="muted">–</span>';
+  if (t.mode === "node_pair") return '<span class="muted" title="no certificate of its own: the node\'s pair">node pair</span>';
+  let until = "";
+  if (t.not_after) {
+    const left = Date.parse(t.not_after) - nowMs;
+    const cls = t.expired ? "bad" : left < 14 * DAY_MS ? "hot" : "";
+    until = ` <span class="${cls}" data-part="not_after" title="valid until ${esc(t.not_after)}">${t.expired ? "expired " : "until "}${esc(t.not_after.slice(0, 10))}</span>`;
+  }
+  if (t.mode === "uploaded") return `<span data-part="mode">uploaded</span>${until}`;
+  const a = t.acme || { state: "pending" };
+  const cls = a.state === "failed" ? "bad" : a.state === "pending" ? "muted" : "";
+  let out = `<span data-part="mode">acme</span> <span class="${cls}" data-part="acme_state">${esc(a.state)}</span>${until}`;
+  if (a.last_error) out += `<br><span class="muted err-line" data-part="last_error" title="${esc(a.last_error)}">${esc(a.last_error)}</span>`;
+  if (a.next_attempt) out += `<br><span class="muted" data-part="next_attempt">next try ${esc(a.next_attempt.replace("T", " ").replace("Z", " UTC"))}</span>`;
+  return out;
+}
+
 // One row per route of the most requested deployments (the node sends at
 // most top_deployments, each with its busiest routes).
 function renderDeployments(s) {
@@ -177,12 +199,13 @@ function renderDeployments(s) {
       <td data-col="p50_seconds">${fmtSecs(r.p50_seconds)}</td>
       <td data-col="p99_seconds">${fmtSecs(r.p99_seconds)}</td>
       <td data-col="error_share" class="${r.error_share > 0 ? "hot" : ""}">${fmtShare(r.error_share)}</td>
-      <td data-col="instances">${first ? health : ""}</td></tr>`);
+      <td data-col="instances">${first ? health : ""}</td>
+      <td class="str" data-col="tls" data-mode="${first && d.tls ? esc(d.tls.mode) : ""}">${first ? fmtTls(d.tls, s.at_ms || Date.now()) : ""}</td></tr>`);
     });
   }
   $("dep-table").tBodies[0].innerHTML = rows.length
     ? rows.join("")
-    : '<tr><td class="str muted" colspan="8">no routed requests yet</td></tr>';
+    : '<tr><td class="str muted" colspan="9">no routed requests yet</td></tr>';
 }
 
 function drawChart(canvas, values, color) {

@@ -29,6 +29,17 @@
 //! per run (delivered, complete and in order, msgs/s of each path, and its
 //! ratio to the single node's run just before) and the medians, and fails
 //! unless every run of every path was complete and in order.
+//! With `BURST_RUNS=<runs>` and `BURST_NODES=<n>` (and `BURST_PUBLISHERS=<p>`,
+//! at most n; default n − 1) it runs the burst on a mesh of n nodes, each its
+//! own process: per run, p publishers on nodes 1..p each pipeline
+//! `BURST_MSGS` publishes to their own topic at once, and every node has a
+//! subscriber to every publisher's topic, which checks that each came
+//! complete and in per-publisher order; against the same p publishers and
+//! p subscribers on the single node. The rate of a run is the messages
+//! published over the time from the first write to the last delivery on
+//! any subscriber. It prints a row per run and the mesh's counters of every
+//! node (`meshgate_mesh_gaps_skipped_total` among them), and fails unless
+//! every run was complete and in order everywhere.
 //! Under `cargo test --features cluster` (no `--bench` argument) a short smoke
 //! round runs and fails if a message is lost, duplicated or out of order.
 //! etcd comes from Debian's `etcd-server` (`scripts/test.sh` installs it).
@@ -515,6 +526,239 @@ async fn burst(
     (delivered, in_order && delivered == n, rate)
 }
 
+/// One publisher pipelines `n` publishes (numbered from `first`) on `topic`
+/// at `pub_addr`; each of `subs` (already warm, subscribed to `topic`)
+/// must receive all of them in order. Returns the subscribers, whether each
+/// got all in order, and the time from the first write to the last
+/// delivery.
+async fn fan_burst(
+    pub_addr: String,
+    key: String,
+    topic: String,
+    subs: Vec<mpsc::UnboundedReceiver<(u64, Instant)>>,
+    first: u64,
+    n: usize,
+) -> (Vec<mpsc::UnboundedReceiver<(u64, Instant)>>, Vec<bool>, Instant, Instant) {
+    let publisher = Publisher::connect(&pub_addr, &key, &topic).await;
+    let frames: Vec<u8> = (0..n as u64)
+        .flat_map(|i| publisher.publish_frame(first + i))
+        .collect();
+    let Ws { mut rd, mut wr, .. } = publisher.ws;
+    let start = Instant::now();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&frames).await.expect("publisher writes");
+        wr
+    });
+    let answers = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let (mut acked, mut refused) = (0usize, 0usize);
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = vec![0u8; 1 << 16];
+        while acked < n {
+            let k = match tokio::time::timeout(Duration::from_secs(60), rd.read(&mut chunk)).await {
+                Ok(Ok(k)) if k > 0 => k,
+                _ => break,
+            };
+            buf.extend_from_slice(&chunk[..k]);
+            let mut pos = 0;
+            while let Some((op, range, used)) = ws::parse(&buf[pos..]) {
+                let d = &buf[pos + range.start..pos + range.end];
+                if op == 0x1 && d.starts_with(b"{\"id\"") {
+                    acked += 1;
+                    if !d.windows(9).any(|w| w == b"\"ok\":true") {
+                        refused += 1;
+                    }
+                }
+                pos += used;
+            }
+            buf.drain(..pos);
+        }
+        (acked, refused, rd)
+    });
+    let mut readers = Vec::new();
+    for mut sub in subs {
+        readers.push(tokio::spawn(async move {
+            let (mut expect, mut in_order, mut delivered, mut last_at) = (first, true, 0, start);
+            while delivered < n {
+                match tokio::time::timeout(Duration::from_secs(10), sub.recv()).await {
+                    Ok(Some((got, at))) => {
+                        if got >= 1 << 62 {
+                            continue; // a warm-up straggler
+                        }
+                        in_order &= got == expect;
+                        expect = got + 1;
+                        delivered += 1;
+                        last_at = at;
+                    }
+                    _ => break,
+                }
+            }
+            if delivered < n {
+                eprintln!("a subscriber got {delivered} of {n}");
+            }
+            (sub, in_order && delivered == n, last_at)
+        }));
+    }
+    let mut subs = Vec::new();
+    let mut ok = Vec::new();
+    let mut last = start;
+    for r in readers {
+        let (sub, good, at) = r.await.expect("reader task");
+        subs.push(sub);
+        ok.push(good);
+        last = last.max(at);
+    }
+    let (acked, refused, _rd) = answers.await.expect("answers task");
+    let _wr = writer.await.expect("writer task");
+    if acked != n || refused > 0 {
+        eprintln!("{topic}: {acked} of {n} publishes answered, {refused} refused");
+        ok.iter_mut().for_each(|o| *o = false);
+    }
+    (subs, ok, start, last)
+}
+
+/// One run of `publishers` concurrent fan bursts: publisher i on
+/// `pub_addrs[i]`, topic `topics[i]`, its subscribers `subs[i]`. Returns
+/// whether every subscriber got everything in order, and msgs/s (all
+/// publishes over first write to last delivery).
+async fn fan_run(
+    pub_addrs: &[String],
+    key: &str,
+    topics: &[String],
+    subs: &mut Vec<Vec<mpsc::UnboundedReceiver<(u64, Instant)>>>,
+    first: u64,
+    n: usize,
+) -> (bool, f64) {
+    let mut tasks = Vec::new();
+    for (i, s) in std::mem::take(subs).into_iter().enumerate() {
+        tasks.push(tokio::spawn(fan_burst(
+            pub_addrs[i].clone(),
+            key.to_string(),
+            topics[i].clone(),
+            s,
+            first,
+            n,
+        )));
+    }
+    let (mut all_ok, mut start, mut last) = (true, None::<Instant>, None::<Instant>);
+    for t in tasks {
+        let (s, ok, st, la) = t.await.expect("burst task");
+        subs.push(s);
+        all_ok &= ok.iter().all(|o| *o);
+        start = Some(start.map_or(st, |x: Instant| x.min(st)));
+        last = Some(last.map_or(la, |x: Instant| x.max(la)));
+    }
+    let (start, last) = (start.unwrap_or_else(Instant::now), last.unwrap_or_else(Instant::now));
+    let rate = (n * pub_addrs.len()) as f64 / (last - start).as_secs_f64().max(1e-9);
+    (all_ok, rate)
+}
+
+/// The mesh burst (`BURST_RUNS` with `BURST_NODES`): see the module's comment.
+fn mesh_burst_main(
+    runs: usize,
+    msgs: usize,
+    publishers: usize,
+    single: (&NodeProc, &str),
+    cluster: (&[NodeProc], &str),
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (nodes, ckey) = cluster;
+    let topics: Vec<String> = (0..publishers).map(|i| format!("bench.p{i}")).collect();
+    let mut rows = Vec::new();
+    rt.block_on(async {
+        // Warm every (publisher, subscriber) pair, keeping the subscribers.
+        let mut single_subs = Vec::new();
+        let mut mesh_subs = Vec::new();
+        for (i, topic) in topics.iter().enumerate() {
+            let route = |name, pub_addr: &str, sub_addr: &str, key: &str| Route {
+                name,
+                pub_addr: pub_addr.to_string(),
+                sub_addr: sub_addr.to_string(),
+                key: key.to_string(),
+                topic: topic.clone(),
+            };
+            single_subs.push(vec![
+                connect(&route("single", &single.0.addr, &single.0.addr, single.1))
+                    .await
+                    .sub,
+            ]);
+            let mut subs = Vec::new();
+            for node in nodes {
+                subs.push(
+                    connect(&route("mesh", &nodes[i].addr, &node.addr, ckey))
+                        .await
+                        .sub,
+                );
+            }
+            mesh_subs.push(subs);
+        }
+        let single_pubs = vec![single.0.addr.clone(); publishers];
+        let mesh_pubs: Vec<String> = nodes[..publishers].iter().map(|n| n.addr.clone()).collect();
+        for run in 0..runs {
+            let first = (run * msgs) as u64;
+            let s = fan_run(&single_pubs, single.1, &topics, &mut single_subs, first, msgs).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let m = fan_run(&mesh_pubs, ckey, &topics, &mut mesh_subs, first, msgs).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            eprintln!(
+                "run {}: single {} {:.0} msgs/s; mesh {} {:.0} msgs/s",
+                run + 1,
+                s.0,
+                s.1,
+                m.0,
+                m.1
+            );
+            rows.push((s, m));
+        }
+    });
+    let n = nodes.len();
+    println!(
+        "{runs} runs: {publishers} publishers × {msgs} publishes of {PAYLOAD} B pipelined on /v1/ws; on {n} nodes every node subscribes to every publisher's topic"
+    );
+    println!();
+    println!("| run | single node: complete, in order | msgs/s | {n} nodes: complete, in order on every node | msgs/s | ratio |");
+    println!("|---:|:---:|---:|:---:|---:|---:|");
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    for (i, (s, m)) in rows.iter().enumerate() {
+        println!(
+            "| {} | {} | {:.0} | {} | {:.0} | {:.2} |",
+            i + 1,
+            yes(s.0),
+            s.1,
+            yes(m.0),
+            m.1,
+            m.1 / s.1.max(1e-9)
+        );
+    }
+    let med = |f: &dyn Fn(&((bool, f64), (bool, f64))) -> f64| {
+        quantile(&mut rows.iter().map(f).collect::<Vec<_>>(), 0.5)
+    };
+    let (s_med, m_med) = (med(&|r| r.0.1), med(&|r| r.1.1));
+    let r_med = med(&|r| r.1.1 / r.0.1.max(1e-9));
+    let complete = |k: usize| rows.iter().filter(|r| if k == 0 { r.0.0 } else { r.1.0 }).count();
+    println!();
+    println!(
+        "complete and in order: single {}/{runs}, {n} nodes {}/{runs}; median msgs/s: single {s_med:.0}, {n} nodes {m_med:.0}; ratio of the medians {:.2}, median of the per-run ratios {r_med:.2}",
+        complete(0),
+        complete(1),
+        m_med / s_med.max(1e-9),
+    );
+    for (i, node) in nodes.iter().enumerate() {
+        let (_, m) = http(&node.addr, "GET", "/metrics", None);
+        for l in m.lines().filter(|l| l.starts_with("meshgate_mesh_")) {
+            println!("n{}: {l}", i + 1);
+        }
+    }
+    assert!(
+        complete(0) == runs && complete(1) == runs,
+        "a burst lost, duplicated or reordered messages"
+    );
+}
+
 /// The burst mode (`BURST_RUNS`): see the module's comment.
 fn burst_main(
     runs: usize,
@@ -649,6 +893,43 @@ fn main() {
             etcd.url()
         )
     };
+    let mesh_nodes: Option<usize> = std::env::var("BURST_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    if let (Some(runs), Some(n)) = (burst_runs, mesh_nodes) {
+        let n = n.max(2);
+        let publishers: usize = std::env::var("BURST_PUBLISHERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(n - 1)
+            .clamp(1, n);
+        let nodes: Vec<NodeProc> = (1..=n)
+            .map(|i| start_node(tmp.path(), &format!("n{i}"), &cluster(&format!("n{i}"))))
+            .collect();
+        let members: Vec<String> = (1..=n).map(|i| format!("\"n{i}\"")).collect();
+        let single_key = create_namespace(&single.addr, r#"{"name":"bench"}"#);
+        let cluster_key = create_namespace(
+            &nodes[0].addr,
+            &format!(r#"{{"name":"bench","members":[{}]}}"#, members.join(",")),
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while nodes
+            .iter()
+            .any(|node| gauge(&node.addr, "meshgate_mesh_peers") < (n - 1) as f64)
+        {
+            assert!(Instant::now() < deadline, "the mesh never formed");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        mesh_burst_main(
+            runs,
+            burst_msgs,
+            publishers,
+            (&single, &single_key),
+            (&nodes, &cluster_key),
+        );
+        drop((nodes, single, etcd));
+        return;
+    }
     let a = start_node(tmp.path(), "a", &cluster("a"));
     let b = start_node(tmp.path(), "b", &cluster("b"));
 

@@ -458,6 +458,11 @@ pub struct ClusterConfig {
     /// registered in the mesh before it reports ready; past it the node is
     /// ready anyway and logs the peers it could not reach.
     pub ready_timeout_seconds: u64,
+    /// MiB of sent pub/sub messages a node keeps to resend to a peer that
+    /// missed them (docs/cluster.md, "No loss between live nodes"). At least 1.
+    pub mesh_resend_mib: u64,
+    /// Sent pub/sub messages a node keeps to resend, at most. At least 1.
+    pub mesh_resend_messages: u64,
     /// PEM bundle of the CA(s) that sign the nodes' certificates: a member
     /// whose `advertise` is `https://` is forwarded to over TLS and trusted
     /// only if its certificate chains to one of these (never to public
@@ -492,6 +497,8 @@ impl Default for ClusterConfig {
             register_seconds: 15,
             replace_after_seconds: 30,
             ready_timeout_seconds: 10,
+            mesh_resend_mib: 64,
+            mesh_resend_messages: 262_144,
             peer_ca_file: String::new(),
             etcd_ca_file: String::new(),
             etcd_cert_file: String::new(),
@@ -1170,6 +1177,12 @@ impl Config {
             ));
         }
         self.cluster.validate_etcd(&mut errors);
+        if self.cluster.mesh_resend_mib == 0 || self.cluster.mesh_resend_mib > 65_536 {
+            errors.push("cluster.mesh_resend_mib: must be 1 to 65536".into());
+        }
+        if self.cluster.mesh_resend_messages == 0 || self.cluster.mesh_resend_messages > 1 << 26 {
+            errors.push("cluster.mesh_resend_messages: must be 1 to 67108864".into());
+        }
         if self.cluster.replace_after_seconds == 0 {
             errors.push("cluster.replace_after_seconds: must be at least 1".into());
         }

@@ -29,6 +29,20 @@
 //! publish ([`message_id`]), so a batch reaching a node by two paths is
 //! delivered once.
 //!
+//! A batch GossipSub could not queue to one peer (its send queue full while
+//! another's was not) is not lost: the sender keeps what it sent in a
+//! bounded resend buffer ([`MeshConfig::resend_bytes`],
+//! [`MeshConfig::resend_messages`]) and every [`HEADS_INTERVAL`] tells each
+//! peer how far its recently used streams got (the heads), so a receiver
+//! knows of a gap whether a later batch came or not. A receiver asks the
+//! sender directly for a gap (`/meshgate/resend/1`, libp2p
+//! request-response on the same connections, one request per sender at a
+//! time) and releases what comes back in order. A gap is skipped only when
+//! its sender is gone from the mesh (no connection left), when the sender
+//! no longer holds it (evicted from its resend buffer), when the receiver's
+//! reorder buffer is full, or when the sender restarted its counter
+//! (`meshgate_mesh_gaps_skipped_total{reason}`).
+//!
 //! Messages are not signed ([`MessageAuthenticity::Author`]): every frame
 //! arrives on a Noise connection whose remote key is a registered peer's
 //! (the allow list), so it was sent by a member and not altered on the way;
@@ -44,12 +58,16 @@ use crate::pubsub::{MeshSink, PubSubService};
 use crate::storage::{Change, OrderedKv, PrefixWatch, Store, StoreResult};
 use bytes::Bytes;
 use libp2p::futures::StreamExt;
+use libp2p::futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity, TopicHash};
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Multiaddr, PeerId, Swarm, allow_block_list, noise, tcp, yamux};
+use libp2p::{
+    Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, noise, request_response, tcp,
+    yamux,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -65,8 +83,36 @@ pub const REGISTRY_PREFIX: &str = "_pubsub_mesh_peers/";
 pub const REGISTRY_INTERVAL: Duration = Duration::from_secs(15);
 /// How long a registration lives unless refreshed.
 pub const REGISTRY_TTL: Duration = Duration::from_secs(120);
-/// How long a gap in a stream is waited for before it is skipped.
-pub const GAP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a gap with later messages behind it waits before the sender is
+/// asked for it (a batch overtaken on a second connection fills it sooner).
+pub const RESEND_AFTER: Duration = Duration::from_millis(200);
+/// How long a gap known only from the sender's heads (a lost tail) waits
+/// before the sender is asked: the batch may still be in the sender's queue.
+pub const TAIL_AFTER: Duration = Duration::from_secs(1);
+/// How often a sender announces the heads of the streams it used since the
+/// last announcement.
+pub const HEADS_INTERVAL: Duration = Duration::from_millis(500);
+/// Bytes of sent messages a sender keeps for resending (payloads plus
+/// [`ENTRY_OVERHEAD`] each): the `[cluster] mesh_resend_mib` default.
+pub const RESEND_BYTES: usize = 64 << 20;
+/// Sent messages a sender keeps for resending: the `[cluster]
+/// mesh_resend_messages` default.
+pub const RESEND_MESSAGES: usize = 262_144;
+/// The most a resend answer carries (payloads plus [`ENTRY_OVERHEAD`] and
+/// names each); the rest of a gap is asked for again.
+const RESEND_REPLY_BYTES: usize = 4 << 20;
+/// Streams asked for, or heads announced, in one request at most.
+const MAX_WANTS: usize = 256;
+/// Sequence numbers asked for per stream in one request at most.
+const MAX_WANT_LEN: u64 = 65_536;
+/// The largest resend request or heads announcement read.
+const MAX_REQUEST_FRAME: usize = 256 << 10;
+/// The largest resend answer read.
+const MAX_RESPONSE_FRAME: usize = 2 * RESEND_REPLY_BYTES + MAX_TRANSMIT;
+/// How long a resend request may take before it is asked again.
+const RESEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// The resend protocol.
+const RESEND_PROTOCOL: StreamProtocol = StreamProtocol::new("/meshgate/resend/1");
 /// Bytes one stream may hold back waiting for a gap (each message weighs its
 /// payload plus [`ENTRY_OVERHEAD`]); beyond it the gap is skipped.
 pub const REORDER_BYTES: usize = 8 << 20;
@@ -78,8 +124,10 @@ const ENTRY_OVERHEAD: usize = 64;
 /// names costs the cluster (at a namespace's default 1,000 publishes a
 /// second: 60,000 streams a node, not the 600,000 of the first 10 minutes).
 /// A forgotten sender counter starts a new epoch; a receiver starts a stream
-/// it does not know at the first number it sees; a gap is skipped after 2 s
-/// anyway, so a minute of silence loses nothing.
+/// it does not know at the first number it sees (or at 1, when the stream's
+/// epoch began after it connected to the sender). A receiver keeps an idle
+/// stream twice as long as the sender keeps its counter, so it never takes
+/// a stream the sender still numbers for a new one.
 pub const STREAM_IDLE: Duration = Duration::from_secs(60);
 /// The GossipSub heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_millis(700);
@@ -148,8 +196,21 @@ pub struct MeshConfig {
     pub registry_interval: Duration,
     /// The time to live of the node's registration.
     pub registry_ttl: Duration,
-    /// How long a gap in a stream is waited for.
-    pub gap_timeout: Duration,
+    /// How long a gap with later messages behind it waits before the sender
+    /// is asked for it.
+    pub resend_after: Duration,
+    /// How long a gap known only from the sender's heads waits before the
+    /// sender is asked for it.
+    pub tail_after: Duration,
+    /// How often the heads of recently used streams are announced.
+    pub heads_interval: Duration,
+    /// Bytes of sent messages kept for resending.
+    pub resend_bytes: usize,
+    /// Sent messages kept for resending.
+    pub resend_messages: usize,
+    /// Test hook: received batches whose payloads it returns true for are
+    /// dropped as if GossipSub never delivered them.
+    pub drop_received: Option<DropHook>,
     /// Bytes one stream may hold back.
     pub reorder_bytes: usize,
     /// The GossipSub heartbeat.
@@ -163,11 +224,144 @@ impl Default for MeshConfig {
         Self {
             registry_interval: REGISTRY_INTERVAL,
             registry_ttl: REGISTRY_TTL,
-            gap_timeout: GAP_TIMEOUT,
+            resend_after: RESEND_AFTER,
+            tail_after: TAIL_AFTER,
+            heads_interval: HEADS_INTERVAL,
+            resend_bytes: RESEND_BYTES,
+            resend_messages: RESEND_MESSAGES,
+            drop_received: None,
             reorder_bytes: REORDER_BYTES,
             heartbeat: HEARTBEAT,
             send_queue: 5_000,
         }
+    }
+}
+
+/// A test hook deciding from a received batch's payloads whether to drop it.
+#[derive(Clone)]
+pub struct DropHook(pub Arc<dyn Fn(&[&[u8]]) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for DropHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DropHook")
+    }
+}
+
+/// One stream's gap asked for, or one stream's head announced, on the
+/// resend protocol.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct WireWant {
+    namespace: String,
+    topic: String,
+    epoch: u64,
+    /// The first sequence number asked for (for a head: unused, 0).
+    from: u64,
+    /// The last one asked for (for a head: the last one sent).
+    to: u64,
+}
+
+/// A request on the resend protocol.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum ResendRequest {
+    /// Resend these gaps of the responder's streams.
+    Resend(Vec<WireWant>),
+    /// The requester's streams reached these heads (`to`).
+    Heads(Vec<WireWant>),
+}
+
+/// An answer on the resend protocol.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum ResendResponse {
+    /// What the responder still held of the gaps asked for, as an encoded
+    /// [`WireBatch`], and the gaps it no longer holds (`gone`). A gap in
+    /// neither did not fit the answer and is asked for again.
+    Resend { batch: Vec<u8>, gone: Vec<WireWant> },
+    /// Heads taken.
+    Heads,
+}
+
+/// Length-prefixed postcard frames for the resend protocol, bounded on read.
+#[derive(Debug, Clone, Default)]
+struct ResendCodec;
+
+async fn read_frame<T, M>(io: &mut T, max: usize) -> std::io::Result<M>
+where
+    T: AsyncRead + Unpin + Send,
+    M: serde::de::DeserializeOwned,
+{
+    let mut len = [0u8; 4];
+    io.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "resend frame too large",
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    io.read_exact(&mut buf).await?;
+    postcard::from_bytes(&buf)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+async fn write_frame<T, M>(io: &mut T, m: &M) -> std::io::Result<()>
+where
+    T: AsyncWrite + Unpin + Send,
+    M: Serialize,
+{
+    let buf = postcard::to_allocvec(m)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let len = u32::try_from(buf.len())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    io.write_all(&len.to_be_bytes()).await?;
+    io.write_all(&buf).await
+}
+
+impl request_response::Codec for ResendCodec {
+    type Protocol = StreamProtocol;
+    type Request = ResendRequest;
+    type Response = ResendResponse;
+
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> std::io::Result<ResendRequest>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        read_frame(io, MAX_REQUEST_FRAME).await
+    }
+
+    async fn read_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> std::io::Result<ResendResponse>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        read_frame(io, MAX_RESPONSE_FRAME).await
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: ResendRequest,
+    ) -> std::io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_frame(io, &req).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        res: ResendResponse,
+    ) -> std::io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_frame(io, &res).await
     }
 }
 
@@ -339,6 +533,8 @@ struct Behaviour {
     allow: allow_block_list::Behaviour<allow_block_list::AllowedPeers>,
     /// Carries the signed batches on `MESH_TOPIC` to every subscribed peer.
     gossipsub: gossipsub::Behaviour,
+    /// Heads announcements and resend requests between two peers.
+    resend: request_response::Behaviour<ResendCodec>,
 }
 
 /// The node's side of the mesh. Plugged into the [`PubSubService`] as its
@@ -457,7 +653,12 @@ impl Mesh {
             registry: HashMap::new(),
             send: HashMap::new(),
             last_epoch: 0,
-            reorder: Reorder::new(config.reorder_bytes, config.gap_timeout),
+            reorder: Reorder::new(config.reorder_bytes),
+            kept: Kept::new(config.resend_bytes, config.resend_messages),
+            inflight: HashMap::new(),
+            connected_since: HashMap::new(),
+            heads_at: crate::util::mono_now(),
+            config: config.clone(),
             deliver_fn,
             metrics: metrics.clone(),
             refresh: refresh.clone(),
@@ -468,7 +669,9 @@ impl Mesh {
             dials: HashMap::new(),
             registry_read: false,
         };
-        let tick = (config.gap_timeout / 4).max(Duration::from_millis(20));
+        let tick = (config.resend_after / 4)
+            .min(config.heads_interval)
+            .max(Duration::from_millis(20));
         let swarm_task = tokio::spawn(task.run(rx, tick));
         let registry_task = tokio::spawn(registry_loop(
             store.clone(),
@@ -600,6 +803,10 @@ fn build_swarm(keypair: Keypair, config: &MeshConfig) -> MeshResult<Swarm<Behavi
         .with_behaviour(|_| Behaviour {
             allow: allow_block_list::Behaviour::default(),
             gossipsub,
+            resend: request_response::Behaviour::new(
+                [(RESEND_PROTOCOL, request_response::ProtocolSupport::Full)],
+                request_response::Config::default().with_request_timeout(RESEND_TIMEOUT),
+            ),
         })
         .map_err(|e| setup(&e))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_CONNECTION_TIMEOUT))
@@ -776,10 +983,175 @@ fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
     })
 }
 
+/// One incarnation of a sender's (namespace, topic) counter: what its kept
+/// messages are filed under.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct StreamId {
+    namespace: String,
+    topic: String,
+    epoch: u64,
+}
+
+/// A sent message kept for resending.
+struct KeptMessage {
+    timestamp: u64,
+    data: Bytes,
+    history: Option<(u64, String)>,
+}
+
+/// The messages of one stream kept for resending: consecutive sequence
+/// numbers from `first`.
+struct KeptStream {
+    first: u64,
+    messages: VecDeque<KeptMessage>,
+}
+
+/// The sender's resend buffer: the latest sent messages, bounded by bytes
+/// and count; the oldest leave first.
+struct Kept {
+    streams: HashMap<Arc<StreamId>, KeptStream>,
+    /// Runs of one stream in send order: (stream, messages, bytes).
+    order: VecDeque<(Arc<StreamId>, usize, usize)>,
+    bytes: usize,
+    messages: usize,
+    max_bytes: usize,
+    max_messages: usize,
+}
+
+impl Kept {
+    fn new(max_bytes: usize, max_messages: usize) -> Self {
+        Self {
+            streams: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+            messages: 0,
+            max_bytes,
+            max_messages,
+        }
+    }
+
+    fn weight(m: &KeptMessage) -> usize {
+        m.data.len() + ENTRY_OVERHEAD + m.history.as_ref().map_or(0, |(_, e)| e.len())
+    }
+
+    /// Keeps message `seq` of stream `id` (sent in order), then drops the
+    /// oldest runs until the bounds hold again.
+    fn keep(&mut self, id: &Arc<StreamId>, seq: u64, m: KeptMessage) {
+        if self.max_messages == 0 || self.max_bytes == 0 {
+            return;
+        }
+        let w = Self::weight(&m);
+        let stream = self
+            .streams
+            .entry(id.clone())
+            .or_insert_with(|| KeptStream {
+                first: seq,
+                messages: VecDeque::new(),
+            });
+        if stream.first + stream.messages.len() as u64 != seq {
+            // Not the next one (cannot happen: a stream is sent in order):
+            // start over rather than file it under a wrong number.
+            let dropped: usize = stream.messages.iter().map(Self::weight).sum();
+            self.bytes -= dropped;
+            self.messages -= stream.messages.len();
+            stream.messages.clear();
+            stream.first = seq;
+        }
+        stream.messages.push_back(m);
+        self.bytes += w;
+        self.messages += 1;
+        match self.order.back_mut() {
+            Some((last, n, b)) if Arc::ptr_eq(last, id) => {
+                *n += 1;
+                *b += w;
+            }
+            _ => self.order.push_back((id.clone(), 1, w)),
+        }
+        while self.bytes > self.max_bytes || self.messages > self.max_messages {
+            let Some((id, n, b)) = self.order.pop_front() else {
+                break;
+            };
+            self.bytes -= b;
+            self.messages -= n;
+            if let Some(stream) = self.streams.get_mut(&id) {
+                let n = n.min(stream.messages.len());
+                stream.messages.drain(..n);
+                stream.first += n as u64;
+                if stream.messages.is_empty() {
+                    self.streams.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// The answer to a resend request: what is still kept of the gaps
+    /// asked for (within [`RESEND_REPLY_BYTES`]) as a batch from `origin`,
+    /// and the gaps (or their starts) no longer kept.
+    fn answer(&self, origin: &[u8], wants: &[WireWant]) -> ResendResponse {
+        let mut entries = Vec::new();
+        let mut gone = Vec::new();
+        let mut bytes = 0;
+        'wants: for w in wants.iter().take(MAX_WANTS) {
+            if w.to < w.from {
+                continue;
+            }
+            let id = StreamId {
+                namespace: w.namespace.clone(),
+                topic: w.topic.clone(),
+                epoch: w.epoch,
+            };
+            let Some(stream) = self.streams.get(&id) else {
+                gone.push(w.clone());
+                continue;
+            };
+            if w.from < stream.first {
+                gone.push(WireWant {
+                    to: w.to.min(stream.first - 1),
+                    ..w.clone()
+                });
+            }
+            let from = w.from.max(stream.first);
+            let to = w.to.min(from.saturating_add(MAX_WANT_LEN));
+            for seq in from..=to {
+                let Some(m) = stream.messages.get((seq - stream.first) as usize) else {
+                    break;
+                };
+                let weight = Self::weight(m) + w.namespace.len() + w.topic.len();
+                if !entries.is_empty() && bytes + weight > RESEND_REPLY_BYTES {
+                    break 'wants;
+                }
+                bytes += weight;
+                entries.push(WireEntry {
+                    namespace: &w.namespace,
+                    topic: &w.topic,
+                    epoch: w.epoch,
+                    seq,
+                    timestamp: m.timestamp,
+                    data: &m.data,
+                    history: m.history.as_ref().map(|(o, e)| (*o, e.as_str())),
+                });
+            }
+        }
+        let batch = if entries.is_empty() {
+            Vec::new()
+        } else {
+            postcard::to_allocvec(&WireBatch {
+                origin,
+                attempt: 0,
+                entries,
+            })
+            .unwrap_or_default()
+        };
+        ResendResponse::Resend { batch, gone }
+    }
+}
+
 /// A sender's counter for one (namespace, topic).
 struct SendStream {
     /// The stream's epoch: larger than any earlier one of this origin, across restarts too.
     epoch: u64,
+    /// What its kept messages are filed under.
+    id: Arc<StreamId>,
     /// The sequence number the next sent message gets (starts at 1).
     next: u64,
     /// Last publish on the stream; an idle one (`STREAM_IDLE`) is forgotten.
@@ -815,8 +1187,21 @@ struct SwarmTask {
     send: HashMap<(String, String), SendStream>,
     /// The largest epoch handed out, so a new counter takes a larger one.
     last_epoch: u64,
-    /// Received messages held per stream until the gap before them fills or times out.
+    /// Received messages held per stream until the gap before them fills
+    /// (or is skipped).
     reorder: Reorder<StreamKey, Received>,
+    /// Sent messages kept for resending.
+    kept: Kept,
+    /// The resend request in flight to each sender (one at a time).
+    inflight: HashMap<PeerId, request_response::OutboundRequestId>,
+    /// When this node connected to each connected peer (µs since the Unix
+    /// epoch, the unit of stream epochs): a stream whose epoch began later
+    /// is received from its first message on.
+    connected_since: HashMap<PeerId, u64>,
+    /// When the heads were last announced.
+    heads_at: Instant,
+    /// Timings and sizes.
+    config: MeshConfig,
     /// Hands received messages to this node's subscribers, per namespace.
     deliver_fn: DeliverFn,
     /// Node metrics: sent, batches, deferred, drops, gaps skipped, peers.
@@ -905,9 +1290,11 @@ impl SwarmTask {
                 },
                 _ = tick.tick() => {
                     let now = crate::util::mono_now();
-                    let (ready, skipped) = self.reorder.expire(now, STREAM_IDLE);
-                    self.metrics.mesh_gaps_skipped.inc_by(skipped);
-                    self.deliver(ready);
+                    self.reorder.forget_idle(now, STREAM_IDLE * 2);
+                    self.ask_for_gaps(now);
+                    if now.duration_since(self.heads_at) >= self.config.heads_interval {
+                        self.announce_heads(now);
+                    }
                     if now.duration_since(last_sweep) >= STREAM_IDLE / 10 {
                         last_sweep = now;
                         self.send.retain(|_, s| now.duration_since(s.last_used) < STREAM_IDLE);
@@ -919,6 +1306,267 @@ impl SwarmTask {
 
     fn drop_count(&self, reason: &str) {
         self.metrics.mesh_dropped.with_label_values(&[reason]).inc();
+    }
+
+    fn gaps_skipped(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.metrics
+                .mesh_gaps_skipped
+                .with_label_values(&[reason])
+                .inc_by(n);
+        }
+    }
+
+    /// Asks every sender with a gap that waited long enough for it (one
+    /// request per sender in flight); a sender with no connection left is
+    /// gone, and its gaps are skipped.
+    fn ask_for_gaps(&mut self, now: Instant) {
+        let inflight = &self.inflight;
+        let wants = self.reorder.wants(
+            now,
+            self.config.resend_after,
+            self.config.tail_after,
+            MAX_WANT_LEN,
+            |(origin, _, _)| !inflight.contains_key(origin),
+        );
+        if wants.is_empty() {
+            return;
+        }
+        let mut by_origin: HashMap<PeerId, Vec<WireWant>> = HashMap::new();
+        for w in wants {
+            let (origin, namespace, topic) = w.key;
+            let list = by_origin.entry(origin).or_default();
+            if list.len() < MAX_WANTS {
+                list.push(WireWant {
+                    namespace,
+                    topic,
+                    epoch: w.epoch,
+                    from: w.from,
+                    to: w.to,
+                });
+            }
+        }
+        for (origin, wants) in by_origin {
+            if !self.swarm.is_connected(&origin) {
+                self.sender_gone(origin);
+                continue;
+            }
+            debug!(peer_id = %origin, streams = wants.len(), "Mesh gap: asking the sender to resend.");
+            self.metrics.mesh_resend_requests.inc();
+            let id = self
+                .swarm
+                .behaviour_mut()
+                .resend
+                .send_request(&origin, ResendRequest::Resend(wants));
+            self.inflight.insert(origin, id);
+        }
+    }
+
+    /// A sender left the mesh: every gap in its streams is skipped
+    /// (counted), releasing what waited behind them.
+    fn sender_gone(&mut self, origin: PeerId) {
+        let mut ready = Vec::new();
+        let skipped = self.reorder.skip_all(|(o, _, _)| *o == origin, &mut ready);
+        self.inflight.remove(&origin);
+        if skipped > 0 {
+            warn!(peer_id = %origin, skipped, "Mesh sender gone; its gaps are skipped.");
+        }
+        self.gaps_skipped("sender_gone", skipped);
+        self.deliver(ready);
+    }
+
+    /// Tells every connected peer how far the streams used since the last
+    /// announcement got, so a lost last batch is a gap it asks for.
+    fn announce_heads(&mut self, now: Instant) {
+        let since = self.heads_at;
+        self.heads_at = now;
+        let heads: Vec<WireWant> = self
+            .send
+            .iter()
+            .filter(|(_, s)| s.last_used >= since && s.next > 1)
+            .map(|((namespace, topic), s)| WireWant {
+                namespace: namespace.clone(),
+                topic: topic.clone(),
+                epoch: s.epoch,
+                from: 0,
+                to: s.next - 1,
+            })
+            .collect();
+        if heads.is_empty() {
+            return;
+        }
+        let peers: Vec<PeerId> = self
+            .swarm
+            .connected_peers()
+            .filter(|p| self.registry.contains_key(p))
+            .copied()
+            .collect();
+        for chunk in heads.chunks(MAX_WANTS) {
+            for peer in &peers {
+                self.swarm
+                    .behaviour_mut()
+                    .resend
+                    .send_request(peer, ResendRequest::Heads(chunk.to_vec()));
+            }
+        }
+    }
+
+    /// A resend request or heads announcement from a peer, or the answer to ours.
+    fn on_resend(&mut self, event: request_response::Event<ResendRequest, ResendResponse>) {
+        match event {
+            request_response::Event::Message {
+                peer,
+                message:
+                    request_response::Message::Request {
+                        request, channel, ..
+                    },
+                ..
+            } => {
+                // Only members are answered (the allow list already keeps
+                // others out).
+                if !self.registry.contains_key(&peer) {
+                    return;
+                }
+                let response = match request {
+                    ResendRequest::Resend(wants) => {
+                        let answer = self.kept.answer(&self.origin, &wants);
+                        if let ResendResponse::Resend { batch, .. } = &answer
+                            && !batch.is_empty()
+                        {
+                            self.metrics.mesh_resends_served.inc();
+                        }
+                        answer
+                    }
+                    ResendRequest::Heads(heads) => {
+                        self.on_heads(peer, heads);
+                        ResendResponse::Heads
+                    }
+                };
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .resend
+                    .send_response(channel, response);
+            }
+            request_response::Event::Message {
+                peer,
+                message:
+                    request_response::Message::Response {
+                        request_id,
+                        response,
+                    },
+                ..
+            } => {
+                if let ResendResponse::Resend { batch, gone } = response {
+                    if self.inflight.get(&peer) == Some(&request_id) {
+                        self.inflight.remove(&peer);
+                    }
+                    self.on_resent(peer, batch, gone);
+                }
+            }
+            request_response::Event::OutboundFailure {
+                peer,
+                request_id,
+                error,
+                ..
+            } => {
+                debug!(peer_id = %peer, error = %error, "Mesh resend request failed.");
+                // Asked again at the next tick (or skipped: the sender is gone).
+                if self.inflight.get(&peer) == Some(&request_id) {
+                    self.inflight.remove(&peer);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Heads announced by `origin`: anything up to them not received is a gap.
+    fn on_heads(&mut self, origin: PeerId, heads: Vec<WireWant>) {
+        let now = crate::util::mono_now();
+        let since = self.connected_since.get(&origin).copied();
+        for h in heads.into_iter().take(MAX_WANTS) {
+            let start = since.is_some_and(|c| h.epoch > c);
+            self.reorder.note_head(
+                (origin, h.namespace, h.topic),
+                h.epoch,
+                h.to,
+                start,
+                now,
+            );
+        }
+    }
+
+    /// A resend answer from `origin`: what came is released in order, what
+    /// the sender no longer holds is skipped (counted).
+    fn on_resent(&mut self, origin: PeerId, batch: Vec<u8>, gone: Vec<WireWant>) {
+        let now = crate::util::mono_now();
+        let mut released = Vec::new();
+        if !batch.is_empty() {
+            match postcard::from_bytes::<WireBatch>(&batch) {
+                Ok(m) if PeerId::from_bytes(m.origin).ok() == Some(origin) => {
+                    self.metrics.mesh_resent.inc_by(m.entries.len() as u64);
+                    self.push_entries(origin, m.entries, now, &mut released);
+                }
+                _ => {
+                    warn!(peer_id = %origin, "Invalid mesh resend answer dropped.");
+                    self.drop_count("bad_resend");
+                }
+            }
+        }
+        let mut evicted = 0;
+        for g in gone.into_iter().take(MAX_WANTS) {
+            evicted += self.reorder.skip_through(
+                &(origin, g.namespace, g.topic),
+                g.epoch,
+                g.to,
+                now,
+                &mut released,
+            );
+        }
+        if evicted > 0 {
+            warn!(peer_id = %origin, skipped = evicted, "Mesh gap no longer held by its sender; skipped.");
+        }
+        self.gaps_skipped("evicted", evicted);
+        self.deliver(released);
+    }
+
+    /// Pushes a batch's entries into the reorder buffer (streams the
+    /// receiver saw begin start at 1), counting drops and skipped gaps.
+    fn push_entries(
+        &mut self,
+        origin: PeerId,
+        entries: Vec<WireEntry<'_>>,
+        now: Instant,
+        released: &mut Vec<Received>,
+    ) {
+        let since = self.connected_since.get(&origin).copied();
+        let mut dropped = super::reorder::Run::default();
+        for (key, items) in runs(origin, entries) {
+            if let (Some(c), Some(&(epoch, _, _, _))) = (since, items.first())
+                && epoch > c
+                && !self.reorder.has(&key)
+            {
+                self.reorder.start(key.clone(), epoch, 1, now);
+            }
+            let r = self.reorder.push_run(key, items, now, released);
+            dropped.duplicates += r.duplicates;
+            dropped.stale += r.stale;
+            dropped.gaps_skipped += r.gaps_skipped;
+            dropped.gaps_restarted += r.gaps_restarted;
+        }
+        for (reason, n) in [
+            (super::reorder::Dropped::Duplicate, dropped.duplicates),
+            (super::reorder::Dropped::Stale, dropped.stale),
+        ] {
+            if n > 0 {
+                self.metrics
+                    .mesh_dropped
+                    .with_label_values(&[reason.label()])
+                    .inc_by(n);
+            }
+        }
+        self.gaps_skipped("overflow", dropped.gaps_skipped);
+        self.gaps_skipped("restarted", dropped.gaps_restarted);
     }
 
     fn on_command(&mut self, cmd: Command) {
@@ -993,6 +1641,8 @@ impl SwarmTask {
         // messages taken), looked up once per stream (a run of one topic,
         // the usual burst, reuses the last one).
         let mut runs: Vec<(&str, &str, u64, u64, u64)> = Vec::new();
+        let mut ids: Vec<Arc<StreamId>> = Vec::new();
+        let mut entry_run: Vec<usize> = Vec::with_capacity(n);
         let mut index: HashMap<(&str, &str), usize> = HashMap::new();
         let mut entries = Vec::with_capacity(n);
         for out in self.backlog.iter().take(n) {
@@ -1013,17 +1663,24 @@ impl SwarmTask {
                                 self.last_epoch = epoch;
                                 SendStream {
                                     epoch,
+                                    id: Arc::new(StreamId {
+                                        namespace: ns.to_string(),
+                                        topic: topic.to_string(),
+                                        epoch,
+                                    }),
                                     next: 1,
                                     last_used: now,
                                 }
                             });
                         stream.last_used = now;
+                        ids.push(stream.id.clone());
                         runs.push((ns, topic, stream.epoch, stream.next, 0));
                         index.insert((ns, topic), runs.len() - 1);
                         runs.len() - 1
                     }
                 },
             };
+            entry_run.push(i);
             let run = &mut runs[i];
             entries.push(WireEntry {
                 namespace: ns,
@@ -1046,6 +1703,7 @@ impl SwarmTask {
             .iter()
             .map(|r| ((r.0.to_string(), r.1.to_string()), r.4))
             .collect();
+        let firsts: Vec<u64> = runs.iter().map(|r| r.3).collect();
         let drop_all = |me: &Self, reason: &str| {
             me.metrics
                 .mesh_dropped
@@ -1060,6 +1718,20 @@ impl SwarmTask {
             .publish(self.topic.clone(), encoded)
         {
             Ok(_) => {
+                // Kept for resending, in send order.
+                let mut taken = vec![0u64; ids.len()];
+                for (out, &i) in self.backlog.iter().take(n).zip(&entry_run) {
+                    self.kept.keep(
+                        &ids[i],
+                        firsts[i] + taken[i],
+                        KeptMessage {
+                            timestamp: out.timestamp,
+                            data: out.data.clone(),
+                            history: out.history.clone(),
+                        },
+                    );
+                    taken[i] += 1;
+                }
                 for (key, taken) in advance {
                     if let Some(stream) = self.send.get_mut(&key) {
                         stream.next += taken;
@@ -1172,6 +1844,7 @@ impl SwarmTask {
                 message_id,
                 message,
             })) => self.on_message(propagation_source, message_id, message),
+            SwarmEvent::Behaviour(BehaviourEvent::Resend(event)) => self.on_resend(event),
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
                 peer_id,
                 ..
@@ -1183,13 +1856,13 @@ impl SwarmTask {
                 failed_messages,
             })) => {
                 // Batches that waited past SEND_TIMEOUT in the peer's queue
-                // (or found it full while another's was not).
-                let lost = failed_messages.priority + failed_messages.non_priority;
-                warn!(peer_id = %peer_id, batches = lost, "Mesh peer too slow; batches to it abandoned.");
+                // (or found it full while another's was not): the peer asks
+                // for them again (its gap, or the heads announced).
+                let missed = failed_messages.priority + failed_messages.non_priority;
+                debug!(peer_id = %peer_id, batches = missed, "Mesh peer's send queue full; it gets those batches by resend.");
                 self.metrics
-                    .mesh_dropped
-                    .with_label_values(&["send_timeout"])
-                    .inc_by(lost as u64);
+                    .mesh_peer_queue_full
+                    .inc_by(missed as u64);
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
@@ -1212,6 +1885,7 @@ impl SwarmTask {
                     }
                 }
                 debug!(peer_id = %peer_id, "Mesh peer connected.");
+                self.connected_since.entry(peer_id).or_insert_with(now_micros);
                 self.metrics
                     .mesh_peers
                     .set(self.swarm.connected_peers().count() as i64);
@@ -1222,6 +1896,11 @@ impl SwarmTask {
                 ..
             } => {
                 debug!(peer_id = %peer_id, "Mesh connection closed.");
+                if num_established == 0 {
+                    // Gone from the mesh: nothing it sent can be asked for.
+                    self.connected_since.remove(&peer_id);
+                    self.sender_gone(peer_id);
+                }
                 // A registered peer lost: dialed again until it is back or
                 // its registration goes.
                 if num_established == 0 && self.registry.contains_key(&peer_id) {
@@ -1292,30 +1971,16 @@ impl SwarmTask {
                 return;
             }
         };
+        if let Some(hook) = &self.config.drop_received {
+            let payloads: Vec<&[u8]> = msg.entries.iter().map(|e| e.data).collect();
+            if (hook.0)(&payloads) {
+                return;
+            }
+        }
         self.metrics.mesh_received.inc_by(msg.entries.len() as u64);
         let now = crate::util::mono_now();
         let mut released = Vec::with_capacity(msg.entries.len());
-        let mut dropped = super::reorder::Run::default();
-        for (key, items) in runs(origin, msg.entries) {
-            let r = self.reorder.push_run(key, items, now, &mut released);
-            dropped.duplicates += r.duplicates;
-            dropped.stale += r.stale;
-            dropped.gaps_skipped += r.gaps_skipped;
-        }
-        for (reason, n) in [
-            (super::reorder::Dropped::Duplicate, dropped.duplicates),
-            (super::reorder::Dropped::Stale, dropped.stale),
-        ] {
-            if n > 0 {
-                self.metrics
-                    .mesh_dropped
-                    .with_label_values(&[reason.label()])
-                    .inc_by(n);
-            }
-        }
-        if dropped.gaps_skipped > 0 {
-            self.metrics.mesh_gaps_skipped.inc_by(dropped.gaps_skipped);
-        }
+        self.push_entries(origin, msg.entries, now, &mut released);
         self.deliver(released);
     }
 
@@ -1405,7 +2070,9 @@ mod tests {
         MeshConfig {
             registry_interval: Duration::from_millis(200),
             heartbeat: Duration::from_millis(200),
-            gap_timeout: Duration::from_millis(500),
+            resend_after: Duration::from_millis(100),
+            tail_after: Duration::from_millis(300),
+            heads_interval: Duration::from_millis(200),
             ..MeshConfig::default()
         }
     }
@@ -1465,6 +2132,23 @@ mod tests {
         Store::open_sled(dir.path()).unwrap()
     }
 
+    /// Sequence numbers skipped, for every reason.
+    fn gaps(m: &Metrics) -> u64 {
+        ["sender_gone", "evicted", "overflow", "restarted"]
+            .map(|r| m.mesh_gaps_skipped.with_label_values(&[r]).get())
+            .iter()
+            .sum()
+    }
+
+    /// Sequence numbers skipped for one reason.
+    fn gaps_for(n: &TestNode, reason: &str) -> u64 {
+        n.pubsub
+            .metrics
+            .mesh_gaps_skipped
+            .with_label_values(&[reason])
+            .get()
+    }
+
     /// Three nodes sharing one registry: a message forwarded on A reaches
     /// B's and C's deliver_fn once each (namespace, topic, data and the
     /// origin's timestamp intact), and A's never.
@@ -1522,7 +2206,7 @@ mod tests {
         for n in [&b, &c] {
             assert_eq!(n.payloads(), expected);
             let m = &n.pubsub.metrics;
-            assert_eq!(m.mesh_gaps_skipped.get(), 0);
+            assert_eq!(gaps(m), 0);
         }
         assert_eq!(a.pubsub.metrics.mesh_sent.get(), 1000);
         assert!(a.got.lock().is_empty());
@@ -1537,6 +2221,126 @@ mod tests {
         );
         wait_meshed(&[&a, &b, &c]).await;
         (a, b, c)
+    }
+
+    /// A config whose receiver drops the batches holding any of `payloads`,
+    /// as if GossipSub never delivered them to this node.
+    fn dropping(payloads: &'static [&'static str], config: MeshConfig) -> MeshConfig {
+        MeshConfig {
+            drop_received: Some(DropHook(Arc::new(move |batch: &[&[u8]]| {
+                batch.iter().any(|d| payloads.iter().any(|p| p.as_bytes() == *d))
+            }))),
+            ..config
+        }
+    }
+
+    /// Publishes `m0`..`m{n-1}` on A, one batch each.
+    async fn publish_apart(a: &TestNode, range: std::ops::Range<usize>) {
+        for i in range {
+            a.publish("acme", "room", &format!("m{i}"));
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+
+    fn numbered(range: std::ops::Range<usize>) -> Vec<String> {
+        range.map(|i| format!("m{i}")).collect()
+    }
+
+    /// Three nodes; C misses two of A's batches (one in the middle, and the
+    /// last one, which no later batch reveals): C asks A for them and still
+    /// delivers every message once, in order, with no gap skipped; B is
+    /// untouched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn missed_batch_is_resent_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let (a, b) = (start_node(&store).await, start_node(&store).await);
+        let c = start_node_with(&store, dropping(&["m3", "m9"], test_config())).await;
+        wait_meshed(&[&a, &b, &c]).await;
+        publish_apart(&a, 0..10).await;
+        for n in [&b, &c] {
+            wait_for("10 deliveries", Duration::from_secs(20), || async {
+                n.got.lock().len() >= 10
+            })
+            .await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for n in [&b, &c] {
+            assert_eq!(n.payloads(), numbered(0..10));
+            assert_eq!(gaps(&n.pubsub.metrics), 0);
+        }
+        let m = &c.pubsub.metrics;
+        assert!(m.mesh_resent.get() >= 2, "{} resent", m.mesh_resent.get());
+        assert!(m.mesh_resend_requests.get() >= 2);
+        assert!(a.pubsub.metrics.mesh_resends_served.get() >= 2);
+        assert_eq!(b.pubsub.metrics.mesh_resent.get(), 0);
+    }
+
+    /// C misses a batch of A's and does not ask in time; A leaves the mesh:
+    /// C skips the gap (counted as `sender_gone`) and delivers what waited
+    /// behind it, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gap_of_a_gone_sender_is_skipped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let (a, b) = (start_node(&store).await, start_node(&store).await);
+        let never = MeshConfig {
+            resend_after: Duration::from_secs(3600),
+            tail_after: Duration::from_secs(3600),
+            ..test_config()
+        };
+        let c = start_node_with(&store, dropping(&["m3"], never)).await;
+        wait_meshed(&[&a, &b, &c]).await;
+        publish_apart(&a, 0..6).await;
+        wait_for("C to hold m4 and m5 back", Duration::from_secs(20), || async {
+            c.status().await.pending == 2
+        })
+        .await;
+        assert_eq!(c.payloads(), numbered(0..3));
+        assert_eq!(gaps(&c.pubsub.metrics), 0, "nothing skipped while A lives");
+        a.mesh.stop().await;
+        wait_for("C to skip A's gap", Duration::from_secs(20), || async {
+            c.got.lock().len() >= 5
+        })
+        .await;
+        assert_eq!(c.payloads(), ["m0", "m1", "m2", "m4", "m5"]);
+        assert_eq!(gaps_for(&c, "sender_gone"), 1);
+        assert_eq!(gaps(&c.pubsub.metrics), 1);
+        assert_eq!(b.payloads(), numbered(0..6));
+        assert_eq!(gaps(&b.pubsub.metrics), 0);
+    }
+
+    /// A keeps only its last two messages: the batch B missed is gone from
+    /// A's resend buffer by the time B asks, so B skips it (counted as
+    /// `evicted`) and delivers the rest in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gap_no_longer_held_is_skipped_as_evicted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sled(&dir);
+        let a = start_node_with(
+            &store,
+            MeshConfig {
+                resend_messages: 2,
+                ..test_config()
+            },
+        )
+        .await;
+        let slow = MeshConfig {
+            resend_after: Duration::from_millis(1500),
+            ..test_config()
+        };
+        let b = start_node_with(&store, dropping(&["m3"], slow)).await;
+        wait_meshed(&[&a, &b]).await;
+        publish_apart(&a, 0..10).await;
+        wait_for("B to skip the gap", Duration::from_secs(20), || async {
+            b.got.lock().len() >= 9
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let expected: Vec<String> = numbered(0..10).into_iter().filter(|m| m != "m3").collect();
+        assert_eq!(b.payloads(), expected);
+        assert_eq!(gaps_for(&b, "evicted"), 1);
+        assert_eq!(gaps(&b.pubsub.metrics), 1);
     }
 
     /// Starts A and B meshed, with `send_queue` frames per connection.
@@ -1570,7 +2374,7 @@ mod tests {
                 ["queue_full", "backlog_full", "no_peers", "publish_failed"]
                     .map(|r| ma.mesh_dropped.with_label_values(&[r]).get()),
                 mb.mesh_received.get(),
-                mb.mesh_gaps_skipped.get(),
+                gaps(mb),
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1585,7 +2389,7 @@ mod tests {
                 "{reason}"
             );
         }
-        assert_eq!(b.pubsub.metrics.mesh_gaps_skipped.get(), 0);
+        assert_eq!(gaps(&b.pubsub.metrics), 0);
     }
 
     /// A burst of 60,000 small messages travels in batches (far fewer

@@ -1,9 +1,12 @@
 //! The receiver's ordering of mesh messages: per stream (origin node,
 //! namespace, topic) messages are released in sequence order. One that comes
 //! early waits in a bounded buffer (bounded by weight: a count, or bytes)
-//! until the gap before it fills; a gap
-//! not filled within the gap timeout (or when the buffer is full) is skipped
-//! and counted. Duplicates and sequence numbers already passed are dropped.
+//! until the gap before it fills. A stream also knows the highest sequence
+//! number its sender announced (its head), so a lost tail is a gap too. The
+//! mesh asks the sender for every gap that waited long enough
+//! ([`Reorder::wants`]) and skips one only when told to (the sender is gone,
+//! or no longer holds it) or when the buffer is full. Duplicates and
+//! sequence numbers already passed are dropped.
 //!
 //! A stream is one incarnation of a sender's counter, named by its epoch: a
 //! sender that restarts, or forgets an idle topic's counter, starts a new
@@ -43,6 +46,22 @@ pub struct Pushed<T> {
     pub dropped: Option<Dropped>,
     /// Sequence numbers given up on because the buffer overflowed.
     pub gaps_skipped: u64,
+    /// Sequence numbers given up on because a new epoch replaced the stream.
+    pub gaps_restarted: u64,
+}
+
+/// A gap to ask the sender for: sequence numbers `from..=to` of `key`'s
+/// stream in `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Want<K> {
+    /// The stream.
+    pub key: K,
+    /// Its epoch.
+    pub epoch: u64,
+    /// The first missing sequence number.
+    pub from: u64,
+    /// The last one of this gap.
+    pub to: u64,
 }
 
 /// The ordering state of one stream.
@@ -55,7 +74,10 @@ struct Stream<T> {
     pending: BTreeMap<u64, (T, usize)>,
     /// The sum of the pending weights.
     weight: usize,
-    /// When the current gap (pending non-empty) started waiting.
+    /// The highest sequence number the sender announced (0: none); a head
+    /// at or past `next` is a gap even with nothing pending.
+    head: u64,
+    /// When the current gap started waiting.
     gap_since: Option<Instant>,
     /// When a message of the stream last came: idle streams are forgotten.
     last_seen: Instant,
@@ -68,6 +90,7 @@ impl<T> Stream<T> {
             next,
             pending: BTreeMap::new(),
             weight: 0,
+            head: 0,
             gap_since: None,
             last_seen: now,
         }
@@ -82,15 +105,40 @@ impl<T> Stream<T> {
         }
     }
 
-    /// Gives up on the gap before the lowest pending message; returns how
-    /// many sequence numbers were skipped.
+    /// Whether a sequence number is missing: something pending, or a head
+    /// announced past what was released.
+    fn has_gap(&self) -> bool {
+        !self.pending.is_empty() || self.head >= self.next
+    }
+
+    /// The first gap: `next` up to the lowest pending message, or up to
+    /// the head when nothing is pending.
+    fn first_gap(&self) -> Option<(u64, u64)> {
+        match self.pending.first_key_value() {
+            Some((&first, _)) if first > self.next => Some((self.next, first - 1)),
+            Some(_) => None,
+            None => (self.head >= self.next).then_some((self.next, self.head)),
+        }
+    }
+
+    /// Gives up on the first gap; returns how many sequence numbers were
+    /// skipped.
     fn skip_gap(&mut self, ready: &mut Vec<T>) -> u64 {
-        let Some((&first, _)) = self.pending.first_key_value() else {
+        let Some((from, to)) = self.first_gap() else {
             return 0;
         };
-        let skipped = first.saturating_sub(self.next);
-        self.next = first;
+        self.next = to + 1;
         self.drain_ready(ready);
+        to + 1 - from
+    }
+
+    /// Gives up on every gap (the sender is gone): releases all pending.
+    fn skip_all(&mut self, ready: &mut Vec<T>) -> u64 {
+        let mut skipped = 0;
+        while self.has_gap() {
+            skipped += self.skip_gap(ready);
+        }
+        self.gap_since = None;
         skipped
     }
 }
@@ -102,9 +150,11 @@ pub struct Run {
     pub duplicates: u64,
     /// Messages dropped: their sequence number (or epoch) was already passed.
     pub stale: u64,
-    /// Sequence numbers given up on because the buffer overflowed (or a new
-    /// epoch replaced the stream).
+    /// Sequence numbers given up on because the buffer overflowed.
     pub gaps_skipped: u64,
+    /// Sequence numbers given up on because a new epoch replaced the stream
+    /// (the sender restarted its counter).
+    pub gaps_restarted: u64,
 }
 
 /// One message into its stream: released (with what it unblocked) into
@@ -127,9 +177,7 @@ fn push_one<T>(
     if epoch > stream.epoch {
         // The sender started a new counter: what the old one still held
         // back is released in order, then the new stream begins.
-        while !stream.pending.is_empty() {
-            out.gaps_skipped += stream.skip_gap(ready);
-        }
+        out.gaps_restarted += stream.skip_all(ready);
         *stream = Stream::new(epoch, seq, now);
     }
     stream.last_seen = now;
@@ -140,8 +188,8 @@ fn push_one<T>(
         ready.push(item);
         stream.next += 1;
         stream.drain_ready(ready);
-        // What is still pending now waits on a new gap.
-        stream.gap_since = (!stream.pending.is_empty()).then_some(now);
+        // What is still missing now waits on a new gap.
+        stream.gap_since = stream.has_gap().then_some(now);
         return None;
     }
     if stream.pending.contains_key(&seq) {
@@ -152,7 +200,7 @@ fn push_one<T>(
     stream.gap_since.get_or_insert(now);
     while stream.weight > capacity {
         out.gaps_skipped += stream.skip_gap(ready);
-        stream.gap_since = (!stream.pending.is_empty()).then_some(now);
+        stream.gap_since = stream.has_gap().then_some(now);
     }
     None
 }
@@ -163,18 +211,132 @@ pub struct Reorder<K, T> {
     streams: HashMap<K, Stream<T>>,
     /// The weight one stream may hold back.
     capacity: usize,
-    /// How long a gap may wait to be filled before it is skipped.
-    gap_timeout: Duration,
 }
 
 impl<K: Hash + Eq + Clone, T> Reorder<K, T> {
     /// Buffers holding back at most `capacity` weight per stream (at least 1).
-    pub fn new(capacity: usize, gap_timeout: Duration) -> Self {
+    pub fn new(capacity: usize) -> Self {
         Self {
             streams: HashMap::new(),
             capacity: capacity.max(1),
-            gap_timeout,
         }
+    }
+
+    /// Whether `key`'s stream is tracked.
+    pub fn has(&self, key: &K) -> bool {
+        self.streams.contains_key(key)
+    }
+
+    /// Starts `key`'s stream at `next` in `epoch` unless it is tracked (a
+    /// stream the receiver saw begin: what came before its first message
+    /// is a gap, not history).
+    pub fn start(&mut self, key: K, epoch: u64, next: u64, now: Instant) {
+        self.streams
+            .entry(key)
+            .or_insert_with(|| Stream::new(epoch, next.max(1), now));
+    }
+
+    /// Takes the sender's announcement that `key`'s stream reached `last`
+    /// in `epoch`: anything up to it not yet released is a gap. An unknown
+    /// stream is ignored unless `start` (it then begins at 1); another
+    /// epoch is ignored (its messages decide).
+    pub fn note_head(&mut self, key: K, epoch: u64, last: u64, start: bool, now: Instant) {
+        if start {
+            self.start(key.clone(), epoch, 1, now);
+        }
+        let Some(stream) = self.streams.get_mut(&key) else {
+            return;
+        };
+        if stream.epoch != epoch || last < stream.next || last <= stream.head {
+            return;
+        }
+        stream.head = last;
+        stream.last_seen = now;
+        stream.gap_since.get_or_insert(now);
+    }
+
+    /// The first gap of every stream whose gap has waited `after` (a gap
+    /// ending at the head with nothing pending: `tail_after`), at most
+    /// `max_len` sequence numbers each, for streams `pick` chooses.
+    pub fn wants(
+        &self,
+        now: Instant,
+        after: Duration,
+        tail_after: Duration,
+        max_len: u64,
+        mut pick: impl FnMut(&K) -> bool,
+    ) -> Vec<Want<K>> {
+        let mut out = Vec::new();
+        for (key, s) in &self.streams {
+            let Some(since) = s.gap_since else { continue };
+            let Some((from, to)) = s.first_gap() else {
+                continue;
+            };
+            let wait = if s.pending.is_empty() {
+                tail_after
+            } else {
+                after
+            };
+            if now.duration_since(since) < wait || !pick(key) {
+                continue;
+            }
+            out.push(Want {
+                key: key.clone(),
+                epoch: s.epoch,
+                from,
+                to: to.min(from.saturating_add(max_len.max(1) - 1)),
+            });
+        }
+        out
+    }
+
+    /// Gives up on `key`'s sequence numbers up to `to` in `epoch` (the
+    /// sender no longer holds them), releasing what waited behind them.
+    /// Returns how many were skipped.
+    pub fn skip_through(
+        &mut self,
+        key: &K,
+        epoch: u64,
+        to: u64,
+        now: Instant,
+        ready: &mut Vec<T>,
+    ) -> u64 {
+        let Some(s) = self.streams.get_mut(key) else {
+            return 0;
+        };
+        if s.epoch != epoch || to < s.next {
+            return 0;
+        }
+        let mut skipped = 0;
+        while s.next <= to {
+            match s.pending.first_key_value() {
+                Some((&first, _)) if first <= to => {
+                    skipped += first - s.next;
+                    s.next = first;
+                    s.drain_ready(ready);
+                }
+                _ => {
+                    skipped += to + 1 - s.next;
+                    s.next = to + 1;
+                    s.drain_ready(ready);
+                }
+            }
+        }
+        s.gap_since = s.has_gap().then_some(now);
+        skipped
+    }
+
+    /// Gives up on every gap of the streams `pick` chooses (their sender is
+    /// gone), releasing everything they held back. Returns how many
+    /// sequence numbers were skipped.
+    pub fn skip_all(&mut self, mut pick: impl FnMut(&K) -> bool, ready: &mut Vec<T>) -> u64 {
+        let mut skipped = 0;
+        for (key, s) in self.streams.iter_mut() {
+            if pick(key) && s.has_gap() {
+                skipped += s.skip_all(ready);
+            }
+        }
+        skipped
     }
 
     /// Takes one message of `key`'s stream, of weight 1.
@@ -208,6 +370,7 @@ impl<K: Hash + Eq + Clone, T> Reorder<K, T> {
             ready,
             dropped,
             gaps_skipped: run.gaps_skipped,
+            gaps_restarted: run.gaps_restarted,
         }
     }
 
@@ -245,23 +408,11 @@ impl<K: Hash + Eq + Clone, T> Reorder<K, T> {
         out
     }
 
-    /// Skips every gap that has waited `gap_timeout`, releasing what it held
-    /// back; forgets streams idle for `idle` with nothing pending. Returns
-    /// the released messages and how many sequence numbers were skipped.
-    pub fn expire(&mut self, now: Instant, idle: Duration) -> (Vec<T>, u64) {
-        let mut ready = Vec::new();
-        let mut skipped = 0;
-        for stream in self.streams.values_mut() {
-            if let Some(since) = stream.gap_since
-                && now.duration_since(since) >= self.gap_timeout
-            {
-                skipped += stream.skip_gap(&mut ready);
-                stream.gap_since = (!stream.pending.is_empty()).then_some(now);
-            }
-        }
+    /// Forgets streams idle for `idle` with no gap (a gap stays until it
+    /// is filled or skipped).
+    pub fn forget_idle(&mut self, now: Instant, idle: Duration) {
         self.streams
-            .retain(|_, s| !s.pending.is_empty() || now.duration_since(s.last_seen) < idle);
-        (ready, skipped)
+            .retain(|_, s| s.has_gap() || now.duration_since(s.last_seen) < idle);
     }
 
     /// Streams tracked now.
@@ -283,7 +434,7 @@ mod tests {
     const IDLE: Duration = Duration::from_secs(600);
 
     fn buf() -> Reorder<&'static str, u64> {
-        Reorder::new(8, GAP)
+        Reorder::new(8)
     }
 
     /// In-order messages are released at once, one by one.
@@ -330,39 +481,68 @@ mod tests {
         assert_eq!(r.push("a", 1, 2, 2, t).ready, vec![2, 3]);
     }
 
-    /// A gap not filled within the timeout is skipped and counted; a message
-    /// of the gap that comes later is dropped as stale.
+    /// A gap is asked for once it waited `after` (a lost tail, announced by
+    /// the head only, once it waited `tail_after`), and never skipped by
+    /// waiting: what fills it is released in order however late.
     #[test]
-    fn gap_times_out_and_is_skipped() {
+    fn gaps_are_wanted_not_skipped() {
+        let mut r = buf();
+        let t = Instant::now();
+        let tail = Duration::from_secs(1);
+        r.push("a", 1, 1, 1, t);
+        r.push("a", 1, 4, 4, t);
+        r.push("a", 1, 5, 5, t);
+        let all = |_: &&str| true;
+        assert!(r.wants(t + GAP - Duration::from_millis(1), GAP, tail, 100, all).is_empty());
+        let w = r.wants(t + GAP, GAP, tail, 100, all);
+        assert_eq!(w, vec![Want { key: "a", epoch: 1, from: 2, to: 3 }]);
+        assert_eq!(r.wants(t + GAP, GAP, tail, 1, all)[0].to, 2);
+        assert!(r.wants(t + GAP, GAP, tail, 100, |_| false).is_empty());
+        r.forget_idle(t + IDLE * 2, IDLE);
+        assert_eq!(r.pending(), 2, "a gap is never forgotten");
+        assert!(r.push("a", 1, 2, 2, t).ready == vec![2]);
+        assert_eq!(r.push("a", 1, 3, 3, t).ready, vec![3, 4, 5]);
+        // The head says 7 was sent: 6 and 7 are a gap with nothing pending.
+        r.note_head("a", 1, 7, false, t);
+        assert!(r.wants(t + GAP, GAP, tail * 10, 100, all).is_empty());
+        let w = r.wants(t + tail * 10, GAP, tail * 10, 100, all);
+        assert_eq!((w[0].from, w[0].to), (6, 7));
+        // A head of another epoch, or of an unknown stream, is ignored
+        // unless the stream is to start.
+        r.note_head("a", 2, 9, false, t);
+        r.note_head("b", 1, 3, false, t);
+        assert!(!r.has(&"b"));
+        r.note_head("c", 1, 2, true, t);
+        let w = r.wants(t + tail * 10, GAP, tail * 10, 100, |k| *k == "c");
+        assert_eq!((w[0].from, w[0].to), (1, 2));
+        assert_eq!(r.push("a", 1, 6, 6, t).ready, vec![6]);
+        assert_eq!(r.push("a", 1, 7, 7, t).ready, vec![7]);
+        assert!(r.wants(t + tail * 10, GAP, tail, 100, |k| *k == "a").is_empty());
+    }
+
+    /// Skipping through a sequence number (the sender no longer holds it)
+    /// releases what waited behind it and counts what was skipped; skipping
+    /// all (the sender is gone) releases everything and counts every gap.
+    #[test]
+    fn gaps_are_skipped_when_told() {
         let mut r = buf();
         let t = Instant::now();
         r.push("a", 1, 1, 1, t);
         r.push("a", 1, 4, 4, t);
-        r.push("a", 1, 5, 5, t);
-        let (ready, skipped) = r.expire(t + GAP - Duration::from_millis(1), IDLE);
-        assert!(ready.is_empty());
-        assert_eq!(skipped, 0);
-        let (ready, skipped) = r.expire(t + GAP, IDLE);
-        assert_eq!(ready, vec![4, 5]);
-        assert_eq!(skipped, 2);
-        assert_eq!(r.push("a", 1, 2, 2, t + GAP).dropped, Some(Dropped::Stale));
-        assert_eq!(r.push("a", 1, 6, 6, t + GAP).ready, vec![6]);
-    }
-
-    /// A second gap waits its own full timeout, counted from when the first
-    /// was skipped.
-    #[test]
-    fn second_gap_gets_its_own_timeout() {
-        let mut r = buf();
-        let t = Instant::now();
-        r.push("a", 1, 1, 1, t);
-        r.push("a", 1, 3, 3, t);
-        r.push("a", 1, 5, 5, t);
-        let (ready, skipped) = r.expire(t + GAP, IDLE);
-        assert_eq!((ready, skipped), (vec![3], 1));
-        let (ready, _) = r.expire(t + GAP + Duration::from_secs(1), IDLE);
-        assert!(ready.is_empty());
-        assert_eq!(r.push("a", 1, 4, 4, t + GAP).ready, vec![4, 5]);
+        r.push("a", 1, 6, 6, t);
+        let mut ready = Vec::new();
+        assert_eq!(r.skip_through(&"a", 2, 3, t, &mut ready), 0, "another epoch");
+        assert_eq!(r.skip_through(&"a", 1, 3, t, &mut ready), 2);
+        assert_eq!(ready, vec![4]);
+        assert_eq!(r.push("a", 1, 2, 2, t).dropped, Some(Dropped::Stale));
+        r.note_head("a", 1, 8, false, t);
+        r.push("b", 1, 1, 1, t);
+        r.push("b", 1, 3, 3, t);
+        let mut ready = Vec::new();
+        assert_eq!(r.skip_all(|k| *k == "a", &mut ready), 3, "5, 7 and 8");
+        assert_eq!(ready, vec![6]);
+        assert_eq!(r.pending(), 1, "b is another sender's");
+        assert_eq!(r.push("a", 1, 9, 9, t).ready, vec![9]);
     }
 
     /// A full buffer skips its oldest gap at once rather than grow.
@@ -404,7 +584,7 @@ mod tests {
         r.push("a", 1, 4, 4, t);
         let p = r.push("a", 2, 1, 100, t);
         assert_eq!(p.ready, vec![4, 100]);
-        assert_eq!(p.gaps_skipped, 1);
+        assert_eq!(p.gaps_restarted, 1);
         assert_eq!(r.push("a", 1, 3, 3, t).dropped, Some(Dropped::Stale));
         assert_eq!(r.push("a", 2, 2, 200, t).ready, vec![200]);
     }
@@ -425,7 +605,7 @@ mod tests {
         let t = Instant::now();
         r.push("a", 1, 1, 1, t);
         r.push("b", 1, 1, 1, t + IDLE);
-        r.expire(t + IDLE, IDLE);
+        r.forget_idle(t + IDLE, IDLE);
         assert_eq!(r.streams(), 1);
     }
 
@@ -436,7 +616,7 @@ mod tests {
     fn a_run_is_the_same_as_its_messages_one_by_one() {
         let t = Instant::now();
         let check = |msgs: &[(u64, u64)]| {
-            let mut one = Reorder::<&str, (u64, u64)>::new(4, GAP);
+            let mut one = Reorder::<&str, (u64, u64)>::new(4);
             let mut one_ready = Vec::new();
             let (mut dup, mut stale, mut gaps) = (0, 0, 0);
             for &(e, q) in msgs {
@@ -447,9 +627,9 @@ mod tests {
                     Some(Dropped::Stale) => stale += 1,
                     None => {}
                 }
-                gaps += p.gaps_skipped;
+                gaps += p.gaps_skipped + p.gaps_restarted;
             }
-            let mut run = Reorder::<&str, (u64, u64)>::new(4, GAP);
+            let mut run = Reorder::<&str, (u64, u64)>::new(4);
             let mut run_ready = Vec::new();
             let r = run.push_run(
                 "a",
@@ -459,7 +639,7 @@ mod tests {
             );
             assert_eq!(run_ready, one_ready, "{msgs:?}");
             assert_eq!(
-                (r.duplicates, r.stale, r.gaps_skipped),
+                (r.duplicates, r.stale, r.gaps_skipped + r.gaps_restarted),
                 (dup, stale, gaps),
                 "{msgs:?}"
             );

@@ -165,8 +165,20 @@ pub struct Inner {
     pub blobs_stored: IntGauge,
     /// Blobs deleted by blob sweeps: named by no record any more.
     pub blobs_deleted: IntCounter,
-    /// Sequence numbers given up on after a gap timed out or a buffer filled.
-    pub mesh_gaps_skipped: IntCounter,
+    /// Sequence numbers given up on, by `reason`: `sender_gone` (no
+    /// connection to the sender left), `evicted` (no longer in the sender's
+    /// resend buffer), `overflow` (the receiver's reorder buffer full),
+    /// `restarted` (the sender started a new counter).
+    pub mesh_gaps_skipped: IntCounterVec,
+    /// Resend requests this node sent for gaps in other nodes' streams.
+    pub mesh_resend_requests: IntCounter,
+    /// Resend requests this node answered with messages.
+    pub mesh_resends_served: IntCounter,
+    /// Messages received by resend (they filled a gap).
+    pub mesh_resent: IntCounter,
+    /// Batches GossipSub could not queue to one peer (its send queue full,
+    /// or past the send timeout); that peer gets them by resend.
+    pub mesh_peer_queue_full: IntCounter,
     /// Mesh connections refused: unregistered peer or address.
     pub mesh_connections_refused: IntCounter,
     // Deployments (per route; labels bounded by `crate::deploy::activity`).
@@ -523,9 +535,40 @@ impl Metrics {
                 .unwrap()
             ),
             mesh_gaps_skipped: reg!(
+                IntCounterVec::new(
+                    Opts::new(
+                        "meshgate_mesh_gaps_skipped_total",
+                        "Mesh sequence numbers given up on, by reason (sender_gone, evicted, overflow, restarted)"
+                    ),
+                    &["reason"]
+                )
+                .unwrap()
+            ),
+            mesh_resend_requests: reg!(
                 IntCounter::new(
-                    "meshgate_mesh_gaps_skipped_total",
-                    "Sequence numbers skipped after a gap timed out"
+                    "meshgate_mesh_resend_requests_total",
+                    "Resend requests sent for gaps in other nodes' mesh streams"
+                )
+                .unwrap()
+            ),
+            mesh_resends_served: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_resends_served_total",
+                    "Resend requests answered with messages"
+                )
+                .unwrap()
+            ),
+            mesh_resent: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_resent_messages_total",
+                    "Mesh messages received by resend"
+                )
+                .unwrap()
+            ),
+            mesh_peer_queue_full: reg!(
+                IntCounter::new(
+                    "meshgate_mesh_peer_queue_full_total",
+                    "Mesh batches not queued to one peer (its send queue full); resent on its request"
                 )
                 .unwrap()
             ),

@@ -538,7 +538,12 @@ async fn fan_burst(
     subs: Vec<mpsc::UnboundedReceiver<(u64, Instant)>>,
     first: u64,
     n: usize,
-) -> (Vec<mpsc::UnboundedReceiver<(u64, Instant)>>, Vec<bool>, Instant, Instant) {
+) -> (
+    Vec<mpsc::UnboundedReceiver<(u64, Instant)>>,
+    Vec<bool>,
+    Instant,
+    Instant,
+) {
     let publisher = Publisher::connect(&pub_addr, &key, &topic).await;
     let frames: Vec<u8> = (0..n as u64)
         .flat_map(|i| publisher.publish_frame(first + i))
@@ -648,7 +653,10 @@ async fn fan_run(
         start = Some(start.map_or(st, |x: Instant| x.min(st)));
         last = Some(last.map_or(la, |x: Instant| x.max(la)));
     }
-    let (start, last) = (start.unwrap_or_else(Instant::now), last.unwrap_or_else(Instant::now));
+    let (start, last) = (
+        start.unwrap_or_else(Instant::now),
+        last.unwrap_or_else(Instant::now),
+    );
     let rate = (n * pub_addrs.len()) as f64 / (last - start).as_secs_f64().max(1e-9);
     (all_ok, rate)
 }
@@ -700,7 +708,15 @@ fn mesh_burst_main(
         let mesh_pubs: Vec<String> = nodes[..publishers].iter().map(|n| n.addr.clone()).collect();
         for run in 0..runs {
             let first = (run * msgs) as u64;
-            let s = fan_run(&single_pubs, single.1, &topics, &mut single_subs, first, msgs).await;
+            let s = fan_run(
+                &single_pubs,
+                single.1,
+                &topics,
+                &mut single_subs,
+                first,
+                msgs,
+            )
+            .await;
             tokio::time::sleep(Duration::from_millis(300)).await;
             let m = fan_run(&mesh_pubs, ckey, &topics, &mut mesh_subs, first, msgs).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -720,7 +736,9 @@ fn mesh_burst_main(
         "{runs} runs: {publishers} publishers × {msgs} publishes of {PAYLOAD} B pipelined on /v1/ws; on {n} nodes every node subscribes to every publisher's topic"
     );
     println!();
-    println!("| run | single node: complete, in order | msgs/s | {n} nodes: complete, in order on every node | msgs/s | ratio |");
+    println!(
+        "| run | single node: complete, in order | msgs/s | {n} nodes: complete, in order on every node | msgs/s | ratio |"
+    );
     println!("|---:|:---:|---:|:---:|---:|---:|");
     let yes = |b: bool| if b { "yes" } else { "no" };
     for (i, (s, m)) in rows.iter().enumerate() {
@@ -739,7 +757,11 @@ fn mesh_burst_main(
     };
     let (s_med, m_med) = (med(&|r| r.0.1), med(&|r| r.1.1));
     let r_med = med(&|r| r.1.1 / r.0.1.max(1e-9));
-    let complete = |k: usize| rows.iter().filter(|r| if k == 0 { r.0.0 } else { r.1.0 }).count();
+    let complete = |k: usize| {
+        rows.iter()
+            .filter(|r| if k == 0 { r.0.0 } else { r.1.0 })
+            .count()
+    };
     println!();
     println!(
         "complete and in order: single {}/{runs}, {n} nodes {}/{runs}; median msgs/s: single {s_med:.0}, {n} nodes {m_med:.0}; ratio of the medians {:.2}, median of the per-run ratios {r_med:.2}",

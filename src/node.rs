@@ -510,7 +510,8 @@ async fn start_mesh(node: &Node, data_dir: &Path) -> anyhow::Result<()> {
     let config = crate::cluster::MeshConfig {
         registry_interval: every,
         registry_ttl: every * 8,
-        resend_bytes: usize::try_from(c.mesh_resend_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+        resend_bytes: usize::try_from(c.mesh_resend_mib.saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX),
         resend_messages: usize::try_from(c.mesh_resend_messages).unwrap_or(usize::MAX),
         ..Default::default()
     };

@@ -65,8 +65,7 @@ use libp2p::multiaddr::Protocol;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{
-    Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, noise, request_response, tcp,
-    yamux,
+    Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, noise, request_response, tcp, yamux,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -300,8 +299,7 @@ where
     }
     let mut buf = vec![0u8; len];
     io.read_exact(&mut buf).await?;
-    postcard::from_bytes(&buf)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    postcard::from_bytes(&buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 async fn write_frame<T, M>(io: &mut T, m: &M) -> std::io::Result<()>
@@ -322,7 +320,11 @@ impl request_response::Codec for ResendCodec {
     type Request = ResendRequest;
     type Response = ResendResponse;
 
-    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> std::io::Result<ResendRequest>
+    async fn read_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> std::io::Result<ResendRequest>
     where
         T: AsyncRead + Unpin + Send,
     {
@@ -1486,13 +1488,8 @@ impl SwarmTask {
         let since = self.connected_since.get(&origin).copied();
         for h in heads.into_iter().take(MAX_WANTS) {
             let start = since.is_some_and(|c| h.epoch > c);
-            self.reorder.note_head(
-                (origin, h.namespace, h.topic),
-                h.epoch,
-                h.to,
-                start,
-                now,
-            );
+            self.reorder
+                .note_head((origin, h.namespace, h.topic), h.epoch, h.to, start, now);
         }
     }
 
@@ -1860,9 +1857,7 @@ impl SwarmTask {
                 // for them again (its gap, or the heads announced).
                 let missed = failed_messages.priority + failed_messages.non_priority;
                 debug!(peer_id = %peer_id, batches = missed, "Mesh peer's send queue full; it gets those batches by resend.");
-                self.metrics
-                    .mesh_peer_queue_full
-                    .inc_by(missed as u64);
+                self.metrics.mesh_peer_queue_full.inc_by(missed as u64);
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
@@ -1885,7 +1880,9 @@ impl SwarmTask {
                     }
                 }
                 debug!(peer_id = %peer_id, "Mesh peer connected.");
-                self.connected_since.entry(peer_id).or_insert_with(now_micros);
+                self.connected_since
+                    .entry(peer_id)
+                    .or_insert_with(now_micros);
                 self.metrics
                     .mesh_peers
                     .set(self.swarm.connected_peers().count() as i64);
@@ -2228,7 +2225,9 @@ mod tests {
     fn dropping(payloads: &'static [&'static str], config: MeshConfig) -> MeshConfig {
         MeshConfig {
             drop_received: Some(DropHook(Arc::new(move |batch: &[&[u8]]| {
-                batch.iter().any(|d| payloads.iter().any(|p| p.as_bytes() == *d))
+                batch
+                    .iter()
+                    .any(|d| payloads.iter().any(|p| p.as_bytes() == *d))
             }))),
             ..config
         }
@@ -2292,9 +2291,11 @@ mod tests {
         let c = start_node_with(&store, dropping(&["m3"], never)).await;
         wait_meshed(&[&a, &b, &c]).await;
         publish_apart(&a, 0..6).await;
-        wait_for("C to hold m4 and m5 back", Duration::from_secs(20), || async {
-            c.status().await.pending == 2
-        })
+        wait_for(
+            "C to hold m4 and m5 back",
+            Duration::from_secs(20),
+            || async { c.status().await.pending == 2 },
+        )
         .await;
         assert_eq!(c.payloads(), numbered(0..3));
         assert_eq!(gaps(&c.pubsub.metrics), 0, "nothing skipped while A lives");

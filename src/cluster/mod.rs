@@ -12,8 +12,8 @@ mod reorder;
 
 pub use key::{KEY_FILE, load_or_create_keypair};
 pub use mesh::{
-    Connectedness, DeliverFn, DropHook, FORWARD_QUEUE, HEARTBEAT, MAX_TRANSMIT, MESH_TOPIC,
-    Mesh, MeshConfig, MeshStatus, REGISTRY_INTERVAL, REGISTRY_PREFIX, REGISTRY_TTL, REORDER_BYTES,
+    Connectedness, DeliverFn, DropHook, FORWARD_QUEUE, HEARTBEAT, MAX_TRANSMIT, MESH_TOPIC, Mesh,
+    MeshConfig, MeshStatus, REGISTRY_INTERVAL, REGISTRY_PREFIX, REGISTRY_TTL, REORDER_BYTES,
     RESEND_AFTER, RESEND_BYTES, RESEND_MESSAGES, STREAM_IDLE, registered_addrs,
 };
 pub use reorder::{Dropped, Pushed, Reorder};

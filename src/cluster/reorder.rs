@@ -493,9 +493,20 @@ mod tests {
         r.push("a", 1, 4, 4, t);
         r.push("a", 1, 5, 5, t);
         let all = |_: &&str| true;
-        assert!(r.wants(t + GAP - Duration::from_millis(1), GAP, tail, 100, all).is_empty());
+        assert!(
+            r.wants(t + GAP - Duration::from_millis(1), GAP, tail, 100, all)
+                .is_empty()
+        );
         let w = r.wants(t + GAP, GAP, tail, 100, all);
-        assert_eq!(w, vec![Want { key: "a", epoch: 1, from: 2, to: 3 }]);
+        assert_eq!(
+            w,
+            vec![Want {
+                key: "a",
+                epoch: 1,
+                from: 2,
+                to: 3
+            }]
+        );
         assert_eq!(r.wants(t + GAP, GAP, tail, 1, all)[0].to, 2);
         assert!(r.wants(t + GAP, GAP, tail, 100, |_| false).is_empty());
         r.forget_idle(t + IDLE * 2, IDLE);
@@ -517,7 +528,10 @@ mod tests {
         assert_eq!((w[0].from, w[0].to), (1, 2));
         assert_eq!(r.push("a", 1, 6, 6, t).ready, vec![6]);
         assert_eq!(r.push("a", 1, 7, 7, t).ready, vec![7]);
-        assert!(r.wants(t + tail * 10, GAP, tail, 100, |k| *k == "a").is_empty());
+        assert!(
+            r.wants(t + tail * 10, GAP, tail, 100, |k| *k == "a")
+                .is_empty()
+        );
     }
 
     /// Skipping through a sequence number (the sender no longer holds it)
@@ -531,7 +545,11 @@ mod tests {
         r.push("a", 1, 4, 4, t);
         r.push("a", 1, 6, 6, t);
         let mut ready = Vec::new();
-        assert_eq!(r.skip_through(&"a", 2, 3, t, &mut ready), 0, "another epoch");
+        assert_eq!(
+            r.skip_through(&"a", 2, 3, t, &mut ready),
+            0,
+            "another epoch"
+        );
         assert_eq!(r.skip_through(&"a", 1, 3, t, &mut ready), 2);
         assert_eq!(ready, vec![4]);
         assert_eq!(r.push("a", 1, 2, 2, t).dropped, Some(Dropped::Stale));

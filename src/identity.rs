@@ -912,6 +912,38 @@ pub async fn end_session(
     Ok(true)
 }
 
+/// Most sessions one subject holds in one namespace; a sign-in past it ends
+/// the subject's oldest session first (docs/auth.md, "Sessions and devices").
+pub const MAX_SESSIONS_PER_SUBJECT: usize = 100;
+
+/// Makes room for one more session of `subject` in `ns`: while it holds
+/// [`MAX_SESSIONS_PER_SUBJECT`] or more, its oldest is ended (as
+/// [`end_session`]). Reads at most that many records.
+pub async fn make_room_for_session(
+    store: &Store,
+    ns: &str,
+    subject: &str,
+    now: u64,
+    revoke_for: u64,
+) -> IdResult<()> {
+    let (rows, _) = store
+        .scan_page(&session_prefix(ns, subject), None, MAX_SESSIONS_PER_SUBJECT)
+        .await?;
+    if rows.len() < MAX_SESSIONS_PER_SUBJECT {
+        return Ok(());
+    }
+    let mut held: Vec<SessionRecord> = rows
+        .iter()
+        .filter_map(|(_, v)| serde_json::from_slice::<SessionRecord>(v).ok())
+        .collect();
+    held.sort_by_key(|s| s.created_at);
+    let excess = held.len() + 1 - MAX_SESSIONS_PER_SUBJECT;
+    for s in held.iter().take(excess) {
+        end_session(store, ns, subject, &s.sid, now, revoke_for).await?;
+    }
+    Ok(())
+}
+
 /// Ends every session of `subject` in `ns` signed in with `device`; the
 /// sids ended.
 pub async fn end_device_sessions(
@@ -965,6 +997,29 @@ pub struct RevokedSessions {
     /// Entries in `map`; 0 lets the hot path skip the lock.
     len: std::sync::atomic::AtomicUsize,
     map: parking_lot::RwLock<std::collections::HashMap<String, u64>>,
+}
+
+impl IdentityData {
+    /// Why a credential that was good when a socket opened is no longer
+    /// (its token expired, its session was ended), or None while it holds.
+    /// API keys and the operator key have neither: they end with the socket.
+    pub fn ended(&self, revoked: &RevokedSessions, now: u64) -> Option<&'static str> {
+        if self
+            .exp
+            .is_some_and(|exp| now > exp.saturating_add(crate::auth::JWT_LEEWAY))
+        {
+            return Some("the token expired");
+        }
+        match &self.session {
+            Some(sid) if revoked.contains(sid, now) => Some("the session was ended"),
+            _ => None,
+        }
+    }
+
+    /// Whether [`IdentityData::ended`] can ever say so (a token: it expires).
+    pub fn may_end(&self) -> bool {
+        self.exp.is_some() || self.session.is_some()
+    }
 }
 
 impl RevokedSessions {

@@ -58,6 +58,29 @@ pub fn state_key(ns: &str, name: &str) -> Vec<u8> {
     format!("acmestate/{ns}/{name}").into_bytes()
 }
 
+/// Orders one namespace may start in any hour, cluster-wide (its deployments
+/// together): a tenant churning hosts cannot spend the node's ACME account's
+/// rate limits, which every tenant shares.
+pub const ORDERS_PER_NAMESPACE_PER_HOUR: usize = 20;
+
+/// `acmeorders/<ns>`: when the namespace's orders of the last hour started.
+fn orders_key(ns: &str) -> Vec<u8> {
+    format!("acmeorders/{ns}").into_bytes()
+}
+
+/// The start times of the last hour in `times` (as of `now`), and whether
+/// another order may start now; if not, when it may (the oldest one's hour
+/// over).
+fn order_budget(times: &[u64], now: u64) -> (Vec<u64>, Result<(), u64>) {
+    let mut kept: Vec<u64> = times.iter().copied().filter(|t| t + 3600 > now).collect();
+    kept.sort_unstable();
+    if kept.len() >= ORDERS_PER_NAMESPACE_PER_HOUR {
+        let at = kept[kept.len() - ORDERS_PER_NAMESPACE_PER_HOUR] + 3600;
+        return (kept, Err(at));
+    }
+    (kept, Ok(()))
+}
+
 fn lock_key(ns: &str, name: &str) -> Vec<u8> {
     format!("acmelock/{ns}/{name}").into_bytes()
 }
@@ -464,6 +487,23 @@ impl Acme {
                 "pending"
             });
         }
+        if let Err(at) = self.take_order_slot(ns, now).await? {
+            state.state = if state.state == "failed" {
+                "failed".into()
+            } else {
+                "pending".into()
+            };
+            state.last_error = Some(format!(
+                "the namespace started {ORDERS_PER_NAMESPACE_PER_HOUR} certificate orders in the last hour (the limit)"
+            ));
+            state.next_attempt = Some(at);
+            self.write_state(ns, name, &state).await?;
+            return Ok(if state.state == "failed" {
+                "failed"
+            } else {
+                "pending"
+            });
+        }
         state.last_attempt = Some(now);
         state.orders += 1;
         if state.state.is_empty() {
@@ -515,6 +555,39 @@ impl Acme {
                 state.last_error = Some(e);
                 self.write_state(ns, name, &state).await?;
                 Ok("failed")
+            }
+        }
+    }
+
+    /// Takes one of the namespace's orders of this hour
+    /// ([`ORDERS_PER_NAMESPACE_PER_HOUR`], kept in the store so every node
+    /// counts the same), or says when the next one is free.
+    async fn take_order_slot(&self, ns: &str, now: u64) -> Result<Result<(), u64>, String> {
+        let key = orders_key(ns);
+        loop {
+            let raw = self.store.get(&key).await.map_err(|e| e.to_string())?;
+            let times: Vec<u64> = raw
+                .as_deref()
+                .and_then(|r| serde_json::from_slice(r).ok())
+                .unwrap_or_default();
+            let (mut kept, verdict) = order_budget(&times, now);
+            if let Err(at) = verdict {
+                return Ok(Err(at));
+            }
+            kept.push(now);
+            let new = serde_json::to_vec(&kept).map_err(|e| e.to_string())?;
+            if self
+                .store
+                .compare_and_swap(
+                    &key,
+                    raw.as_deref(),
+                    Some(&new),
+                    Some(Duration::from_secs(3600)),
+                )
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                return Ok(Ok(()));
             }
         }
     }
@@ -693,5 +766,34 @@ impl Acme {
             let _ = self.refresh_alpn().await;
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A namespace starts at most the hourly number of orders: the next is
+    /// refused until the oldest of the hour is an hour old; older starts do
+    /// not count and are dropped.
+    #[test]
+    fn orders_per_namespace_are_bounded_per_hour() {
+        let now = 100_000;
+        let full: Vec<u64> = (0..ORDERS_PER_NAMESPACE_PER_HOUR as u64)
+            .map(|i| now - 3000 + i)
+            .collect();
+        let (kept, verdict) = order_budget(&full, now);
+        assert_eq!(kept.len(), ORDERS_PER_NAMESPACE_PER_HOUR);
+        assert_eq!(verdict, Err(now - 3000 + 3600));
+        // One fewer: allowed.
+        assert_eq!(order_budget(&full[1..], now).1, Ok(()));
+        // Starts older than an hour are dropped and free the budget.
+        let mut old = full.clone();
+        old[0] = now - 3600;
+        let (kept, verdict) = order_budget(&old, now);
+        assert_eq!(kept.len(), ORDERS_PER_NAMESPACE_PER_HOUR - 1);
+        assert_eq!(verdict, Ok(()));
+        // Once the oldest's hour is over, the next order may start.
+        assert_eq!(order_budget(&full, now - 3000 + 3600).1, Ok(()));
     }
 }

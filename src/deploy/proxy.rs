@@ -144,6 +144,7 @@ pub async fn proxy_ws(
     path_and_query: &str,
     fwd: &Forwarded,
     t: ProxyTimeouts,
+    ends: Option<super::relay::Ends>,
 ) -> Result<HttpResponse, ApiError> {
     use actix_web::FromRequest;
     let payload = actix_web::web::Payload::from_request(req, &mut payload)
@@ -169,7 +170,7 @@ pub async fn proxy_ws(
         || true,
     )
     .await?;
-    super::relay::accept(req, payload, protocol, upstream)
+    super::relay::accept(req, payload, protocol, upstream, ends)
 }
 
 /// The one retry loop: tries the instances in `order` (those the egress

@@ -70,20 +70,37 @@ pub(crate) async fn handshake(
     }
 }
 
+/// Why the credential a tunnel was opened with no longer holds (its token
+/// expired, its session was ended), or None while it holds.
+pub type Ends = Box<dyn Fn() -> Option<&'static str>>;
+
+/// How often a tunnel opened with a token checks [`Ends`].
+pub const CREDENTIAL_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The close code a tunnel ends with when its credential ends (as `/v1/ws`).
+pub const CREDENTIAL_ENDED: u16 = 4001;
+
 /// Accepts the client's upgrade once the upstream accepted its own, with
-/// the upstream's protocol, and starts relaying on this (worker) thread.
+/// the upstream's protocol, and starts relaying on this (worker) thread;
+/// `ends` (a tunnel opened with a token) ends it when the token does.
 pub(crate) fn accept(
     req: &HttpRequest,
     payload: actix_web::web::Payload,
     protocol: Option<HeaderValue>,
     upstream: Upstream,
+    ends: Option<Ends>,
 ) -> Result<HttpResponse, ApiError> {
     let (mut resp, session, stream) = actix_ws::handle(req, payload)
         .map_err(|e| ApiError::new(Code::BadUpgrade, e.to_string()))?;
     if let Some(p) = protocol {
         resp.headers_mut().insert(header::SEC_WEBSOCKET_PROTOCOL, p);
     }
-    actix_web::rt::spawn(relay(session, stream.max_frame_size(MAX_FRAME), upstream));
+    actix_web::rt::spawn(relay(
+        session,
+        stream.max_frame_size(MAX_FRAME),
+        upstream,
+        ends,
+    ));
     Ok(resp)
 }
 
@@ -139,16 +156,43 @@ fn from_upstream(f: Option<Result<Frame, awc::error::WsProtocolError>>) -> ToCli
     }
 }
 
+/// Ends a tunnel whose credential ended: the upstream's side closed, the
+/// client's with 4001 and why.
+async fn end_tunnel(
+    session: actix_ws::Session,
+    up_tx: &mut futures_util::stream::SplitSink<Upstream, Message>,
+    why: &'static str,
+) {
+    let _ = up_tx.send(Message::Close(None)).await;
+    let _ = session
+        .close(Some(CloseReason {
+            code: awc::ws::CloseCode::Other(CREDENTIAL_ENDED),
+            description: Some(why.to_string()),
+        }))
+        .await;
+}
+
 /// Relays frames both ways until either side closes or fails.
 async fn relay(
     mut session: actix_ws::Session,
     mut client_rx: actix_ws::MessageStream,
     framed: Upstream,
+    ends: Option<Ends>,
 ) {
     let (mut up_tx, mut up_rx) = framed.split();
+    let mut check = tokio::time::interval(CREDENTIAL_CHECK);
     loop {
         tokio::select! {
+            _ = check.tick(), if ends.is_some() => {
+                if let Some(why) = ends.as_ref().and_then(|e| e()) {
+                    return end_tunnel(session, &mut up_tx, why).await;
+                }
+            }
             m = client_rx.next() => {
+                // What the client sends after its credential ended is not passed on.
+                if let Some(why) = ends.as_ref().and_then(|e| e()) {
+                    return end_tunnel(session, &mut up_tx, why).await;
+                }
                 match from_client(m) {
                     ToUpstream::Skip => continue,
                     ToUpstream::Last(out) => {

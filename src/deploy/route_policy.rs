@@ -375,6 +375,9 @@ pub struct UpstreamView {
     /// The credential came as `?token=` (a WebSocket upgrade) and is not
     /// forwarded: the `token` parameter is removed from the query sent upstream.
     pub strip_query_token: bool,
+    /// The route's checked credential when it can end while a WebSocket it
+    /// opened is relayed (a token: it expires, its session can be ended).
+    pub credential: Option<crate::identity::Identity>,
 }
 
 impl UpstreamView {

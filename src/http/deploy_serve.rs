@@ -275,7 +275,18 @@ async fn serve_bound(
                 response: Duration::from_secs(cfg.upstream_timeout_seconds),
             };
             if is_websocket_upgrade(req.headers()) {
-                Box::pin(proxy_ws(req, payload, pool, &pq, &fwd, t)).await
+                // A tunnel opened with a token ends when the token or its
+                // session does (close 4001), as a `/v1/ws` socket does.
+                let view = req
+                    .extensions()
+                    .get::<std::sync::Arc<crate::deploy::route_policy::UpstreamView>>()
+                    .and_then(|v| v.credential.clone());
+                let ends = view.map(|id| {
+                    let node = node.clone();
+                    Box::new(move || id.ended(&node.revoked_sessions, crate::util::now()))
+                        as crate::deploy::relay::Ends
+                });
+                Box::pin(proxy_ws(req, payload, pool, &pq, &fwd, t, ends)).await
             } else {
                 let r = proxy_http(req, payload, pool, &pq, &fwd, t).await;
                 // The deployment's `compress`, then a few header lookups.

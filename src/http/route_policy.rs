@@ -191,6 +191,7 @@ async fn check(
         headers,
         strip_credentials: !policy.forward_credentials,
         strip_query_token: from_query && !policy.forward_credentials,
+        credential: id.may_end().then(|| id.clone()),
     }));
     Ok(())
 }

@@ -99,6 +99,11 @@ pub enum Mode {
     Full { topics: HashSet<String> },
 }
 
+/// How often a socket opened with a token checks that its session was not
+/// ended (and at most how long after the end reaches the node it stays open
+/// for a client that sends nothing).
+pub const CREDENTIAL_CHECK: Duration = Duration::from_secs(5);
+
 /// The actor.
 pub struct WsSession {
     /// The node: its pub/sub settings (frame size, ping, read timeout) and metrics.
@@ -222,6 +227,26 @@ impl WsSession {
                 act.arm_deadline(ctx, limit - idle);
             }
         });
+    }
+
+    /// Why the socket's credential no longer holds (its token expired, its
+    /// session was ended), if so.
+    fn credential_ended(&self) -> Option<&'static str> {
+        let id = self.identity.as_ref()?;
+        id.ended(&self.node.revoked_sessions, crate::util::now())
+    }
+
+    /// Ends the socket (close code 4001) when its credential no longer holds:
+    /// checked on every frame the client sends, every
+    /// [`CREDENTIAL_CHECK`] and at the token's expiry.
+    fn end_if_credential_ended(&mut self, ctx: &mut Context<Self>) -> bool {
+        match self.credential_ended() {
+            Some(why) => {
+                self.end(ctx, close::CREDENTIAL_ENDED, why);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Ends the connection with a close frame after what is queued.
@@ -566,6 +591,18 @@ impl Actor for WsSession {
         });
         let limit = self.read_timeout();
         self.arm_deadline(ctx, limit);
+        if let Some(id) = self.identity.as_ref().filter(|i| i.may_end()) {
+            ctx.run_interval(CREDENTIAL_CHECK, |act, ctx| {
+                act.end_if_credential_ended(ctx);
+            });
+            if let Some(exp) = id.exp {
+                let at = exp.saturating_add(crate::auth::JWT_LEEWAY + 1);
+                let after = Duration::from_secs(at.saturating_sub(crate::util::now()));
+                ctx.run_later(after, |act, ctx| {
+                    act.end_if_credential_ended(ctx);
+                });
+            }
+        }
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
@@ -615,6 +652,8 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for WsSession {
                     .unwrap_or(close::NORMAL);
                 self.end(ctx, code, "");
             }
+            AggregatedMessage::Text(_) | AggregatedMessage::Binary(_)
+                if self.end_if_credential_ended(ctx) => {}
             AggregatedMessage::Text(t) => match self.mode {
                 Mode::Full { .. } => self.on_full_frame(ctx, t.as_bytes()),
                 Mode::Simple { .. } => self.on_simple_frame(ctx, t.into_bytes()),

@@ -32,6 +32,9 @@ pub mod close {
     pub const NAMESPACE_GONE: u16 = 4004;
     /// No frame from the client within `pubsub.read_timeout_seconds`.
     pub const READ_TIMEOUT: u16 = 4000;
+    /// The socket's token expired or its session was ended: reconnect with
+    /// a fresh token.
+    pub const CREDENTIAL_ENDED: u16 = 4001;
     /// The outbound queue overflowed: a slow consumer.
     pub const SLOW_CONSUMER: u16 = 4008;
     /// What the socket holds of a history topic cannot be continued on this

@@ -510,3 +510,136 @@ fn the_cli_lists_and_ends_sessions() {
     let listed = json(&crate::cli::cli(&a, &["sessions", "--key", &key]));
     assert_eq!(listed["sessions"], json!([]), "{listed}");
 }
+
+/// A socket opened with a session's token ends with it (close 4001): one
+/// that sends nothing within the check period, one that sends a frame at
+/// that frame; a socket of the subject's other device stays open and keeps
+/// receiving.
+#[actix_rt::test]
+async fn open_sockets_end_with_their_session() {
+    use crate::pubsub::{close_code, connect, next_json, send_json, ws_url};
+    let node = TestNode::start();
+    let key = node.create_namespace("sessws");
+    let a = node.base.clone();
+    let phone = token(&a, &key, Some("phone"));
+    let laptop = token(&a, &key, Some("laptop"));
+    let p_tok = phone["access_token"].as_str().unwrap().to_string();
+    let l_tok = laptop["access_token"].as_str().unwrap().to_string();
+    let mut quiet = connect(&ws_url(&node, "/v1/ws", &p_tok)).await;
+    let mut talker = connect(&ws_url(&node, "/v1/ws", &p_tok)).await;
+    let mut other = connect(&ws_url(&node, "/v1/ws", &l_tok)).await;
+    for s in [&mut quiet, &mut talker, &mut other] {
+        send_json(s, json!({"id": 1, "type": "subscribe", "topic": "news"})).await;
+        assert_eq!(next_json(s).await["ok"], true);
+    }
+    let sid = phone["session_id"].as_str().unwrap();
+    let (s, v) = call(&a, &p_tok, "DELETE", &format!("/v1/auth/sessions/{sid}"));
+    assert_eq!(s, 200, "{v}");
+    // A frame after the end: the socket closes instead of answering it.
+    send_json(
+        &mut talker,
+        json!({"id": 2, "type": "subscribe", "topic": "more"}),
+    )
+    .await;
+    assert_eq!(close_code(&mut talker).await, 4001);
+    // A socket that sends nothing: closed within the check period.
+    let t = std::time::Instant::now();
+    assert_eq!(close_code(&mut quiet).await, 4001);
+    assert!(t.elapsed() < BOUND, "closed after {:?}", t.elapsed());
+    // The laptop's socket is open and still receives.
+    send_json(
+        &mut other,
+        json!({"id": 2, "type": "publish", "topic": "news", "data_base64": "c3RpbGwgaGVyZQ=="}),
+    )
+    .await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.push(next_json(&mut other).await);
+    }
+    assert!(
+        got.iter().any(|f| f["data_base64"] == "c3RpbGwgaGVyZQ=="),
+        "{got:?}"
+    );
+}
+
+/// A socket outlives no token: opened with a 2 s token, it is closed (4001)
+/// once the token is past its expiry and the clock-skew leeway (60 s).
+#[actix_rt::test]
+async fn open_sockets_end_when_their_token_expires() {
+    use crate::pubsub::{connect, next_json, send_json, ws_url};
+    let node = TestNode::start_with(NodeOpts {
+        config: format!("{TEST_CONFIG}[auth]\naccess_token_seconds = 2\n"),
+        ..Default::default()
+    });
+    let key = node.create_namespace("sessexp");
+    let tok = token(&node.base, &key, None)["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut s = connect(&ws_url(&node, "/v1/ws", &tok)).await;
+    send_json(&mut s, json!({"id": 1, "type": "subscribe", "topic": "t"})).await;
+    assert_eq!(next_json(&mut s).await["ok"], true);
+    let t = std::time::Instant::now();
+    // Pings come first (answered, so the socket is not idle): wait for the close.
+    let code = loop {
+        use futures_util::{SinkExt as _, StreamExt as _};
+        let f = tokio::time::timeout(Duration::from_secs(120), s.next())
+            .await
+            .expect("closed within 120 s");
+        match f {
+            Some(Ok(awc::ws::Frame::Close(r))) => {
+                break r.map(|r| u16::from(r.code)).unwrap_or(1005);
+            }
+            Some(Ok(awc::ws::Frame::Ping(p))) => {
+                let _ = s.send(awc::ws::Message::Pong(p)).await;
+            }
+            Some(Ok(_)) => {}
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    assert_eq!(code, 4001);
+    assert!(
+        t.elapsed() >= Duration::from_secs(50),
+        "closed early: {:?}",
+        t.elapsed()
+    );
+}
+
+/// One subject holds at most 100 sessions in a namespace: the 101st sign-in
+/// ends the oldest (its refresh refused, its sid off the list), the newest
+/// hundred stay.
+#[test]
+fn a_subject_holds_at_most_a_hundred_sessions() {
+    let node = TestNode::start();
+    let key = node.create_namespace("sesscap");
+    let a = node.base.clone();
+    let first = token(&a, &key, Some("old"));
+    // Sessions are ordered by their second of sign-in: the first is older.
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut last = first.clone();
+    for _ in 0..100 {
+        last = token(&a, &key, Some("new"));
+    }
+    let tok = last["access_token"].as_str().unwrap();
+    let (s, v) = call(&a, tok, "GET", "/v1/auth/sessions?limit=1000");
+    assert_eq!(s, 200, "{v}");
+    let listed = v["sessions"].as_array().unwrap();
+    assert_eq!(listed.len(), 100, "{v}");
+    let first_sid = first["session_id"].as_str().unwrap();
+    assert!(
+        listed.iter().all(|r| r["sid"] != first_sid),
+        "the oldest session is still listed"
+    );
+    let (s, r) = post(
+        &a,
+        "/v1/auth/refresh",
+        &json!({"refresh_token": first["refresh_token"]}),
+    );
+    assert_eq!(s, 401, "{r}");
+    let (s, r) = post(
+        &a,
+        "/v1/auth/refresh",
+        &json!({"refresh_token": last["refresh_token"]}),
+    );
+    assert_eq!(s, 200, "{r}");
+}

@@ -219,6 +219,7 @@ async fn token_pair(
     claims.role = role.clone();
     let ttl = node.config.auth.access_token_seconds;
     claims.exp = t + ttl;
+    identity::make_room_for_session(&node.store, ns, subject, t, revoke_for(node)).await?;
     let (refresh, sid) = identity::open_session(
         &node.store,
         &node.secrets.server_secret,

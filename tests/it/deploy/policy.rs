@@ -561,7 +561,17 @@ fn a_static_site_takes_a_policy_part() {
 /// A WebSocket upstream: on each upgrade it sends one text frame, what it
 /// saw (path with query, the subject header, `Authorization`), then closes.
 fn ws_seen_upstream() -> String {
-    async fn seen_ws(req: HttpRequest, body: web::Payload) -> actix_web::Result<HttpResponse> {
+    ws_seen_upstream_for(2)
+}
+
+/// [`ws_seen_upstream`] holding each socket open `hold` seconds.
+fn ws_seen_upstream_for(hold: u64) -> String {
+    let seen_ws = move |req: HttpRequest, body: web::Payload| seen_ws(req, body, hold);
+    async fn seen_ws(
+        req: HttpRequest,
+        body: web::Payload,
+        hold: u64,
+    ) -> actix_web::Result<HttpResponse> {
         let h = |n: &str| {
             req.headers()
                 .get(n)
@@ -577,7 +587,7 @@ fn ws_seen_upstream() -> String {
         let (resp, mut session, _stream) = actix_ws::handle(&req, body)?;
         actix_web::rt::spawn(async move {
             let _ = session.text(saw).await;
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::time::sleep(Duration::from_secs(hold)).await;
             let _ = session.close(None).await;
         });
         Ok(resp)
@@ -585,7 +595,7 @@ fn ws_seen_upstream() -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         actix_web::rt::System::new().block_on(async move {
-            let srv = HttpServer::new(|| App::new().default_service(web::to(seen_ws)))
+            let srv = HttpServer::new(move || App::new().default_service(web::to(seen_ws)))
                 .workers(1)
                 .bind("127.0.0.1:0")
                 .unwrap();
@@ -686,6 +696,68 @@ async fn websocket_upgrades_take_a_query_token() {
     // Not an upgrade: ?token= is no credential.
     let (s, _, b) = via(&node, host, "GET", &format!("/x?token={token}"), &[], None);
     assert_eq!((s, code(&b).as_str()), (401, "MISSING_CREDENTIAL"));
+}
+
+/// A tunnel opened with a token ends with its session: after
+/// `DELETE /v1/auth/sessions/{sid}`, the next frame the client sends is not
+/// passed on and the tunnel closes with 4001 (docs/auth.md, "Sessions and
+/// devices"); a new upgrade with the token is 401.
+#[actix_rt::test]
+async fn websocket_tunnels_end_with_their_session() {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    let node = proxy_node();
+    let owner = node.create_namespace("polwsend");
+    let up = ws_seen_upstream_for(60);
+    let (key, _) = key_with(&node, &owner, "ws", &["deployments:read:*"]);
+    let (token, _) = jwt_for(&node, &key);
+    let (s, b) = node.with_key(&token, "GET", "/v1/auth/whoami", None);
+    assert_eq!(s, 200);
+    let sid = json(&b)["session_id"].as_str().unwrap().to_string();
+    let (s, v) = deploy_json(
+        &node,
+        &owner,
+        serde_json::json!({
+            "name": "sock", "hosts": ["polwsend.test"],
+            "upstream": {"instances": [up]},
+            "policy": {"auth": "jwt"}
+        }),
+    );
+    assert_eq!(s, 201, "{v}");
+    let addr: std::net::SocketAddr = node.addr.parse().unwrap();
+    let (res, mut sock) = awc::Client::new()
+        .ws(format!(
+            "ws://polwsend.test:{}/ws?token={token}",
+            addr.port()
+        ))
+        .address(addr)
+        .connect()
+        .await
+        .expect("upgrade");
+    assert_eq!(res.status().as_u16(), 101);
+    let first = sock.next().await.unwrap().unwrap();
+    assert!(matches!(first, awc::ws::Frame::Text(_)), "{first:?}");
+    let (s, b) = node.with_key(&token, "DELETE", &format!("/v1/auth/sessions/{sid}"), None);
+    assert_eq!(s, 200, "{b}");
+    sock.send(awc::ws::Message::Text("after the end".into()))
+        .await
+        .unwrap();
+    let code = loop {
+        match tokio::time::timeout(Duration::from_secs(20), sock.next())
+            .await
+            .expect("a close within 20 s")
+        {
+            Some(Ok(awc::ws::Frame::Close(r))) => break r.map(|r| u16::from(r.code)),
+            Some(Ok(_)) => {}
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    assert_eq!(code, Some(4001));
+    assert_eq!(
+        ws_through(&node, "polwsend.test", &format!("/ws?token={token}"))
+            .await
+            .0,
+        401
+    );
 }
 
 /// A route's bucket lives with the deployment's version in the index: it

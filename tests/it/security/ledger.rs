@@ -134,7 +134,9 @@ fn wat_of_empty_functions(bytes: usize) -> Vec<u8> {
 /// four at once of a text just under the 4 MiB limit are parsed inside the
 /// gate, one at a time for the namespace: each is 429 `COMPILE_BUSY` or
 /// 400 `MODULE_TOO_COMPLEX`, nothing is stored, and the node's peak RSS
-/// grows by at most 512 MiB over all eight.
+/// grows by at most 768 MiB over all eight (one parse at a time is about
+/// 420 MiB alone; on a loaded machine the refused bodies and the allocator's
+/// retained pages have added 150 MiB more; the attack was 4 GiB).
 #[test]
 fn concurrent_wat_deploys_are_bounded_and_parsed_in_the_gate() {
     if single_node_only() {
@@ -185,7 +187,7 @@ fn concurrent_wat_deploys_are_bounded_and_parsed_in_the_gate() {
     eprintln!(
         "four 16 MiB and four 4 MiB WAT deploys at once: {busy} COMPILE_BUSY; node peak RSS +{grew} MiB"
     );
-    assert!(grew <= 512, "the node's peak RSS grew by {grew} MiB");
+    assert!(grew <= 768, "the node's peak RSS grew by {grew} MiB");
 }
 
 /// Nesting depth as a pair: with `max_nesting_depth = 64`, a function of 64

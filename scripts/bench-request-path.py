@@ -16,8 +16,8 @@ non-2xx answer or a socket error stops the bench.
 
 Each ratio's two paths run alternated A B B A for ROUNDS rounds of DURATION
 seconds each, after one warm-up run of each; a row gives the mean of a
-round's two runs of each path and the ratio; the table's last row the mean of
-the rounds' ratios. Its last two columns are the CPU time, in microseconds
+round's two runs of each path and the ratio, and each ratio's table row has
+its rounds and their mean. The row's last two columns are the CPU time, in microseconds
 per request, of the process serving each path (the node; nginx's workers for
 nginx): unlike requests per second, they hold on a machine that is busy with
 other work, so they compare two builds where throughput cannot.

@@ -548,15 +548,35 @@ impl Deployments {
         let rec = self.head(ns, name).await?;
         let ver = self.version(ns, name, rec.active).await?;
         let now = unix_now();
-        let valid = certs::validate(cert_pem, key_pem, &ver.hosts, now as i64)?;
+        let record = self
+            .store_certificate(ns, name, &ver.hosts, cert_pem, key_pem, now, "uploaded")
+            .await?;
+        Ok(certs::view(&record, &ver.hosts, now as i64))
+    }
+
+    /// With the write lock held: [`certs::validate`] against `hosts`, the
+    /// sealed record committed (the generation moves, so every node serves
+    /// it), and logged as `how` it came.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_certificate(
+        &self,
+        ns: &str,
+        name: &str,
+        hosts: &[String],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        now: u64,
+        how: &str,
+    ) -> DeployResult<certs::CertRecord> {
+        let valid = certs::validate(cert_pem, key_pem, hosts, now as i64)?;
         let record = self.certs.record(ns, name, valid, now);
         self.commit(vec![BatchOp::Put(
             certs::cert_key(ns, name),
             serde_json::to_vec(&record).expect("json"),
         )])
         .await?;
-        tracing::info!(namespace = ns, deployment = %name, not_after = %certs::rfc3339(record.not_after), "Certificate stored.");
-        Ok(certs::view(&record, &ver.hosts, now as i64))
+        tracing::info!(namespace = ns, deployment = %name, how, not_after = %certs::rfc3339(record.not_after), "Certificate stored.");
+        Ok(record)
     }
 
     /// A deployment's certificate as shown (404 when it has none, unless
@@ -641,16 +661,8 @@ impl Deployments {
                 "deployment {name} no longer asks for tls \"auto\""
             )));
         }
-        let now = unix_now();
-        let valid = certs::validate(cert_pem, key_pem, &ver.hosts, now as i64)?;
-        let record = self.certs.record(ns, name, valid, now);
-        self.commit(vec![BatchOp::Put(
-            certs::cert_key(ns, name),
-            serde_json::to_vec(&record).expect("json"),
-        )])
-        .await?;
-        tracing::info!(namespace = ns, deployment = %name, not_after = %certs::rfc3339(record.not_after), "Certificate issued by ACME stored.");
-        Ok(record)
+        self.store_certificate(ns, name, &ver.hosts, cert_pem, key_pem, unix_now(), "acme")
+            .await
     }
 
     async fn cert_record(&self, ns: &str, name: &str) -> DeployResult<certs::CertRecord> {
